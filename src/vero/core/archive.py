@@ -1,0 +1,126 @@
+"""Canonical `.tar.gz` archives: same tree in, same bytes out (DESIGN §5).
+
+Rules: entries sorted by path (directories before their contents); mtime 0, uid/gid 0, empty user
+and group names; modes normalized to 0755 for directories and executable files, 0644 otherwise;
+symlinks kept only when relative and resolving inside the tree; no absolute paths, no `..`
+components, no device files or sockets. The gzip header carries no file name and mtime 0, so the
+output does not depend on the output path, the umask, file mtimes, the owner or the machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from vero.core.storage import atomic_write_bytes
+
+__all__ = ["ArchiveError", "canonical_tar_bytes", "safe_extract", "write_canonical_tar"]
+
+
+class ArchiveError(ValueError):
+    """A tree cannot be archived canonically, or an archive is unsafe to extract."""
+
+
+def _link_inside(root: Path, link: Path) -> bool:
+    target = os.readlink(link)
+    if os.path.isabs(target):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(link.relative_to(root)), target))
+    return not (resolved == ".." or resolved.startswith("../") or os.path.isabs(resolved))
+
+
+def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
+    """Archive the tree at `root` canonically and return the gzip bytes.
+
+    Args:
+        root: directory to archive (its contents, not the directory itself).
+        prefix: optional top-level directory name inside the archive (e.g. the task name).
+
+    Raises:
+        ArchiveError: the tree holds a link leaving it, an absolute link, or a special file.
+    """
+    root = Path(root)
+    entries: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            entries.append((rel, path))
+    entries.sort(key=lambda item: item[0].split("/"))
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if prefix:
+            tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
+        for rel, path in entries:
+            name = f"{prefix}/{rel}" if prefix else rel
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                if not _link_inside(root, path):
+                    raise ArchiveError(f"link leaves the tree: {rel}")
+                info = _info(name, tarfile.SYMTYPE, 0o777)
+                info.linkname = os.readlink(path)
+                tar.addfile(info)
+            elif stat.S_ISDIR(st.st_mode):
+                tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))
+            elif stat.S_ISREG(st.st_mode):
+                mode = 0o755 if st.st_mode & 0o111 else 0o644
+                info = _info(name, tarfile.REGTYPE, mode)
+                info.size = st.st_size
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                raise ArchiveError(f"special file cannot be archived: {rel}")
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "") -> str:
+    """Write the canonical archive of `root` to `dest` atomically and return its sha256 hex digest.
+
+    Raises:
+        ArchiveError: see `canonical_tar_bytes`.
+        OSError: `dest` cannot be written.
+    """
+    data = canonical_tar_bytes(root, prefix)
+    atomic_write_bytes(dest, data, mode=0o644)
+    return hashlib.sha256(data).hexdigest()
+
+
+def safe_extract(archive: str | Path, dest: str | Path) -> None:
+    """Extract a `.tar.gz` into `dest`, refusing absolute paths, `..`, links leaving `dest` and devices.
+
+    Uses the standard library's `data` extraction filter (PEP 706) and checks names first.
+
+    Raises:
+        ArchiveError: an entry is unsafe; nothing from that entry on is written.
+    """
+    dest = Path(dest)
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            parts = PurePosixPath(member.name).parts
+            if member.name.startswith("/") or ".." in parts:
+                raise ArchiveError(f"unsafe entry in archive: {member.name!r}")
+        try:
+            tar.extractall(dest, filter="data")
+        except tarfile.FilterError as exc:
+            raise ArchiveError(f"unsafe entry in archive: {type(exc).__name__}") from None

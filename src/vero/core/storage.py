@@ -1,0 +1,102 @@
+"""Atomic, durable file writes: the one place where vero's persistence recipe lives.
+
+Recipe (the same as inspect-ai's `_util/atomic_write.py`): write to a temporary file in the target's
+directory, `fsync` it, `os.replace` it over the target, then `fsync` the directory so the rename
+itself survives a power loss. Readers therefore see either the old or the new content, never a
+torn file. The async variants run the write in a worker thread (off the event loop) and shield it,
+so a cancelled caller never leaves a write half done: the write completes, then the cancellation
+propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "awrite_json",
+           "awrite_model", "fsync_dir"]
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry table to disk (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace `path` with `data` atomically and durably.
+
+    Args:
+        path: destination file; its directory must exist.
+        data: the complete new content.
+        mode: permission bits of the new file (default owner read/write only).
+
+    Raises:
+        OSError: the directory is missing or not writable, or the disk is full; the previous content
+            of `path` is then unchanged.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, value: Any, mode: int = 0o600) -> None:
+    """`atomic_write_bytes` of `value` as indented, key-sorted JSON with a trailing newline."""
+    data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    atomic_write_bytes(path, data, mode)
+
+
+def atomic_write_model(path: str | Path, model: BaseModel, mode: int = 0o600) -> None:
+    """`atomic_write_json` of a pydantic model in JSON mode."""
+    atomic_write_json(path, model.model_dump(mode="json"), mode)
+
+
+async def _shielded(func, *args) -> None:
+    task = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # The write goes on in its thread; wait for it so the caller's state is consistent, then
+        # let the cancellation through.
+        await asyncio.wait([task])
+        raise
+
+
+async def awrite_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
+    """`atomic_write_bytes` off the event loop; completes even if the caller is cancelled."""
+    await _shielded(atomic_write_bytes, path, data, mode)
+
+
+async def awrite_json(path: str | Path, value: Any, mode: int = 0o600) -> None:
+    """`atomic_write_json` off the event loop; completes even if the caller is cancelled."""
+    await _shielded(atomic_write_json, path, value, mode)
+
+
+async def awrite_model(path: str | Path, model: BaseModel, mode: int = 0o600) -> None:
+    """`atomic_write_model` off the event loop; completes even if the caller is cancelled."""
+    await _shielded(atomic_write_model, path, model, mode)

@@ -1,0 +1,72 @@
+"""The evaluation backend contract: one nested `harbor run` over one partition's selected cases.
+
+INTERFACE SKELETON — signatures and docstrings are the contract; bodies are to be implemented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from vero.core.evaluation import EvaluationResult
+from vero.errors import InfrastructureFailure
+from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
+
+__all__ = ["EvaluationBackend", "NestedRun", "RunAs"]
+
+
+class RunAs(BaseModel):
+    """Unprivileged identity for the nested run when the caller is root."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    uid: int
+    gid: int
+    extra_groups: tuple[int, ...] = ()
+    """E.g. the Docker socket's group, so the unprivileged run reaches the engine."""
+    home: Path
+
+
+class NestedRun(BaseModel):
+    """Everything one nested evaluation needs. Paths are on the machine running `harbor`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    evaluation_id: str
+    """Unique per evaluation; becomes the Harbor job name."""
+    partition: str
+    candidate: str
+    """Commit id of the candidate (recorded in the result)."""
+    candidate_dir: Path
+    """A checkout of the candidate (readable by `run_as`)."""
+    cases_dir: Path
+    """Directory whose subdirectories are the partition's Harbor task dirs."""
+    case_names: tuple[str, ...]
+    """Only these cases are run."""
+    jobs_dir: Path
+    """Parent of the Harbor job directory (writable by `run_as`)."""
+    runtime: CandidateRuntime
+    harbor: HarborSpec
+    scoring: ScoringSpec
+    reward_key: str | None = None
+    """Key to read from trial rewards; default `scoring.reward_key`."""
+    failure_value: float | None = None
+    """Score of a dead attempt; default `scoring.effective_failure_value()`."""
+    env: dict[str, str] = {}
+    """Extra environment for the `harbor` process (secret values by name; never logged or recorded)."""
+    run_as: RunAs | None = None
+
+
+class EvaluationBackend(Protocol):
+    """Measures a candidate. Implementations: `vero.harbor.HarborBackend` (real), test stubs."""
+
+    async def evaluate(self, run: NestedRun) -> EvaluationResult:
+        """Run the selected cases and return their scores.
+
+        Cancellation kills the whole process group and propagates `CancelledError`.
+
+        Raises:
+            InfrastructureFailure: no trial produced a result for infrastructure reasons even after
+                `harbor.infra_retries` retries with back-off (the caller refunds the budget).
+        """
+        ...

@@ -1,0 +1,142 @@
+"""What the compiler hands to each trusted role, and where things live inside the containers.
+
+The compiler writes a `SidecarConfig` into the sidecar's build context and a `VerifierConfig` into
+the verifier's (`tests/`). They are redacted views of the spec: the sidecar's never names a target
+(hidden) partition or its cases; only the verifier's does. Host paths never appear in either (the
+compiled task must be byte-identical on every machine); container paths come from `ContainerPaths`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vero.spec.models import (
+    CandidateRuntime,
+    HarborSpec,
+    PartitionAccess,
+    ScoringSpec,
+    SelectionSpec,
+    TargetPartition,
+)
+
+__all__ = [
+    "AGENT_PRINCIPAL",
+    "CONTAINER_PATHS",
+    "ContainerPaths",
+    "SidecarConfig",
+    "VerifierConfig",
+    "canonical_json",
+    "digest_json",
+    "load_config",
+]
+
+AGENT_PRINCIPAL = "agent"
+"""The principal name of the coding agent in `main` (budgets and policy are kept per principal)."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """JSON with sorted keys, no insignificant whitespace, UTF-8: the form every digest is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_json(value: Any) -> str:
+    """`sha256:<hex>` of `canonical_json(value)`."""
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+@dataclass(frozen=True)
+class ContainerPaths:
+    """Every in-container path the compiled task, the sidecar and the verifier agree on."""
+
+    # main (agent workbench)
+    workspace: PurePosixPath = PurePosixPath("/app")
+    """The target checkout the agent edits (a named volume shared read-only with the sidecar)."""
+    context: PurePosixPath = PurePosixPath("/vero/context")
+    """Agent-readable disclosed results (`full` tier); written by the sidecar, read-only in main."""
+    # eval-sidecar and verifier (trusted)
+    config: PurePosixPath = PurePosixPath("/opt/vero/config.json")
+    cases: PurePosixPath = PurePosixPath("/opt/vero/cases")
+    baseline: PurePosixPath = PurePosixPath("/opt/vero/baseline")
+    """The baseline files; the role rebuilds the baseline commit from them and checks its id."""
+    dist: PurePosixPath = PurePosixPath("/opt/vero/dist")
+    agent_repo: PurePosixPath = PurePosixPath("/workspace")
+    """The agent's checkout as the sidecar sees it (same volume as `workspace`, mounted read-only)."""
+    state: PurePosixPath = PurePosixPath("/var/lib/vero")
+    """The sidecar's durable state: ledger, jobs, candidate store, admin token (root only)."""
+    export: PurePosixPath = PurePosixPath("/export/vero")
+    """Where sealing writes `session.tar.gz` and `session.tar.gz.sha256`; collected as a task artifact."""
+    # verifier outputs (Harbor conventions)
+    reward: PurePosixPath = PurePosixPath("/logs/verifier/reward.json")
+    artifacts: PurePosixPath = PurePosixPath("/logs/artifacts")
+
+    @property
+    def session_archive(self) -> PurePosixPath:
+        return self.export / "session.tar.gz"
+
+
+CONTAINER_PATHS = ContainerPaths()
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    name: str
+    spec_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    """Digest of the portable spec plus its inputs (baseline commit, case trees); sealed sessions carry it."""
+    baseline_commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    """Commit id of the baseline (deterministic: fixed author, committer and dates)."""
+    runtime: CandidateRuntime
+    scoring: ScoringSpec
+    harbor: HarborSpec
+    secrets: list[str] = Field(default_factory=list)
+    """Secret names the role forwards to nested runs (values come from its environment)."""
+    partitions: dict[str, list[str]]
+    """Partition -> case names, restricted to what this role may know."""
+
+
+class SidecarConfig(_Config):
+    """The sidecar's served config (`environment/sidecar/config.json` -> `/opt/vero/config.json`)."""
+
+    role: Literal["sidecar"] = "sidecar"
+    agent_access: dict[str, PartitionAccess]
+    disclose_budget: bool = True
+    submit_enabled: bool = True
+    """False under `selection.mode: auto_best`: submissions are answered 409."""
+
+
+class VerifierConfig(_Config):
+    """The verifier's config (`tests/config.json` -> `/opt/vero/config.json` in the verifier image)."""
+
+    role: Literal["verifier"] = "verifier"
+    selection: SelectionSpec
+    targets: dict[str, TargetPartition]
+    reward_keys: dict[str, str]
+    """Target partition -> key in Harbor's `reward.json`."""
+    failure_values: dict[str, float]
+    """Target partition -> reward written when it cannot be measured."""
+
+
+def load_config[T: _Config](path: str | Path, model: type[T]) -> T:
+    """Read a compiled role config.
+
+    Raises:
+        vero.errors.SpecError: the file is missing or does not match `model` (naming the field).
+    """
+    from pydantic import ValidationError
+
+    from vero.errors import SpecError, SpecIssue
+
+    try:
+        return model.model_validate_json(Path(path).read_bytes())
+    except OSError as exc:
+        raise SpecError.at("<root>", f"cannot read compiled config {path}: {type(exc).__name__}") from None
+    except ValidationError as exc:
+        issues = [SpecIssue(".".join(map(str, e["loc"])) or "<root>", e["msg"]) for e in exc.errors()]
+        raise SpecError(issues, str(path)) from None

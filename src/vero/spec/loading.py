@@ -1,0 +1,171 @@
+"""Load `build.yaml`: YAML parsing, `${VAR}` substitution, path resolution, error locations.
+
+Substitution follows Docker Compose's interpolation rules (the subset operators know from there):
+`${VAR}` (unset is an error), `${VAR:-default}` (default when unset or empty), `${VAR:?message}`
+(error with `message` when unset or empty); `$${` yields a literal `${`. Substitution applies to
+string scalars only, never to keys. A variable named in `secrets` may not be substituted: its value
+would end up in compiled files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from vero.errors import SpecError, SpecIssue
+from vero.spec.models import OptimizationSpec
+
+__all__ = ["load_spec", "parse_spec", "substitute"]
+
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}")
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def substitute(value: Any, env: Mapping[str, str], forbidden: frozenset[str] = frozenset(),
+               _path: tuple[Any, ...] = ()) -> Any:
+    """Return `value` with `${...}` references in every string replaced from `env`.
+
+    Args:
+        value: parsed YAML (dicts, lists, scalars).
+        env: variable values, usually `os.environ`.
+        forbidden: names that may not be substituted (the spec's secrets).
+
+    Raises:
+        SpecError: a referenced variable is unset (plain form), `:?` fired, or the name is forbidden;
+            the error names the YAML path of the string.
+    """
+    if isinstance(value, dict):
+        return {k: substitute(v, env, forbidden, (*_path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, env, forbidden, (*_path, i)) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if name in forbidden:
+            raise SpecError.at(
+                _loc(_path), f"${{{name}}} names a secret; secrets are passed by name, never substituted"
+            )
+        current = env.get(name)
+        if op == ":-":
+            return current if current else (arg or "")
+        if op == ":?":
+            if not current:
+                raise SpecError.at(_loc(_path), f"${{{name}}}: {arg or 'must be set and non-empty'}")
+            return current
+        if current is None:
+            raise SpecError.at(_loc(_path), f"${{{name}}} is not set (use ${{{name}:-default}} for a default)")
+        return current
+
+    return _VAR.sub(replace, value)
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make the spec's file paths absolute against the spec file's directory (in place)."""
+
+    def fix(mapping: Any, key: str) -> None:
+        if isinstance(mapping, dict) and isinstance(mapping.get(key), str):
+            mapping[key] = str((base / os.path.expanduser(mapping[key])).resolve())
+
+    target = data.get("target")
+    fix(target, "path")
+    fix(target, "reference")
+    cases = data.get("cases")
+    fix(cases, "path")
+    fix(cases, "registry_path")
+    if isinstance(cases, dict) and isinstance(cases.get("partition_files"), dict):
+        for name in list(cases["partition_files"]):
+            fix(cases["partition_files"], name)
+
+
+def parse_spec(text: str, *, base_dir: Path, env: Mapping[str, str] | None = None,
+               source: str | None = None) -> OptimizationSpec:
+    """Parse and validate a spec document.
+
+    Args:
+        text: the YAML document.
+        base_dir: directory that relative paths resolve against (the spec file's directory).
+        env: variables for `${...}` substitution (default `os.environ`).
+        source: file name shown in errors.
+
+    Returns:
+        The validated spec with absolute paths and `partition_files` merged into `cases.partitions`.
+
+    Raises:
+        SpecError: with every problem found and its YAML path.
+    """
+    from vero.spec.validation import check_spec
+
+    env = os.environ if env is None else env
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise SpecError.at("<root>", f"not valid YAML ({where})", source) from None
+    if not isinstance(data, dict):
+        raise SpecError.at("<root>", "expected a mapping of spec fields", source)
+    secrets = data.get("secrets")
+    forbidden = frozenset(s for s in secrets if isinstance(s, str)) if isinstance(secrets, list) else frozenset()
+    try:
+        data = substitute(data, env, forbidden)
+    except SpecError as exc:
+        raise SpecError(exc.issues, source) from None
+    _resolve_paths(data, base_dir)
+    try:
+        spec = OptimizationSpec.model_validate(data)
+    except ValidationError as exc:
+        issues = [SpecIssue(_loc(_strip_tags(tuple(e["loc"]))), _message(e)) for e in exc.errors()]
+        raise SpecError(issues, source) from None
+    return check_spec(spec, source=source)
+
+
+def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    # pydantic puts the discriminator value of `target` into the location: target.program.x -> target.x
+    if len(loc) >= 2 and loc[0] == "target" and loc[1] in ("agent", "program"):
+        return (loc[0], *loc[2:])
+    return loc
+
+
+def _message(error: Any) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    msg = error.get("msg", "invalid value")
+    return msg.removeprefix("Value error, ")
+
+
+def load_spec(path: str | Path, env: Mapping[str, str] | None = None) -> OptimizationSpec:
+    """Load and validate `build.yaml` at `path` (see `parse_spec`).
+
+    Raises:
+        SpecError: the file is missing or unreadable, or the spec is invalid.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError.at("<root>", f"spec file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError.at("<root>", f"cannot read spec file {path}: {type(exc).__name__}") from None
+    return parse_spec(text, base_dir=path.resolve().parent, env=env, source=str(path))

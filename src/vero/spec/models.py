@@ -1,0 +1,247 @@
+"""Pydantic models of the optimization spec (`build.yaml`), schema version 1.
+
+The file mirrors these models one to one; unknown keys are rejected everywhere. Cross-field rules
+(partitions disjoint, targets hidden, selection visible, pinned Harbor, ...) live in
+`vero.spec.validation` so that every problem is reported with its YAML path in one pass.
+DESIGN §4 gives the meaning of each field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "AgentTarget",
+    "CandidateRuntime",
+    "CasesSpec",
+    "Direction",
+    "Disclosure",
+    "HarborSpec",
+    "ImagesSpec",
+    "OptimizationSpec",
+    "PartitionAccess",
+    "ProgramTarget",
+    "ScoringSpec",
+    "SelectionSpec",
+    "TargetPartition",
+]
+
+Disclosure = Literal["full", "aggregate", "none"]
+"""What the agent learns from an evaluation: `full` (aggregate, per-case results and trial artifacts),
+`aggregate` (scores and counts only), `none` (an acknowledgement only)."""
+
+Direction = Literal["maximize", "minimize"]
+"""Whether a larger or a smaller reward is better."""
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""Names of the spec, partitions and cases: portable directory names."""
+
+SECRET_PATTERN = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+"""Secret names: POSIX-style environment variable names (upper case)."""
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CandidateRuntime(_Model):
+    """How a candidate checkout is run by a nested Harbor evaluation (the container-free part of `target`)."""
+
+    kind: Literal["agent", "program"]
+    agent_import_path: str | None = None
+    """`module:Class` of the candidate's Harbor agent, imported from the checkout (kind `agent`)."""
+    install_path: str | None = None
+    """Absolute path in each case environment where the checkout is uploaded (kind `program`)."""
+    install_command: str | None = None
+    """Shell command run in the case environment after the upload, in `install_path` (kind `program`)."""
+
+
+class _TargetBase(_Model):
+    path: Path
+    """The editable repository: a Git work tree (its `HEAD` is the baseline) or a plain directory."""
+    reference: Path | None = None
+    """The oracle's reference change: a patch file (`git apply`) or a directory overlaid on the checkout."""
+
+
+class AgentTarget(_TargetBase):
+    """The candidate is a Harbor agent class inside the target repository."""
+
+    kind: Literal["agent"]
+    agent_import_path: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """`module.path:ClassName`, importable with the checkout on `PYTHONPATH`."""
+
+    def runtime(self) -> CandidateRuntime:
+        return CandidateRuntime(kind="agent", agent_import_path=self.agent_import_path)
+
+
+class ProgramTarget(_TargetBase):
+    """The candidate is files; the built-in install agent copies them into each case environment."""
+
+    kind: Literal["program"]
+    install_path: str = Field(pattern=r"^/[^\x00]*$")
+    """Absolute path in each case environment that receives the checkout."""
+    install_command: str | None = None
+    """Optional shell command run (as the case's agent user, in `install_path`) after the upload."""
+
+    def runtime(self) -> CandidateRuntime:
+        return CandidateRuntime(
+            kind="program", install_path=self.install_path, install_command=self.install_command
+        )
+
+
+class CasesSpec(_Model):
+    """Where the inner Harbor tasks come from and how they are split into partitions."""
+
+    path: Path | None = None
+    """A local folder whose immediate subdirectories are Harbor task dirs (the case name is the dir name)."""
+    dataset: str | None = None
+    """A registry dataset pinned as `name@version` (Harbor's JSON registry format)."""
+    registry_path: Path | None = None
+    """The JSON registry file that lists `dataset` (required with `dataset`; no network is assumed)."""
+    partitions: dict[Name, list[Name]] = Field(default_factory=dict)
+    """Partition name -> case names. Partitions must be disjoint."""
+    partition_files: dict[Name, Path] = Field(default_factory=dict)
+    """Partition name -> a text file with one case name per line (`#` comments allowed)."""
+
+
+class ScoringSpec(_Model):
+    """How a case trial's rewards become a score."""
+
+    reward_key: str = "reward"
+    """Key read from each trial's `verifier_result.rewards`."""
+    direction: Direction = "maximize"
+    failure_value: float | None = None
+    """Score of a dead attempt (no valid reward). Default 0.0 when maximizing; required when minimizing."""
+
+    def effective_failure_value(self) -> float:
+        """The per-case failure value; validation guarantees it is set when minimizing."""
+        return 0.0 if self.failure_value is None else self.failure_value
+
+
+class PartitionAccess(_Model):
+    """What the coding agent may do with one partition."""
+
+    disclosure: Disclosure
+    min_aggregate_cases: int = Field(default=5, ge=1)
+    """Smallest case subset an `aggregate` evaluation may select (a full-partition request is always allowed)."""
+    total_runs: int = Field(ge=0)
+    """Evaluations the agent may start on this partition."""
+    total_cases: int = Field(ge=0)
+    """Case evaluations (one per selected case per evaluation) the agent may spend on this partition."""
+
+
+class SelectionSpec(_Model):
+    """How the verifier picks the candidate it scores."""
+
+    mode: Literal["submit", "auto_best"] = "submit"
+    """`submit`: the agent's recorded submission; `auto_best`: the best full evaluation on `partition`."""
+    partition: Name | None = None
+    """Agent-accessible partition used by `auto_best` and `baseline_floor` (required for either)."""
+    rescore_top_k: int = Field(default=1, ge=1)
+    """`auto_best`: how many of the best candidates the verifier re-scores itself."""
+    baseline_floor: bool = False
+    """Ship the baseline unless the chosen candidate strictly beats it on `partition`."""
+
+
+class TargetPartition(_Model):
+    """A hidden partition scored by the verifier."""
+
+    reward_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    """Key in Harbor's `reward.json`. Default: `reward` for a single target, else the partition name."""
+    failure_value: float | None = None
+    """Reward written when the target cannot be measured. Default: `scoring.failure_value`."""
+
+
+class HarborSpec(_Model):
+    """Nested `harbor run` settings (DESIGN §8)."""
+
+    requirement: str = "harbor==0.26.0"
+    """Pinned requirement installed in the sidecar and verifier images (`harbor==X` or `harbor[modal]==X`)."""
+    environment: str = "docker"
+    """Harbor environment of the nested runs and of the compiled task (`docker`, `modal`, ...)."""
+    n_concurrent: int = Field(default=2, ge=1)
+    """Trials a nested run executes at once (`-n`)."""
+    n_attempts: int = Field(default=1, ge=1)
+    """Attempts per case (`-k`); the case score is the mean over attempts."""
+    case_timeout_sec: float | None = Field(default=None, gt=0)
+    """Agent time per case trial; the timeout multiplier is derived from the cases' declared agent timeout."""
+    evaluation_timeout_sec: float = Field(default=3600.0, gt=0)
+    """Wall-clock limit of one nested run; past it the run is killed and counted as an infrastructure failure."""
+    drain_timeout_sec: float = Field(default=600.0, ge=0)
+    """How long sealing waits for in-flight evaluations before cancelling and refunding them."""
+    infra_retries: int = Field(default=2, ge=0)
+    """Retries of a nested run that produced no trial for infrastructure reasons."""
+    agent_timeout_sec: float = Field(default=3600.0, gt=0)
+    """The coding agent's time in `main` (`[agent].timeout_sec` of the compiled task)."""
+    verifier_timeout_sec: float = Field(default=3600.0, gt=0)
+    """The verifier's time (`[verifier].timeout_sec` of the compiled task)."""
+    build_timeout_sec: float = Field(default=900.0, gt=0)
+    """Image build and start time of the compiled task (`[environment].build_timeout_sec`)."""
+
+
+class ImagesSpec(_Model):
+    """Base images of the compiled task's containers. A local tag works where no registry is reachable."""
+
+    main: str = "python:3.13-slim"
+    sidecar: str = "python:3.13-slim"
+    verifier: str = "python:3.13-slim"
+
+
+class OptimizationSpec(_Model):
+    """The whole `build.yaml`."""
+
+    schema_version: Literal[1] = 1
+    name: Name
+    description: str = ""
+    target: Annotated[AgentTarget | ProgramTarget, Field(discriminator="kind")]
+    cases: CasesSpec
+    scoring: ScoringSpec = ScoringSpec()
+    agent_access: dict[Name, PartitionAccess]
+    """Partition -> what the agent may do with it. Partitions not listed are not agent-accessible."""
+    disclose_budget: bool = True
+    """Show budget figures in `/status` and the instruction (enforcement is the same either way)."""
+    selection: SelectionSpec = SelectionSpec()
+    targets: dict[Name, TargetPartition]
+    """Hidden partitions scored by the verifier."""
+    harbor: HarborSpec = HarborSpec()
+    secrets: list[str] = Field(default_factory=list)
+    """Names of host environment variables passed to the trusted services (never their values)."""
+    images: ImagesSpec = ImagesSpec()
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not SECRET_PATTERN.match(name):
+                raise ValueError(
+                    f"secret name {name!r} must be an upper-case environment variable name "
+                    "([A-Z_][A-Z0-9_]*)"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError("secret names must be unique")
+        return names
+
+    def target_reward_keys(self) -> dict[str, str]:
+        """Target partition -> key in Harbor's `reward.json` (`reward` for a single unnamed target)."""
+        if len(self.targets) == 1:
+            (name, target), = self.targets.items()
+            return {name: target.reward_key or "reward"}
+        return {name: target.reward_key or name for name, target in self.targets.items()}
+
+    def target_failure_value(self, partition: str) -> float:
+        """Reward written for an unmeasurable target partition."""
+        value = self.targets[partition].failure_value
+        return self.scoring.effective_failure_value() if value is None else value
+
+    def effective_secrets(self) -> list[str]:
+        """Declared secrets plus what the environment needs (Modal's token names on `modal`), sorted."""
+        names = set(self.secrets)
+        if self.harbor.environment == "modal":
+            names |= {"MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"}
+        return sorted(names)

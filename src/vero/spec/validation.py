@@ -1,0 +1,176 @@
+"""Cross-field rules of the optimization spec, each reported with its YAML path (DESIGN §2, §4).
+
+`check_spec` runs after the models parsed; it collects every problem before raising so that an
+operator fixes a spec in one pass. `check_build_inputs` holds the rules that depend on the build
+(the environment's secrets and the output location) and runs before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from vero.errors import SpecError, SpecIssue
+from vero.spec.cases import discover_cases, read_partition_file
+from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec
+
+__all__ = ["check_build_inputs", "check_spec"]
+
+_PINNED_HARBOR = re.compile(r"^harbor(\[(?P<extras>[A-Za-z0-9_,-]+)\])?==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
+_DATASET = re.compile(r"^(?P<name>[^@\s]+)@(?P<version>[^@\s]+)$")
+_RESERVED_INSTALL_PATHS = ("/logs", "/tests", "/solution", "/proc", "/sys", "/dev")
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> OptimizationSpec:
+    """Check the cross-field rules and return the spec with `partition_files` merged into `partitions`.
+
+    Raises:
+        SpecError: listing every violated rule with its YAML path.
+    """
+    issues: list[SpecIssue] = []
+    add = lambda loc, msg: issues.append(SpecIssue(loc, msg))  # noqa: E731
+
+    # target
+    target = spec.target
+    if not target.path.exists():
+        add("target.path", f"expected a Git repository or a directory: {target.path} does not exist")
+    elif not target.path.is_dir():
+        add("target.path", f"expected a directory, got a file: {target.path}")
+    elif isinstance(target, AgentTarget):
+        module = target.agent_import_path.split(":", 1)[0].replace(".", "/")
+        if not ((target.path / f"{module}.py").is_file() or (target.path / module / "__init__.py").is_file()):
+            add("target.agent_import_path", f"module {module.replace('/', '.')!r} not found in the target")
+    else:
+        install = target.install_path.rstrip("/") or "/"
+        if install == "/" or any(install == p or install.startswith(p + "/") for p in _RESERVED_INSTALL_PATHS):
+            add("target.install_path", "expected an absolute path outside /, /logs, /tests, /solution and system dirs")
+    if target.reference is not None and not target.reference.exists():
+        add("target.reference", f"expected a patch file or a directory: {target.reference} does not exist")
+
+    # cases and partitions
+    cases = spec.cases
+    if (cases.path is None) == (cases.dataset is None):
+        add("cases", "expected exactly one of `path` (a folder of task dirs) or `dataset` (name@version)")
+    if cases.dataset is not None:
+        if not _DATASET.match(cases.dataset):
+            add("cases.dataset", "expected a dataset pinned as name@version")
+        if cases.registry_path is None:
+            add("cases.registry_path", "required with `dataset`: the JSON registry that lists it")
+    elif cases.registry_path is not None:
+        add("cases.registry_path", "only valid together with `dataset`")
+
+    partitions: dict[str, list[str]] = {name: list(names) for name, names in cases.partitions.items()}
+    for name, file in cases.partition_files.items():
+        loc = f"cases.partition_files.{name}"
+        if name in partitions:
+            add(loc, f"partition {name!r} is also given inline in cases.partitions")
+            continue
+        try:
+            names = read_partition_file(file)
+        except OSError:
+            add(loc, f"cannot read partition file {file}")
+            continue
+        bad = [n for n in names if not re.match(NAME_PATTERN, n)]
+        if bad:
+            add(loc, f"invalid case name {bad[0]!r}")
+            continue
+        partitions[name] = names
+    if not partitions:
+        add("cases.partitions", "expected at least one partition")
+    owner: dict[str, str] = {}
+    for name, names in partitions.items():
+        loc = f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
+        if not names:
+            add(loc, "a partition needs at least one case")
+        if len(set(names)) != len(names):
+            add(loc, "a case is listed twice")
+        for case in names:
+            if case in owner and owner[case] != name:
+                add(loc, f"partitions must be disjoint: case {case!r} is also in partition {owner[case]!r}")
+            owner.setdefault(case, name)
+
+    if not any(i.loc.startswith("cases") for i in issues):
+        try:
+            available = discover_cases(cases)
+        except SpecError as exc:
+            issues.extend(exc.issues)
+        else:
+            for name, names in partitions.items():
+                missing = [c for c in names if c not in available]
+                if missing:
+                    where = cases.path or cases.dataset
+                    add(f"cases.partitions.{name}", f"case {missing[0]!r} is not a Harbor task in {where}")
+
+    # access, selection, targets
+    for name in spec.agent_access:
+        if name not in partitions:
+            add(f"agent_access.{name}", f"unknown partition {name!r}")
+    if not spec.targets:
+        add("targets", "expected at least one hidden target partition")
+    for name in spec.targets:
+        if name not in partitions:
+            add(f"targets.{name}", f"unknown partition {name!r}")
+        if name in spec.agent_access:
+            add(f"targets.{name}", "a target partition must stay hidden: it is also listed in agent_access")
+    keys = spec.target_reward_keys() if spec.targets else {}
+    if len(set(keys.values())) != len(keys):
+        add("targets", "reward_key values must be unique")
+
+    selection = spec.selection
+    if selection.partition is not None and selection.partition not in spec.agent_access:
+        add("selection.partition", "expected a partition listed in agent_access")
+    if selection.partition is None and (selection.mode == "auto_best" or selection.baseline_floor):
+        add("selection.partition", "required when mode is auto_best or baseline_floor is set")
+
+    if spec.scoring.direction == "minimize" and spec.scoring.failure_value is None:
+        add("scoring.failure_value", "required when direction is minimize (a value no real measurement beats)")
+
+    # harbor
+    pinned = _PINNED_HARBOR.match(spec.harbor.requirement.replace(" ", ""))
+    if not pinned:
+        add("harbor.requirement", "expected an exactly pinned requirement like harbor==0.26.0 or harbor[modal]==0.26.0")
+    elif spec.harbor.environment == "modal" and "modal" not in (pinned.group("extras") or "").split(","):
+        add("harbor.requirement", "environment modal needs the modal extra: harbor[modal]==X")
+    if not re.match(r"^[A-Za-z0-9_.:-]+$", spec.harbor.environment):
+        add("harbor.environment", "expected a Harbor environment name (docker, modal, ...) or module:Class")
+
+    if issues:
+        raise SpecError(issues, source)
+    return spec.model_copy(update={"cases": cases.model_copy(update={"partitions": partitions, "partition_files": {}})})
+
+
+def check_build_inputs(spec: OptimizationSpec, output: Path, env: Mapping[str, str],
+                       tarball: Path | None = None) -> None:
+    """Rules that depend on the build itself; run before anything is written.
+
+    Raises:
+        SpecError: a secret (declared or required by the environment) is unset or empty in `env`,
+            or the output directory or tarball lies inside the target or the cases.
+    """
+    issues: list[SpecIssue] = []
+    for index, name in enumerate(spec.secrets):
+        if not env.get(name):
+            issues.append(SpecIssue(f"secrets[{index}]", f"secret {name} is not set in the build environment"))
+    for name in spec.effective_secrets():
+        if name not in spec.secrets and not env.get(name):
+            issues.append(SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set"))
+    roots = [("target.path", spec.target.path)]
+    if spec.cases.path is not None:
+        roots.append(("cases.path", spec.cases.path))
+    for loc, root in roots:
+        for what, path in (("output directory", output), ("tarball", tarball)):
+            if path is not None and _is_within(path, root):
+                issues.append(SpecIssue(loc, f"the {what} {path} must not be inside {root}"))
+        if _is_within(root, output):
+            issues.append(SpecIssue(loc, f"the output directory {output} must not contain {root}"))
+    if issues:
+        raise SpecError(issues)
