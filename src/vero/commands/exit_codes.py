@@ -1,0 +1,93 @@
+"""One table from error class to exit code, and the wrapper every command runs through.
+
+| code | meaning |
+|---|---|
+| 0 | success |
+| 1 | the operation ran but failed (e.g. a trial errored, a job failed) |
+| 2 | bad usage or invalid spec/config (`SpecError`, typer usage errors) |
+| 3 | denied by policy or entrance closed (`PolicyDenied`, HTTP 403) |
+| 4 | out of budget (`BudgetExhausted`, HTTP 402) |
+| 5 | infrastructure failure, refunded (`InfrastructureFailure`, HTTP 502) |
+| 6 | conflict (`Conflict`, HTTP 409) |
+| 7 | unknown job (`UnknownJob`, HTTP 404) |
+| 8 | sidecar unreachable (`SidecarUnavailable`) |
+| 9 | version rejected (`CandidateRejected`, HTTP 400) |
+| 10 | session archive invalid (`SessionInvalid`) |
+| 11 | durable state corrupt (`LedgerCorrupt`) |
+
+Messages are printed to stderr without tracebacks; exception text from parsers or subprocesses is
+never echoed (it may carry secrets): only vero's own messages are.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+import typer
+
+from vero.errors import (
+    BudgetExhausted,
+    CandidateRejected,
+    Conflict,
+    InfrastructureFailure,
+    LedgerCorrupt,
+    PolicyDenied,
+    SessionInvalid,
+    SidecarUnavailable,
+    SpecError,
+    UnknownJob,
+    VeroError,
+)
+
+__all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "exit_code_for", "fail", "run_command"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+EXIT_CODES: dict[type[VeroError], int] = {
+    SpecError: 2,
+    PolicyDenied: 3,
+    BudgetExhausted: 4,
+    InfrastructureFailure: 5,
+    Conflict: 6,
+    UnknownJob: 7,
+    SidecarUnavailable: 8,
+    CandidateRejected: 9,
+    SessionInvalid: 10,
+    LedgerCorrupt: 11,
+}
+
+T = TypeVar("T")
+
+
+def exit_code_for(error: VeroError) -> int:
+    """The exit code of an error class (most specific match), 1 for other `VeroError`s."""
+    for cls in type(error).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return EXIT_FAILED
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print `message` to stderr and exit with `code`."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def run_command(func: Callable[[], T]) -> T:
+    """Call `func`; turn a `VeroError` into its message on stderr and its exit code.
+
+    KeyboardInterrupt exits 130. Any other exception propagates (a bug, shown with a traceback).
+    """
+    try:
+        return func()
+    except VeroError as exc:
+        fail(str(exc), exit_code_for(exc))
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        sys.stdout.flush()

@@ -1,0 +1,149 @@
+"""Wire shapes of the sidecar's HTTP API (requests, responses, problem bodies).
+
+Shared by the FastAPI app and the agent-side client; separate from the durable records in
+`vero.core` so that either can change alone. Importing this module loads pydantic only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vero.spec.models import Disclosure
+
+__all__ = [
+    "AttemptView",
+    "BudgetView",
+    "CaseView",
+    "DisclosedResult",
+    "EvaluationRequest",
+    "HealthResponse",
+    "JobView",
+    "PartitionStatus",
+    "Problem",
+    "StatusResponse",
+    "SubmissionRequest",
+    "SubmissionView",
+]
+
+VERSION_FIELD = Field(
+    default="HEAD",
+    min_length=1,
+    max_length=256,
+    description="A commit-ish in the agent's repository (`HEAD`, a branch, a commit id).",
+)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HealthResponse(_Wire):
+    status: Literal["ok"] = "ok"
+
+
+class BudgetView(_Wire):
+    """Budget figures of one partition for the calling principal."""
+
+    total_runs: int
+    total_cases: int
+    remaining_runs: int
+    remaining_cases: int
+
+
+class PartitionStatus(_Wire):
+    """A partition the agent may evaluate."""
+
+    name: str
+    disclosure: Disclosure
+    min_aggregate_cases: int = Field(description="Smallest case subset an `aggregate` evaluation may select.")
+    cases: list[str] = Field(description="Case names, for subset requests.")
+    budget: BudgetView | None = Field(default=None, description="Absent when budget disclosure is off.")
+
+
+class EvaluationRequest(_Wire):
+    """`POST /evaluations`."""
+
+    partition: str = Field(min_length=1, max_length=128)
+    version: str = VERSION_FIELD
+    cases: list[str] | None = Field(
+        default=None, max_length=10_000, description="A subset of the partition's cases; omit for all."
+    )
+
+
+class AttemptView(_Wire):
+    reward: float | None = Field(description="None for a dead attempt (no valid reward).")
+    exception_type: str | None = None
+
+
+class CaseView(_Wire):
+    case: str
+    score: float
+    attempts: list[AttemptView]
+
+
+class DisclosedResult(_Wire):
+    """What the granted tier lets the agent see of a finished evaluation."""
+
+    disclosure: Disclosure
+    score: float | None = Field(default=None, description="Mean case score (`full`, `aggregate`).")
+    n_cases: int | None = None
+    n_attempts: int | None = None
+    n_dead: int | None = Field(default=None, description="Attempts without a valid reward.")
+    cases: list[CaseView] | None = Field(default=None, description="Per-case results (`full` only).")
+    artifacts_path: str | None = Field(
+        default=None, description="Directory in `main` with per-case results and trial artifacts (`full` only)."
+    )
+
+
+class JobView(_Wire):
+    """An evaluation job as the agent sees it."""
+
+    id: str
+    state: Literal["queued", "running", "complete", "failed", "cancelled"]
+    partition: str
+    n_cases: int
+    version: str
+    candidate: str
+    created_at: datetime
+    finished_at: datetime | None = None
+    error: str | None = Field(default=None, description="Generic reason when failed or cancelled.")
+    result: DisclosedResult | None = None
+
+
+class SubmissionRequest(_Wire):
+    """`POST /submissions`."""
+
+    version: str = VERSION_FIELD
+
+
+class SubmissionView(_Wire):
+    candidate: str
+    version: str
+    submitted_at: datetime
+
+
+class StatusResponse(_Wire):
+    """`GET /status`: what the agent may evaluate, its budgets (unless hidden) and its jobs."""
+
+    name: str
+    entrance_open: bool
+    submit_enabled: bool
+    partitions: list[PartitionStatus]
+    jobs: list[JobView]
+    submission: SubmissionView | None = None
+
+
+class Problem(_Wire):
+    """RFC 9457 problem details; every error body has this shape and generic wording."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    code: str = Field(
+        description="Stable machine-readable code: bad_request, payment_required, denied, not_found, "
+        "conflict, invalid, infrastructure, internal."
+    )
