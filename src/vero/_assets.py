@@ -1,0 +1,55 @@
+"""Find the container-side assets of each role (`compiler/`, `sidecar/`, `verifier/`).
+
+The assets are Jinja templates and scripts kept at the repository's top level (DESIGN §3). A built
+wheel carries them at `vero/_assets/<role>` (pyproject's hatch `force-include`); a source checkout or
+an editable install (whose `vero` package is `src/vero`) finds them at the repository root instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["ROLES", "Role", "asset_dir", "asset_path"]
+
+Role = Literal["compiler", "sidecar", "verifier"]
+ROLES: tuple[Role, ...] = ("compiler", "sidecar", "verifier")
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def asset_dir(role: Role) -> Path:
+    """The directory holding `role`'s assets.
+
+    Looks in the installed package first (`vero/_assets/<role>`), then at the root of a source
+    checkout (`<repo>/<role>`, two levels above `src/vero`).
+
+    Raises:
+        ValueError: `role` is not one of `ROLES`.
+        FileNotFoundError: neither location exists (a broken installation).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown asset role {role!r}; expected one of {', '.join(ROLES)}")
+    installed = _PACKAGE_DIR / "_assets" / role
+    if installed.is_dir():
+        return installed
+    checkout = _PACKAGE_DIR.parent.parent / role
+    if checkout.is_dir() and (_PACKAGE_DIR.parent.name == "src"):
+        return checkout
+    raise FileNotFoundError(f"assets of role {role!r} not found at {installed} or {checkout}")
+
+
+def asset_path(role: Role, name: str) -> Path:
+    """The file `name` (a relative POSIX path) among `role`'s assets.
+
+    Raises:
+        ValueError: `role` is unknown, or `name` is absolute or climbs out with `..`.
+        FileNotFoundError: the role's directory or the file does not exist.
+    """
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts:
+        raise ValueError(f"asset name must be a relative path inside the role directory: {name!r}")
+    path = asset_dir(role) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"asset {name!r} of role {role!r} not found in {path.parent}")
+    return path
