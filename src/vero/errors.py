@@ -8,6 +8,7 @@ VeroError
 ├── UnknownJob                no evaluation job with that id
 ├── Conflict                  the request conflicts with state (submit disabled, session sealed, ...)
 ├── CandidateRejected         a version cannot be imported (malformed, unknown, unsafe tree)
+├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
 ├── InfrastructureFailure     the evaluation could not measure anything (build, engine, timeout); refunded
 ├── LedgerCorrupt             the persisted budget ledger (or another durable record) cannot be read
 ├── SessionInvalid            a sealed session archive fails its digest or spec-digest check
@@ -28,6 +29,7 @@ __all__ = [
     "InfrastructureFailure",
     "LedgerCorrupt",
     "PolicyDenied",
+    "RequestInvalid",
     "SessionInvalid",
     "SidecarUnavailable",
     "SpecError",
@@ -94,12 +96,18 @@ class BudgetExhausted(VeroError):
     """A reservation would exceed a budget total.
 
     Attributes:
-        partition: partition whose budget is exhausted.
-        principal: who asked (``agent`` for the coding agent).
-        resource: ``runs`` or ``cases``.
-        requested: amount the reservation needed.
-        remaining: amount still available.
+        partition: partition whose budget is exhausted (None when rebuilt from a message).
+        principal: who asked (``agent`` for the coding agent; None when rebuilt from a message).
+        resource: ``runs`` or ``cases`` (None when rebuilt from a message).
+        requested: amount the reservation needed (None when rebuilt from a message).
+        remaining: amount still available (None when rebuilt from a message).
     """
+
+    partition: str | None
+    principal: str | None
+    resource: str | None
+    requested: int | None
+    remaining: int | None
 
     def __init__(self, partition: str, principal: str, resource: str, requested: int, remaining: int):
         self.partition = partition
@@ -112,6 +120,17 @@ class BudgetExhausted(VeroError):
             f"remaining {remaining}"
         )
 
+    @classmethod
+    def from_message(cls, message: str) -> BudgetExhausted:
+        """A `BudgetExhausted` whose figures are unknown, e.g. rebuilt by the agent-side client
+        from an HTTP 402 problem body (which carries text only). Every figure attribute is None.
+        """
+        error = cls.__new__(cls)
+        error.partition = error.principal = error.resource = None
+        error.requested = error.remaining = None
+        Exception.__init__(error, message)
+        return error
+
 
 class UnknownJob(VeroError):
     """No evaluation job with the given id exists."""
@@ -123,6 +142,11 @@ class Conflict(VeroError):
 
 class CandidateRejected(VeroError):
     """A version cannot become a candidate: malformed, unknown, or its tree is unsafe."""
+
+
+class RequestInvalid(VeroError):
+    """The sidecar refused the shape of a request (HTTP 422: unknown field, wrong type, value out
+    of range). A usage error of the caller, not a policy decision."""
 
 
 class InfrastructureFailure(VeroError):

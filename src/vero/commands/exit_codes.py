@@ -4,7 +4,7 @@
 |---|---|
 | 0 | success |
 | 1 | the operation ran but failed (e.g. a trial errored, a job failed) |
-| 2 | bad usage or invalid spec/config (`SpecError`, typer usage errors) |
+| 2 | bad usage or invalid spec/config (`SpecError`, `RequestInvalid` (HTTP 422), typer usage errors) |
 | 3 | denied by policy or entrance closed (`PolicyDenied`, HTTP 403) |
 | 4 | out of budget (`BudgetExhausted`, HTTP 402) |
 | 5 | infrastructure failure, refunded (`InfrastructureFailure`, HTTP 502) |
@@ -34,6 +34,7 @@ from vero.errors import (
     InfrastructureFailure,
     LedgerCorrupt,
     PolicyDenied,
+    RequestInvalid,
     SessionInvalid,
     SidecarUnavailable,
     SpecError,
@@ -49,6 +50,7 @@ EXIT_USAGE = 2
 
 EXIT_CODES: dict[type[VeroError], int] = {
     SpecError: 2,
+    RequestInvalid: 2,
     PolicyDenied: 3,
     BudgetExhausted: 4,
     InfrastructureFailure: 5,
