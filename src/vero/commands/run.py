@@ -1,0 +1,64 @@
+"""`vero harbor run`: compile a spec and run it end to end with Harbor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vero.cli import harbor_app
+from vero.commands.exit_codes import EXIT_FAILED, run_command
+
+
+@harbor_app.command("run")
+def run(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
+    agent: Annotated[str, typer.Option(
+        "--agent", "-a",
+        help="Harbor agent working in `main`: a name (oracle, nop, claude-code, codex, ...) or module:Class.",
+    )] = "oracle",
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.")] = None,
+    environment: Annotated[str | None, typer.Option(
+        "--environment", "-e", help="Execution target; overrides harbor.environment of the spec (docker, modal).",
+    )] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", help="Dotenv file with secrets and provider keys; loaded into the environment, never put on a command line.",
+    )] = None,
+    jobs_dir: Annotated[Path, typer.Option("--jobs-dir", "-o", help="Harbor jobs directory on this machine.")] = Path("jobs"),
+    job_name: Annotated[str | None, typer.Option("--job-name", help="Harbor job name (default: vero-<spec name>-<random>).")] = None,
+) -> None:
+    """Compile the spec to a temporary task, run it with Harbor and print the reward(s).
+
+    Checks Docker (or Modal credentials) first, streams Harbor's progress, then prints the rewards,
+    the candidate the verifier chose and where the artifacts are. Exits 1 when the trial errored or
+    produced no reward.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from vero.launch import run_task
+
+    outcome = run_command(lambda: run_task(config, agent=agent, model=model, environment=environment,
+                                           env_file=env_file, jobs_dir=jobs_dir, job_name=job_name))
+    console = Console()
+    table = Table(title="vero harbor run", show_header=True)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    for key, value in sorted(outcome.rewards.items()):
+        table.add_row(f"reward[{key}]", f"{value:g}")
+    final = outcome.finalization or {}
+    chosen = final.get("chosen") or {}
+    if isinstance(chosen, dict) and chosen.get("candidate"):
+        table.add_row("chosen candidate", str(chosen.get("candidate")))
+        if chosen.get("reason"):
+            table.add_row("chosen because", str(chosen.get("reason")))
+    table.add_row("trial", str(outcome.trial_dir or "none (see job.log)"))
+    if outcome.artifacts_dir:
+        table.add_row("artifacts", str(outcome.artifacts_dir))
+    table.add_row("compiled task", str(outcome.task_dir))
+    if outcome.exception_type:
+        table.add_row("trial error", outcome.exception_type)
+    console.print(table)
+    if not outcome.ok:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,205 @@
+"""`vero harbor run`: compile a spec and run the compiled task with Harbor, end to end.
+
+Steps: load the env file into this process's environment (secrets are needed at build time, and
+they reach Harbor by environment, never on its command line), compile the spec to a temporary
+directory, check the execution target before starting (Docker engine reachable, or Modal
+credentials present), run the pinned Harbor with its own progress output, then read the trial's
+`result.json` (never the exit code: Harbor exits 0 when every trial errored, HARBOR-NOTES §2) and
+the verifier's `finalization.json` from the trial's collected artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vero.errors import InfrastructureFailure, SpecError
+
+__all__ = ["TaskRunOutcome", "check_execution_target", "harbor_executable", "run_task"]
+
+
+@dataclass
+class TaskRunOutcome:
+    """What one `vero harbor run` produced.
+
+    Attributes:
+        job_dir: Harbor's job directory on the host.
+        trial_dir: the (single) trial's directory, if one was created.
+        rewards: Harbor's rewards of the trial (`verifier_result.rewards`), empty when none.
+        exception_type: the trial's exception type, if it errored.
+        finalization: the verifier's `finalization.json`, if collected.
+        artifacts_dir: where the operator artifacts landed on the host, if any.
+        task_dir: the compiled task directory.
+    """
+
+    job_dir: Path
+    task_dir: Path
+    trial_dir: Path | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    exception_type: str | None = None
+    finalization: dict | None = None
+    artifacts_dir: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the trial finished without an exception and produced a reward."""
+        return self.trial_dir is not None and self.exception_type is None and bool(self.rewards)
+
+
+def harbor_executable() -> str:
+    """The `harbor` console script of this environment (next to the interpreter), else from PATH.
+
+    Raises:
+        InfrastructureFailure: no `harbor` executable is found.
+    """
+    beside = Path(sys.executable).with_name("harbor")
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("harbor")
+    if found:
+        return found
+    raise InfrastructureFailure("the `harbor` command is not installed in this environment")
+
+
+def load_env_file(path: Path) -> dict[str, str]:
+    """Variables of a dotenv file (python-dotenv syntax), without touching `os.environ`.
+
+    Raises:
+        SpecError: the file does not exist.
+    """
+    from dotenv import dotenv_values
+
+    if not path.is_file():
+        raise SpecError.at("--env-file", f"env file not found: {path}")
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
+    """Fail fast, before anything is built, when the execution target cannot work.
+
+    `docker`: `docker info` must answer (and the Compose v2 plugin exist). `modal`: Harbor's modal
+    extra must be installed and `MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET` set (or `~/.modal.toml`).
+
+    Raises:
+        InfrastructureFailure: with what is missing and how to fix it.
+    """
+    if environment == "docker":
+        for argv, what in ((["docker", "info"], "the Docker engine"),
+                           (["docker", "compose", "version"], "the Docker Compose v2 plugin")):
+            try:
+                ok = subprocess.run(argv, capture_output=True, timeout=60, env=dict(env)).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if not ok:
+                raise InfrastructureFailure(
+                    f"{what} is not reachable (`{' '.join(argv)}` failed); start Docker first "
+                    "(on these machines: ../shared/ci/docker-up.sh)"
+                )
+    elif environment == "modal":
+        try:
+            import modal  # noqa: F401
+        except ImportError:
+            raise InfrastructureFailure("environment modal needs Harbor's modal extra: pip install 'vero[modal]'") from None
+        has_tokens = env.get("MODAL_TOKEN_ID") and env.get("MODAL_TOKEN_SECRET")
+        if not has_tokens and not (Path.home() / ".modal.toml").is_file():
+            raise InfrastructureFailure(
+                "environment modal needs MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (e.g. in --env-file) "
+                "or ~/.modal.toml (`modal token new`)"
+            )
+
+
+def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
+    outcome = TaskRunOutcome(job_dir=job_dir, task_dir=task_dir)
+    trials = sorted(p.parent for p in job_dir.glob("*/result.json"))
+    if not trials:
+        return outcome
+    trial = trials[-1]
+    outcome.trial_dir = trial
+    try:
+        result = json.loads((trial / "result.json").read_text())
+    except (OSError, ValueError):
+        outcome.exception_type = "UnreadableTrialResult"
+        return outcome
+    rewards = (result.get("verifier_result") or {}).get("rewards") or {}
+    outcome.rewards = {k: float(v) for k, v in rewards.items() if isinstance(v, (int, float))}
+    outcome.exception_type = (result.get("exception_info") or {}).get("exception_type")
+    for candidate in sorted(trial.glob("artifacts/**/finalization.json")):
+        outcome.artifacts_dir = candidate.parent
+        try:
+            outcome.finalization = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            outcome.finalization = None
+        break
+    return outcome
+
+
+def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
+             environment: str | None = None, env_file: Path | None = None,
+             jobs_dir: Path = Path("jobs"), job_name: str | None = None,
+             extra_args: list[str] | None = None) -> TaskRunOutcome:
+    """Compile `config` and run it with Harbor; return what the trial produced.
+
+    Args:
+        config: the spec (`build.yaml`).
+        agent: Harbor agent for `main`: a name (`oracle`, `nop`, `claude-code`, `codex`, ...) or
+            `module:Class`.
+        model: model name for the agent (`-m`), if it needs one.
+        environment: overrides `harbor.environment` of the spec (`docker`, `modal`).
+        env_file: dotenv file with secrets (and provider keys); loaded into this process and the
+            Harbor process environment, never passed as arguments.
+        jobs_dir: Harbor's jobs directory on the host.
+        job_name: Harbor job name (default: `vero-<spec name>-<random>`).
+        extra_args: further `harbor run` arguments, passed through.
+
+    Raises:
+        SpecError: the spec is invalid or a secret is missing.
+        InfrastructureFailure: the execution target is not reachable, or Harbor could not start.
+    """
+    from vero.compiler import compile_task
+    from vero.spec import load_spec
+
+    env = dict(os.environ)
+    if env_file is not None:
+        env.update(load_env_file(env_file))
+    env.setdefault("HARBOR_TELEMETRY", "0")
+    spec = load_spec(config, env=env)
+    if environment is not None and environment != spec.harbor.environment:
+        spec = spec.model_copy(update={"harbor": spec.harbor.model_copy(update={"environment": environment})})
+        from vero.spec.validation import check_spec
+
+        spec = check_spec(spec, source=str(config))
+    check_execution_target(spec.harbor.environment, env)
+
+    work = Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
+    task_dir = work / spec.name
+    # Secrets must be visible to the build-time checks; they are never written into the task.
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+    job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
+    argv = [harbor_executable(), "run", "-y", "-p", str(task_dir), "-a", agent,
+            "-e", spec.harbor.environment, "-o", str(jobs_dir), "--job-name", job_name]
+    if model:
+        argv += ["-m", model]
+    argv += list(extra_args or [])
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        # Harbor's own progress display streams to the terminal.
+        subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False)
+    except OSError as exc:
+        raise InfrastructureFailure(f"could not start harbor ({type(exc).__name__})") from None
+    return _read_outcome(jobs_dir / job_name, task_dir)
+

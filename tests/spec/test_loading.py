@@ -1,0 +1,131 @@
+"""Loading build.yaml: substitution, path resolution, partition files, registry datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vero.errors import SpecError
+from vero.spec import load_spec, parse_spec
+from vero.spec.loading import substitute
+
+
+def make_cases(root: Path, names: list[str]) -> Path:
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "task.toml").write_text('schema_version = "1.4"\n')
+    return root
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    make_cases(tmp_path / "cases", ["a", "b", "c", "d"])
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "main.c").write_text("int main(void){return 0;}\n")
+    return tmp_path
+
+
+SPEC = """
+name: demo
+target: {kind: program, path: ./target, install_path: /opt/prog}
+cases:
+  path: ./cases
+  partitions: {train: [a, b], hidden: [c]}
+agent_access:
+  train: {disclosure: aggregate, total_runs: 3, total_cases: 10}
+targets: {hidden: {}}
+"""
+
+
+def write(project: Path, text: str) -> Path:
+    path = project / "build.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_minimal_spec_loads_with_absolute_paths_and_defaults(project: Path) -> None:
+    spec = load_spec(write(project, SPEC))
+    assert spec.target.path == (project / "target").resolve()
+    assert spec.cases.path == (project / "cases").resolve()
+    assert spec.agent_access["train"].min_aggregate_cases == 5
+    assert spec.target_reward_keys() == {"hidden": "reward"}
+    assert spec.harbor.requirement == "harbor==0.26.0"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("${A}", {"A": "1"}, "1"),
+        ("x-${A:-dflt}-y", {}, "x-dflt-y"),
+        ("${A:-dflt}", {"A": ""}, "dflt"),
+        ("${A:?need A}", {"A": "v"}, "v"),
+        ("$${A}", {"A": "no"}, "${A}"),
+        ("cost $5", {}, "cost $5"),
+    ],
+)
+def test_substitution_forms(text: str, env: dict[str, str], expected: str) -> None:
+    assert substitute({"k": [text]}, env) == {"k": [expected]}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("${UNSET}", "is not set"), ("${UNSET:?please set it}", "please set it")],
+)
+def test_substitution_errors_name_the_yaml_path(text: str, fragment: str) -> None:
+    with pytest.raises(SpecError) as info:
+        substitute({"outer": {"inner": [text]}}, {})
+    assert info.value.issues[0].loc == "outer.inner[0]"
+    assert fragment in str(info.value)
+
+
+def test_a_secret_is_never_substituted(project: Path) -> None:
+    text = SPEC.replace("name: demo", "name: demo\ndescription: key ${API_KEY}\nsecrets: [API_KEY]")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, base_dir=project, env={"API_KEY": "sk-live-123"})
+    assert info.value.issues[0].loc == "description"
+    assert "sk-live-123" not in str(info.value)
+
+
+def test_substituted_paths_resolve_against_the_spec_dir(project: Path) -> None:
+    text = SPEC.replace("path: ./target", "path: \"${TGT}\"")
+    spec = parse_spec(text, base_dir=project, env={"TGT": "target"})
+    assert spec.target.path == (project / "target").resolve()
+
+
+def test_partition_files_merge_into_partitions(project: Path) -> None:
+    (project / "holdout.txt").write_text("# held out\nd\n\n")
+    text = SPEC.replace("  partitions: {train: [a, b], hidden: [c]}",
+                        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}")
+    spec = load_spec(write(project, text))
+    assert spec.cases.partitions["holdout"] == ["d"]
+    assert spec.cases.partition_files == {}
+
+
+def test_model_errors_name_the_field_without_the_union_tag(project: Path) -> None:
+    text = SPEC.replace("install_path: /opt/prog", "install_path: relative/path")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(project, text))
+    assert [i.loc for i in info.value.issues] == ["target.install_path"]
+
+
+def test_yaml_syntax_error_is_reported_with_position(project: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(project, "name: [unclosed\n"))
+    assert "line" in str(info.value)
+
+
+def test_registry_dataset_resolves_local_tasks_relative_to_the_registry(project: Path) -> None:
+    registry = project / "reg" / "registry.json"
+    registry.parent.mkdir()
+    rows = [{"name": "bench", "version": "1.0", "description": "",
+             "tasks": [{"name": n, "path": f"../cases/{n}"} for n in ["a", "b", "c"]]}]
+    registry.write_text(json.dumps(rows))
+    text = SPEC.replace("  path: ./cases", "  dataset: bench@1.0\n  registry_path: reg/registry.json")
+    spec = load_spec(write(project, text))
+    assert spec.cases.dataset == "bench@1.0"
+    text = SPEC.replace("  path: ./cases", "  dataset: bench@2.0\n  registry_path: reg/registry.json")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(project, text))
+    assert info.value.issues[0].loc == "cases.dataset"
