@@ -73,7 +73,12 @@ class ContainerPaths:
     """Where sealing writes `session.tar.gz` and `session.tar.gz.sha256`; collected as a task artifact."""
     # verifier outputs (Harbor conventions)
     reward: PurePosixPath = PurePosixPath("/logs/verifier/reward.json")
-    artifacts: PurePosixPath = PurePosixPath("/logs/artifacts")
+    artifacts: PurePosixPath = PurePosixPath("/logs/verifier/artifacts")
+    """Operator artifacts. Harbor 0.26 downloads a separate verifier's `/logs/verifier` to the trial's
+    `verifier/` dir on the host but never its `/logs/artifacts` (`verifier/verifier.py`,
+    `trial/trial.py::_run_separate_verifier`), so the artifacts live under `/logs/verifier`."""
+    artifacts_mirror: PurePosixPath = PurePosixPath("/logs/artifacts")
+    """Harbor's conventional artifacts dir; the verifier mirrors its artifacts there too."""
 
     @property
     def session_archive(self) -> PurePosixPath:
