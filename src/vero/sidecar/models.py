@@ -23,6 +23,8 @@ __all__ = [
     "JobView",
     "PartitionStatus",
     "Problem",
+    "SealRequest",
+    "SealResponse",
     "StatusResponse",
     "SubmissionRequest",
     "SubmissionView",
@@ -145,5 +147,30 @@ class Problem(_Wire):
     detail: str | None = None
     code: str = Field(
         description="Stable machine-readable code: bad_request, payment_required, denied, not_found, "
-        "conflict, invalid, infrastructure, internal."
+        "conflict, invalid, infrastructure, internal (also unauthorized and too_large on the admin "
+        "surface and for oversized bodies)."
     )
+    instance: str | None = Field(
+        default=None,
+        description="The resource the problem is about, e.g. `/evaluations/<id>` for a job that failed "
+        "for infrastructure reasons (`GET /evaluations/{id}` answers 502 with this body).",
+    )
+
+
+class SealRequest(_Wire):
+    """`POST /admin/seal` (admin only)."""
+
+    output_dir: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Absolute directory in the sidecar container receiving `session.tar.gz` and its `.sha256`.",
+    )
+
+
+class SealResponse(_Wire):
+    """What sealing wrote; the same on every repeated seal."""
+
+    archive: str = Field(description="Path of `session.tar.gz` in the sidecar container.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex digest of the archive.")
+    sealed_at: datetime
+    n_cancelled: int = Field(description="Jobs cancelled and refunded by this seal (0 when already sealed).")
