@@ -1,0 +1,166 @@
+"""Hardened Git invocations shared by the candidate store and the baseline commit (private).
+
+Every `git` process that vero's trusted side starts goes through `IsolatedGit`, a GitPython
+`git.Git` whose commands run with an *exact* environment rather than the caller's: GitPython's
+`Git.execute` always starts from a copy of `os.environ`, so `IsolatedGit` launches git through
+`env -i KEY=VALUE ... git ...`. Inherited variables such as `GIT_DIR`, `GIT_CONFIG_PARAMETERS`,
+`GIT_EXEC_PATH`, `GIT_SSH_COMMAND` or `GIT_ALTERNATE_OBJECT_DIRECTORIES` therefore never reach git.
+
+Configuration reaches git three ways, because each reaches a different process:
+
+- `-c key=value` on the command line: the highest precedence, so it overrides whatever a hostile
+  repository's own `config` says, but git drops it (`GIT_CONFIG_PARAMETERS`) for the `upload-pack`
+  child of a local fetch (git `connect.c`, `local_repo_env`);
+- `GIT_CONFIG_GLOBAL`, a private file written by vero: the only place `safe.directory` and protocol
+  settings reach that `upload-pack` child (which also checks repository ownership);
+- `GIT_CONFIG_NOSYSTEM=1` and `GIT_ATTR_NOSYSTEM=1`: the machine's `/etc/gitconfig` and
+  `/etc/gitattributes` never count (they would also make the baseline commit machine-dependent).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import git
+
+__all__ = ["HARDENING_CONFIG", "IsolatedGit", "minimal_env", "write_global_config"]
+
+HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
+    # No hook and no fsmonitor daemon of any repository runs (DESIGN §6: hooks off).
+    ("core.hooksPath", os.devnull),
+    ("core.fsmonitor", "false"),
+    # Only local paths are fetchable; no ssh, http or ext:: helper can be reached.
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "always"),
+    ("protocol.version", "2"),
+    # Objects are checked as they arrive (names like `..` or `.git`, malformed trees).
+    ("transfer.fsckObjects", "true"),
+    ("fetch.recurseSubmodules", "false"),
+    ("submodule.recurse", "false"),
+    # No background `gc`/maintenance child outliving the command, no commit-graph write.
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("fetch.writeCommitGraph", "false"),
+    # No credential helper, pager, editor or password prompt.
+    ("credential.helper", ""),
+    ("core.askPass", ""),
+    ("core.pager", "cat"),
+    ("core.editor", "false"),
+    ("core.autocrlf", "false"),
+    ("core.safecrlf", "false"),
+    ("advice.detachedHead", "false"),
+)
+"""`-c` options passed to every vero git command (overriding any repository's own config)."""
+
+_ENV_PROGRAM = shutil.which("env") or "/usr/bin/env"
+
+
+def minimal_env(home: Path, global_config: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The complete environment of a vero git process.
+
+    Args:
+        home: an empty private directory used as `HOME` (so no `~/.gitconfig` is read).
+        global_config: the file git reads as its global config (`GIT_CONFIG_GLOBAL`).
+        extra: further variables (e.g. the baseline's author and dates).
+
+    Returns:
+        Variable name -> value; nothing else from the caller's environment is kept except `PATH`.
+    """
+    env = {
+        "PATH": os.environ.get("PATH") or os.defpath,
+        "HOME": str(home),
+        "LANGUAGE": "C",
+        "LC_ALL": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": str(global_config),
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_OPTIONAL_LOCKS": "0",
+        # `refs/replace/*` of a hostile repository must not change what an object id means.
+        "GIT_NO_REPLACE_OBJECTS": "1",
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _quote_config_value(value: str) -> str:
+    if any(ch in value for ch in "\n\r\0"):
+        raise ValueError("git config values cannot contain line breaks or NUL")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_global_config(path: Path, *, safe_directories: Sequence[str | Path] = ()) -> None:
+    """Write the private global git config vero points `GIT_CONFIG_GLOBAL` at.
+
+    Holds the hardening options (so that child processes which do not see `-c` options still get
+    them, where the repository's own config does not override them) and one `safe.directory` per
+    path: the agent's repository belongs to another uid (1001) than the trusted side (root), and
+    git 2.35.2+ refuses such a repository unless it is listed (git `setup.c`).
+
+    Args:
+        path: the file to (re)write; written atomically with mode 0600.
+        safe_directories: repository paths (work tree and git dir) to trust.
+    """
+    from vero.core.storage import atomic_write_bytes
+
+    sections: dict[str, list[tuple[str, str]]] = {}
+    for key, value in HARDENING_CONFIG:
+        section, _, name = key.rpartition(".")
+        sections.setdefault(section, []).append((name, value))
+    lines: list[str] = []
+    for section, entries in sections.items():
+        head, _, sub = section.partition(".")
+        lines.append(f"[{head}]" if not sub else f"[{head} {_quote_config_value(sub)}]")
+        lines.extend(f"\t{name} = {_quote_config_value(value)}" for name, value in entries)
+    lines.append("[safe]")
+    lines.extend(f"\tdirectory = {_quote_config_value(str(p))}" for p in safe_directories)
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
+class IsolatedGit(git.Git):
+    """A `git.Git` whose every command runs with an exact environment and fixed `-c` options.
+
+    Args:
+        working_dir: the process's working directory (a trusted directory; never used for
+            repository discovery when `git_dir` is given).
+        env: the complete environment (see `minimal_env`).
+        config: `(key, value)` pairs passed as `-c key=value` before the subcommand, after
+            `HARDENING_CONFIG`.
+        git_dir: when given, passed as `--git-dir`, so git never searches for a repository.
+        timeout_sec: kill a command (and its children) that runs longer than this; `None` waits.
+
+    Commands must be given as argument lists (GitPython's `git.<cmd>(*args)`); a shell string is
+    refused with TypeError.
+    """
+
+    def __init__(self, working_dir: str | Path, *, env: Mapping[str, str],
+                 config: Sequence[tuple[str, str]] = (), git_dir: str | Path | None = None,
+                 timeout_sec: float | None = None) -> None:
+        super().__init__(working_dir)
+        self._vero_env = dict(env)
+        self._vero_config = (*HARDENING_CONFIG, *config)
+        self._vero_git_dir = None if git_dir is None else str(git_dir)
+        self._vero_timeout_sec = timeout_sec
+        self._vero_git = shutil.which("git", path=self._vero_env["PATH"]) or "git"
+
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if isinstance(command, (str, bytes)):
+            raise TypeError("IsolatedGit runs argument lists only")
+        argv = [str(a) if isinstance(a, Path) else a for a in command]
+        opts: list[str] = []
+        for key, value in self._vero_config:
+            opts += ["-c", f"{key}={value}"]
+        if self._vero_git_dir is not None:
+            opts.append(f"--git-dir={self._vero_git_dir}")
+        opts.append("--no-replace-objects")
+        assignments = [f"{k}={v}" for k, v in sorted(self._vero_env.items())]
+        argv = [_ENV_PROGRAM, "-i", *assignments, self._vero_git, *opts, *argv[1:]]
+        if self._vero_timeout_sec is not None and not kwargs.get("as_process"):
+            kwargs.setdefault("kill_after_timeout", self._vero_timeout_sec)
+        kwargs["shell"] = False
+        return super().execute(argv, *args, **kwargs)
