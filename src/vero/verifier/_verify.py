@@ -1,0 +1,291 @@
+"""`verify`: from a sealed session to Harbor's reward and the operator artifacts (DESIGN §7)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from vero.core.session import Session, read_session
+from vero.errors import SessionInvalid
+from vero.harbor.backend import EvaluationBackend, RunAs
+from vero.spec.compiled import VerifierConfig
+from vero.verifier.artifacts import (
+    FINALIZATION_FILE,
+    STATUS_FILE,
+    BaselineInfo,
+    ChosenCandidate,
+    Finalization,
+    SessionStatus,
+    TargetOutcome,
+    build_status,
+    copy_session,
+    write_model,
+)
+from vero.verifier.report import REPORT_FILE, write_report
+from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
+from vero.verifier.scoring import RUNNER_USER, Scorer
+from vero.verifier.selection import Selection, select_candidate
+
+__all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]
+
+logger = logging.getLogger("vero.verifier")
+
+
+class RebuiltBaseline:
+    """The baseline files rebuilt into a Git work tree, checked against the compiled commit.
+
+    Attributes:
+        path: the work tree (with `.git`), or None when the rebuild failed or did not match.
+        tree: its tree id, when it matched.
+        error: why the baseline is unavailable, or None.
+    """
+
+    def __init__(self, path: Path | None, tree: str | None, error: str | None):
+        self.path, self.tree, self.error = path, tree, error
+
+    @property
+    def available(self) -> bool:
+        return self.path is not None
+
+
+def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBaseline:
+    """Copy the baseline files to `dest` and rebuild the baseline commit with `commit_baseline`.
+
+    The result is usable only when the commit id equals `expected_commit` (the compiled
+    `baseline_commit`); anything else means the verifier image's baseline is not the one the task was
+    compiled with, and the baseline is reported unavailable rather than scored.
+    """
+    import git
+
+    from vero.core.baseline import commit_baseline
+
+    if not files.is_dir():
+        return RebuiltBaseline(None, None, f"baseline files not found at {files}")
+    try:
+        shutil.copytree(files, dest, symlinks=True)
+        commit = commit_baseline(dest)
+        tree = git.Repo(dest).commit(commit).tree.hexsha
+    except Exception as exc:  # noqa: BLE001 - any failure makes the baseline unavailable, reported
+        logger.exception("rebuilding the baseline failed")
+        return RebuiltBaseline(None, None, f"the baseline could not be rebuilt ({type(exc).__name__})")
+    if commit != expected_commit:
+        return RebuiltBaseline(None, None, f"the baseline files rebuild commit {commit}, not the compiled "
+                                           f"{expected_commit}")
+    return RebuiltBaseline(dest, tree, None)
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _trees(session: Session) -> dict[str, str]:
+    """Candidate id -> tree id: from the records, else from the session's Git objects."""
+    import git
+
+    trees = {record.id: record.tree for record in session.candidates}
+    missing = {job.candidate for job in session.jobs} - trees.keys()
+    if missing:
+        repo = git.Repo(session.git_dir)
+        for commit in sorted(missing):
+            try:
+                trees[commit] = repo.commit(commit).tree.hexsha
+            except (ValueError, git.BadName, git.GitCommandError):
+                continue
+    return trees
+
+
+async def verify(config: VerifierConfig, session_archive: str | Path, *, backend: EvaluationBackend,
+                 cases_dir: str | Path, baseline_dir: str | Path, reward_path: str | Path,
+                 artifacts_dir: str | Path, work_dir: str | Path, mirror_dirs: Sequence[str | Path] = (),
+                 env: Mapping[str, str] | None = None, run_as: RunAs | None = None) -> Finalization:
+    """Verify a sealed session: check it, pick the candidate, score it, write reward and artifacts.
+
+    Order: `reward.json` is first written with every target's failure value (a verifier killed
+    later still leaves a reward no real measurement loses to); the archive is copied to the
+    artifacts; it is checked and extracted (`read_session` against `config.spec_digest` and
+    `config.baseline_commit`); the baseline files are rebuilt and checked; the candidate is selected
+    (`vero.verifier.selection`); it is scored on every target partition; `reward.json` is rewritten
+    with the measured values (failure values where a target was not measured); then
+    `finalization.json`, `status.json` and `experiment.html` are written to `artifacts_dir` and
+    each of `mirror_dirs`.
+
+    Args:
+        config: the verifier's compiled config.
+        session_archive: the sealed `session.tar.gz` (its `.sha256` beside it).
+        backend: runs nested evaluations (`vero.harbor.HarborBackend`).
+        cases_dir: the cases of the target and selection partitions (`/opt/vero/cases`).
+        baseline_dir: the baseline files (`/opt/vero/baseline`).
+        reward_path: Harbor's reward file (`/logs/verifier/reward.json`); replaced, never followed.
+        artifacts_dir: operator artifacts (`/logs/verifier/artifacts`).
+        work_dir: scratch space (extracted session, checkouts, nested Harbor jobs); created.
+        mirror_dirs: more directories receiving the same artifacts (`/logs/artifacts`).
+        env: extra environment of the nested runs (secret values by name); default none.
+        run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
+
+    Returns:
+        The `Finalization` also written to `finalization.json`. A refused session gives status
+        `refused` and failure values; it is not raised.
+
+    Raises:
+        OSError: the reward file cannot be written at all (nothing else can report the outcome).
+        asyncio.CancelledError: cancelled; `reward.json` then holds the failure values.
+    """
+    started_at = datetime.now(UTC)
+    archive = Path(session_archive)
+    reward_path = Path(reward_path)
+    work = Path(work_dir)
+    dirs = [Path(artifacts_dir), *(Path(d) for d in mirror_dirs)]
+    rewards = failure_rewards(config)
+    write_reward_file(reward_path, rewards)
+
+    errors: list[str] = []
+    warnings: list[str] = []
+    if run_as is None and os.geteuid() == 0:
+        warnings.append(f"nested evaluations ran as root: user {RUNNER_USER} does not exist")
+    run_as_label = (f"{RUNNER_USER} (uid {run_as.uid})" if run_as is not None
+                    else f"current user (uid {os.geteuid()})")
+    warnings.extend(copy_session(archive, dirs))
+    session_sha256 = _sha256(archive)
+
+    work.mkdir(parents=True, exist_ok=True)
+    if run_as is not None:
+        # The runner must traverse the work dir to reach its own run dirs, nothing more.
+        os.chmod(work, 0o711)
+    session: Session | None = None
+    try:
+        session_dir = work / "session"
+        session_dir.mkdir(mode=0o700)
+        session = await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
+                                          baseline_commit=config.baseline_commit)
+    except (SessionInvalid, OSError) as exc:
+        reason = str(exc) if isinstance(exc, SessionInvalid) else f"the session cannot be read ({type(exc).__name__})"
+        logger.error("session refused: %s", reason)
+        finalization = Finalization(
+            status="refused", name=config.name, spec_digest=config.spec_digest, session_sha256=session_sha256,
+            started_at=started_at, finished_at=datetime.now(UTC), rewards=rewards,
+            targets=_failure_targets(config, reason="session refused"),
+            baseline=BaselineInfo(commit=config.baseline_commit, rebuilt=False), run_as=run_as_label,
+            errors=[f"session refused: {reason}"], warnings=warnings,
+        )
+        _write_artifacts(finalization, SessionStatus(valid=False, error=reason), None, dirs)
+        return finalization
+
+    baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), work / "baseline", config.baseline_commit)
+    if baseline.error:
+        errors.append(baseline.error)
+
+    selection: Selection | None = None
+    scorer: Scorer | None = None
+    targets: list[TargetOutcome] = []
+    try:
+        from vero.core.candidates import CandidateStore
+
+        store = CandidateStore.open(session.root)
+
+        def checkout(candidate: str, dest: Path) -> Path:
+            if candidate == config.baseline_commit and baseline.path is not None:
+                shutil.copytree(baseline.path, dest, symlinks=True)
+                return dest
+            return store.checkout(candidate, dest)
+
+        scorer = Scorer(backend=backend, config=config, checkout=checkout, cases_dir=Path(cases_dir),
+                        work_dir=work, env=env, run_as=run_as)
+        trees = _trees(session)
+        sel = config.selection
+        selection = await select_candidate(
+            mode=sel.mode, partition=sel.partition, direction=config.scoring.direction,
+            rescore_top_k=sel.rescore_top_k, baseline_floor=sel.baseline_floor, jobs=session.jobs,
+            trees=trees, submission=session.submission.candidate if session.submission else None,
+            baseline_commit=config.baseline_commit, baseline_tree=baseline.tree,
+            baseline_available=baseline.available, measure=scorer.measure,
+            case_names=config.partitions.get(sel.partition) if sel.partition else None,
+        )
+        if selection.shipped is None:
+            errors.append("nothing was shipped: " + (selection.floor.reason or "; ".join(selection.notes)))
+        else:
+            scores: dict[str, float | None] = {}
+            for partition in sorted(config.targets):
+                measurement = await scorer.measure(selection.shipped, partition, "target")
+                scores[partition] = measurement.score
+                targets.append(TargetOutcome(
+                    partition=partition, reward_key=config.reward_keys[partition],
+                    reward=reward_values(config, {partition: measurement.score})[config.reward_keys[partition]],
+                    measured=measurement.measured, score=measurement.score,
+                    evaluation_id=measurement.evaluation_id, n_cases=measurement.n_cases,
+                    n_dead=measurement.n_dead, error=measurement.error,
+                ))
+                if measurement.error:
+                    errors.append(f"target {partition}: {measurement.error}")
+            rewards = reward_values(config, scores)
+    except Exception as exc:  # noqa: BLE001 - the reward keeps its failure values; the operator is told
+        logger.exception("verification failed")
+        errors.append(f"verification failed: {type(exc).__name__}")
+        rewards = failure_rewards(config)
+    finally:
+        if scorer is not None:
+            scorer.discard_checkouts()
+
+    write_reward_file(reward_path, rewards)
+    if not targets:
+        targets = _failure_targets(config, reason="not scored: nothing was shipped")
+    n_measured = sum(t.measured for t in targets)
+    status = "scored" if n_measured == len(targets) else ("partial" if n_measured else "failed")
+
+    chosen = None
+    if selection is not None and selection.shipped is not None:
+        record = next((c for c in session.candidates if c.id == selection.shipped), None)
+        chosen = ChosenCandidate(
+            candidate=selection.shipped,
+            tree=record.tree if record else (baseline.tree if selection.shipped == config.baseline_commit else None),
+            subject=record.subject if record else None, is_baseline=selection.shipped_is_baseline,
+        )
+    floor_baseline = selection.floor.baseline if selection is not None else None
+    finalization = Finalization(
+        status=status, name=config.name, spec_digest=config.spec_digest, session_sha256=session_sha256,
+        sealed_at=session.manifest.sealed_at, started_at=started_at, finished_at=datetime.now(UTC),
+        chosen=chosen, selection=selection, rewards=rewards, targets=targets,
+        baseline=BaselineInfo(
+            commit=config.baseline_commit, rebuilt=baseline.available, tree=baseline.tree,
+            selection_score=floor_baseline.score if floor_baseline is not None else None,
+            rewards={t.reward_key: t.reward for t in targets if t.measured}
+            if chosen is not None and chosen.is_baseline else None,
+        ),
+        measurements=scorer.measurements if scorer is not None else [], run_as=run_as_label,
+        errors=errors, warnings=warnings,
+    )
+    _write_artifacts(finalization, build_status(session), session, dirs)
+    return finalization
+
+
+def _failure_targets(config: VerifierConfig, *, reason: str) -> list[TargetOutcome]:
+    return [
+        TargetOutcome(partition=p, reward_key=config.reward_keys[p], reward=config.failure_values[p],
+                      measured=False, error=reason)
+        for p in sorted(config.targets)
+    ]
+
+
+def _write_artifacts(finalization: Finalization, status: SessionStatus, session: Session | None,
+                     dirs: Sequence[Path]) -> None:
+    """Write finalization, status and the report; a failure here is logged, never raised (the
+    reward file is already in place)."""
+    try:
+        write_model(finalization, FINALIZATION_FILE, dirs)
+        write_model(status, STATUS_FILE, dirs)
+        for directory in dirs:
+            write_report(directory / REPORT_FILE, session, finalization)
+    except Exception:  # noqa: BLE001
+        logger.exception("writing the operator artifacts failed")

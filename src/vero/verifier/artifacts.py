@@ -1,0 +1,234 @@
+"""Operator artifacts of a verification: `finalization.json`, `status.json`, the session copy.
+
+They land in `/logs/verifier/artifacts` (Harbor 0.26 downloads a separate verifier's
+`/logs/verifier` to the trial's `verifier/` dir, never its `/logs/artifacts`: see
+`vero.spec.compiled.ContainerPaths.artifacts`) and are mirrored to `/logs/artifacts`. Every file is
+written atomically and replaces, never follows, what sits at its path.
+
+- `finalization.json` (`Finalization`): the shipped candidate and how it was chosen, the rewards,
+  the baseline's measurements, per-target evaluation ids, errors.
+- `status.json` (`SessionStatus`): budgets per (partition, principal) and evaluations by partition
+  and state, as sealed.
+- `session.tar.gz` + `session.tar.gz.sha256`: byte copies of the archive the verifier was given.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from vero.core.session import Session, Submission
+from vero.core.storage import atomic_write_model, fsync_dir
+from vero.verifier.selection import Measurement, Selection
+
+__all__ = [
+    "FINALIZATION_FILE",
+    "STATUS_FILE",
+    "BaselineInfo",
+    "BudgetStatus",
+    "ChosenCandidate",
+    "Finalization",
+    "FinalizationStatus",
+    "SessionStatus",
+    "TargetOutcome",
+    "build_status",
+    "copy_session",
+    "write_model",
+]
+
+FINALIZATION_FILE = "finalization.json"
+STATUS_FILE = "status.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+FinalizationStatus = Literal["scored", "partial", "failed", "refused"]
+"""`scored`: every target measured; `partial`: some targets at their failure value; `failed`: no
+target measured (or nothing may be shipped); `refused`: the session archive failed its checks."""
+
+
+class ChosenCandidate(_Model):
+    """The candidate scored on the targets."""
+
+    candidate: str
+    """Commit id."""
+    tree: str | None = None
+    subject: str | None = None
+    """First line of its commit message, from the session's record (None for the baseline)."""
+    is_baseline: bool
+
+
+class TargetOutcome(_Model):
+    """One target partition's reward."""
+
+    partition: str
+    reward_key: str
+    reward: float
+    """The value written to `reward.json` (the failure value when not measured)."""
+    measured: bool
+    score: float | None = None
+    evaluation_id: str | None = None
+    n_cases: int = 0
+    n_dead: int = 0
+    error: str | None = None
+
+
+class BaselineInfo(_Model):
+    """The baseline as the verifier saw it."""
+
+    commit: str
+    """The compiled baseline commit id."""
+    rebuilt: bool
+    """True when the verifier's baseline files rebuilt exactly this commit."""
+    tree: str | None = None
+    selection_score: float | None = None
+    """The baseline's score on the selection partition, when the floor measured it."""
+    rewards: dict[str, float] | None = None
+    """Reward key -> measured value, when the baseline itself was scored on the targets."""
+
+
+class Finalization(_Model):
+    """`finalization.json`: the verifier's decision and its evidence."""
+
+    schema_version: Literal[1] = 1
+    status: FinalizationStatus
+    name: str
+    spec_digest: str
+    session_sha256: str | None = None
+    """Hex digest of the archive as given (None when it could not be read)."""
+    sealed_at: datetime | None = None
+    started_at: datetime
+    finished_at: datetime
+    chosen: ChosenCandidate | None = None
+    """None when nothing was shipped (refused session, floor failed closed)."""
+    selection: Selection | None = None
+    rewards: dict[str, float]
+    """Exactly what `reward.json` holds."""
+    targets: list[TargetOutcome] = []
+    baseline: BaselineInfo
+    measurements: list[Measurement] = []
+    """Every nested run the verifier made, in order."""
+    run_as: str
+    """Who ran the nested evaluations (`vero-runner (uid N)` or `current user (uid N)`)."""
+    errors: list[str] = []
+    """What went wrong (the session refused, a target not measured, the baseline unavailable, ...)."""
+    warnings: list[str] = []
+    """What the operator should know that did not change the outcome (e.g. nested runs as root)."""
+
+
+class BudgetStatus(_Model):
+    """One (partition, principal) budget as sealed."""
+
+    partition: str
+    principal: str
+    total_runs: int
+    spent_runs: int
+    """Settled runs: evaluations that measured something (refunds excluded)."""
+    reserved_runs: int
+    remaining_runs: int
+    total_cases: int
+    spent_cases: int
+    reserved_cases: int
+    remaining_cases: int
+
+
+class SessionStatus(_Model):
+    """`status.json`: what the agent spent and ran."""
+
+    schema_version: Literal[1] = 1
+    valid: bool
+    """False when the archive was refused; the other figures are then empty."""
+    error: str | None = None
+    name: str | None = None
+    sealed_at: datetime | None = None
+    n_candidates: int = 0
+    submission: Submission | None = None
+    budgets: list[BudgetStatus] = []
+    evaluations: dict[str, dict[str, int]] = {}
+    """Partition -> job state -> number of evaluations."""
+    n_evaluations: int = 0
+
+
+def build_status(session: Session) -> SessionStatus:
+    """Summarize a verified session's budgets and evaluations."""
+    budgets = [
+        BudgetStatus(
+            partition=b.partition, principal=b.principal,
+            total_runs=b.total_runs, spent_runs=b.settled_runs, reserved_runs=b.reserved_runs,
+            remaining_runs=b.remaining_runs,
+            total_cases=b.total_cases, spent_cases=b.settled_cases, reserved_cases=b.reserved_cases,
+            remaining_cases=b.remaining_cases,
+        )
+        for b in sorted(session.balances, key=lambda b: (b.partition, b.principal))
+    ]
+    evaluations: dict[str, dict[str, int]] = {}
+    for job in session.jobs:
+        states = evaluations.setdefault(job.partition, {})
+        states[job.state] = states.get(job.state, 0) + 1
+    return SessionStatus(
+        valid=True, name=session.manifest.name, sealed_at=session.manifest.sealed_at,
+        n_candidates=len(session.candidates), submission=session.submission, budgets=budgets,
+        evaluations={p: dict(sorted(s.items())) for p, s in sorted(evaluations.items())},
+        n_evaluations=len(session.jobs),
+    )
+
+
+def write_model(model: BaseModel, name: str, dirs: Iterable[Path]) -> None:
+    """Write `model` as JSON to `<dir>/<name>` in each of `dirs` (created), atomically, mode 0644."""
+    for directory in dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_model(directory / name, model, mode=0o644)
+
+
+def _atomic_copy(src: Path, dest: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, src.open("rb") as source:
+            shutil.copyfileobj(source, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(dest.parent)
+
+
+def copy_session(archive: Path, dirs: Iterable[Path]) -> list[str]:
+    """Copy the archive and its `.sha256` (those that exist) into each of `dirs`.
+
+    The copies keep their names (`session.tar.gz`, `session.tar.gz.sha256`) so the pair still
+    verifies. A missing source is skipped; the reasons are returned rather than raised, because
+    the operator artifacts must not stop the reward from being written.
+
+    Returns:
+        Problems met (empty when everything was copied).
+    """
+    problems: list[str] = []
+    sources = [archive, Path(f"{archive}.sha256")]
+    for directory in dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+        for source in sources:
+            if not source.is_file():
+                problem = f"{source.name} not found: not copied"
+                if problem not in problems:
+                    problems.append(problem)
+                continue
+            try:
+                _atomic_copy(source, directory / source.name)
+            except OSError as exc:
+                problems.append(f"{source.name} not copied to {directory} ({type(exc).__name__})")
+    return problems

@@ -1,0 +1,299 @@
+"""`experiment.html`: one self-contained page about a session and its verification.
+
+The page is rendered with Jinja2 from `verifier/report.html.j2` (found through `vero._assets`),
+autoescaped. It loads nothing: no script, no external stylesheet, font or image, and a
+Content-Security-Policy of `default-src 'none'` (inline styles only) makes any later slip show up
+as a blocked load instead of a silent fetch. The plots are inline SVG whose geometry is computed
+here from the records:
+
+- scores per partition over time: every completed evaluation of the session (filled dot: full
+  partition; hollow: subset), full-partition evaluations joined per partition, and the verifier's
+  own measurements (diamonds) at the seal time;
+- budget burn: the share of each partition's case budget charged over time (completed
+  evaluations stay charged; failed and cancelled ones are refunded, DESIGN §6).
+
+Tables list the candidates, the evaluations, the budgets and, when a `Finalization` is given, the
+shipped candidate, how it was chosen and the rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from vero.core.session import Session
+from vero.core.storage import atomic_write_bytes
+from vero.verifier.artifacts import Finalization, build_status
+
+__all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "render_report", "write_report"]
+
+REPORT_FILE = "experiment.html"
+REPORT_TEMPLATE = "report.html.j2"
+
+PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#7f7f7f", "#000000")
+"""Okabe-Ito colours (distinguishable with colour-vision deficiencies), one per partition."""
+
+_WIDTH, _HEIGHT = 760, 320
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 20, 16, 44
+
+
+@dataclass
+class Marker:
+    """One plotted point, in SVG user units."""
+
+    x: float
+    y: float
+    color: str
+    shape: str
+    """`dot` (full-partition evaluation), `ring` (subset), `diamond` (verifier measurement)."""
+    title: str
+
+
+@dataclass
+class Series:
+    name: str
+    color: str
+    points: str = ""
+    """SVG `points` of the polyline joining the series (may be empty)."""
+    dashed: bool = False
+
+
+@dataclass
+class Plot:
+    """An SVG plot: frame, ticks, series lines, markers and a legend."""
+
+    id: str
+    title: str
+    y_label: str
+    width: int = _WIDTH
+    height: int = _HEIGHT
+    left: int = _LEFT
+    top: int = _TOP
+    inner_width: int = _WIDTH - _LEFT - _RIGHT
+    inner_height: int = _HEIGHT - _TOP - _BOTTOM
+    x_ticks: list[tuple[float, str]] = field(default_factory=list)
+    y_ticks: list[tuple[float, str]] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    legend: list[tuple[str, str, str]] = field(default_factory=list)
+    """(label, colour, shape) rows."""
+    empty_message: str | None = None
+
+
+class _Scale:
+    """Linear map from a data interval to a pixel interval (a degenerate interval is widened)."""
+
+    def __init__(self, lo: float, hi: float, out_lo: float, out_hi: float):
+        if hi <= lo:
+            pad = abs(lo) * 0.1 or 0.5
+            lo, hi = lo - pad, hi + pad
+        self.lo, self.hi, self.out_lo, self.out_hi = lo, hi, out_lo, out_hi
+
+    def __call__(self, value: float) -> float:
+        return round(self.out_lo + (value - self.lo) / (self.hi - self.lo) * (self.out_hi - self.out_lo), 2)
+
+    def ticks(self, n: int = 5) -> list[float]:
+        step = _nice_step((self.hi - self.lo) / max(n - 1, 1))
+        first = math.ceil(self.lo / step - 1e-9) * step
+        values, value = [], first
+        while value <= self.hi + step * 1e-9 and len(values) < 20:
+            values.append(round(value, 12))
+            value += step
+        return values
+
+
+def _nice_step(raw: float) -> float:
+    if raw <= 0 or not math.isfinite(raw):
+        return 1.0
+    exponent = math.floor(math.log10(raw))
+    fraction = raw / 10**exponent
+    nice = 1 if fraction <= 1 else 2 if fraction <= 2 else 5 if fraction <= 5 else 10
+    return nice * 10**exponent
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _fmt_minutes(minutes: float) -> str:
+    if minutes >= 120:
+        return f"+{minutes / 60:.3g} h"
+    return f"+{minutes:.3g} min"
+
+
+def _colors(partitions: list[str]) -> dict[str, str]:
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sorted(partitions))}
+
+
+def _score_plot(session: Session, finalization: Finalization | None, colors: dict[str, str]) -> Plot:
+    plot = Plot(id="score-plot", title="Scores per partition over time", y_label="score")
+    jobs = [j for j in session.jobs if j.state == "complete" and j.result is not None]
+    verifier = [m for m in (finalization.measurements if finalization else []) if m.score is not None]
+    if not jobs and not verifier:
+        plot.empty_message = "No completed evaluation in this session."
+        return plot
+    start = min([j.created_at for j in session.jobs] + [session.manifest.sealed_at])
+    end = session.manifest.sealed_at
+
+    def minutes(moment: datetime) -> float:
+        return (moment - start).total_seconds() / 60
+
+    values = [j.result.score for j in jobs] + [m.score for m in verifier]
+    x = _Scale(0.0, max(minutes(end), *(minutes(j.finished_at or j.created_at) for j in jobs), 0.0),
+               plot.left, plot.left + plot.inner_width)
+    pad = (max(values) - min(values)) * 0.05
+    y = _Scale(min(values) - pad, max(values) + pad, plot.top + plot.inner_height, plot.top)
+    plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
+    plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
+    for partition in sorted({j.partition for j in jobs}):
+        mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (j.finished_at or j.created_at, j.id))
+        full = [j for j in mine if j.full_partition]
+        plot.series.append(Series(
+            name=partition, color=colors[partition],
+            points=" ".join(f"{x(minutes(j.finished_at or j.created_at))},{y(j.result.score)}" for j in full),
+        ))
+        for job in mine:
+            plot.markers.append(Marker(
+                x=x(minutes(job.finished_at or job.created_at)), y=y(job.result.score), color=colors[partition],
+                shape="dot" if job.full_partition else "ring",
+                title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(job.result.score)} "
+                      f"({'full partition' if job.full_partition else f'{len(job.cases)} cases'})",
+            ))
+        plot.legend.append((partition, colors[partition], "dot"))
+    for measurement in verifier:
+        color = colors.get(measurement.partition, PALETTE[-1])
+        plot.markers.append(Marker(
+            x=x(minutes(end)), y=y(measurement.score), color=color, shape="diamond",
+            title=f"verifier {measurement.purpose} {measurement.partition} {measurement.candidate[:12]} "
+                  f"score {_fmt(measurement.score)}",
+        ))
+        if not any(label == measurement.partition for label, _, _ in plot.legend):
+            plot.legend.append((measurement.partition, color, "diamond"))
+    plot.legend.append(("subset evaluation", "#555555", "ring"))
+    if verifier:
+        plot.legend.append(("verifier measurement (after the seal)", "#555555", "diamond"))
+    return plot
+
+
+def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
+    plot = Plot(id="budget-plot", title="Case budget spent over time", y_label="% of case budget")
+    totals: dict[str, int] = {}
+    for balance in session.balances:
+        totals[balance.partition] = totals.get(balance.partition, 0) + balance.total_cases
+    charged = [j for j in session.jobs if j.state == "complete" and j.partition in totals]
+    if not totals:
+        plot.empty_message = "The session has no budget entries."
+        return plot
+    start = min([j.created_at for j in session.jobs] + [session.manifest.sealed_at])
+    end = session.manifest.sealed_at
+
+    def minutes(moment: datetime) -> float:
+        return (moment - start).total_seconds() / 60
+
+    x = _Scale(0.0, max([minutes(end)] + [minutes(j.finished_at or j.created_at) for j in charged]),
+               plot.left, plot.left + plot.inner_width)
+    y = _Scale(0.0, 100.0, plot.top + plot.inner_height, plot.top)
+    plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
+    plot.y_ticks = [(y(v), _fmt(v)) for v in (0, 25, 50, 75, 100)]
+    for partition in sorted(totals):
+        total = totals[partition]
+        spent, points = 0, [f"{x(0.0)},{y(0.0)}"]
+        for job in sorted((j for j in charged if j.partition == partition),
+                          key=lambda j: (j.finished_at or j.created_at, j.id)):
+            at = x(minutes(job.finished_at or job.created_at))
+            points.append(f"{at},{y(min(100.0, 100.0 * spent / total) if total else 0.0)}")
+            spent += len(job.cases)
+            share = min(100.0, 100.0 * spent / total) if total else 0.0
+            points.append(f"{at},{y(share)}")
+            plot.markers.append(Marker(x=at, y=y(share), color=colors.get(partition, PALETTE[-1]), shape="dot",
+                                       title=f"{job.id}: {spent} of {total} cases spent on {partition}"))
+        points.append(f"{x(minutes(end))},{y(min(100.0, 100.0 * spent / total) if total else 0.0)}")
+        plot.series.append(Series(name=partition, color=colors.get(partition, PALETTE[-1]), points=" ".join(points)))
+        plot.legend.append((f"{partition} ({total} cases)", colors.get(partition, PALETTE[-1]), "dot"))
+    return plot
+
+
+def _candidate_rows(session: Session, finalization: Finalization | None) -> list[dict]:
+    shipped = finalization.chosen.candidate if finalization and finalization.chosen else None
+    submitted = session.submission.candidate if session.submission else None
+    rows = []
+    for record in session.candidates:
+        mine = [j for j in session.jobs if j.candidate == record.id and j.state == "complete" and j.result]
+        per_partition = {}
+        for partition in sorted({j.partition for j in mine}):
+            full = [j.result.score for j in mine if j.partition == partition and j.full_partition]
+            subset = [j.result.score for j in mine if j.partition == partition and not j.full_partition]
+            per_partition[partition] = {
+                "full_mean": _fmt(sum(full) / len(full)) if full else "",
+                "n_full": len(full),
+                "n_subset": len(subset),
+            }
+        tags = []
+        if record.id == session.manifest.baseline_commit:
+            tags.append("baseline")
+        if record.id == submitted:
+            tags.append("submitted")
+        if record.id == shipped:
+            tags.append("shipped")
+        rows.append({"id": record.id, "short": record.id[:12], "tree": record.tree[:12], "subject": record.subject,
+                     "imported_at": record.imported_at.isoformat(timespec="seconds"),
+                     "partitions": per_partition, "tags": tags})
+    return rows
+
+
+def render_report(session: Session | None, finalization: Finalization | None = None) -> str:
+    """Render `experiment.html`.
+
+    Args:
+        session: the verified session, or None when it was refused (the page then shows the
+            finalization only).
+        finalization: the verification outcome, or None (e.g. `vero report` on an archive alone).
+
+    Returns:
+        The HTML document (UTF-8 text). Same inputs -> same text (no render time is included).
+
+    Raises:
+        ValueError: both arguments are None.
+        FileNotFoundError: the template is missing (a broken installation).
+    """
+    import jinja2
+
+    from vero._assets import asset_dir
+
+    if session is None and finalization is None:
+        raise ValueError("a report needs a session or a finalization")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(asset_dir("verifier")),
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    context: dict = {"session": session, "finalization": finalization, "fmt": _fmt}
+    if session is not None:
+        partitions = sorted({j.partition for j in session.jobs} | {b.partition for b in session.balances}
+                            | ({m.partition for m in finalization.measurements} if finalization else set()))
+        colors = _colors(partitions)
+        context.update(
+            name=session.manifest.name,
+            status=build_status(session),
+            plots=[_score_plot(session, finalization, colors), _burn_plot(session, colors)],
+            candidates=_candidate_rows(session, finalization),
+            jobs=session.jobs,
+            colors=colors,
+        )
+    else:
+        context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], colors={})
+    return env.get_template(REPORT_TEMPLATE).render(**context)
+
+
+def write_report(path: str | Path, session: Session | None, finalization: Finalization | None = None) -> Path:
+    """Render the report and write it atomically to `path` (mode 0644); returns `path`.
+
+    Raises:
+        ValueError, FileNotFoundError: see `render_report`. OSError: `path` cannot be written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, render_report(session, finalization).encode("utf-8"), mode=0o644)
+    return path

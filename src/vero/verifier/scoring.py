@@ -1,0 +1,208 @@
+"""The verifier's own measurements: checkouts, nested runs through an `EvaluationBackend`, run-as.
+
+Every measurement checks the candidate out into a fresh directory, runs the partition's cases as
+one nested evaluation (`vero.harbor.backend.EvaluationBackend`) and turns the outcome into a
+`Measurement`. A failed run never raises out of `Scorer.measure`: it comes back with `score=None`
+and the reason, so the caller decides what an unmeasured candidate or target means (selection
+excludes it, the reward gets the failure value).
+
+When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (DESIGN §2:
+candidate code never runs as root): agent candidates are imported by the `harbor` process itself.
+The checkout and the Harbor jobs dir of each run are handed to that user; secrets reach the run
+by name from the verifier's environment (`config.secrets`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import pwd
+import secrets as _secrets
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from statistics import fmean
+
+from vero.errors import InfrastructureFailure, VeroError
+from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
+from vero.spec.compiled import VerifierConfig
+from vero.verifier.selection import Measurement
+
+__all__ = [
+    "DOCKER_SOCKETS",
+    "RUNNER_USER",
+    "Checkout",
+    "Scorer",
+    "hand_over",
+    "new_evaluation_id",
+    "resolve_run_as",
+    "secret_env",
+]
+
+logger = logging.getLogger("vero.verifier")
+
+RUNNER_USER = "vero-runner"
+"""The unprivileged user nested runs use when the verifier is root (created by the verifier image)."""
+
+DOCKER_SOCKETS: tuple[Path, ...] = (Path("/var/run/docker.sock"), Path("/run/docker.sock"))
+"""Where the Docker engine's socket may be mounted; its group is given to the runner."""
+
+Checkout = Callable[[str, Path], Path]
+"""`checkout(candidate_id, dest)` materializes a candidate in the fresh directory `dest` and returns it.
+Raises KeyError for an unknown candidate."""
+
+
+def resolve_run_as(user: str = RUNNER_USER, sockets: Iterable[Path] = DOCKER_SOCKETS) -> RunAs | None:
+    """The identity nested runs take, or None to run as the current user.
+
+    Returns None when the process is not root (it already is unprivileged) or when `user` does not
+    exist (the caller reports that it runs nested evaluations as root). Otherwise `user`'s uid,
+    primary gid and home, plus the group of the first Docker socket found so the runner reaches
+    the engine.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    extra: list[int] = []
+    for socket in sockets:
+        try:
+            gid = os.stat(socket).st_gid
+        except OSError:
+            continue
+        if gid != entry.pw_gid:
+            extra.append(gid)
+        break
+    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, extra_groups=tuple(extra), home=Path(entry.pw_dir))
+
+
+def hand_over(path: Path, run_as: RunAs | None) -> None:
+    """Make the tree at `path` owned by `run_as` (no-op for None); links are not followed."""
+    if run_as is None:
+        return
+    os.lchown(path, run_as.uid, run_as.gid)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
+
+
+def secret_env(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Secret name -> value for the names set in `environ` (default `os.environ`); unset names are skipped."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in names if name in environ}
+
+
+def new_evaluation_id(purpose: str, partition: str) -> str:
+    """A unique id for one verifier measurement, usable as a Harbor job name.
+
+    Shape: `verify-<purpose>-<partition>-<8 hex>`; Harbor's default job name is a timestamp to the
+    second (HARBOR-NOTES §7), so the random suffix is what keeps runs apart.
+    """
+    return f"verify-{purpose}-{partition[:64]}-{_secrets.token_hex(4)}"
+
+
+class Scorer:
+    """Runs the verifier's measurements for one verification.
+
+    Args:
+        backend: the nested evaluation backend (`vero.harbor.HarborBackend`, or a test stub).
+        config: the verifier config (runtime, scoring, harbor settings, partitions).
+        checkout: materializes a candidate (see `Checkout`).
+        cases_dir: directory whose subdirectories are the cases (`/opt/vero/cases`).
+        work_dir: where each run gets `runs/<evaluation id>/{candidate,jobs}`.
+        env: extra environment for the `harbor` process (secret values; never logged or recorded).
+        run_as: unprivileged identity for the runs, or None.
+    """
+
+    def __init__(self, *, backend: EvaluationBackend, config: VerifierConfig, checkout: Checkout,
+                 cases_dir: Path, work_dir: Path, env: Mapping[str, str] | None = None,
+                 run_as: RunAs | None = None):
+        self.backend = backend
+        self.config = config
+        self.checkout = checkout
+        self.cases_dir = Path(cases_dir)
+        self.work_dir = Path(work_dir)
+        self.env = dict(env or {})
+        self.run_as = run_as
+        self.measurements: list[Measurement] = []
+        """Every measurement made, in order."""
+
+    async def measure(self, candidate: str, partition: str, purpose: str) -> Measurement:
+        """Score `candidate` on every case of `partition` (as configured) with one nested run.
+
+        Returns:
+            A `Measurement`: `score` is the mean case score over the partition's configured cases
+            (a case the backend did not report counts at the per-case failure value, like a dead
+            attempt); None with `error` set when the checkout or the run failed.
+
+        Raises:
+            asyncio.CancelledError: the verification was cancelled (the backend kills its run).
+        """
+        evaluation_id = new_evaluation_id(purpose, partition)
+        measurement = await self._measure(evaluation_id, candidate, partition, purpose)
+        self.measurements.append(measurement)
+        level = logging.INFO if measurement.measured else logging.WARNING
+        logger.log(level, "%s %s on %s: %s", purpose, candidate[:12], partition,
+                   measurement.score if measurement.measured else measurement.error)
+        return measurement
+
+    async def _measure(self, evaluation_id: str, candidate: str, partition: str, purpose: str) -> Measurement:
+        def failed(error: str) -> Measurement:
+            return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
+                               purpose=purpose, error=error)
+
+        case_names = tuple(self.config.partitions.get(partition, ()))
+        if not case_names:
+            return failed(f"partition {partition!r} has no cases in the verifier config")
+        run_dir = self.work_dir / "runs" / evaluation_id
+        jobs_dir = run_dir / "jobs"
+        try:
+            jobs_dir.mkdir(parents=True)
+            candidate_dir = await asyncio.to_thread(self.checkout, candidate, run_dir / "candidate")
+            await asyncio.to_thread(hand_over, run_dir, self.run_as)
+        except KeyError:
+            return failed("the candidate is not in the session's candidate store")
+        except Exception as exc:  # noqa: BLE001 - any checkout failure leaves the candidate unmeasured
+            logger.exception("checkout of %s failed", candidate[:12])
+            return failed(f"checkout failed ({type(exc).__name__})")
+
+        run = NestedRun(
+            evaluation_id=evaluation_id, partition=partition, candidate=candidate,
+            candidate_dir=candidate_dir, cases_dir=self.cases_dir, case_names=case_names,
+            jobs_dir=jobs_dir, runtime=self.config.runtime, harbor=self.config.harbor,
+            scoring=self.config.scoring, env=self.env, run_as=self.run_as,
+        )
+        try:
+            result = await self.backend.evaluate(run)
+        except InfrastructureFailure as exc:
+            return failed(f"InfrastructureFailure: {exc}")
+        except VeroError as exc:
+            return failed(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a backend bug must not lose the reward file
+            logger.exception("nested evaluation %s raised", evaluation_id)
+            return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
+
+        if result.partition != partition or result.candidate != candidate:
+            return failed("the backend reported a different partition or candidate")
+        by_case = {case.case: case for case in result.cases}
+        failure_value = self.config.scoring.effective_failure_value()
+        scores = [by_case[name].score if name in by_case else failure_value for name in case_names]
+        score = fmean(scores)
+        if not math.isfinite(score):
+            return failed("the backend reported a non-finite score")
+        n_dead = sum(by_case[name].n_dead for name in case_names if name in by_case)
+        n_missing = sum(1 for name in case_names if name not in by_case)
+        return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
+                           purpose=purpose, score=score, n_cases=len(case_names),
+                           n_dead=n_dead + n_missing, job_dir=result.job_dir)
+
+    def discard_checkouts(self) -> None:
+        """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""
+        runs = self.work_dir / "runs"
+        if runs.is_dir():
+            for run_dir in runs.iterdir():
+                shutil.rmtree(run_dir / "candidate", ignore_errors=True)
