@@ -163,6 +163,7 @@ class SealRequest(_Wire):
     output_dir: str = Field(
         min_length=1,
         max_length=4096,
+        pattern=r"^/[^\x00]*$",
         description="Absolute directory in the sidecar container receiving `session.tar.gz` and its `.sha256`.",
     )
 

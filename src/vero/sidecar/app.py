@@ -1,0 +1,211 @@
+"""The sidecar's FastAPI app: `create_app` builds it, `serve` runs it under uvicorn.
+
+The app is the API's table of contents: routers (one per resource), error handlers, the MCP
+endpoint and the lifespan that starts the `SidecarService` (state, recovery, baseline, token)
+and stops it (unfinished jobs failed `interrupted` and refunded). Nothing is module-level: every
+`create_app` call gets its own service, so tests run many apps side by side.
+
+| route | who | what |
+|---|---|---|
+| `GET /health` | agent | liveness |
+| `GET /status` | agent | partitions, budgets (unless hidden), jobs, submission, entrance |
+| `POST /evaluations` | agent | 202 + `JobView` once the policy passed, the candidate is imported and budget reserved |
+| `GET /evaluations/{id}` | agent | `JobView`; 502 when the job failed for infrastructure reasons |
+| `POST /submissions` | agent | 201 (recorded) / 200 (unchanged) + `SubmissionView` |
+| `POST /mcp` | agent | the agent routes as MCP tools |
+| `POST /admin/seal`, `GET /admin/export` | admin (bearer token) | seal, full records |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from vero import __version__
+from vero.harbor.backend import EvaluationBackend, RunAs
+from vero.sidecar.artifacts import ArtifactLimits
+from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
+from vero.sidecar.mcp import MCP_PATH, SidecarMCP
+from vero.sidecar.routes import ROUTERS
+from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarService
+from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig
+
+__all__ = ["MAX_REQUEST_BYTES", "create_app", "serve"]
+
+_logger = logging.getLogger("vero.sidecar")
+
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+"""Largest request body accepted, in bytes (a full case list of 10 000 names fits)."""
+
+
+class BodyLimitMiddleware:
+    """Answer 413 to bodies over `max_bytes`, by `Content-Length` or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    too_large = int(value) > self.max_bytes
+                except ValueError:
+                    too_large = True
+                if too_large:
+                    await problem_response(413, "the request body is too large")(scope, receive, send)
+                    return
+        size = 0
+
+        async def limited_receive():
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > self.max_bytes:
+                    raise HTTPException(413)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def create_app(
+    config: SidecarConfig,
+    *,
+    state_dir: str | Path,
+    agent_repo: str | Path,
+    context_dir: str | Path,
+    backend: EvaluationBackend | None = None,
+    cases_dir: str | Path = CONTAINER_PATHS.cases,
+    baseline_dir: str | Path | None = None,
+    work_dir: str | Path = DEFAULT_WORK_DIR,
+    run_as: RunAs | None | Literal["auto"] = "auto",
+    max_concurrent_evaluations: int = 2,
+    nested_env: Mapping[str, str] | None = None,
+    context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
+    artifact_limits: ArtifactLimits = ArtifactLimits(),
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> FastAPI:
+    """Build the sidecar app; its lifespan starts and stops the service.
+
+    Args:
+        config: the served config (`/opt/vero/config.json`).
+        state_dir: root-only durable state (`/var/lib/vero`).
+        agent_repo: the agent's checkout, read-only (`/workspace`).
+        context_dir: agent-readable disclosure dir (`/vero/context`).
+        backend: the evaluation backend; default `vero.harbor.HarborBackend()` (nested `harbor run`).
+        cases_dir: the case task dirs this sidecar may run (`/opt/vero/cases`).
+        baseline_dir: the baseline files (`/opt/vero/baseline`); None skips the baseline import.
+        work_dir: runner-writable scratch dir (checkouts, nested job dirs), outside `state_dir`.
+        run_as: identity of nested runs ("auto": `vero-runner` when root, see
+            `vero.sidecar.service.resolve_run_as`; None: this process's identity).
+        max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
+        nested_env: extra trusted environment for nested runs.
+        context_path_in_main: where `context_dir` is mounted in `main` (for `artifacts_path`).
+        artifact_limits: caps on copied trial artifacts (`full` tier).
+        max_request_bytes: larger request bodies are answered 413.
+
+    Returns:
+        The app; `app.state.service` is its `SidecarService`. If startup fails, the exception is
+        kept in `app.state.startup_error` (uvicorn only logs it) and re-raised by the lifespan.
+    """
+    if backend is None:
+        from vero.harbor import HarborBackend
+
+        backend = HarborBackend()
+    service = SidecarService(
+        config,
+        state_dir=Path(state_dir),
+        agent_repo=Path(agent_repo),
+        context_dir=Path(context_dir),
+        cases_dir=Path(cases_dir),
+        backend=backend,
+        baseline_dir=Path(baseline_dir) if baseline_dir is not None else None,
+        work_dir=Path(work_dir),
+        run_as=run_as,
+        max_concurrent_evaluations=max_concurrent_evaluations,
+        nested_env=nested_env,
+        context_path_in_main=context_path_in_main,
+        artifact_limits=artifact_limits,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            await service.start()
+        except BaseException as exc:
+            app.state.startup_error = exc
+            raise
+        try:
+            async with mcp.running():
+                yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="vero evaluation sidecar",
+        version=__version__,
+        description="The trusted evaluator of a vero task: evaluations under a split-visibility policy "
+        "and a budget, submissions, and sealing. Errors are RFC 9457 problem bodies.",
+        lifespan=lifespan,
+        responses=PROBLEM_RESPONSES,
+    )
+    app.state.service = service
+    app.state.startup_error = None
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    mcp = SidecarMCP(app)
+    app.router.routes.append(Route(MCP_PATH, endpoint=mcp, methods=["POST"]))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    return app
+
+
+def serve(
+    config_path: Path,
+    *,
+    state_dir: Path,
+    host: str,
+    port: int,
+    agent_repo: Path,
+    context_dir: Path,
+    cases_dir: Path,
+    baseline_dir: Path | None,
+    work_dir: Path = DEFAULT_WORK_DIR,
+) -> None:
+    """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
+
+    Raises:
+        SpecError: the config cannot be read or validated, or the baseline does not match.
+        LedgerCorrupt: durable state is unreadable (the sidecar refuses to start; nothing is reset).
+        InfrastructureFailure: running as root without the runner user.
+        OSError: the port cannot be bound or a directory cannot be prepared.
+    """
+    import uvicorn
+
+    from vero.errors import InfrastructureFailure
+    from vero.spec.compiled import load_config
+
+    config = load_config(config_path, SidecarConfig)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
+                     cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
+                                           server_header=False, log_level="info"))
+    server.run()
+    error = app.state.startup_error
+    if error is not None:
+        raise error
+    if not server.started:
+        raise InfrastructureFailure(f"the sidecar could not listen on {host}:{port}")

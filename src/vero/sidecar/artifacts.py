@@ -1,0 +1,213 @@
+"""Copy a finished evaluation's trial artifacts into the agent-readable context dir (`full` tier).
+
+The nested Harbor job dir is written by the unprivileged runner, and for `kind: agent` the
+candidate's own code runs as that user, so everything under it is hostile input. The copy
+therefore:
+
+- walks with directory file descriptors (`os.open(..., dir_fd=..., O_NOFOLLOW)`), so a directory
+  swapped for a symlink mid-walk cannot redirect it, and never follows a symlink;
+- copies regular files only (no symlinks, devices, FIFOs, sockets) and skips files with more than
+  one hard link (a link to a file outside the trial dir);
+- takes only the `agent/`, `verifier/` and `artifacts/` subtrees of each trial dir (Harbor 0.26
+  `models/trial/paths.py`): the trial's `config.json`, `result.json` and `trial.log` carry host
+  paths and configuration, and the disclosed per-case results are written separately;
+- caps depth, file count, file size and total size (files over a cap are listed as omitted);
+- skips any file that contains a secret value;
+- writes into a temporary sibling and renames it into place, with files 0644 and dirs 0755 so the
+  agent user in `main` can read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vero.core.evaluation import EvaluationResult
+from vero.core.storage import atomic_write_bytes, fsync_dir
+
+__all__ = ["ArtifactLimits", "copy_trial_artifacts"]
+
+_TRIAL_SUBTREES = ("agent", "verifier", "artifacts")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+@dataclass(frozen=True)
+class ArtifactLimits:
+    """Caps on what one evaluation may place into the context dir."""
+
+    max_file_bytes: int = 8 * 1024 * 1024
+    """Largest single file copied, in bytes; larger files are omitted."""
+    max_total_bytes: int = 64 * 1024 * 1024
+    """Total bytes copied per evaluation."""
+    max_files: int = 2000
+    """Files copied per evaluation."""
+    max_depth: int = 12
+    """Directory depth below a trial subtree."""
+
+
+@dataclass
+class _Budget:
+    limits: ArtifactLimits
+    secrets: tuple[bytes, ...]
+    files: int = 0
+    total_bytes: int = 0
+    omitted: list[str] = field(default_factory=list)
+
+
+def _read_regular(name: str, dir_fd: int, budget: _Budget, rel: str) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return None
+        if info.st_size > budget.limits.max_file_bytes:
+            budget.omitted.append(rel)
+            return None
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > budget.limits.max_file_bytes:
+                budget.omitted.append(rel)
+                return None
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _copy_dir(dir_fd: int, dest: Path, budget: _Budget, rel: str, depth: int) -> None:
+    if depth > budget.limits.max_depth:
+        budget.omitted.append(rel + "/")
+        return
+    dest.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(dest, 0o755)
+    with os.scandir(dir_fd) as entries:
+        names = sorted((entry.name, entry) for entry in entries)
+    for name, entry in names:
+        child_rel = f"{rel}/{name}"
+        if not _SAFE_NAME.match(name):
+            budget.omitted.append(child_rel)
+            continue
+        if entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                child_fd = os.open(name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                _copy_dir(child_fd, dest / name, budget, child_rel, depth + 1)
+            finally:
+                os.close(child_fd)
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        if budget.files >= budget.limits.max_files:
+            budget.omitted.append(child_rel)
+            continue
+        data = _read_regular(name, dir_fd, budget, child_rel)
+        if data is None:
+            continue
+        if budget.total_bytes + len(data) > budget.limits.max_total_bytes:
+            budget.omitted.append(child_rel)
+            continue
+        if any(secret in data for secret in budget.secrets):
+            budget.omitted.append(child_rel)
+            continue
+        target = dest / name
+        with open(target, "xb") as handle:
+            handle.write(data)
+        os.chmod(target, 0o644)
+        budget.files += 1
+        budget.total_bytes += len(data)
+
+
+def _open_trial(job_dir: Path, trial_name: str) -> int | None:
+    try:
+        job_fd = os.open(job_dir, os.O_RDONLY | _O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        return os.open(trial_name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW, dir_fd=job_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(job_fd)
+
+
+def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, *,
+                         secret_values: list[str] | tuple[str, ...] = (),
+                         limits: ArtifactLimits = ArtifactLimits()) -> Path:
+    """Write `dest/result.json` (the disclosed per-case results) and each trial's artifacts.
+
+    Layout::
+
+        dest/result.json                          disclosed result + case -> trial names + omitted files
+        dest/trials/<trial>/{agent,verifier,artifacts}/...
+
+    Blocking; call it in a worker thread. `dest` is replaced atomically (written to a temporary
+    sibling, then renamed), so a reader never sees half of it.
+
+    Args:
+        result: the trusted result; `result.job_dir` is the nested Harbor job dir (may be None or
+            missing: then only `result.json` is written).
+        disclosed: the JSON-ready disclosed result (`DisclosedResult` in JSON mode).
+        dest: `<context dir>/<job id>`; its parent must exist.
+        secret_values: values that must never be copied (files containing one are omitted).
+        limits: size caps.
+
+    Returns:
+        `dest`.
+
+    Raises:
+        OSError: the context dir cannot be written.
+    """
+    budget = _Budget(limits, tuple(v.encode() for v in secret_values if len(v) >= 4))
+    staging = dest.parent / f".{dest.name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o755)
+    os.chmod(staging, 0o755)
+    trials: dict[str, list[str]] = {}
+    job_dir = Path(result.job_dir) if result.job_dir else None
+    for case in result.cases:
+        trials[case.case] = []
+        for attempt in case.attempts:
+            name = attempt.trial_name
+            if not _SAFE_NAME.match(name) or job_dir is None:
+                continue
+            trial_fd = _open_trial(job_dir, name)
+            if trial_fd is None:
+                continue
+            trials[case.case].append(name)
+            try:
+                trial_dest = staging / "trials" / name
+                trial_dest.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.chmod(trial_dest.parent, 0o755)
+                for sub in _TRIAL_SUBTREES:
+                    try:
+                        sub_fd = os.open(sub, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW, dir_fd=trial_fd)
+                    except OSError:
+                        continue
+                    try:
+                        _copy_dir(sub_fd, trial_dest / sub, budget, f"trials/{name}/{sub}", 0)
+                    finally:
+                        os.close(sub_fd)
+            finally:
+                os.close(trial_fd)
+    document = {**disclosed, "trials": trials, "omitted": sorted(set(budget.omitted))}
+    atomic_write_bytes(staging / "result.json",
+                       json.dumps(document, indent=2, sort_keys=True).encode() + b"\n", mode=0o644)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)
+    fsync_dir(dest.parent)
+    return dest

@@ -1,0 +1,167 @@
+"""The one place where errors become HTTP answers: status codes and RFC 9457 problem bodies.
+
+| raised | status | `code` | detail |
+|---|---|---|---|
+| request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values) |
+| `RequestInvalid` | 422 | `invalid` | generic |
+| body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
+| `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
+| `BudgetExhausted` | 402 | `payment_required` | figures only when budget disclosure is on |
+| `PolicyDenied` | 403 | `denied` | the policy's message (generic by contract: `vero.core.policy`) |
+| missing or wrong admin token | 401 | `unauthorized` | generic, with `WWW-Authenticate: Bearer` |
+| `UnknownJob`, unknown route | 404 | `not_found` | generic |
+| `Conflict` | 409 | `conflict` | the service's own message |
+| `InfrastructureFailure` | 502 | `infrastructure` | generic (never Harbor's text) |
+| anything else | 500 | `internal` | generic; the exception is logged, never sent |
+
+402 is used for an exhausted budget, not 429: HTTP clients retry 429 (DESIGN §6). Bodies never
+carry hidden partition names, paths, secret values or exception text from git or Harbor.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vero.errors import (
+    BudgetExhausted,
+    CandidateRejected,
+    Conflict,
+    InfrastructureFailure,
+    PolicyDenied,
+    RequestInvalid,
+    UnknownJob,
+    VeroError,
+)
+from vero.sidecar.models import Problem
+
+__all__ = [
+    "PROBLEM_JSON",
+    "PROBLEM_RESPONSES",
+    "install_error_handlers",
+    "problem_doc",
+    "problem_response",
+    "render_error",
+]
+
+_logger = logging.getLogger("vero.sidecar")
+
+PROBLEM_JSON = "application/problem+json"
+
+_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    402: "payment_required",
+    403: "denied",
+    404: "not_found",
+    405: "bad_request",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid",
+    500: "internal",
+    502: "infrastructure",
+}
+
+
+def problem_doc(description: str) -> dict:
+    """An OpenAPI `responses` entry documenting a problem body."""
+    return {"model": Problem, "description": description, "content": {PROBLEM_JSON: {}}}
+
+
+PROBLEM_RESPONSES: dict[int | str, dict] = {
+    422: problem_doc("The request does not match the schema (RFC 9457 problem)."),
+    500: problem_doc("Unexpected error; the body is generic (RFC 9457 problem)."),
+}
+"""`responses=` for every router: the shared error shapes, so OpenAPI documents them."""
+
+
+def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
+                     headers: dict[str, str] | None = None) -> JSONResponse:
+    """Render one problem body.
+
+    Args:
+        status: HTTP status code; any 5xx other than 502 is rendered with a generic detail.
+        detail: a message already known to be safe for the agent.
+        instance: the resource concerned (e.g. `/evaluations/<id>`).
+        headers: extra response headers.
+
+    Returns:
+        A `application/problem+json` response whose body validates as `Problem`.
+    """
+    if status >= 500 and status != 502:
+        status, detail, instance = 500, "an unexpected error occurred", None
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:
+        title = "Error"
+    problem = Problem(title=title, status=status, detail=detail, code=_CODES.get(status, "bad_request"),
+                      instance=instance)
+    return JSONResponse(status_code=status, content=problem.model_dump(mode="json", exclude_none=True),
+                        media_type=PROBLEM_JSON, headers=headers)
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    # Only locations and pydantic's messages: the input values could be anything the caller sent,
+    # e.g. a hidden partition's name, and are never repeated.
+    parts = []
+    for error in exc.errors()[:20]:
+        loc = ".".join(str(item) for item in error.get("loc", ()) if item != "body") or "<body>"
+        parts.append(f"{loc[:200]}: {str(error.get('msg', 'invalid'))[:200]}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def _budget_detail(request: Request, exc: BudgetExhausted) -> str:
+    service = getattr(request.app.state, "service", None)
+    disclose = bool(service is not None and service.config.disclose_budget)
+    if disclose and exc.resource is not None:
+        return (f"the budget of this partition is exhausted: {exc.resource} requested {exc.requested}, "
+                f"remaining {exc.remaining}")
+    return "the budget of this partition is exhausted"
+
+
+def render_error(request: Request, exc: BaseException) -> JSONResponse:
+    """The problem response for any exception (see the module table)."""
+    match exc:
+        case RequestValidationError():
+            return problem_response(422, _validation_detail(exc))
+        case RequestInvalid():
+            return problem_response(422, "invalid request")
+        case CandidateRejected():
+            return problem_response(
+                400, "the version cannot be evaluated: it is malformed, unknown in the repository, or "
+                     "its tree is not allowed")
+        case BudgetExhausted():
+            return problem_response(402, _budget_detail(request, exc))
+        case PolicyDenied():
+            return problem_response(403, str(exc)[:500] or "denied by the evaluation policy")
+        case UnknownJob():
+            return problem_response(404, "no evaluation job with this id")
+        case Conflict():
+            return problem_response(409, str(exc)[:500] or "the request conflicts with the session state")
+        case InfrastructureFailure():
+            return problem_response(502, "the evaluation failed for infrastructure reasons; its budget "
+                                         "was refunded", instance=request.url.path)
+        case StarletteHTTPException() if exc.status_code < 500:
+            detail = {401: "a valid admin bearer token is required", 404: "no such resource",
+                      405: "method not allowed", 413: "the request body is too large"}.get(
+                exc.status_code, "the request was refused")
+            return problem_response(exc.status_code, detail, headers=exc.headers)
+        case _:
+            _logger.error("unexpected error while serving %s %s (%s)", request.method, request.url.path,
+                          type(exc).__name__, exc_info=exc)
+            return problem_response(500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register `render_error` for schema errors, `VeroError`s, HTTP errors and everything else."""
+
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        return render_error(request, exc)
+
+    for cls in (RequestValidationError, VeroError, StarletteHTTPException, Exception):
+        app.add_exception_handler(cls, handler)

@@ -1,0 +1,17 @@
+"""`GET /status`: what the agent may evaluate, its remaining budget (unless hidden), jobs, submission."""
+
+from fastapi import APIRouter
+
+from vero.sidecar.deps import Principal, Service
+from vero.sidecar.errors import PROBLEM_RESPONSES
+from vero.sidecar.models import StatusResponse
+
+router = APIRouter(tags=["agent"], responses=PROBLEM_RESPONSES)
+
+
+@router.get("/status", operation_id="status", summary="Partitions, budgets, jobs and submission")
+async def get_status(service: Service, principal: Principal) -> StatusResponse:
+    """The partitions the agent may evaluate (with case names and, unless budget disclosure is off,
+    remaining runs and cases), every job of the agent with its disclosed result, the submission,
+    and whether the entrance is still open."""
+    return service.status(principal)

@@ -1,0 +1,644 @@
+"""The sidecar's orchestration: the only place that calls `vero.core` and the evaluation backend.
+
+Route handlers and MCP tools call one method each; every check lives here, in this order
+(DESIGN §6):
+
+```
+POST /evaluations: entrance open -> policy (partition, cases, floor) -> candidate import
+                   -> entrance still open -> budget reservation -> job record -> 202
+job task:          wait for a slot (semaphore) -> running -> checkout -> nested run
+                   -> complete (then settle; zero scores and dead attempts stay charged)
+                   |  failed/infrastructure (then refund)  |  cancelled/sealed or failed/interrupted (then refund)
+```
+
+A job's final state is recorded before its reservation is settled or refunded, so a crash in
+between is repaired by `vero.core.jobs.recover_interrupted` at the next start.
+
+Startup (`start`): state dir 0700, ledger (persisted figures win over the config; drift is
+logged), job store, candidate store, submission, seal state, recovery of interrupted jobs, the
+baseline commit (rebuilt from the baseline files and checked against the config), a fresh admin
+token (0400), and the runner's work dir (outside the root-only state dir).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vero.core.candidates import CandidateRecord, CandidateStore
+from vero.core.evaluation import EvaluationResult
+from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
+from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation
+from vero.core.policy import AccessPolicy, narrow
+from vero.core.session import Submission, read_submission, write_session_archive
+from vero.core.storage import atomic_write_model, awrite_model
+from vero.errors import (
+    Conflict,
+    InfrastructureFailure,
+    LedgerCorrupt,
+    PolicyDenied,
+    SpecError,
+    UnknownJob,
+)
+from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
+from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
+from vero.sidecar.auth import generate_admin_token
+from vero.sidecar.models import (
+    AttemptView,
+    BudgetView,
+    CaseView,
+    DisclosedResult,
+    EvaluationRequest,
+    JobView,
+    PartitionStatus,
+    SealResponse,
+    StatusResponse,
+    SubmissionView,
+)
+from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
+from vero.spec.models import Disclosure
+
+__all__ = [
+    "DEFAULT_WORK_DIR",
+    "ExportResponse",
+    "RUNNER_USER",
+    "SealState",
+    "SidecarService",
+    "resolve_run_as",
+]
+
+_logger = logging.getLogger("vero.sidecar")
+
+RUNNER_USER = "vero-runner"
+"""The unprivileged user nested runs execute as when the sidecar runs as root."""
+
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+
+DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
+"""Runner-writable scratch space (checkouts, nested Harbor job dirs), outside the state dir."""
+
+SEAL_FILE = "seal.json"
+"""`<state dir>/seal.json`: the persisted seal (so a restart stays sealed)."""
+
+_INFRA_ERROR = "infrastructure"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SealState(BaseModel):
+    """The persisted seal; its `sealed_at` makes a repeated seal give the same archive bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: Literal[1] = 1
+    sealed_at: datetime
+
+
+class ExportResponse(BaseModel):
+    """`GET /admin/export`: the full trusted records (never served to the agent)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    spec_digest: str
+    baseline_commit: str
+    entrance_open: bool
+    sealed_at: datetime | None = None
+    jobs: list[EvaluationJob] = Field(description="Every job with its trusted full result, in creation order.")
+    balances: list[BudgetBalance]
+    reservations: list[Reservation]
+    candidates: list[CandidateRecord]
+    submission: Submission | None = None
+
+
+def resolve_run_as(user: str = RUNNER_USER, docker_socket: Path = DOCKER_SOCKET) -> RunAs | None:
+    """The identity nested runs take: None unless this process is root.
+
+    Args:
+        user: the unprivileged account (`vero-runner` in the sidecar image).
+        docker_socket: its group (if the socket exists) becomes an extra group, so the run reaches
+            the engine without root.
+
+    Raises:
+        InfrastructureFailure: running as root but `user` does not exist (candidate code must never
+            run as root, so the sidecar refuses to start).
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise InfrastructureFailure(
+            f"the sidecar runs as root but the unprivileged user {user!r} does not exist"
+        ) from None
+    extra: tuple[int, ...] = ()
+    try:
+        gid = os.stat(docker_socket).st_gid
+        if gid != entry.pw_gid:
+            extra = (gid,)
+    except OSError:
+        pass
+    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, extra_groups=extra, home=Path(entry.pw_dir))
+
+
+def _make_readable(root: Path) -> None:
+    """Dirs 0755, files a+r (a+rx where the owner may execute); symlinks untouched."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode):
+                extra = 0o555 if info.st_mode & stat.S_IXUSR else 0o444
+                os.chmod(path, stat.S_IMODE(info.st_mode) | extra)
+
+
+def _remove_tree(path: Path) -> None:
+    # shutil.rmtree never follows symlinks (fd-based on Linux), so a planted link cannot redirect it.
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class SidecarService:
+    """State and actions of one sidecar process.
+
+    Create it, `await start()` (in the app's lifespan), serve, `await stop()`.
+
+    Args:
+        config: the served config.
+        state_dir: root-only durable state (ledger, jobs, candidate store, submission, seal, token).
+        agent_repo: the agent's checkout (read-only), where versions are resolved.
+        context_dir: agent-readable dir receiving `full`-tier artifacts, `<context_dir>/<job id>/`.
+        cases_dir: directory of the case task dirs this sidecar may run.
+        backend: runs nested evaluations.
+        baseline_dir: the baseline files; None skips rebuilding and importing the baseline.
+        work_dir: runner-writable scratch dir for checkouts and nested job dirs.
+        run_as: identity of nested runs; "auto" resolves `vero-runner` when root (see
+            `resolve_run_as`), None runs as this process.
+        max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
+        nested_env: extra trusted environment for every nested run (e.g. `DOCKER_HOST`).
+        context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
+        artifact_limits: caps on copied trial artifacts.
+        principal: the principal of the agent surface.
+    """
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        *,
+        state_dir: Path,
+        agent_repo: Path,
+        context_dir: Path,
+        cases_dir: Path,
+        backend: EvaluationBackend,
+        baseline_dir: Path | None = None,
+        work_dir: Path = DEFAULT_WORK_DIR,
+        run_as: RunAs | None | Literal["auto"] = "auto",
+        max_concurrent_evaluations: int = 2,
+        nested_env: Mapping[str, str] | None = None,
+        context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
+        artifact_limits: ArtifactLimits = ArtifactLimits(),
+        principal: str = AGENT_PRINCIPAL,
+    ) -> None:
+        if max_concurrent_evaluations < 1:
+            raise ValueError("max_concurrent_evaluations must be at least 1")
+        self.config = config
+        self.state_dir = Path(state_dir)
+        self.agent_repo = Path(agent_repo)
+        self.context_dir = Path(context_dir)
+        self.cases_dir = Path(cases_dir)
+        self.backend = backend
+        self.baseline_dir = Path(baseline_dir) if baseline_dir is not None else None
+        self.work_dir = Path(work_dir)
+        self._run_as_setting = run_as
+        self.run_as: RunAs | None = None
+        self.max_concurrent_evaluations = max_concurrent_evaluations
+        self.nested_env = dict(nested_env or {})
+        self.context_path_in_main = PurePosixPath(context_path_in_main)
+        self.artifact_limits = artifact_limits
+        self.principal = principal
+        self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
+
+        self.ledger: BudgetLedger
+        self.jobs: JobStore
+        self.candidates: CandidateStore
+        self.admin_token: str | None = None
+        self.submission: Submission | None = None
+        self.sealed_at: datetime | None = None
+        self.entrance_open = True
+        self.started = False
+
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancel_reasons: dict[str, str] = {}
+        self._slots: asyncio.Semaphore | None = None
+        self._submit_lock: asyncio.Lock | None = None
+        self._seal_lock: asyncio.Lock | None = None
+        self._admissions = 0
+        self._admissions_idle: asyncio.Event | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def seal_path(self) -> Path:
+        return self.state_dir / SEAL_FILE
+
+    @property
+    def checkouts_dir(self) -> Path:
+        return self.work_dir / "checkouts"
+
+    @property
+    def nested_jobs_dir(self) -> Path:
+        return self.work_dir / "jobs"
+
+    async def start(self) -> None:
+        """Open the durable state, recover interrupted jobs, rebuild the baseline, write the token.
+
+        Raises:
+            LedgerCorrupt: the ledger, a job record, the submission or the seal record is unreadable.
+            SpecError: the baseline files do not rebuild `config.baseline_commit`.
+            InfrastructureFailure: running as root without the runner user.
+            OSError: the state, work or context dir cannot be prepared.
+        """
+        self._slots = asyncio.Semaphore(self.max_concurrent_evaluations)
+        self._submit_lock = asyncio.Lock()
+        self._seal_lock = asyncio.Lock()
+        self._admissions_idle = asyncio.Event()
+        self._admissions_idle.set()
+        self.run_as = resolve_run_as() if self._run_as_setting == "auto" else self._run_as_setting
+        await asyncio.to_thread(self._open_state)
+        recovered = await recover_interrupted(self.jobs, self.ledger)
+        for job in recovered:
+            _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
+        if self.baseline_dir is not None:
+            await asyncio.to_thread(self._import_baseline)
+        self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
+        self.started = True
+        _logger.info("sidecar %s started (entrance %s)", self.config.name,
+                     "open" if self.entrance_open else "closed: sealed")
+
+    def _open_state(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Root-only: the admin token and the trusted records must not be readable by the runner.
+        os.chmod(self.state_dir, 0o700)
+        totals = {
+            (partition, self.principal): BudgetTotals(runs=access.total_runs, cases=access.total_cases)
+            for partition, access in self.config.agent_access.items()
+        }
+        self.ledger = BudgetLedger.open(self.state_dir / "ledger.json", totals)
+        for line in self.ledger.config_drift:
+            _logger.warning("budget ledger differs from the config (persisted figures kept): %s", line)
+        self.jobs = JobStore.open(self.state_dir)
+        self.candidates = CandidateStore.open(self.state_dir)
+        self.submission = read_submission(self.state_dir)
+        try:
+            seal = SealState.model_validate_json(self.seal_path.read_bytes())
+        except FileNotFoundError:
+            seal = None
+        except (OSError, ValidationError):
+            raise LedgerCorrupt("the seal record is unreadable") from None
+        if seal is not None:
+            self.sealed_at = seal.sealed_at
+            self.entrance_open = False
+        self.context_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.work_dir, 0o755)
+        # Checkouts left by a previous process belong to jobs that recovery has just failed.
+        _remove_tree(self.checkouts_dir)
+        self.checkouts_dir.mkdir(mode=0o755)
+        os.chmod(self.checkouts_dir, 0o755)
+        self.nested_jobs_dir.mkdir(exist_ok=True, mode=0o700)
+        if self.run_as is not None:
+            os.chown(self.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
+
+    def _import_baseline(self) -> None:
+        from vero.core.baseline import commit_baseline
+
+        assert self.baseline_dir is not None
+        if not self.baseline_dir.is_dir():
+            raise SpecError.at("baseline_commit", "the baseline files are missing from the sidecar image")
+        with tempfile.TemporaryDirectory(prefix="vero-baseline-") as tmp:
+            work_tree = Path(tmp) / "baseline"
+            shutil.copytree(self.baseline_dir, work_tree, symlinks=True)
+            commit = commit_baseline(work_tree)
+            if commit != self.config.baseline_commit:
+                raise SpecError.at(
+                    "baseline_commit",
+                    f"the baseline files rebuild commit {commit}, not the configured {self.config.baseline_commit}",
+                )
+            self.candidates.import_commit_from_store(work_tree / ".git", commit)
+        _logger.info("baseline %s imported", commit)
+
+    async def stop(self) -> None:
+        """Cancel unfinished jobs (failed `interrupted`, refunded) and wait for their cleanup."""
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        for job_id, task in self._tasks.items():
+            if not task.done():
+                self._cancel_reasons.setdefault(job_id, "interrupted")
+                task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.started = False
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def _current_tier(self, partition: str) -> Disclosure:
+        access = self.policy.visible(self.principal).get(partition)
+        return access.disclosure if access is not None else "none"
+
+    def _artifacts_dir(self, job_id: str) -> Path:
+        return self.context_dir / job_id
+
+    def disclose(self, job: EvaluationJob) -> DisclosedResult | None:
+        """What the agent may see of a finished job: the narrower of its granted and current tier."""
+        if job.state != "complete" or job.result is None:
+            return None
+        tier = narrow(job.disclosure, self._current_tier(job.partition))
+        result = job.result
+        if tier == "none":
+            return DisclosedResult(disclosure="none")
+        counts = dict(score=result.score, n_cases=result.n_cases, n_attempts=result.n_attempts,
+                      n_dead=result.n_dead)
+        if tier == "aggregate":
+            return DisclosedResult(disclosure="aggregate", **counts)
+        artifacts = self._artifacts_dir(job.id)
+        return DisclosedResult(
+            disclosure="full",
+            **counts,
+            cases=[
+                CaseView(case=case.case, score=case.score,
+                         attempts=[AttemptView(reward=a.reward, exception_type=a.exception_type)
+                                   for a in case.attempts])
+                for case in result.cases
+            ],
+            artifacts_path=str(self.context_path_in_main / job.id)
+            if (artifacts / "result.json").is_file() else None,
+        )
+
+    def view(self, job: EvaluationJob) -> JobView:
+        """The agent's view of a job (no job dirs, no host paths, no trusted-only fields)."""
+        return JobView(id=job.id, state=job.state, partition=job.partition, n_cases=len(job.cases),
+                       version=job.version, candidate=job.candidate, created_at=job.created_at,
+                       finished_at=job.finished_at, error=job.error, result=self.disclose(job))
+
+    def _submission_view(self) -> SubmissionView | None:
+        s = self.submission
+        return None if s is None else SubmissionView(candidate=s.candidate, version=s.version,
+                                                     submitted_at=s.submitted_at)
+
+    def status(self, principal: str) -> StatusResponse:
+        """`GET /status` for `principal`: partitions, budgets (unless hidden), jobs, submission."""
+        partitions = []
+        for name, access in self.policy.visible(principal).items():
+            budget = None
+            if self.config.disclose_budget:
+                balance = self.ledger.balance(name, principal)
+                budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
+                                    remaining_runs=balance.remaining_runs,
+                                    remaining_cases=balance.remaining_cases)
+            partitions.append(PartitionStatus(name=name, disclosure=access.disclosure,
+                                              min_aggregate_cases=access.min_aggregate_cases,
+                                              cases=list(self.policy.cases(principal, name)), budget=budget))
+        return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
+                              submit_enabled=self.config.submit_enabled, partitions=partitions,
+                              jobs=[self.view(job) for job in self.jobs.list(principal)],
+                              submission=self._submission_view())
+
+    def evaluation(self, principal: str, job_id: str) -> JobView:
+        """`GET /evaluations/{id}`.
+
+        Raises:
+            UnknownJob: no such job, or another principal's.
+            InfrastructureFailure: the job failed for infrastructure reasons (refunded); the route
+                answers 502 so the client raises the same class.
+        """
+        job = self.jobs.get(job_id)
+        if job.principal != principal:
+            raise UnknownJob("no evaluation job with this id")
+        if job.state == "failed" and job.error == _INFRA_ERROR:
+            raise InfrastructureFailure("the evaluation failed for infrastructure reasons; refunded")
+        return self.view(job)
+
+    # -- evaluations -----------------------------------------------------------------------------
+
+    def _check_entrance(self) -> None:
+        if not self.entrance_open:
+            raise PolicyDenied("the evaluation entrance is closed: the session is sealed")
+
+    async def start_evaluation(self, principal: str, request: EvaluationRequest) -> JobView:
+        """Admit an evaluation and start it detached.
+
+        Order: entrance -> policy -> candidate import -> entrance again -> reservation -> job record.
+        Nothing is charged unless every earlier step passed.
+
+        Raises:
+            PolicyDenied: entrance closed; unknown, hidden or non-accessible partition; bad case
+                selection; subset below the floor.
+            CandidateRejected: the version cannot be imported.
+            BudgetExhausted: the partition's runs or cases are used up.
+        """
+        self._check_entrance()
+        grant = self.policy.authorize(principal, request.partition, request.cases)
+        assert self._admissions_idle is not None
+        self._admissions += 1
+        self._admissions_idle.clear()
+        try:
+            record = await self.candidates.import_version(self.agent_repo, request.version)
+            # Sealing may have begun during the import; it waits for admissions, which stop here.
+            self._check_entrance()
+            job_id = JobStore.new_id()
+            reservation = await self.ledger.reserve(grant.partition, principal,
+                                                    Cost.of_evaluation(len(grant.cases)), reservation_id=job_id)
+            job = EvaluationJob(id=job_id, principal=principal, partition=grant.partition,
+                                cases=list(grant.cases), full_partition=grant.full_partition,
+                                version=request.version, candidate=record.id, disclosure=grant.disclosure,
+                                reservation_id=reservation.id, created_at=_now())
+            try:
+                job = await self.jobs.create(job)
+            except BaseException:
+                await self.ledger.refund(reservation.id, "interrupted")
+                raise
+            self._tasks[job.id] = asyncio.create_task(self._run_job(job.id), name=f"vero-job-{job.id}")
+            _logger.info("job %s admitted: %d case(s), candidate %s", job.id, len(job.cases), record.id)
+            return self.view(job)
+        finally:
+            self._admissions -= 1
+            if self._admissions == 0:
+                self._admissions_idle.set()
+
+    def _nested_env(self) -> dict[str, str]:
+        env = dict(self.nested_env)
+        for name in self.config.secrets:
+            value = os.environ.get(name)
+            if value is None:
+                _logger.warning("secret %s is not set in the sidecar's environment", name)
+            else:
+                env[name] = value
+        return env
+
+    def _secret_values(self) -> list[str]:
+        return [os.environ[name] for name in self.config.secrets if os.environ.get(name)]
+
+    def _checkout(self, candidate: str, dest: Path) -> None:
+        self.candidates.checkout(candidate, dest)
+        _make_readable(dest)
+
+    async def _run_job(self, job_id: str) -> None:
+        checkout = self.checkouts_dir / job_id
+        try:
+            assert self._slots is not None
+            async with self._slots:
+                job = await self.jobs.update(job_id, state="running", started_at=_now())
+                try:
+                    await asyncio.to_thread(self._checkout, job.candidate, checkout)
+                    run = NestedRun(
+                        evaluation_id=job.id, partition=job.partition, candidate=job.candidate,
+                        candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
+                        jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
+                        harbor=self.config.harbor, scoring=self.config.scoring,
+                        env=self._nested_env(), run_as=self.run_as,
+                    )
+                    result = await self.backend.evaluate(run)
+                finally:
+                    await asyncio.to_thread(_remove_tree, checkout)
+                await self._complete(job, result)
+        except asyncio.CancelledError:
+            reason = self._cancel_reasons.pop(job_id, "interrupted")
+            if self.jobs.get(job_id).state == "complete":
+                # Cancelled after the result was recorded: it is a measurement and stays charged.
+                await self._settle_quietly(self.jobs.get(job_id).reservation_id)
+            else:
+                state = "cancelled" if reason in ("sealed", "cancelled") else "failed"
+                await self._close_unmeasured(job_id, state, reason)
+            raise
+        except InfrastructureFailure:
+            _logger.warning("job %s: infrastructure failure; refunded", job_id)
+            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
+        except Exception as exc:
+            # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
+            _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
+            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
+        finally:
+            self._tasks.pop(job_id, None)
+
+    async def _complete(self, job: EvaluationJob, result: EvaluationResult) -> None:
+        if narrow(job.disclosure, self._current_tier(job.partition)) == "full":
+            await self._write_artifacts(job, result)
+        job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
+        await self._settle_quietly(job.reservation_id)
+        _logger.info("job %s complete: score %s over %d case(s)", job.id, result.score, result.n_cases)
+
+    async def _write_artifacts(self, job: EvaluationJob, result: EvaluationResult) -> None:
+        preview = job.model_copy(update={"state": "complete", "result": result})
+        disclosed = self.disclose(preview)
+        payload = {"job": job.id, "partition": job.partition, "candidate": job.candidate,
+                   "result": disclosed.model_dump(mode="json", exclude={"artifacts_path"}) if disclosed else None}
+        try:
+            await asyncio.to_thread(copy_trial_artifacts, result, payload, self._artifacts_dir(job.id),
+                                    secret_values=self._secret_values(), limits=self.artifact_limits)
+        except OSError as exc:
+            _logger.error("job %s: trial artifacts not copied (%s)", job.id, type(exc).__name__)
+
+    async def _settle_quietly(self, reservation_id: str) -> None:
+        try:
+            await self.ledger.settle(reservation_id, "measured")
+        except (KeyError, ValueError):
+            _logger.error("reservation %s could not be settled", reservation_id)
+
+    async def _close_unmeasured(self, job_id: str, state: str, error: str) -> None:
+        job = await self.jobs.update(job_id, state=state, error=error, finished_at=_now())
+        try:
+            await self.ledger.refund(job.reservation_id, error)
+        except (KeyError, ValueError):
+            _logger.error("job %s: reservation could not be refunded", job_id)
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    async def submit(self, principal: str, version: str) -> tuple[SubmissionView, bool]:
+        """Record `version` (imported as a candidate first) as the one the verifier scores.
+
+        Returns:
+            The submission and whether it changed (False when the same candidate was already submitted).
+
+        Raises:
+            Conflict: submissions are disabled (`auto_best`) or the session is sealed / sealing.
+            CandidateRejected: the version cannot be imported.
+        """
+        if not self.config.submit_enabled:
+            raise Conflict("submissions are disabled for this task: the verifier selects the best evaluated candidate")
+        if not self.entrance_open:
+            raise Conflict("the session is sealed: submissions are closed")
+        assert self._submit_lock is not None
+        async with self._submit_lock:
+            record = await self.candidates.import_version(self.agent_repo, version)
+            if not self.entrance_open:
+                raise Conflict("the session is sealed: submissions are closed")
+            if self.submission is not None and self.submission.candidate == record.id:
+                return self._submission_view(), False  # type: ignore[return-value]
+            submission = Submission(candidate=record.id, version=version, submitted_at=_now())
+            await awrite_model(self.state_dir / "submission.json", submission)
+            self.submission = submission
+            _logger.info("submission recorded: candidate %s", record.id)
+            return self._submission_view(), True  # type: ignore[return-value]
+
+    # -- admin -----------------------------------------------------------------------------------
+
+    async def seal(self, output_dir: Path) -> SealResponse:
+        """Close the entrance, drain, cancel and refund stragglers, write the session archive.
+
+        Idempotent: a second call skips the drain and writes the same bytes (the persisted
+        `sealed_at` is reused and nothing changes after the first seal).
+
+        Raises:
+            OSError / subprocess.CalledProcessError: the archive cannot be written (the session
+                stays sealed; retrying writes it).
+        """
+        assert self._seal_lock is not None and self._admissions_idle is not None
+        async with self._seal_lock:
+            n_cancelled = 0
+            if self.sealed_at is None:
+                self.entrance_open = False
+                await self._admissions_idle.wait()
+                pending = [task for task in self._tasks.values() if not task.done()]
+                if pending:
+                    _logger.info("sealing: draining %d job(s) for up to %ss", len(pending),
+                                 self.config.harbor.drain_timeout_sec)
+                    _, still = await asyncio.wait(pending, timeout=self.config.harbor.drain_timeout_sec)
+                    for job_id, task in list(self._tasks.items()):
+                        if task in still:
+                            self._cancel_reasons[job_id] = "sealed"
+                            task.cancel()
+                            n_cancelled += 1
+                    if still:
+                        await asyncio.gather(*still, return_exceptions=True)
+                sealed_at = _now()
+                await asyncio.to_thread(atomic_write_model, self.seal_path, SealState(sealed_at=sealed_at))
+                self.sealed_at = sealed_at
+                _logger.info("session sealed (%d job(s) cancelled and refunded)", n_cancelled)
+            archive = Path(output_dir) / "session.tar.gz"
+            digest = await asyncio.to_thread(
+                write_session_archive, self.state_dir, archive, name=self.config.name,
+                spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
+                sealed_at=self.sealed_at,
+            )
+            return SealResponse(archive=str(archive), sha256=digest, sealed_at=self.sealed_at,
+                                n_cancelled=n_cancelled)
+
+    def export(self) -> ExportResponse:
+        """Every trusted record, for operators."""
+        return ExportResponse(
+            name=self.config.name, spec_digest=self.config.spec_digest,
+            baseline_commit=self.config.baseline_commit, entrance_open=self.entrance_open,
+            sealed_at=self.sealed_at, jobs=self.jobs.list(), balances=self.ledger.balances(),
+            reservations=self.ledger.reservations(), candidates=self.candidates.list(),
+            submission=self.submission,
+        )
