@@ -1,0 +1,72 @@
+"""Serialized, cancellation-proof commits shared by the ledger and the job store.
+
+Both stores follow one recipe: a mutation is computed, written with `vero.core.storage` and only
+then applied to memory, all in one function run in a worker thread. That function runs to
+completion even when the awaiting coroutine is cancelled (the cancellation is delivered afterwards),
+so memory and disk never disagree. Two locks order the commits:
+
+- a per-event-loop `asyncio.Lock` keeps at most one commit per loop queued on the default executor,
+  so a burst of requests cannot occupy every worker thread;
+- a `threading.Lock` taken inside the worker makes the compute-write-apply step atomic even when
+  the same store is used from several event loops (tests create a new loop per `asyncio.run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Callable
+
+__all__ = ["LoopLocalLock", "run_to_completion"]
+
+
+class LoopLocalLock:
+    """An `asyncio.Lock` per running event loop, created lazily.
+
+    An `asyncio.Lock` binds to the loop that first waits on it and then fails on any other loop;
+    keeping one per loop (weakly keyed, so closed loops are dropped) lets one store object live
+    across several `asyncio.run` calls.
+    """
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._guard = threading.Lock()
+
+    def get(self) -> asyncio.Lock:
+        """The lock of the running loop. Raises RuntimeError outside a running loop."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            lock = self._locks.get(loop)
+            if lock is None:
+                lock = self._locks[loop] = asyncio.Lock()
+            return lock
+
+
+async def run_to_completion[T](func: Callable[[], T]) -> T:
+    """Run `func` in a worker thread and wait for it even if the caller is cancelled.
+
+    Returns:
+        What `func` returned.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled; `func` has finished by then (its own result
+            or exception is discarded, so callers must make `func` leave consistent state).
+        Exception: whatever `func` raised, when the caller was not cancelled.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(func))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Repeated cancellations must not cut the wait short: leaving early would release the
+        # caller's asyncio lock while the commit is still running.
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                continue
+        if not task.cancelled():
+            task.exception()  # mark retrieved; the caller's cancellation wins
+        raise

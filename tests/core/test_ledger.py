@@ -1,0 +1,512 @@
+"""Budget ledger: reserve/settle/refund, durability, restart, corruption, concurrency and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vero.core.ledger import BudgetLedger, BudgetTotals, Cost, LedgerFile, read_ledger_file
+from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
+
+CHILD = Path(__file__).with_name("ledger_crash_child.py")
+
+
+def assert_consistent(ledger: BudgetLedger) -> None:
+    """Memory equals the file, and the file satisfies every invariant (checked independently)."""
+    on_disk = read_ledger_file(ledger.path)
+    assert on_disk == ledger.snapshot()
+    check_raw_invariants(json.loads(ledger.path.read_bytes()))
+
+
+def check_raw_invariants(raw: dict) -> None:
+    """Recompute the figures from the reservation records of a raw ledger file."""
+    ids = [r["id"] for r in raw["reservations"]]
+    assert len(ids) == len(set(ids)), "a reservation is recorded twice"
+    for entry in raw["entries"]:
+        mine = [r for r in raw["reservations"]
+                if (r["partition"], r["principal"]) == (entry["partition"], entry["principal"])]
+        for resource in ("runs", "cases"):
+            settled = sum(r["cost"][resource] for r in mine if r["state"] == "settled")
+            reserved = sum(r["cost"][resource] for r in mine if r["state"] == "reserved")
+            assert entry[f"settled_{resource}"] == settled
+            assert entry[f"reserved_{resource}"] == reserved
+            remaining = entry[f"total_{resource}"] - settled - reserved
+            assert remaining >= 0
+            assert settled + reserved + remaining == entry[f"total_{resource}"]
+
+
+# basic life cycle -----------------------------------------------------------------------------------
+
+def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
+    assert ledger_path.is_file()
+    assert oct(ledger_path.stat().st_mode & 0o777) == "0o600"
+    raw = json.loads(ledger_path.read_text())
+    assert raw["schema_version"] == 1 and raw["reservations"] == []
+    balance = ledger.balance("train", "agent")
+    assert (balance.total_runs, balance.total_cases, balance.remaining_runs, balance.remaining_cases) == (10, 40, 10, 40)
+    assert [(b.partition, b.principal) for b in ledger.balances()] == [("train", "agent"), ("val", "agent")]
+    assert ledger.config_drift == []
+
+
+async def test_reserve_settle_refund_move_the_figures(ledger):
+    kept = await ledger.reserve("train", "agent", Cost.of_evaluation(4))
+    released = await ledger.reserve("train", "agent", Cost.of_evaluation(3), reservation_id="ev-1")
+    assert kept.state == released.state == "reserved" and released.id == "ev-1"
+    assert kept.id.startswith("rs-") and kept.created_at.tzinfo is not None
+    b = ledger.balance("train", "agent")
+    assert (b.reserved_runs, b.reserved_cases, b.remaining_runs, b.remaining_cases) == (2, 7, 8, 33)
+
+    settled = await ledger.settle(kept.id)
+    assert settled.state == "settled" and settled.reason == "measured" and settled.closed_at is not None
+    refunded = await ledger.refund("ev-1", "infrastructure")
+    assert refunded.state == "refunded" and refunded.reason == "infrastructure"
+    b = ledger.balance("train", "agent")
+    assert (b.settled_runs, b.settled_cases, b.reserved_runs, b.reserved_cases) == (1, 4, 0, 0)
+    assert (b.remaining_runs, b.remaining_cases) == (9, 36)
+    assert ledger.open_reservations() == []
+    assert [r.id for r in ledger.reservations()] == [kept.id, "ev-1"]
+    assert_consistent(ledger)
+
+
+async def test_settle_and_refund_are_idempotent_and_exclusive(ledger):
+    a = await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    b = await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    await ledger.settle(a.id, "measured")
+    again = await ledger.settle(a.id, "other")
+    assert again.reason == "measured"  # the first decision stands
+    await ledger.refund(b.id, "cancelled")
+    await ledger.refund(b.id, "interrupted")
+    assert ledger.reservation(b.id).reason == "cancelled"
+    with pytest.raises(ValueError):
+        await ledger.refund(a.id, "cancelled")
+    with pytest.raises(ValueError):
+        await ledger.settle(b.id)
+    with pytest.raises(KeyError):
+        await ledger.settle("rs-unknown")
+    with pytest.raises(KeyError):
+        await ledger.refund("rs-unknown", "cancelled")
+    with pytest.raises(KeyError):
+        ledger.reservation("rs-unknown")
+    b_figures = ledger.balance("train", "agent")
+    assert (b_figures.settled_runs, b_figures.settled_cases, b_figures.reserved_runs) == (1, 2, 0)
+    assert_consistent(ledger)
+
+
+async def test_returned_reservations_are_copies(ledger):
+    r = await ledger.reserve("train", "agent", Cost.of_evaluation(1))
+    r.state = "refunded"
+    ledger.reservation(r.id).state = "settled"
+    assert ledger.reservation(r.id).state == "reserved"
+
+
+async def test_unknown_entry_fails_closed_without_echo(ledger):
+    hidden = "holdout-secret-zz9"
+    with pytest.raises(PolicyDenied) as info:
+        await ledger.reserve(hidden, "agent", Cost.of_evaluation(1))
+    assert hidden not in str(info.value)
+    with pytest.raises(PolicyDenied):
+        await ledger.reserve("train", "stranger", Cost.of_evaluation(1))
+    with pytest.raises(PolicyDenied):
+        ledger.balance(hidden, "agent")
+    assert ledger.reservations() == []
+
+
+async def test_exhaustion_checks_runs_first_and_changes_nothing(ledger, ledger_path):
+    # val: 3 runs, 6 cases
+    await ledger.reserve("val", "agent", Cost.of_evaluation(5))
+    before = ledger_path.read_bytes()
+    with pytest.raises(BudgetExhausted) as info:
+        await ledger.reserve("val", "agent", Cost.of_evaluation(2))
+    assert (info.value.resource, info.value.requested, info.value.remaining) == ("cases", 2, 1)
+    assert (info.value.partition, info.value.principal) == ("val", "agent")
+    await ledger.reserve("val", "agent", Cost.of_evaluation(1))
+    await ledger.reserve("val", "agent", Cost(runs=1, cases=0))
+    with pytest.raises(BudgetExhausted) as info:
+        await ledger.reserve("val", "agent", Cost.of_evaluation(7))  # both exceeded: runs reported
+    assert (info.value.resource, info.value.requested, info.value.remaining) == ("runs", 1, 0)
+    assert len(ledger.reservations()) == 3
+    assert ledger_path.read_bytes() != before
+    after = ledger_path.read_bytes()
+    with pytest.raises(BudgetExhausted):
+        await ledger.reserve("val", "agent", Cost.of_evaluation(1))
+    assert ledger_path.read_bytes() == after  # a refused reservation writes nothing
+
+
+async def test_duplicate_reservation_id_is_refused(ledger):
+    await ledger.reserve("train", "agent", Cost.of_evaluation(1), reservation_id="ev-x")
+    with pytest.raises(ValueError):
+        await ledger.reserve("val", "agent", Cost.of_evaluation(1), reservation_id="ev-x")
+    assert ledger.balance("val", "agent").reserved_runs == 0
+
+
+def test_cost_rejects_negative_figures():
+    with pytest.raises(ValueError):
+        Cost(runs=-1, cases=0)
+    assert Cost.of_evaluation(3) == Cost(runs=1, cases=3)
+
+
+# durability and failure -----------------------------------------------------------------------------
+
+async def test_failed_write_changes_nothing_in_memory(ledger, ledger_path):
+    await ledger.reserve("train", "agent", Cost.of_evaluation(1))
+    before = ledger.snapshot()
+    shutil.rmtree(ledger_path.parent)  # the next atomic write cannot create its temp file
+    with pytest.raises(OSError):
+        await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    with pytest.raises(OSError):
+        await ledger.settle(ledger.reservations()[0].id)
+    assert ledger.snapshot() == before
+    ledger_path.parent.mkdir()
+    await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    assert ledger.balance("train", "agent").reserved_runs == 2
+    assert_consistent(ledger)
+
+
+@pytest.mark.timeout(60)
+async def test_cancelled_callers_leave_memory_equal_to_disk(ledger_path):
+    """Cancel reservations while their write is in flight: the write finishes, memory follows it."""
+    ledger = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=10_000, cases=10_000)})
+    for i in range(300):  # a larger file makes each write take a few milliseconds
+        await ledger.reserve("train", "agent", Cost(runs=1, cases=1), reservation_id=f"warm-{i}")
+    landed_despite_cancel = 0
+    for attempt in range(30):
+        rid = f"cancel-{attempt}"
+        task = asyncio.create_task(ledger.reserve("train", "agent", Cost.of_evaluation(1), reservation_id=rid))
+        await asyncio.sleep(random.Random(attempt).uniform(0, 0.004))
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if any(r.id == rid for r in ledger.reservations()):
+                landed_despite_cancel += 1
+                await ledger.refund(rid, "cancelled")  # the caller can clean up by its own id
+        assert read_ledger_file(ledger_path) == ledger.snapshot()
+    assert landed_despite_cancel > 0, "no cancellation hit a write in flight; the test proved nothing"
+    assert_consistent(ledger)
+
+
+def test_usable_from_several_event_loops(ledger):
+    """Each `asyncio.run` is a new loop; contention forces the lock to bind to the running loop."""
+
+    async def burst() -> None:
+        reservations = await asyncio.gather(*(ledger.reserve("train", "agent", Cost(runs=1, cases=1))
+                                              for _ in range(3)))
+        await asyncio.gather(*(ledger.refund(r.id, "cancelled") for r in reservations))
+
+    for _ in range(3):
+        asyncio.run(burst())
+    assert ledger.balance("train", "agent").reserved_runs == 0
+    assert len(ledger.reservations()) == 9
+    assert_consistent(ledger)
+
+
+# concurrency ------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+async def test_a_thousand_concurrent_reservations_grant_exactly_the_total(ledger_path):
+    ledger = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=100, cases=100_000)})
+    outcomes = await asyncio.gather(
+        *(ledger.reserve("train", "agent", Cost.of_evaluation(3)) for _ in range(1000)), return_exceptions=True)
+    granted = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(granted) == 100
+    assert all(isinstance(e, BudgetExhausted) and e.resource == "runs" for e in refused)
+    assert len({r.id for r in granted}) == 100
+    balance = ledger.balance("train", "agent")
+    assert (balance.reserved_runs, balance.reserved_cases, balance.remaining_runs) == (100, 300, 0)
+    reopened = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=100, cases=100_000)})
+    assert reopened.snapshot() == ledger.snapshot()
+    assert reopened.balance("train", "agent") == balance
+    assert_consistent(ledger)
+
+
+@pytest.mark.timeout(120)
+async def test_concurrent_mixed_operations_never_overspend_cases(ledger_path):
+    totals = {("train", "agent"): BudgetTotals(runs=10_000, cases=50)}
+    ledger = BudgetLedger.open(ledger_path, totals)
+    rng = random.Random(5)
+
+    async def client(i: int) -> int:
+        try:
+            r = await ledger.reserve("train", "agent", Cost.of_evaluation(rng.randint(1, 4)))
+        except BudgetExhausted as exc:
+            assert exc.resource == "cases"
+            return 0
+        if i % 3 == 0:
+            await ledger.refund(r.id, "cancelled")
+            return 0
+        await ledger.settle(r.id)
+        return r.cost.cases
+
+    charged = await asyncio.gather(*(client(i) for i in range(300)))
+    balance = ledger.balance("train", "agent")
+    assert sum(charged) == balance.settled_cases <= 50
+    assert balance.reserved_cases == 0
+    assert_consistent(ledger)
+
+
+# restart and configuration drift --------------------------------------------------------------------
+
+async def test_state_survives_reopen(ledger, ledger_path, small_totals):
+    kept = await ledger.reserve("train", "agent", Cost.of_evaluation(4))
+    released = await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    pending = await ledger.reserve("val", "agent", Cost.of_evaluation(1))
+    await ledger.settle(kept.id)
+    await ledger.refund(released.id, "cancelled")
+
+    reopened = BudgetLedger.open(ledger_path, small_totals)
+    assert reopened.config_drift == []
+    assert reopened.snapshot() == ledger.snapshot()
+    assert reopened.reservation(kept.id).state == "settled"
+    assert reopened.reservation(released.id).reason == "cancelled"
+    assert [r.id for r in reopened.open_reservations()] == [pending.id]
+    await reopened.settle(pending.id)
+    again = BudgetLedger.open(ledger_path, small_totals)
+    val = again.balance("val", "agent")
+    assert (val.settled_runs, val.settled_cases, val.reserved_runs) == (1, 1, 0)
+    train = again.balance("train", "agent")
+    assert (train.settled_runs, train.settled_cases, train.remaining_runs, train.remaining_cases) == (1, 4, 9, 36)
+
+
+async def test_persisted_totals_win_and_drift_is_reported(ledger, ledger_path):
+    await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    changed = {
+        ("train", "agent"): BudgetTotals(runs=1000, cases=1000),  # operator raised the budget
+        ("test", "agent"): BudgetTotals(runs=2, cases=4),  # newly accessible partition
+        # ("val", "agent") no longer configured
+    }
+    reopened = BudgetLedger.open(ledger_path, changed)
+    train = reopened.balance("train", "agent")
+    assert (train.total_runs, train.total_cases, train.reserved_runs) == (10, 40, 1)  # never reset
+    drift = "\n".join(reopened.config_drift)
+    assert len(reopened.config_drift) == 3
+    assert "'train'" in drift and "configured runs 1000" in drift and "keeps runs 10" in drift
+    assert "'test'" in drift and "newly configured" in drift
+    assert "'val'" in drift and "no longer configured" in drift
+    assert reopened.balance("val", "agent").total_runs == 3  # kept as recorded
+    test = reopened.balance("test", "agent")
+    assert (test.total_runs, test.total_cases, test.remaining_runs) == (2, 4, 2)
+    # The added entry is persisted, so it is there even when the config later forgets it.
+    third = BudgetLedger.open(ledger_path, {})
+    assert third.balance("test", "agent").total_runs == 2
+    assert len(third.config_drift) == 3 and all("no longer configured" in line for line in third.config_drift)
+
+
+def test_open_does_not_rewrite_an_unchanged_file(ledger, ledger_path, small_totals):
+    before = (ledger_path.read_bytes(), ledger_path.stat().st_mtime_ns, ledger_path.stat().st_ino)
+    BudgetLedger.open(ledger_path, small_totals)
+    BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=1, cases=1)})  # drift only
+    assert (ledger_path.read_bytes(), ledger_path.stat().st_mtime_ns, ledger_path.stat().st_ino) == before
+
+
+# corruption -----------------------------------------------------------------------------------------
+
+def _valid_raw(ledger_path: Path) -> dict:
+    return json.loads(ledger_path.read_text())
+
+
+async def _ledger_with_history(ledger) -> None:
+    a = await ledger.reserve("train", "agent", Cost.of_evaluation(3))
+    await ledger.settle(a.id)
+    b = await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    await ledger.refund(b.id, "cancelled")
+    await ledger.reserve("val", "agent", Cost.of_evaluation(1))
+
+
+def _mutations():
+    def settled_over_total(raw):
+        raw["entries"][0]["settled_runs"] = 11
+    def negative(raw):
+        raw["entries"][1]["total_cases"] = -1
+    def figures_disagree(raw):
+        raw["entries"][0]["settled_cases"] += 1
+    def reservation_counted_twice(raw):
+        raw["reservations"].append(dict(raw["reservations"][0]))
+    def reservation_state_flipped(raw):
+        raw["reservations"][1]["state"] = "settled"
+    def orphan_reservation(raw):
+        raw["reservations"][2]["partition"] = "nowhere"
+    def duplicate_entry(raw):
+        raw["entries"].append(dict(raw["entries"][0]))
+    def open_but_closed(raw):
+        raw["reservations"][2]["closed_at"] = raw["reservations"][2]["created_at"]
+    def schema_version(raw):
+        raw["schema_version"] = 2
+    def unknown_key(raw):
+        raw["extra"] = True
+    def missing_key(raw):
+        del raw["reservations"]
+    def wrong_type(raw):
+        raw["entries"][0]["total_runs"] = "ten"
+    def bad_state(raw):
+        raw["reservations"][0]["state"] = "spent"
+    return [settled_over_total, negative, figures_disagree, reservation_counted_twice, reservation_state_flipped,
+            orphan_reservation, duplicate_entry, open_but_closed, schema_version, unknown_key, missing_key,
+            wrong_type, bad_state]
+
+
+@pytest.mark.parametrize("mutate", _mutations(), ids=lambda f: f.__name__)
+async def test_impossible_or_misshapen_ledger_refuses_to_start(ledger, ledger_path, small_totals, mutate):
+    await _ledger_with_history(ledger)
+    raw = _valid_raw(ledger_path)
+    mutate(raw)
+    data = json.dumps(raw).encode()
+    ledger_path.write_bytes(data)
+    with pytest.raises(LedgerCorrupt) as info:
+        BudgetLedger.open(ledger_path, small_totals)
+    assert str(ledger_path) in str(info.value)
+    assert ledger_path.read_bytes() == data  # never reset
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe garbage \x89PNG", b"{\"schema_version\": 1, \"entr",
+                                     b"[]", b"null", b"\"ledger\"", b"[" * 100_000],
+                         ids=["empty", "garbage", "truncated", "array", "null", "string", "deep"])
+def test_unparseable_ledger_refuses_to_start(ledger_path, small_totals, content):
+    ledger_path.parent.mkdir(parents=True)
+    ledger_path.write_bytes(content)
+    with pytest.raises(LedgerCorrupt) as info:
+        BudgetLedger.open(ledger_path, small_totals)
+    assert str(ledger_path) in str(info.value)
+    assert ledger_path.read_bytes() == content
+
+
+def test_unreadable_ledger_refuses_to_start(tmp_path, small_totals):
+    as_dir = tmp_path / "ledger.json"
+    as_dir.mkdir()
+    with pytest.raises(LedgerCorrupt, match="cannot be read"):
+        BudgetLedger.open(as_dir, small_totals)
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "missing.json")
+    with pytest.raises(LedgerCorrupt):
+        BudgetLedger.open(dangling, small_totals)
+    assert not (tmp_path / "missing.json").exists()
+
+
+# properties -------------------------------------------------------------------------------------------
+
+_op = st.tuples(st.sampled_from(["reserve", "settle", "refund"]), st.sampled_from(["train", "val"]),
+                st.integers(0, 6), st.integers(0, 50))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_op, max_size=25))
+def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
+    path = tmp_path_factory.mktemp("prop") / "ledger.json"
+    totals = {("train", "agent"): BudgetTotals(runs=6, cases=15), ("val", "agent"): BudgetTotals(runs=2, cases=3)}
+    ledger = BudgetLedger.open(path, totals)
+    model = {key: [0, 0, 0, 0] for key in totals}  # settled runs/cases, reserved runs/cases
+
+    async def run() -> None:
+        for name, partition, n_cases, pick in ops:
+            key = (partition, "agent")
+            if name == "reserve":
+                cost = Cost.of_evaluation(n_cases)
+                s_runs, s_cases, r_runs, r_cases = model[key]
+                fits = (s_runs + r_runs + 1 <= totals[key].runs and s_cases + r_cases + n_cases <= totals[key].cases)
+                try:
+                    await ledger.reserve(partition, "agent", cost)
+                except BudgetExhausted:
+                    assert not fits
+                else:
+                    assert fits
+                    model[key][2] += 1
+                    model[key][3] += n_cases
+                continue
+            existing = ledger.reservations()
+            if not existing:
+                continue
+            target = existing[pick % len(existing)]
+            k = (target.partition, target.principal)
+            try:
+                if name == "settle":
+                    await ledger.settle(target.id)
+                else:
+                    await ledger.refund(target.id, "cancelled")
+            except ValueError:
+                assert target.state != "reserved"
+                continue
+            if target.state == "reserved":
+                model[k][2] -= target.cost.runs
+                model[k][3] -= target.cost.cases
+                if name == "settle":
+                    model[k][0] += target.cost.runs
+                    model[k][1] += target.cost.cases
+
+    asyncio.run(run())
+    for key, (s_runs, s_cases, r_runs, r_cases) in model.items():
+        b = ledger.balance(*key)
+        assert (b.settled_runs, b.settled_cases, b.reserved_runs, b.reserved_cases) == (s_runs, s_cases, r_runs, r_cases)
+        assert b.remaining_runs >= 0 and b.remaining_cases >= 0
+    assert BudgetLedger.open(path, totals).snapshot() == ledger.snapshot()
+    assert_consistent(ledger)
+
+
+# crash safety -----------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(150)
+def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
+    """Kill a reserving/settling/refunding child with SIGKILL >= 50 times; every reload is consistent
+    and agrees with every operation the child acknowledged before it died."""
+    path = tmp_path / "ledger.json"
+    rng = random.Random(20261129)
+    acknowledged: dict[str, str] = {}  # reservation id -> last acknowledged state
+    kills = 0
+    torn_writes = 0  # kills that left a temp file behind, i.e. hit a write in flight
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    while kills < 55 and time.monotonic() - started < 110:
+        child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(kills)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=env)
+        try:
+            if rng.random() < 0.15:
+                time.sleep(rng.uniform(0.0, 0.4))  # sometimes during start-up and open
+            else:
+                assert child.stdout.readline() == b"ready\n"
+                time.sleep(rng.uniform(0.005, 0.25))
+            child.send_signal(signal.SIGKILL)
+            out, err = child.communicate(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert child.returncode == -signal.SIGKILL, err.decode(errors="replace")[-2000:]
+        kills += 1
+        for line in out.decode().splitlines():
+            if line.startswith(("R ", "S ", "F ")):
+                op, rid = line.split()
+                if op == "R":
+                    acknowledged.setdefault(rid, "reserved")
+                else:
+                    acknowledged[rid] = {"S": "settled", "F": "refunded"}[op]
+
+        torn_writes += len(list(tmp_path.glob(".ledger.json.*.tmp")))
+        if not path.exists():
+            continue  # killed before the ledger was first written
+        fresh = BudgetLedger.open(path, {})  # raises LedgerCorrupt if a kill tore anything
+        check_raw_invariants(json.loads(path.read_bytes()))
+        states = {r.id: r.state for r in fresh.reservations()}
+        for rid, state in acknowledged.items():
+            assert rid in states, "an acknowledged reservation was lost"
+            if state != "reserved":
+                assert states[rid] == state, "an acknowledged settle/refund was lost"
+        for balance in fresh.balances():
+            assert balance.settled_runs + balance.reserved_runs + balance.remaining_runs == balance.total_runs
+            assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
+            assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
+    assert kills >= 50, f"only {kills} kills within the time limit"
+    assert len(acknowledged) > 100, "the children did too little work for the test to mean anything"
+    assert torn_writes > 0, "no kill hit a write in flight"
+    assert not list(tmp_path.glob(".ledger.json.*.tmp")), "open() leaves stale temp files behind"
+    assert any(state == "reserved" for state in (r.state for r in BudgetLedger.open(path, {}).reservations()))
