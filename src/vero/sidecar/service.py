@@ -54,6 +54,7 @@ from vero.errors import (
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
+from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.sidecar.models import (
     AttemptView,
     BudgetView,
@@ -73,7 +74,6 @@ __all__ = [
     "DEFAULT_WORK_DIR",
     "ExportResponse",
     "RUNNER_USER",
-    "SealState",
     "SidecarService",
     "resolve_run_as",
 ]
@@ -88,22 +88,11 @@ DOCKER_SOCKET = Path("/var/run/docker.sock")
 DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
 """Runner-writable scratch space (checkouts, nested Harbor job dirs), outside the state dir."""
 
-SEAL_FILE = "seal.json"
-"""`<state dir>/seal.json`: the persisted seal (so a restart stays sealed)."""
-
 _INFRA_ERROR = "infrastructure"
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-class SealState(BaseModel):
-    """The persisted seal; its `sealed_at` makes a repeated seal give the same archive bytes."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    schema_version: Literal[1] = 1
-    sealed_at: datetime
 
 
 class ExportResponse(BaseModel):

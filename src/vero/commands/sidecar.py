@@ -1,0 +1,95 @@
+"""`vero harbor serve` and `vero harbor seal`: the trusted sidecar's own commands.
+
+`serve` is the `eval-sidecar` service's CMD; `seal` is the compiled task's `[[verifier.collect]]`
+hook (root, `sh -c`, same container). Both parse, call one library function, print and exit by
+`vero.commands.exit_codes` (e.g. 8 when the service cannot be reached, 11 for corrupt state).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vero.cli import harbor_app
+from vero.commands.exit_codes import run_command
+from vero.spec.compiled import CONTAINER_PATHS
+
+_SEAL_MARGIN_SEC = 300.0
+"""Added to the configured drain timeout to get the seal command's HTTP timeout."""
+
+
+@harbor_app.command("serve")
+def serve_command(
+    config: Annotated[Path, typer.Option("--config", help="The served config (SidecarConfig JSON).")] = Path(
+        str(CONTAINER_PATHS.config)),
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="Root-only durable state.")] = Path(
+        str(CONTAINER_PATHS.state)),
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8000,
+    agent_repo: Annotated[Path, typer.Option("--agent-repo", help="The agent's checkout (read-only).")] = Path(
+        str(CONTAINER_PATHS.agent_repo)),
+    context_dir: Annotated[Path, typer.Option("--context-dir", help="Agent-readable disclosure dir.")] = Path(
+        str(CONTAINER_PATHS.context)),
+    cases_dir: Annotated[Path, typer.Option("--cases-dir", help="Case task dirs this sidecar may run.")] = Path(
+        str(CONTAINER_PATHS.cases)),
+    baseline_dir: Annotated[Path, typer.Option("--baseline-dir", help="The baseline files.")] = Path(
+        str(CONTAINER_PATHS.baseline)),
+    work_dir: Annotated[Path | None, typer.Option(
+        "--work-dir", help="Runner-writable scratch dir for checkouts and nested job dirs "
+        "(default /var/tmp/vero-work).")] = None,
+) -> None:
+    """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped."""
+
+    def call() -> None:
+        from vero.sidecar.app import serve
+        from vero.sidecar.service import DEFAULT_WORK_DIR
+
+        serve(config, state_dir=state_dir, host=host, port=port, agent_repo=agent_repo,
+              context_dir=context_dir, cases_dir=cases_dir, baseline_dir=baseline_dir,
+              work_dir=work_dir or DEFAULT_WORK_DIR)
+
+    run_command(call)
+
+
+@harbor_app.command("seal")
+def seal_command(
+    output: Annotated[Path, typer.Option("--output", help="Directory receiving session.tar.gz and .sha256.")] = Path(
+        str(CONTAINER_PATHS.export)),
+    url: Annotated[str, typer.Option("--url", help="The running sidecar's base URL.")] = "http://127.0.0.1:8000",
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="Admin token file (default <state dir>/admin-token).")] = None,
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="The sidecar's state dir.")] = Path(
+        str(CONTAINER_PATHS.state)),
+    config: Annotated[Path, typer.Option(
+        "--config", help="The served config; its drain timeout sets how long to wait.")] = Path(
+        str(CONTAINER_PATHS.config)),
+    timeout_sec: Annotated[float | None, typer.Option(
+        "--timeout-sec", min=1, help="Wait this long for the seal (default: drain timeout + 300 s, "
+        "or 900 s without a readable config).")] = None,
+) -> None:
+    """Seal the running sidecar's session: close the entrance, drain, write the session archive.
+
+    Prints `{"archive", "sha256", "sealed_at", "n_cancelled"}` as JSON. Exits 8 when the service
+    cannot be reached or the token cannot be read.
+    """
+
+    def call() -> None:
+        from vero.sidecar.seal import request_seal
+        from vero.spec.compiled import SidecarConfig, load_config
+
+        wait_sec = timeout_sec
+        if wait_sec is None:
+            try:
+                wait_sec = load_config(config, SidecarConfig).harbor.drain_timeout_sec + _SEAL_MARGIN_SEC
+            except Exception:
+                wait_sec = 900.0
+        if not output.is_absolute():
+            raise typer.BadParameter("--output must be an absolute path")
+        result = request_seal(output, token_file=token_file or state_dir / "admin-token", base_url=url,
+                              timeout_sec=wait_sec)
+        typer.echo(json.dumps(result.model_dump(mode="json"), sort_keys=True))
+
+    run_command(call)
