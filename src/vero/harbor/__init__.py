@@ -1,0 +1,26 @@
+"""Nested `harbor run`: the only vero package that imports Harbor (DESIGN §8).
+
+Public names: `HarborBackend` (the real `EvaluationBackend`), the contract types `NestedRun`,
+`RunAs`, `EvaluationBackend`, and the building blocks other code may reuse: `build_command`,
+`collate_job`, `TrialOutcome`, `INSTALL_AGENT_IMPORT_PATH`. Importing this package does not import
+Harbor; Harbor loads when a run is built, read or started.
+"""
+
+from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
+from vero.harbor.command import INSTALL_AGENT_IMPORT_PATH, HarborCommand, build_command
+from vero.harbor.results import INFRASTRUCTURE_EXCEPTION_TYPES, JobCollation, TrialOutcome, collate_job
+from vero.harbor.runner import HarborBackend
+
+__all__ = [
+    "INFRASTRUCTURE_EXCEPTION_TYPES",
+    "INSTALL_AGENT_IMPORT_PATH",
+    "EvaluationBackend",
+    "HarborBackend",
+    "HarborCommand",
+    "JobCollation",
+    "NestedRun",
+    "RunAs",
+    "TrialOutcome",
+    "build_command",
+    "collate_job",
+]

@@ -1,0 +1,294 @@
+"""Building the `harbor run` command line of one nested evaluation round.
+
+Everything here is pure (no process is started): the argv, the environment and the optional job
+config file are computed from a `NestedRun` so that tests can assert them flag by flag.
+
+Flags (Harbor 0.26 `cli/jobs.py` `build_job_config`):
+
+```
+harbor run -y -q -p <cases_dir> -i <case> [-i <case> ...] -e <environment> -n <n_concurrent>
+           -k <n_attempts> --job-name <job_name> -o <jobs_dir>
+           (-a <agent> | -c <agent config file>) [--ak key=<json> ...]
+           [--agent-timeout-multiplier <x>]
+```
+
+- `-y` because a task with `${VAR}` templates otherwise prompts and aborts with stdin closed;
+  `-q` because the progress display is useless in a pipe (HARBOR-NOTES §2).
+- `-i` takes fnmatch globs matched against the task dir name (`models/job/config.py`
+  `_filter_task_ids`), so every glob metacharacter of a case name is bracket-escaped: a case
+  named `a.b-c` selects exactly that dir (`.`/`-` are literal in fnmatch anyway, `*?[` are escaped).
+- `--ak` values are JSON-parsed by Harbor (`cli/utils.py` `parse_kwargs`, after `strip()`), so
+  every value is JSON-encoded: paths and commands arrive as strings, byte for byte.
+
+Agent timeout (`harbor.case_timeout_sec`, "agent time per case trial"). Harbor computes each agent
+phase's limit as `min(override or declared, max) x (agent multiplier or timeout multiplier)`
+(`trial/trial.py` `_compute_agent_timeout_sec`, `trial/multi_step.py` `_step_agent_timeout_sec`).
+The faithful rendering is "every selected case's agent phase gets exactly `case_timeout_sec`":
+
+- when every selected case declares the same `[agent].timeout_sec` T (per step too, for multi-step
+  tasks), `--agent-timeout-multiplier case_timeout_sec / T` does exactly that; only the agent phase
+  is scaled (verifier, setup and build keep the case's own limits, as a case author set them);
+- when they differ, or a case declares none (no limit), no single multiplier can; then the agent is
+  given by a job config file (`-c`) carrying `AgentConfig.override_timeout_sec = case_timeout_sec`
+  instead of `-a` (Harbor's `-a` replaces the config's agent list, dropping the override).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vero.errors import InfrastructureFailure
+from vero.harbor.backend import NestedRun
+
+__all__ = [
+    "INSTALL_AGENT_IMPORT_PATH",
+    "AgentTimeoutPlan",
+    "HarborCommand",
+    "build_command",
+    "case_glob",
+    "declared_agent_timeouts",
+    "find_harbor_executable",
+    "nested_env",
+    "plan_agent_timeout",
+    "scrub",
+]
+
+INSTALL_AGENT_IMPORT_PATH = "vero.harbor.install_agent:InstallAgent"
+"""The built-in agent that installs a `kind: program` candidate into each case environment."""
+
+INHERITED_ENV_NAMES: tuple[str, ...] = (
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+)
+"""Variables the nested run inherits from the caller. Everything else of the trusted process (tokens,
+admin settings) stays out: `kind: agent` candidates run inside the `harbor` process and can read its
+environment. Secrets reach the run only through `NestedRun.env`."""
+
+FORCED_ENV: Mapping[str, str] = {
+    # No network to telemetry or to LiteLLM's cost-map host (DESIGN §10).
+    "HARBOR_TELEMETRY": "0",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # Keep the (possibly read-only) candidate checkout free of __pycache__ dirs.
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "NO_COLOR": "1",
+}
+
+_GLOB_SPECIALS = frozenset("*?[]")
+
+
+@dataclass(frozen=True)
+class AgentTimeoutPlan:
+    """How `case_timeout_sec` reaches Harbor; at most one field is set (none without a case timeout)."""
+
+    agent_timeout_multiplier: float | None = None
+    """`--agent-timeout-multiplier`: all selected cases declare the same agent timeout."""
+    override_timeout_sec: float | None = None
+    """`AgentConfig.override_timeout_sec` (seconds) via a job config file: declared timeouts differ."""
+
+
+@dataclass(frozen=True)
+class HarborCommand:
+    """One `harbor run` invocation, ready to start.
+
+    Attributes:
+        argv: the full argument vector, executable first.
+        env: the complete environment of the process (contains secret values: never log it).
+        cwd: working directory (the jobs dir: Harbor reads `./.env.local` from its cwd).
+        job_dir: `<jobs_dir>/<job_name>`, where Harbor writes `result.json` and the trial dirs.
+        config_file: path and JSON text of the job config file passed with `-c`, if any.
+    """
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    cwd: Path
+    job_dir: Path
+    config_file: tuple[Path, str] | None = None
+
+
+def find_harbor_executable() -> Path:
+    """The pinned Harbor: the `harbor` script next to `sys.executable`, else the first on `PATH`.
+
+    Raises:
+        InfrastructureFailure: no `harbor` executable exists.
+    """
+    sibling = Path(sys.executable).parent / "harbor"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return sibling
+    found = shutil.which("harbor")
+    if found is None:
+        raise InfrastructureFailure("no harbor executable next to the interpreter or on PATH")
+    return Path(found)
+
+
+def case_glob(name: str) -> str:
+    """An fnmatch pattern that matches exactly `name` (glob metacharacters bracket-escaped)."""
+    return "".join(f"[{c}]" if c in _GLOB_SPECIALS else c for c in name)
+
+
+def declared_agent_timeouts(cases_dir: Path, case_names: Sequence[str]) -> dict[str, frozenset[float | None]]:
+    """Each case's declared agent timeouts (seconds; None = no limit), read with Harbor's `TaskConfig`.
+
+    A single-step case contributes `{[agent].timeout_sec}`; a multi-step case one value per step
+    (`[[steps]].agent.timeout_sec`, falling back to the task's, as `trial/multi_step.py` does).
+
+    Raises:
+        InfrastructureFailure: a selected case is not a valid Harbor task dir (`Task.is_valid_dir`)
+            or its `task.toml` cannot be read. The message gives the count only, never names.
+    """
+    from harbor.models.task.config import TaskConfig
+    from harbor.models.task.task import Task
+
+    declared: dict[str, frozenset[float | None]] = {}
+    bad = 0
+    for name in case_names:
+        task_dir = cases_dir / name
+        try:
+            if not Task.is_valid_dir(task_dir):
+                bad += 1
+                continue
+            config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+        except (OSError, ValueError):
+            bad += 1
+            continue
+        task_timeout = config.agent.timeout_sec
+        if config.steps:
+            values = {s.agent.timeout_sec if s.agent.timeout_sec is not None else task_timeout
+                      for s in config.steps}
+        else:
+            values = {task_timeout}
+        declared[name] = frozenset(values)
+    if bad:
+        raise InfrastructureFailure(f"{bad} selected case(s) are not valid Harbor task directories")
+    return declared
+
+
+def plan_agent_timeout(case_timeout_sec: float | None,
+                       declared: Mapping[str, frozenset[float | None]]) -> AgentTimeoutPlan:
+    """Choose how `case_timeout_sec` is applied (see the module docstring for the rule)."""
+    if case_timeout_sec is None:
+        return AgentTimeoutPlan()
+    values = set().union(*declared.values()) if declared else set()
+    if len(values) == 1:
+        (only,) = values
+        if only is not None and only > 0:
+            return AgentTimeoutPlan(agent_timeout_multiplier=case_timeout_sec / only)
+    return AgentTimeoutPlan(override_timeout_sec=case_timeout_sec)
+
+
+def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of the `harbor` process.
+
+    Order (later wins): the allow-listed variables of `base_env` (default `os.environ`, see
+    `INHERITED_ENV_NAMES`), `run.env` (secrets and overrides such as `DOCKER_HOST`), `FORCED_ENV`,
+    then `HOME = run.run_as.home` when running as another user, and for `kind: agent` the candidate
+    checkout prepended to `PYTHONPATH` (Harbor imports custom agents with `importlib`; the cwd is
+    not on `sys.path`, HARBOR-NOTES §2). A `kind: program` candidate is *not* put on `PYTHONPATH`:
+    its files must never shadow a module the trusted `harbor` process imports.
+    """
+    base = os.environ if base_env is None else base_env
+    env = {name: base[name] for name in INHERITED_ENV_NAMES if name in base}
+    env.update(run.env)
+    env.update(FORCED_ENV)
+    if run.run_as is not None:
+        env["HOME"] = str(run.run_as.home)
+    if run.runtime.kind == "agent":
+        previous = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(run.candidate_dir) + (os.pathsep + previous if previous else "")
+    return env
+
+
+def _agent_kwargs(run: NestedRun) -> dict[str, object]:
+    if run.runtime.kind != "program":
+        return {}
+    kwargs: dict[str, object] = {"candidate_dir": str(run.candidate_dir),
+                                 "install_path": run.runtime.install_path}
+    if run.runtime.install_command:
+        kwargs["install_command"] = run.runtime.install_command
+    return kwargs
+
+
+def _format_float(value: float) -> str:
+    return repr(float(value))
+
+
+def build_command(
+    run: NestedRun,
+    *,
+    job_name: str,
+    case_names: Sequence[str],
+    timeout_plan: AgentTimeoutPlan,
+    harbor_executable: Path,
+    base_env: Mapping[str, str] | None = None,
+) -> HarborCommand:
+    """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
+
+    Args:
+        run: the evaluation.
+        job_name: Harbor's `--job-name` (the evaluation id, or `<id>.retry-<n>` for a retry round).
+        case_names: the cases of this round (a subset of `run.case_names`, in order, no duplicates).
+        timeout_plan: from `plan_agent_timeout`.
+        harbor_executable: from `find_harbor_executable` (or a test's own).
+        base_env: the caller's environment (default `os.environ`).
+
+    Raises:
+        ValueError: `case_names` is empty, or the runtime lacks its agent import path / install path.
+    """
+    if not case_names:
+        raise ValueError("a nested run needs at least one case")
+    runtime = run.runtime
+    if runtime.kind == "agent":
+        if not runtime.agent_import_path:
+            raise ValueError("runtime.agent_import_path is required for kind 'agent'")
+        agent = runtime.agent_import_path
+    else:
+        if not runtime.install_path:
+            raise ValueError("runtime.install_path is required for kind 'program'")
+        agent = INSTALL_AGENT_IMPORT_PATH
+    jobs_dir = run.jobs_dir.absolute()
+    argv: list[str] = [str(harbor_executable), "run", "-y", "-q", "-p", str(run.cases_dir.absolute())]
+    for name in case_names:
+        argv += ["-i", case_glob(name)]
+    argv += ["-e", run.harbor.environment, "-n", str(run.harbor.n_concurrent),
+             "-k", str(run.harbor.n_attempts), "--job-name", job_name, "-o", str(jobs_dir)]
+    config_file: tuple[Path, str] | None = None
+    if timeout_plan.override_timeout_sec is not None:
+        path = jobs_dir / f"{job_name}.agent-config.json"
+        text = json.dumps({"agents": [{"import_path": agent,
+                                       "override_timeout_sec": timeout_plan.override_timeout_sec}]},
+                          indent=2, sort_keys=True)
+        config_file = (path, text)
+        argv += ["-c", str(path)]
+    else:
+        argv += ["-a", agent]
+    for key, value in _agent_kwargs(run).items():
+        argv += ["--ak", f"{key}={json.dumps(value)}"]
+    if timeout_plan.agent_timeout_multiplier is not None:
+        if not math.isfinite(timeout_plan.agent_timeout_multiplier):
+            raise ValueError("agent timeout multiplier must be finite")
+        argv += ["--agent-timeout-multiplier", _format_float(timeout_plan.agent_timeout_multiplier)]
+    return HarborCommand(argv=tuple(argv), env=nested_env(run, base_env), cwd=jobs_dir,
+                         job_dir=jobs_dir / job_name, config_file=config_file)
+
+
+def _is_bool_like(value: str) -> bool:
+    return value.strip().lower() in {"", "0", "1", "true", "false", "yes", "no", "on", "off"}
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """`text` with every occurrence of each secret value replaced by `***`.
+
+    Values shorter than 4 characters or boolean-looking ones (`1`, `true`, ...) are skipped, as
+    Harbor's own scrubber does (`trial/trial.py` `_scrub_jobs_dir`): replacing every `1` would
+    destroy the text and such values are not secrets.
+    """
+    for secret in sorted({s for s in secrets if len(s) >= 4 and not _is_bool_like(s)}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -1,0 +1,305 @@
+"""Running a nested `harbor` process: own process group, optional unprivileged user, group kill,
+and removal of the Docker resources a killed run left behind.
+
+- The child starts a new session (`start_new_session=True`), so it and everything it spawns
+  (`docker compose`, candidate subprocesses) share one process group that can be signalled at once.
+- When the caller is root and a `RunAs` is given, the child runs with that uid, gid and
+  supplementary groups (e.g. the Docker socket's group) via `asyncio.create_subprocess_exec`'s
+  `user=`/`group=`/`extra_groups=`; when the caller is not root it cannot switch and runs as itself.
+- On timeout or cancellation the group gets SIGTERM (Harbor turns it into `KeyboardInterrupt` and
+  starts tearing its trials down, `cli/jobs.py` `_handle_sigterm`), then SIGKILL after a grace
+  period, and SIGKILL again once the leader is gone so no straggler survives.
+- Only the last `tail_bytes` of the merged stdout/stderr are kept, with secret values scrubbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vero.harbor.backend import RunAs
+from vero.harbor.command import scrub
+
+__all__ = [
+    "ProcessOutcome",
+    "compose_project_prefix",
+    "finish_uncancellable",
+    "remove_docker_leftovers",
+    "run_process_group",
+]
+
+logger = logging.getLogger(__name__)
+
+_READ_CHUNK_BYTES = 65536
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """How a nested process ended.
+
+    Attributes:
+        returncode: the exit status (negative: killed by that signal); None if it never exited.
+        timed_out: the wall-clock limit passed and the group was killed.
+        output_tail: the last bytes of merged stdout/stderr, decoded, secrets scrubbed.
+        duration_sec: wall-clock seconds from start to exit.
+    """
+
+    returncode: int | None
+    timed_out: bool
+    output_tail: str
+    duration_sec: float
+
+
+async def finish_uncancellable[T](awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` to completion even if the caller is cancelled meanwhile; then re-raise.
+
+    Cleanup that must happen (killing a process group, removing containers) goes through here, so
+    a second cancellation cannot cut it short (DESIGN §2 "cleanup survives cancellation").
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        logger.warning("not permitted to signal process group %d", pgid)
+        return False
+
+
+async def _kill_group(process: asyncio.subprocess.Process, pgid: int, grace_sec: float) -> None:
+    if process.returncode is None:
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=grace_sec)
+        except TimeoutError:
+            pass
+    # Whatever of the group is still alive (the leader or children it left) goes now.
+    _signal_group(pgid, signal.SIGKILL)
+    if process.returncode is None:
+        await process.wait()
+
+
+class _Tail:
+    def __init__(self, limit_bytes: int, secrets: Sequence[str]):
+        self.limit_bytes = limit_bytes
+        # Keep a margin so a secret cut by the window edge is still whole when scrubbed.
+        self.keep_bytes = limit_bytes + max((len(s.encode()) for s in secrets), default=0) + 16
+        self.secrets = secrets
+        self.buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if len(self.buffer) > self.keep_bytes:
+            del self.buffer[: len(self.buffer) - self.keep_bytes]
+
+    def text(self) -> str:
+        text = scrub(self.buffer.decode(errors="replace"), self.secrets)
+        encoded = text.encode()
+        if len(encoded) > self.limit_bytes:
+            text = encoded[-self.limit_bytes:].decode(errors="replace")
+        return text
+
+
+async def _drain(stream: asyncio.StreamReader, tail: _Tail) -> None:
+    while chunk := await stream.read(_READ_CHUNK_BYTES):
+        tail.feed(chunk)
+
+
+async def run_process_group(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    run_as: RunAs | None = None,
+    timeout_sec: float | None = None,
+    kill_grace_sec: float = 15.0,
+    tail_bytes: int = 4096,
+    secrets: Sequence[str] = (),
+) -> ProcessOutcome:
+    """Run `argv` in its own process group and wait for it, at most `timeout_sec` seconds.
+
+    Args:
+        argv: executable and arguments.
+        env: the complete environment (never logged).
+        cwd: working directory.
+        run_as: identity to switch to when the caller is root; ignored otherwise.
+        timeout_sec: wall-clock limit; past it the group is killed and `timed_out` is True.
+        kill_grace_sec: seconds between SIGTERM and SIGKILL.
+        tail_bytes: how much of the merged output to keep.
+        secrets: values scrubbed from the kept output.
+
+    Returns:
+        How the process ended.
+
+    Raises:
+        OSError: the executable could not be started (missing, not executable for `run_as`).
+        asyncio.CancelledError: the caller was cancelled; the group was killed first.
+    """
+    identity: dict[str, object] = {}
+    if run_as is not None and os.geteuid() == 0:
+        identity = {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.extra_groups)}
+    elif run_as is not None:
+        logger.debug("not root: the nested run keeps the caller's identity")
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        *argv, env=dict(env), cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True, **identity)
+    pgid = process.pid  # the session leader's pid is its group id
+    tail = _Tail(tail_bytes, secrets)
+    assert process.stdout is not None
+    drain = asyncio.ensure_future(_drain(process.stdout, tail))
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(process.wait(), timeout=timeout_sec)
+        except TimeoutError:
+            timed_out = True
+            await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec))
+        else:
+            # The leader exited; children it left in the group must not outlive the run.
+            _signal_group(pgid, signal.SIGKILL)
+    except asyncio.CancelledError:
+        await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec))
+        drain.cancel()
+        raise
+    try:
+        await asyncio.wait_for(drain, timeout=5)
+    except TimeoutError:
+        # A grandchild that escaped the group may still hold the pipe; the tail is good enough.
+        drain.cancel()
+    return ProcessOutcome(returncode=process.returncode, timed_out=timed_out, output_tail=tail.text(),
+                          duration_sec=time.monotonic() - started)
+
+
+def compose_project_prefix(trial_name: str) -> str:
+    """The Compose project-name prefix of a trial's environments.
+
+    Harbor 0.26 names a trial's environment project `<trial_name>__env` and a separate verifier's
+    `<trial_name>__verifier__<key>`, lowercased, a leading non-alphanumeric prefixed with `0`, and
+    every character outside `[a-z0-9_-]` replaced by `-`
+    (`environments/docker/docker.py` `_sanitize_docker_compose_project_name`).
+    """
+    name = (trial_name + "__").lower()
+    if not re.match(r"^[a-z0-9]", name):
+        name = "0" + name
+    return re.sub(r"[^a-z0-9_-]", "-", name)
+
+
+_PROJECT_LABEL = "com.docker.compose.project"
+
+
+def _remove_leftovers_sync(prefixes: Sequence[str], env: Mapping[str, str]) -> int:
+    import docker
+    from docker.errors import APIError, DockerException, NotFound
+
+    def ours(labels: Mapping[str, str] | None) -> str | None:
+        project = (labels or {}).get(_PROJECT_LABEL)
+        return project if project and project.startswith(tuple(prefixes)) else None
+
+    removed = 0
+    try:
+        client = docker.from_env(environment=dict(env), timeout=60)
+    except DockerException as exc:
+        logger.warning("docker cleanup skipped: engine unreachable (%s)", type(exc).__name__)
+        return 0
+    try:
+        projects: set[str] = set()
+        for container in client.containers.list(all=True, filters={"label": _PROJECT_LABEL}):
+            if (project := ours(container.labels)) is None:
+                continue
+            projects.add(project)
+            try:
+                container.remove(force=True, v=True)
+                removed += 1
+            except NotFound:
+                pass
+            except APIError as exc:
+                logger.warning("could not remove container %s: %s", container.short_id, type(exc).__name__)
+        for network in client.networks.list(filters={"label": _PROJECT_LABEL}):
+            if ours(network.attrs.get("Labels")) is None:
+                continue
+            try:
+                network.remove()
+                removed += 1
+            except NotFound:
+                pass
+            except APIError as exc:
+                logger.warning("could not remove network %s: %s", network.short_id, type(exc).__name__)
+        for volume in client.volumes.list(filters={"label": _PROJECT_LABEL}):
+            if ours(volume.attrs.get("Labels")) is None:
+                continue
+            try:
+                volume.remove(force=True)
+                removed += 1
+            except NotFound:
+                pass
+            except APIError as exc:
+                logger.warning("could not remove volume %s: %s", volume.short_id, type(exc).__name__)
+        # Images Compose built for these projects are tagged `<project>-<service>` (Harbor's own
+        # teardown removes them with `down --rmi local`).
+        for image in client.images.list():
+            tags = [t for t in image.tags if t.split(":", 1)[0].startswith(tuple(prefixes))]
+            for tag in tags:
+                try:
+                    client.images.remove(tag, noprune=False)
+                    removed += 1
+                except NotFound:
+                    pass
+                except APIError as exc:
+                    logger.debug("could not remove image %s: %s", tag, type(exc).__name__)
+    except DockerException as exc:
+        logger.warning("docker cleanup incomplete: %s", type(exc).__name__)
+    finally:
+        client.close()
+    return removed
+
+
+async def remove_docker_leftovers(job_dir: Path, env: Mapping[str, str], *, settle_sec: float = 1.0) -> int:
+    """Remove containers, networks, volumes and built images of every trial of a killed job.
+
+    Trials are the sub-directories of `job_dir` (their names are the trial names); their Compose
+    projects are found by label (`com.docker.compose.project`) with `compose_project_prefix`, so
+    no compose file is needed. Runs twice, `settle_sec` apart, to catch a container the engine was
+    still creating when the run was killed. Engine errors are logged, never raised.
+
+    Args:
+        job_dir: the killed run's job directory.
+        env: the nested run's environment (for `DOCKER_HOST` and friends).
+        settle_sec: pause between the two passes.
+
+    Returns:
+        How many Docker objects were removed.
+    """
+    if not job_dir.is_dir():
+        return 0
+    prefixes = sorted({compose_project_prefix(p.name) for p in job_dir.iterdir() if p.is_dir()})
+    if not prefixes:
+        return 0
+    removed = await asyncio.to_thread(_remove_leftovers_sync, prefixes, env)
+    await asyncio.sleep(settle_sec)
+    removed += await asyncio.to_thread(_remove_leftovers_sync, prefixes, env)
+    return removed

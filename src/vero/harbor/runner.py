@@ -1,0 +1,359 @@
+"""`HarborBackend`: measure a candidate with nested `harbor run`s (DESIGN §8).
+
+One evaluation is one or more *rounds*; each round is one `harbor run` (job `<evaluation_id>` for
+the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
+
+1. `kind: agent` only: a **pre-flight** imports and constructs the candidate's agent class in a
+   subprocess with the nested run's interpreter, user, environment and cwd, the way Harbor's
+   `AgentFactory.create_agent_from_config` does. Harbor itself would fail such a class before any
+   trial (`Job.create` pre-flight; exit 1, no trial dir), which from the outside looks exactly like
+   an unreachable engine. A failure here is the candidate's: every selected case gets `n_attempts`
+   dead attempts (exception type of the import error), the result is returned and charged.
+2. Round: run Harbor over the cases still unmeasured, then read the job dir (`vero.harbor.results`).
+   Scored and dead attempts are kept; infrastructure attempts are dropped. A case with at least one
+   kept attempt is measured.
+3. If cases remain unmeasured (no trial at all: engine unreachable, build failure, crash; or only
+   infrastructure trials), the round is retried for those cases with back-off (tenacity; at most
+   `harbor.infra_retries` retries; the wait is `HarborBackend(infra_wait=...)`). Still unmeasured
+   afterwards: `InfrastructureFailure`, never a zero score (the caller refunds).
+
+Timeouts and cancellation: each round is limited to `harbor.evaluation_timeout_sec`; past it the
+process group is killed, the Docker resources of the job's trials are removed, and the finished
+trials are read. If they measure every case the result stands; otherwise `InfrastructureFailure`
+without a retry (a round that hit the wall-clock limit would likely hit it again, and retrying would
+multiply the caller's wait). Cancellation kills the group, removes the leftovers, and propagates.
+
+Diagnostics: the last `tail_bytes` of Harbor's merged output, secret values scrubbed, go to the
+trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger, never into
+results or exception messages. Messages name no case, partition or secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import tenacity
+
+from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+from vero.errors import InfrastructureFailure
+from vero.harbor.backend import NestedRun
+from vero.harbor.command import (
+    build_command,
+    declared_agent_timeouts,
+    find_harbor_executable,
+    nested_env,
+    plan_agent_timeout,
+)
+from vero.harbor.process import finish_uncancellable, remove_docker_leftovers, run_process_group
+from vero.harbor.results import JobCollation, collate_job
+
+__all__ = ["HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
+
+logger = logging.getLogger("vero.harbor")
+
+PREFLIGHT_TIMEOUT_EXCEPTION = "AgentImportTimeoutError"
+"""Exception type recorded on dead attempts when the candidate's agent class took longer than the
+pre-flight limit to import and construct."""
+
+_PREFLIGHT_FAILED_EXCEPTION = "AgentImportError"
+_PREFLIGHT_MARK = "VERO_PREFLIGHT"
+_HARBOR_UNAVAILABLE_EXIT = 4
+
+# Runs in the nested run's interpreter. Mirrors `AgentFactory.create_agent_from_config` (import with
+# importlib, construct with `logs_dir`), plus the `BaseAgent` check the trial would otherwise fail on
+# later. `os._exit` so that threads or atexit hooks of candidate code cannot change the verdict.
+_PREFLIGHT_SCRIPT = f"""
+import os, sys, shutil, tempfile, pathlib
+try:
+    from harbor.agents.base import BaseAgent
+    from harbor.agents.factory import AgentFactory
+    from harbor.models.trial.config import AgentConfig
+except BaseException as exc:
+    print("\\n{_PREFLIGHT_MARK} harbor-unavailable", type(exc).__name__, flush=True)
+    os._exit({_HARBOR_UNAVAILABLE_EXIT})
+logs = tempfile.mkdtemp(prefix="vero-preflight-")
+try:
+    agent = AgentFactory.create_agent_from_config(AgentConfig(import_path=sys.argv[1]),
+                                                  logs_dir=pathlib.Path(logs))
+    if not isinstance(agent, BaseAgent):
+        raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
+except BaseException as exc:
+    shutil.rmtree(logs, ignore_errors=True)
+    print("\\n{_PREFLIGHT_MARK} failed", type(exc).__name__, flush=True)
+    os._exit(3)
+shutil.rmtree(logs, ignore_errors=True)
+print("\\n{_PREFLIGHT_MARK} ok", flush=True)
+os._exit(0)
+"""
+
+_PREFLIGHT_LINE = re.compile(rf"^{_PREFLIGHT_MARK} (ok|failed|harbor-unavailable)(?: (\w+))?\s*$", re.MULTILINE)
+
+
+class _Unmeasured(Exception):
+    """A round left cases without any kept attempt (internal; retried, then InfrastructureFailure)."""
+
+    def __init__(self, n_unmeasured: int, reason: str):
+        super().__init__(f"{n_unmeasured} case(s) unmeasured: {reason}")
+        self.n_unmeasured = n_unmeasured
+        self.reason = reason
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _dedupe(names: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+class HarborBackend:
+    """The real `EvaluationBackend`: nested `harbor run`s on the machine running the sidecar or verifier.
+
+    Args:
+        harbor_executable: the `harbor` to run; default `find_harbor_executable()` (the one next to
+            `sys.executable`, else on `PATH`).
+        python_executable: interpreter of the `kind: agent` pre-flight; default the `python` next to
+            `harbor_executable`, else `sys.executable` (it must see the same packages as Harbor).
+        infra_wait: tenacity wait strategy between infrastructure retries; default exponential
+            back-off of 5, 10, 20, ... seconds, at most 120 s. Tests pass `tenacity.wait_none()`.
+        kill_grace_sec: seconds between SIGTERM and SIGKILL of the process group.
+        preflight_timeout_sec: limit of the `kind: agent` pre-flight (import and construction).
+        tail_bytes: how much of Harbor's output is kept for the trusted log.
+        base_env: environment the allow-listed variables are inherited from (default `os.environ`).
+    """
+
+    def __init__(
+        self,
+        *,
+        harbor_executable: Path | None = None,
+        python_executable: Path | None = None,
+        infra_wait: tenacity.wait.wait_base | None = None,
+        kill_grace_sec: float = 15.0,
+        preflight_timeout_sec: float = 120.0,
+        tail_bytes: int = 4096,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._harbor_executable = harbor_executable
+        self._python_executable = python_executable
+        self.infra_wait = infra_wait if infra_wait is not None else tenacity.wait_exponential(
+            multiplier=5, min=5, max=120)
+        self.kill_grace_sec = kill_grace_sec
+        self.preflight_timeout_sec = preflight_timeout_sec
+        self.tail_bytes = tail_bytes
+        self._base_env = base_env
+
+    @property
+    def harbor_executable(self) -> Path:
+        """The `harbor` executable in use.
+
+        Raises:
+            InfrastructureFailure: none was given and none is installed.
+        """
+        if self._harbor_executable is None:
+            self._harbor_executable = find_harbor_executable()
+        return self._harbor_executable
+
+    @property
+    def python_executable(self) -> Path:
+        """The interpreter of the pre-flight (see the class docstring)."""
+        if self._python_executable is not None:
+            return self._python_executable
+        sibling = self.harbor_executable.parent / "python"
+        return sibling if sibling.exists() else Path(sys.executable)
+
+    async def evaluate(self, run: NestedRun) -> EvaluationResult:
+        """Run the selected cases of `run` and return their scores.
+
+        Cancellation kills the whole process group, removes the job's containers, networks and
+        volumes, and propagates `CancelledError`.
+
+        Raises:
+            InfrastructureFailure: some case got no measurement for infrastructure reasons even after
+                `harbor.infra_retries` retries with back-off, the round hit
+                `harbor.evaluation_timeout_sec` before every case was measured, a selected case is
+                not a valid Harbor task dir, or Harbor cannot be started (the caller refunds).
+            ValueError: `run.case_names` is empty.
+        """
+        started_at = _now()
+        case_names = _dedupe(run.case_names)
+        if not case_names:
+            raise ValueError("an evaluation needs at least one case")
+        reward_key = run.reward_key or run.scoring.reward_key
+        failure_value = (run.failure_value if run.failure_value is not None
+                         else run.scoring.effective_failure_value())
+        if not run.candidate_dir.is_dir():
+            raise InfrastructureFailure("the candidate checkout is missing")
+        declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
+        plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
+        env = nested_env(run, self._base_env)
+        secrets = list(run.env.values())
+        await asyncio.to_thread(run.jobs_dir.mkdir, parents=True, exist_ok=True)
+
+        def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
+                   retries: int) -> EvaluationResult:
+            cases = [CaseResult.from_attempts(name, attempts[name], failure_value) for name in case_names]
+            return EvaluationResult.from_cases(
+                partition=run.partition, candidate=run.candidate, reward_key=reward_key, cases=cases,
+                started_at=started_at, finished_at=_now(),
+                job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries)
+
+        if run.runtime.kind == "agent":
+            failure_type = await self._preflight(run, env, secrets)
+            if failure_type is not None:
+                logger.info("evaluation %s: candidate agent failed its import pre-flight (%s)",
+                            run.evaluation_id, failure_type)
+                dead = {name: [AttemptResult(trial_name=f"{name}__preflight-{i}", exception_type=failure_type)
+                               for i in range(run.harbor.n_attempts)] for name in case_names}
+                return result(dead, None, 0)
+
+        attempts: dict[str, list[AttemptResult]] = {name: [] for name in case_names}
+        pending = list(case_names)
+        rounds = 0
+        first_job_dir = run.jobs_dir.absolute() / run.evaluation_id
+
+        async def one_round() -> None:
+            nonlocal pending, rounds
+            job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
+            rounds += 1
+            collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
+                                                         reward_key)
+            wanted = set(pending)
+            n_infra = 0
+            for trial in collation.trials:
+                if trial.case not in wanted:
+                    continue
+                if trial.infrastructure:
+                    n_infra += 1
+                    continue
+                attempts[trial.case].append(AttemptResult(
+                    trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type))
+            pending = [name for name in pending if not attempts[name]]
+            logger.info("evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
+                        "%d case(s) unmeasured", run.evaluation_id, job_name, len(collation.trials), n_infra,
+                        collation.n_unfinished, len(pending))
+            if pending and timed_out:
+                raise InfrastructureFailure(
+                    f"nested evaluation timed out after {run.harbor.evaluation_timeout_sec:g} s with "
+                    f"{len(pending)} of {len(case_names)} case(s) unmeasured")
+            if pending:
+                reason = ("no trial result" if not collation.trials
+                          else "only infrastructure failures")
+                raise _Unmeasured(len(pending), reason)
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(run.harbor.infra_retries + 1),
+            wait=self.infra_wait,
+            retry=tenacity.retry_if_exception_type(_Unmeasured),
+            reraise=True,
+            before_sleep=lambda state: logger.warning(
+                "evaluation %s: infrastructure failure (%s); retry %d of %d", run.evaluation_id,
+                state.outcome.exception() if state.outcome else "?", state.attempt_number,
+                run.harbor.infra_retries),
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await one_round()
+        except _Unmeasured as exc:
+            raise InfrastructureFailure(
+                f"nested evaluation measured nothing for {exc.n_unmeasured} of {len(case_names)} case(s) "
+                f"after {rounds} attempt(s): {exc.reason}") from None
+        return result(attempts, first_job_dir, rounds - 1)
+
+    async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str], plan,
+                         env: Mapping[str, str], secrets: Sequence[str],
+                         reward_key: str) -> tuple[JobCollation, bool]:
+        command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
+                                harbor_executable=self.harbor_executable, base_env=self._base_env)
+        await asyncio.to_thread(self._prepare_job_dir, command)
+        try:
+            outcome = await run_process_group(
+                command.argv, env=command.env, cwd=command.cwd, run_as=run.run_as,
+                timeout_sec=run.harbor.evaluation_timeout_sec, kill_grace_sec=self.kill_grace_sec,
+                tail_bytes=self.tail_bytes, secrets=secrets)
+        except asyncio.CancelledError:
+            logger.warning("evaluation %s: cancelled; nested run killed", run.evaluation_id)
+            await finish_uncancellable(self._cleanup(run, command.job_dir, env))
+            raise
+        except OSError as exc:
+            logger.warning("evaluation %s: harbor could not be started (%s)", run.evaluation_id,
+                           type(exc).__name__)
+            raise _Unmeasured(len(case_names), "harbor could not be started") from None
+        await asyncio.to_thread(self._write_trusted_log, command.cwd / f"{job_name}.harbor.log", outcome)
+        collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key)
+        if outcome.timed_out or not collation.job_finished:
+            # Harbor tears its environments down itself when it finishes; after a kill or a crash
+            # the job's Compose projects may still be up.
+            await finish_uncancellable(self._cleanup(run, command.job_dir, env))
+        if outcome.timed_out:
+            logger.warning("evaluation %s: job %s killed after %.0f s (evaluation_timeout_sec)",
+                           run.evaluation_id, job_name, outcome.duration_sec)
+        return collation, outcome.timed_out
+
+    @staticmethod
+    def _prepare_job_dir(command) -> None:
+        job_dir: Path = command.job_dir
+        if job_dir.exists():
+            # Never resume a stale job of the same name (Harbor would skip its finished trials).
+            job_dir.rename(job_dir.with_name(f"{job_dir.name}.stale-{time.time_ns()}"))
+        if command.config_file is not None:
+            path, text = command.config_file
+            path.write_text(text)
+            path.chmod(0o644)
+
+    def _write_trusted_log(self, path: Path, outcome) -> None:
+        text = (f"returncode: {outcome.returncode}\ntimed_out: {outcome.timed_out}\n"
+                f"duration_sec: {outcome.duration_sec:.1f}\n--- output tail ---\n{outcome.output_tail}\n")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+        except OSError as exc:
+            logger.warning("cannot write trusted log %s: %s", path, type(exc).__name__)
+        if outcome.returncode != 0:
+            logger.warning("harbor exited with %s; output tail in %s", outcome.returncode, path)
+        logger.debug("harbor output tail (%s):\n%s", path.name, outcome.output_tail)
+
+    async def _cleanup(self, run: NestedRun, job_dir: Path, env: Mapping[str, str]) -> None:
+        if run.harbor.environment != "docker":
+            return
+        removed = await remove_docker_leftovers(job_dir, env)
+        if removed:
+            logger.info("evaluation %s: removed %d docker object(s) left by %s", run.evaluation_id,
+                        removed, job_dir.name)
+
+    async def _preflight(self, run: NestedRun, env: Mapping[str, str], secrets: Sequence[str]) -> str | None:
+        """Import and construct the candidate agent as Harbor would; the failure's type, or None if fine.
+
+        Raises:
+            InfrastructureFailure: the interpreter cannot be started or cannot import Harbor.
+        """
+        argv = [str(self.python_executable), "-c", _PREFLIGHT_SCRIPT, str(run.runtime.agent_import_path)]
+        try:
+            outcome = await run_process_group(
+                argv, env=env, cwd=run.jobs_dir.absolute(), run_as=run.run_as,
+                timeout_sec=self.preflight_timeout_sec, kill_grace_sec=2.0, tail_bytes=self.tail_bytes,
+                secrets=secrets)
+        except OSError as exc:
+            raise InfrastructureFailure(
+                f"the agent pre-flight could not be started ({type(exc).__name__})") from None
+        marks = _PREFLIGHT_LINE.findall(outcome.output_tail)
+        verdict, exception_type = marks[-1] if marks else (None, "")
+        if outcome.timed_out:
+            return PREFLIGHT_TIMEOUT_EXCEPTION
+        if outcome.returncode == 0 and verdict == "ok":
+            return None
+        if outcome.returncode == _HARBOR_UNAVAILABLE_EXIT and verdict == "harbor-unavailable":
+            logger.warning("evaluation %s: pre-flight interpreter cannot import harbor:\n%s",
+                           run.evaluation_id, outcome.output_tail)
+            raise InfrastructureFailure("the nested run's interpreter cannot import Harbor")
+        logger.debug("evaluation %s: pre-flight output:\n%s", run.evaluation_id, outcome.output_tail)
+        return exception_type or _PREFLIGHT_FAILED_EXCEPTION
