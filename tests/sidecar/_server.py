@@ -1,0 +1,312 @@
+"""Test harness for the sidecar server: a real app under uvicorn on a loopback port, real git repos,
+real state dirs, and a stub `EvaluationBackend` (the real one needs Docker; see the docker tests).
+
+Other test modules (e.g. the client's) may import from here:
+
+    from ._server import SidecarHarness, StubBackend, make_harness
+
+`python -m tests.sidecar._server <harness.json>` serves a harness in a child process (used to
+kill a sidecar mid-evaluation); see `serve_child`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from vero.core.baseline import commit_baseline
+from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+from vero.errors import InfrastructureFailure
+from vero.harbor.backend import NestedRun
+from vero.spec.compiled import SidecarConfig
+from vero.spec.models import CandidateRuntime, HarborSpec, PartitionAccess, ScoringSpec
+
+__all__ = [
+    "GIT_ENV",
+    "ServerThread",
+    "SidecarHarness",
+    "StubBackend",
+    "commit_file",
+    "make_config",
+    "make_harness",
+]
+
+GIT_ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "agent",
+    "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+    "GIT_COMMITTER_NAME": "agent",
+    "GIT_COMMITTER_EMAIL": "agent@example.invalid",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+DEFAULT_PARTITIONS = {
+    "train": [f"t{i}" for i in range(1, 7)],
+    "val": [f"v{i}" for i in range(1, 7)],
+    "blind": ["b1", "b2", "b3"],
+}
+DEFAULT_ACCESS = {
+    "train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=30),
+    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, total_runs=3, total_cases=18),
+    "blind": PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6),
+}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def commit_file(repo: Path, name: str, content: str, message: str = "change") -> str:
+    """Write `name` in the agent repo, commit it, return the commit id."""
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None = None,
+                access: dict[str, PartitionAccess] | None = None, disclose_budget: bool = True,
+                submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
+                runtime: CandidateRuntime | None = None, name: str = "demo") -> SidecarConfig:
+    """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
+    the compiler redacts them)."""
+    partitions = partitions or DEFAULT_PARTITIONS
+    access = access or DEFAULT_ACCESS
+    return SidecarConfig(
+        name=name,
+        spec_digest="sha256:" + "0" * 64,
+        baseline_commit=baseline_commit,
+        runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        scoring=ScoringSpec(),
+        harbor=HarborSpec(drain_timeout_sec=drain_timeout_sec, infra_retries=0),
+        secrets=secrets or [],
+        partitions={name: cases for name, cases in partitions.items() if name in access},
+        agent_access=access,
+        disclose_budget=disclose_budget,
+        submit_enabled=submit_enabled,
+    )
+
+
+@dataclass
+class StubBackend:
+    """An `EvaluationBackend` that answers at once, or when released, with per-case scores.
+
+    Attributes:
+        scores: case name -> reward (default 0.5); None makes a dead attempt.
+        block: while set to a `threading.Event`, `evaluate` waits until it is set (cancellable).
+        fail_with_infrastructure: raise `InfrastructureFailure` instead of returning.
+        write_job_dir: write a Harbor-like job dir (trial dirs with agent/verifier files, plus
+            hostile entries: a symlink out of the tree, a hard link, an oversized file).
+        runs: every `NestedRun` received, with a snapshot of the checkout's file names.
+    """
+
+    scores: dict[str, float | None] = field(default_factory=dict)
+    block: threading.Event | None = None
+    fail_with_infrastructure: bool = False
+    write_job_dir: bool = True
+    outside_secret_file: Path | None = None
+    runs: list[NestedRun] = field(default_factory=list)
+    checkout_files: list[list[str]] = field(default_factory=list)
+    started: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    running: int = 0
+    max_running: int = 0
+
+    async def evaluate(self, run: NestedRun) -> EvaluationResult:
+        self.runs.append(run)
+        self.checkout_files.append(sorted(p.name for p in run.candidate_dir.iterdir()))
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.started.release()
+        try:
+            started_at = datetime.now(UTC)
+            while self.block is not None and not self.block.is_set():
+                await asyncio.sleep(0.02)
+            if self.fail_with_infrastructure:
+                raise InfrastructureFailure("docker daemon at /secret/path/docker.sock is unreachable")
+            job_dir = run.jobs_dir / run.evaluation_id
+            cases = []
+            for case in run.case_names:
+                trial = f"{case}__abc123"
+                reward = self.scores.get(case, 0.5)
+                if self.write_job_dir:
+                    self._write_trial(job_dir / trial, case, reward)
+                cases.append(CaseResult.from_attempts(
+                    case, [AttemptResult(trial_name=trial, reward=reward,
+                                         exception_type=None if reward is not None else "RewardFileNotFoundError")],
+                    run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value()))
+            return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate, reward_key="reward",
+                                               cases=cases, started_at=started_at, finished_at=datetime.now(UTC),
+                                               job_dir=str(job_dir))
+        finally:
+            self.running -= 1
+
+    def _write_trial(self, trial: Path, case: str, reward: float | None) -> None:
+        (trial / "agent").mkdir(parents=True, exist_ok=True)
+        (trial / "verifier").mkdir(parents=True, exist_ok=True)
+        (trial / "agent" / "install.log").write_text(f"installed candidate for {case}\n")
+        (trial / "verifier" / "test-stdout.txt").write_text(f"{case}: tests ran, reward {reward}\n")
+        (trial / "verifier" / "reward.json").write_text(json.dumps({"reward": reward}))
+        (trial / "config.json").write_text(json.dumps({"jobs_dir": "/var/tmp/vero-work/jobs"}))
+        (trial / "result.json").write_text(json.dumps({"trial_uri": "file:///var/tmp/vero-work"}))
+        (trial / "agent" / "huge.bin").write_bytes(b"x" * (2 * 1024 * 1024))
+        if self.outside_secret_file is not None:
+            (trial / "agent" / "leak").symlink_to(self.outside_secret_file)
+            (trial / "verifier" / "dirlink").symlink_to(self.outside_secret_file.parent, target_is_directory=True)
+
+
+class ServerThread:
+    """Run an ASGI app under uvicorn in a daemon thread on 127.0.0.1 and an ephemeral port."""
+
+    def __init__(self, app, *, startup_timeout_sec: float = 60.0) -> None:
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
+                                                    log_level="warning", timeout_graceful_shutdown=30))
+        self.startup_timeout_sec = startup_timeout_sec
+        self.thread: threading.Thread | None = None
+        self.url = ""
+
+    def __enter__(self) -> ServerThread:
+        self.thread = threading.Thread(target=self.server.run, name="sidecar-under-test", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout_sec
+        while not self.server.started:
+            if not self.thread.is_alive():
+                error = getattr(self.app.state, "startup_error", None)
+                raise RuntimeError(f"the sidecar did not start: {error!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the sidecar did not start in time")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(60)
+
+
+@dataclass
+class SidecarHarness:
+    """Everything one sidecar under test uses; `serve()` starts a fresh app over the same dirs."""
+
+    root: Path
+    baseline_dir: Path
+    agent_repo: Path
+    state_dir: Path
+    context_dir: Path
+    work_dir: Path
+    cases_dir: Path
+    config: SidecarConfig
+    backend: StubBackend
+    max_concurrent_evaluations: int = 2
+    nested_env: dict[str, str] = field(default_factory=dict)
+
+    def create_app(self, **overrides):
+        from vero.sidecar.app import create_app
+
+        kwargs = dict(state_dir=self.state_dir, agent_repo=self.agent_repo, context_dir=self.context_dir,
+                      backend=self.backend, cases_dir=self.cases_dir, baseline_dir=self.baseline_dir,
+                      work_dir=self.work_dir, run_as=None,
+                      max_concurrent_evaluations=self.max_concurrent_evaluations, nested_env=self.nested_env)
+        kwargs.update(overrides)
+        return create_app(self.config, **kwargs)
+
+    @contextmanager
+    def serve(self, **overrides) -> Iterator[tuple[ServerThread, httpx.Client]]:
+        app = self.create_app(**overrides)
+        with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
+            yield server, client
+
+    def admin_headers(self) -> dict[str, str]:
+        token = (self.state_dir / "admin-token").read_text().strip()
+        return {"authorization": f"Bearer {token}"}
+
+    def write_spec(self, path: Path) -> Path:
+        """Write a JSON description of this harness for `serve_child`."""
+        path.write_text(json.dumps({
+            "config": self.config.model_dump(mode="json"),
+            "dirs": {name: str(getattr(self, name)) for name in
+                     ("baseline_dir", "agent_repo", "state_dir", "context_dir", "work_dir", "cases_dir")},
+        }))
+        return path
+
+
+def make_harness(root: Path, *, backend: StubBackend | None = None, **config_options) -> SidecarHarness:
+    """Real baseline files, an agent repo whose first commit is the baseline, empty state dirs."""
+    baseline = root / "baseline"
+    baseline.mkdir(parents=True)
+    (baseline / "solve.py").write_text("print('baseline')\n")
+    (baseline / "README.md").write_text("the target\n")
+    scratch = root / "baseline-commit"
+    shutil.copytree(baseline, scratch)
+    baseline_commit = commit_baseline(scratch)
+    shutil.rmtree(scratch)
+    agent_repo = root / "app"
+    shutil.copytree(baseline, agent_repo)
+    assert commit_baseline(agent_repo) == baseline_commit
+    cases = root / "cases"
+    cases.mkdir()
+    return SidecarHarness(
+        root=root, baseline_dir=baseline, agent_repo=agent_repo, state_dir=root / "state",
+        context_dir=root / "context", work_dir=root / "work", cases_dir=cases,
+        config=make_config(baseline_commit, **config_options), backend=backend or StubBackend(),
+    )
+
+
+def wait_for_state(client: httpx.Client, job_id: str, states: set[str], timeout_sec: float = 30.0) -> dict:
+    """Poll `GET /evaluations/{id}` until the job's state is in `states`; returns the last body
+    (a problem body when the answer is 502)."""
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        response = client.get(f"/evaluations/{job_id}")
+        body = response.json()
+        if response.status_code == 502 or body.get("state") in states:
+            return body
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {body.get('state')}")
+        time.sleep(0.05)
+
+
+def serve_child(spec_path: Path, port_file: Path) -> None:
+    """Serve a harness described by `SidecarHarness.write_spec` with a backend that never finishes
+    (so the parent can kill this process mid-evaluation); writes the port to `port_file`."""
+    spec = json.loads(spec_path.read_text())
+    harness = SidecarHarness(root=spec_path.parent, config=SidecarConfig.model_validate(spec["config"]),
+                             backend=StubBackend(block=threading.Event()),
+                             **{name: Path(value) for name, value in spec["dirs"].items()})
+    app = harness.create_app()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning"))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                return
+            await asyncio.sleep(0.02)
+        port_file.write_text(str(server.servers[0].sockets[0].getsockname()[1]))
+        await task
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    serve_child(Path(sys.argv[1]), Path(sys.argv[2]))
