@@ -1,0 +1,63 @@
+"""`vero harbor build`: compile an optimization spec into a Harbor task directory and tarball."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vero.cli import harbor_app
+from vero.commands.exit_codes import EXIT_FAILED, fail, run_command
+
+
+@harbor_app.command("build")
+def build(
+    config: Annotated[Path, typer.Option(
+        "--config", "-c", help="The optimization spec (build.yaml). Relative paths in it resolve against its directory.",
+    )],
+    output: Annotated[Path, typer.Option(
+        "--output", "-o", help="Task directory to write (created). Must be empty unless --force.",
+    )],
+    tarball: Annotated[Path | None, typer.Option(
+        "--tarball", help="Where to write the canonical .tar.gz (default: OUTPUT.tar.gz beside the directory); "
+                          "its sha256 goes to TARBALL.sha256.",
+    )] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace OUTPUT when it already holds a compiled task.",
+    )] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Compile build.yaml into a Harbor task (task.toml, instruction, main + eval-sidecar, verifier, oracle).
+
+    Secrets named in the spec must be set in this environment; only their names are written.
+
+    Prints the tarball's path and sha256 (also written to TARBALL.sha256); the same spec and inputs always give the same tarball bytes.
+    """
+    import json
+
+    from vero.compiler import compile_task
+    from vero.spec import load_spec
+
+    def compile_spec():
+        spec = load_spec(config)
+        return compile_task(spec, output, tarball=tarball, force=force)
+
+    try:
+        result = run_command(compile_spec)
+    except OSError as exc:
+        # Only the path and the system's reason: nothing read from the inputs is echoed.
+        where = f" {exc.filename}" if exc.filename else ""
+        fail(f"cannot write the compiled task{where}: {exc.strerror or type(exc).__name__}", EXIT_FAILED)
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    if json_output:
+        typer.echo(json.dumps({
+            "task_dir": str(result.task_dir), "tarball": str(result.tarball), "sha256": result.sha256,
+            "spec_digest": result.spec_digest, "baseline_commit": result.baseline_commit,
+            "notes": list(result.notes),
+        }, indent=2))
+        return
+    typer.echo(f"task     {result.task_dir}")
+    typer.echo(f"tarball  {result.tarball}")
+    typer.echo(f"sha256   {result.sha256}")

@@ -1,0 +1,416 @@
+"""Compile an optimization spec into a Harbor task tree and its canonical tarball (DESIGN §5).
+
+`compile_task` checks the build inputs before writing anything, assembles the whole task in a
+staging directory beside the output, checks it (Harbor's `TaskConfig` loads `task.toml`; no
+secret value appears in any file), then moves it into place and writes the canonical tarball with
+its `.sha256`. Same spec and inputs -> same tarball bytes, whatever the output path, the umask,
+file mtimes or the machine: every file is rendered from the spec alone, copied trees keep only
+names, contents, link targets and executable bits, and `vero.core.archive` fixes the rest.
+
+Where things go (the split-visibility rule of DESIGN §2): cases of agent-accessible partitions only
+into the sidecar's build context, cases of target partitions (and of the selection partition) only
+into the verifier's (`tests/`); `main` gets the baseline checkout, the wheel and the client's pins.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vero.compiler.cases import CaseStore
+from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
+from vero.compiler.render import render
+from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, git_env, tree_digest
+from vero.compiler.wheel import build_wheel, client_requirements, runtime_requirements
+from vero.errors import SpecError, SpecIssue
+from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, digest_json
+from vero.spec.models import AgentTarget, OptimizationSpec
+
+__all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
+
+AGENT_UID = 1001
+"""uid of the `agent` user in `main` (DESIGN §2)."""
+
+SIDECAR_PORT = 8000
+"""Port `vero harbor serve` listens on inside `eval-sidecar` (docs/architecture.md)."""
+
+SEAL_MARGIN_SEC = 300.0
+"""Time the seal hook gets beyond `harbor.drain_timeout_sec`: cancel, refund, bundle and digest."""
+
+MIN_SCANNED_SECRET_LENGTH = 8
+"""Secret values at least this long are searched for in the compiled files (shorter ones would
+match by accident: a value like `1` occurs everywhere)."""
+
+_DISCLOSURE_TEXT = {
+    "full": "full: score, per-case results and artifacts",
+    "aggregate": "aggregate: score and counts",
+    "none": "none: acknowledgement only",
+}
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """What `compile_task` produced.
+
+    Attributes:
+        task_dir: the compiled task directory (`harbor run -p <task_dir>`).
+        tarball: the canonical `.tar.gz` of `task_dir` (entries relative to the task root).
+        sha256: hex digest of the tarball's bytes (also in `<tarball>.sha256`).
+        spec_digest: `sha256:<hex>` of the portable spec plus its inputs (in both role configs).
+        baseline_commit: the 40-hex baseline commit id (`/app` in main starts there).
+        notes: messages for the operator (e.g. uncommitted target changes left out); never secret.
+    """
+
+    task_dir: Path
+    tarball: Path
+    sha256: str
+    spec_digest: str
+    baseline_commit: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def layout(self) -> TaskLayout:
+        return TaskLayout(self.task_dir)
+
+    @property
+    def sha256_path(self) -> Path:
+        return self.tarball.with_name(self.tarball.name + ".sha256")
+
+
+def portable_spec(spec: OptimizationSpec, reference_digest: str | None) -> dict[str, Any]:
+    """The spec as JSON without host paths: the part of `spec_digest` the operator wrote.
+
+    Host paths (`target.path`, `target.reference`, `cases.path`, `cases.registry_path`, partition
+    files) are dropped; their contents enter the digest separately (baseline commit, case trees,
+    `reference_digest`).
+    """
+    data = spec.model_dump(mode="json")
+    data["target"]["path"] = None
+    data["target"]["reference"] = reference_digest
+    data["cases"].update(path=None, registry_path=None, partition_files={})
+    return data
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _looks_like_compiled_task(path: Path) -> bool:
+    return (path / "task.toml").is_file() and (path / "environment").is_dir()
+
+
+def _check_destination(output: Path, tarball: Path, force: bool) -> None:
+    issues: list[SpecIssue] = []
+    if output.exists() and not output.is_dir():
+        issues.append(SpecIssue("--output", f"{output} exists and is not a directory"))
+    elif output.is_dir() and any(output.iterdir()):
+        if not force:
+            issues.append(SpecIssue("--output", f"{output} is not empty (pass --force to replace a compiled task)"))
+        elif not _looks_like_compiled_task(output):
+            # --force replaces a previous build; it never deletes an arbitrary directory.
+            issues.append(SpecIssue("--output", f"{output} is not empty and holds no compiled task; "
+                                                "--force only replaces a compiled task"))
+    if _inside(tarball, output):
+        issues.append(SpecIssue("--tarball", f"the tarball {tarball} must not be inside the output directory"))
+    if tarball.is_dir():
+        issues.append(SpecIssue("--tarball", f"{tarball} is a directory"))
+    if issues:
+        raise SpecError(issues)
+
+
+def _write(path: Path, text: str, *, executable: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="\n")
+    path.chmod(0o755 if executable else 0o644)
+
+
+def _write_json(path: Path, model: SidecarConfig | VerifierConfig) -> None:
+    import json
+
+    _write(path, json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _normalize_modes(root: Path) -> None:
+    """Directories 0755, files 0755 if executable else 0644 (links untouched): umask-independent."""
+    root.chmod(0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                path.chmod(0o755)
+            elif stat.S_ISREG(st.st_mode):
+                path.chmod(0o755 if st.st_mode & 0o111 else 0o644)
+
+
+def _check_reference_patch(patch: Path, baseline_repo: Path) -> None:
+    done = subprocess.run(
+        ["git", "-c", f"safe.directory={baseline_repo}", "-C", str(baseline_repo), "apply", "--check",
+         "--whitespace=nowarn", str(patch)],
+        env=git_env(), stdin=subprocess.DEVNULL, capture_output=True, check=False,
+    )
+    if done.returncode != 0:
+        raise SpecError.at("target.reference", f"the patch {patch} does not apply to the baseline (git apply --check)")
+
+
+def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str, str]) -> None:
+    values = {name: env[name] for name in spec.effective_secrets()
+              if len(env.get(name, "")) >= MIN_SCANNED_SECRET_LENGTH}
+    if not values:
+        return
+    needles = {name: value.encode() for name, value in values.items()}
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            path = Path(dirpath) / filename
+            if path.is_symlink():
+                continue
+            data = path.read_bytes()
+            for name, needle in needles.items():
+                if needle in data:
+                    raise SpecError.at(
+                        "secrets", f"the value of secret {name} appears in {path.relative_to(root)}; "
+                                   "secrets are passed by name only and may not be part of the task's files"
+                    )
+
+
+def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tarball: str | Path | None = None,
+                 force: bool = False, env: Mapping[str, str] | None = None) -> CompileResult:
+    """Compile `spec` into the task directory `output` and a canonical tarball.
+
+    Args:
+        spec: a validated spec, or the path of a `build.yaml` to load.
+        output: the task directory to write (created; parents too).
+        tarball: where to write the `.tar.gz` (default: `<output>.tar.gz` beside the directory);
+            `<tarball>.sha256` (`<hex>  <name>\\n`) is written beside it.
+        force: replace `output` when it already holds a compiled task.
+        env: the build environment (default `os.environ`): secrets must be set in it (their values
+            are only checked for, never written).
+
+    Returns:
+        The paths, the tarball's sha256, the spec digest, the baseline commit and operator notes.
+
+    Raises:
+        SpecError: invalid spec or build inputs (unset secret, output inside the target or the
+            cases, non-empty output without `force`, unsafe target/case/reference trees, a
+            reference patch that does not apply, a secret value found in a compiled file), each
+            with its YAML path (or the option, `--output`/`--tarball`). Nothing is written then.
+        OSError: the output cannot be written.
+    """
+    from vero.core.archive import write_canonical_tar
+    from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
+    from vero.spec import load_spec
+    from vero.spec.cases import discover_cases
+    from vero.spec.validation import check_build_inputs
+
+    env = os.environ if env is None else env
+    if not isinstance(spec, OptimizationSpec):
+        spec = load_spec(spec, env=env)
+    output = Path(os.path.abspath(output))
+    tarball = Path(os.path.abspath(tarball)) if tarball is not None else output.with_name(output.name + ".tar.gz")
+    check_build_inputs(spec, output, env, tarball)
+    _check_destination(output, tarball, force)
+
+    notes: list[str] = []
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.staging-", dir=output.parent))
+    try:
+        with tempfile.TemporaryDirectory(prefix="vero-compile-") as scratch_name:
+            scratch = Path(scratch_name)
+            layout = TaskLayout(staging)
+
+            # Baseline: export, then commit a copy to learn the id every role must reproduce.
+            baseline = scratch / "baseline"
+            export = export_baseline(spec.target.path, baseline)
+            notes.extend(export.notes)
+            baseline_repo = scratch / "baseline-repo"
+            copy_tree(baseline, baseline_repo)
+            try:
+                baseline_commit = commit_baseline(baseline_repo)
+            except ValueError as exc:
+                raise SpecError.at("target.path", f"the baseline cannot be committed: {exc}") from None
+
+            # Reference change (oracle only).
+            reference = spec.target.reference
+            reference_kind: str | None = None
+            reference_digest: str | None = None
+            if reference is not None:
+                if reference.is_dir():
+                    check_tree(reference, "target.reference", what="the reference directory", repository=True)
+                    copy_tree(reference, layout.reference_dir)
+                    reference_kind, reference_digest = "directory", tree_digest(reference)
+                elif reference.is_file():
+                    _check_reference_patch(reference, baseline_repo)
+                    layout.solution_dir.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(reference, layout.reference_patch_path)
+                    reference_kind, reference_digest = "patch", file_digest(reference)
+                else:
+                    raise SpecError.at("target.reference", f"expected a patch file or a directory: {reference}")
+
+            # Cases: each role gets only the partitions it may know.
+            partitions = spec.cases.partitions
+            sidecar_partitions = {p: list(partitions[p]) for p in spec.agent_access}
+            verifier_names = [*spec.targets]
+            if spec.selection.partition is not None and spec.selection.partition not in verifier_names:
+                verifier_names.append(spec.selection.partition)
+            verifier_partitions = {p: list(partitions[p]) for p in verifier_names}
+            sources = discover_cases(spec.cases)
+            store = CaseStore(scratch / "cases", "cases.path" if spec.cases.path is not None else "cases.dataset")
+            for role_partitions, context in ((sidecar_partitions, layout.sidecar),
+                                             (verifier_partitions, layout.verifier)):
+                context.cases_dir.mkdir(parents=True, exist_ok=True)
+                for case in sorted({c for names in role_partitions.values() for c in names}):
+                    store.fetch(sources[case])
+                    store.copy_into(case, context.case_dir(case))
+            case_digests = {case: store.digest(case) for case in sorted(
+                {c for names in (*sidecar_partitions.values(), *verifier_partitions.values()) for c in names})}
+
+            spec_digest = digest_json({
+                "spec": portable_spec(spec, reference_digest),
+                "baseline_commit": baseline_commit,
+                "cases": case_digests,
+            })
+
+            common: dict[str, Any] = dict(
+                name=spec.name, spec_digest=spec_digest, baseline_commit=baseline_commit,
+                runtime=spec.target.runtime(), scoring=spec.scoring, harbor=spec.harbor,
+                secrets=spec.effective_secrets(),
+            )
+            _write_json(layout.sidecar.config_path, SidecarConfig(
+                **common, partitions=sidecar_partitions, agent_access=dict(spec.agent_access),
+                disclose_budget=spec.disclose_budget, submit_enabled=spec.selection.mode == "submit",
+            ))
+            _write_json(layout.verifier.config_path, VerifierConfig(
+                **common, partitions=verifier_partitions, selection=spec.selection, targets=dict(spec.targets),
+                reward_keys=spec.target_reward_keys(),
+                failure_values={p: spec.target_failure_value(p) for p in spec.targets},
+            ))
+
+            # The wheel and the pins, and the baseline files, in each build context.
+            wheel = build_wheel()
+            for context in layout.contexts():
+                context.dist_dir.mkdir(parents=True, exist_ok=True)
+                (context.dist_dir / wheel.filename).write_bytes(wheel.data)
+                copy_tree(baseline, context.baseline_dir)
+            _write(layout.main.requirements_path, "".join(f"{r}\n" for r in client_requirements()))
+            runtime_pins = "".join(f"{r}\n" for r in runtime_requirements(spec.harbor.requirement))
+            _write(layout.sidecar.requirements_path, runtime_pins)
+            _write(layout.verifier.requirements_path, runtime_pins)
+
+            _render_files(layout, spec, wheel_filename=wheel.filename, baseline_commit=baseline_commit,
+                          spec_digest=spec_digest, reference_kind=reference_kind,
+                          baseline_git_env=sorted(BASELINE_GIT_ENV.items()), baseline_message=BASELINE_MESSAGE,
+                          n_cases={p: len(c) for p, c in sidecar_partitions.items()})
+
+        _normalize_modes(staging)
+        _check_task_config(layout)
+        _scan_for_secret_values(staging, spec, env)
+
+        # Swap the finished tree into place; a previous build is removed only after that.
+        previous = None
+        if output.exists():
+            previous = Path(tempfile.mkdtemp(prefix=f".{output.name}.previous-", dir=output.parent))
+            os.replace(output, previous / "task")
+        os.replace(staging, output)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    digest = write_canonical_tar(output, tarball)
+    from vero.core.storage import atomic_write_bytes
+
+    atomic_write_bytes(tarball.with_name(tarball.name + ".sha256"), f"{digest}  {tarball.name}\n".encode(), mode=0o644)
+    return CompileResult(output, tarball, digest, spec_digest, baseline_commit, tuple(notes))
+
+
+def _check_task_config(layout: TaskLayout) -> None:
+    """Harbor's own model must load the compiled `task.toml` (Harbor 0.26 `models/task/config.py`)."""
+    from harbor.models.task.config import TaskConfig
+
+    TaskConfig.model_validate_toml(layout.config_path.read_text(encoding="utf-8"))
+
+
+def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename: str, baseline_commit: str,
+                  spec_digest: str, reference_kind: str | None, baseline_git_env: list[tuple[str, str]],
+                  baseline_message: str, n_cases: dict[str, int]) -> None:
+    import vero
+
+    paths = CONTAINER_PATHS
+    docker = spec.harbor.environment == "docker"
+    secrets = spec.effective_secrets()
+    sidecar_url = f"http://{SIDECAR_SERVICE}:{SIDECAR_PORT}"
+    eval_partition = spec.selection.partition or next(iter(spec.agent_access), None)
+    submit = spec.selection.mode == "submit"
+    base: dict[str, Any] = dict(
+        vero_version=vero.__version__, name=spec.name, sidecar_service=SIDECAR_SERVICE,
+        workspace=str(paths.workspace), context_dir=str(paths.context), agent_repo=str(paths.agent_repo),
+        config_path=str(paths.config), cases_dir=str(paths.cases), baseline_dir=str(paths.baseline),
+        dist_dir=str(paths.dist), venv_dir="/opt/vero/venv", state_dir=str(paths.state),
+        runner_user=RUNNER_USER, wheel=wheel_filename, secrets=secrets, sidecar_url=sidecar_url,
+    )
+
+    _write(layout.config_path, render(
+        "compiler/task.toml.j2", **base, task_name=f"vero/{spec.name}", description=spec.description,
+        spec_digest=spec_digest, baseline_commit=baseline_commit,
+        export_dir=str(paths.export), seal_command=f"vero harbor seal --output {paths.export}",
+        agent_timeout_sec=spec.harbor.agent_timeout_sec, verifier_timeout_sec=spec.harbor.verifier_timeout_sec,
+        seal_timeout_sec=spec.harbor.drain_timeout_sec + SEAL_MARGIN_SEC,
+        build_timeout_sec=spec.harbor.build_timeout_sec,
+        healthcheck_command=f"curl -fsS {sidecar_url}/health",
+    ))
+
+    target = spec.target
+    partitions = [
+        dict(name=name, disclosure=access.disclosure, n_cases=n_cases[name],
+             floor=access.min_aggregate_cases if access.disclosure == "aggregate" else "-",
+             total_runs=access.total_runs, total_cases=access.total_cases)
+        for name, access in spec.agent_access.items()
+    ]
+    _write(layout.instruction_path, render(
+        "compiler/instruction.md.j2", **base, description=spec.description, target_kind=target.kind,
+        install_path=getattr(target, "install_path", None), install_command=getattr(target, "install_command", None),
+        agent_import_path=target.agent_import_path if isinstance(target, AgentTarget) else None,
+        direction=spec.scoring.direction, failure_value=f"{spec.scoring.effective_failure_value():g}",
+        partitions=partitions, disclosure_text=_DISCLOSURE_TEXT, disclose_budget=spec.disclose_budget,
+        submit_enabled=submit, selection_partition=spec.selection.partition,
+        baseline_floor=spec.selection.baseline_floor,
+    ))
+
+    _write(layout.compose_path, render(
+        "compiler/docker-compose.yaml.j2", **base, docker_socket=docker, sidecar_port=SIDECAR_PORT,
+    ))
+    _write(layout.dockerignore_path, render("compiler/dockerignore.j2", **base))
+    _write(layout.main.dockerfile, render(
+        "compiler/main.Dockerfile.j2", **base, image=spec.images.main, docker_client=False,
+        agent_uid=AGENT_UID, baseline_git_env=baseline_git_env, baseline_message=baseline_message,
+        baseline_commit=baseline_commit,
+    ))
+    _write(layout.sidecar.dockerfile, render(
+        "sidecar/Dockerfile.j2", **base, image=spec.images.sidecar, docker_client=docker,
+    ))
+    _write(layout.verifier.dockerfile, render(
+        "verifier/Dockerfile.j2", **base, image=spec.images.verifier, docker_client=docker,
+        tests_dir="/tests",
+    ))
+    if docker:
+        # Only the engine socket needs a compose file; elsewhere the Dockerfile alone defines the verifier.
+        _write(layout.verifier_compose_path, render("verifier/docker-compose.yaml.j2", **base, docker_socket=True))
+    _write(layout.test_path, render(
+        "verifier/test.sh.j2", **base, reward_path=str(paths.reward), session_archive=str(paths.session_archive),
+    ), executable=True)
+    _write(layout.solve_path, render(
+        "compiler/solve.sh.j2", **base, reference_kind=reference_kind, eval_partition=eval_partition, submit=submit,
+    ), executable=True)

@@ -1,0 +1,91 @@
+"""Materialize cases (inner Harbor task dirs) into a compiled task's trusted build contexts.
+
+Local cases (a `cases.path` folder, or a registry task with a local `path`) are copied; registry
+git tasks are cloned at their pinned `git_commit_id` (this needs the network at build time) and the
+task's `path` inside the repository is copied. Either way the tree is checked first (no link that
+is absolute or leaves it, no special file) and copied with normalized modes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from vero.compiler.target import check_tree, copy_tree, git_env, tree_digest
+from vero.errors import SpecError
+from vero.spec.cases import CaseSource
+
+__all__ = ["CaseStore"]
+
+
+class CaseStore:
+    """Fetches each needed case once into a staging directory and copies it where it belongs.
+
+    Args:
+        staging: an empty scratch directory owned by the build.
+        loc: YAML path named in errors (`cases.path` or `cases.dataset`).
+    """
+
+    def __init__(self, staging: Path, loc: str):
+        self._staging = staging
+        self._loc = loc
+        self._fetched: dict[str, Path] = {}
+
+    def fetch(self, source: CaseSource) -> Path:
+        """Return a checked local copy of the case's task dir (fetched on first use).
+
+        Raises:
+            SpecError: the case dir is missing, unsafe, or its git repository cannot be cloned at
+                the pinned commit.
+        """
+        if source.name in self._fetched:
+            return self._fetched[source.name]
+        dest = self._staging / source.name
+        if source.git_url is None:
+            origin = source.path
+            if not (origin / "task.toml").is_file():
+                raise SpecError.at(self._loc, f"case {source.name!r} is not a Harbor task dir: {origin}")
+            check_tree(origin, self._loc, what=f"case {source.name!r}")
+            copy_tree(origin, dest)
+        else:
+            self._clone(source, dest)
+        self._fetched[source.name] = dest
+        return dest
+
+    def _clone(self, source: CaseSource, dest: Path) -> None:
+        if not source.git_commit_id:
+            raise SpecError.at(self._loc, f"case {source.name!r} is a git task without a pinned git_commit_id")
+        rel = PurePosixPath(source.path.as_posix())
+        if rel.is_absolute() or ".." in rel.parts:
+            raise SpecError.at(self._loc, f"case {source.name!r} has an unsafe path inside its repository")
+        with tempfile.TemporaryDirectory(dir=self._staging, prefix=".clone-") as tmp:
+            repo = Path(tmp) / "repo"
+            steps = [
+                ["git", "init", "-q", str(repo)],
+                ["git", "-C", str(repo), "fetch", "-q", "--depth", "1", source.git_url, source.git_commit_id],
+                ["git", "-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", "FETCH_HEAD"],
+            ]
+            for argv in steps:
+                done = subprocess.run(argv, env=git_env(), stdin=subprocess.DEVNULL,
+                                      capture_output=True, check=False)
+                if done.returncode != 0:
+                    # git's stderr may echo credentials embedded in the URL: never shown.
+                    raise SpecError.at(
+                        self._loc, f"case {source.name!r}: cannot fetch its git repository at the pinned commit"
+                    )
+            origin = repo.joinpath(*rel.parts) if rel.parts else repo
+            if not (origin / "task.toml").is_file():
+                raise SpecError.at(self._loc, f"case {source.name!r}: no Harbor task at {rel} in its repository")
+            shutil.rmtree(origin / ".git", ignore_errors=True)
+            check_tree(origin, self._loc, what=f"case {source.name!r}")
+            copy_tree(origin, dest)
+
+    def digest(self, name: str) -> str:
+        """Tree digest of a fetched case (`vero.compiler.target.tree_digest`)."""
+        return tree_digest(self._fetched[name])
+
+    def copy_into(self, name: str, dest: Path) -> None:
+        """Copy the fetched case `name` to `dest` (which must not exist)."""
+        copy_tree(self._fetched[name], dest)

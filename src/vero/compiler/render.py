@@ -1,0 +1,75 @@
+"""Render the compiled task's text files from the role templates (Jinja2).
+
+Templates live in the top-level `compiler/`, `sidecar/` and `verifier/` asset dirs and are addressed
+as `<role>/<file>` (a `PrefixLoader`), so a role template can include a shared one from `compiler/`.
+Rendering is deterministic: `StrictUndefined` (a missing value is a bug, not an empty string),
+values quoted by the filter of the target language (`toml_str`, `yaml_str`, `sh`), no timestamps
+and no host paths in the context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from functools import cache
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, PrefixLoader, StrictUndefined
+
+from vero._assets import ROLES, asset_dir
+
+__all__ = ["render", "sh_quote", "toml_float", "toml_str", "yaml_str"]
+
+
+def toml_str(value: str) -> str:
+    """A TOML basic string (TOML 1.0 §String: control characters other than tab escaped, DEL too)."""
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def toml_float(value: float) -> str:
+    """A TOML float; refuses NaN and infinities (timeouts are finite)."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r}")
+    return repr(number)
+
+
+def yaml_str(value: str) -> str:
+    """A YAML double-quoted scalar (a JSON string is one: YAML 1.2 is a superset of JSON)."""
+    return json.dumps(str(value), ensure_ascii=True)
+
+
+def sh_quote(value: str) -> str:
+    """A POSIX shell word (`shlex.quote`)."""
+    return shlex.quote(str(value))
+
+
+@cache
+def _environment() -> Environment:
+    loaders = {}
+    for role in ROLES:
+        try:
+            loaders[role] = FileSystemLoader(str(asset_dir(role)))
+        except FileNotFoundError:
+            continue
+    env = Environment(
+        loader=PrefixLoader(loaders),
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(toml_str=toml_str, toml_float=toml_float, yaml_str=yaml_str, sh=sh_quote)
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    """Render `<role>/<file>` with `context`.
+
+    Raises:
+        jinja2.TemplateNotFound: no such template among the role assets.
+        jinja2.UndefinedError: the template uses a value the context lacks.
+    """
+    return _environment().get_template(template).render(**context)

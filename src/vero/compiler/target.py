@@ -1,0 +1,240 @@
+"""Export the target's baseline files, copy trees safely, and digest trees (DESIGN §5).
+
+A target is a **Git target** when `target.path` is the top of a Git work tree (it holds `.git`):
+its baseline is `git archive HEAD`, so uncommitted and untracked changes are not part of it (the
+export says so in a note). Any other directory is a **plain directory** whose files are the baseline.
+
+Every tree that enters a compiled task (baseline, reference overlay, cases) is checked first: no
+link that is absolute or leaves the tree, no special file (device, socket, FIFO), and for the
+baseline and the reference also no `.git` anywhere and nothing under the reserved top-level `.vero/`
+(the candidate store refuses such trees: `vero.core.baseline`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from vero.errors import SpecError
+from vero.spec.compiled import digest_json
+
+__all__ = [
+    "RESERVED_TOP_LEVEL",
+    "BaselineExport",
+    "check_tree",
+    "copy_tree",
+    "export_baseline",
+    "file_digest",
+    "git_env",
+    "tree_digest",
+]
+
+RESERVED_TOP_LEVEL = ".vero"
+"""Top-level name a candidate may not track (mirrors `vero.core.baseline`)."""
+
+
+@dataclass(frozen=True)
+class BaselineExport:
+    """What `export_baseline` wrote.
+
+    Attributes:
+        kind: `git` (from `git archive HEAD`) or `directory` (a plain directory's files).
+        n_files: regular files and links written.
+        notes: messages for the operator (e.g. uncommitted changes left out); never secret.
+    """
+
+    kind: Literal["git", "directory"]
+    n_files: int
+    notes: tuple[str, ...] = ()
+
+
+def git_env() -> dict[str, str]:
+    """The environment for git commands the compiler runs: no user or system config, no GIT_* overrides.
+
+    Git reads `GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE` and friends from the environment; an
+    inherited one would point a command at another repository. User and system config could change
+    what `git archive` writes (`tar.umask`, filters), so neither is read.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
+                "LC_ALL": "C"})
+    return env
+
+
+def _link_escapes(root: Path, link: Path) -> bool:
+    target = os.readlink(link)
+    if os.path.isabs(target):
+        return True
+    rel_dir = os.path.dirname(os.path.relpath(link, root))
+    lexical = os.path.normpath(os.path.join(rel_dir, target))
+    if lexical == ".." or lexical.startswith("../"):
+        return True
+    # A chain through other links can still end outside; resolve for real when it resolves at all.
+    real = os.path.realpath(link)
+    base = os.path.realpath(root)
+    return os.path.exists(real) and not (real == base or real.startswith(base + os.sep))
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(relative POSIX path, path, lstat) of every entry below `root`, sorted, links not followed."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            path = base / name
+            yield path.relative_to(root).as_posix(), path, path.lstat()
+
+
+def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> int:
+    """Check that `root` can enter a compiled task; return its number of files and links.
+
+    Args:
+        root: the directory to check.
+        loc: YAML path named in errors (e.g. `target.path`).
+        what: how errors call the tree (e.g. "the target").
+        repository: also refuse `.git` anywhere and the reserved top-level `.vero` (baseline and
+            reference trees, which become Git commits).
+
+    Raises:
+        SpecError: at `loc`, naming the first offending relative path.
+    """
+    count = 0
+    for rel, path, st in _walk(root):
+        name = PurePosixPath(rel).name
+        if repository and name == ".git":
+            raise SpecError.at(loc, f"{what} contains Git data at {rel}; nested repositories are not allowed")
+        if repository and PurePosixPath(rel).parts[0] == RESERVED_TOP_LEVEL:
+            raise SpecError.at(loc, f"{what} uses the reserved path {RESERVED_TOP_LEVEL}/ ({rel})")
+        if stat.S_ISLNK(st.st_mode):
+            if _link_escapes(root, path):
+                raise SpecError.at(loc, f"{what} has a link that is absolute or leaves the tree: {rel}")
+            count += 1
+        elif stat.S_ISREG(st.st_mode):
+            count += 1
+        elif not stat.S_ISDIR(st.st_mode):
+            raise SpecError.at(loc, f"{what} has a special file (device, socket or FIFO): {rel}")
+    return count
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy a checked tree: links as links, modes reduced to 0644/0755, no owners or times kept.
+
+    `dest` must not exist. Call `check_tree` on `src` first.
+    """
+    dest.mkdir(parents=True)
+    for rel, path, st in _walk(src):
+        out = dest / rel
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(path), out)
+        elif stat.S_ISDIR(st.st_mode):
+            out.mkdir()
+        else:
+            shutil.copyfile(path, out, follow_symlinks=False)
+            out.chmod(0o755 if st.st_mode & 0o111 else 0o644)
+
+
+def file_digest(path: Path) -> str:
+    """`sha256:<hex>` of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def tree_digest(root: Path) -> str:
+    """`sha256:<hex>` over a tree's canonical listing: paths, kinds, executable bits, contents, link targets.
+
+    Independent of mtimes, owners, the umask and compression, so the same files give the same
+    digest on any machine.
+    """
+    entries: list[list[str]] = []
+    for rel, path, st in _walk(root):
+        if stat.S_ISLNK(st.st_mode):
+            entries.append([rel, "link", os.readlink(path)])
+        elif stat.S_ISDIR(st.st_mode):
+            entries.append([rel, "dir"])
+        else:
+            entries.append([rel, "file", "x" if st.st_mode & 0o111 else "-", file_digest(path)])
+    return digest_json(entries)
+
+
+def _git(repo: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "-c", f"safe.directory={repo}", "-c", "core.autocrlf=false", "-C", str(repo), *args],
+        env=git_env(), stdout=stdout, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False,
+    )
+
+
+def _export_git(repo: Path, dest: Path) -> BaselineExport:
+    if _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}").returncode != 0:
+        raise SpecError.at("target.path", f"the Git repository {repo} has no commit at HEAD")
+    archive = _git(repo, "archive", "--format=tar", "HEAD")
+    if archive.returncode != 0:
+        raise SpecError.at("target.path", f"git archive HEAD failed in {repo}")
+    dest.mkdir(parents=True)
+    count = 0
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout), mode="r:") as tar:
+        for member in tar:
+            rel = PurePosixPath(member.name.rstrip("/"))
+            if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+                raise SpecError.at("target.path", f"git archive produced an unsafe path: {member.name!r}")
+            if rel.parts[0] == RESERVED_TOP_LEVEL:
+                raise SpecError.at("target.path", f"the target tracks the reserved path {RESERVED_TOP_LEVEL}/ ({rel})")
+            out = dest.joinpath(*rel.parts)
+            if member.isdir():
+                out.mkdir(parents=True, exist_ok=True)
+            elif member.issym():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(member.linkname, out)
+                count += 1
+            elif member.isfile():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                handle = tar.extractfile(member)
+                assert handle is not None
+                out.write_bytes(handle.read())
+                out.chmod(0o755 if member.mode & 0o111 else 0o644)
+                count += 1
+            # pax global headers (the commit id) carry no file
+    # Links are checked once the whole tree exists (a link may point at a later entry).
+    check_tree(dest, "target.path", what="the target's HEAD", repository=True)
+    notes: list[str] = []
+    status = _git(repo, "status", "--porcelain", "--untracked-files=normal")
+    if status.returncode == 0 and status.stdout.strip():
+        notes.append(
+            "target.path: the baseline is the committed HEAD of the Git repository; its uncommitted "
+            "and untracked changes are not part of the compiled task"
+        )
+    return BaselineExport("git", count, tuple(notes))
+
+
+def export_baseline(target: Path, dest: Path) -> BaselineExport:
+    """Write the baseline files of `target` into the new directory `dest`.
+
+    Args:
+        target: `target.path` of the spec (absolute).
+        dest: directory to create; must not exist.
+
+    Raises:
+        SpecError: at `target.path` when the target has no commit (Git), its tree holds a link
+            leaving it, an absolute link, a special file, nested Git data or the reserved `.vero/`,
+            or it has no file at all.
+    """
+    if os.path.lexists(target / ".git"):
+        export = _export_git(target, dest)
+    else:
+        count = check_tree(target, "target.path", what="the target", repository=True)
+        copy_tree(target, dest)
+        export = BaselineExport("directory", count)
+    if export.n_files == 0:
+        raise SpecError.at("target.path", "the target has no files; the baseline needs at least one")
+    return export
