@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
+from vero.core.candidates import RESERVED_PATHS
 
 __all__ = ["BASELINE_GIT_ENV", "BASELINE_MESSAGE", "commit_baseline"]
 
@@ -42,11 +43,6 @@ BASELINE_GIT_ENV: dict[str, str] = {
     "GIT_COMMITTER_DATE": "1970-01-01T00:00:00+0000",
 }
 """Environment that pins the baseline commit's identity and dates (also used by the main Dockerfile)."""
-
-# Mirrors `vero.core.candidates.RESERVED_PATHS` (not imported: candidates imports GitPython's
-# repository layer and this module must stay importable on its own by the compiler).
-_RESERVED_PATHS: tuple[str, ...] = (".vero",)
-
 
 def _nested_git_entries(root: Path) -> list[str]:
     """Relative paths of `.git` entries below the top level (git would store them as gitlinks)."""
@@ -79,7 +75,7 @@ def commit_baseline(work_tree: str | Path) -> str:
         raise ValueError(f"baseline work tree {root} is not a directory")
     if os.path.lexists(root / ".git"):
         raise ValueError(f"baseline work tree {root} already has .git")
-    for reserved in _RESERVED_PATHS:
+    for reserved in RESERVED_PATHS:
         if os.path.lexists(root / reserved):
             raise ValueError(f"baseline work tree {root} contains the reserved path {reserved}")
     nested = _nested_git_entries(root)
