@@ -364,6 +364,9 @@ def test_source_without_plain_git_dir_is_rejected(store, tmp_path, agent_repo):
     (linked / ".git").symlink_to(agent_repo / ".git")
     with pytest.raises(CandidateRejected, match="plain directory"):
         store.import_version_sync(linked, "HEAD")
+    (agent_repo / ".git" / "commondir").write_text(f"{store.git_dir}\n")
+    with pytest.raises(CandidateRejected, match="linked work tree"):
+        store.import_version_sync(agent_repo, "HEAD")
     assert store.list() == [] and store.temporary_refs() == []
 
 

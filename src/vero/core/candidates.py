@@ -116,17 +116,23 @@ def _source_git_dir(source: str | Path) -> tuple[Path, list[Path]]:
 
     Raises:
         CandidateRejected: no `.git` directory (a `.git` file or symlink, which could send git to
-            any repository on the trusted side, is refused) and the path is not a bare repository.
+            any repository on the trusted side, is refused) and the path is not a bare repository;
+            or the git dir has a `commondir` file (same reason).
     """
     root = Path(os.path.abspath(source))
     dot_git = root / ".git"
     if os.path.lexists(dot_git):
         if dot_git.is_symlink() or not dot_git.is_dir():
             raise CandidateRejected("the source repository's .git must be a plain directory")
-        return dot_git, [root, dot_git]
-    if (root / "HEAD").is_file() and (root / "objects").is_dir() and (root / "refs").is_dir():
-        return root, [root]
-    raise CandidateRejected("the source repository has no Git directory")
+        git_dir, safe = dot_git, [root, dot_git]
+    elif (root / "HEAD").is_file() and (root / "objects").is_dir() and (root / "refs").is_dir():
+        git_dir, safe = root, [root]
+    else:
+        raise CandidateRejected("the source repository has no Git directory")
+    # `commondir` (linked work trees) would make git read refs and objects of another repository.
+    if os.path.lexists(git_dir / "commondir"):
+        raise CandidateRejected("the source repository's Git directory may not be a linked work tree")
+    return git_dir, safe
 
 
 def _symlink_escapes(link_path: bytes, target: bytes, links: dict[bytes, bytes]) -> bool:
