@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vero.core.ledger import BudgetLedger, BudgetTotals, Cost, LedgerFile, read_ledger_file
+from vero.core.ledger import BudgetLedger, BudgetTotals, Cost, read_ledger_file
 from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
@@ -55,7 +55,8 @@ def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
     raw = json.loads(ledger_path.read_text())
     assert raw["schema_version"] == 1 and raw["reservations"] == []
     balance = ledger.balance("train", "agent")
-    assert (balance.total_runs, balance.total_cases, balance.remaining_runs, balance.remaining_cases) == (10, 40, 10, 40)
+    figures = (balance.total_runs, balance.total_cases, balance.remaining_runs, balance.remaining_cases)
+    assert figures == (10, 40, 10, 40)
     assert [(b.partition, b.principal) for b in ledger.balances()] == [("train", "agent"), ("val", "agent")]
     assert ledger.config_drift == []
 
@@ -447,7 +448,8 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
     asyncio.run(run())
     for key, (s_runs, s_cases, r_runs, r_cases) in model.items():
         b = ledger.balance(*key)
-        assert (b.settled_runs, b.settled_cases, b.reserved_runs, b.reserved_cases) == (s_runs, s_cases, r_runs, r_cases)
+        figures = (b.settled_runs, b.settled_cases, b.reserved_runs, b.reserved_cases)
+        assert figures == (s_runs, s_cases, r_runs, r_cases)
         assert b.remaining_runs >= 0 and b.remaining_cases >= 0
     assert BudgetLedger.open(path, totals).snapshot() == ledger.snapshot()
     assert_consistent(ledger)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -126,6 +127,8 @@ class JobStore:
     def open(cls, root: str | Path) -> "JobStore":
         """Open or create the store. Raises LedgerCorrupt for an unreadable index or record.
 
+        Synchronous file I/O: call it at startup, or through `asyncio.to_thread` from a running loop.
+
         Reconciles the index with the record files (see the class docstring) and rewrites the index
         when they differed; removes temp files left by writes a crash cut short.
 
@@ -170,7 +173,9 @@ class JobStore:
         """A fresh `ev-<16 hex>` id."""
         return "ev-" + secrets.token_hex(8)
 
-    async def _commit[T](self, step) -> T:
+    async def _commit[T](self, step: Callable[[], T]) -> T:
+        """Run `step` (write, then swap memory) serialized and to completion, off the event loop."""
+
         def locked() -> T:
             with self._commit_lock:
                 return step()

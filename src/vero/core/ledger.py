@@ -259,7 +259,8 @@ class BudgetLedger:
         A missing file is created (with its directory); temp files left by a writer that was killed
         mid-write are removed. A configured pair absent from an existing file
         is added with zero usage and the file rewritten; every difference is reported in
-        `config_drift` (human-readable lines for the operator's log).
+        `config_drift` (human-readable lines for the operator's log). Synchronous file I/O: call it at
+        startup, or through `asyncio.to_thread` from a running loop.
 
         Raises:
             LedgerCorrupt: the file exists but cannot be read, parsed or validated, or its figures
