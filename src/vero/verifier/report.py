@@ -18,16 +18,21 @@ shipped candidate, how it was chosen and the rewards.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from vero.core.session import Session
+from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
-from vero.verifier.artifacts import Finalization, build_status
+from vero.errors import SessionInvalid
+from vero.verifier.artifacts import FINALIZATION_FILE, Finalization, build_status
 
-__all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "render_report", "write_report"]
+__all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "read_manifest", "render_report", "report_from_archive",
+           "write_report"]
 
 REPORT_FILE = "experiment.html"
 REPORT_TEMPLATE = "report.html.j2"
@@ -79,6 +84,8 @@ class Plot:
     markers: list[Marker] = field(default_factory=list)
     legend: list[tuple[str, str, str]] = field(default_factory=list)
     """(label, colour, shape) rows."""
+    marks: list[tuple[float, str]] = field(default_factory=list)
+    """Labelled vertical lines (x, label), e.g. the seal."""
     empty_message: str | None = None
 
 
@@ -147,6 +154,7 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     y = _Scale(min(values) - pad, max(values) + pad, plot.top + plot.inner_height, plot.top)
     plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
     plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
+    plot.marks = [(x(minutes(end)), "sealed")]
     for partition in sorted({j.partition for j in jobs}):
         mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (j.finished_at or j.created_at, j.id))
         full = [j for j in mine if j.full_partition]
@@ -197,6 +205,7 @@ def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
     y = _Scale(0.0, 100.0, plot.top + plot.inner_height, plot.top)
     plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
     plot.y_ticks = [(y(v), _fmt(v)) for v in (0, 25, 50, 75, 100)]
+    plot.marks = [(x(minutes(end)), "sealed")]
     for partition in sorted(totals):
         total = totals[partition]
         spent, points = 0, [f"{x(0.0)},{y(0.0)}"]
@@ -297,3 +306,95 @@ def write_report(path: str | Path, session: Session | None, finalization: Finali
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, render_report(session, finalization).encode("utf-8"), mode=0o644)
     return path
+
+
+def read_manifest(archive: str | Path) -> SealManifest:
+    """Read `manifest.json` from a session archive without verifying anything else.
+
+    Only for finding the digests to verify the archive against when no compiled config is at
+    hand (`vero report`); `read_session` then checks the archive against them.
+
+    Raises:
+        SessionInvalid: the archive cannot be opened or has no valid manifest.
+    """
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            member = tar.getmember("manifest.json")
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is None:
+                raise KeyError("manifest.json")
+            data = handle.read()
+    except (OSError, KeyError, tarfile.TarError, EOFError):
+        raise SessionInvalid("the session archive cannot be opened or has no manifest") from None
+    try:
+        return SealManifest.model_validate_json(data)
+    except ValueError:
+        raise SessionInvalid("the session manifest is malformed") from None
+
+
+def report_from_archive(archive: str | Path, output: str | Path, *, finalization: str | Path | None = None,
+                        spec_digest: str | None = None, baseline_commit: str | None = None) -> Path:
+    """Render `experiment.html` from a sealed session archive (`vero report`).
+
+    The archive is verified like the verifier does (`.sha256`, manifest digests, bundle); against
+    `spec_digest`/`baseline_commit` when given, else against its own manifest's values.
+
+    Args:
+        archive: `session.tar.gz` with its `.sha256` beside it.
+        output: the HTML file to write.
+        finalization: a `finalization.json` to include. Default: `finalization.json` beside the
+            archive, used only when its `session_sha256` names this archive; none otherwise.
+        spec_digest, baseline_commit: expected values (e.g. from the verifier's config).
+
+    Returns:
+        `output`.
+
+    Raises:
+        SessionInvalid: the archive fails its checks, or an explicitly given `finalization` is
+            unreadable or belongs to another archive.
+        OSError: `output` cannot be written.
+    """
+    archive = Path(archive)
+    # The outer digest first, so a corrupt archive is reported as such rather than as unreadable.
+    try:
+        recorded = Path(f"{archive}.sha256").read_text(encoding="utf-8").split()[0]
+    except (OSError, IndexError):
+        raise SessionInvalid("the session archive has no readable .sha256 beside it") from None
+    if recorded != _sha256_hex(archive):
+        raise SessionInvalid("the session archive does not match its sha256")
+    manifest = read_manifest(archive)
+    found = _finalization_for(archive, Path(finalization) if finalization else None)
+    with tempfile.TemporaryDirectory(prefix="vero-report-") as tmp:
+        session = read_session(archive, Path(tmp) / "session",
+                               spec_digest=spec_digest or manifest.spec_digest,
+                               baseline_commit=baseline_commit or manifest.baseline_commit)
+        return write_report(output, session, found)
+
+
+def _finalization_for(archive: Path, explicit: Path | None) -> Finalization | None:
+    path = explicit or archive.parent / FINALIZATION_FILE
+    if explicit is None and not path.is_file():
+        return None
+    try:
+        loaded = Finalization.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        if explicit is None:
+            return None
+        raise SessionInvalid(f"the finalization {path} cannot be read") from None
+    if loaded.session_sha256 != _sha256_hex(archive):
+        if explicit is None:
+            return None
+        raise SessionInvalid(f"the finalization {path} belongs to another session archive")
+    return loaded
+
+
+def _sha256_hex(path: Path) -> str:
+    """Hex sha256 of a file. Raises SessionInvalid when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        raise SessionInvalid("the session archive cannot be read") from None
+    return digest.hexdigest()

@@ -1,0 +1,150 @@
+"""`vero harbor verify` (the verifier's `tests/test.sh`) and `vero report` (operators).
+
+Both are thin: parse options, call `vero.verifier`, print one JSON document on stdout, exit by
+outcome. `verify` exits 0 when every target was measured, 1 when some target got its failure value
+or nothing was shipped, 10 when the session archive was refused, 2 for an unreadable config.
+Harbor ignores the verifier's exit code (HARBOR-NOTES §1): the reward file is what counts, and
+`verify` writes it in every case but one: a config it cannot read names no reward keys, so no file
+is written and Harbor marks the reward invalid (`RewardFileNotFoundError`), which no real
+measurement loses to either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vero.cli import app, harbor_app
+from vero.commands.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_CODES, run_command
+from vero.errors import SessionInvalid
+from vero.spec.compiled import CONTAINER_PATHS
+
+_P = CONTAINER_PATHS
+
+
+@harbor_app.command(
+    "verify",
+    help="Verify a sealed session: check its digests, pick the candidate, score it on the hidden "
+    "partitions with nested Harbor runs, write Harbor's reward.json and the operator artifacts "
+    "(finalization.json, status.json, the session copy, experiment.html).",
+)
+def verify_command(
+    config: Annotated[Path, typer.Option("--config", help="The verifier's compiled config.")] = Path(_P.config),
+    session: Annotated[
+        Path, typer.Option("--session", help="The sealed session archive (its .sha256 beside it).")
+    ] = Path(_P.session_archive),
+    cases_dir: Annotated[
+        Path, typer.Option("--cases-dir", help="Cases of the target and selection partitions.")
+    ] = Path(_P.cases),
+    baseline_dir: Annotated[Path, typer.Option("--baseline-dir", help="The baseline files.")] = Path(_P.baseline),
+    reward_path: Annotated[
+        Path, typer.Option("--reward-path", help="Harbor's reward file (replaced, never followed).")
+    ] = Path(_P.reward),
+    artifacts_dir: Annotated[
+        Path, typer.Option("--artifacts-dir", help="Where the operator artifacts are written.")
+    ] = Path(_P.artifacts),
+    mirror_dirs: Annotated[
+        list[Path] | None,
+        typer.Option("--mirror-dir", help="Another directory receiving the same artifacts; repeatable. "
+                     f"Default: {_P.artifacts_mirror} (unless it is the artifacts dir)."),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option("--work-dir", help="Scratch space for the extracted session, checkouts and nested "
+                     "Harbor jobs. Default: a new directory under the system temp dir."),
+    ] = None,
+) -> None:
+    """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
+    import asyncio
+    import os
+    import tempfile
+
+    from vero.spec.compiled import VerifierConfig, load_config
+    from vero.verifier import resolve_run_as, verify
+    from vero.verifier.scoring import secret_env
+
+    _configure_logging()
+
+    def call():
+        from vero.harbor import HarborBackend
+
+        loaded = load_config(config, VerifierConfig)
+        mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
+        mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
+        work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
+        env = secret_env(loaded.secrets)
+        env.setdefault("HARBOR_TELEMETRY", os.environ.get("HARBOR_TELEMETRY", "0"))
+        return asyncio.run(verify(
+            loaded, session, backend=HarborBackend(), cases_dir=cases_dir, baseline_dir=baseline_dir,
+            reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,
+            env=env, run_as=resolve_run_as(),
+        ))
+
+    finalization = run_command(call)
+    typer.echo(json.dumps({
+        "status": finalization.status,
+        "rewards": finalization.rewards,
+        "chosen": finalization.chosen.model_dump(mode="json") if finalization.chosen else None,
+        "errors": finalization.errors,
+    }, indent=2, sort_keys=True))
+    code = {"scored": EXIT_OK, "refused": EXIT_CODES[SessionInvalid]}.get(finalization.status, EXIT_FAILED)
+    raise typer.Exit(code)
+
+
+@app.command(
+    "report",
+    help="Render experiment.html from a sealed session archive: candidates, scores per partition over "
+    "time, budget burn and, when a matching finalization.json is found, the final rewards.",
+)
+def report_command(
+    session: Annotated[Path, typer.Argument(help="The sealed session archive (its .sha256 beside it).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("experiment.html"),
+    finalization: Annotated[
+        Path | None,
+        typer.Option("--finalization", help="A finalization.json to include. Default: the one beside the "
+                     "archive, if it was made from this archive."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="A verifier or sidecar config whose spec digest and baseline commit "
+                     "the archive must match. Default: the archive's own manifest."),
+    ] = None,
+) -> None:
+    """Run `vero.verifier.report.report_from_archive`; print the output path as JSON."""
+
+    def call() -> Path:
+        from vero.verifier.report import report_from_archive
+
+        spec_digest = baseline_commit = None
+        if config is not None:
+            from pydantic import BaseModel, ConfigDict
+
+            from vero.spec.compiled import load_config
+
+            class _Digests(BaseModel):
+                # Either role's config carries both fields; the rest is not needed here.
+                model_config = ConfigDict(extra="ignore")
+                schema_version: int = 1
+                spec_digest: str
+                baseline_commit: str
+
+            digests = load_config(config, _Digests)
+            spec_digest, baseline_commit = digests.spec_digest, digests.baseline_commit
+        return report_from_archive(session, output, finalization=finalization, spec_digest=spec_digest,
+                                   baseline_commit=baseline_commit)
+
+    path = run_command(call)
+    typer.echo(json.dumps({"output": str(path)}))
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger("vero")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)

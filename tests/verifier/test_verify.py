@@ -1,0 +1,431 @@
+"""`vero.verifier.verify` over real sealed sessions: selection rules, refusal, rewards, artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from vero.core.archive import safe_extract, write_canonical_tar
+from vero.core.session import read_session
+from vero.verifier.selection import rank_recorded
+
+from conftest import SPEC_DIGEST, TableBackend, Workbench
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def reward(bench: Workbench, tag: str = "run") -> dict[str, float]:
+    return json.loads(bench.reward_path(tag).read_text())
+
+
+def calls(backend: TableBackend) -> list[tuple[str, str]]:
+    return [(c.partition, c.tree) for c in backend.calls]
+
+
+# -- submit mode ------------------------------------------------------------------------------------
+
+
+def test_submission_is_replayed_on_the_targets(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    b = bench.candidate("b\n")
+    bench.evaluation(a, "select", 0.9)
+    bench.evaluation(b, "select", 0.1)
+    bench.submit(a)
+    bench.submit(b)  # the last submission wins, whatever the recorded scores say
+    backend = TableBackend({("hidden", bench.tree(a)): 0.9, ("hidden", bench.tree(b)): 0.35})
+
+    final = bench.verify(bench.config(), bench.seal(), backend)
+
+    assert reward(bench) == {"reward": 0.35}
+    assert calls(backend) == [("hidden", bench.tree(b))]
+    assert backend.calls[0].case_names == ("hidden-1", "hidden-2")
+    assert final.status == "scored"
+    assert final.selection.method == "submission"
+    assert final.chosen.candidate == b and not final.chosen.is_baseline
+    assert final.targets[0].evaluation_id == backend.calls[0].evaluation_id
+    assert final.targets[0].evaluation_id.startswith("verify-target-hidden-")
+    assert final.baseline.rewards is None
+
+
+def test_no_submission_ships_the_baseline_and_says_so(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.evaluation(a, "select", 0.9)
+    backend = TableBackend({("hidden", bench.baseline_tree): 0.2, ("hidden", bench.tree(a)): 0.9})
+
+    final = bench.verify(bench.config(), bench.seal(), backend)
+
+    assert reward(bench) == {"reward": 0.2}
+    assert calls(backend) == [("hidden", bench.baseline_tree)]  # checked out from the baseline files
+    assert final.selection.method == "baseline_no_submission"
+    assert any("no submission" in note for note in final.selection.notes)
+    assert final.chosen.candidate == bench.baseline_commit and final.chosen.is_baseline
+    assert final.baseline.rebuilt and final.baseline.rewards == {"reward": 0.2}
+
+
+def test_several_targets_get_one_key_each_and_an_unmeasured_one_its_failure_value(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    backend = TableBackend({("hidden", bench.tree(a)): 0.75})  # hidden-b measures nothing
+
+    final = bench.verify(bench.config(targets=("hidden", "hidden-b"), target_failure=-1.0), bench.seal(), backend)
+
+    assert reward(bench) == {"hidden": 0.75, "hidden-b": -1.0}
+    assert final.status == "partial"
+    by_key = {t.reward_key: t for t in final.targets}
+    assert by_key["hidden"].measured and not by_key["hidden-b"].measured
+    assert "InfrastructureFailure" in by_key["hidden-b"].error
+    assert any(e.startswith("target hidden-b:") for e in final.errors)
+
+
+# -- auto_best ----------------------------------------------------------------------------------------
+
+
+def test_auto_best_pools_candidates_with_the_same_tree(bench: Workbench) -> None:
+    a = bench.candidate("x\n", "first x")
+    b = bench.candidate("y\n")
+    c = bench.candidate("x\n", "x again")  # a different commit with a's tree
+    assert bench.tree(a) == bench.tree(c) and a != c
+    bench.evaluation(a, "select", 0.9)
+    bench.evaluation(b, "select", 0.65)
+    bench.evaluation(a, "select", 0.5)
+    bench.evaluation(c, "select", 0.4)
+    backend = TableBackend({("select", bench.tree(b)): 0.6, ("select", bench.tree(a)): 0.99,
+                            ("hidden", bench.tree(b)): 0.5, ("hidden", bench.tree(a)): 0.8})
+
+    final = bench.verify(bench.config(mode="auto_best", rescore_top_k=1), bench.seal(), backend)
+
+    ranking = final.selection.ranking
+    assert [e.tree for e in ranking] == [bench.tree(b), bench.tree(a)]
+    pooled = ranking[1]
+    assert pooled.candidates == [a, c] and pooled.representative == a
+    assert pooled.mean == pytest.approx((0.9 + 0.5 + 0.4) / 3) and len(pooled.evaluation_ids) == 3
+    # Only the top entry is re-scored (a's best single run, 0.9, does not count on its own).
+    assert calls(backend) == [("select", bench.tree(b)), ("hidden", bench.tree(b))]
+    assert final.selection.method == "auto_best_rescored"
+    assert final.chosen.candidate == b and reward(bench) == {"reward": 0.5}
+
+
+def test_auto_best_ignores_subsets_failed_jobs_and_other_partitions(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    d = bench.candidate("d\n")
+    bench.evaluation(a, "select", 0.3)
+    bench.evaluation(d, "select", 0.99, cases=["select-1"])  # a subset
+    bench.evaluation(d, "select", 0.98, state="failed")
+    bench.evaluation(d, "select", 0.97, state="cancelled")
+    bench.evaluation(d, "train", 0.99)  # not the selection partition
+    backend = TableBackend({("select", bench.tree(a)): 0.3, ("hidden", bench.tree(a)): 0.3,
+                            ("select", bench.tree(d)): 1.0, ("hidden", bench.tree(d)): 1.0})
+
+    final = bench.verify(bench.config(mode="auto_best", rescore_top_k=5), bench.seal(), backend)
+
+    assert [e.candidates for e in final.selection.ranking] == [[a]]
+    assert calls(backend) == [("select", bench.tree(a)), ("hidden", bench.tree(a))]
+    assert final.chosen.candidate == a
+
+
+def test_auto_best_rescores_the_top_k_in_recorded_order_and_the_best_rescore_wins(bench: Workbench) -> None:
+    ids = {name: bench.candidate(f"{name}\n") for name in "abcd"}
+    for name, score in zip("abcd", (0.9, 0.8, 0.7, 0.6), strict=True):
+        bench.evaluation(ids[name], "select", score)
+    rescored = {"a": 0.5, "b": 0.6, "c": 0.95, "d": 1.0}
+    table = {("select", bench.tree(ids[n])): v for n, v in rescored.items()}
+    table |= {("hidden", bench.tree(ids[n])): 0.1 * (i + 1) for i, n in enumerate("abcd")}
+    backend = TableBackend(table)
+
+    final = bench.verify(bench.config(mode="auto_best", rescore_top_k=3), bench.seal(), backend)
+
+    assert calls(backend) == [("select", bench.tree(ids["a"])), ("select", bench.tree(ids["b"])),
+                              ("select", bench.tree(ids["c"])), ("hidden", bench.tree(ids["c"]))]
+    assert [r.measurement.score for r in final.selection.rescores] == [0.5, 0.6, 0.95]
+    assert final.chosen.candidate == ids["c"]  # d would re-score higher but was not in the top 3
+    assert reward(bench) == {"reward": pytest.approx(0.3)}
+
+
+def test_auto_best_keeps_the_recorded_best_when_no_rescore_measures(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    b = bench.candidate("b\n")
+    bench.evaluation(a, "select", 0.4)
+    bench.evaluation(b, "select", 0.7)
+    backend = TableBackend({("hidden", bench.tree(b)): 0.66})
+
+    final = bench.verify(bench.config(mode="auto_best", rescore_top_k=2), bench.seal(), backend)
+
+    assert final.selection.method == "auto_best_recorded"
+    assert final.chosen.candidate == b and reward(bench) == {"reward": 0.66}
+
+
+def test_auto_best_without_eligible_evaluations_ships_the_baseline(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.evaluation(a, "select", 0.9, cases=["select-2"])
+    backend = TableBackend({("hidden", bench.baseline_tree): 0.15})
+
+    final = bench.verify(bench.config(mode="auto_best"), bench.seal(), backend)
+
+    assert final.selection.method == "baseline_no_eligible_evaluation"
+    assert final.chosen.is_baseline and reward(bench) == {"reward": 0.15}
+
+
+def test_ranking_ties_break_by_earliest_evaluation(bench: Workbench, tmp_path: Path) -> None:
+    late = bench.candidate("late\n")
+    early = bench.candidate("early\n")
+    bench.evaluation(early, "select", 0.5)
+    bench.evaluation(late, "select", 0.5)
+    session = read_session(bench.seal(), tmp_path / "s", spec_digest=SPEC_DIGEST,
+                           baseline_commit=bench.baseline_commit)
+    trees = {c.id: c.tree for c in session.candidates}
+    for direction in ("maximize", "minimize"):
+        ranking = rank_recorded(reversed(session.jobs), trees, partition="select", direction=direction)
+        assert [e.representative for e in ranking] == [early, late]
+
+
+def test_minimize_orients_ranking_rescore_floor_and_failure_values(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    b = bench.candidate("b\n")
+    bench.evaluation(a, "select", 5.0)
+    bench.evaluation(b, "select", 3.0)
+    backend = TableBackend({("select", bench.tree(a)): 4.0, ("select", bench.tree(b)): 2.0,
+                            ("select", bench.baseline_tree): 10.0, ("hidden", bench.tree(b)): 2.5})
+    config = bench.config(mode="auto_best", rescore_top_k=2, baseline_floor=True, direction="minimize",
+                          failure_value=1000.0, targets=("hidden", "hidden-b"))
+
+    final = bench.verify(config, bench.seal(), backend)
+
+    assert [e.candidates[0] for e in final.selection.ranking] == [b, a]  # lower is better
+    assert final.selection.floor.shipped == "candidate"  # 2.0 strictly beats the baseline's 10.0
+    assert final.chosen.candidate == b
+    # The unmeasured target gets the large failure value: worse than any real measurement.
+    assert reward(bench) == {"hidden": 2.5, "hidden-b": 1000.0}
+    assert calls(backend)[:3] == [("select", bench.tree(b)), ("select", bench.tree(a)),
+                                  ("select", bench.baseline_tree)]
+
+
+# -- baseline floor -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("candidate_score", "shipped"), [(0.7, "baseline"), (0.69, "baseline"), (0.71, "candidate")])
+def test_floor_ships_the_baseline_unless_strictly_beaten(bench: Workbench, candidate_score: float,
+                                                         shipped: str) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    backend = TableBackend({("select", bench.baseline_tree): 0.7, ("select", bench.tree(a)): candidate_score,
+                            ("hidden", bench.baseline_tree): 0.25, ("hidden", bench.tree(a)): 0.8})
+
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert final.selection.floor.applied and final.selection.floor.shipped == shipped
+    assert final.baseline.selection_score == 0.7
+    if shipped == "baseline":
+        assert final.chosen.is_baseline and reward(bench) == {"reward": 0.25}
+        assert final.baseline.rewards == {"reward": 0.25}
+    else:
+        assert final.chosen.candidate == a and reward(bench) == {"reward": 0.8}
+    assert calls(backend)[:2] == [("select", bench.baseline_tree), ("select", bench.tree(a))]
+
+
+def test_floor_fails_closed_when_the_baseline_cannot_be_measured(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    backend = TableBackend({("select", bench.tree(a)): 0.9, ("hidden", bench.tree(a)): 0.9})
+
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert reward(bench) == {"reward": 0.0}
+    assert final.status == "failed" and final.chosen is None
+    assert final.selection.floor.shipped == "nothing" and "fail closed" in final.selection.floor.reason
+    assert calls(backend) == [("select", bench.baseline_tree)]  # the candidate is never scored on a target
+    assert any("nothing was shipped" in e for e in final.errors)
+
+
+def test_floor_fails_closed_when_the_baseline_files_do_not_rebuild_the_commit(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    (bench.baseline_files / "solution.txt").write_text("not the compiled baseline\n")
+    backend = TableBackend({("select", bench.tree(a)): 0.9, ("hidden", bench.tree(a)): 0.9})
+
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert reward(bench) == {"reward": 0.0} and final.chosen is None
+    assert not final.baseline.rebuilt and any("not the compiled" in e for e in final.errors)
+    assert backend.calls == []
+
+
+def test_floor_keeps_the_baseline_when_the_candidate_cannot_be_rescored(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    backend = TableBackend({("select", bench.baseline_tree): 0.1, ("hidden", bench.baseline_tree): 0.2})
+
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert final.selection.floor.shipped == "baseline" and final.chosen.is_baseline
+    assert reward(bench) == {"reward": 0.2}
+
+
+def test_floor_is_not_measured_when_the_submission_is_the_baseline_tree(bench: Workbench) -> None:
+    same = bench.candidate("baseline\n", "no-op change")  # same files as the baseline, new commit
+    assert bench.tree(same) == bench.baseline_tree
+    bench.submit(same)
+    backend = TableBackend({("hidden", bench.baseline_tree): 0.4})
+
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert not final.selection.floor.applied and final.chosen.is_baseline
+    assert calls(backend) == [("hidden", bench.baseline_tree)] and reward(bench) == {"reward": 0.4}
+
+
+# -- refusing sessions --------------------------------------------------------------------------------
+
+
+def _refused(bench: Workbench, final, backend: TableBackend, why: str) -> None:
+    assert final.status == "refused" and final.chosen is None
+    assert any(why in e for e in final.errors), final.errors
+    assert reward(bench) == {"reward": 0.0}
+    assert backend.calls == []
+    status = json.loads((bench.artifacts() / "status.json").read_text())
+    assert status["valid"] is False and why in status["error"]
+    written = json.loads((bench.artifacts() / "finalization.json").read_text())
+    assert written["status"] == "refused" and written["rewards"] == {"reward": 0.0}
+
+
+def _honest_session(bench: Workbench) -> tuple[Path, TableBackend]:
+    a = bench.candidate("a\n")
+    bench.evaluation(a, "select", 0.8)
+    bench.submit(a)
+    return bench.seal(), TableBackend({("hidden", bench.tree(a)): 0.9})
+
+
+def test_an_archive_with_one_flipped_byte_is_refused(bench: Workbench) -> None:
+    archive, backend = _honest_session(bench)
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    archive.write_bytes(bytes(data))
+
+    final = bench.verify(bench.config(), archive, backend)
+
+    _refused(bench, final, backend, "does not match its sha256")
+
+
+def test_an_edited_record_with_a_fixed_outer_digest_is_refused(bench: Workbench, tmp_path: Path) -> None:
+    archive, backend = _honest_session(bench)
+    unpacked = tmp_path / "unpacked"
+    safe_extract(archive, unpacked)
+    record = next((unpacked / "jobs").glob("ev-*.json"))
+    job = json.loads(record.read_text())
+    job["result"]["score"] = 1.0
+    record.write_text(json.dumps(job))
+    digest = write_canonical_tar(unpacked, archive)  # repacked; the manifest still has the old digest
+    Path(f"{archive}.sha256").write_text(f"{digest}  {archive.name}\n")
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
+
+    final = bench.verify(bench.config(), archive, backend)
+
+    _refused(bench, final, backend, "does not match its manifest digest")
+
+
+def test_an_archive_sealed_for_another_spec_is_refused(bench: Workbench) -> None:
+    archive, backend = _honest_session(bench)
+
+    final = bench.verify(bench.config(spec_digest="sha256:" + "17" * 32), archive, backend)
+
+    _refused(bench, final, backend, "spec digest mismatch")
+
+
+def test_a_missing_archive_is_refused_with_failure_values(bench: Workbench) -> None:
+    backend = TableBackend({})
+    final = bench.verify(bench.config(direction="minimize", failure_value=50.0),
+                         bench.root / "export" / "absent.tar.gz", backend)
+    assert final.status == "refused" and reward(bench) == {"reward": 50.0}
+    assert any("not found" in w for w in final.warnings)
+
+
+# -- reward file and artifacts ------------------------------------------------------------------------
+
+
+def test_a_symlink_planted_at_the_reward_path_is_replaced_not_followed(bench: Workbench) -> None:
+    archive, backend = _honest_session(bench)
+    victim = bench.root / "victim.json"
+    victim.write_text('{"precious": true}\n')
+    reward_path = bench.reward_path()
+    reward_path.parent.mkdir(parents=True)
+    reward_path.symlink_to(victim)
+
+    bench.verify(bench.config(), archive, backend)
+
+    assert not reward_path.is_symlink() and reward_path.is_file()
+    assert reward(bench) == {"reward": 0.9}
+    assert victim.read_text() == '{"precious": true}\n'
+
+
+def test_artifacts_record_the_decision_budgets_and_the_session(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    b = bench.candidate("b\n")
+    bench.evaluation(a, "select", 0.4)
+    bench.evaluation(b, "select", 0.6)
+    bench.evaluation(b, "train", 0.5, cases=["train-1"])
+    bench.evaluation(a, "train", None, state="failed")
+    archive = bench.seal()
+    backend = TableBackend({("select", bench.tree(b)): 0.55, ("select", bench.baseline_tree): 0.5,
+                            ("hidden", bench.tree(b)): 0.7})
+    secret = "s3cr3t-value-never-written"
+
+    final = bench.verify(bench.config(mode="auto_best", baseline_floor=True, secrets=["VERO_TEST_TOKEN"]),
+                         archive, backend, env={"VERO_TEST_TOKEN": secret})
+
+    assert all(call.env == {"VERO_TEST_TOKEN": secret} for call in backend.calls)
+    for directory in (bench.artifacts(), bench.root / "run" / "logs" / "artifacts"):
+        names = sorted(p.name for p in directory.iterdir())
+        assert names == ["experiment.html", "finalization.json", "session.tar.gz", "session.tar.gz.sha256",
+                         "status.json"]
+        for name in names:
+            assert secret not in (directory / name).read_bytes().decode("utf-8", "replace")
+        copied = directory / "session.tar.gz"
+        assert copied.read_bytes() == archive.read_bytes()
+        assert (directory / "session.tar.gz.sha256").read_text().split()[0] == hashlib.sha256(
+            copied.read_bytes()).hexdigest()
+
+    written = json.loads((bench.artifacts() / "finalization.json").read_text())
+    assert written["chosen"]["candidate"] == b
+    assert written["selection"]["method"] == "auto_best_rescored"
+    assert written["rewards"] == {"reward": 0.7}
+    assert written["baseline"]["selection_score"] == 0.5
+    assert written["targets"][0]["evaluation_id"] == final.targets[0].evaluation_id
+    assert [m["purpose"] for m in written["measurements"]] == ["rescore", "floor-baseline", "target"]
+    assert written["session_sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    status = json.loads((bench.artifacts() / "status.json").read_text())
+    assert status["valid"] is True and status["n_candidates"] == 2 and status["n_evaluations"] == 4
+    assert status["evaluations"] == {"select": {"complete": 2}, "train": {"complete": 1, "failed": 1}}
+    budgets = {b["partition"]: b for b in status["budgets"]}
+    assert (budgets["select"]["spent_runs"], budgets["select"]["spent_cases"]) == (2, 4)
+    assert (budgets["train"]["spent_runs"], budgets["train"]["spent_cases"]) == (1, 1)  # the failure was refunded
+    assert budgets["train"]["remaining_cases"] == 199
+
+
+def test_reward_holds_failure_values_while_verification_runs(bench: Workbench) -> None:
+    """Written first, so a verifier killed mid-way leaves a reward no measurement loses to."""
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    seen: list[dict] = []
+
+    class Watching(TableBackend):
+        async def evaluate(self, run):
+            seen.append(json.loads(bench.reward_path().read_text()))
+            return await super().evaluate(run)
+
+    bench.verify(bench.config(direction="minimize", failure_value=99.0), bench.seal(),
+                 Watching({("hidden", bench.tree(a)): 3.0}))
+    assert seen == [{"reward": 99.0}] and reward(bench) == {"reward": 3.0}
+
+
+def test_checkouts_are_fresh_and_removed_afterwards(bench: Workbench) -> None:
+    archive, backend = _honest_session(bench)
+    bench.verify(bench.config(), archive, backend)
+    runs = list((bench.root / "run" / "work" / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "jobs").is_dir() and not (runs[0] / "candidate").exists()
+    assert os.stat(bench.root / "run" / "work" / "session").st_mode & 0o077 == 0
+    with tarfile.open(archive) as tar:
+        assert "submission.json" in tar.getnames()
