@@ -1,0 +1,161 @@
+"""The sealed session archive: idempotent writes, verified reads, tampering refused."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import tarfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from vero.core.archive import canonical_tar_bytes
+from vero.core.candidates import CandidateStore
+from vero.core.jobs import EvaluationJob, JobStore
+from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+from vero.core.session import Submission, read_session, write_session_archive
+from vero.core.storage import atomic_write_model
+from vero.errors import SessionInvalid
+
+SPEC_DIGEST = "sha256:" + "1" * 64
+SEALED_AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def _commit(repo: Path, name: str, text: str) -> str:
+    (repo / name).write_text(text)
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", name],
+                   check=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> tuple[Path, str, str]:
+    """A sidecar-like state dir: two candidates, a ledger with one settled run, a job, a submission."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    subprocess.run(["git", "init", "-q", str(agent)], check=True)
+    first = _commit(agent, "a.txt", "one")
+    second = _commit(agent, "b.txt", "two")
+    state_dir = tmp_path / "state"
+    store = CandidateStore.open(state_dir)
+
+    async def fill() -> None:
+        await store.import_version(agent, first)
+        await store.import_version(agent, second)
+        ledger = BudgetLedger.open(state_dir / "ledger.json", {("train", "agent"): BudgetTotals(runs=5, cases=20)})
+        job_id = JobStore.new_id()
+        reservation = await ledger.reserve("train", "agent", Cost.of_evaluation(2), reservation_id=job_id)
+        jobs = JobStore.open(state_dir)
+        await jobs.create(EvaluationJob(
+            id=job_id, principal="agent", partition="train", cases=["c1", "c2"], full_partition=True,
+            version="HEAD", candidate=second, disclosure="full", reservation_id=reservation.id,
+            created_at=SEALED_AT, state="complete"))
+        await ledger.settle(reservation.id)
+
+    asyncio.run(fill())
+    atomic_write_model(state_dir / "submission.json",
+                       Submission(candidate=second, version="HEAD", submitted_at=SEALED_AT))
+    (state_dir / "admin-token").write_text("never-packed")
+    return state_dir, first, second
+
+
+def _write(state_dir: Path, dest: Path) -> str:
+    return write_session_archive(state_dir, dest, name="demo", spec_digest=SPEC_DIGEST,
+                                 baseline_commit="f" * 40, sealed_at=SEALED_AT)
+
+
+def test_sealing_twice_gives_identical_bytes(state, tmp_path: Path) -> None:
+    state_dir, _, _ = state
+    first = _write(state_dir, tmp_path / "out1" / "session.tar.gz")
+    second = _write(state_dir, tmp_path / "out2" / "session.tar.gz")
+    assert first == second
+    assert (tmp_path / "out1" / "session.tar.gz").read_bytes() == (tmp_path / "out2" / "session.tar.gz").read_bytes()
+    assert (tmp_path / "out1" / "session.tar.gz.sha256").read_text() == f"{first}  session.tar.gz\n"
+
+
+def test_read_session_round_trips_records_and_commits(state, tmp_path: Path) -> None:
+    state_dir, first, second = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert "admin-token" not in names and "manifest.json" in names
+    session = read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
+    assert [c.id for c in session.candidates] == [first, second]
+    assert session.submission is not None and session.submission.candidate == second
+    assert [j.candidate for j in session.jobs] == [second]
+    (balance,) = session.balances
+    assert (balance.settled_runs, balance.settled_cases) == (1, 2)
+    refs = subprocess.run(["git", "--git-dir", str(session.git_dir), "for-each-ref", "--format=%(objectname)"],
+                          check=True, capture_output=True, text=True).stdout.split()
+    assert sorted(refs) == sorted([first, second])
+
+
+def _rewrite(archive: Path, edit) -> None:
+    """Re-pack the archive with `edit(stage_dir)` applied, and fix the outer sha256 (not the manifest)."""
+    stage = archive.parent / "stage"
+    with tarfile.open(archive) as tar:
+        tar.extractall(stage, filter="data")
+    edit(stage)
+    data = canonical_tar_bytes(stage)
+    archive.write_bytes(data)
+    import hashlib
+
+    Path(f"{archive}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {archive.name}\n")
+
+
+@pytest.mark.parametrize("case", ["flip-byte", "edit-record", "extra-file", "no-sha256"])
+def test_tampered_archives_are_refused(state, tmp_path: Path, case: str) -> None:
+    state_dir, _, _ = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+    if case == "flip-byte":
+        data = bytearray(archive.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        archive.write_bytes(bytes(data))
+    elif case == "edit-record":
+        def edit(stage: Path) -> None:
+            path = stage / "submission.json"
+            record = json.loads(path.read_text())
+            record["version"] = "evil"
+            path.write_text(json.dumps(record))
+        _rewrite(archive, edit)
+    elif case == "extra-file":
+        _rewrite(archive, lambda stage: (stage / "jobs" / "planted.json").write_text("{}"))
+    else:
+        Path(f"{archive}.sha256").unlink()
+    with pytest.raises(SessionInvalid):
+        read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
+
+
+@pytest.mark.parametrize("field", ["spec_digest", "baseline_commit"])
+def test_archive_for_another_spec_or_baseline_is_refused(state, tmp_path: Path, field: str) -> None:
+    state_dir, _, _ = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+    expected = {"spec_digest": SPEC_DIGEST, "baseline_commit": "f" * 40}
+    expected[field] = "sha256:" + "2" * 64 if field == "spec_digest" else "e" * 40
+    with pytest.raises(SessionInvalid) as info:
+        read_session(archive, tmp_path / "x", **expected)
+    assert field.split("_")[0] in str(info.value)
+
+
+def test_unsafe_entries_are_refused(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    archive = tmp_path / "session.tar.gz"
+    archive.write_bytes(raw.getvalue())
+    import hashlib
+
+    Path(f"{archive}.sha256").write_text(hashlib.sha256(raw.getvalue()).hexdigest() + "  session.tar.gz\n")
+    with pytest.raises(SessionInvalid):
+        read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
+    assert not (tmp_path / "escape.txt").exists()
