@@ -11,17 +11,19 @@ Speaks the wire shapes of `vero.sidecar.models` over httpx and turns every failu
 | 403 | `PolicyDenied` |
 | 404 | `UnknownJob` |
 | 409 | `Conflict` |
-| 422 | `RequestInvalid` |
-| 502 | `InfrastructureFailure` |
+| 413, 422 | `RequestInvalid` (body too large, schema) |
+| 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job that failed for infrastructure reasons) |
 | other 5xx, after retries | `SidecarUnavailable` |
 | any other status, or a 2xx body that is not the expected shape | `VeroError` |
 
 Retries (tenacity, exponential back-off with jitter): reads (`GET`) are retried on every transport
 error and on 5xx answers, except a 502 whose problem code is `infrastructure` (a definite
-outcome, not a passing fault). `POST /evaluations` and `POST /submissions` are retried **only when
-the request surely never reached the server** (connect errors, connect and pool timeouts): once
-the request may have been received, the sidecar may have reserved budget for it, so it is never
-re-sent blindly. 4xx answers are never retried.
+outcome, not a passing fault); so is `POST /submissions`, which the sidecar makes idempotent (the
+last submission wins; the same candidate again answers 200 and changes nothing).
+`POST /evaluations` is retried **only when the request surely never reached the server** (connect
+errors, connect and pool timeouts): once the request may have been received, the sidecar may have
+admitted a job and reserved budget for it, so it is never re-sent blindly. 4xx answers are never
+retried.
 
 Importing this module loads httpx, tenacity and pydantic, never FastAPI or Harbor.
 """
@@ -85,6 +87,7 @@ _ERRORS_BY_STATUS: dict[int, type[VeroError]] = {
     403: PolicyDenied,
     404: UnknownJob,
     409: Conflict,
+    413: RequestInvalid,
     422: RequestInvalid,
     502: InfrastructureFailure,
 }
@@ -320,17 +323,18 @@ class SidecarClient:
     def submit(self, version: str = "HEAD") -> SubmissionView:
         """`POST /submissions`: record `version` as the candidate the verifier scores.
 
-        Retried only when the request surely never reached the server (as `evaluate`).
+        The last submission wins and re-submitting the same candidate changes nothing, so this is
+        retried like a read (transport errors and 5xx).
 
         Raises:
             RequestInvalid: the version is malformed (locally, or HTTP 422).
             CandidateRejected: the version cannot be imported (HTTP 400).
             Conflict: submissions are disabled (`auto_best` selection) or the session is sealed.
             PolicyDenied: the entrance is closed.
-            SidecarUnavailable: not reachable, or the answer was lost.
+            SidecarUnavailable: not reachable after the retries, or answering 5xx.
         """
         request = self._request_model(SubmissionRequest, version=version)
-        return self._call("POST", "/submissions", SubmissionView, json=request, idempotent=False)
+        return self._call("POST", "/submissions", SubmissionView, json=request, idempotent=True)
 
     # -- plumbing --------------------------------------------------------------------------------
 
