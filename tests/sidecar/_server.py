@@ -184,7 +184,13 @@ class ServerThread:
         self.url = ""
 
     def __enter__(self) -> ServerThread:
-        self.thread = threading.Thread(target=self.server.run, name="sidecar-under-test", daemon=True)
+        def run() -> None:
+            try:
+                self.server.run()
+            except SystemExit:
+                pass  # uvicorn exits the thread when the lifespan startup fails
+
+        self.thread = threading.Thread(target=run, name="sidecar-under-test", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + self.startup_timeout_sec
         while not self.server.started:

@@ -40,6 +40,8 @@ def serve_command(
     work_dir: Annotated[Path | None, typer.Option(
         "--work-dir", help="Runner-writable scratch dir for checkouts and nested job dirs "
         "(default /var/tmp/vero-work).")] = None,
+    runner_user: Annotated[str, typer.Option(
+        "--runner-user", help="Unprivileged user nested runs execute as when serving as root.")] = "vero-runner",
 ) -> None:
     """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped."""
 
@@ -49,7 +51,7 @@ def serve_command(
 
         serve(config, state_dir=state_dir, host=host, port=port, agent_repo=agent_repo,
               context_dir=context_dir, cases_dir=cases_dir, baseline_dir=baseline_dir,
-              work_dir=work_dir or DEFAULT_WORK_DIR)
+              work_dir=work_dir or DEFAULT_WORK_DIR, runner_user=runner_user)
 
     run_command(call)
 

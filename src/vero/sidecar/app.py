@@ -35,7 +35,7 @@ from vero.sidecar.artifacts import ArtifactLimits
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
-from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarService
+from vero.sidecar.service import DEFAULT_WORK_DIR, RUNNER_USER, SidecarService, resolve_run_as
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serve"]
@@ -183,8 +183,11 @@ def serve(
     cases_dir: Path,
     baseline_dir: Path | None,
     work_dir: Path = DEFAULT_WORK_DIR,
+    runner_user: str = RUNNER_USER,
 ) -> None:
     """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
+
+    Nested runs execute as `runner_user` when this process is root (`resolve_run_as`).
 
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
@@ -200,10 +203,16 @@ def serve(
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
-                     cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir)
+                     cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
+                     run_as=resolve_run_as(runner_user))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
                                            server_header=False, log_level="info"))
-    server.run()
+    try:
+        server.run()
+    except SystemExit:
+        # uvicorn exits when the lifespan startup fails; the cause is kept on the app.
+        if app.state.startup_error is None:
+            raise
     error = app.state.startup_error
     if error is not None:
         raise error

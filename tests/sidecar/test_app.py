@@ -1,0 +1,423 @@
+"""The sidecar's HTTP surface, driven over a real loopback socket (uvicorn in a thread) with real git
+repos and state dirs; only the evaluation backend is a stub (the real one needs Docker, see
+`test_app_docker.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vero.core.jobs import JobStore
+from vero.core.ledger import BudgetLedger
+from vero.sidecar.artifacts import ArtifactLimits
+from vero.spec.models import PartitionAccess
+
+from ._server import StubBackend, commit_file, make_harness, wait_for_state
+
+pytestmark = pytest.mark.timeout(120)
+
+HIDDEN = "holdout-secret-zq"
+
+
+def budget_of(client: httpx.Client, partition: str) -> dict:
+    status = client.get("/status").json()
+    return next(p for p in status["partitions"] if p["name"] == partition)["budget"]
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status and body["code"] == code
+    return body
+
+
+@pytest.fixture
+def harness(tmp_path):
+    return make_harness(tmp_path)
+
+
+def test_health_status_and_openapi(harness):
+    with harness.serve() as (_, client):
+        assert client.get("/health").json() == {"status": "ok"}
+        status = client.get("/status").json()
+        assert status["name"] == "demo" and status["entrance_open"] is True and status["submit_enabled"] is True
+        train = next(p for p in status["partitions"] if p["name"] == "train")
+        assert train["disclosure"] == "full" and train["cases"] == [f"t{i}" for i in range(1, 7)]
+        assert train["budget"] == {"total_runs": 5, "total_cases": 30, "remaining_runs": 5, "remaining_cases": 30}
+        assert status["jobs"] == [] and status["submission"] is None
+        spec = client.get("/openapi.json").json()
+        assert {"/health", "/status", "/evaluations", "/evaluations/{job_id}", "/submissions",
+                "/admin/seal", "/admin/export"} <= set(spec["paths"])
+        schemas = spec["components"]["schemas"]
+        assert schemas["JobView"]["description"] and schemas["EvaluationRequest"]["description"]
+        assert "402" in spec["paths"]["/evaluations"]["post"]["responses"]
+        assert spec["paths"]["/evaluations"]["post"]["description"]
+
+
+def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_path):
+    secret_dir = tmp_path / "outside"
+    secret_dir.mkdir()
+    (secret_dir / "admin-token").write_text("TOPSECRET-token-value")
+    harness = make_harness(tmp_path / "h", backend=StubBackend(scores={"t1": 1.0, "t2": 0.0},
+                                                              outside_secret_file=secret_dir / "admin-token"),
+                           secrets=["VERO_TEST_API_KEY"])
+    os.environ["VERO_TEST_API_KEY"] = "sk-live-0123456789"
+    try:
+        with harness.serve(artifact_limits=ArtifactLimits(max_file_bytes=1024 * 1024)) as (_, client):
+            response = client.post("/evaluations", json={"partition": "train", "cases": ["t2", "t1"]})
+            assert response.status_code == 202, response.text
+            job = response.json()
+            assert response.headers["location"] == f"/evaluations/{job['id']}"
+            assert job["state"] == "queued" and job["n_cases"] == 2 and job["version"] == "HEAD"
+            assert job["candidate"] == harness.config.baseline_commit and job["result"] is None
+            done = wait_for_state(client, job["id"], {"complete"})
+            result = done["result"]
+            assert result["disclosure"] == "full" and result["score"] == 0.5
+            assert [c["case"] for c in result["cases"]] == ["t1", "t2"]
+            assert result["cases"][0]["attempts"] == [{"reward": 1.0, "exception_type": None}]
+            assert result["artifacts_path"] == f"/vero/context/{job['id']}"
+            # budget: one run and two cases, settled
+            assert budget_of(client, "train") == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
+                                                  "remaining_cases": 28}
+            # the secret reached the nested run by name, and nothing else of the environment
+            run = harness.backend.runs[0]
+            assert run.env == {"VERO_TEST_API_KEY": "sk-live-0123456789"}
+            assert run.case_names == ("t1", "t2") and run.run_as is None
+            assert "solve.py" in harness.backend.checkout_files[0]
+            assert not run.candidate_dir.exists(), "the checkout is removed after the run"
+            assert harness.work_dir in run.jobs_dir.parents and harness.state_dir not in run.jobs_dir.parents
+    finally:
+        del os.environ["VERO_TEST_API_KEY"]
+
+    out = harness.context_dir / job["id"]
+    copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert "trials/t1__abc123/verifier/test-stdout.txt" in copied
+    assert "trials/t1__abc123/agent/install.log" in copied
+    # no symlink followed, no trial config/result (host paths), no oversized file
+    for name in copied:
+        assert not (out / name).is_symlink()
+        assert not name.endswith(("leak", "dirlink", "config.json")) and "huge.bin" not in name
+        assert not name.startswith("trials/") or not name.endswith("__abc123/result.json")
+        mode = stat.S_IMODE((out / name).stat().st_mode)
+        assert mode == (0o755 if (out / name).is_dir() else 0o644), name
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    text = "".join((out / n).read_text(errors="replace") for n in copied if (out / n).is_file())
+    assert "TOPSECRET" not in text and "sk-live" not in text and "/var/tmp" not in text
+    disclosed = json.loads((out / "result.json").read_text())
+    assert disclosed["trials"] == {"t1": ["t1__abc123"], "t2": ["t2__abc123"]}
+    assert "trials/t1__abc123/agent/huge.bin" in disclosed["omitted"]
+    assert disclosed["result"]["score"] == 0.5
+
+
+def test_aggregate_and_none_tiers_disclose_less(harness):
+    with harness.serve() as (_, client):
+        val = client.post("/evaluations", json={"partition": "val", "cases": ["v1", "v2", "v3"]}).json()
+        blind = client.post("/evaluations", json={"partition": "blind"}).json()
+        val_done = wait_for_state(client, val["id"], {"complete"})
+        blind_done = wait_for_state(client, blind["id"], {"complete"})
+        assert val_done["result"] == {"disclosure": "aggregate", "score": 0.5, "n_cases": 3, "n_attempts": 3,
+                                      "n_dead": 0, "cases": None, "artifacts_path": None}
+        assert blind_done["result"] == {"disclosure": "none", "score": None, "n_cases": None, "n_attempts": None,
+                                        "n_dead": None, "cases": None, "artifacts_path": None}
+        # the status listing discloses the same
+        listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
+        assert listed[val["id"]]["result"] == val_done["result"]
+        assert listed[blind["id"]]["result"] == blind_done["result"]
+        raw = client.get(f"/evaluations/{blind['id']}").text
+        assert "0.5" not in raw and "test-stdout" not in client.get(f"/evaluations/{val['id']}").text
+    assert not (harness.context_dir / val["id"]).exists() and not (harness.context_dir / blind["id"]).exists()
+
+
+def test_hidden_or_unknown_partition_is_403_without_echo(harness):
+    with harness.serve() as (_, client):
+        before = budget_of(client, "train")
+        for name in (HIDDEN, "TRAIN", "train/../val", "a" * 100):
+            body = assert_problem(client.post("/evaluations", json={"partition": name}), 403, "denied")
+            assert name not in json.dumps(body) and HIDDEN not in json.dumps(body)
+        assert budget_of(client, "train") == before
+        assert harness.backend.runs == []
+
+
+def test_subset_below_floor_is_refused_before_any_budget_moves(harness):
+    with harness.serve() as (_, client):
+        before = budget_of(client, "val")
+        body = assert_problem(client.post("/evaluations", json={"partition": "val", "cases": ["v1", "v2"]}),
+                              403, "denied")
+        assert "at least 3" in body["detail"]
+        assert budget_of(client, "val") == before
+        # the whole partition is allowed however small; a subset at the floor too
+        assert client.post("/evaluations", json={"partition": "val", "cases": ["v1", "v2", "v3"]}).status_code == 202
+
+
+def test_case_selection_with_traversal_names_is_denied(harness):
+    with harness.serve() as (_, client):
+        for cases in (["../t1"], ["t1", "../../etc/passwd"], ["t1/.."], [], ["t1", "t1"]):
+            body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": cases}),
+                                  403, "denied")
+            assert "passwd" not in json.dumps(body) and ".." not in json.dumps(body)
+        assert harness.backend.runs == []
+        assert budget_of(client, "train")["remaining_runs"] == 5
+
+
+def test_budget_exhausted_after_exactly_the_configured_runs(harness):
+    with harness.serve() as (_, client):
+        for _ in range(2):
+            job = client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]})
+            assert job.status_code == 202
+            wait_for_state(client, job.json()["id"], {"complete"})
+        body = assert_problem(client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]}),
+                              402, "payment_required")
+        assert "runs" in body["detail"]
+        assert budget_of(client, "blind") == {"total_runs": 2, "total_cases": 6, "remaining_runs": 0,
+                                              "remaining_cases": 4}
+        # other partitions keep their own budget
+        assert client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code == 202
+
+
+def test_concurrent_requests_never_overspend(tmp_path):
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=30)}
+    harness = make_harness(tmp_path, access=access, backend=StubBackend(block=threading.Event()))
+    with harness.serve() as (_, client):
+        def post(_):
+            with httpx.Client(base_url=client.base_url, timeout=60, trust_env=False) as own:
+                return own.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code
+
+        with ThreadPoolExecutor(10) as pool:
+            codes = sorted(pool.map(post, range(10)))
+        assert codes == [202] * 3 + [402] * 7
+        assert budget_of(client, "train")["remaining_runs"] == 0
+        harness.backend.block.set()
+
+
+def test_hidden_budget_figures(tmp_path):
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=1, total_cases=30)}
+    harness = make_harness(tmp_path, access=access, disclose_budget=False)
+    with harness.serve() as (_, client):
+        status = client.get("/status").json()
+        assert status["partitions"][0]["budget"] is None
+        assert client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code == 202
+        body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}),
+                              402, "payment_required")
+        assert not any(ch.isdigit() for ch in body["detail"]) and "remaining" not in body["detail"]
+        assert "30" not in client.get("/status").text.replace(harness.config.baseline_commit, "")
+
+
+def test_versions_are_resolved_and_weird_ones_rejected_with_400(harness):
+    with harness.serve() as (_, client):
+        commit = commit_file(harness.agent_repo, "solve.py", "print('faster')\n", "faster")
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"], "version": commit[:12]})
+        assert job.status_code == 202 and job.json()["candidate"] == commit
+        before = budget_of(client, "train")
+        for version in ("--upload-pack=touch /tmp/pwned", "no-such-branch", "HEAD~99", "HEAD\x00x", "a b",
+                        "../../etc/passwd", "-", "refs/heads/main:evil"):
+            body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": ["t1"],
+                                                                    "version": version}), 400, "bad_request")
+            assert "fatal" not in body["detail"] and "/" not in body["detail"]
+        assert budget_of(client, "train") == before
+        assert not Path("/tmp/pwned").exists()
+
+
+def test_schema_errors_are_422_and_huge_bodies_413(harness):
+    with harness.serve() as (_, client):
+        cases = [
+            {"partition": "train", "extra": 1},
+            {"partition": 5},
+            {},
+            {"partition": "train", "cases": "t1"},
+            {"partition": "x" * 129},
+            {"partition": "train", "version": "v" * 257},
+        ]
+        for body in cases:
+            problem = assert_problem(client.post("/evaluations", json=body), 422, "invalid")
+            assert "x" * 129 not in problem["detail"]
+        assert_problem(client.post("/evaluations", content=b"{not json", headers={"content-type": "application/json"}),
+                       422, "invalid")
+        assert_problem(client.post("/submissions", json={"version": "HEAD", "note": "x"}), 422, "invalid")
+        huge = json.dumps({"partition": "train", "cases": ["t1"] * 400_000}).encode()
+        assert_problem(client.post("/evaluations", content=huge, headers={"content-type": "application/json"}),
+                       413, "too_large")
+
+        def chunks():
+            yield b'{"partition": "train", "cases": ['
+            for _ in range(300):
+                yield b'"t1",' * 2000
+            yield b'"t1"]}'
+
+        assert_problem(client.post("/evaluations", content=chunks(), headers={"content-type": "application/json"}),
+                       413, "too_large")
+        assert harness.backend.runs == []
+
+
+def test_unknown_job_is_404(harness):
+    with harness.serve() as (_, client):
+        for job_id in ("ev-0000000000000000", "nope", "..%2F..%2Fledger.json", "x" * 64):
+            assert_problem(client.get(f"/evaluations/{job_id}"), 404, "not_found")
+        assert_problem(client.get("/no-such-route"), 404, "not_found")
+
+
+def test_infrastructure_failure_is_502_and_refunded(tmp_path):
+    harness = make_harness(tmp_path, backend=StubBackend(fail_with_infrastructure=True))
+    with harness.serve() as (_, client):
+        before = budget_of(client, "train")
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        body = wait_for_state(client, job["id"], {"failed"})
+        response = client.get(f"/evaluations/{job['id']}")
+        problem = assert_problem(response, 502, "infrastructure")
+        assert problem == body and problem["instance"] == f"/evaluations/{job['id']}"
+        assert "docker" not in response.text and "/secret" not in response.text
+        assert budget_of(client, "train") == before
+        listed = client.get("/status").json()["jobs"][0]
+        assert listed["state"] == "failed" and listed["error"] == "infrastructure" and listed["result"] is None
+
+
+def test_unexpected_error_is_a_generic_500(harness):
+    with harness.serve() as (_, client):
+        # A directory where the submission record goes: the durable write fails with an OSError.
+        (harness.state_dir / "submission.json").mkdir()
+        response = client.post("/submissions", json={"version": "HEAD"})
+        body = assert_problem(response, 500, "internal")
+        assert body["detail"] == "an unexpected error occurred"
+        assert "submission" not in response.text and str(harness.state_dir) not in response.text
+
+
+def test_submissions(harness):
+    with harness.serve() as (_, client):
+        first = client.post("/submissions", json={})
+        assert first.status_code == 201 and first.json()["candidate"] == harness.config.baseline_commit
+        assert client.post("/submissions", json={"version": "HEAD"}).status_code == 200
+        commit = commit_file(harness.agent_repo, "solve.py", "print(2)\n")
+        second = client.post("/submissions", json={"version": "main"})
+        assert second.status_code == 201 and second.json()["candidate"] == commit
+        assert second.json()["version"] == "main"
+        assert client.get("/status").json()["submission"] == second.json()
+        assert_problem(client.post("/submissions", json={"version": "nope"}), 400, "bad_request")
+        assert client.get("/status").json()["submission"] == second.json()
+    stored = json.loads((harness.state_dir / "submission.json").read_text())
+    assert stored["candidate"] == commit
+
+
+def test_submit_disabled_is_409(tmp_path):
+    harness = make_harness(tmp_path, submit_enabled=False)
+    with harness.serve() as (_, client):
+        assert client.get("/status").json()["submit_enabled"] is False
+        assert_problem(client.post("/submissions", json={}), 409, "conflict")
+    assert not (harness.state_dir / "submission.json").exists()
+
+
+def test_admin_requires_the_token(harness):
+    with harness.serve() as (_, client):
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic abc"},
+                        {"authorization": "Bearer"}):
+            response = client.get("/admin/export", headers=headers)
+            assert_problem(response, 401, "unauthorized")
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert_problem(client.post("/admin/seal", json={"output_dir": "/tmp/x"}, headers=headers),
+                           401, "unauthorized")
+        token_file = harness.state_dir / "admin-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o400
+        assert stat.S_IMODE(harness.state_dir.stat().st_mode) == 0o700
+        job = client.post("/evaluations", json={"partition": "val"}).json()
+        wait_for_state(client, job["id"], {"complete"})
+        export = client.get("/admin/export", headers=harness.admin_headers())
+        assert export.status_code == 200
+        records = export.json()
+        # the trusted record has what the agent does not see: per-case results of an aggregate job
+        assert records["jobs"][0]["result"]["cases"][0]["case"] == "v1"
+        assert {b["partition"] for b in records["balances"]} == {"train", "val", "blind"}
+        assert {c["id"] for c in records["candidates"]} == {harness.config.baseline_commit}
+        assert records["entrance_open"] is True and records["sealed_at"] is None
+        assert not any(r["state"] == "reserved" for r in records["reservations"])
+
+
+def test_restart_keeps_ledger_jobs_and_submission_and_a_new_token(harness):
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        wait_for_state(client, job["id"], {"complete"})
+        submission = client.post("/submissions", json={}).json()
+        budget = budget_of(client, "train")
+        first_token = harness.admin_headers()
+    with harness.serve() as (_, client):
+        assert budget_of(client, "train") == budget == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
+                                                        "remaining_cases": 28}
+        again = client.get(f"/evaluations/{job['id']}").json()
+        assert again["state"] == "complete" and again["result"]["score"] == 0.5
+        assert client.get("/status").json()["submission"] == submission
+        assert harness.admin_headers() != first_token
+        assert client.get("/admin/export", headers=first_token).status_code == 401
+
+
+def test_config_drift_keeps_persisted_totals(harness, caplog):
+    with harness.serve() as (_, client):
+        client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]})
+    access = dict(harness.config.agent_access)
+    access["blind"] = PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=50, total_cases=60)
+    harness.config = harness.config.model_copy(update={"agent_access": access})
+    with caplog.at_level("WARNING", logger="vero.sidecar"), harness.serve() as (_, client):
+        assert budget_of(client, "blind")["total_runs"] == 2
+    assert any("differs from the config" in r.getMessage() for r in caplog.records)
+
+
+def test_corrupt_ledger_refuses_to_start(harness):
+    with harness.serve():
+        pass
+    (harness.state_dir / "ledger.json").write_text("{ corrupt")
+    app = harness.create_app()
+    from ._server import ServerThread
+
+    with pytest.raises(RuntimeError, match="LedgerCorrupt"):
+        with ServerThread(app):
+            pass
+    assert (harness.state_dir / "ledger.json").read_text() == "{ corrupt"
+
+
+def test_baseline_mismatch_refuses_to_start(harness):
+    (harness.baseline_dir / "solve.py").write_text("tampered\n")
+    from ._server import ServerThread
+
+    with pytest.raises(RuntimeError, match="SpecError"):
+        with ServerThread(harness.create_app()):
+            pass
+
+
+def test_baseline_is_imported_as_a_candidate(harness):
+    with harness.serve() as (_, client):
+        records = client.get("/admin/export", headers=harness.admin_headers()).json()
+        assert [c["id"] for c in records["candidates"]] == [harness.config.baseline_commit]
+
+
+def test_concurrency_limit_keeps_extra_jobs_queued(tmp_path):
+    harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()))
+    harness.max_concurrent_evaluations = 2
+    with harness.serve() as (_, client):
+        ids = [client.post("/evaluations", json={"partition": "train", "cases": [f"t{i}"]}).json()["id"]
+               for i in (1, 2, 3)]
+        for _ in range(2):
+            assert harness.backend.started.acquire(timeout=30)
+        states = [client.get(f"/evaluations/{i}").json()["state"] for i in ids]
+        assert sorted(states) == ["queued", "running", "running"]
+        assert not harness.backend.started.acquire(timeout=0.5)
+        harness.backend.block.set()
+        for job_id in ids:
+            assert wait_for_state(client, job_id, {"complete"})["state"] == "complete"
+        assert harness.backend.max_running == 2
+
+
+def test_shutdown_fails_and_refunds_running_jobs(tmp_path):
+    harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()))
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
+        assert harness.backend.started.acquire(timeout=30)
+    stored = JobStore.open(harness.state_dir).get(job["id"])
+    assert stored.state == "failed" and stored.error == "interrupted"
+    ledger = BudgetLedger.open(harness.state_dir / "ledger.json", {})
+    assert ledger.reservation(stored.reservation_id).state == "refunded"
+    assert ledger.balance("train", "agent").remaining_runs == 5
+    assert list((harness.work_dir / "checkouts").iterdir()) == []

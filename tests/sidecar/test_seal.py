@@ -1,0 +1,184 @@
+"""Sealing: the entrance closes, in-flight jobs drain or are cancelled and refunded, the session
+archive is valid and byte-identical when sealed twice, and the seal survives a restart. Also the
+real commands: `vero harbor serve` in a child process and `vero harbor seal` against it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vero.core.session import read_session
+
+from ._server import StubBackend, make_harness, wait_for_state
+
+pytestmark = pytest.mark.timeout(180)
+
+VERO = str(Path(os.environ.get("VIRTUAL_ENV", Path(__file__).resolve().parents[2] / ".venv")) / "bin" / "vero")
+
+
+def seal(client: httpx.Client, harness, output: Path) -> httpx.Response:
+    return client.post("/admin/seal", json={"output_dir": str(output)}, headers=harness.admin_headers())
+
+
+def test_seal_closes_cancels_refunds_and_is_idempotent(tmp_path):
+    harness = make_harness(tmp_path / "h", backend=StubBackend(block=threading.Event()), drain_timeout_sec=0.5)
+    out = tmp_path / "export"
+    with harness.serve() as (_, client):
+        done_backend = harness.backend
+        submission = client.post("/submissions", json={}).json()
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        assert done_backend.started.acquire(timeout=30)
+        queued = client.post("/evaluations", json={"partition": "val"}).json()
+
+        started = time.monotonic()
+        first = seal(client, harness, out)
+        assert first.status_code == 200, first.text
+        assert time.monotonic() - started < 30
+        body = first.json()
+        assert body["n_cancelled"] == 2 and body["archive"] == str(out / "session.tar.gz")
+        digest = hashlib.sha256((out / "session.tar.gz").read_bytes()).hexdigest()
+        assert body["sha256"] == digest
+        assert (out / "session.tar.gz.sha256").read_text() == f"{digest}  session.tar.gz\n"
+
+        for job_id in (job["id"], queued["id"]):
+            view = client.get(f"/evaluations/{job_id}").json()
+            assert view["state"] == "cancelled" and view["error"] == "sealed"
+        status = client.get("/status").json()
+        assert status["entrance_open"] is False
+        budgets = {p["name"]: p["budget"] for p in status["partitions"]}
+        assert budgets["train"]["remaining_runs"] == 5 and budgets["val"]["remaining_runs"] == 3
+
+        denied = client.post("/evaluations", json={"partition": "train"})
+        assert denied.status_code == 403 and denied.json()["code"] == "denied"
+        conflict = client.post("/submissions", json={})
+        assert conflict.status_code == 409 and conflict.json()["code"] == "conflict"
+        assert client.get("/health").status_code == 200
+
+        again = seal(client, harness, out)
+        assert again.status_code == 200
+        assert again.json() == {**body, "n_cancelled": 0}
+        assert hashlib.sha256((out / "session.tar.gz").read_bytes()).hexdigest() == digest
+        done_backend.block.set()
+
+    session = read_session(out / "session.tar.gz", tmp_path / "extracted", spec_digest=harness.config.spec_digest,
+                           baseline_commit=harness.config.baseline_commit)
+    assert session.submission is not None and session.submission.candidate == submission["candidate"]
+    assert {j.id: (j.state, j.error) for j in session.jobs} == {job["id"]: ("cancelled", "sealed"),
+                                                               queued["id"]: ("cancelled", "sealed")}
+    assert all(b.reserved_runs == 0 and b.settled_runs == 0 for b in session.balances)
+    assert harness.config.baseline_commit in {c.id for c in session.candidates}
+
+    # a restart stays sealed, and sealing again still gives the same bytes
+    harness.backend = StubBackend()
+    with harness.serve() as (_, client):
+        assert client.get("/status").json()["entrance_open"] is False
+        assert client.post("/evaluations", json={"partition": "train"}).status_code == 403
+        third = seal(client, harness, tmp_path / "export2")
+        assert third.json()["sealed_at"] == body["sealed_at"]
+    assert (tmp_path / "export2" / "session.tar.gz").read_bytes() == (out / "session.tar.gz").read_bytes()
+
+
+def test_seal_drains_jobs_that_finish_in_time(tmp_path):
+    harness = make_harness(tmp_path / "h", backend=StubBackend(block=threading.Event()), drain_timeout_sec=60)
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
+        assert harness.backend.started.acquire(timeout=30)
+        threading.Timer(0.5, harness.backend.block.set).start()
+        response = seal(client, harness, tmp_path / "export")
+        assert response.status_code == 200 and response.json()["n_cancelled"] == 0
+        view = client.get(f"/evaluations/{job['id']}").json()
+        assert view["state"] == "complete" and view["result"]["score"] == 0.5
+        train = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")
+        assert train["budget"]["remaining_runs"] == 4  # a measurement stays charged
+    session = read_session(tmp_path / "export" / "session.tar.gz", tmp_path / "x",
+                           spec_digest=harness.config.spec_digest, baseline_commit=harness.config.baseline_commit)
+    assert session.jobs[0].state == "complete" and session.jobs[0].result.score == 0.5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_and_seal_commands(tmp_path):
+    harness = make_harness(tmp_path / "h")
+    config = tmp_path / "config.json"
+    config.write_text(harness.config.model_dump_json())
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    serve = subprocess.Popen(
+        [VERO, "harbor", "serve", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+         "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
+         str(harness.context_dir), "--cases-dir", str(harness.cases_dir), "--baseline-dir",
+         str(harness.baseline_dir), "--work-dir", str(harness.work_dir), "--runner-user", "nobody"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert serve.poll() is None, serve.stdout.read().decode()
+            try:
+                if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        status = httpx.get(url + "/status", timeout=10, trust_env=False).json()
+        assert status["entrance_open"] is True
+        # nested runs would execute as `nobody`, whose jobs dir is outside the root-only state dir
+        assert (harness.work_dir / "jobs").stat().st_uid == 65534
+
+        out = tmp_path / "export"
+        sealed = subprocess.run([VERO, "harbor", "seal", "--output", str(out), "--url", url, "--state-dir",
+                                 str(harness.state_dir), "--config", str(config)],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert sealed.returncode == 0, sealed.stderr
+        printed = json.loads(sealed.stdout)
+        assert printed["archive"] == str(out / "session.tar.gz") and (out / "session.tar.gz").is_file()
+        assert httpx.get(url + "/status", timeout=10, trust_env=False).json()["entrance_open"] is False
+
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text("nope\n")
+        refused = subprocess.run([VERO, "harbor", "seal", "--output", str(out), "--url", url, "--token-file",
+                                  str(wrong)], env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and "HTTP 401" in refused.stderr
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(60)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught
+    assert serve.returncode in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in serve.stdout.read().decode()
+
+    unreachable = subprocess.run([VERO, "harbor", "seal", "--output", str(tmp_path / "o"), "--url", url,
+                                  "--state-dir", str(harness.state_dir)],
+                                 env=env, capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 8
+    assert "cannot reach the sidecar" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
+    harness = make_harness(tmp_path / "h")
+    harness.state_dir.mkdir(mode=0o700)
+    (harness.state_dir / "ledger.json").write_text("not json")
+    config = tmp_path / "config.json"
+    config.write_text(harness.config.model_dump_json())
+    result = subprocess.run(
+        [VERO, "harbor", "serve", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+         "127.0.0.1", "--port", str(_free_port()), "--agent-repo", str(harness.agent_repo), "--context-dir",
+         str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
+         str(harness.work_dir), "--runner-user", "nobody"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 11, result.stderr
+    assert (harness.state_dir / "ledger.json").read_text() == "not json"
