@@ -60,7 +60,6 @@ def verify_command(
 ) -> None:
     """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
     import asyncio
-    import os
     import tempfile
 
     from vero.spec.compiled import VerifierConfig, load_config
@@ -77,7 +76,6 @@ def verify_command(
         mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
         env = secret_env(loaded.secrets)
-        env.setdefault("HARBOR_TELEMETRY", os.environ.get("HARBOR_TELEMETRY", "0"))
         return asyncio.run(verify(
             loaded, session, backend=HarborBackend(), cases_dir=cases_dir, baseline_dir=baseline_dir,
             reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,
