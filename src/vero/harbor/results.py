@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from vero.core.evaluation import AttemptResult
 
 __all__ = [
     "INFRASTRUCTURE_EXCEPTION_TYPES",
     "JobCollation",
     "TrialOutcome",
     "collate_job",
+    "merge_outcomes",
     "read_trial",
 ]
 
@@ -180,3 +184,22 @@ def collate_job(job_dir: Path, reward_key: str) -> JobCollation:
                 trials.append(outcome)
     return JobCollation(job_dir=job_dir, job_finished=_job_finished(job_dir),
                         trials=tuple(sorted(trials, key=lambda t: t.trial_name)), n_unfinished=unfinished)
+
+
+def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: Iterable[TrialOutcome],
+                   cases: Collection[str]) -> int:
+    """Append the scored and dead outcomes of `cases` to `attempts` (case -> attempts, in trial order).
+
+    Infrastructure outcomes are dropped (they are no measurement); outcomes of other cases are
+    ignored. Returns how many infrastructure outcomes were dropped.
+    """
+    dropped = 0
+    for trial in trials:
+        if trial.case not in cases:
+            continue
+        if trial.infrastructure:
+            dropped += 1
+            continue
+        attempts.setdefault(trial.case, []).append(AttemptResult(
+            trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type))
+    return dropped

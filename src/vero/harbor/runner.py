@@ -53,7 +53,7 @@ from vero.harbor.command import (
     plan_agent_timeout,
 )
 from vero.harbor.process import finish_uncancellable, remove_docker_leftovers, run_process_group
-from vero.harbor.results import JobCollation, collate_job
+from vero.harbor.results import JobCollation, collate_job, merge_outcomes
 
 __all__ = ["HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
 
@@ -87,6 +87,8 @@ try:
         raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
 except BaseException as exc:
     shutil.rmtree(logs, ignore_errors=True)
+    while exc.__cause__ is not None:  # Harbor wraps import errors in ValueError `from` the cause
+        exc = exc.__cause__
     print("\\n{_PREFLIGHT_MARK} failed", type(exc).__name__, flush=True)
     os._exit(3)
 shutil.rmtree(logs, ignore_errors=True)
@@ -225,16 +227,7 @@ class HarborBackend:
             rounds += 1
             collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
                                                          reward_key)
-            wanted = set(pending)
-            n_infra = 0
-            for trial in collation.trials:
-                if trial.case not in wanted:
-                    continue
-                if trial.infrastructure:
-                    n_infra += 1
-                    continue
-                attempts[trial.case].append(AttemptResult(
-                    trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type))
+            n_infra = merge_outcomes(attempts, collation.trials, set(pending))
             pending = [name for name in pending if not attempts[name]]
             logger.info("evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
                         "%d case(s) unmeasured", run.evaluation_id, job_name, len(collation.trials), n_infra,

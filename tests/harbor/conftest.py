@@ -1,0 +1,132 @@
+"""Fixtures of the nested-Harbor tests: run builders, shared task dirs, a root readable by uid 1001."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harbor_cases import RUN_AS_UID, ECHO_AGENT, reward_script, write_case  # noqa: E402
+
+@pytest.fixture(scope="session")
+def shared_root():
+    """A temp dir every user can traverse (pytest's own tmp dirs are 0700 and root-owned)."""
+    root = Path(tempfile.mkdtemp(prefix="vero-harbor-tests-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+PROGRAM_PASS_TEST = reward_script(
+    """
+    ok=1
+    [ "$(cat /opt/cand/data.txt)" = "hello" ] || ok=0
+    [ -f /opt/cand/installed.marker ] || ok=0
+    [ ! -e /opt/cand/.git ] || ok=0
+    echo "{\\"reward\\": $ok.0}" > /logs/verifier/reward.json
+    """)
+PROGRAM_FAIL_TEST = reward_script(
+    """
+    if [ -f /opt/cand/solution-that-does-not-exist.txt ]; then r=1.0; else r=0.0; fi
+    echo "{\\"reward\\": $r}" > /logs/verifier/reward.json
+    """)
+AGENT_TEST = reward_script(
+    """
+    if [ "$(cat /app/out.txt 2>/dev/null)" = "hello from candidate" ]; then r=1.0; else r=0.0; fi
+    echo "{\\"reward\\": $r, \\"bonus\\": 7}" > /logs/verifier/reward.json
+    """)
+
+
+@pytest.fixture(scope="session")
+def cases_dir(shared_root) -> Path:
+    """Shared case dirs: `prog-pass`, `prog-fail.v2`, `agent-echo`, `slow`, `build-fails`."""
+    root = shared_root / "cases"
+    root.mkdir()
+    write_case(root, "prog-pass", test_sh=PROGRAM_PASS_TEST)
+    write_case(root, "prog-fail.v2", test_sh=PROGRAM_FAIL_TEST)
+    write_case(root, "agent-echo", test_sh=AGENT_TEST)
+    write_case(root, "slow", agent_timeout_sec=600,
+               test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""))
+    write_case(root, "build-fails", test_sh=reward_script("true"),
+               dockerfile="FROM python:3.13-slim\nRUN exit 3\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def program_candidate(shared_root) -> Path:
+    """A candidate checkout with `data.txt` and a `.git` dir (which must not be uploaded)."""
+    root = shared_root / "program-candidate"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "data.txt").write_text("hello\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def agent_candidate(shared_root) -> Path:
+    """A candidate checkout with the tiny `cand_agent:EchoAgent` Harbor agent."""
+    root = shared_root / "agent-candidate"
+    (root / "cand_agent").mkdir(parents=True)
+    (root / "cand_agent" / "__init__.py").write_text(ECHO_AGENT)
+    return root
+
+
+@pytest.fixture
+def jobs_dir(shared_root, request) -> Path:
+    """A fresh jobs dir per test, owned by uid 1001 (so `run_as` tests can write it; root writes anyway)."""
+    path = Path(tempfile.mkdtemp(prefix="jobs-", dir=shared_root))
+    path.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(path, RUN_AS_UID, RUN_AS_UID)
+    return path
+
+
+@pytest.fixture(scope="session")
+def run_as_toolchain(shared_root):
+    """`(harbor, python)` executables that uid 1001 can run, for the `run_as` test.
+
+    The project venv's interpreter lives under `/root` (mode 0700 here), so uid 1001 cannot exec it.
+    This builds a hard-linked copy of the interpreter's prefix, a venv on top of it that sees the
+    project venv's packages (a `.pth` calling `site.addsitedir`), and two wrapper scripts. Nothing
+    of the original is modified (hard links share inodes; only new dirs and files are written).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("run_as needs root")
+    probe = subprocess.run([sys.executable, "-c", "pass"], user=RUN_AS_UID, group=RUN_AS_UID,
+                           capture_output=True)
+    harbor = Path(sys.executable).parent / "harbor"
+    if probe.returncode == 0:
+        return harbor, Path(sys.executable)
+    real = Path(sys.executable).resolve()
+    prefix = real.parent.parent
+    tool = shared_root / "toolchain"
+    tool.mkdir()
+    subprocess.run(["cp", "-al", str(prefix), str(tool / "py")], check=True)
+    lib = tool / "py" / "lib"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib)}
+    subprocess.run([str(tool / "py" / "bin" / real.name), "-m", "venv", "--without-pip", str(tool / "venv")],
+                   check=True, env=env)
+    project_site = next((Path(sys.prefix) / "lib").glob("python3*/site-packages"))
+    venv_site = next((tool / "venv" / "lib").glob("python3*/site-packages"))
+    (venv_site / "vero-project-venv.pth").write_text(f"import site; site.addsitedir({str(project_site)!r})\n")
+    bin_dir = tool / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nexport LD_LIBRARY_PATH="{lib}"\nexec "{tool / "venv" / "bin" / "python"}" "$@"\n')
+    harbor = bin_dir / "harbor"
+    harbor.write_text(
+        f'#!/bin/sh\nexec "{python}" -c "import sys; from harbor.cli.main import app; '
+        f'sys.argv[0] = \'harbor\'; sys.exit(app())" "$@"\n')
+    for script in (python, harbor):
+        script.chmod(0o755)
+    check = subprocess.run([str(python), "-c", "import harbor, vero.harbor.install_agent"], user=RUN_AS_UID,
+                           group=RUN_AS_UID, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    return harbor, python

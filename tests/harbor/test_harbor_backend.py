@@ -1,0 +1,228 @@
+"""`HarborBackend` end to end: real `harbor run` on real Docker with tiny task dirs.
+
+Each nested run takes about 15-30 s; the case dirs are shared (session fixtures in `conftest.py`).
+The pre-flight test needs no Docker (a candidate that cannot be imported never reaches Harbor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import tenacity
+from harbor_cases import RUN_AS_UID, docker_objects, make_run, run_as_identity
+
+from vero.errors import InfrastructureFailure
+from vero.harbor import HarborBackend
+from vero.harbor.process import compose_project_prefix
+from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
+
+FAST = dict(infra_wait=tenacity.wait_none(), kill_grace_sec=5.0)
+PROGRAM = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="touch installed.marker")
+AGENT = CandidateRuntime(kind="agent", agent_import_path="cand_agent:EchoAgent")
+
+
+def trial_dirs(job_dir: Path) -> list[Path]:
+    return sorted(p for p in job_dir.iterdir() if p.is_dir()) if job_dir.is_dir() else []
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir):
+    run = make_run(evaluation_id="ev-program", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass", "prog-fail.v2"), runtime=PROGRAM,
+                   harbor=HarborSpec(n_concurrent=2, case_timeout_sec=120, infra_retries=0),
+                   env={"SOME_SECRET": "s3cr3t-value-123"})
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert [c.case for c in result.cases] == ["prog-pass", "prog-fail.v2"]
+    assert {c.case: c.score for c in result.cases} == {"prog-pass": 1.0, "prog-fail.v2": 0.0}
+    assert result.score == 0.5
+    assert result.n_dead == 0 and result.infra_retries == 0
+    assert result.job_dir == str(jobs_dir / "ev-program")
+    # `-i` selected exactly these two cases (no other dir of the shared cases dir ran).
+    assert len(trial_dirs(jobs_dir / "ev-program")) == 2
+    # case_timeout_sec=120 over declared 60 s -> the agent phase alone is doubled.
+    import json
+
+    config = json.loads((jobs_dir / "ev-program" / "config.json").read_text())
+    assert config["agent_timeout_multiplier"] == 2.0 and config["timeout_multiplier"] == 1.0
+    log = (jobs_dir / "ev-program.harbor.log").read_text()
+    assert "returncode: 0" in log
+    assert "s3cr3t-value-123" not in result.model_dump_json()
+    assert not docker_objects("prog-")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir):
+    run = make_run(evaluation_id="ev-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
+                   jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
+                   harbor=HarborSpec(infra_retries=0))
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    (case,) = result.cases
+    assert case.score == 1.0 and case.attempts[0].exception_type is None
+    # Multi-key reward: another key is read when asked.
+    run_bonus = run.model_copy(update={"evaluation_id": "ev-agent-bonus", "reward_key": "bonus"})
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run_bonus))
+    assert result.reward_key == "bonus" and result.score == 7.0
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, program_candidate, jobs_dir):
+    run = make_run(evaluation_id="ev-noengine", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
+                   harbor=HarborSpec(infra_retries=2), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    waits = []
+    backend = HarborBackend(infra_wait=lambda state: waits.append(state.attempt_number) or 0.0)
+    with pytest.raises(InfrastructureFailure) as info:
+        asyncio.run(backend.evaluate(run))
+    assert "after 3 attempt(s)" in str(info.value)
+    assert waits == [1, 2]  # the configured wait was consulted between the three rounds
+    logs = sorted(p.name for p in jobs_dir.glob("*.harbor.log"))
+    assert logs == ["ev-noengine.harbor.log", "ev-noengine.retry-1.harbor.log", "ev-noengine.retry-2.harbor.log"]
+    assert "returncode: 1" in (jobs_dir / "ev-noengine.harbor.log").read_text()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_partial_infrastructure_failure_reruns_only_unmeasured_cases(cases_dir, program_candidate, jobs_dir):
+    run = make_run(evaluation_id="ev-partial", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass", "build-fails"), runtime=PROGRAM,
+                   harbor=HarborSpec(infra_retries=1))
+    with pytest.raises(InfrastructureFailure) as info:
+        asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert "1 of 2 case(s)" in str(info.value)
+    assert "build-fails" not in str(info.value)
+    first = [p.name.split("__")[0] for p in trial_dirs(jobs_dir / "ev-partial")]
+    retry = [p.name.split("__")[0] for p in trial_dirs(jobs_dir / "ev-partial.retry-1")]
+    assert sorted(first) == ["build-fails", "prog-pass"]
+    assert retry == ["build-fails"]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_candidate, jobs_dir):
+    runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="sleep 600")
+    run = make_run(evaluation_id="ev-cancel-7f3a", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("slow",), runtime=runtime, harbor=HarborSpec(infra_retries=0))
+    job_dir = jobs_dir / "ev-cancel-7f3a"
+
+    async def scenario():
+        task = asyncio.create_task(HarborBackend(**FAST).evaluate(run))
+        deadline = time.monotonic() + 240
+        prefixes: list[str] = []
+        while time.monotonic() < deadline:
+            await asyncio.sleep(1)
+            prefixes = [compose_project_prefix(p.name) for p in trial_dirs(job_dir)]
+            if prefixes and any(o.startswith("container") for o in docker_objects(prefixes[0])):
+                break
+        else:
+            pytest.fail("the nested run never started a container")
+        await asyncio.sleep(2)  # let the install agent reach `sleep 600`
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return prefixes
+
+    prefixes = asyncio.run(scenario())
+    assert not processes_mentioning("ev-cancel-7f3a")
+    for prefix in prefixes:
+        assert docker_objects(prefix) == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_evaluation_timeout_is_infrastructure_failure_and_cleans_up(cases_dir, program_candidate, jobs_dir):
+    runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="sleep 600")
+    run = make_run(evaluation_id="ev-timeout-2b9c", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("slow",), runtime=runtime,
+                   harbor=HarborSpec(infra_retries=3, evaluation_timeout_sec=20))
+    started = time.monotonic()
+    with pytest.raises(InfrastructureFailure) as info:
+        asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert "timed out" in str(info.value)
+    assert time.monotonic() - started < 120  # killed once, not retried three more times
+    assert not (jobs_dir / "ev-timeout-2b9c.retry-1").exists()
+    assert not processes_mentioning("ev-timeout-2b9c")
+    for trial in trial_dirs(jobs_dir / "ev-timeout-2b9c"):
+        assert docker_objects(compose_project_prefix(trial.name)) == []
+
+
+@pytest.mark.timeout(120)
+def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir):
+    candidate = shared_root / "broken-agent"
+    candidate.mkdir(exist_ok=True)
+    (candidate / "broken_agent.py").write_text("import module_that_does_not_exist_anywhere\n")
+    run = make_run(evaluation_id="ev-broken", cases_dir=shared_root / "no-cases-needed",
+                   candidate_dir=candidate, jobs_dir=jobs_dir, case_names=("c1", "c2"),
+                   runtime=CandidateRuntime(kind="agent", agent_import_path="broken_agent:Agent"),
+                   harbor=HarborSpec(n_attempts=2), scoring=ScoringSpec(direction="minimize", failure_value=100.0))
+    (shared_root / "no-cases-needed").mkdir(exist_ok=True)
+    from harbor_cases import reward_script, write_case
+
+    for name in ("c1", "c2"):
+        if not (shared_root / "no-cases-needed" / name).exists():
+            write_case(shared_root / "no-cases-needed", name, test_sh=reward_script("true"))
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert result.score == 100.0
+    assert result.n_attempts == 4 and result.n_dead == 4
+    assert {a.exception_type for c in result.cases for a in c.attempts} == {"ModuleNotFoundError"}
+    assert result.job_dir is None
+    assert not any(p.is_dir() for p in jobs_dir.iterdir())  # Harbor never ran
+
+
+@pytest.mark.timeout(120)
+def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir):
+    candidate = shared_root / "not-an-agent"
+    candidate.mkdir(exist_ok=True)
+    (candidate / "plain.py").write_text("class Agent:\n    def __init__(self, **kwargs):\n        pass\n")
+    cases = shared_root / "no-cases-needed-2"
+    cases.mkdir(exist_ok=True)
+    from harbor_cases import reward_script, write_case
+
+    if not (cases / "c1").exists():
+        write_case(cases, "c1", test_sh=reward_script("true"))
+    run = make_run(evaluation_id="ev-plain", cases_dir=cases, candidate_dir=candidate, jobs_dir=jobs_dir,
+                   case_names=("c1",), runtime=CandidateRuntime(kind="agent", agent_import_path="plain:Agent"))
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert result.score == 0.0 and result.n_dead == 1
+    assert result.cases[0].attempts[0].exception_type == "TypeError"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared_root, run_as_toolchain):
+    harbor, python = run_as_toolchain
+    run = make_run(evaluation_id="ev-runas", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
+                   harbor=HarborSpec(infra_retries=0), run_as=run_as_identity(shared_root))
+    result = asyncio.run(HarborBackend(harbor_executable=harbor, python_executable=python, **FAST).evaluate(run))
+    assert result.score == 1.0
+    (trial,) = trial_dirs(jobs_dir / "ev-runas")
+    assert (trial / "result.json").stat().st_uid == RUN_AS_UID
+    assert (jobs_dir / "ev-runas" / "result.json").stat().st_uid == RUN_AS_UID
+    # The trusted log is the caller's, not readable by the unprivileged user.
+    log = jobs_dir / "ev-runas.harbor.log"
+    assert log.stat().st_uid == 0 and log.stat().st_mode & 0o077 == 0
+    denied = subprocess.run(["cat", str(log)], user=RUN_AS_UID, group=RUN_AS_UID, capture_output=True)
+    assert denied.returncode != 0

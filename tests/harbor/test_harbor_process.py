@@ -1,0 +1,143 @@
+"""Process-group handling of nested runs, on real processes (no Docker needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from vero.harbor.backend import RunAs
+from vero.harbor.process import compose_project_prefix, finish_uncancellable, run_process_group
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid: int, timeout_sec: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.timeout(60)
+def test_timeout_kills_the_whole_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    outcome = asyncio.run(run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, timeout_sec=1.0,
+                                            kill_grace_sec=1.0))
+    assert outcome.timed_out
+    assert outcome.returncode is not None and outcome.returncode < 0
+    assert wait_gone(int(pidfile.read_text()))
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_ignoring_leader_gets_sigkill(tmp_path):
+    started = time.monotonic()
+    outcome = asyncio.run(run_process_group(["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"], env=ENV,
+                                            cwd=tmp_path, timeout_sec=0.5, kill_grace_sec=1.0))
+    assert outcome.timed_out
+    assert outcome.returncode == -9
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(60)
+def test_cancellation_kills_the_group_and_propagates(tmp_path):
+    pidfile = tmp_path / "child.pid"
+
+    async def scenario():
+        task = asyncio.create_task(run_process_group(
+            ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], env=ENV, cwd=tmp_path, kill_grace_sec=1.0))
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert wait_gone(int(pidfile.read_text()))
+
+
+@pytest.mark.timeout(60)
+def test_children_do_not_outlive_a_normal_exit(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    started = time.monotonic()
+    outcome = asyncio.run(run_process_group(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 3"], env=ENV,
+                                            cwd=tmp_path, timeout_sec=60))
+    assert outcome.returncode == 3 and not outcome.timed_out
+    assert time.monotonic() - started < 20
+    assert wait_gone(int(pidfile.read_text()))
+
+
+@pytest.mark.timeout(60)
+def test_output_tail_is_bounded_and_scrubbed(tmp_path):
+    secret = "hunter2-very-secret"
+    script = f"head -c 20000 /dev/zero | tr '\\0' 'x'; echo; echo token={secret}; echo done >&2"
+    outcome = asyncio.run(run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, tail_bytes=100,
+                                            secrets=[secret]))
+    assert outcome.returncode == 0
+    assert len(outcome.output_tail.encode()) <= 100
+    assert secret not in outcome.output_tail
+    assert "token=***" in outcome.output_tail
+    assert outcome.output_tail.rstrip().endswith("done")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_run_as_switches_uid_gid_and_groups(tmp_path):
+    run_as = RunAs(uid=1001, gid=1002, extra_groups=(1003, 1004), home=Path("/tmp"))
+    outcome = asyncio.run(run_process_group(["sh", "-c", "id -u; id -g; id -G"], env=ENV, cwd=Path("/"),
+                                            run_as=run_as))
+    uid, gid, groups = outcome.output_tail.split("\n")[:3]
+    assert (uid, gid) == ("1001", "1002")
+    assert set(groups.split()) == {"1002", "1003", "1004"}
+
+
+@pytest.mark.timeout(30)
+def test_finish_uncancellable_completes_cleanup_then_reraises():
+    done = []
+
+    async def cleanup():
+        await asyncio.sleep(0.3)
+        done.append(True)
+
+    async def scenario():
+        task = asyncio.create_task(finish_uncancellable(cleanup()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert done == [True]
+
+
+@pytest.mark.parametrize("trial", ["prog-pass__AbC1234", "a.b-c__XyZ9876", "_odd.Name__Q1w2E3r", "UPPER__abcdefg"])
+def test_compose_project_prefix_matches_harbor(trial):
+    from harbor.environments.docker.docker import _sanitize_docker_compose_project_name
+
+    prefix = compose_project_prefix(trial)
+    assert _sanitize_docker_compose_project_name(f"{trial}__env").startswith(prefix)
+    assert _sanitize_docker_compose_project_name(f"{trial}__verifier__trial").startswith(prefix)
+    other = "prog-pass__AbC1235"
+    if other != trial:
+        assert not _sanitize_docker_compose_project_name(f"{other}__env").startswith(prefix)
