@@ -20,6 +20,16 @@ __all__ = ["check_build_inputs", "check_spec"]
 _PINNED_HARBOR = re.compile(r"^harbor(\[(?P<extras>[A-Za-z0-9_,-]+)\])?==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 _DATASET = re.compile(r"^(?P<name>[^@\s]+)@(?P<version>[^@\s]+)$")
 _RESERVED_INSTALL_PATHS = ("/logs", "/tests", "/solution", "/proc", "/sys", "/dev")
+# A Docker image reference (`[registry[:port]/]name[:tag][@sha256:digest]`): no whitespace, quotes or
+# `$`, since it is written into `FROM` lines of the compiled Dockerfiles.
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
+# Variables the compiled containers rely on: `main` gets every secret blanked, so a secret with one
+# of these names would break the workbench (an empty PATH) or the agent CLI (VERO_*).
+_RESERVED_SECRET_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "HOSTNAME", "TERM", "LANG", "TMPDIR",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+})
+_RESERVED_SECRET_PREFIXES = ("VERO_", "LC_", "GIT_")
 
 
 def _is_within(child: Path, parent: Path) -> bool:
@@ -142,6 +152,17 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
         add("harbor.requirement", "environment modal needs the modal extra: harbor[modal]==X")
     if not re.match(r"^[A-Za-z0-9_.:-]+$", spec.harbor.environment):
         add("harbor.environment", "expected a Harbor environment name (docker, modal, ...) or module:Class")
+
+    if ".." in spec.name:
+        add("name", "must not contain '..' (the compiled task is named vero/<name>, a Harbor package name)")
+
+    # secrets and images (both end up in compiled files: names only, references only)
+    for index, name in enumerate(spec.secrets):
+        if name in _RESERVED_SECRET_NAMES or name.startswith(_RESERVED_SECRET_PREFIXES):
+            add(f"secrets[{index}]", f"{name} is reserved for the compiled containers; choose another name")
+    for role in ("main", "sidecar", "verifier"):
+        if not _IMAGE.match(getattr(spec.images, role)):
+            add(f"images.{role}", "expected a Docker image reference like python:3.13-slim or registry/name@sha256:...")
 
     if issues:
         raise SpecError(issues, source)

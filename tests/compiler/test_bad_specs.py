@@ -1,0 +1,215 @@
+"""Bad specs and bad build inputs: exit code 2, the offending YAML path (or option) named, nothing written.
+
+Each row edits the standard spec tree (`conftest.make_spec_tree`), optionally changes files around it,
+and runs `vero harbor build` in-process through typer's runner (the same app the console script runs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from vero.cli import app
+
+from .conftest import HIDDEN_PARTITION, SpecTree, make_spec_tree
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad input.
+
+    Attributes:
+        loc: the YAML path (or `--option`) the error message must name.
+        edit: change to the YAML document.
+        setup: change to the files of the spec tree (after `build.yaml` is written).
+        output: the `--output` directory given the tree (default: `<tmp>/out/task`).
+        env: extra environment of the build.
+        extra_args: further CLI arguments.
+    """
+
+    loc: str
+    edit: Callable[[dict[str, Any]], Any] | None = None
+    setup: Callable[[SpecTree], Any] | None = None
+    output: Callable[[SpecTree], Path] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: Callable[[SpecTree], list[str]] | None = None
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(document: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node = document
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return edit
+
+
+def _delete(path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(document: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node = document
+        for key in parents:
+            node = node[key]
+        del node[last]
+    return edit
+
+
+def _all(*edits: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], None]:
+    def edit(document: dict[str, Any]) -> None:
+        for one in edits:
+            one(document)
+    return edit
+
+
+def _dataset(document: dict[str, Any]) -> None:
+    document["cases"].pop("path")
+    document["cases"].update(dataset="demo-cases", registry_path="registry.json")
+
+
+def _write(rel: str, text: str) -> Callable[[SpecTree], None]:
+    def setup(tree: SpecTree) -> None:
+        path = tree.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return setup
+
+
+def _symlink(rel: str, target: str) -> Callable[[SpecTree], None]:
+    def setup(tree: SpecTree) -> None:
+        (tree.root / rel).symlink_to(target)
+    return setup
+
+
+def _fill_output(tree: SpecTree) -> Path:
+    out = tree.root.parent / "not-a-task"
+    out.mkdir(exist_ok=True)
+    (out / "precious.txt").write_text("keep me\n")
+    return out
+
+
+MODAL_TOKENS = {"MODAL_TOKEN_ID": "id-value-1234", "MODAL_TOKEN_SECRET": "secret-value-1234"}
+
+BAD: dict[str, Bad] = {
+    "unknown top-level key": Bad("frobnicate", _set("frobnicate", 1)),
+    "unknown nested key": Bad("agent_access.train.budget", _set("agent_access.train.budget", 3)),
+    "missing required field": Bad("name", _delete("name")),
+    "name with ..": Bad("name", _set("name", "a..b")),
+    "bad disclosure tier": Bad("agent_access.train.disclosure", _set("agent_access.train.disclosure", "partial")),
+    "negative budget": Bad("agent_access.train.total_runs", _set("agent_access.train.total_runs", -1)),
+    "overlapping partitions": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", ["case-3", "case-1"])),
+    "empty partition": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", [])),
+    "unknown case": Bad("cases.partitions.train", _set("cases.partitions.train", ["case-1", "case-9"])),
+    "both case sources": Bad("cases", _set("cases.dataset", "demo-cases@1.0")),
+    "dataset without @version": Bad("cases.dataset", _dataset),
+    "registry_path without dataset": Bad("cases.registry_path", _set("cases.registry_path", "registry.json")),
+    "missing partition file": Bad("cases.partition_files.extra", _set("cases.partition_files", {"extra": "nope.txt"})),
+    "target partition agent-accessible": Bad(
+        f"targets.{HIDDEN_PARTITION}",
+        _set(f"agent_access.{HIDDEN_PARTITION}", {"disclosure": "none", "total_runs": 1, "total_cases": 1})),
+    "access to an unknown partition": Bad(
+        "agent_access.nope", _set("agent_access.nope", {"disclosure": "full", "total_runs": 1, "total_cases": 1})),
+    "unknown target partition": Bad("targets.nope", _set("targets.nope", {})),
+    "no target": Bad("targets", _set("targets", {})),
+    "duplicate reward keys": Bad("targets", _set("targets", {HIDDEN_PARTITION: {"reward_key": "r"},
+                                                             "holdout": {"reward_key": "r"}})),
+    "selection partition not accessible": Bad("selection.partition", _set("selection.partition", HIDDEN_PARTITION)),
+    "auto_best without selection partition": Bad(
+        "selection.partition", _all(_set("selection.mode", "auto_best"), _delete("selection.partition"))),
+    "minimize without failure_value": Bad("scoring.failure_value", _set("scoring", {"direction": "minimize"})),
+    "unpinned harbor": Bad("harbor.requirement", _set("harbor.requirement", "harbor>=0.26")),
+    "modal without the modal extra": Bad("harbor.requirement", _set("harbor.environment", "modal"), env=MODAL_TOKENS),
+    "modal tokens unset": Bad("harbor.environment", _all(_set("harbor.environment", "modal"),
+                                                         _set("harbor.requirement", "harbor[modal]==0.26.0"))),
+    "bad secret name": Bad("secrets", _set("secrets", ["lower_case"])),
+    "reserved secret name": Bad("secrets[0]", _set("secrets", ["PATH"])),
+    "unset secret": Bad("secrets[0]", _set("secrets", ["ZQ_UNSET_SECRET_NAME"])),
+    "secret substituted": Bad("description", _all(_set("secrets", ["ZQ_SUBST"]), _set("description", "${ZQ_SUBST}")),
+                              env={"ZQ_SUBST": "some-value"}),
+    "unset variable": Bad("description", _set("description", "uses ${ZQ_NOT_SET_ANYWHERE}")),
+    "bad image reference": Bad("images.main", _set("images.main", "python:3.13-slim\nRUN echo injected")),
+    "target path missing": Bad("target.path", _set("target.path", "no-such-dir")),
+    "reserved install path": Bad("target.install_path", _set("target.install_path", "/tests/here")),
+    "agent module missing": Bad("target.agent_import_path", _set("target", {
+        "kind": "agent", "path": "target", "agent_import_path": "missing_module:Agent"})),
+    "reference missing": Bad("target.reference", _set("target.reference", "no-such-patch.diff")),
+    "target link leaving the tree": Bad("target.path", setup=_symlink("target/escape", "../../outside.txt")),
+    "target absolute link": Bad("target.path", setup=_symlink("target/abs", "/etc/hostname")),
+    "target uses reserved .vero": Bad("target.path", setup=_write("target/.vero/x", "x\n")),
+    "target with nested git data": Bad("target.path", setup=_write("target/lib/.git/HEAD", "ref: refs/heads/main\n")),
+    "case link leaving the tree": Bad("cases.path", setup=_symlink("cases/case-1/tests/leak", "/etc/passwd")),
+    "output inside the target": Bad("target.path", output=lambda tree: tree.root / "target" / "build"),
+    "output inside the cases": Bad("cases.path", output=lambda tree: tree.root / "cases" / "compiled"),
+    "force on a directory that is no task": Bad("--output", output=_fill_output,
+                                                extra_args=lambda tree: ["--force"]),
+    "tarball inside the output": Bad("--tarball", extra_args=lambda tree: [
+        "--tarball", str(tree.root.parent / "out" / "task" / "t.tar.gz")]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD.values()), ids=list(BAD))
+def test_bad_input_exits_2_naming_the_field(case: Bad, tmp_path, monkeypatch):
+    tree = make_spec_tree(tmp_path / "spec", case.edit)
+    if case.setup is not None:
+        case.setup(tree)
+    output = case.output(tree) if case.output else tmp_path / "out" / "task"
+    before = sorted(p.name for p in output.iterdir()) if output.is_dir() else None
+    args = ["harbor", "build", "--config", str(tree.path), "--output", str(output)]
+    args += case.extra_args(tree) if case.extra_args else []
+    for name in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(app, args, env=case.env)
+    stderr = result.stderr
+    assert result.exit_code == 2, (result.exit_code, result.output, stderr)
+    assert f"- {case.loc}:" in stderr, stderr
+    assert "Traceback" not in stderr + result.stdout
+    for value in case.env.values():
+        assert value not in stderr + result.stdout
+    # Nothing was written: no tarball, and the output is as it was.
+    assert not output.with_name(output.name + ".tar.gz").exists()
+    if before is None:
+        assert not output.exists()
+    else:
+        assert sorted(p.name for p in output.iterdir()) == before
+    assert not any(p.name.startswith(f".{output.name}.staging-") for p in output.parent.glob(".*")) \
+        if output.parent.exists() else True
+
+
+def test_the_table_holds_at_least_twenty_rows():
+    assert len(BAD) >= 20
+
+
+def test_every_problem_is_reported_in_one_pass(tmp_path):
+    tree = make_spec_tree(tmp_path / "spec", _all(
+        _set("harbor.requirement", "harbor"), _set("scoring", {"direction": "minimize"}),
+        _set("selection.partition", "nope")))
+    result = CliRunner().invoke(app, ["harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    for loc in ("harbor.requirement", "scoring.failure_value", "selection.partition"):
+        assert f"- {loc}:" in result.stderr
+
+
+def test_registry_dataset_with_local_task_paths_builds(tmp_path):
+    import json
+
+    tree = make_spec_tree(tmp_path / "spec")
+    tasks = [{"name": p.name, "path": f"cases/{p.name}"} for p in sorted((tree.root / "cases").iterdir())]
+    (tree.root / "registry.json").write_text(json.dumps([
+        {"name": "demo-cases", "version": "1.0", "description": "", "tasks": tasks, "metrics": [{"type": "mean"}]}
+    ]))
+    tree.write(_all(_dataset, _set("cases.dataset", "demo-cases@1.0")))
+    out = tmp_path / "task"
+    result = CliRunner().invoke(app, ["harbor", "build", "-c", str(tree.path), "-o", str(out)],
+                                env={"HARBOR_TELEMETRY": "0"})
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in (out / "environment" / "sidecar" / "cases").iterdir()) == [
+        "case-1", "case-2", "case-3"]
+    assert os.path.isfile(out / "tests" / "cases" / "case-1" / "task.toml")

@@ -1,0 +1,130 @@
+"""`vero harbor build` end to end through the real console script: output, digest file, reproducibility."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from vero.compiler import TaskLayout
+
+from .conftest import make_spec_tree, run_vero
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_build_prints_tarball_and_sha256_and_writes_the_digest_file(spec_tree, tmp_path):
+    out = tmp_path / "out" / "task"
+    done = run_vero("harbor", "build", "--config", str(spec_tree.path), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    tarball = out.with_name("task.tar.gz")
+    digest = _sha256(tarball)
+    assert str(tarball) in done.stdout
+    assert digest in done.stdout
+    assert tarball.with_name("task.tar.gz.sha256").read_text() == f"{digest}  task.tar.gz\n"
+    layout = TaskLayout(out)
+    for path in (layout.config_path, layout.instruction_path, layout.compose_path, layout.main.dockerfile,
+                 layout.sidecar.dockerfile, layout.sidecar.config_path, layout.verifier.dockerfile,
+                 layout.verifier.config_path, layout.test_path, layout.solve_path, layout.verifier_compose_path):
+        assert path.is_file(), path
+    assert os.access(layout.test_path, os.X_OK) and os.access(layout.solve_path, os.X_OK)
+    # The tarball holds exactly the directory's tree, relative to the task root.
+    with tarfile.open(tarball) as tar:
+        names = {m.name for m in tar.getmembers()}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*")}
+    assert names == on_disk
+
+
+def test_same_spec_gives_the_same_bytes_whatever_the_path_umask_and_mtimes(tmp_path):
+    first = make_spec_tree(tmp_path / "a" / "spec")
+    second = make_spec_tree(tmp_path / "b" / "elsewhere")
+    # Different mtimes (and an old atime) on every input file of the second copy.
+    for path in (tmp_path / "b").rglob("*"):
+        if not path.is_symlink():
+            os.utime(path, (86400 * 400, 86400 * 400 + 7))
+    a = run_vero("harbor", "build", "-c", str(first.path), "-o", str(tmp_path / "out-a" / "task"))
+    b = run_vero("harbor", "build", "-c", str(second.path), "-o", str(tmp_path / "x" / "y" / "other-name"),
+                 "--tarball", str(tmp_path / "z" / "custom.tar.gz"), umask=0o077)
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    assert _sha256(tmp_path / "out-a" / "task.tar.gz") == _sha256(tmp_path / "z" / "custom.tar.gz")
+    # The directories agree too, modes included (umask 077 above).
+    tree_a, tree_b = tmp_path / "out-a" / "task", tmp_path / "x" / "y" / "other-name"
+    listing = lambda root: sorted(  # noqa: E731
+        (p.relative_to(root).as_posix(), p.lstat().st_mode, None if p.is_dir() or p.is_symlink() else p.read_bytes())
+        for p in root.rglob("*"))
+    assert listing(tree_a) == listing(tree_b)
+
+
+def test_a_different_spec_gives_a_different_tarball(tmp_path):
+    first = make_spec_tree(tmp_path / "a")
+    second = make_spec_tree(tmp_path / "b", lambda d: d["agent_access"]["train"].update(total_runs=4))
+    for tree, name in ((first, "one"), (second, "two")):
+        assert run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / name)).returncode == 0
+    assert _sha256(tmp_path / "one.tar.gz") != _sha256(tmp_path / "two.tar.gz")
+
+
+def test_refuses_a_non_empty_output_unless_force_and_force_only_replaces_a_task(spec_tree, tmp_path):
+    out = tmp_path / "task"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine\n")
+    refused = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(out))
+    assert refused.returncode == 2
+    assert "--output" in refused.stderr and "Traceback" not in refused.stderr
+    forced = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(out), "--force")
+    assert forced.returncode == 2, "--force must not delete a directory that holds no compiled task"
+    assert (out / "keep.txt").read_text() == "mine\n"
+
+    (out / "keep.txt").unlink()
+    assert run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(out)).returncode == 0
+    (out / "stale.txt").write_text("from an older build\n")
+    again = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(out), "--force")
+    assert again.returncode == 0, again.stderr
+    assert not (out / "stale.txt").exists()
+    assert TaskLayout(out).config_path.is_file()
+
+
+def test_help_documents_every_option():
+    done = run_vero("harbor", "build", "--help", env={"COLUMNS": "200"})
+    assert done.returncode == 0
+    for option in ("--config", "--output", "--tarball", "--force", "--json"):
+        assert option in done.stdout
+
+
+def test_git_target_uses_the_committed_head_and_says_so(tmp_path):
+    import subprocess
+
+    tree = make_spec_tree(tmp_path / "spec")
+    target = tree.root / "target"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-C", str(target)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    (target / "prog.py").write_text('print("uncommitted")\n')
+    (target / "untracked.txt").write_text("not committed\n")
+    out = tmp_path / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "uncommitted" in done.stderr and "target.path" in done.stderr
+    baseline = TaskLayout(out).main.baseline_dir
+    assert (baseline / "prog.py").read_text() == 'print("wrong")\n'
+    assert not (baseline / "untracked.txt").exists()
+    assert not (baseline / ".git").exists()
+    assert (baseline / "util-link.py").is_symlink()
+    assert os.access(baseline / "run.sh", os.X_OK)
+
+
+def test_the_minimal_example_builds(tmp_path):
+    done = run_vero("harbor", "build", "-c", str(REPO / "tasks" / "minimal" / "build.yaml"),
+                    "-o", str(tmp_path / "minimal"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"sha256"' in done.stdout
