@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -61,7 +63,7 @@ def test_verify_command_gives_failure_values_when_the_real_backend_measures_noth
     bench.submit(a)
     archive = bench.seal()
 
-    result, out = invoke(bench, write_config(bench), archive)
+    result, out = invoke(bench, write_config(bench), archive, "--allow-root-runs")
 
     assert result.exit_code == 1, result.output
     summary = json.loads(result.stdout)
@@ -80,3 +82,29 @@ def test_verify_command_with_an_unreadable_config_exits_2(bench: Workbench) -> N
     assert result.exit_code == 2
     assert "invalid spec" in result.stderr
     assert not (out / "verifier" / "reward.json").exists()
+
+
+def _runner_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal applies to a root verifier")
+def test_verify_command_as_root_without_a_runner_user_measures_nothing(bench: Workbench) -> None:
+    user = "vero-test-absent-runner"
+    assert not _runner_exists(user)
+    a = bench.candidate("a\n")
+    bench.submit(a)
+
+    result, out = invoke(bench, write_config(bench, direction="minimize", failure_value=7e3), bench.seal(),
+                         "--runner-user", user)
+
+    assert result.exit_code == 1, result.output
+    assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 7e3}
+    final = json.loads((out / "verifier" / "artifacts" / "finalization.json").read_text())
+    assert any("no unprivileged user" in e for e in final["errors"])
+    assert final["measurements"][0]["error"].startswith("refused")
+    assert not (out / "work" / "runs").exists()  # no checkout, no nested run

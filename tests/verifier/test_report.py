@@ -185,3 +185,17 @@ def test_report_of_an_empty_session_and_of_a_refused_one(bench: Workbench, tmp_p
     assert "status-refused" in html and "spec digest mismatch" in html
     assert isinstance(Finalization.model_validate_json((bench.artifacts() / "finalization.json").read_bytes()),
                       Finalization)
+
+
+@pytest.mark.timeout(240)
+def test_vero_report_checks_the_archive_against_a_config(bench: Workbench, tmp_path: Path) -> None:
+    archive, _, _ = rich_session(bench)
+    good = tmp_path / "good.json"
+    good.write_text(bench.config().model_dump_json())
+    result = CliRunner().invoke(app, ["report", str(archive), "-o", str(tmp_path / "g.html"), "--config", str(good)])
+    assert result.exit_code == 0, result.output
+    other = tmp_path / "other.json"
+    other.write_text(bench.config(spec_digest="sha256:" + "42" * 32).model_dump_json())
+    result = CliRunner().invoke(app, ["report", str(archive), "-o", str(tmp_path / "o.html"), "--config", str(other)])
+    assert result.exit_code == 10 and "spec digest mismatch" in result.stderr
+    assert not (tmp_path / "o.html").exists()

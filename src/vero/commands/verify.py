@@ -57,6 +57,14 @@ def verify_command(
         typer.Option("--work-dir", help="Scratch space for the extracted session, checkouts and nested "
                      "Harbor jobs. Default: a new directory under the system temp dir."),
     ] = None,
+    runner_user: Annotated[
+        str, typer.Option("--runner-user", help="Unprivileged user nested runs execute as when verifying as root.")
+    ] = "vero-runner",
+    allow_root_runs: Annotated[
+        bool,
+        typer.Option("--allow-root-runs", help="When root and the runner user does not exist, run nested "
+                     "evaluations as root anyway (default: measure nothing and write failure values)."),
+    ] = False,
 ) -> None:
     """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
     import asyncio
@@ -79,7 +87,7 @@ def verify_command(
         return asyncio.run(verify(
             loaded, session, backend=HarborBackend(), cases_dir=cases_dir, baseline_dir=baseline_dir,
             reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,
-            env=env, run_as=resolve_run_as(),
+            env=env, run_as=resolve_run_as(runner_user), allow_root_runs=allow_root_runs,
         ))
 
     finalization = run_command(call)

@@ -110,7 +110,8 @@ def _trees(session: Session) -> dict[str, str]:
 async def verify(config: VerifierConfig, session_archive: str | Path, *, backend: EvaluationBackend,
                  cases_dir: str | Path, baseline_dir: str | Path, reward_path: str | Path,
                  artifacts_dir: str | Path, work_dir: str | Path, mirror_dirs: Sequence[str | Path] = (),
-                 env: Mapping[str, str] | None = None, run_as: RunAs | None = None) -> Finalization:
+                 env: Mapping[str, str] | None = None, run_as: RunAs | None = None,
+                 allow_root_runs: bool = True) -> Finalization:
     """Verify a sealed session: check it, pick the candidate, score it, write reward and artifacts.
 
     Order: `reward.json` is first written with every target's failure value (a verifier killed
@@ -134,6 +135,10 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         mirror_dirs: more directories receiving the same artifacts (`/logs/artifacts`).
         env: extra environment of the nested runs (secret values by name); default none.
         run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
+        allow_root_runs: when False and this process is root with `run_as` None, no nested run is
+            started (candidate code never runs as root, DESIGN §2): every measurement fails, so
+            the targets get their failure values and the finalization says why. The CLI passes
+            False; True suits callers that are not root or that contain the runs otherwise.
 
     Returns:
         The `Finalization` also written to `finalization.json`. A refused session gives status
@@ -153,9 +158,15 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
 
     errors: list[str] = []
     warnings: list[str] = []
+    refusal = None
     if run_as is None and os.geteuid() == 0:
-        warnings.append(f"nested evaluations ran as root: user {RUNNER_USER} does not exist")
-    run_as_label = (f"{RUNNER_USER} (uid {run_as.uid})" if run_as is not None
+        if allow_root_runs:
+            warnings.append(f"nested evaluations ran as root: no unprivileged user ({RUNNER_USER}) was given")
+        else:
+            refusal = ("refused: the verifier is root and has no unprivileged user to run candidates as "
+                       f"(create {RUNNER_USER} or pass another runner user)")
+            errors.append(refusal)
+    run_as_label = (f"{_user_name(run_as.uid)} (uid {run_as.uid})" if run_as is not None
                     else f"current user (uid {os.geteuid()})")
     warnings.extend(copy_session(archive, dirs))
     session_sha256 = _sha256(archive)
@@ -178,7 +189,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             started_at=started_at, finished_at=datetime.now(UTC), rewards=rewards,
             targets=_failure_targets(config, reason="session refused"),
             baseline=BaselineInfo(commit=config.baseline_commit, rebuilt=False), run_as=run_as_label,
-            errors=[f"session refused: {reason}"], warnings=warnings,
+            errors=[*errors, f"session refused: {reason}"], warnings=warnings,
         )
         _write_artifacts(finalization, SessionStatus(valid=False, error=reason), None, dirs)
         return finalization
@@ -202,7 +213,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             return store.checkout(candidate, dest)
 
         scorer = Scorer(backend=backend, config=config, checkout=checkout, cases_dir=Path(cases_dir),
-                        work_dir=work, env=env, run_as=run_as)
+                        work_dir=work, env=env, run_as=run_as, refusal=refusal)
         trees = _trees(session)
         sel = config.selection
         selection = await select_candidate(
@@ -268,6 +279,15 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return RUNNER_USER if uid != 0 else "root"
 
 
 def _failure_targets(config: VerifierConfig, *, reason: str) -> list[TargetOutcome]:

@@ -156,7 +156,8 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
     plot.marks = [(x(minutes(end)), "sealed")]
     for partition in sorted({j.partition for j in jobs}):
-        mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (j.finished_at or j.created_at, j.id))
+        mine = sorted((j for j in jobs if j.partition == partition),
+                      key=lambda j: (j.finished_at or j.created_at, j.id))
         full = [j for j in mine if j.full_partition]
         plot.series.append(Series(
             name=partition, color=colors[partition],

@@ -116,11 +116,13 @@ class Scorer:
         work_dir: where each run gets `runs/<evaluation id>/{candidate,jobs}`.
         env: extra environment for the `harbor` process (secret values; never logged or recorded).
         run_as: unprivileged identity for the runs, or None.
+        refusal: when set, no nested run is started and every measurement fails with this reason
+            (e.g. the verifier is root and has no unprivileged user to run candidates as).
     """
 
     def __init__(self, *, backend: EvaluationBackend, config: VerifierConfig, checkout: Checkout,
                  cases_dir: Path, work_dir: Path, env: Mapping[str, str] | None = None,
-                 run_as: RunAs | None = None):
+                 run_as: RunAs | None = None, refusal: str | None = None):
         self.backend = backend
         self.config = config
         self.checkout = checkout
@@ -128,6 +130,7 @@ class Scorer:
         self.work_dir = Path(work_dir)
         self.env = dict(env or {})
         self.run_as = run_as
+        self.refusal = refusal
         self.measurements: list[Measurement] = []
         """Every measurement made, in order."""
 
@@ -155,6 +158,8 @@ class Scorer:
             return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
                                purpose=purpose, error=error)
 
+        if self.refusal is not None:
+            return failed(self.refusal)
         case_names = tuple(self.config.partitions.get(partition, ()))
         if not case_names:
             return failed(f"partition {partition!r} has no cases in the verifier config")
