@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -85,7 +86,8 @@ def commit_file(repo: Path, name: str, content: str, message: str = "change") ->
 def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None = None,
                 access: dict[str, PartitionAccess] | None = None, disclose_budget: bool = True,
                 submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
-                runtime: CandidateRuntime | None = None, name: str = "demo") -> SidecarConfig:
+                runtime: CandidateRuntime | None = None, name: str = "demo",
+                harbor: HarborSpec | None = None) -> SidecarConfig:
     """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
     the compiler redacts them)."""
     partitions = partitions or DEFAULT_PARTITIONS
@@ -96,7 +98,7 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
         baseline_commit=baseline_commit,
         runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
         scoring=ScoringSpec(),
-        harbor=HarborSpec(drain_timeout_sec=drain_timeout_sec, infra_retries=0),
+        harbor=harbor or HarborSpec(drain_timeout_sec=drain_timeout_sec, infra_retries=0),
         secrets=secrets or [],
         partitions={name: cases for name, cases in partitions.items() if name in access},
         agent_access=access,
@@ -222,7 +224,7 @@ class SidecarHarness:
     work_dir: Path
     cases_dir: Path
     config: SidecarConfig
-    backend: StubBackend
+    backend: Any
     max_concurrent_evaluations: int = 2
     nested_env: dict[str, str] = field(default_factory=dict)
 
@@ -256,12 +258,22 @@ class SidecarHarness:
         return path
 
 
-def make_harness(root: Path, *, backend: StubBackend | None = None, **config_options) -> SidecarHarness:
-    """Real baseline files, an agent repo whose first commit is the baseline, empty state dirs."""
+def make_harness(root: Path, *, backend=None, baseline_files: dict[str, str] | None = None,
+                 **config_options) -> SidecarHarness:
+    """Real baseline files, an agent repo whose first commit is the baseline, empty state dirs.
+
+    Args:
+        root: directory holding everything (created).
+        backend: the evaluation backend (default a fresh `StubBackend`).
+        baseline_files: relative path -> text of the baseline (default a tiny `solve.py` + README).
+        config_options: passed to `make_config`.
+    """
     baseline = root / "baseline"
     baseline.mkdir(parents=True)
-    (baseline / "solve.py").write_text("print('baseline')\n")
-    (baseline / "README.md").write_text("the target\n")
+    files = baseline_files or {"solve.py": "print('baseline')\n", "README.md": "the target\n"}
+    for name, text in files.items():
+        (baseline / name).parent.mkdir(parents=True, exist_ok=True)
+        (baseline / name).write_text(text)
     scratch = root / "baseline-commit"
     shutil.copytree(baseline, scratch)
     baseline_commit = commit_baseline(scratch)

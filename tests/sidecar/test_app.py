@@ -421,3 +421,38 @@ def test_shutdown_fails_and_refunds_running_jobs(tmp_path):
     assert ledger.reservation(stored.reservation_id).state == "refunded"
     assert ledger.balance("train", "agent").remaining_runs == 5
     assert list((harness.work_dir / "checkouts").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as applies only when the sidecar runs as root")
+def test_nested_runs_get_the_unprivileged_identity_and_a_readable_checkout(tmp_path):
+    from vero.errors import InfrastructureFailure
+    from vero.sidecar.service import resolve_run_as
+
+    with pytest.raises(InfrastructureFailure, match="does not exist"):
+        resolve_run_as("no-such-user-vero")
+    run_as = resolve_run_as("nobody", docker_socket=tmp_path / "missing.sock")
+    assert run_as.uid == 65534 and run_as.extra_groups == ()
+    socket_like = tmp_path / "docker.sock"
+    socket_like.touch()
+    os.chown(socket_like, 0, 4242)
+    assert resolve_run_as("nobody", docker_socket=socket_like).extra_groups == (4242,)
+
+    seen: list[tuple[int, int]] = []
+
+    class CheckingBackend(StubBackend):
+        async def evaluate(self, run):
+            for path in [run.candidate_dir, *run.candidate_dir.rglob("*")]:
+                if not path.is_symlink():
+                    mode = path.stat().st_mode
+                    seen.append((mode & 0o005, stat.S_ISDIR(mode)))
+            assert run.jobs_dir.stat().st_uid == 65534 and stat.S_IMODE(run.jobs_dir.stat().st_mode) == 0o700
+            return await super().evaluate(run)
+
+    harness = make_harness(tmp_path / "h", backend=CheckingBackend())
+    with harness.serve(run_as=run_as) as (_, client):
+        job = client.post("/evaluations", json={"partition": "val"}).json()
+        assert wait_for_state(client, job["id"], {"complete"})["state"] == "complete"
+    assert harness.backend.runs[0].run_as == run_as
+    assert seen and all(bits == (0o005 if is_dir else 0o004) or bits == 0o005 for bits, is_dir in seen)
+    # the runner cannot enter the state dir (admin token, ledger)
+    assert stat.S_IMODE(harness.state_dir.stat().st_mode) == 0o700 and harness.state_dir.stat().st_uid == 0

@@ -145,6 +145,12 @@ def _open_trial(job_dir: Path, trial_name: str) -> int | None:
         os.close(job_fd)
 
 
+def _job_dirs(job_dir: Path) -> list[Path]:
+    """The first round's job dir and its infrastructure retries (`<job>.retry-<n>`, `vero.harbor.runner`)."""
+    retries = sorted(job_dir.parent.glob(f"{job_dir.name}.retry-*")) if job_dir.parent.is_dir() else []
+    return [job_dir, *(d for d in retries if not d.is_symlink())]
+
+
 def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, *,
                          secret_values: list[str] | tuple[str, ...] = (),
                          limits: ArtifactLimits = ArtifactLimits()) -> Path:
@@ -159,8 +165,9 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
     sibling, then renamed), so a reader never sees half of it.
 
     Args:
-        result: the trusted result; `result.job_dir` is the nested Harbor job dir (may be None or
-            missing: then only `result.json` is written).
+        result: the trusted result; `result.job_dir` is the nested Harbor job dir of the first
+            round (trials of retried rounds are looked up in its `.retry-<n>` siblings); None or
+            missing: then only `result.json` is written.
         disclosed: the JSON-ready disclosed result (`DisclosedResult` in JSON mode).
         dest: `<context dir>/<job id>`; its parent must exist.
         secret_values: values that must never be copied (files containing one are omitted).
@@ -178,14 +185,14 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
     staging.mkdir(mode=0o755)
     os.chmod(staging, 0o755)
     trials: dict[str, list[str]] = {}
-    job_dir = Path(result.job_dir) if result.job_dir else None
+    job_dirs = _job_dirs(Path(result.job_dir)) if result.job_dir else []
     for case in result.cases:
         trials[case.case] = []
         for attempt in case.attempts:
             name = attempt.trial_name
-            if not _SAFE_NAME.match(name) or job_dir is None:
+            if not _SAFE_NAME.match(name):
                 continue
-            trial_fd = _open_trial(job_dir, name)
+            trial_fd = next((fd for fd in (_open_trial(d, name) for d in job_dirs) if fd is not None), None)
             if trial_fd is None:
                 continue
             trials[case.case].append(name)

@@ -299,6 +299,7 @@ class SidecarService:
             self.sealed_at = seal.sealed_at
             self.entrance_open = False
         self.context_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.context_dir, 0o755)  # the agent user in `main` reads it
         self.work_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.work_dir, 0o755)
         # Checkouts left by a previous process belong to jobs that recovery has just failed.

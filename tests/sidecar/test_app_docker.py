@@ -1,0 +1,169 @@
+"""The sidecar with the real `HarborBackend`: nested `harbor run -e docker` over real Harbor task
+dirs, driven over HTTP, for a `kind: program` and a `kind: agent` target; and an unreachable
+engine giving a refunded infrastructure failure (never a zero score).
+
+Nested runs execute as this process (root) here: the project interpreter lives under `/root`
+(0700) on this machine, so an unprivileged runner cannot exec it without a copied toolchain;
+`tests/harbor` covers `run_as` for nested runs, and `test_app.py` the sidecar's identity plumbing
+(runner-owned jobs dir, readable checkout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import tenacity
+
+from vero.harbor import HarborBackend
+from vero.spec.models import CandidateRuntime, HarborSpec, PartitionAccess
+
+from ._server import commit_file, make_harness, wait_for_state
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+
+BASE_IMAGE = "python:3.13-slim"
+
+
+def write_case(root: Path, name: str, test_sh: str) -> None:
+    case = root / name
+    (case / "environment").mkdir(parents=True)
+    (case / "tests").mkdir()
+    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 120\n\n'
+                                    "[verifier]\ntimeout_sec = 120\n\n[environment]\nbuild_timeout_sec = 600\n")
+    (case / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
+    (case / "instruction.md").write_text(f"Case {name}.\n")
+    (case / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
+    os.chmod(case / "tests" / "test.sh", 0o755)
+
+
+def reward_if(condition: str) -> str:
+    return (f'if {condition}; then r=1.0; else r=0.0; fi\n'
+            'echo "{\\"reward\\": $r}" > /logs/verifier/reward.json\necho "checked: $r"\n')
+
+
+@pytest.fixture
+def shared_root():
+    # Readable by the unprivileged runner (pytest's tmp_path is 0700 root).
+    root = Path(tempfile.mkdtemp(prefix="vero-sidecar-docker-"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def backend() -> HarborBackend:
+    return HarborBackend(infra_wait=tenacity.wait_none())
+
+
+def budget(client, partition: str) -> dict:
+    return next(p for p in client.get("/status").json()["partitions"] if p["name"] == partition)["budget"]
+
+
+def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
+    harness = make_harness(
+        shared_root / "h", backend=backend(), baseline_files={"answer.txt": "0\n"},
+        runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        partitions={"train": ["answer-42", "answer-file"]},
+        access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=6)},
+        harbor=HarborSpec(n_concurrent=2, infra_retries=0, evaluation_timeout_sec=600, drain_timeout_sec=30),
+    )
+    write_case(harness.cases_dir, "answer-42", reward_if('[ "$(cat /opt/candidate/answer.txt)" = "42" ]'))
+    write_case(harness.cases_dir, "answer-file", reward_if("[ -f /opt/candidate/answer.txt ]"))
+    commit = commit_file(harness.agent_repo, "answer.txt", "42\n", "the answer")
+    with harness.serve(run_as=None) as (_, client):
+        response = client.post("/evaluations", json={"partition": "train", "version": commit})
+        assert response.status_code == 202, response.text
+        job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
+        assert job["state"] == "complete", job
+        result = job["result"]
+        assert result["score"] == 1.0 and result["n_cases"] == 2 and result["n_dead"] == 0
+        assert {c["case"]: c["score"] for c in result["cases"]} == {"answer-42": 1.0, "answer-file": 1.0}
+        assert budget(client, "train")["remaining_runs"] == 2
+
+        # the baseline scores lower and is charged too (a real measurement)
+        base = client.post("/evaluations", json={"partition": "train", "cases": ["answer-42"],
+                                                 "version": harness.config.baseline_commit})
+        base_job = wait_for_state(client, base.json()["id"], {"complete", "failed"}, timeout_sec=800)
+        assert base_job["state"] == "complete" and base_job["result"]["score"] == 0.0
+        assert budget(client, "train") == {"total_runs": 3, "total_cases": 6, "remaining_runs": 1,
+                                           "remaining_cases": 3}
+
+    artifacts = harness.context_dir / job["id"]
+    disclosed = json.loads((artifacts / "result.json").read_text())
+    (trial,) = disclosed["trials"]["answer-42"]
+    stdout = artifacts / "trials" / trial / "verifier" / "test-stdout.txt"
+    assert "checked: 1.0" in stdout.read_text()
+    assert result["artifacts_path"] == f"/vero/context/{job['id']}"
+    assert str(harness.work_dir) not in json.dumps(job)
+
+
+def test_agent_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
+    agent_source = '''
+from harbor.agents.base import BaseAgent
+
+GREETING = "{greeting}"
+
+
+class EchoAgent(BaseAgent):
+    @staticmethod
+    def name() -> str:
+        return "echo-candidate"
+
+    def version(self) -> str:
+        return "0.0.1"
+
+    async def setup(self, environment) -> None:
+        return
+
+    async def run(self, instruction, environment, context) -> None:
+        await environment.exec(f"echo {{GREETING}} > /app/out.txt")
+'''
+    harness = make_harness(
+        shared_root / "h", backend=backend(), baseline_files={"echo_agent.py": agent_source.format(greeting="hi")},
+        runtime=CandidateRuntime(kind="agent", agent_import_path="echo_agent:EchoAgent"),
+        partitions={"train": ["greet"]},
+        access={"train": PartitionAccess(disclosure="aggregate", min_aggregate_cases=1, total_runs=2,
+                                         total_cases=2)},
+        harbor=HarborSpec(n_concurrent=1, infra_retries=0, evaluation_timeout_sec=600),
+    )
+    write_case(harness.cases_dir, "greet", reward_if('[ "$(cat /app/out.txt)" = "hello" ]'))
+    commit = commit_file(harness.agent_repo, "echo_agent.py", agent_source.format(greeting="hello"))
+    with harness.serve(run_as=None) as (_, client):
+        response = client.post("/evaluations", json={"partition": "train", "version": commit})
+        assert response.status_code == 202, response.text
+        job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
+        assert job["state"] == "complete", job
+        assert job["result"] == {"disclosure": "aggregate", "score": 1.0, "n_cases": 1, "n_attempts": 1,
+                                 "n_dead": 0, "cases": None, "artifacts_path": None}
+        assert budget(client, "train")["remaining_runs"] == 1
+    assert not (harness.context_dir / job["id"]).exists()
+
+
+def test_unreachable_engine_is_a_refunded_infrastructure_failure(shared_root):
+    harness = make_harness(
+        shared_root / "h", backend=backend(), baseline_files={"answer.txt": "42\n"},
+        partitions={"train": ["answer-42"]},
+        access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=2, total_cases=2)},
+        harbor=HarborSpec(n_concurrent=1, infra_retries=1, evaluation_timeout_sec=300),
+    )
+    harness.nested_env = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+    write_case(harness.cases_dir, "answer-42", reward_if('[ "$(cat /opt/candidate/answer.txt)" = "42" ]'))
+    with harness.serve(run_as=None) as (_, client):
+        before = budget(client, "train")
+        response = client.post("/evaluations", json={"partition": "train"})
+        assert response.status_code == 202
+        job_id = response.json()["id"]
+        problem = wait_for_state(client, job_id, {"complete", "failed"}, timeout_sec=600)
+        assert problem["status"] == 502 and problem["code"] == "infrastructure", problem
+        answer = client.get(f"/evaluations/{job_id}")
+        assert answer.status_code == 502
+        assert "nonexistent" not in answer.text and "docker" not in answer.text.lower()
+        listed = next(j for j in client.get("/status").json()["jobs"] if j["id"] == job_id)
+        assert listed["state"] == "failed" and listed["error"] == "infrastructure" and listed["result"] is None
+        assert budget(client, "train") == before
+        export = client.get("/admin/export", headers=harness.admin_headers()).json()
+        (reservation,) = export["reservations"]
+        assert reservation["state"] == "refunded" and reservation["reason"] == "infrastructure"
