@@ -30,6 +30,16 @@ def trial_dirs(job_dir: Path) -> list[Path]:
     return sorted(p for p in job_dir.iterdir() if p.is_dir()) if job_dir.is_dir() else []
 
 
+def images_tagged(prefix: str) -> list[str]:
+    import docker
+
+    client = docker.from_env()
+    try:
+        return [t for image in client.images.list() for t in image.tags if t.startswith(prefix)]
+    finally:
+        client.close()
+
+
 def processes_mentioning(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -87,7 +97,8 @@ def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir):
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, program_candidate, jobs_dir):
+def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, program_candidate, jobs_dir,
+                                                                    caplog):
     run = make_run(evaluation_id="ev-noengine", cases_dir=cases_dir, candidate_dir=program_candidate,
                    jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
                    harbor=HarborSpec(infra_retries=2), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
@@ -96,7 +107,9 @@ def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, p
     with pytest.raises(InfrastructureFailure) as info:
         asyncio.run(backend.evaluate(run))
     assert "after 3 attempt(s)" in str(info.value)
-    assert waits == [1, 2]  # the configured wait was consulted between the three rounds
+    assert waits[:2] == [1, 2]  # the configured wait strategy is the one consulted
+    retries = [r.getMessage() for r in caplog.records if "infrastructure failure" in r.getMessage()]
+    assert len(retries) == 2 and retries[-1].endswith("retry 2 of 2")
     logs = sorted(p.name for p in jobs_dir.glob("*.harbor.log"))
     assert logs == ["ev-noengine.harbor.log", "ev-noengine.retry-1.harbor.log", "ev-noengine.retry-2.harbor.log"]
     assert "returncode: 1" in (jobs_dir / "ev-noengine.harbor.log").read_text()
@@ -120,14 +133,15 @@ def test_partial_infrastructure_failure_reruns_only_unmeasured_cases(cases_dir, 
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_candidate, jobs_dir):
+def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_candidate, jobs_dir, caplog):
     runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="sleep 600")
     run = make_run(evaluation_id="ev-cancel-7f3a", cases_dir=cases_dir, candidate_dir=program_candidate,
                    jobs_dir=jobs_dir, case_names=("slow",), runtime=runtime, harbor=HarborSpec(infra_retries=0))
     job_dir = jobs_dir / "ev-cancel-7f3a"
 
     async def scenario():
-        task = asyncio.create_task(HarborBackend(**FAST).evaluate(run))
+        # A short grace: Harbor gets no time to tear its environment down, vero's cleanup must.
+        task = asyncio.create_task(HarborBackend(infra_wait=tenacity.wait_none(), kill_grace_sec=0.2).evaluate(run))
         deadline = time.monotonic() + 240
         prefixes: list[str] = []
         while time.monotonic() < deadline:
@@ -143,10 +157,13 @@ def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_c
             await task
         return prefixes
 
+    caplog.set_level("INFO", logger="vero.harbor")
     prefixes = asyncio.run(scenario())
     assert not processes_mentioning("ev-cancel-7f3a")
+    assert any("docker object(s) left by" in r.getMessage() for r in caplog.records)
     for prefix in prefixes:
         assert docker_objects(prefix) == []
+        assert images_tagged(prefix) == []
 
 
 @pytest.mark.docker
@@ -226,3 +243,35 @@ def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared
     assert log.stat().st_uid == 0 and log.stat().st_mode & 0o077 == 0
     denied = subprocess.run(["cat", str(log)], user=RUN_AS_UID, group=RUN_AS_UID, capture_output=True)
     assert denied.returncode != 0
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
+    import docker
+
+    from vero.harbor.process import remove_docker_leftovers
+
+    job_dir = tmp_path / "job"
+    (job_dir / "My.Case__AbC1234").mkdir(parents=True)
+    mine = compose_project_prefix("My.Case__AbC1234") + "env"
+    other = compose_project_prefix("My.Case__AbC1235") + "env"
+    client = docker.from_env()
+    label = "com.docker.compose.project"
+    try:
+        network = client.networks.create(f"{mine}_default", labels={label: mine})
+        volume = client.volumes.create(f"{mine}_data", labels={label: mine})
+        client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: mine},
+                              network=network.name, volumes={volume.name: {"bind": "/data"}})
+        keep = client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: other})
+        removed = asyncio.run(remove_docker_leftovers(job_dir, {}, settle_sec=0.1))
+        assert removed == 3
+        assert docker_objects(mine) == []
+        assert docker_objects(other) == [f"container {keep.name}"]
+    finally:
+        for container in client.containers.list(all=True, filters={"label": label}):
+            if container.labels.get(label) in (mine, other):
+                container.remove(force=True)
+        for network in client.networks.list(names=[f"{mine}_default"]):
+            network.remove()
+        client.close()
