@@ -2,7 +2,7 @@
 
 | raised | status | `code` | detail |
 |---|---|---|---|
-| request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values) |
+| request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values or unknown keys) |
 | `RequestInvalid` | 422 | `invalid` | generic |
 | body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
 | `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
@@ -110,7 +110,11 @@ def _validation_detail(exc: RequestValidationError) -> str:
     # e.g. a hidden partition's name, and are never repeated.
     parts = []
     for error in exc.errors()[:20]:
-        loc = ".".join(str(item) for item in error.get("loc", ()) if item != "body") or "<body>"
+        loc_items = [str(item) for item in error.get("loc", ()) if item != "body"]
+        if error.get("type") == "extra_forbidden" and loc_items:
+            # The unknown key itself is caller text (it could be a guessed hidden name): not repeated.
+            loc_items[-1] = "<unknown field>"
+        loc = ".".join(loc_items) or "<body>"
         parts.append(f"{loc[:200]}: {str(error.get('msg', 'invalid'))[:200]}")
     return "invalid request: " + "; ".join(parts)
 
