@@ -233,7 +233,9 @@ def _wait(client: SidecarClient, view: JobView, poll_interval_sec: float, timeou
     last_state = [view.state]
     console.print(f"{head}: {view.state}", highlight=False)
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True,
+        # On a pipe (an agent's tool call) the state-change lines below are the whole display.
+        disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task(f"{head}: {view.state}", total=None)
 

@@ -1,0 +1,219 @@
+"""`vero harbor status|eval|result|submit` as the coding agent runs them: a real `vero` subprocess
+with `VERO_SIDECAR_URL` pointing at the real sidecar app under uvicorn (stub backend, real repos)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vero.sidecar.models import JobView, StatusResponse, SubmissionView
+
+from ._client_support import CountingApp, bound_port
+from ._server import ServerThread, SidecarHarness, StubBackend, commit_file, make_harness
+
+VERO = str(Path(sys.executable).with_name("vero"))
+
+
+def vero(url: str, *args: str, timeout_sec: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VERO_SIDECAR_URL": url, "COLUMNS": "200"}
+    return subprocess.run([VERO, "harbor", *args], env=env, capture_output=True, text=True, timeout=timeout_sec)
+
+
+def error_of(proc: subprocess.CompletedProcess[str]) -> dict:
+    """The JSON error document on stdout; its exit code must be the process's."""
+    error = json.loads(proc.stdout)["error"]
+    assert error["exit_code"] == proc.returncode
+    assert error["message"] and error["message"] in proc.stderr
+    return error
+
+
+@contextmanager
+def running(harness: SidecarHarness) -> Iterator[tuple[str, CountingApp]]:
+    app = CountingApp(harness.create_app())
+    with ServerThread(app) as server:
+        yield server.url, app
+
+
+@pytest.mark.timeout(120)
+def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) -> None:
+    release = threading.Event()
+    harness = make_harness(tmp_path, backend=StubBackend(block=release, scores={"t1": 1.0}))
+    version = commit_file(harness.agent_repo, "solve.py", "print('v2')\n", "v2")
+    with running(harness) as (url, app):
+        proc = vero(url, "status")
+        assert proc.returncode == 0, proc.stderr
+        status = StatusResponse.model_validate_json(proc.stdout)
+        assert {p.name for p in status.partitions} == {"train", "val", "blind"} and status.jobs == []
+
+        def release_later() -> None:  # one second after the nested run started
+            if harness.backend.started.acquire(timeout=60):
+                release.wait(1.0)
+            release.set()
+
+        releaser = threading.Thread(target=release_later, daemon=True)
+        releaser.start()
+        proc = vero(url, "eval", "--partition", "train", "--case", "t1", "--case", "t2", "--wait",
+                    "--poll-interval-sec", "0.1")
+        releaser.join(60)
+        assert proc.returncode == 0, proc.stderr
+        job = JobView.model_validate_json(proc.stdout)
+        assert job.state == "complete" and job.candidate == version and job.n_cases == 2
+        assert job.result is not None and job.result.score == pytest.approx(0.75)
+        # Progress went to stderr, naming the job and its states; stdout held only the JSON.
+        assert f"job {job.id}" in proc.stderr and "complete" in proc.stderr
+        assert app.arrived("GET", f"/evaluations/{job.id}") >= 3  # it really polled
+
+        proc = vero(url, "result", job.id)
+        assert proc.returncode == 0, proc.stderr
+        assert JobView.model_validate_json(proc.stdout) == job
+
+        proc = vero(url, "result", job.id, "--text")
+        assert proc.returncode == 0 and "score 0.75" in proc.stdout and "case t1: score 1" in proc.stdout
+
+        proc = vero(url, "submit", "--version", version)
+        assert proc.returncode == 0, proc.stderr
+        assert SubmissionView.model_validate_json(proc.stdout).candidate == version
+
+        proc = vero(url, "status", "--text")
+        assert proc.returncode == 0
+        assert "partition train: 6 cases, disclosure full, runs left 4/5, cases left 28/30" in proc.stdout
+        assert f"submission: version {version}" in proc.stdout
+
+        proc = vero(url, "eval", "-p", "train", "--json")  # without --wait: answered once admitted
+        assert proc.returncode == 0
+        assert JobView.model_validate_json(proc.stdout).state in ("queued", "running", "complete")
+
+
+@pytest.mark.timeout(120)
+def test_refusals_exit_with_their_codes_and_are_sent_once(tmp_path: Path) -> None:
+    harness = make_harness(tmp_path)
+    with running(harness) as (url, app):
+        proc = vero(url, "eval", "--partition", "no-such-partition")
+        assert proc.returncode == 3 and error_of(proc)["type"] == "PolicyDenied"
+        assert "no-such-partition" not in proc.stdout  # the sidecar's wording is generic
+
+        for _ in range(2):  # `blind` allows 2 runs
+            assert vero(url, "eval", "-p", "blind").returncode == 0
+        proc = vero(url, "eval", "-p", "blind")
+        assert proc.returncode == 4 and error_of(proc)["type"] == "BudgetExhausted"
+
+        proc = vero(url, "eval", "-p", "train", "--version", "no-such-branch")
+        assert proc.returncode == 9 and error_of(proc)["type"] == "CandidateRejected"
+
+        proc = vero(url, "result", "ev-0123456789abcdef")
+        assert proc.returncode == 7 and error_of(proc)["type"] == "UnknownJob"
+
+        proc = vero(url, "result", "ev-" + "0" * 100)  # refused by the server's schema (422)
+        assert proc.returncode == 2 and error_of(proc)["type"] == "RequestInvalid"
+
+        proc = vero(url, "eval", "-p", "")  # refused before sending
+        assert proc.returncode == 2 and error_of(proc)["type"] == "RequestInvalid"
+
+        proc = vero(url, "eval")  # typer: missing --partition
+        assert proc.returncode == 2 and "--partition" in proc.stderr
+
+    assert app.arrived("POST", "/evaluations") == 5  # 403, 202, 202, 402, 400: no retries of 4xx
+    assert app.arrived_prefix("GET", "/evaluations/") == 2
+
+
+@pytest.mark.timeout(120)
+def test_infrastructure_failure_exits_5(tmp_path: Path) -> None:
+    harness = make_harness(tmp_path, backend=StubBackend(fail_with_infrastructure=True))
+    with running(harness) as (url, _app):
+        proc = vero(url, "eval", "-p", "train", "--wait", "--poll-interval-sec", "0.1")
+        assert proc.returncode == 5, proc.stderr
+        assert error_of(proc)["type"] == "InfrastructureFailure"
+        assert "refunded" in proc.stderr and "docker" not in proc.stderr
+        job_id = harness.backend.runs[0].evaluation_id
+        proc = vero(url, "result", job_id)
+        assert proc.returncode == 5 and error_of(proc)["type"] == "InfrastructureFailure"
+
+
+@pytest.mark.timeout(120)
+def test_unfinished_and_cancelled_jobs_exit_1_and_a_sealed_session_refuses(tmp_path: Path) -> None:
+    harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()), drain_timeout_sec=0.2)
+    with running(harness) as (url, _app):
+        proc = vero(url, "eval", "-p", "train", "--wait", "--timeout-sec", "0.5", "--poll-interval-sec", "0.1")
+        assert proc.returncode == 1, proc.stderr
+        job = JobView.model_validate_json(proc.stdout)
+        assert job.state in ("queued", "running")
+        assert "keeps running" in proc.stderr and f"vero harbor result {job.id} --wait" in proc.stderr
+
+        proc = vero(url, "result", job.id)  # not waiting: a running job is not a failure
+        assert proc.returncode == 0 and JobView.model_validate_json(proc.stdout).state in ("queued", "running")
+
+        sealed = httpx.post(f"{url}/admin/seal", headers=harness.admin_headers(), timeout=60,
+                            json={"output_dir": str(tmp_path / "export")})
+        assert sealed.status_code == 200 and sealed.json()["n_cancelled"] == 1
+
+        proc = vero(url, "result", job.id, "--wait")
+        assert proc.returncode == 1
+        cancelled = JobView.model_validate_json(proc.stdout)
+        assert (cancelled.state, cancelled.error) == ("cancelled", "sealed")
+
+        proc = vero(url, "eval", "-p", "train")
+        assert proc.returncode == 3 and "closed" in error_of(proc)["message"]
+        proc = vero(url, "submit")
+        assert proc.returncode == 6 and error_of(proc)["type"] == "Conflict"
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_sidecar_exits_8_with_a_clear_message() -> None:
+    with bound_port() as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        proc = vero(url, "status")
+    assert proc.returncode == 8
+    assert error_of(proc)["type"] == "SidecarUnavailable"
+    assert f"error: cannot reach the sidecar at {url}" in proc.stderr
+    assert "VERO_SIDECAR_URL" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_option_of_the_agent_commands_is_documented() -> None:
+    from typer.main import get_command
+
+    from vero.cli import app
+
+    harbor = get_command(app).commands["harbor"]  # type: ignore[attr-defined]
+    for name in ("status", "eval", "result", "submit"):
+        command = harbor.commands[name]
+        assert command.help and "Exit codes" in (command.epilog or "")
+        for param in command.params:
+            assert getattr(param, "help", None), f"vero harbor {name}: {param.name} has no help"
+    proc = subprocess.run([VERO, "harbor", "eval", "--help"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0
+    for option in ("--partition", "--version", "--case", "--wait", "--poll-interval-sec", "--timeout-sec",
+                   "--url", "--json", "--text"):
+        assert option in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_agent_commands_load_neither_fastapi_nor_harbor(tmp_path: Path) -> None:
+    harness = make_harness(tmp_path)
+    probe = (
+        "import json, sys\n"
+        "from vero.cli import app\n"
+        "try:\n"
+        "    app(['harbor', 'status', '--url', sys.argv[1]])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)\n"
+    )
+    with running(harness) as (url, app):
+        proc = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert StatusResponse.model_validate_json(proc.stdout).name == "demo"
+    loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
+    assert "httpx" in loaded
+    assert not loaded & {"fastapi", "starlette", "uvicorn", "harbor", "docker", "jinja2"}
+    assert app.arrived("GET", "/status") == 1
