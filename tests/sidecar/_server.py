@@ -231,10 +231,10 @@ class SidecarHarness:
     def create_app(self, **overrides):
         from vero.sidecar.app import create_app
 
-        kwargs = dict(state_dir=self.state_dir, agent_repo=self.agent_repo, context_dir=self.context_dir,
-                      backend=self.backend, cases_dir=self.cases_dir, baseline_dir=self.baseline_dir,
-                      work_dir=self.work_dir, run_as=None,
-                      max_concurrent_evaluations=self.max_concurrent_evaluations, nested_env=self.nested_env)
+        kwargs = {"state_dir": self.state_dir, "agent_repo": self.agent_repo, "context_dir": self.context_dir,
+                  "backend": self.backend, "cases_dir": self.cases_dir, "baseline_dir": self.baseline_dir,
+                  "work_dir": self.work_dir, "run_as": None,
+                  "max_concurrent_evaluations": self.max_concurrent_evaluations, "nested_env": self.nested_env}
         kwargs.update(overrides)
         return create_app(self.config, **kwargs)
 

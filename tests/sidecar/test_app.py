@@ -373,9 +373,8 @@ def test_corrupt_ledger_refuses_to_start(harness):
     app = harness.create_app()
     from ._server import ServerThread
 
-    with pytest.raises(RuntimeError, match="LedgerCorrupt"):
-        with ServerThread(app):
-            pass
+    with pytest.raises(RuntimeError, match="LedgerCorrupt"), ServerThread(app):
+        pass
     assert (harness.state_dir / "ledger.json").read_text() == "{ corrupt"
 
 
@@ -383,9 +382,8 @@ def test_baseline_mismatch_refuses_to_start(harness):
     (harness.baseline_dir / "solve.py").write_text("tampered\n")
     from ._server import ServerThread
 
-    with pytest.raises(RuntimeError, match="SpecError"):
-        with ServerThread(harness.create_app()):
-            pass
+    with pytest.raises(RuntimeError, match="SpecError"), ServerThread(harness.create_app()):
+        pass
 
 
 def test_baseline_is_imported_as_a_candidate(harness):

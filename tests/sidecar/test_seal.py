@@ -19,7 +19,7 @@ import pytest
 
 from vero.core.session import read_session
 
-from ._server import StubBackend, make_harness, wait_for_state
+from ._server import StubBackend, make_harness
 
 pytestmark = pytest.mark.timeout(180)
 

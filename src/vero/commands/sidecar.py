@@ -79,6 +79,7 @@ def seal_command(
     """
 
     def call() -> None:
+        from vero.errors import SpecError
         from vero.sidecar.seal import request_seal
         from vero.spec.compiled import SidecarConfig, load_config
 
@@ -86,7 +87,7 @@ def seal_command(
         if wait_sec is None:
             try:
                 wait_sec = load_config(config, SidecarConfig).harbor.drain_timeout_sec + _SEAL_MARGIN_SEC
-            except Exception:
+            except SpecError:
                 wait_sec = 900.0
         if not output.is_absolute():
             raise typer.BadParameter("--output must be an absolute path")

@@ -94,7 +94,7 @@ def create_app(
     max_concurrent_evaluations: int = 2,
     nested_env: Mapping[str, str] | None = None,
     context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
-    artifact_limits: ArtifactLimits = ArtifactLimits(),
+    artifact_limits: ArtifactLimits | None = None,
     max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """Build the sidecar app; its lifespan starts and stops the service.

@@ -54,7 +54,6 @@ from vero.errors import (
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
-from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.sidecar.models import (
     AttemptView,
     BudgetView,
@@ -67,13 +66,14 @@ from vero.sidecar.models import (
     StatusResponse,
     SubmissionView,
 )
+from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
 from vero.spec.models import Disclosure
 
 __all__ = [
     "DEFAULT_WORK_DIR",
-    "ExportResponse",
     "RUNNER_USER",
+    "ExportResponse",
     "SidecarService",
     "resolve_run_as",
 ]
@@ -196,7 +196,7 @@ class SidecarService:
         max_concurrent_evaluations: int = 2,
         nested_env: Mapping[str, str] | None = None,
         context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
-        artifact_limits: ArtifactLimits = ArtifactLimits(),
+        artifact_limits: ArtifactLimits | None = None,
         principal: str = AGENT_PRINCIPAL,
     ) -> None:
         if max_concurrent_evaluations < 1:
@@ -214,7 +214,7 @@ class SidecarService:
         self.max_concurrent_evaluations = max_concurrent_evaluations
         self.nested_env = dict(nested_env or {})
         self.context_path_in_main = PurePosixPath(context_path_in_main)
-        self.artifact_limits = artifact_limits
+        self.artifact_limits = artifact_limits or ArtifactLimits()
         self.principal = principal
         self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
 
@@ -278,6 +278,8 @@ class SidecarService:
     def _open_state(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Root-only: the admin token and the trusted records must not be readable by the runner.
+        if os.geteuid() == 0:
+            os.chown(self.state_dir, 0, 0)
         os.chmod(self.state_dir, 0o700)
         totals = {
             (partition, self.principal): BudgetTotals(runs=access.total_runs, cases=access.total_cases)
@@ -356,8 +358,8 @@ class SidecarService:
         result = job.result
         if tier == "none":
             return DisclosedResult(disclosure="none")
-        counts = dict(score=result.score, n_cases=result.n_cases, n_attempts=result.n_attempts,
-                      n_dead=result.n_dead)
+        counts = {"score": result.score, "n_cases": result.n_cases, "n_attempts": result.n_attempts,
+                  "n_dead": result.n_dead}
         if tier == "aggregate":
             return DisclosedResult(disclosure="aggregate", **counts)
         artifacts = self._artifacts_dir(job.id)

@@ -2,7 +2,7 @@
 
 from vero.sidecar.routes import admin, evaluations, health, status, submissions
 
-__all__ = ["ROUTERS", "AGENT_ROUTERS"]
+__all__ = ["AGENT_ROUTERS", "ROUTERS"]
 
 AGENT_ROUTERS = (health.router, status.router, evaluations.router, submissions.router)
 """The agent surface (also exposed as MCP tools)."""
