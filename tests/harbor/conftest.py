@@ -39,6 +39,7 @@ PROGRAM_FAIL_TEST = reward_script(
     """)
 AGENT_TEST = reward_script(
     """
+    echo "leak=$LEAK"
     if [ "$(cat /app/out.txt 2>/dev/null)" = "hello from candidate" ]; then r=1.0; else r=0.0; fi
     echo "{\\"reward\\": $r, \\"bonus\\": 7}" > /logs/verifier/reward.json
     """)
@@ -51,7 +52,8 @@ def cases_dir(shared_root) -> Path:
     root.mkdir()
     write_case(root, "prog-pass", test_sh=PROGRAM_PASS_TEST)
     write_case(root, "prog-fail.v2", test_sh=PROGRAM_FAIL_TEST)
-    write_case(root, "agent-echo", test_sh=AGENT_TEST)
+    write_case(root, "agent-echo", test_sh=AGENT_TEST,
+               extra_toml='\n[environment.env]\nLEAK = "${VERO_TEST_SECRET:-unset}"\n')
     write_case(root, "slow", agent_timeout_sec=600,
                test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""))
     write_case(root, "build-fails", test_sh=reward_script("true"),

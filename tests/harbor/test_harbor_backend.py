@@ -85,10 +85,16 @@ def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir)
 def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir):
     run = make_run(evaluation_id="ev-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
                    jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
-                   harbor=HarborSpec(infra_retries=0))
+                   harbor=HarborSpec(infra_retries=0), env={"VERO_TEST_SECRET": "zq-secret-4711"})
     result = asyncio.run(HarborBackend(**FAST).evaluate(run))
     (case,) = result.cases
     assert case.score == 1.0 and case.attempts[0].exception_type is None
+    # The secret reached the case (task env template) and was scrubbed from every file of the job.
+    (trial,) = trial_dirs(jobs_dir / "ev-agent")
+    assert "leak=***" in (trial / "verifier" / "test-stdout.txt").read_text()
+    for path in jobs_dir.rglob("*"):
+        if path.is_file():
+            assert b"zq-secret-4711" not in path.read_bytes(), path
     # Multi-key reward: another key is read when asked.
     run_bonus = run.model_copy(update={"evaluation_id": "ev-agent-bonus", "reward_key": "bonus"})
     result = asyncio.run(HarborBackend(**FAST).evaluate(run_bonus))
@@ -275,3 +281,27 @@ def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
         for network in client.networks.list(names=[f"{mine}_default"]):
             network.remove()
         client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_run_as_without_access_is_infrastructure_not_the_candidate(cases_dir, program_candidate, shared_root,
+                                                                   tmp_path):
+    jobs = shared_root / "root-only-jobs"
+    jobs.mkdir(exist_ok=True)
+    jobs.chmod(0o755)  # root-owned: uid 1001 cannot write it
+    run = make_run(evaluation_id="ev-noaccess", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs, case_names=("prog-pass",), runtime=PROGRAM,
+                   run_as=run_as_identity(shared_root))
+    with pytest.raises(InfrastructureFailure) as info:
+        asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert "cannot" in str(info.value)
+    assert list(jobs.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200])
+def test_evaluation_id_must_be_a_portable_name(bad, cases_dir, program_candidate, jobs_dir):
+    run = make_run(evaluation_id=bad, cases_dir=cases_dir, candidate_dir=program_candidate, jobs_dir=jobs_dir,
+                   case_names=("prog-pass",))
+    with pytest.raises(ValueError):
+        asyncio.run(HarborBackend(**FAST).evaluate(run))

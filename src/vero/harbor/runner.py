@@ -3,12 +3,21 @@
 One evaluation is one or more *rounds*; each round is one `harbor run` (job `<evaluation_id>` for
 the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
 
+0. Checks that cannot be the candidate's fault: every selected case is a valid Harbor task dir,
+   the evaluation id is a portable job name, and (when switching users) `run_as` can read the
+   checkout and the cases and write the jobs dir and its home. A failure is `InfrastructureFailure`
+   (or `ValueError` for a bad id), so that a sidecar mistake is never charged to the candidate.
 1. `kind: agent` only: a **pre-flight** imports and constructs the candidate's agent class in a
    subprocess with the nested run's interpreter, user, environment and cwd, the way Harbor's
-   `AgentFactory.create_agent_from_config` does. Harbor itself would fail such a class before any
-   trial (`Job.create` pre-flight; exit 1, no trial dir), which from the outside looks exactly like
-   an unreachable engine. A failure here is the candidate's: every selected case gets `n_attempts`
-   dead attempts (exception type of the import error), the result is returned and charged.
+   `AgentFactory.create_agent_from_config` does, and checks it is a `BaseAgent`. Harbor itself
+   would fail such a class before any trial (`Job.create` pre-flight; exit 1, no trial dir), which
+   from the outside looks exactly like an unreachable engine. A failure here is the candidate's:
+   every selected case gets `n_attempts` dead attempts whose exception type is the root cause
+   (Harbor wraps import errors in `ValueError`; the `__cause__` chain is followed, so a missing
+   module reads `ModuleNotFoundError`, a hang past `preflight_timeout_sec` reads
+   `AgentImportTimeoutError`); the result is returned and charged. Other failures Harbor reports
+   before any trial (e.g. a candidate `preflight()` that demands credentials) cannot be told
+   apart from operator mistakes and end as infrastructure failures after the retries.
 2. Round: run Harbor over the cases still unmeasured, then read the job dir (`vero.harbor.results`).
    Scored and dead attempts are kept; infrastructure attempts are dropped. A case with at least one
    kept attempt is measured.
@@ -23,9 +32,16 @@ trials are read. If they measure every case the result stands; otherwise `Infras
 without a retry (a round that hit the wall-clock limit would likely hit it again, and retrying would
 multiply the caller's wait). Cancellation kills the group, removes the leftovers, and propagates.
 
-Diagnostics: the last `tail_bytes` of Harbor's merged output, secret values scrubbed, go to the
-trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger, never into
-results or exception messages. Messages name no case, partition or secret.
+Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret values scrubbed,
+go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
+never into results or exception messages. After each round every text file of the job dir is
+scrubbed of the values of `NestedRun.env` too (Harbor only scrubs variables whose *name* looks
+sensitive). The environment itself is never logged. Messages name no case, partition or secret.
+
+Trust limit (kind `agent`): the candidate's agent class runs inside the `harbor` process, as
+`run_as`, which must be able to write the job dir; such a candidate could therefore rewrite its own
+trials' `result.json`. Harbor 0.26 offers no out-of-process agent boundary, so this backend cannot
+close that gap; `kind: program` candidates never run in the `harbor` process.
 """
 
 from __future__ import annotations
@@ -95,6 +111,9 @@ shutil.rmtree(logs, ignore_errors=True)
 print("\\n{_PREFLIGHT_MARK} ok", flush=True)
 os._exit(0)
 """
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SCRUB_MAX_BYTES = 16 * 1024 * 1024
 
 _PREFLIGHT_LINE = re.compile(rf"^{_PREFLIGHT_MARK} (ok|failed|harbor-unavailable)(?: (\w+))?\s*$", re.MULTILINE)
 
@@ -182,12 +201,14 @@ class HarborBackend:
                 `harbor.infra_retries` retries with back-off, the round hit
                 `harbor.evaluation_timeout_sec` before every case was measured, a selected case is
                 not a valid Harbor task dir, or Harbor cannot be started (the caller refunds).
-            ValueError: `run.case_names` is empty.
+            ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
         started_at = _now()
         case_names = _dedupe(run.case_names)
         if not case_names:
             raise ValueError("an evaluation needs at least one case")
+        if not _JOB_NAME.match(run.evaluation_id):
+            raise ValueError("evaluation_id must be a portable name ([A-Za-z0-9][A-Za-z0-9._-]*)")
         reward_key = run.reward_key or run.scoring.reward_key
         failure_value = (run.failure_value if run.failure_value is not None
                          else run.scoring.effective_failure_value())
@@ -198,6 +219,7 @@ class HarborBackend:
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
         await asyncio.to_thread(run.jobs_dir.mkdir, parents=True, exist_ok=True)
+        await self._check_access(run, env)
 
         def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
                    retries: int) -> EvaluationResult:
@@ -281,6 +303,8 @@ class HarborBackend:
                            type(exc).__name__)
             raise _Unmeasured(len(case_names), "harbor could not be started") from None
         await asyncio.to_thread(self._write_trusted_log, command.cwd / f"{job_name}.harbor.log", outcome)
+        if secrets:
+            await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
         collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key)
         if outcome.timed_out or not collation.job_finished:
             # Harbor tears its environments down itself when it finishes; after a kill or a crash
@@ -323,6 +347,34 @@ class HarborBackend:
             logger.info("evaluation %s: removed %d docker object(s) left by %s", run.evaluation_id,
                         removed, job_dir.name)
 
+    async def _check_access(self, run: NestedRun, env: Mapping[str, str]) -> None:
+        """Fail as infrastructure, not as the candidate, when `run_as` cannot use the run's paths.
+
+        Without this, an unreadable checkout would look like the candidate's own import or upload
+        failure and be charged. Only needed when switching users (otherwise the caller's access is
+        the run's).
+
+        Raises:
+            InfrastructureFailure: `run_as` cannot read the candidate checkout or the cases, or
+                cannot write the jobs dir or its home.
+        """
+        if run.run_as is None or os.geteuid() != 0:
+            return
+        cand, cases, jobs, home = (str(p.absolute()) for p in (run.candidate_dir, run.cases_dir, run.jobs_dir,
+                                                                run.run_as.home))
+        script = ('test -r "$1" -a -x "$1" -a -r "$2" -a -x "$2" -a -w "$3" -a -x "$3" '
+                  '-a -w "$4" -a -x "$4"')
+        try:
+            outcome = await run_process_group(["/bin/sh", "-c", script, "vero-access", cand, cases, jobs, home],
+                                              env=env, cwd=Path("/"), run_as=run.run_as, timeout_sec=30,
+                                              kill_grace_sec=1.0)
+        except OSError as exc:
+            raise InfrastructureFailure(f"cannot start a process as the nested run's user "
+                                        f"({type(exc).__name__})") from None
+        if outcome.returncode != 0:
+            raise InfrastructureFailure("the nested run's user cannot read the candidate checkout or the "
+                                        "cases, or cannot write the jobs dir or its home")
+
     async def _preflight(self, run: NestedRun, env: Mapping[str, str], secrets: Sequence[str]) -> str | None:
         """Import and construct the candidate agent as Harbor would; the failure's type, or None if fine.
 
@@ -350,3 +402,32 @@ class HarborBackend:
             raise InfrastructureFailure("the nested run's interpreter cannot import Harbor")
         logger.debug("evaluation %s: pre-flight output:\n%s", run.evaluation_id, outcome.output_tail)
         return exception_type or _PREFLIGHT_FAILED_EXCEPTION
+
+
+def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:
+    """Replace secret values in every text file under `root` (binary and huge files are skipped).
+
+    Harbor scrubs trial dirs by variable *name* (`trial/trial.py` `_scrub_jobs_dir`); a secret whose
+    name does not look sensitive, printed by a case or a candidate, would otherwise stay in trial
+    logs that `full` disclosure may show the agent.
+    """
+    from vero.harbor.command import scrub
+
+    if not root.is_dir():
+        return
+    for path in root.rglob("*"):
+        try:
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > _SCRUB_MAX_BYTES:
+                continue
+            data = path.read_bytes()
+            if b"\0" in data[:8192]:
+                continue
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        cleaned = scrub(text, secrets)
+        if cleaned != text:
+            try:
+                path.write_text(cleaned)
+            except OSError as exc:
+                logger.warning("cannot scrub %s: %s", path, type(exc).__name__)
