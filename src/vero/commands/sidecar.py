@@ -17,8 +17,10 @@ from vero.cli import harbor_app
 from vero.commands.exit_codes import run_command
 from vero.spec.compiled import CONTAINER_PATHS
 
-_SEAL_MARGIN_SEC = 300.0
-"""Added to the configured drain timeout to get the seal command's HTTP timeout."""
+_SEAL_MARGIN_SEC = 240.0
+"""Added to the configured drain timeout to get the seal command's HTTP timeout: a minute less than
+the collect hook's own margin (`vero.compiler.build.SEAL_MARGIN_SEC`), so the command reports a
+timeout itself before Harbor kills the hook."""
 
 
 @harbor_app.command("serve")
@@ -69,7 +71,7 @@ def seal_command(
         "--config", help="The served config; its drain timeout sets how long to wait.")] = Path(
         str(CONTAINER_PATHS.config)),
     timeout_sec: Annotated[float | None, typer.Option(
-        "--timeout-sec", min=1, help="Wait this long for the seal (default: drain timeout + 300 s, "
+        "--timeout-sec", min=1, help="Wait this long for the seal (default: drain timeout + 240 s, "
         "or 900 s without a readable config).")] = None,
 ) -> None:
     """Seal the running sidecar's session: close the entrance, drain, write the session archive.
