@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harbor_cases import RUN_AS_UID, ECHO_AGENT, reward_script, write_case  # noqa: E402
+from harbor_cases import BASE_IMAGE, ECHO_AGENT, RUN_AS_UID, reward_script, write_case  # noqa: E402
 
 @pytest.fixture(scope="session")
 def shared_root():
@@ -30,6 +30,13 @@ PROGRAM_PASS_TEST = reward_script(
     [ "$(cat /opt/cand/data.txt)" = "hello" ] || ok=0
     [ -f /opt/cand/installed.marker ] || ok=0
     [ ! -e /opt/cand/.git ] || ok=0
+    echo "{\\"reward\\": $ok.0}" > /logs/verifier/reward.json
+    """)
+PROGRAM_USER_TEST = reward_script(
+    """
+    ok=1
+    [ "$(cat /opt/cand/data.txt)" = "hello" ] || ok=0
+    [ "$(stat -c %U /opt/cand/installed.marker 2>/dev/null)" = "app" ] || ok=0
     echo "{\\"reward\\": $ok.0}" > /logs/verifier/reward.json
     """)
 PROGRAM_FAIL_TEST = reward_script(
@@ -52,6 +59,10 @@ def cases_dir(shared_root) -> Path:
     root.mkdir()
     write_case(root, "prog-pass", test_sh=PROGRAM_PASS_TEST)
     write_case(root, "prog-fail.v2", test_sh=PROGRAM_FAIL_TEST)
+    # Non-root agent user: the install agent hands the upload to `app` so the install can write.
+    write_case(root, "prog-user", test_sh=PROGRAM_USER_TEST,
+               dockerfile=f"FROM {BASE_IMAGE}\nRUN useradd -m app\nWORKDIR /app\n",
+               agent_user="app")
     write_case(root, "agent-echo", test_sh=AGENT_TEST,
                extra_toml='\n[environment.env]\nLEAK = "${VERO_TEST_SECRET:-unset}"\n')
     write_case(root, "slow", agent_timeout_sec=600,

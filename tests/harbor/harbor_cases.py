@@ -27,6 +27,7 @@ def write_case(
     *,
     test_sh: str,
     agent_timeout_sec: float | None = 60,
+    agent_user: str | None = None,
     verifier_timeout_sec: float = 60,
     build_timeout_sec: float = 300,
     dockerfile: str | None = None,
@@ -41,6 +42,7 @@ def write_case(
         name: the case (task dir) name.
         test_sh: content of `tests/test.sh` (ignored for multi-step cases).
         agent_timeout_sec: `[agent].timeout_sec` (None: no limit).
+        agent_user: `[agent].user`, if any.
         verifier_timeout_sec: `[verifier].timeout_sec`.
         build_timeout_sec: `[environment].build_timeout_sec`.
         dockerfile: `environment/Dockerfile` (default: the base image with `WORKDIR /app`).
@@ -51,6 +53,8 @@ def write_case(
     case = root / name
     (case / "environment").mkdir(parents=True)
     agent = f"timeout_sec = {agent_timeout_sec}\n" if agent_timeout_sec is not None else ""
+    if agent_user is not None:
+        agent += f'user = "{agent_user}"\n'
     toml = (f'schema_version = "1.4"\n\n[agent]\n{agent}\n[verifier]\ntimeout_sec = {verifier_timeout_sec}\n\n'
             f"[environment]\nbuild_timeout_sec = {build_timeout_sec}\n")
     if steps:

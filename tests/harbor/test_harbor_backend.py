@@ -58,17 +58,17 @@ def processes_mentioning(text: str) -> list[int]:
 @pytest.mark.timeout(600)
 def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir):
     run = make_run(evaluation_id="ev-program", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass", "prog-fail.v2"), runtime=PROGRAM,
-                   harbor=HarborSpec(n_concurrent=2, case_timeout_sec=120, infra_retries=0),
+                   jobs_dir=jobs_dir, case_names=("prog-pass", "prog-fail.v2", "prog-user"), runtime=PROGRAM,
+                   harbor=HarborSpec(n_concurrent=3, case_timeout_sec=120, infra_retries=0),
                    env={"SOME_SECRET": "s3cr3t-value-123"})
     result = asyncio.run(HarborBackend(**FAST).evaluate(run))
-    assert [c.case for c in result.cases] == ["prog-pass", "prog-fail.v2"]
-    assert {c.case: c.score for c in result.cases} == {"prog-pass": 1.0, "prog-fail.v2": 0.0}
-    assert result.score == 0.5
+    assert [c.case for c in result.cases] == ["prog-pass", "prog-fail.v2", "prog-user"]
+    assert {c.case: c.score for c in result.cases} == {"prog-pass": 1.0, "prog-fail.v2": 0.0, "prog-user": 1.0}
+    assert result.score == pytest.approx(2 / 3)
     assert result.n_dead == 0 and result.infra_retries == 0
     assert result.job_dir == str(jobs_dir / "ev-program")
-    # `-i` selected exactly these two cases (no other dir of the shared cases dir ran).
-    assert len(trial_dirs(jobs_dir / "ev-program")) == 2
+    # `-i` selected exactly these cases (no other dir of the shared cases dir ran).
+    assert len(trial_dirs(jobs_dir / "ev-program")) == 3
     # case_timeout_sec=120 over declared 60 s -> the agent phase alone is doubled.
     import json
 
@@ -305,3 +305,25 @@ def test_evaluation_id_must_be_a_portable_name(bad, cases_dir, program_candidate
                    case_names=("prog-pass",))
     with pytest.raises(ValueError):
         asyncio.run(HarborBackend(**FAST).evaluate(run))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_agent_preflight_runs_as_the_unprivileged_user(cases_dir, agent_candidate, shared_root, jobs_dir,
+                                                        run_as_toolchain):
+    """A good agent passes the pre-flight as uid 1001 (so the run reaches Harbor, here with no engine);
+    a broken one is charged. Neither needs Docker."""
+    harbor, python = run_as_toolchain
+    backend = HarborBackend(harbor_executable=harbor, python_executable=python, **FAST)
+    run = make_run(evaluation_id="ev-runas-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
+                   jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
+                   harbor=HarborSpec(infra_retries=0), run_as=run_as_identity(shared_root),
+                   env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    with pytest.raises(InfrastructureFailure):
+        asyncio.run(backend.evaluate(run))
+    assert (jobs_dir / "ev-runas-agent.harbor.log").exists()
+
+    broken = run.model_copy(update={"evaluation_id": "ev-runas-broken", "runtime": CandidateRuntime(
+        kind="agent", agent_import_path="cand_agent:NoSuchClass")})
+    result = asyncio.run(backend.evaluate(broken))
+    assert result.n_dead == 1 and result.cases[0].attempts[0].exception_type == "AttributeError"

@@ -62,13 +62,20 @@ from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.harbor.command import (
+    AgentTimeoutPlan,
+    HarborCommand,
     build_command,
     declared_agent_timeouts,
     find_harbor_executable,
     nested_env,
     plan_agent_timeout,
 )
-from vero.harbor.process import finish_uncancellable, remove_docker_leftovers, run_process_group
+from vero.harbor.process import (
+    ProcessOutcome,
+    finish_uncancellable,
+    remove_docker_leftovers,
+    run_process_group,
+)
 from vero.harbor.results import JobCollation, collate_job, merge_outcomes
 
 __all__ = ["HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
@@ -283,8 +290,8 @@ class HarborBackend:
                 f"after {rounds} attempt(s): {exc.reason}") from None
         return result(attempts, first_job_dir, rounds - 1)
 
-    async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str], plan,
-                         env: Mapping[str, str], secrets: Sequence[str],
+    async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str],
+                         plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
                          reward_key: str) -> tuple[JobCollation, bool]:
         command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
                                 harbor_executable=self.harbor_executable, base_env=self._base_env)
@@ -316,8 +323,8 @@ class HarborBackend:
         return collation, outcome.timed_out
 
     @staticmethod
-    def _prepare_job_dir(command) -> None:
-        job_dir: Path = command.job_dir
+    def _prepare_job_dir(command: HarborCommand) -> None:
+        job_dir = command.job_dir
         if job_dir.exists():
             # Never resume a stale job of the same name (Harbor would skip its finished trials).
             job_dir.rename(job_dir.with_name(f"{job_dir.name}.stale-{time.time_ns()}"))
@@ -326,7 +333,7 @@ class HarborBackend:
             path.write_text(text)
             path.chmod(0o644)
 
-    def _write_trusted_log(self, path: Path, outcome) -> None:
+    def _write_trusted_log(self, path: Path, outcome: ProcessOutcome) -> None:
         text = (f"returncode: {outcome.returncode}\ntimed_out: {outcome.timed_out}\n"
                 f"duration_sec: {outcome.duration_sec:.1f}\n--- output tail ---\n{outcome.output_tail}\n")
         try:
