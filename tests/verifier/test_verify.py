@@ -426,6 +426,25 @@ def test_checkouts_are_fresh_and_removed_afterwards(bench: Workbench) -> None:
     bench.verify(bench.config(), archive, backend)
     runs = list((bench.root / "run" / "work" / "runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "jobs").is_dir() and not (runs[0] / "candidate").exists()
-    assert os.stat(bench.root / "run" / "work" / "session").st_mode & 0o077 == 0
+    (session_dir,) = (bench.root / "run" / "work").glob("session-*")
+    assert os.stat(session_dir).st_mode & 0o077 == 0
+    # The same work dir serves a second verification: fresh session and baseline dirs each time.
+    again = bench.verify(bench.config(), archive, TableBackend(backend.table), tag="run")
+    assert again.status == "scored" and len(list((bench.root / "run" / "work").glob("session-*"))) == 2
     with tarfile.open(archive) as tar:
         assert "submission.json" in tar.getnames()
+
+
+def test_a_backend_bug_leaves_the_target_unmeasured_not_the_reward_missing(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+
+    class Broken(TableBackend):
+        async def evaluate(self, run):
+            raise RuntimeError("bug with a secret-looking detail: hunter2")
+
+    final = bench.verify(bench.config(direction="minimize", failure_value=1e9), bench.seal(), Broken({}))
+
+    assert reward(bench) == {"reward": 1e9} and final.status == "failed"
+    assert final.targets[0].error == "RuntimeError (unexpected; see the verifier log)"
+    assert "hunter2" not in (bench.artifacts() / "finalization.json").read_text()

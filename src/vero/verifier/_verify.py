@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,14 +172,14 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     warnings.extend(copy_session(archive, dirs))
     session_sha256 = _sha256(archive)
 
-    work.mkdir(parents=True, exist_ok=True)
-    if run_as is not None:
-        # The runner must traverse the work dir to reach its own run dirs, nothing more.
-        os.chmod(work, 0o711)
     session: Session | None = None
     try:
-        session_dir = work / "session"
-        session_dir.mkdir(mode=0o700)
+        work.mkdir(parents=True, exist_ok=True)
+        if run_as is not None:
+            # The runner must traverse the work dir to reach its own run dirs, nothing more.
+            os.chmod(work, 0o711)
+        # Fresh, private (0700) directories: a reused work dir never mixes two verifications.
+        session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
         session = await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
                                           baseline_commit=config.baseline_commit)
     except (SessionInvalid, OSError) as exc:
@@ -194,15 +195,18 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         _write_artifacts(finalization, SessionStatus(valid=False, error=reason), None, dirs)
         return finalization
 
-    baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), work / "baseline", config.baseline_commit)
-    if baseline.error:
-        errors.append(baseline.error)
-
+    baseline = RebuiltBaseline(None, None, "the baseline was not rebuilt")
     selection: Selection | None = None
     scorer: Scorer | None = None
     targets: list[TargetOutcome] = []
     try:
         from vero.core.candidates import CandidateStore
+
+        baseline_dest = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "tree"
+        baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), baseline_dest,
+                                           config.baseline_commit)
+        if baseline.error:
+            errors.append(baseline.error)
 
         store = CandidateStore.open(session.root)
 
@@ -245,6 +249,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         logger.exception("verification failed")
         errors.append(f"verification failed: {type(exc).__name__}")
         rewards = failure_rewards(config)
+        targets = _failure_targets(config, reason="not scored: the verification failed")
     finally:
         if scorer is not None:
             scorer.discard_checkouts()
