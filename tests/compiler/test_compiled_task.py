@@ -64,7 +64,8 @@ def test_task_toml_loads_with_harbors_task_config(spec_tree, tmp_path):
     assert hook.timeout_sec > spec_tree.document["harbor"]["drain_timeout_sec"]
     (artifact,) = config.artifacts
     assert (artifact.source, artifact.service) == ("/export/vero", "eval-sidecar")
-    assert config.environment.healthcheck is not None and "eval-sidecar:8000/health" in config.environment.healthcheck.command
+    healthcheck = config.environment.healthcheck
+    assert healthcheck is not None and "eval-sidecar:8000/health" in healthcheck.command
     assert config.metadata["spec_digest"] == result.spec_digest
     assert config.metadata["baseline_commit"] == result.baseline_commit
 
@@ -145,7 +146,8 @@ def test_no_secret_value_in_any_compiled_byte(tmp_path):
     assert config["verifier"]["env"] == {SECRET_NAME: "${" + SECRET_NAME + "}"}
     compose = _compose(layout.compose_path)
     assert compose["services"]["main"]["environment"][SECRET_NAME] == ""
-    assert compose["services"]["eval-sidecar"]["environment"][SECRET_NAME] == f"${{{SECRET_NAME}:?{SECRET_NAME} must be set}}"
+    expected = f"${{{SECRET_NAME}:?{SECRET_NAME} must be set}}"
+    assert compose["services"]["eval-sidecar"]["environment"][SECRET_NAME] == expected
     assert load_config(layout.sidecar.config_path, SidecarConfig).secrets == [SECRET_NAME]
 
 
@@ -254,3 +256,24 @@ def test_spec_digest_changes_with_a_case_file_and_not_with_the_location(tmp_path
     tree = make_spec_tree(tmp_path / "c")
     (tree.root / "cases" / HIDDEN_CASES[0] / "tests" / "extra.txt").write_text("more\n")
     assert _compile(tree, tmp_path / "tc").spec_digest != a.spec_digest
+
+
+def test_agent_target_compiles_with_its_import_path(tmp_path):
+    def agent_target(document: dict) -> None:
+        document["target"] = {"kind": "agent", "path": "target", "agent_import_path": "my_agent.core:Solver"}
+
+    tree = make_spec_tree(tmp_path / "spec", agent_target)
+    package = tree.root / "target" / "my_agent"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "core.py").write_text("class Solver:\n    pass\n")
+    tree.write(agent_target)
+    layout = _compile(tree, tmp_path / "task").layout
+    assert "`my_agent.core:Solver`" in layout.instruction_path.read_text()
+    runtime = load_config(layout.sidecar.config_path, SidecarConfig).runtime
+    assert (runtime.kind, runtime.agent_import_path) == ("agent", "my_agent.core:Solver")
+    # Without target.reference the oracle evaluates and submits the baseline itself.
+    solve = layout.solve_path.read_text()
+    assert "git apply" not in solve and "cp -R" not in solve and "git commit" not in solve
+    assert "vero harbor eval --partition train --wait" in solve and "vero harbor submit" in solve
+    assert not layout.reference_dir.exists() and not layout.reference_patch_path.exists()

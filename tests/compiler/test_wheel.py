@@ -10,7 +10,6 @@ import sys
 import sysconfig
 import zipfile
 from io import BytesIO
-from pathlib import Path
 
 import pytest
 

@@ -14,7 +14,8 @@ from vero.commands.exit_codes import EXIT_FAILED, fail, run_command
 @harbor_app.command("build")
 def build(
     config: Annotated[Path, typer.Option(
-        "--config", "-c", help="The optimization spec (build.yaml). Relative paths in it resolve against its directory.",
+        "--config", "-c",
+        help="The optimization spec (build.yaml). Relative paths in it resolve against its directory.",
     )],
     output: Annotated[Path, typer.Option(
         "--output", "-o", help="Task directory to write (created). Must be empty unless --force.",
@@ -32,7 +33,8 @@ def build(
 
     Secrets named in the spec must be set in this environment; only their names are written.
 
-    Prints the tarball's path and sha256 (also written to TARBALL.sha256); the same spec and inputs always give the same tarball bytes.
+    Prints the tarball's path and sha256 (also written to TARBALL.sha256); the same spec and inputs
+    always give the same tarball bytes.
     """
     import json
 
