@@ -33,8 +33,7 @@ def build(
 
     Secrets named in the spec must be set in this environment; only their names are written.
 
-    Prints the tarball's path and sha256 (also written to TARBALL.sha256); the same spec and inputs
-    always give the same tarball bytes.
+    Prints the tarball's path and sha256 (also in TARBALL.sha256). Same spec and inputs, same bytes.
     """
     import json
 
