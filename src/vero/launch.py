@@ -131,13 +131,14 @@ def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
     rewards = (result.get("verifier_result") or {}).get("rewards") or {}
     outcome.rewards = {k: float(v) for k, v in rewards.items() if isinstance(v, (int, float))}
     outcome.exception_type = (result.get("exception_info") or {}).get("exception_type")
-    for candidate in sorted(trial.glob("artifacts/**/finalization.json")):
-        outcome.artifacts_dir = candidate.parent
+    # A separate verifier's /logs/verifier is downloaded to <trial>/verifier (HARBOR-NOTES §1).
+    final = trial / "verifier" / "artifacts" / "finalization.json"
+    if final.is_file():
+        outcome.artifacts_dir = final.parent
         try:
-            outcome.finalization = json.loads(candidate.read_text())
+            outcome.finalization = json.loads(final.read_text())
         except (OSError, ValueError):
             outcome.finalization = None
-        break
     return outcome
 
 

@@ -50,9 +50,13 @@ def run(
     final = outcome.finalization or {}
     chosen = final.get("chosen") or {}
     if isinstance(chosen, dict) and chosen.get("candidate"):
-        table.add_row("chosen candidate", str(chosen.get("candidate")))
-        if chosen.get("reason"):
-            table.add_row("chosen because", str(chosen.get("reason")))
+        label = "baseline" if chosen.get("is_baseline") else (chosen.get("subject") or "")
+        table.add_row("chosen candidate", f"{chosen['candidate']} {label}".strip())
+    selection = final.get("selection") or {}
+    if isinstance(selection, dict) and selection.get("method"):
+        table.add_row("selected by", str(selection["method"]))
+    if final.get("status"):
+        table.add_row("verifier status", str(final["status"]))
     table.add_row("trial", str(outcome.trial_dir or "none (see job.log)"))
     if outcome.artifacts_dir:
         table.add_row("artifacts", str(outcome.artifacts_dir))
