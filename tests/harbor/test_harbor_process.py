@@ -141,3 +141,22 @@ def test_compose_project_prefix_matches_harbor(trial):
     other = "prog-pass__AbC1235"
     if other != trial:
         assert not _sanitize_docker_compose_project_name(f"{other}__env").startswith(prefix)
+
+
+@pytest.mark.timeout(60)
+def test_a_grandchild_that_escaped_the_group_does_not_hang_the_run(tmp_path):
+    """It holds the output pipe open; the leader's exit must still be seen (Python 3.12 `wait()`)."""
+    pidfile = tmp_path / "escaped.pid"
+    started = time.monotonic()
+    try:
+        outcome = asyncio.run(run_process_group(["sh", "-c", f"setsid sleep 40 & echo $! > {pidfile}; echo bye"],
+                                                env=ENV, cwd=tmp_path, timeout_sec=30))
+        assert outcome.returncode == 0 and not outcome.timed_out
+        assert "bye" in outcome.output_tail
+        assert time.monotonic() - started < 15
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except ProcessLookupError:
+                pass

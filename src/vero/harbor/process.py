@@ -164,14 +164,25 @@ async def run_process_group(
     elif run_as is not None:
         logger.debug("not root: the nested run keeps the caller's identity")
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        *argv, env=dict(env), cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True, **identity)
+    # Our own pipe, not `stdout=PIPE`: on Python 3.12 `Process.wait()` returns only once every
+    # transport pipe is closed, so a grandchild holding stdout would hide the leader's exit.
+    read_fd, write_fd = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, env=dict(env), cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_fd, stderr=asyncio.subprocess.STDOUT, start_new_session=True, **identity)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
     pgid = process.pid  # the session leader's pid is its group id
     tail = _Tail(tail_bytes, secrets)
-    assert process.stdout is not None
-    drain = asyncio.ensure_future(_drain(process.stdout, tail))
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                                os.fdopen(read_fd, "rb", 0))
+    drain = asyncio.ensure_future(_drain(reader, tail))
     timed_out = False
     try:
         try:
@@ -185,12 +196,15 @@ async def run_process_group(
     except asyncio.CancelledError:
         await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec))
         drain.cancel()
+        transport.close()
         raise
     try:
         await asyncio.wait_for(drain, timeout=5)
     except TimeoutError:
         # A grandchild that escaped the group may still hold the pipe; the tail is good enough.
         drain.cancel()
+    finally:
+        transport.close()
     return ProcessOutcome(returncode=process.returncode, timed_out=timed_out, output_tail=tail.text(),
                           duration_sec=time.monotonic() - started)
 
