@@ -8,6 +8,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from vero.core.evaluation import CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
@@ -101,13 +102,15 @@ async def test_terminal_states_never_change(tmp_path, make_job):
     assert store.get(job.id).state == "cancelled"
 
 
-async def test_accessors_return_copies(tmp_path, make_job):
+async def test_returned_jobs_are_immutable_snapshots(tmp_path, make_job):
     store = JobStore.open(tmp_path)
     job = await store.create(make_job("rs-1"))
-    job.state = "complete"
-    store.get(job.id).cases.append("zz")
-    store.list()[0].state = "failed"
-    assert store.get(job.id).state == "queued" and store.get(job.id).cases == ["c1", "c2"]
+    with pytest.raises(ValidationError):
+        job.state = "complete"
+    with pytest.raises(ValidationError):
+        store.list()[0].state = "failed"
+    updated = await store.update(job.id, state="running")
+    assert job.state == "queued" and updated.state == "running" and store.get(job.id).state == "running"
 
 
 async def test_concurrent_creates_and_updates_are_all_recorded(tmp_path, make_job):
@@ -176,9 +179,10 @@ async def test_index_entry_without_record_is_dropped(tmp_path, make_job):
 async def test_missing_index_is_rebuilt_in_creation_order(tmp_path, make_job):
     store = JobStore.open(tmp_path)
     base = datetime(2026, 1, 1, tzinfo=UTC)
-    jobs = [make_job(f"rs-{i}") for i in range(4)]
-    for i, job in enumerate(jobs):
-        job.created_at = base + timedelta(minutes=10 - i)  # ids sort differently from creation times
+    # ids sort differently from creation times
+    jobs = [make_job(f"rs-{i}").model_copy(update={"created_at": base + timedelta(minutes=10 - i)})
+            for i in range(4)]
+    for job in jobs:
         await store.create(job)
     (tmp_path / "jobs" / "index.json").unlink()
     reopened = JobStore.open(tmp_path)

@@ -52,7 +52,7 @@ _INDEX_SCHEMA_VERSION = 1
 class EvaluationJob(BaseModel):
     """One evaluation request and its outcome. Written atomically on every change."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     id: str = Field(pattern=_JOB_ID_PATTERN)
     principal: str
     partition: str
@@ -200,7 +200,7 @@ class JobStore:
             self._jobs = {**self._jobs, job.id: job}
             return job
 
-        return (await self._commit(step)).model_copy(deep=True)
+        return await self._commit(step)
 
     async def update(self, job_id: str, **changes: Any) -> EvaluationJob:
         """Apply field changes and persist atomically. Raises UnknownJob.
@@ -233,23 +233,23 @@ class JobStore:
             self._jobs = {**self._jobs, job_id: updated}
             return updated
 
-        return (await self._commit(step)).model_copy(deep=True)
+        return await self._commit(step)
 
     def get(self, job_id: str) -> EvaluationJob:
-        """A copy of one job. Raises UnknownJob."""
+        """One job (an immutable snapshot, shared: do not mutate nested results). Raises UnknownJob."""
         job = self._jobs.get(job_id)
         if job is None:
             raise UnknownJob("no evaluation job with that id")
-        return job.model_copy(deep=True)
+        return job
 
     def list(self, principal: str | None = None) -> list[EvaluationJob]:
-        """Jobs in creation order, optionally only one principal's (copies)."""
-        return [job.model_copy(deep=True) for job in self._jobs.values()
+        """Jobs in creation order, optionally only one principal's (immutable snapshots)."""
+        return [job for job in self._jobs.values()
                 if principal is None or job.principal == principal]
 
     def unfinished(self) -> list[EvaluationJob]:
-        """Jobs in `queued` or `running`, in creation order (copies)."""
-        return [job.model_copy(deep=True) for job in self._jobs.values() if job.state not in TERMINAL_STATES]
+        """Jobs in `queued` or `running`, in creation order (immutable snapshots)."""
+        return [job for job in self._jobs.values() if job.state not in TERMINAL_STATES]
 
 
 async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger, *,
