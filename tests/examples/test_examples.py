@@ -1,0 +1,363 @@
+"""The runnable examples in `tasks/`: specs, cases, references and (on Docker) their real scores.
+
+Non-Docker tests check the content: each spec loads and validates, every case is a Harbor 0.26 task
+(`Task.is_valid_dir`, `TaskConfig.model_validate_toml`), hidden cases leak into nothing the agent
+sees, the reference change applies to the target, the c-matmul harness catches wrong results and the
+puzzle answers match their generated data. Docker tests run the cases with real `harbor run`: the
+reference must strictly beat the baseline on the hidden partition.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from harbor.models.task.config import TaskConfig
+from harbor.models.task.task import Task
+
+from .conftest import (
+    EXAMPLES,
+    apply_reference,
+    case_dir,
+    load_example,
+    start_harbor,
+    visible_partitions,
+    wait_harbor,
+)
+
+ALL_CASES = [
+    (example, case)
+    for example in EXAMPLES
+    for cases in load_example(example).cases.partitions.values()
+    for case in cases
+]
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _hidden_cases(example: str) -> list[str]:
+    spec = load_example(example)
+    return [case for partition in spec.targets for case in spec.cases.partitions[partition]]
+
+
+def _visible_cases(example: str) -> list[str]:
+    spec = load_example(example)
+    return [case for partition in visible_partitions(spec) for case in spec.cases.partitions[partition]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Specs and cases (no Docker)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_spec_loads_with_visible_and_hidden_partitions(example: str) -> None:
+    spec = load_example(example)
+    assert spec.name == example
+    visible, hidden = visible_partitions(spec), sorted(spec.targets)
+    assert visible and hidden
+    assert not set(visible) & set(hidden)
+    assert any(spec.agent_access[p].disclosure == "full" for p in visible)
+    assert spec.selection.mode == "submit" and spec.selection.partition in visible
+    assert spec.harbor.environment == "docker" and spec.harbor.n_concurrent == 2
+    assert spec.target.reference is not None and spec.target.reference.exists()
+    for partition in hidden:
+        assert spec.cases.partitions[partition], f"hidden partition {partition} is empty"
+
+
+def test_examples_have_the_expected_target_kinds() -> None:
+    matmul, puzzle = load_example("c-matmul"), load_example("puzzle-agent")
+    assert matmul.target.kind == "program" and matmul.target.install_path == "/opt/candidate"
+    assert puzzle.target.kind == "agent"
+    assert puzzle.target.agent_import_path == "puzzle_agent.agent:PuzzleAgent"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_case_dir_belongs_to_exactly_one_partition(example: str) -> None:
+    spec = load_example(example)
+    assert spec.cases.path is not None
+    on_disk = sorted(p.name for p in spec.cases.path.iterdir() if p.is_dir())
+    listed = sorted(case for cases in spec.cases.partitions.values() for case in cases)
+    assert on_disk == listed
+
+
+@pytest.mark.parametrize(("example", "case"), ALL_CASES)
+def test_case_is_a_valid_harbor_task(example: str, case: str) -> None:
+    path = case_dir(load_example(example), case)
+    assert Task.is_valid_dir(path), f"Harbor does not accept {path} as a task dir"
+    raw = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
+    config = TaskConfig.model_validate_toml((path / "task.toml").read_text(encoding="utf-8"))
+    assert config.schema_version == "1.4"
+    # Harbor ignores unknown keys silently (HARBOR-NOTES §1), so check the sections we rely on exist.
+    assert set(raw) <= {"schema_version", "metadata", "agent", "verifier", "environment"}
+    assert raw["agent"]["timeout_sec"] == config.agent.timeout_sec > 0
+    assert raw["verifier"]["timeout_sec"] == config.verifier.timeout_sec > 0
+    assert raw["environment"]["build_timeout_sec"] == config.environment.build_timeout_sec > 0
+    assert config.metadata["example"] == example
+    assert (path / "instruction.md").read_text(encoding="utf-8").strip()
+    dockerfile = (path / "environment" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^FROM python:3\.13-slim$", dockerfile, re.M)
+    test_sh = path / "tests" / "test.sh"
+    assert os.access(test_sh, os.X_OK) and test_sh.read_text().startswith("#!/bin/bash\n")
+    assert subprocess.run(["bash", "-n", str(test_sh)], capture_output=True).returncode == 0
+    assert not (path / "solution").exists(), "cases carry no solution; the oracle applies the reference"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_case_environments_are_byte_identical(example: str) -> None:
+    spec = load_example(example)
+    cases = [case_dir(spec, c) for cs in spec.cases.partitions.values() for c in cs]
+    for relative in ("environment/Dockerfile", "tests/test.sh"):
+        contents = {(c / relative).read_bytes() for c in cases}
+        assert len(contents) == 1, f"{relative} differs between {example} cases"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_hidden_cases_are_not_referenced_by_anything_the_agent_sees(example: str) -> None:
+    """Hidden case names and hidden answers appear in no visible case, no target file, no description."""
+    spec = load_example(example)
+    hidden = _hidden_cases(example)
+    def quoted(case: str) -> set[str]:
+        """Literals (not paths) an instruction quotes in backticks."""
+        text = (case_dir(spec, case) / "instruction.md").read_text(encoding="utf-8")
+        return {q for q in re.findall(r"`([^`\n]+)`", text) if not q.startswith("/") and len(q) >= 6}
+
+    secrets = set(hidden)
+    for case in hidden:
+        expected = case_dir(spec, case) / "tests" / "expected.txt"
+        if expected.is_file():
+            secrets |= {line for line in expected.read_text(encoding="utf-8").splitlines() if len(line) > 6}
+        secrets |= quoted(case) - set().union(*(quoted(c) for c in _visible_cases(example)))
+    seen = [case_dir(spec, c) for c in _visible_cases(example)] + [spec.target.path]
+    for root in seen:
+        for path in _files(root):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            leaked = sorted(s for s in secrets if s in text)
+            assert not leaked, f"{path} mentions hidden material {leaked}"
+    assert not [s for s in secrets if s in spec.description]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_reference_applies_cleanly_and_changes_the_target(example: str, tmp_path: Path) -> None:
+    spec = load_example(example)
+    checked = apply_reference(spec, tmp_path / "checked", check_only=True)
+    applied = apply_reference(spec, tmp_path / "applied")
+    before = {p.relative_to(checked): p.read_bytes() for p in _files(checked)}
+    after = {p.relative_to(applied): p.read_bytes() for p in _files(applied)}
+    assert before != after
+    assert before == {p.relative_to(spec.target.path): p.read_bytes() for p in _files(spec.target.path)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# c-matmul (no Docker)
+
+
+def test_matmul_cases_declare_their_size_and_share_the_harness() -> None:
+    spec = load_example("c-matmul")
+    sizes = []
+    for _, case in [c for c in ALL_CASES if c[0] == "c-matmul"]:
+        path = case_dir(spec, case)
+        config = TaskConfig.model_validate_toml((path / "task.toml").read_text(encoding="utf-8"))
+        assert config.verifier.env["MATMUL_N"] == case.removeprefix("mm-") == str(config.metadata["matrix_size"])
+        assert 200 <= int(case.removeprefix("mm-")) <= 512
+        sizes.append(int(case.removeprefix("mm-")))
+        for name in ("bench.c", "naive.c"):
+            assert (path / "tests" / name).read_bytes() == (case_dir(spec, "mm-256") / "tests" / name).read_bytes()
+    assert len(set(sizes)) == len(sizes)
+    # The naive reference is the baseline's loop, so the baseline scores about 1.0.
+    body = lambda text: text[text.index("void matmul"):]  # noqa: E731
+    naive = (case_dir(spec, "mm-256") / "tests" / "naive.c").read_text()
+    assert body(naive) == body((spec.target.path / "matmul.c").read_text())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc on the host")
+def test_matmul_harness_accepts_correct_candidates_and_rejects_wrong_ones(tmp_path: Path) -> None:
+    """Builds `tests/bench.c` with host gcc against the baseline, the reference and broken candidates."""
+    spec = load_example("c-matmul")
+    bench = case_dir(spec, "mm-256") / "tests" / "bench.c"
+    reference = apply_reference(spec, tmp_path / "reference")
+    wrong = shutil.copytree(spec.target.path, tmp_path / "wrong")
+    source = (wrong / "matmul.c").read_text()
+    (wrong / "matmul.c").write_text(source.replace("c[i * n + j] = sum;", "c[i * n + j] = sum + (i == 3 && j == 2);"))
+    partial = shutil.copytree(spec.target.path, tmp_path / "partial")
+    (partial / "matmul.c").write_text(source.replace("c[i * n + j] = sum;", "if (j) c[i * n + j] = sum;"))
+
+    def run(candidate: Path, n: int) -> subprocess.CompletedProcess[str]:
+        binary = tmp_path / f"bench-{candidate.name}"
+        subprocess.run(["gcc", "-O2", "-std=c11", f"-I{candidate}", "-o", str(binary), str(bench),
+                        str(candidate / "matmul.c"), "-lm"], check=True, timeout=60)
+        return subprocess.run([str(binary), str(n), "2", "1"], capture_output=True, text=True, timeout=60)
+
+    for n in (1, 3, 7, 64, 130):  # odd sizes exercise the reference's remainder loops
+        for candidate in (spec.target.path, reference):
+            result = run(candidate, n)
+            assert result.returncode == 0, (candidate, n, result.stderr)
+            assert re.fullmatch(r"best_sec=[0-9.]+\n", result.stdout)
+    for candidate in (wrong, partial):
+        result = run(candidate, 64)
+        assert result.returncode == 2 and "wrong result" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# puzzle-agent (no Docker)
+
+
+def _solve_puzzle(kind: str, instruction: str, root: Path) -> str:
+    """An independent solver: what `tests/expected.txt` must hold for data generated under `root`."""
+    files = _files(root)
+    if kind == "count-lines":
+        (path,) = files
+        return str(path.read_text().count("\n"))
+    if kind == "sum-numbers":
+        (path,) = files
+        return str(sum(int(word) for word in path.read_text().split()))
+    if kind == "decode-base64":
+        return base64.b64decode((root / "secret.b64").read_text()).decode().rstrip("\n")
+    if kind == "reverse-string":
+        return (root / "word.txt").read_text().rstrip("\n")[::-1]
+    if kind == "sort-words":
+        return "\n".join(sorted((root / "words.txt").read_text().split()))
+    if kind == "find-file":
+        (needle,) = re.findall(r"contains the text `([^`]+)`", instruction)
+        (hit,) = [p for p in files if needle in p.read_text()]
+        return "/app/" + hit.relative_to(root).as_posix()
+    raise AssertionError(f"unknown puzzle kind {kind}")
+
+
+PUZZLE_CASES = [case for example, case in ALL_CASES if example == "puzzle-agent"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", PUZZLE_CASES)
+def test_puzzle_data_is_deterministic_and_matches_the_expected_answer(case: str, tmp_path: Path) -> None:
+    path = case_dir(load_example("puzzle-agent"), case)
+    kind = TaskConfig.model_validate_toml((path / "task.toml").read_text()).metadata["puzzle_kind"]
+    assert case.startswith(f"{kind}-")
+    instruction = (path / "instruction.md").read_text()
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        root.mkdir()
+        subprocess.run([sys.executable, str(path / "environment" / "generate.py"), str(root)],
+                       check=True, timeout=30)
+    snapshot = lambda root: {p.relative_to(root): p.read_bytes() for p in _files(root)}  # noqa: E731
+    assert snapshot(roots[0]) == snapshot(roots[1])
+    expected = (path / "tests" / "expected.txt").read_text(encoding="utf-8").rstrip("\n")
+    assert _solve_puzzle(kind, instruction, roots[0]) == expected
+
+
+def _recognized_kinds(target: Path) -> dict[str, str | None]:
+    """Case -> the puzzle kind the agent in `target` recognizes (a fresh interpreter per target)."""
+    spec = load_example("puzzle-agent")
+    code = (
+        "import sys, json\n"
+        "from puzzle_agent.agent import parse_puzzle\n"
+        "out = {}\n"
+        "for name, path in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+        "    puzzle = parse_puzzle(open(path).read())\n"
+        "    out[name] = puzzle and puzzle.strategy.kind\n"
+        "print(json.dumps(out))\n"
+    )
+    args = [a for c in PUZZLE_CASES for a in (c, str(case_dir(spec, c) / "instruction.md"))]
+    env = dict(os.environ, PYTHONPATH=str(target), PYTHONDONTWRITEBYTECODE="1")
+    result = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                            text=True, timeout=60, check=True)
+    return json.loads(result.stdout)
+
+
+def _kind(case: str) -> str:
+    return case.rsplit("-", 1)[0]
+
+
+BASELINE_KINDS = {"count-lines", "sum-numbers", "decode-base64"}
+
+
+@pytest.mark.timeout(120)
+def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_path: Path) -> None:
+    spec = load_example("puzzle-agent")
+    baseline = _recognized_kinds(spec.target.path)
+    reference = _recognized_kinds(apply_reference(spec, tmp_path / "reference"))
+    assert reference == {case: _kind(case) for case in PUZZLE_CASES}
+    assert baseline == {case: (_kind(case) if _kind(case) in BASELINE_KINDS else None) for case in PUZZLE_CASES}
+    hidden_only_reference = {_kind(c) for c in _hidden_cases("puzzle-agent")} - BASELINE_KINDS
+    visible_kinds = {_kind(c) for c in _visible_cases("puzzle-agent")}
+    assert hidden_only_reference - visible_kinds, "a hidden kind that only the reference solves"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real Harbor on Docker
+
+
+def _copy_cases(example: str, cases: list[str], dest: Path) -> Path:
+    spec = load_example(example)
+    dest.mkdir(parents=True)
+    for case in cases:
+        shutil.copytree(case_dir(spec, case), dest / case)
+    return dest
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+def test_puzzle_reference_beats_baseline_on_hidden_cases(tmp_path: Path) -> None:
+    spec = load_example("puzzle-agent")
+    hidden = _hidden_cases("puzzle-agent")
+    cases = _copy_cases("puzzle-agent", hidden, tmp_path / "cases")
+    reference = apply_reference(spec, tmp_path / "reference")
+    jobs = tmp_path / "jobs"
+    agent = spec.target.agent_import_path
+    # Both jobs at once: each is a separate Harbor process with its own agent code on PYTHONPATH.
+    runs = {
+        "baseline": start_harbor(cases, agent, jobs, "baseline", pythonpath=spec.target.path),
+        "reference": start_harbor(cases, agent, jobs, "reference", pythonpath=reference),
+    }
+    outcomes = {name: wait_harbor(process, jobs, name, timeout_sec=800) for name, process in runs.items()}
+    for name, trials in outcomes.items():
+        assert sorted(trials) == sorted(hidden), f"{name}: trials {sorted(trials)} (see {jobs}/{name}.log)"
+        for case, trial in trials.items():
+            assert trial.exception_type is None and trial.reward is not None, (name, case, trial)
+    assert {c: t.reward for c, t in outcomes["reference"].items()} == dict.fromkeys(hidden, 1)
+    assert {c: t.reward for c, t in outcomes["baseline"].items()} == {
+        c: int(_kind(c) in BASELINE_KINDS) for c in hidden
+    }
+    mean = lambda trials: sum(t.reward for t in trials.values()) / len(trials)  # noqa: E731
+    assert mean(outcomes["reference"]) > mean(outcomes["baseline"])
+
+
+def _oracle_case(source: Path, candidate: Path, dest: Path) -> None:
+    """A throwaway copy of a c-matmul case whose oracle installs `candidate` at /opt/candidate."""
+    shutil.copytree(source, dest)
+    shutil.copytree(candidate, dest / "solution" / "candidate")
+    solve = dest / "solution" / "solve.sh"
+    solve.write_text("#!/bin/bash\nset -e\nmkdir -p /opt/candidate\ncp -R /solution/candidate/. /opt/candidate/\n")
+    solve.chmod(0o755)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+def test_matmul_reference_is_at_least_twice_as_fast_on_hidden_sizes(tmp_path: Path) -> None:
+    spec = load_example("c-matmul")
+    reference = apply_reference(spec, tmp_path / "reference")
+    cases = tmp_path / "cases"
+    hidden = _hidden_cases("c-matmul")
+    for case in hidden:
+        _oracle_case(case_dir(spec, case), spec.target.path, cases / f"baseline-{case}")
+        _oracle_case(case_dir(spec, case), reference, cases / f"reference-{case}")
+    jobs = tmp_path / "jobs"
+    trials = wait_harbor(start_harbor(cases, "oracle", jobs, "oracle"), jobs, "oracle", timeout_sec=800)
+    assert sorted(trials) == sorted(f"{v}-{c}" for v in ("baseline", "reference") for c in hidden)
+    for name, trial in trials.items():
+        assert trial.exception_type is None and trial.reward is not None, (name, trial)
+    for case in hidden:
+        baseline, improved = trials[f"baseline-{case}"].reward, trials[f"reference-{case}"].reward
+        # The baseline is the naive loop itself: its speed-up is 1 up to timing noise.
+        assert 0.6 <= baseline <= 1.6, (case, baseline)
+        assert improved >= 2.0, (case, improved)
