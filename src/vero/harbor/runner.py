@@ -52,7 +52,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -150,8 +150,9 @@ class HarborBackend:
             `sys.executable`, else on `PATH`).
         python_executable: interpreter of the `kind: agent` pre-flight; default the `python` next to
             `harbor_executable`, else `sys.executable` (it must see the same packages as Harbor).
-        infra_wait: tenacity wait strategy between infrastructure retries; default exponential
-            back-off of 5, 10, 20, ... seconds, at most 120 s. Tests pass `tenacity.wait_none()`.
+        infra_wait: tenacity wait strategy (any callable of the retry state returning seconds)
+            between infrastructure retries; default exponential back-off of 5, 10, 20, ... seconds,
+            at most 120 s. Tests pass `tenacity.wait_none()`.
         kill_grace_sec: seconds between SIGTERM and SIGKILL of the process group.
         preflight_timeout_sec: limit of the `kind: agent` pre-flight (import and construction).
         tail_bytes: how much of Harbor's output is kept for the trusted log.
@@ -163,7 +164,7 @@ class HarborBackend:
         *,
         harbor_executable: Path | None = None,
         python_executable: Path | None = None,
-        infra_wait: tenacity.wait.wait_base | None = None,
+        infra_wait: Callable[[tenacity.RetryCallState], float] | None = None,
         kill_grace_sec: float = 15.0,
         preflight_timeout_sec: float = 120.0,
         tail_bytes: int = 4096,
