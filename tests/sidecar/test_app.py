@@ -19,7 +19,7 @@ from vero.core.ledger import BudgetLedger
 from vero.sidecar.artifacts import ArtifactLimits
 from vero.spec.models import PartitionAccess
 
-from ._server import StubBackend, commit_file, make_harness, wait_for_state
+from ._server import StubBackend, commit_file, git, make_harness, wait_for_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -455,3 +455,14 @@ def test_nested_runs_get_the_unprivileged_identity_and_a_readable_checkout(tmp_p
     assert seen and all(bits == (0o005 if is_dir else 0o004) or bits == 0o005 for bits, is_dir in seen)
     # the runner cannot enter the state dir (admin token, ledger)
     assert stat.S_IMODE(harness.state_dir.stat().st_mode) == 0o700 and harness.state_dir.stat().st_uid == 0
+
+
+def test_start_removes_temporary_refs_left_by_a_crashed_import(harness):
+    with harness.serve():
+        pass
+    store = harness.state_dir / "candidates.git"
+    head = git(store, "for-each-ref", "--format=%(objectname)", "refs/vero/candidates/").split()[0]
+    git(store, "update-ref", "refs/vero/tmp/left-by-crash", head)
+    with harness.serve() as (_, client):
+        assert client.get("/health").status_code == 200
+    assert git(store, "for-each-ref", "refs/vero/tmp/") == ""

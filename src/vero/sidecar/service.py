@@ -290,6 +290,10 @@ class SidecarService:
             _logger.warning("budget ledger differs from the config (persisted figures kept): %s", line)
         self.jobs = JobStore.open(self.state_dir)
         self.candidates = CandidateStore.open(self.state_dir)
+        # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
+        stale = self.candidates.remove_stale_temporary_refs()
+        if stale:
+            _logger.warning("removed %d temporary ref(s) left by an interrupted import", stale)
         self.submission = read_submission(self.state_dir)
         try:
             seal = SealState.model_validate_json(self.seal_path.read_bytes())
