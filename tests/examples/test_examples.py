@@ -202,7 +202,7 @@ def test_matmul_harness_accepts_correct_candidates_and_rejects_wrong_ones(tmp_pa
         for candidate in (spec.target.path, reference):
             result = run(candidate, n)
             assert result.returncode == 0, (candidate, n, result.stderr)
-            assert re.fullmatch(r"best_sec=[0-9.]+\n", result.stdout)
+            assert re.fullmatch(r"best_sec=[0-9.]+\nbest_wall_sec=[0-9.]+\n", result.stdout)
     for candidate in (wrong, partial):
         result = run(candidate, 64)
         assert result.returncode == 2 and "wrong result" in result.stderr
@@ -359,5 +359,5 @@ def test_matmul_reference_is_at_least_twice_as_fast_on_hidden_sizes(tmp_path: Pa
     for case in hidden:
         baseline, improved = trials[f"baseline-{case}"].reward, trials[f"reference-{case}"].reward
         # The baseline is the naive loop itself: its speed-up is 1 up to timing noise.
-        assert 0.6 <= baseline <= 1.6, (case, baseline)
+        assert 0.75 <= baseline <= 1.33, (case, baseline)
         assert improved >= 2.0, (case, improved)

@@ -36,7 +36,7 @@ class Strategy:
 
     Attributes:
         kind: a short name, recorded in the agent context's metadata.
-        pattern: searched (case-insensitively) in the instruction.
+        pattern: searched in the instruction (compiled with `re.I` to ignore case).
         command: builds the shell command from the parsed puzzle.
         n_inputs: quoted input paths the command needs besides the answer file.
         n_literals: quoted non-path texts the command needs.

@@ -2,16 +2,19 @@
 # Scores the candidate matmul installed at /opt/candidate on one matrix size (MATMUL_N, from
 # task.toml [verifier].env).
 #
-# reward = naive_sec / candidate_sec, the best-of-runs wall times of the naive triple loop
+# reward = naive_sec / candidate_sec: the best-of-runs CPU times of the naive triple loop
 # (tests/naive.c) and of the candidate, both linked with the same harness (tests/bench.c), built with
-# the same flags and run alternately in this container, so machine speed and noise cancel out.
+# the same flags and run alternately in this container. Machine speed cancels out in the ratio, and
+# CPU time (unlike wall time) barely moves when other work shares the machine.
 # The reward is 0 when the candidate fails to build, crashes, times out or computes a wrong result.
 # When the harness itself cannot be built or run, no reward file is written: the trial has no
 # valid reward (Harbor 0.26 `verifier/verifier.py`: RewardFileNotFoundError), never a fake 0.
 #
-# Candidate code is built and run as `nobody`, and every process `nobody` left behind is killed
-# before each naive run and before the reward is written: candidate code can neither slow the naive
-# baseline down nor touch the reward file (Harbor makes /logs/verifier world-writable).
+# Candidate code is built and run as `nobody`. Benchmarks run with RLIMIT_NPROC=1, so they can start
+# no thread or process (work hidden there would escape the CPU clock), and every process `nobody`
+# left behind is killed before each naive run and before the reward is written: candidate code can
+# neither slow the naive baseline down nor touch the reward file (Harbor makes /logs/verifier
+# world-writable).
 set -u
 
 N="${MATMUL_N:?MATMUL_N is set in task.toml [verifier].env}"
@@ -44,7 +47,7 @@ write_reward() {
 # candidate lives.
 best_sec() {
     local status
-    timeout "$RUN_TIMEOUT_SEC" "${UNPRIVILEGED[@]}" "$@" > "$work/run.out" < /dev/null
+    timeout "$RUN_TIMEOUT_SEC" "${UNPRIVILEGED[@]}" prlimit --nproc=1 -- "$@" > "$work/run.out" < /dev/null
     status=$?
     kill_unprivileged
     [ "$status" -eq 0 ] || return 1
@@ -100,8 +103,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
     candidate_times+=("$t")
 done
 
-echo "naive_sec: ${naive_times[*]}"
-echo "candidate_sec: ${candidate_times[*]}"
+echo "naive_cpu_sec: ${naive_times[*]}"
+echo "candidate_cpu_sec: ${candidate_times[*]}"
 reward="$(python3 -I - "${naive_times[*]}" "${candidate_times[*]}" <<'PY'
 import sys
 
