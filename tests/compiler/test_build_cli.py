@@ -65,6 +65,25 @@ def test_same_spec_gives_the_same_bytes_whatever_the_path_umask_and_mtimes(tmp_p
     assert listing(tree_a) == listing(tree_b)
 
 
+def test_python_bytecode_caches_in_the_inputs_do_not_change_the_bytes(tmp_path):
+    clean = make_spec_tree(tmp_path / "a" / "spec")
+    used = make_spec_tree(tmp_path / "b" / "spec")
+    # What importing the target or a case's helper leaves behind (with mtimes inside).
+    case_dirs = [p for p in (used.path.parent / "cases").iterdir() if (p / "task.toml").is_file()]
+    assert case_dirs
+    for root in (used.path.parent / "target", *case_dirs):
+        nested = [d / "__pycache__" for d in root.iterdir() if d.is_dir() and not d.is_symlink()]
+        for cache in (root / "__pycache__", *nested):
+            cache.mkdir()
+            (cache / "mod.cpython-312.pyc").write_bytes(os.urandom(32))
+        (root / "stray.pyc").write_bytes(os.urandom(16))
+    a = run_vero("harbor", "build", "-c", str(clean.path), "-o", str(tmp_path / "one"))
+    b = run_vero("harbor", "build", "-c", str(used.path), "-o", str(tmp_path / "two"))
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert _sha256(tmp_path / "one.tar.gz") == _sha256(tmp_path / "two.tar.gz")
+    assert not list((tmp_path / "two").rglob("*.pyc"))
+
+
 def test_a_different_spec_gives_a_different_tarball(tmp_path):
     first = make_spec_tree(tmp_path / "a")
     second = make_spec_tree(tmp_path / "b", lambda d: d["agent_access"]["train"].update(total_runs=4))

@@ -84,10 +84,20 @@ def _link_escapes(root: Path, link: Path) -> bool:
     return os.path.exists(real) and not (real == base or real.startswith(base + os.sep))
 
 
+_BYTECODE_DIRS = frozenset({"__pycache__"})
+_BYTECODE_SUFFIXES = (".pyc", ".pyo")
+
+
 def _walk(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
-    """(relative POSIX path, path, lstat) of every entry below `root`, sorted, links not followed."""
+    """(relative POSIX path, path, lstat) of every entry below `root`, sorted, links not followed.
+
+    Python bytecode caches (`__pycache__/`, `*.pyc`) are skipped: interpreters write them beside
+    the sources whenever a target or case is imported, and they embed source mtimes, so they would
+    make the compiled task depend on who ran what where.
+    """
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if d not in _BYTECODE_DIRS)
+        filenames = [f for f in filenames if not f.endswith(_BYTECODE_SUFFIXES)]
         base = Path(dirpath)
         for name in sorted(dirnames + filenames):
             path = base / name
