@@ -7,6 +7,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+import yaml
 from harbor_cases import make_run, reward_script, write_case
 
 from vero.errors import InfrastructureFailure
@@ -42,10 +43,14 @@ def test_program_argv_exact(tmp_path):
         "--ak", 'candidate_dir="/srv/cand idate"',
         "--ak", 'install_path="/opt/my app"',
         "--ak", "install_command=\" make -j2 && echo 'ok' \"",
+        "--extra-docker-compose", str(tmp_path / "jobs" / "ev-1.compose.yaml"),
     )
     assert command.job_dir == tmp_path / "jobs" / "ev-1"
     assert command.cwd == tmp_path / "jobs"
     assert command.config_file is None
+    # On Docker every case's main gets an init process, so teardown does not wait 10 s per trial.
+    assert command.compose_file is not None
+    assert yaml.safe_load(command.compose_file[1]) == {"services": {"main": {"init": True}}}
     # Harbor JSON-parses --ak values after stripping: the strings survive byte for byte.
     from harbor.cli.utils import parse_kwargs
 
@@ -76,6 +81,7 @@ def test_agent_argv_exact_with_multiplier(tmp_path):
         "-a", "pkg.mod:MyAgent", "--agent-timeout-multiplier", "0.5",
     )
     assert command.job_dir == tmp_path / "jobs" / "ev-2.retry-1"
+    assert command.compose_file is None  # Modal takes no extra compose files
 
 
 def test_override_timeout_goes_through_a_job_config_file(tmp_path):

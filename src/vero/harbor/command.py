@@ -104,6 +104,7 @@ class HarborCommand:
         cwd: working directory (the jobs dir: Harbor reads `./.env.local` from its cwd).
         job_dir: `<jobs_dir>/<job_name>`, where Harbor writes `result.json` and the trial dirs.
         config_file: path and JSON text of the job config file passed with `-c`, if any.
+        compose_file: path and text of the `--extra-docker-compose` file, if any.
     """
 
     argv: tuple[str, ...]
@@ -111,6 +112,21 @@ class HarborCommand:
     cwd: Path
     job_dir: Path
     config_file: tuple[Path, str] | None = None
+    compose_file: tuple[Path, str] | None = None
+
+    def files(self) -> list[tuple[Path, str]]:
+        """Files the command reads, to be written before it starts."""
+        return [f for f in (self.config_file, self.compose_file) if f is not None]
+
+
+FAST_STOP_COMPOSE = """\
+# Written by vero for nested runs on Docker. Harbor keeps each case's main container alive with
+# `sleep infinity`, which as PID 1 ignores SIGTERM, so every trial's teardown waited Docker's 10 s
+# stop grace. An init process (docker-init) forwards the signal and the container stops at once.
+services:
+  main:
+    init: true
+"""
 
 
 def find_harbor_executable() -> Path:
@@ -274,8 +290,14 @@ def build_command(
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):
             raise ValueError("agent timeout multiplier must be finite")
         argv += ["--agent-timeout-multiplier", _format_float(timeout_plan.agent_timeout_multiplier)]
+    compose_file: tuple[Path, str] | None = None
+    if run.harbor.environment == "docker":
+        # Only Docker takes extra compose files (Harbor refuses them where the environment has no
+        # compose capability); it merges them after the case's own compose file.
+        compose_file = (jobs_dir / f"{job_name}.compose.yaml", FAST_STOP_COMPOSE)
+        argv += ["--extra-docker-compose", str(compose_file[0])]
     return HarborCommand(argv=tuple(argv), env=nested_env(run, base_env), cwd=jobs_dir,
-                         job_dir=jobs_dir / job_name, config_file=config_file)
+                         job_dir=jobs_dir / job_name, config_file=config_file, compose_file=compose_file)
 
 
 def _is_bool_like(value: str) -> bool:

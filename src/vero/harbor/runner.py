@@ -329,8 +329,7 @@ class HarborBackend:
         if job_dir.exists():
             # Never resume a stale job of the same name (Harbor would skip its finished trials).
             job_dir.rename(job_dir.with_name(f"{job_dir.name}.stale-{time.time_ns()}"))
-        if command.config_file is not None:
-            path, text = command.config_file
+        for path, text in command.files():
             path.write_text(text)
             path.chmod(0o644)
 
