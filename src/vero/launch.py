@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vero.errors import InfrastructureFailure, SpecError
+from vero.spec.models import OptimizationSpec
 
-__all__ = ["TaskRunOutcome", "check_execution_target", "harbor_executable", "run_task"]
+__all__ = ["PreparedTask", "TaskRunOutcome", "check_execution_target", "harbor_executable", "prepare_task", "run_task"]
 
 
 @dataclass
@@ -142,6 +143,59 @@ def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
     return outcome
 
 
+@dataclass
+class PreparedTask:
+    """A spec compiled for one run.
+
+    Attributes:
+        spec: the validated spec, with the environment override applied.
+        task_dir: the compiled task directory (kept after the run, for inspection).
+        env: the environment Harbor runs with (this process's plus the env file; holds secrets).
+    """
+
+    spec: OptimizationSpec
+    task_dir: Path
+    env: dict[str, str] = field(repr=False)
+
+
+def prepare_task(config: Path, *, environment: str | None = None, env_file: Path | None = None,
+                 work_dir: Path | None = None) -> PreparedTask:
+    """Load the spec, check the execution target, and compile the task into a fresh directory.
+
+    Args:
+        config: the spec (`build.yaml`).
+        environment: overrides `harbor.environment` (switching to `modal` also adds Harbor's
+            `modal` extra to an exact `harbor==X` requirement).
+        env_file: dotenv file whose variables (secrets, provider keys) join the environment.
+        work_dir: parent of the compiled task (default: a new temporary directory).
+
+    Raises:
+        SpecError: the spec is invalid, the env file is missing, or a secret is unset.
+        InfrastructureFailure: the execution target is not reachable (checked before compiling).
+    """
+    from vero.compiler import compile_task
+    from vero.spec import load_spec
+    from vero.spec.validation import check_spec
+
+    env = dict(os.environ)
+    if env_file is not None:
+        env.update(load_env_file(env_file))
+    env.setdefault("HARBOR_TELEMETRY", "0")
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    spec = load_spec(config, env=env)
+    if environment is not None and environment != spec.harbor.environment:
+        harbor = spec.harbor.model_copy(update={"environment": environment})
+        if environment == "modal" and harbor.requirement.startswith("harbor=="):
+            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor"):]})
+        spec = check_spec(spec.model_copy(update={"harbor": harbor}), source=str(config))
+    check_execution_target(spec.harbor.environment, env)
+    work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
+    task_dir = work / spec.name
+    # Secrets are checked in `env` at build time; only their names are written.
+    compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env)
+    return PreparedTask(spec=spec, task_dir=task_dir, env=env)
+
+
 def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
              environment: str | None = None, env_file: Path | None = None,
              jobs_dir: Path = Path("jobs"), job_name: str | None = None,
@@ -154,8 +208,8 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
             `module:Class`.
         model: model name for the agent (`-m`), if it needs one.
         environment: overrides `harbor.environment` of the spec (`docker`, `modal`).
-        env_file: dotenv file with secrets (and provider keys); loaded into this process and the
-            Harbor process environment, never passed as arguments.
+        env_file: dotenv file with secrets (and provider keys); loaded into the Harbor process's
+            environment, never passed as arguments.
         jobs_dir: Harbor's jobs directory on the host.
         job_name: Harbor job name (default: `vero-<spec name>-<random>`).
         extra_args: further `harbor run` arguments, passed through.
@@ -164,34 +218,10 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
         SpecError: the spec is invalid or a secret is missing.
         InfrastructureFailure: the execution target is not reachable, or Harbor could not start.
     """
-    from vero.compiler import compile_task
-    from vero.spec import load_spec
-
-    env = dict(os.environ)
-    if env_file is not None:
-        env.update(load_env_file(env_file))
-    env.setdefault("HARBOR_TELEMETRY", "0")
-    spec = load_spec(config, env=env)
-    if environment is not None and environment != spec.harbor.environment:
-        spec = spec.model_copy(update={"harbor": spec.harbor.model_copy(update={"environment": environment})})
-        from vero.spec.validation import check_spec
-
-        spec = check_spec(spec, source=str(config))
-    check_execution_target(spec.harbor.environment, env)
-
-    work = Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
-    task_dir = work / spec.name
-    # Secrets must be visible to the build-time checks; they are never written into the task.
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
+    prepared = prepare_task(config, environment=environment, env_file=env_file)
+    spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
-    argv = [harbor_executable(), "run", "-y", "-p", str(task_dir), "-a", agent,
+    argv = [harbor_executable(), "run", "-y", "-p", str(prepared.task_dir), "-a", agent,
             "-e", spec.harbor.environment, "-o", str(jobs_dir), "--job-name", job_name]
     if model:
         argv += ["-m", model]
@@ -199,8 +229,7 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
     jobs_dir.mkdir(parents=True, exist_ok=True)
     try:
         # Harbor's own progress display streams to the terminal.
-        subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False)
+        subprocess.run(argv, env=prepared.env, stdin=subprocess.DEVNULL, check=False)
     except OSError as exc:
         raise InfrastructureFailure(f"could not start harbor ({type(exc).__name__})") from None
-    return _read_outcome(jobs_dir / job_name, task_dir)
-
+    return _read_outcome(jobs_dir / job_name, prepared.task_dir)
