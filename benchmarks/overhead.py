@@ -269,8 +269,8 @@ class Bench:
         command = build_command(run, job_name=run.evaluation_id, case_names=self.cases, timeout_plan=plan,
                                 harbor_executable=find_harbor_executable())
         self.direct_jobs.mkdir(parents=True, exist_ok=True)
-        if command.config_file is not None:
-            command.config_file[0].write_text(command.config_file[1])
+        for path, text in command.files():
+            path.write_text(text)
         with open(self.direct_jobs / f"{run.evaluation_id}.log", "wb") as log:
             started = time.perf_counter()
             done = subprocess.run(command.argv, env=command.env, cwd=command.cwd, stdin=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -466,3 +467,30 @@ def test_start_removes_temporary_refs_left_by_a_crashed_import(harness):
     with harness.serve() as (_, client):
         assert client.get("/health").status_code == 200
     assert git(store, "for-each-ref", "refs/vero/tmp/") == ""
+
+
+def test_long_poll_answers_when_the_job_finishes(harness):
+    release = threading.Event()
+    harness.backend.block = release
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        timer = threading.Timer(1.0, release.set)
+        timer.start()
+        started = time.monotonic()
+        answer = client.get(f"/evaluations/{job['id']}", params={"wait_sec": 30}, timeout=60)
+        waited = time.monotonic() - started
+        timer.join()
+    assert answer.status_code == 200 and answer.json()["state"] == "complete"
+    assert 0.8 < waited < 20  # held until the job finished, not for the full 30 s
+
+
+def test_long_poll_returns_the_running_job_after_wait_sec(harness):
+    harness.backend.block = threading.Event()
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        started = time.monotonic()
+        answer = client.get(f"/evaluations/{job['id']}", params={"wait_sec": 0.5})
+        assert time.monotonic() - started >= 0.45
+        assert answer.json()["state"] in {"queued", "running"}
+        assert client.get(f"/evaluations/{job['id']}", params={"wait_sec": 61}).status_code == 422
+        harness.backend.block.set()

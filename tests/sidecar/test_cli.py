@@ -70,7 +70,8 @@ def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) 
         assert job.result is not None and job.result.score == pytest.approx(0.75)
         # Progress went to stderr, naming the job and its states; stdout held only the JSON.
         assert f"job {job.id}" in proc.stderr and "complete" in proc.stderr
-        assert app.arrived("GET", f"/evaluations/{job.id}") >= 3  # it really polled
+        # A first look at the job, then long polls the sidecar held until the job finished.
+        assert 2 <= app.arrived("GET", f"/evaluations/{job.id}") <= 4
 
         proc = vero(url, "result", job.id)
         assert proc.returncode == 0, proc.stderr

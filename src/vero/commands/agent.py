@@ -60,7 +60,7 @@ WaitOption = Annotated[
 ]
 PollOption = Annotated[
     float,
-    typer.Option("--poll-interval-sec", min=0.05, help="With --wait: seconds between two polls of the job."),
+    typer.Option("--poll-interval-sec", min=0.05, help="With --wait: pause between polls that come back early (each poll is a long poll the sidecar answers when the job finishes)."),
 ]
 TimeoutOption = Annotated[
     float | None,

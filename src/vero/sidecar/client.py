@@ -77,6 +77,10 @@ DEFAULT_SIDECAR_URL = "http://eval-sidecar:8000"
 """The `eval-sidecar` Compose service as `main` reaches it."""
 
 JOB_TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "cancelled"})
+MAX_WAIT_SEC = 60.0
+"""Longest long poll the sidecar accepts (`GET /evaluations/{id}?wait_sec=`)."""
+LONG_POLL_SEC = 20.0
+"""How long `wait` lets each poll be held; well under the HTTP read timeout."""
 """Job states after which a job never changes again."""
 
 _logger = logging.getLogger(__name__)
@@ -271,8 +275,13 @@ class SidecarClient:
         request = self._request_model(EvaluationRequest, partition=partition, version=version, cases=cases)
         return self._call("POST", "/evaluations", JobView, json=request, idempotent=False)
 
-    def job(self, job_id: str) -> JobView:
+    def job(self, job_id: str, wait_sec: float = 0.0) -> JobView:
         """`GET /evaluations/{id}`: the job's state and, when done, the disclosed result.
+
+        Args:
+            job_id: the job's id.
+            wait_sec: long poll: let the sidecar hold the answer up to this many seconds (<= 60)
+                until the job finishes.
 
         Raises:
             UnknownJob: no job with that id (HTTP 404).
@@ -280,7 +289,10 @@ class SidecarClient:
                 reports that as HTTP 502 (its budget was refunded).
             SidecarUnavailable: not reachable after the retries, or answering 5xx.
         """
-        return self._call("GET", f"/evaluations/{quote(job_id, safe='')}", JobView)
+        path = f"/evaluations/{quote(job_id, safe='')}"
+        if wait_sec > 0:
+            path += f"?wait_sec={min(wait_sec, MAX_WAIT_SEC):g}"
+        return self._call("GET", path, JobView)
 
     def wait(
         self,
@@ -293,7 +305,9 @@ class SidecarClient:
 
         Args:
             job_id: the job's id.
-            poll_interval_sec: seconds between two polls.
+            poll_interval_sec: pause between two polls when a poll comes back early. Each poll is
+                a long poll (the sidecar answers as soon as the job finishes, or after
+                `LONG_POLL_SEC`), so completion is seen at once.
             timeout_sec: give up waiting after this many seconds (None: wait as long as it takes).
                 Giving up leaves the job running on the sidecar.
             on_update: called with every polled view (including the last), e.g. to draw progress.
@@ -306,19 +320,21 @@ class SidecarClient:
             Whatever `job` raises.
         """
         deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
+        wait_sec = 0.0
         while True:
-            view = self.job(job_id)
+            asked_at = time.monotonic()
+            view = self.job(job_id, wait_sec=wait_sec)
             if on_update is not None:
                 on_update(view)
             if view.state in JOB_TERMINAL_STATES:
                 return view
-            if deadline is not None:
-                left_sec = deadline - time.monotonic()
-                if left_sec <= 0:
-                    return view
-                time.sleep(min(poll_interval_sec, left_sec))
-            else:
-                time.sleep(poll_interval_sec)
+            left_sec = None if deadline is None else deadline - time.monotonic()
+            if left_sec is not None and left_sec <= 0:
+                return view
+            if wait_sec and time.monotonic() - asked_at < wait_sec / 2:
+                # The long poll came back early (a sidecar that does not hold answers): pace it.
+                time.sleep(min(poll_interval_sec, left_sec if left_sec is not None else poll_interval_sec))
+            wait_sec = LONG_POLL_SEC if left_sec is None else max(min(LONG_POLL_SEC, left_sec), 0.0)
 
     def submit(self, version: str = "HEAD") -> SubmissionView:
         """`POST /submissions`: record `version` as the candidate the verifier scores.

@@ -424,6 +424,20 @@ class SidecarService:
             raise InfrastructureFailure("the evaluation failed for infrastructure reasons; refunded")
         return self.view(job)
 
+    async def wait_evaluation(self, principal: str, job_id: str, wait_sec: float) -> JobView:
+        """`GET /evaluations/{id}?wait_sec=N`: like `evaluation`, after waiting up to `wait_sec`
+        seconds for the job to finish (a long poll: the agent learns of completion at once
+        instead of at its next poll). The job itself is never affected by the wait ending.
+
+        Raises:
+            UnknownJob, InfrastructureFailure: as `evaluation` (checked before and after waiting).
+        """
+        self.evaluation(principal, job_id)
+        task = self._tasks.get(job_id)
+        if task is not None and wait_sec > 0:
+            await asyncio.wait({task}, timeout=wait_sec)
+        return self.evaluation(principal, job_id)
+
     # -- evaluations -----------------------------------------------------------------------------
 
     def _check_entrance(self) -> None:

@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from vero.sidecar.deps import Principal, Service
 from vero.sidecar.errors import PROBLEM_RESPONSES, problem_doc
@@ -11,6 +11,8 @@ from vero.sidecar.models import EvaluationRequest, JobView
 router = APIRouter(prefix="/evaluations", tags=["agent"], responses=PROBLEM_RESPONSES)
 
 JobId = Annotated[str, Path(max_length=64, description="The job id returned by `POST /evaluations`.")]
+WaitSec = Annotated[float, Query(ge=0, le=60, description=(
+    "Long poll: wait up to this many seconds for the job to finish before answering (0: answer at once)."))]
 
 
 @router.post(
@@ -42,8 +44,9 @@ async def start_evaluation(body: EvaluationRequest, service: Service, principal:
         502: problem_doc("The evaluation failed for infrastructure reasons; its budget was refunded."),
     },
 )
-async def get_evaluation(job_id: JobId, service: Service, principal: Principal) -> JobView:
+async def get_evaluation(job_id: JobId, service: Service, principal: Principal, wait_sec: WaitSec = 0) -> JobView:
     """The job's state and, once complete, what its disclosure tier allows: `full` (score, counts,
     per-case results, `artifacts_path`), `aggregate` (score and counts), `none` (state only).
-    A job that failed for infrastructure reasons answers 502 (problem code `infrastructure`)."""
-    return service.evaluation(principal, job_id)
+    A job that failed for infrastructure reasons answers 502 (problem code `infrastructure`).
+    With `wait_sec`, answers as soon as the job finishes, or after `wait_sec` seconds."""
+    return await service.wait_evaluation(principal, job_id, wait_sec)
