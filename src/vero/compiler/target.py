@@ -12,7 +12,6 @@ baseline and the reference also no `.git` anywhere and nothing under the reserve
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from vero.core.archive import file_digest
 from vero.errors import SpecError
 from vero.spec.compiled import digest_json
 
@@ -150,15 +150,6 @@ def copy_tree(src: Path, dest: Path) -> None:
         else:
             shutil.copyfile(path, out, follow_symlinks=False)
             out.chmod(0o755 if st.st_mode & 0o111 else 0o644)
-
-
-def file_digest(path: Path) -> str:
-    """`sha256:<hex>` of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
 def tree_digest(root: Path) -> str:

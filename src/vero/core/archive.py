@@ -19,11 +19,20 @@ from pathlib import Path, PurePosixPath
 
 from vero.core.storage import atomic_write_bytes
 
-__all__ = ["ArchiveError", "canonical_tar_bytes", "safe_extract", "write_canonical_tar"]
+__all__ = ["ArchiveError", "canonical_tar_bytes", "file_digest", "safe_extract", "write_canonical_tar"]
 
 
 class ArchiveError(ValueError):
     """A tree cannot be archived canonically, or an archive is unsafe to extract."""
+
+
+def file_digest(path: str | Path) -> str:
+    """`sha256:<hex>` of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
 
 
 def _link_inside(root: Path, link: Path) -> bool:

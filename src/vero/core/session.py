@@ -21,7 +21,6 @@ sealing twice is idempotent.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vero.core.archive import ArchiveError, safe_extract, write_canonical_tar
+from vero.core.archive import ArchiveError, file_digest, safe_extract, write_canonical_tar
 from vero.core.candidates import CandidateRecord
 from vero.core.jobs import EvaluationJob
 from vero.core.ledger import BudgetBalance
@@ -104,14 +103,6 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     ).stdout
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
 def read_submission(state_dir: str | Path) -> Submission | None:
     """The submission recorded under `state_dir`, or None.
 
@@ -168,7 +159,7 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
             if refs:
                 _git("--git-dir", str(git_dir), "bundle", "create", "-q", str(stage / _BUNDLE), *sorted(refs))
         files = {
-            path.relative_to(stage).as_posix(): _sha256_file(path)
+            path.relative_to(stage).as_posix(): file_digest(path)
             for path in sorted(stage.rglob("*")) if path.is_file()
         }
         manifest = SealManifest(name=name, spec_digest=spec_digest, baseline_commit=baseline_commit,
@@ -200,7 +191,7 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
     except (OSError, IndexError):
         raise SessionInvalid("the session archive has no readable .sha256 beside it") from None
     try:
-        actual = _sha256_file(archive).removeprefix("sha256:")
+        actual = file_digest(archive).removeprefix("sha256:")
     except OSError:
         raise SessionInvalid("the session archive cannot be read") from None
     if recorded != actual:
@@ -227,7 +218,7 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
     if present != set(manifest.files):
         raise SessionInvalid("the session archive's files do not match its manifest")
     for rel, digest in manifest.files.items():
-        if (dest / rel).is_symlink() or _sha256_file(dest / rel) != digest:
+        if (dest / rel).is_symlink() or file_digest(dest / rel) != digest:
             raise SessionInvalid(f"session file {rel} does not match its manifest digest")
 
     git_dir = dest / "candidates.git"

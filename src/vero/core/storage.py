@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "awrite_json",
+__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "awrite_json",
            "awrite_model", "fsync_dir"]
 
 
@@ -35,23 +37,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace `path` with `data` atomically and durably.
-
-    Args:
-        path: destination file; its directory must exist.
-        data: the complete new content.
-        mode: permission bits of the new file (default owner read/write only).
-
-    Raises:
-        OSError: the directory is missing or not writable, or the disk is full; the previous content
-            of `path` is then unchanged.
-    """
-    path = Path(path)
+def _atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
@@ -63,6 +53,33 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None
             pass
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace `path` with `data` atomically and durably.
+
+    A symlink planted at `path` is replaced, never written through (`os.replace` renames over it).
+
+    Args:
+        path: destination file; its directory must exist.
+        data: the complete new content.
+        mode: permission bits of the new file (default owner read/write only).
+
+    Raises:
+        OSError: the directory is missing or not writable, or the disk is full; the previous content
+            of `path` is then unchanged.
+    """
+    _atomic_write(Path(path), lambda handle: handle.write(data), mode)
+
+
+def atomic_copy(src: str | Path, dest: str | Path, mode: int = 0o644) -> None:
+    """Copy the file `src` to `dest` atomically and durably, streaming (for large archives).
+
+    Raises:
+        OSError: `src` cannot be read or `dest` written; `dest` is then unchanged.
+    """
+    with Path(src).open("rb") as source:
+        _atomic_write(Path(dest), lambda handle: shutil.copyfileobj(source, handle, 1 << 20), mode)
 
 
 def atomic_write_json(path: str | Path, value: Any, mode: int = 0o600) -> None:

@@ -14,9 +14,6 @@ written atomically and replaces, never follows, what sits at its path.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from vero.core.session import Session, Submission
-from vero.core.storage import atomic_write_model, fsync_dir
+from vero.core.storage import atomic_copy, atomic_write_model
 from vero.verifier.selection import Measurement, Selection
 
 __all__ = [
@@ -189,24 +186,6 @@ def write_model(model: BaseModel, name: str, dirs: Iterable[Path]) -> None:
         atomic_write_model(directory / name, model, mode=0o644)
 
 
-def _atomic_copy(src: Path, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, src.open("rb") as source:
-            shutil.copyfileobj(source, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(dest.parent)
-
-
 def copy_session(archive: Path, dirs: Iterable[Path]) -> list[str]:
     """Copy the archive and its `.sha256` (those that exist) into each of `dirs`.
 
@@ -228,7 +207,7 @@ def copy_session(archive: Path, dirs: Iterable[Path]) -> list[str]:
                     problems.append(problem)
                 continue
             try:
-                _atomic_copy(source, directory / source.name)
+                atomic_copy(source, directory / source.name)
             except OSError as exc:
                 problems.append(f"{source.name} not copied to {directory} ({type(exc).__name__})")
     return problems
