@@ -24,7 +24,7 @@ from pathlib import Path
 from vero.errors import InfrastructureFailure, SpecError
 from vero.spec.models import OptimizationSpec
 
-__all__ = ["PreparedTask", "TaskRunOutcome", "check_execution_target", "harbor_executable", "prepare_task", "run_task"]
+__all__ = ["PreparedTask", "TaskRunOutcome", "check_agent_name", "check_execution_target", "harbor_executable", "prepare_task", "run_task"]
 
 
 @dataclass
@@ -158,6 +158,26 @@ class PreparedTask:
     env: dict[str, str] = field(repr=False)
 
 
+def check_agent_name(agent: str) -> None:
+    """Refuse an agent Harbor cannot resolve, before anything is built.
+
+    `module:Class` paths are left to Harbor (they are imported in its process); plain names must be
+    one of Harbor's agents (`harbor.models.agent.name.AgentName`) or an `acp:<agent>` bridge.
+
+    Raises:
+        SpecError: at `--agent`, listing a few valid names.
+    """
+    if ":" in agent:
+        return
+    from harbor.models.agent.name import AgentName
+
+    names = sorted(a.value for a in AgentName)
+    if agent not in names:
+        close = [n for n in names if n[:3] == agent[:3]] or ["oracle", "nop", "claude-code", "codex"]
+        raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}; e.g. {', '.join(close[:6])}, "
+                                      "or a module:Class path")
+
+
 def prepare_task(config: Path, *, environment: str | None = None, env_file: Path | None = None,
                  work_dir: Path | None = None) -> PreparedTask:
     """Load the spec, check the execution target, and compile the task into a fresh directory.
@@ -215,9 +235,10 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
         extra_args: further `harbor run` arguments, passed through.
 
     Raises:
-        SpecError: the spec is invalid or a secret is missing.
+        SpecError: the agent name is unknown, the spec is invalid or a secret is missing.
         InfrastructureFailure: the execution target is not reachable, or Harbor could not start.
     """
+    check_agent_name(agent)
     prepared = prepare_task(config, environment=environment, env_file=env_file)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"

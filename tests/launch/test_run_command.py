@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compiler.conftest import all_files, make_spec_tree, run_vero
+from compiler.conftest import all_files, make_spec_tree, run_vero
 from vero.errors import InfrastructureFailure, SpecError
 from vero.launch import prepare_task
 
@@ -81,3 +81,14 @@ def test_cli_invalid_spec_names_the_field(tmp_path: Path) -> None:
     done = run_vero("harbor", "run", "-c", str(tree.path))
     assert done.returncode == 2
     assert "harbor.requirement" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_unknown_agent_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    tree = make_spec_tree(tmp_path / "spec")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = run_vero("harbor", "run", "-c", str(tree.path), "--agent", "orcale", "--jobs-dir",
+                    str(tmp_path / "jobs"), env={"TMPDIR": str(scratch)})
+    assert done.returncode == 2
+    assert "--agent" in done.stderr and "oracle" in done.stderr and "Traceback" not in done.stderr
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "jobs").exists()

@@ -30,9 +30,9 @@ def run(
 ) -> None:
     """Compile the spec to a temporary task, run it with Harbor and print the reward(s).
 
-    Checks Docker (or Modal credentials) first, streams Harbor's progress, then prints the rewards,
-    the candidate the verifier chose and where the artifacts are. Exits 1 when the trial errored or
-    produced no reward.
+    Checks the agent name and Docker (or Modal credentials) before building anything, streams Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, the artifacts and the compiled task are.
+
+    Exits 1 when the trial errored or produced no reward.
     """
     from rich.console import Console
     from rich.table import Table
@@ -46,7 +46,7 @@ def run(
     table.add_column("what")
     table.add_column("value", overflow="fold")
     for key, value in sorted(outcome.rewards.items()):
-        table.add_row(f"reward[{key}]", f"{value:g}")
+        table.add_row("reward" if key == "reward" else f"reward[{key}]", f"{value:g}")
     final = outcome.finalization or {}
     chosen = final.get("chosen") or {}
     if isinstance(chosen, dict) and chosen.get("candidate"):
@@ -57,12 +57,18 @@ def run(
         table.add_row("selected by", str(selection["method"]))
     if final.get("status"):
         table.add_row("verifier status", str(final["status"]))
-    table.add_row("trial", str(outcome.trial_dir or "none (see job.log)"))
-    if outcome.artifacts_dir:
-        table.add_row("artifacts", str(outcome.artifacts_dir))
-    table.add_row("compiled task", str(outcome.task_dir))
     if outcome.exception_type:
         table.add_row("trial error", outcome.exception_type)
     console.print(table)
+    # Paths as plain lines: a table would wrap them, and they are meant to be copied.
+    if outcome.trial_dir is not None:
+        typer.echo(f"trial:         {outcome.trial_dir}")
+    elif outcome.job_dir.is_dir():
+        typer.echo(f"job:           {outcome.job_dir} (no trial result; see job.log there)")
+    else:
+        typer.echo("job:           none (Harbor did not start the job; see its output above)")
+    if outcome.artifacts_dir:
+        typer.echo(f"artifacts:     {outcome.artifacts_dir}")
+    typer.echo(f"compiled task: {outcome.task_dir}")
     if not outcome.ok:
         raise typer.Exit(EXIT_FAILED)
