@@ -23,7 +23,7 @@ def test_main_image_holds_the_baseline_commit_and_runs_the_cli_as_agent(tmp_path
     result = compile_task(tree.path, tmp_path / "task")
     tag = f"vero-test-compiler-main-{uuid.uuid4().hex[:12]}"
     try:
-        built = _docker("build", "-q", "-t", tag, str(result.layout.environment_dir), timeout_sec=840)
+        built = _docker("build", "-q", "--force-rm", "-t", tag, str(result.layout.environment_dir), timeout_sec=840)
         assert built.returncode == 0, built.stdout + built.stderr
         probe = _docker("run", "--rm", "--user", "agent", tag, "bash", "-c",
                         "id -un; cd /app && git rev-parse HEAD && git status --porcelain | wc -l"
@@ -53,7 +53,7 @@ def test_main_image_build_fails_when_the_baseline_commit_differs(tmp_path):
     (result.layout.main.baseline_dir / "prog.py").write_text('print("tampered")\n')
     tag = f"vero-test-compiler-main-{uuid.uuid4().hex[:12]}"
     try:
-        built = _docker("build", "-q", "-t", tag, str(result.layout.environment_dir), timeout_sec=840)
+        built = _docker("build", "-q", "--force-rm", "-t", tag, str(result.layout.environment_dir), timeout_sec=840)
         assert built.returncode != 0
         assert "not the compiled baseline_commit" in built.stdout + built.stderr
     finally:

@@ -235,7 +235,7 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
     suffix = uuid.uuid4().hex[:12]
     tag, container = f"vero-test-e2e-verifier-{suffix}", f"vero-test-e2e-verifier-{suffix}"
     try:
-        built = _docker("build", "-q", "-t", tag, str(layout.tests_dir), timeout_sec=900)
+        built = _docker("build", "-q", "--force-rm", "-t", tag, str(layout.tests_dir), timeout_sec=900)
         assert built.returncode == 0, built.stdout + built.stderr
         run = _docker(
             "run", "--name", container,
