@@ -151,7 +151,7 @@ class _Started:
     """When the process exited (set by `watcher`), so concurrent runs are timed separately."""
 
 
-def start_run(example: str, agent: str, workdir: Path) -> _Started:
+def start_run(example: str, agent: str, workdir: Path, extra_env: dict[str, str] | None = None) -> _Started:
     """Start `vero harbor run` in its own process group; its compiled task goes to `<workdir>/tmp`."""
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True)
@@ -160,7 +160,7 @@ def start_run(example: str, agent: str, workdir: Path) -> _Started:
     log = workdir / "vero-run.log"
     argv = [VERO, "harbor", "run", "--config", str(build_spec_path(example)), "--agent", agent,
             "--jobs-dir", str(jobs_dir), "--job-name", job_name]
-    env = harbor_env({"TMPDIR": str(tmp), **secret_env(example)})
+    env = harbor_env({"TMPDIR": str(tmp), **secret_env(example), **(extra_env or {})})
     with log.open("wb") as out:
         process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
