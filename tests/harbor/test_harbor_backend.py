@@ -327,3 +327,42 @@ def test_agent_preflight_runs_as_the_unprivileged_user(cases_dir, agent_candidat
         kind="agent", agent_import_path="cand_agent:NoSuchClass")})
     result = asyncio.run(backend.evaluate(broken))
     assert result.n_dead == 1 and result.cases[0].attempts[0].exception_type == "AttributeError"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_compose_case_with_its_own_service_and_init(tmp_path, program_candidate, jobs_dir):
+    """A case written the way other Harbor authors do multi-container tasks (its own
+    `environment/docker-compose.yaml` with a service `main` depends on) still runs with vero's extra
+    compose file merged in, and `main` gets the init process that file adds."""
+    from harbor_cases import BASE_IMAGE, reward_script, write_case
+
+    cases = tmp_path / "cases"
+    case = write_case(cases, "with-service", test_sh=reward_script("""
+        mkdir -p /logs/verifier
+        body="$(curl -fsS http://helper:8080/ok.txt || true)"
+        pid1="$(cat /proc/1/comm)"
+        if [ "$body" = "service-ok" ] && [ -f /opt/prog/data.txt ] && [ "$pid1" != "sleep" ]; then
+          echo '{"reward": 1.0}' > /logs/verifier/reward.json
+        else
+          echo "body=$body pid1=$pid1"; echo '{"reward": 0.0}' > /logs/verifier/reward.json
+        fi
+    """))
+    (case / "environment" / "docker-compose.yaml").write_text(f"""\
+services:
+  main:
+    depends_on:
+      helper:
+        condition: service_started
+  helper:
+    image: {BASE_IMAGE}
+    command: ["sh", "-c", "mkdir -p /srv && echo service-ok > /srv/ok.txt && exec python3 -m http.server 8080 -d /srv"]
+""")
+    run = make_run(evaluation_id="ev-compose", cases_dir=cases, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("with-service",),
+                   runtime=CandidateRuntime(kind="program", install_path="/opt/prog"),
+                   harbor=HarborSpec(infra_retries=0))
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    (only,) = result.cases
+    assert only.score == 1.0, (jobs_dir / "ev-compose.harbor.log").read_text()
+    assert not docker_objects("with-service")
