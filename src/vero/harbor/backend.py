@@ -1,6 +1,6 @@
 """The evaluation backend contract: one nested `harbor run` over one partition's selected cases.
 
-INTERFACE SKELETON — signatures and docstrings are the contract; bodies are to be implemented.
+The protocol every evaluator implements (`vero.harbor.HarborBackend`; test stubs) and its input.
 """
 
 from __future__ import annotations
