@@ -1,6 +1,7 @@
-"""Serialized, cancellation-proof commits shared by the ledger and the job store.
+"""Serialized, cancellation-proof work off the event loop (ledger, job store, candidate imports).
 
-Both stores follow one recipe: a mutation is computed, written with `vero.core.storage` and only
+`run_to_completion` is the one wait that survives cancellation: the candidate store's imports and
+`vero.core.storage`'s async writes use it directly. The ledger and the job store follow one recipe: a mutation is computed, written with `vero.core.storage` and only
 then applied to memory, all in one function run in a worker thread. That function runs to
 completion even when the awaiting coroutine is cancelled (the cancellation is delivered afterwards),
 so memory and disk never disagree. Two locks order the commits:
@@ -45,8 +46,13 @@ class LoopLocalLock:
             return lock
 
 
-async def run_to_completion[T](func: Callable[[], T]) -> T:
+async def run_to_completion[T](func: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
     """Run `func` in a worker thread and wait for it even if the caller is cancelled.
+
+    Args:
+        func: the work; it runs to completion in the thread whatever happens to the caller.
+        on_cancel: called once, on the loop, when the caller is first cancelled (e.g. to ask
+            `func` to stop early at its next step); the wait for `func` goes on afterwards.
 
     Returns:
         What `func` returned.
@@ -60,6 +66,8 @@ async def run_to_completion[T](func: Callable[[], T]) -> T:
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         # Repeated cancellations must not cut the wait short: leaving early would release the
         # caller's asyncio lock while the commit is still running.
         while not task.done():

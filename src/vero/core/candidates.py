@@ -25,7 +25,6 @@ config, or talks to anything but a local path. No branch or tag is ever created 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -41,6 +40,7 @@ import git
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
+from vero.core._offloop import run_to_completion
 from vero.core.storage import atomic_write_model
 from vero.errors import CandidateRejected, LedgerCorrupt
 
@@ -296,21 +296,8 @@ class CandidateStore:
                 symlink pointing outside the tree. The store is unchanged.
         """
         abort = threading.Event()
-        task = asyncio.ensure_future(asyncio.to_thread(self._import_version, source_repo, version, abort))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            abort.set()
-            # Repeated cancellations must not end the wait early: the caller's cleanup guarantee
-            # (no temporary ref left) holds only once the worker has finished.
-            while not task.done():
-                try:
-                    await asyncio.wait([task])
-                except asyncio.CancelledError:
-                    continue
-            if not task.cancelled():
-                task.exception()  # retrieved; the caller's cancellation wins
-            raise
+        return await run_to_completion(lambda: self._import_version(source_repo, version, abort),
+                                       on_cancel=abort.set)
 
     def import_version_sync(self, source_repo: str | Path, version: str) -> CandidateRecord:
         """Blocking form of `import_version` (for threads and tools).
