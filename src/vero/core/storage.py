@@ -3,14 +3,14 @@
 Recipe (the same as inspect-ai's `_util/atomic_write.py`): write to a temporary file in the target's
 directory, `fsync` it, `os.replace` it over the target, then `fsync` the directory so the rename
 itself survives a power loss. Readers therefore see either the old or the new content, never a
-torn file. The async variants run the write in a worker thread (off the event loop) and shield it,
-so a cancelled caller never leaves a write half done: the write completes, then the cancellation
-propagates.
+torn file. The async variants run the write in a worker thread (off the event loop) with
+`vero.core._offloop.run_to_completion`, so a cancelled caller never leaves a write half done: the
+write completes (however often the caller is cancelled meanwhile), then the cancellation propagates.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import os
 import shutil
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pydantic import BaseModel
+
+from vero.core._offloop import run_to_completion
 
 __all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "awrite_json",
            "awrite_model", "fsync_dir"]
@@ -93,27 +95,16 @@ def atomic_write_model(path: str | Path, model: BaseModel, mode: int = 0o600) ->
     atomic_write_json(path, model.model_dump(mode="json"), mode)
 
 
-async def _shielded(func, *args) -> None:
-    task = asyncio.ensure_future(asyncio.to_thread(func, *args))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        # The write goes on in its thread; wait for it so the caller's state is consistent, then
-        # let the cancellation through.
-        await asyncio.wait([task])
-        raise
-
-
 async def awrite_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
     """`atomic_write_bytes` off the event loop; completes even if the caller is cancelled."""
-    await _shielded(atomic_write_bytes, path, data, mode)
+    await run_to_completion(functools.partial(atomic_write_bytes, path, data, mode))
 
 
 async def awrite_json(path: str | Path, value: Any, mode: int = 0o600) -> None:
     """`atomic_write_json` off the event loop; completes even if the caller is cancelled."""
-    await _shielded(atomic_write_json, path, value, mode)
+    await run_to_completion(functools.partial(atomic_write_json, path, value, mode))
 
 
 async def awrite_model(path: str | Path, model: BaseModel, mode: int = 0o600) -> None:
     """`atomic_write_model` off the event loop; completes even if the caller is cancelled."""
-    await _shielded(atomic_write_model, path, model, mode)
+    await run_to_completion(functools.partial(atomic_write_model, path, model, mode))
