@@ -1,10 +1,11 @@
 """Serialized, cancellation-proof work off the event loop (ledger, job store, candidate imports).
 
-`run_to_completion` is the one wait that survives cancellation: the candidate store's imports and
-`vero.core.storage`'s async writes use it directly. The ledger and the job store follow one recipe: a mutation is computed, written with `vero.core.storage` and only
-then applied to memory, all in one function run in a worker thread. That function runs to
-completion even when the awaiting coroutine is cancelled (the cancellation is delivered afterwards),
-so memory and disk never disagree. Two locks order the commits:
+`run_to_completion` is the one wait that survives cancellation; the candidate store's imports and
+`vero.core.storage`'s async writes use it directly. The ledger and the job store follow one recipe
+(`SerialCommits`): a mutation is computed, written with `vero.core.storage` and only then applied
+to memory, all in one function run in a worker thread. That function runs to completion even when
+the awaiting coroutine is cancelled (the cancellation is delivered afterwards), so memory and disk
+never disagree. Two locks order the commits:
 
 - a per-event-loop `asyncio.Lock` keeps at most one commit per loop queued on the default executor,
   so a burst of requests cannot occupy every worker thread;
@@ -19,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-__all__ = ["LoopLocalLock", "run_to_completion"]
+__all__ = ["LoopLocalLock", "SerialCommits", "run_to_completion"]
 
 
 class LoopLocalLock:
@@ -78,3 +79,28 @@ async def run_to_completion[T](func: Callable[[], T], on_cancel: Callable[[], No
         if not task.cancelled():
             task.exception()  # mark retrieved; the caller's cancellation wins
         raise
+
+
+class SerialCommits:
+    """The two locks of the module docstring around `run_to_completion`: one commit at a time.
+
+    A store creates one and runs every mutation through `run`; the function it passes does the
+    compute-write-apply step and is never interrupted half-way.
+    """
+
+    def __init__(self) -> None:
+        self._loop_lock = LoopLocalLock()
+        self._thread_lock = threading.Lock()
+
+    async def run[T](self, func: Callable[[], T]) -> T:
+        """Run `func` in a worker thread after every earlier commit, to completion.
+
+        Returns and raises as `run_to_completion`.
+        """
+
+        def locked() -> T:
+            with self._thread_lock:
+                return func()
+
+        async with self._loop_lock.get():
+            return await run_to_completion(locked)

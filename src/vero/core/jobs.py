@@ -25,15 +25,13 @@ and brings the budget ledger in line with the job records.
 from __future__ import annotations
 
 import secrets
-import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vero.core._offloop import LoopLocalLock, run_to_completion
+from vero.core._offloop import SerialCommits
 from vero.core.evaluation import EvaluationResult
 from vero.core.ledger import BudgetLedger
 from vero.core.storage import atomic_write_json, atomic_write_model
@@ -106,8 +104,7 @@ class JobStore:
         """Use `JobStore.open`."""
         self.root = root
         self._jobs = jobs  # insertion order is creation order
-        self._loop_lock = LoopLocalLock()
-        self._commit_lock = threading.Lock()
+        self._commits = SerialCommits()
 
     @property
     def directory(self) -> Path:
@@ -173,16 +170,6 @@ class JobStore:
         """A fresh `ev-<16 hex>` id."""
         return "ev-" + secrets.token_hex(8)
 
-    async def _commit[T](self, step: Callable[[], T]) -> T:
-        """Run `step` (write, then swap memory) serialized and to completion, off the event loop."""
-
-        def locked() -> T:
-            with self._commit_lock:
-                return step()
-
-        async with self._loop_lock.get():
-            return await run_to_completion(locked)
-
     async def create(self, job: EvaluationJob) -> EvaluationJob:
         """Persist a new job (record, then index). Raises ValueError if the id exists.
 
@@ -200,7 +187,7 @@ class JobStore:
             self._jobs = {**self._jobs, job.id: job}
             return job
 
-        return await self._commit(step)
+        return await self._commits.run(step)
 
     async def update(self, job_id: str, **changes: Any) -> EvaluationJob:
         """Apply field changes and persist atomically. Raises UnknownJob.
@@ -233,7 +220,7 @@ class JobStore:
             self._jobs = {**self._jobs, job_id: updated}
             return updated
 
-        return await self._commit(step)
+        return await self._commits.run(step)
 
     def get(self, job_id: str) -> EvaluationJob:
         """One job (an immutable snapshot, shared: do not mutate nested results). Raises UnknownJob."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,7 +36,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vero.core._offloop import LoopLocalLock, run_to_completion
+from vero.core._offloop import SerialCommits
 from vero.core.storage import atomic_write_json
 from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
 
@@ -249,8 +248,7 @@ class BudgetLedger:
         self.path = path
         self.config_drift = config_drift
         self._state = state
-        self._loop_lock = LoopLocalLock()
-        self._commit_lock = threading.Lock()
+        self._commits = SerialCommits()
 
     @classmethod
     def open(cls, path: str | Path, totals: Mapping[tuple[str, str], BudgetTotals]) -> "BudgetLedger":
@@ -308,15 +306,13 @@ class BudgetLedger:
         """Run `plan` on the current state; persist and swap in the state it returns (None: no change)."""
 
         def step() -> T:
-            with self._commit_lock:
-                new_state, value = plan(self._state)
-                if new_state is not None:
-                    atomic_write_json(self.path, new_state.to_json())
-                    self._state = new_state
-                return value
+            new_state, value = plan(self._state)
+            if new_state is not None:
+                atomic_write_json(self.path, new_state.to_json())
+                self._state = new_state
+            return value
 
-        async with self._loop_lock.get():
-            return await run_to_completion(step)
+        return await self._commits.run(step)
 
     async def reserve(self, partition: str, principal: str, cost: Cost, reservation_id: str | None = None) -> Reservation:
         """Reserve `cost`; never grants more than the totals under any concurrency.
