@@ -145,6 +145,9 @@ BAD: dict[str, Bad] = {
     "target absolute link": Bad("target.path", setup=_symlink("target/abs", "/etc/hostname")),
     "target uses reserved .vero": Bad("target.path", setup=_write("target/.vero/x", "x\n")),
     "target with nested git data": Bad("target.path", setup=_write("target/lib/.git/HEAD", "ref: refs/heads/main\n")),
+    # The candidate store compares these names case-insensitively; it would refuse the baseline.
+    "target uses reserved .VERO": Bad("target.path", setup=_write("target/.VERO/x", "x\n")),
+    "target with nested .GIT data": Bad("target.path", setup=_write("target/lib/.GIT/HEAD", "ref: refs/heads/main\n")),
     "case link leaving the tree": Bad("cases.path", setup=_symlink("cases/case-1/tests/leak", "/etc/passwd")),
     "output inside the target": Bad("target.path", output=lambda tree: tree.root / "target" / "build"),
     "output inside the cases": Bad("cases.path", output=lambda tree: tree.root / "cases" / "compiled"),

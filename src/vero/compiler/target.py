@@ -6,8 +6,9 @@ export says so in a note). Any other directory is a **plain directory** whose fi
 
 Every tree that enters a compiled task (baseline, reference overlay, cases) is checked first: no
 link that is absolute or leaves the tree, no special file (device, socket, FIFO), and for the
-baseline and the reference also no `.git` anywhere and nothing under the reserved top-level `.vero/`
-(the candidate store refuses such trees: `vero.core.baseline`).
+baseline and the reference also no `.git` anywhere and nothing under a reserved top-level path
+(`vero.core.candidates.RESERVED_PATHS`), both compared case-insensitively as the candidate store
+does: it would refuse the baseline commit, and the sidecar would not start.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from vero.core.archive import file_digest
+from vero.core.candidates import RESERVED_PATHS
 from vero.errors import SpecError
 from vero.spec.compiled import digest_json
 
 __all__ = [
-    "RESERVED_TOP_LEVEL",
     "BaselineExport",
     "check_tree",
     "copy_tree",
@@ -38,8 +39,7 @@ __all__ = [
     "tree_digest",
 ]
 
-RESERVED_TOP_LEVEL = ".vero"
-"""Top-level name a candidate may not track (mirrors `vero.core.baseline`)."""
+_RESERVED_TOP_LEVEL = frozenset(name.lower() for name in RESERVED_PATHS)
 
 
 @dataclass(frozen=True)
@@ -111,19 +111,19 @@ def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> 
         root: the directory to check.
         loc: YAML path named in errors (e.g. `target.path`).
         what: how errors call the tree (e.g. "the target").
-        repository: also refuse `.git` anywhere and the reserved top-level `.vero` (baseline and
-            reference trees, which become Git commits).
+        repository: also refuse `.git` anywhere and a reserved top-level path such as `.vero`, in
+            any letter case (baseline and reference trees, which become Git commits).
 
     Raises:
         SpecError: at `loc`, naming the first offending relative path.
     """
     count = 0
     for rel, path, st in _walk(root):
-        name = PurePosixPath(rel).name
-        if repository and name == ".git":
+        parts = PurePosixPath(rel).parts
+        if repository and parts[-1].lower() == ".git":
             raise SpecError.at(loc, f"{what} contains Git data at {rel}; nested repositories are not allowed")
-        if repository and PurePosixPath(rel).parts[0] == RESERVED_TOP_LEVEL:
-            raise SpecError.at(loc, f"{what} uses the reserved path {RESERVED_TOP_LEVEL}/ ({rel})")
+        if repository and parts[0].lower() in _RESERVED_TOP_LEVEL:
+            raise SpecError.at(loc, f"{what} uses the reserved path {parts[0]}/ ({rel})")
         if stat.S_ISLNK(st.st_mode):
             if _link_escapes(root, path):
                 raise SpecError.at(loc, f"{what} has a link that is absolute or leaves the tree: {rel}")
@@ -189,8 +189,6 @@ def _export_git(repo: Path, dest: Path) -> BaselineExport:
             rel = PurePosixPath(member.name.rstrip("/"))
             if rel.is_absolute() or ".." in rel.parts or not rel.parts:
                 raise SpecError.at("target.path", f"git archive produced an unsafe path: {member.name!r}")
-            if rel.parts[0] == RESERVED_TOP_LEVEL:
-                raise SpecError.at("target.path", f"the target tracks the reserved path {RESERVED_TOP_LEVEL}/ ({rel})")
             out = dest.joinpath(*rel.parts)
             if member.isdir():
                 out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +204,7 @@ def _export_git(repo: Path, dest: Path) -> BaselineExport:
                 out.chmod(0o755 if member.mode & 0o111 else 0o644)
                 count += 1
             # pax global headers (the commit id) carry no file
-    # Links are checked once the whole tree exists (a link may point at a later entry).
+    # Links (and reserved paths) are checked once the whole tree exists (a link may point at a later entry).
     check_tree(dest, "target.path", what="the target's HEAD", repository=True)
     notes: list[str] = []
     status = _git(repo, "status", "--porcelain", "--untracked-files=normal")
