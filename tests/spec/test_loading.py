@@ -103,6 +103,16 @@ def test_partition_files_merge_into_partitions(project: Path) -> None:
     assert spec.cases.partition_files == {}
 
 
+def test_an_unknown_case_in_a_partition_file_is_reported_at_that_file(project: Path) -> None:
+    (project / "holdout.txt").write_text("d\nnot-a-case\n")
+    text = SPEC.replace("  partitions: {train: [a, b], hidden: [c]}",
+                        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(project, text))
+    assert [i.loc for i in info.value.issues] == ["cases.partition_files.holdout"]
+    assert "not-a-case" in str(info.value)
+
+
 def test_model_errors_name_the_field_without_the_union_tag(project: Path) -> None:
     text = SPEC.replace("install_path: /opt/prog", "install_path: relative/path")
     with pytest.raises(SpecError) as info:

@@ -96,9 +96,12 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
         partitions[name] = names
     if not partitions:
         add("cases.partitions", "expected at least one partition")
+    # Where each partition was declared: errors about its cases point there.
+    declared = {name: f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
+                for name in partitions}
     owner: dict[str, str] = {}
     for name, names in partitions.items():
-        loc = f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
+        loc = declared[name]
         if not names:
             add(loc, "a partition needs at least one case")
         if len(set(names)) != len(names):
@@ -118,7 +121,7 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
                 missing = [c for c in names if c not in available]
                 if missing:
                     where = cases.path or cases.dataset
-                    add(f"cases.partitions.{name}", f"case {missing[0]!r} is not a Harbor task in {where}")
+                    add(declared[name], f"case {missing[0]!r} is not a Harbor task in {where}")
 
     # access, selection, targets
     for name in spec.agent_access:
