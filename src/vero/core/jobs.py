@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from vero.core._offloop import SerialCommits
 from vero.core.evaluation import EvaluationResult
 from vero.core.ledger import BudgetLedger
-from vero.core.storage import atomic_write_json, atomic_write_model
+from vero.core.storage import atomic_write_json, atomic_write_model, remove_stale_temp_files
 from vero.errors import Conflict, LedgerCorrupt, UnknownJob
 from vero.spec.models import Disclosure
 
@@ -138,11 +138,7 @@ class JobStore:
         directory = store.directory
         directory.mkdir(parents=True, exist_ok=True)
         # Temp files of writes cut short by a crash (the sidecar is the store's only writer).
-        for stale in directory.glob(".*.tmp"):
-            try:
-                stale.unlink()
-            except OSError:
-                pass
+        remove_stale_temp_files(directory)
         records: dict[str, EvaluationJob] = {}
         for path in sorted(directory.glob("ev-*.json")):
             job = _read_model(path, EvaluationJob, "job record")

@@ -37,7 +37,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vero.core._offloop import SerialCommits
-from vero.core.storage import atomic_write_json
+from vero.core.storage import atomic_write_json, remove_stale_temp_files
 from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
 
 __all__ = ["BudgetBalance", "BudgetLedger", "BudgetTotals", "Cost", "LedgerFile", "Reservation", "read_ledger_file"]
@@ -211,18 +211,6 @@ def _shift(entry: BudgetBalance, *, settled: Cost | None = None, reserved: Cost 
     return entry.model_copy(update=update)
 
 
-def _remove_stale_temp_files(path: Path) -> None:
-    """Delete temp files a killed writer left beside `path` (the name pattern of `storage`'s temp files).
-
-    Safe because one process owns the ledger: no other writer can be half-way through a write.
-    """
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        try:
-            stale.unlink()
-        except OSError:
-            pass
-
-
 def _no_entry() -> PolicyDenied:
     # Generic on purpose: the pair may have been requested with a hidden partition's name.
     return PolicyDenied("no budget is configured for the requested partition")
@@ -267,7 +255,8 @@ class BudgetLedger:
         """
         path = Path(path)
         drift: list[str] = []
-        _remove_stale_temp_files(path)
+        # Safe because one process owns the ledger: no other writer can be half-way through a write.
+        remove_stale_temp_files(path.parent, path.name)
         if path.exists() or path.is_symlink():
             loaded = read_ledger_file(path)
             entries = {(e.partition, e.principal): e for e in loaded.entries}
