@@ -2,7 +2,8 @@
 
 ```
 VeroError
-├── SpecError                 build.yaml is invalid; carries the YAML path (`loc`) and what was expected
+├── SpecError                 build.yaml (or an option naming build inputs) is invalid; carries the
+│                             YAML path or `--option` (`loc`) and what was expected
 ├── PolicyDenied              the visibility policy refuses the request (unknown partition, floor, closed)
 ├── BudgetExhausted           a reservation would exceed a (partition, principal) total
 ├── UnknownJob                no evaluation job with that id
@@ -51,7 +52,7 @@ class SpecIssue:
 
     Attributes:
         loc: dotted YAML path of the offending field, e.g. ``agent_access.train.disclosure``
-            (``<root>`` for the document itself).
+            (``<root>`` for the document itself), or a command-line option such as ``--output``.
         message: what was expected there.
     """
 
@@ -59,14 +60,14 @@ class SpecIssue:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.loc}: {self.message}"
+        return self.message if self.loc == "<root>" else f"{self.loc}: {self.message}"
 
 
 class SpecError(VeroError):
-    """The optimization spec is invalid.
+    """The optimization spec (or a compiled role config, or an option naming build inputs) is invalid.
 
     Attributes:
-        issues: every problem found, each with its YAML path.
+        issues: every problem found, each with its YAML path (or `--option`).
         source: the spec file, when known.
     """
 
@@ -81,7 +82,15 @@ class SpecError(VeroError):
         return cls(SpecIssue(loc, message), source)
 
     def render(self) -> str:
-        head = f"invalid spec {self.source}" if self.source else "invalid spec"
+        """A head line, then one `  - loc: message` line per issue.
+
+        The head says `invalid command-line option` when every issue names an option (`--agent`,
+        `--output`, ...), else `invalid spec` and the file.
+        """
+        if self.issues and all(issue.loc.startswith("--") for issue in self.issues):
+            head = "invalid command-line option"
+        else:
+            head = f"invalid spec {self.source}" if self.source else "invalid spec"
         return head + "\n" + "\n".join(f"  - {issue}" for issue in self.issues)
 
 

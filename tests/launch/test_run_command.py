@@ -91,4 +91,5 @@ def test_cli_unknown_agent_is_refused_before_anything_is_built(tmp_path: Path) -
                     str(tmp_path / "jobs"), env={"TMPDIR": str(scratch)})
     assert done.returncode == 2
     assert "--agent" in done.stderr and "oracle" in done.stderr and "Traceback" not in done.stderr
+    assert "invalid spec" not in done.stderr  # the spec is fine; the option is not
     assert list(scratch.iterdir()) == [] and not (tmp_path / "jobs").exists()

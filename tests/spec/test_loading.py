@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vero.errors import SpecError
+from vero.errors import SpecError, SpecIssue
 from vero.spec import load_spec, parse_spec
 from vero.spec.loading import substitute
 
@@ -124,6 +124,19 @@ def test_yaml_syntax_error_is_reported_with_position(project: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(write(project, "name: [unclosed\n"))
     assert "line" in str(info.value)
+
+
+def test_a_missing_spec_file_is_named_in_the_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "nope.yaml")
+    assert str(info.value) == f"invalid spec {tmp_path / 'nope.yaml'}\n  - file not found"
+
+
+def test_errors_about_options_are_not_called_an_invalid_spec() -> None:
+    assert str(SpecError.at("--agent", "unknown Harbor agent 'x'")) == (
+        "invalid command-line option\n  - --agent: unknown Harbor agent 'x'")
+    mixed = SpecError([SpecIssue("--output", "exists"), SpecIssue("target.path", "missing")], "b.yaml")
+    assert str(mixed).startswith("invalid spec b.yaml\n")
 
 
 def test_registry_dataset_resolves_local_tasks_relative_to_the_registry(project: Path) -> None:

@@ -165,7 +165,7 @@ def load_spec(path: str | Path, env: Mapping[str, str] | None = None) -> Optimiz
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError.at("<root>", f"spec file not found: {path}") from None
+        raise SpecError.at("<root>", "file not found", str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError.at("<root>", f"cannot read spec file {path}: {type(exc).__name__}") from None
+        raise SpecError.at("<root>", f"cannot read the file ({type(exc).__name__})", str(path)) from None
     return parse_spec(text, base_dir=path.resolve().parent, env=env, source=str(path))
