@@ -110,8 +110,23 @@ def _looks_like_compiled_task(path: Path) -> bool:
     return (path / "task.toml").is_file() and (path / "environment").is_dir()
 
 
-def _check_destination(output: Path, tarball: Path, force: bool) -> None:
+def _check_destination(spec: OptimizationSpec, output: Path, tarball: Path, force: bool) -> None:
+    """Where the build writes: nothing inside (or containing) the target or the cases, and an
+    output directory that is empty or, with `force`, a previous compiled task.
+
+    Raises:
+        SpecError: every problem, at the input it collides with or at `--output`/`--tarball`.
+    """
     issues: list[SpecIssue] = []
+    roots = [("target.path", spec.target.path)]
+    if spec.cases.path is not None:
+        roots.append(("cases.path", spec.cases.path))
+    for loc, root in roots:
+        for what, path in (("output directory", output), ("tarball", tarball)):
+            if _inside(path, root):
+                issues.append(SpecIssue(loc, f"the {what} {path} must not be inside {root}"))
+        if _inside(root, output):
+            issues.append(SpecIssue(loc, f"the output directory {output} must not contain {root}"))
     if output.exists() and not output.is_dir():
         issues.append(SpecIssue("--output", f"{output} exists and is not a directory"))
     elif output.is_dir() and any(output.iterdir()):
@@ -211,15 +226,15 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
     from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
     from vero.spec import load_spec
     from vero.spec.cases import discover_cases
-    from vero.spec.validation import check_build_inputs
+    from vero.spec.validation import check_build_secrets
 
     env = os.environ if env is None else env
     if not isinstance(spec, OptimizationSpec):
         spec = load_spec(spec, env=env)
     output = Path(os.path.abspath(output))
     tarball = Path(os.path.abspath(tarball)) if tarball is not None else output.with_name(output.name + ".tar.gz")
-    check_build_inputs(spec, output, env, tarball)
-    _check_destination(output, tarball, force)
+    check_build_secrets(spec, env)
+    _check_destination(spec, output, tarball, force)
 
     notes: list[str] = []
     output.parent.mkdir(parents=True, exist_ok=True)

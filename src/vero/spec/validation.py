@@ -1,21 +1,21 @@
 """Cross-field rules of the optimization spec, each reported with its YAML path (DESIGN §2, §4).
 
 `check_spec` runs after the models parsed; it collects every problem before raising so that an
-operator fixes a spec in one pass. `check_build_inputs` holds the rules that depend on the build
-(the environment's secrets and the output location) and runs before anything is written.
+operator fixes a spec in one pass. `check_build_secrets` holds the rule that depends on the build
+environment (the secrets are set) and runs before anything is written; the rules about the output
+location are the compiler's (`vero.compiler.build`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 from vero.errors import SpecError, SpecIssue
 from vero.spec.cases import discover_cases, read_partition_file
 from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec
 
-__all__ = ["check_build_inputs", "check_spec"]
+__all__ = ["check_build_secrets", "check_spec"]
 
 _PINNED_HARBOR = re.compile(r"^harbor(\[(?P<extras>[A-Za-z0-9_,-]+)\])?==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 _DATASET = re.compile(r"^(?P<name>[^@\s]+)@(?P<version>[^@\s]+)$")
@@ -30,14 +30,6 @@ _RESERVED_SECRET_NAMES = frozenset({
     "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
 })
 _RESERVED_SECRET_PREFIXES = ("VERO_", "LC_", "GIT_")
-
-
-def _is_within(child: Path, parent: Path) -> bool:
-    try:
-        child.resolve().relative_to(parent.resolve())
-    except ValueError:
-        return False
-    return True
 
 
 def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> OptimizationSpec:
@@ -172,13 +164,12 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     return spec.model_copy(update={"cases": cases.model_copy(update={"partitions": partitions, "partition_files": {}})})
 
 
-def check_build_inputs(spec: OptimizationSpec, output: Path, env: Mapping[str, str],
-                       tarball: Path | None = None) -> None:
-    """Rules that depend on the build itself; run before anything is written.
+def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:
+    """The build's own rule about the environment: every secret it needs is set (the values are
+    only checked for, never written). Runs before anything is written.
 
     Raises:
-        SpecError: a secret (declared or required by the environment) is unset or empty in `env`,
-            or the output directory or tarball lies inside the target or the cases.
+        SpecError: a secret (declared, or required by the environment) is unset or empty in `env`.
     """
     issues: list[SpecIssue] = []
     for index, name in enumerate(spec.secrets):
@@ -187,14 +178,5 @@ def check_build_inputs(spec: OptimizationSpec, output: Path, env: Mapping[str, s
     for name in spec.effective_secrets():
         if name not in spec.secrets and not env.get(name):
             issues.append(SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set"))
-    roots = [("target.path", spec.target.path)]
-    if spec.cases.path is not None:
-        roots.append(("cases.path", spec.cases.path))
-    for loc, root in roots:
-        for what, path in (("output directory", output), ("tarball", tarball)):
-            if path is not None and _is_within(path, root):
-                issues.append(SpecIssue(loc, f"the {what} {path} must not be inside {root}"))
-        if _is_within(root, output):
-            issues.append(SpecIssue(loc, f"the output directory {output} must not contain {root}"))
     if issues:
         raise SpecError(issues)
