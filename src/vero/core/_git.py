@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import git
 
-__all__ = ["HARDENING_CONFIG", "IsolatedGit", "minimal_env", "write_global_config"]
+from vero.core.storage import atomic_write_bytes
+
+__all__ = ["HARDENING_CONFIG", "IsolatedGit", "minimal_env", "private_git_env", "write_global_config"]
 
 HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
     # No hook and no fsmonitor daemon of any repository runs (DESIGN §6: hooks off).
@@ -106,8 +110,6 @@ def write_global_config(path: Path, *, safe_directories: Sequence[str | Path] = 
         path: the file to (re)write; written atomically with mode 0600.
         safe_directories: repository paths (work tree and git dir) to trust.
     """
-    from vero.core.storage import atomic_write_bytes
-
     sections: dict[str, list[tuple[str, str]]] = {}
     for key, value in HARDENING_CONFIG:
         section, _, name = key.rpartition(".")
@@ -120,6 +122,33 @@ def write_global_config(path: Path, *, safe_directories: Sequence[str | Path] = 
     lines.append("[safe]")
     lines.extend(f"\tdirectory = {_quote_config_value(str(p))}" for p in safe_directories)
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
+@contextmanager
+def private_git_env(*, safe_directories: Sequence[str | Path] = (),
+                    extra: Mapping[str, str] | None = None) -> Iterator[tuple[dict[str, str], Path]]:
+    """A throw-away private `HOME`, global config and empty template directory for one-off git work.
+
+    Everything lives in a temporary directory removed on exit. (The candidate store keeps its own
+    under its state directory instead, because it runs git for the life of the sidecar.)
+
+    Args:
+        safe_directories: as `write_global_config`.
+        extra: as `minimal_env`.
+
+    Yields:
+        The complete environment (`minimal_env`) and an empty directory for `git init --template=`
+        (so no sample hook or other template file of the machine is copied).
+    """
+    with tempfile.TemporaryDirectory(prefix="vero-git-") as private:
+        root = Path(private)
+        home = root / "home"
+        home.mkdir(mode=0o700)
+        template = root / "template"
+        template.mkdir()
+        config = root / "gitconfig"
+        write_global_config(config, safe_directories=safe_directories)
+        yield minimal_env(home, config, extra), template
 
 
 class IsolatedGit(git.Git):

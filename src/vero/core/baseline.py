@@ -25,10 +25,9 @@ git init -q -b main . && git add -A -f && git commit -q --no-verify -m baseline
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
-from vero.core._git import IsolatedGit, minimal_env, write_global_config
+from vero.core._git import IsolatedGit, private_git_env
 from vero.core.candidates import RESERVED_PATHS
 
 __all__ = ["BASELINE_GIT_ENV", "BASELINE_MESSAGE", "commit_baseline"]
@@ -43,6 +42,7 @@ BASELINE_GIT_ENV: dict[str, str] = {
     "GIT_COMMITTER_DATE": "1970-01-01T00:00:00+0000",
 }
 """Environment that pins the baseline commit's identity and dates (also used by the main Dockerfile)."""
+
 
 def _nested_git_entries(root: Path) -> list[str]:
     """Relative paths of `.git` entries below the top level (git would store them as gitlinks)."""
@@ -68,7 +68,7 @@ def commit_baseline(work_tree: str | Path) -> str:
         ValueError: `work_tree` is not a directory, already has `.git`, tracks a reserved path
             (`.vero` at the top level), or holds a nested `.git` (git would record an empty gitlink
             instead of the files).
-        subprocess.CalledProcessError / git.GitCommandError: git failed.
+        git.GitCommandError: git failed.
     """
     root = Path(os.path.abspath(work_tree))
     if not root.is_dir():
@@ -82,17 +82,10 @@ def commit_baseline(work_tree: str | Path) -> str:
     if nested:
         raise ValueError(f"baseline work tree {root} contains nested Git data: {', '.join(nested[:5])}")
 
-    with tempfile.TemporaryDirectory(prefix="vero-git-") as private:
-        home = Path(private) / "home"
-        home.mkdir(mode=0o700)
-        config = Path(private) / "gitconfig"
-        # The files may belong to another user than the one committing (image builds, uid 1001).
-        write_global_config(config, safe_directories=[root, root / ".git"])
-        repo = IsolatedGit(root, env=minimal_env(home, config, BASELINE_GIT_ENV))
-        empty_template = Path(private) / "template"
-        empty_template.mkdir()
-        repo.init("-q", f"--template={empty_template}", "--initial-branch=main",
-                  "--object-format=sha1", str(root))
+    # The files may belong to another user than the one committing (image builds, uid 1001).
+    with private_git_env(safe_directories=[root, root / ".git"], extra=BASELINE_GIT_ENV) as (env, template):
+        repo = IsolatedGit(root, env=env)
+        repo.init("-q", f"--template={template}", "--initial-branch=main", "--object-format=sha1", str(root))
         repo.add("-A", "-f", "--", ".")
         tree = repo.write_tree()
         commit = repo.commit_tree("--no-gpg-sign", "-m", BASELINE_MESSAGE, tree)
