@@ -22,17 +22,17 @@ sealing twice is idempotent.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import tempfile
 from datetime import datetime
 from pathlib import Path
 
+import git
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vero.core._git import IsolatedGit, private_git_env
 from vero.core.archive import ArchiveError, file_digest, safe_extract, write_canonical_tar
-from vero.core.candidates import CandidateRecord
+from vero.core.candidates import CANDIDATE_REF_PREFIX, CandidateRecord
 from vero.core.jobs import EvaluationJob
 from vero.core.ledger import BudgetBalance
 from vero.core.storage import atomic_write_bytes
@@ -49,12 +49,6 @@ __all__ = [
 
 _BUNDLE = "candidates.bundle"
 _MANIFEST = "manifest.json"
-_GIT_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_TERMINAL_PROMPT": "0",
-    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-}
 
 
 class Submission(BaseModel):
@@ -96,11 +90,11 @@ class Session(BaseModel):
         return self.root / "candidates.git"
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
-    return subprocess.run(
-        ["git", "-c", "core.hooksPath=/dev/null", "-c", "pack.threads=1", *args],
-        cwd=cwd, env=_GIT_ENV, check=True, capture_output=True, text=True,
-    ).stdout
+def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
+    """Hardened git on a bare repository (`vero.core._git`); one delta-search thread, so the same
+    refs always give the same bundle bytes."""
+    return IsolatedGit(cwd, env=env, git_dir=git_dir,
+                       config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])
 
 
 def read_submission(state_dir: str | Path) -> Submission | None:
@@ -134,7 +128,7 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
 
     Raises:
         OSError: a state file cannot be read or the archive cannot be written.
-        subprocess.CalledProcessError: git could not bundle the candidate store.
+        git.GitCommandError: git could not bundle the candidate store.
     """
     state = Path(state_dir)
     dest = Path(dest)
@@ -154,10 +148,11 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
                         shutil.copyfile(record, stage / sub / record.name)
         git_dir = state / "candidates.git"
         if git_dir.is_dir():
-            refs = _git("--git-dir", str(git_dir), "for-each-ref", "--format=%(refname)",
-                        "refs/vero/candidates/").split()
-            if refs:
-                _git("--git-dir", str(git_dir), "bundle", "create", "-q", str(stage / _BUNDLE), *sorted(refs))
+            with private_git_env(safe_directories=[git_dir]) as (env, _):
+                store = _session_git(stage, git_dir, env)
+                refs = store.for_each_ref("--format=%(refname)", CANDIDATE_REF_PREFIX).split()
+                if refs:
+                    store.bundle("create", "-q", str(stage / _BUNDLE), *sorted(refs))
         files = {
             path.relative_to(stage).as_posix(): file_digest(path)
             for path in sorted(stage.rglob("*")) if path.is_file()
@@ -222,14 +217,19 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             raise SessionInvalid(f"session file {rel} does not match its manifest digest")
 
     git_dir = dest / "candidates.git"
-    try:
-        _git("init", "-q", "--bare", str(git_dir))
-        if (dest / _BUNDLE).is_file():
-            _git("--git-dir", str(git_dir), "bundle", "verify", "-q", str(dest / _BUNDLE))
-            _git("--git-dir", str(git_dir), "fetch", "-q", "--no-tags", str(dest / _BUNDLE),
-                 "refs/vero/candidates/*:refs/vero/candidates/*")
-    except subprocess.CalledProcessError:
-        raise SessionInvalid("the session's candidate bundle is invalid") from None
+    bundle = dest / _BUNDLE
+    with private_git_env(safe_directories=[git_dir]) as (env, template):
+        try:
+            IsolatedGit(dest, env=env).init("-q", "--bare", f"--template={template}", str(git_dir))
+            session_git = _session_git(dest, git_dir, env)
+            if bundle.is_file():
+                # `transfer.fsckObjects` (hardening config) checks every object the fetch brings in.
+                session_git.bundle("verify", "-q", str(bundle))
+                session_git.fetch("-q", "--no-tags", "--end-of-options", str(bundle),
+                                  f"{CANDIDATE_REF_PREFIX}*:{CANDIDATE_REF_PREFIX}*")
+            known = set(session_git.for_each_ref("--format=%(objectname)", CANDIDATE_REF_PREFIX).split())
+        except git.GitCommandError:
+            raise SessionInvalid("the session's candidate bundle is invalid") from None
 
     try:
         candidates = sorted(
@@ -241,8 +241,6 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
         submission = read_submission(dest)
     except (OSError, ValidationError, LedgerCorrupt) as exc:
         raise SessionInvalid(f"a session record is unreadable ({type(exc).__name__})") from None
-    known = set(_git("--git-dir", str(git_dir), "for-each-ref", "--format=%(objectname)",
-                     "refs/vero/candidates/").split())
     for record in candidates:
         if record.id not in known:
             raise SessionInvalid("a candidate record has no commit in the session's bundle")
