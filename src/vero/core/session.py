@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from vero.core._git import IsolatedGit, private_git_env
 from vero.core.archive import ArchiveError, file_digest, safe_extract, write_canonical_tar
 from vero.core.candidates import CANDIDATE_REF_PREFIX, CandidateRecord
-from vero.core.jobs import EvaluationJob
-from vero.core.ledger import BudgetBalance
+from vero.core.jobs import EvaluationJob, JobStore
+from vero.core.ledger import BudgetBalance, read_ledger_file
 from vero.core.storage import atomic_write_bytes
 from vero.errors import LedgerCorrupt, SessionInvalid
 
@@ -176,9 +176,6 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             file, a different `spec_digest` or `baseline_commit`, unsafe entries, an invalid bundle,
             or unreadable records.
     """
-    from vero.core.jobs import JobStore
-    from vero.core.ledger import BudgetLedger
-
     archive = Path(archive)
     dest = Path(dest)
     try:
@@ -237,7 +234,8 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             key=lambda record: (record.imported_at, record.id),
         ) if (dest / "candidates").is_dir() else []
         jobs = JobStore.open(dest).list() if (dest / "jobs").is_dir() else []
-        balances = BudgetLedger.open(dest / "ledger.json", {}).balances() if (dest / "ledger.json").is_file() else []
+        # Read, not `BudgetLedger.open`: that is the owner's API (it tidies temp files, may write).
+        balances = read_ledger_file(dest / "ledger.json").entries if (dest / "ledger.json").is_file() else []
         submission = read_submission(dest)
     except (OSError, ValidationError, LedgerCorrupt) as exc:
         raise SessionInvalid(f"a session record is unreadable ({type(exc).__name__})") from None
