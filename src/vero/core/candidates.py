@@ -291,9 +291,11 @@ class CandidateStore:
         temporary ref, and only then is `asyncio.CancelledError` raised to the caller.
 
         Raises:
-            CandidateRejected: malformed version (empty, NUL, leading `-`, control chars, too long),
-                unknown object, not a commit, fetched id mismatch, tree tracking a reserved path, or a
-                symlink pointing outside the tree. The store is unchanged.
+            CandidateRejected: malformed version (empty, leading `-`, control characters or
+                whitespace, too long), a source without a plain Git directory, unknown object, not a
+                commit, fetched id mismatch, a tree with a reserved or unsafe path or an unsupported
+                mode, or a symlink pointing outside the tree. No ref or record is added (objects
+                already fetched stay in the store, unreferenced).
         """
         abort = threading.Event()
         return await run_to_completion(lambda: self._import_version(source_repo, version, abort),
@@ -491,7 +493,6 @@ class CandidateStore:
         """Materialize a candidate into a fresh directory `dest` (must not exist) as a detached work tree.
 
         The result has its own `.git` and does not depend on the agent's repository or the store.
-        Raises KeyError for an unknown id.
 
         Raises:
             KeyError: unknown id.

@@ -95,7 +95,8 @@ class JobStore:
 
     A record is written before the index; `open` reconciles the two after a crash in between
     (records missing from the index are added; index entries without a record are dropped).
-    Accessors return copies, so callers cannot change stored jobs except through `update`.
+    Jobs are frozen models: accessors return the stored snapshots themselves (no copy), which callers
+    cannot change; `update` stores a new snapshot.
     """
 
     root: Path
@@ -167,10 +168,13 @@ class JobStore:
         return "ev-" + secrets.token_hex(8)
 
     async def create(self, job: EvaluationJob) -> EvaluationJob:
-        """Persist a new job (record, then index). Raises ValueError if the id exists.
+        """Persist a new job (record, then index).
 
         Returns:
-            A copy of the stored job.
+            The stored job: a validated copy of `job` (a `model_copy(update=...)` skips validation).
+
+        Raises:
+            ValueError: the id exists, or `job` fails validation.
         """
         job = EvaluationJob.model_validate(job.model_dump())
 
@@ -186,10 +190,10 @@ class JobStore:
         return await self._commits.run(step)
 
     async def update(self, job_id: str, **changes: Any) -> EvaluationJob:
-        """Apply field changes and persist atomically. Raises UnknownJob.
+        """Apply field changes and persist atomically.
 
         Returns:
-            A copy of the updated job.
+            The updated job (the new stored snapshot).
 
         Raises:
             UnknownJob: no job with that id.
@@ -255,7 +259,7 @@ async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger, *,
     Idempotent: a second call finds nothing to do and returns an empty list.
 
     Returns:
-        The jobs marked failed by this call (updated copies), in creation order.
+        The jobs marked failed by this call (their updated snapshots), in creation order.
 
     Raises:
         OSError: a record or the ledger could not be written (what was written stays written).
