@@ -64,8 +64,11 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
             entries.append((rel, path))
     entries.sort(key=lambda item: item[0].split("/"))
 
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    out = io.BytesIO()
+    # The tar stream goes straight into gzip (deflate output does not depend on how its input is
+    # chunked), so the uncompressed archive is never held in memory.
+    with (gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz,
+          tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar):
         if prefix:
             tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
         for rel, path in entries:
@@ -87,9 +90,6 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
                     tar.addfile(info, handle)
             else:
                 raise ArchiveError(f"special file cannot be archived: {rel}")
-    out = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz:
-        gz.write(raw.getvalue())
     return out.getvalue()
 
 
