@@ -150,11 +150,9 @@ class JobStore:
         index_exists = store.index_path.exists() or store.index_path.is_symlink()
         if index_exists:
             index_ids = _read_model(store.index_path, _JobIndex, "job index").ids
-        ordered: list[str] = []
-        for job_id in index_ids:
-            if job_id in records and job_id not in ordered:
-                ordered.append(job_id)
-        missing = sorted((job for job_id, job in records.items() if job_id not in ordered),
+        ordered = [job_id for job_id in dict.fromkeys(index_ids) if job_id in records]
+        listed = set(ordered)
+        missing = sorted((job for job_id, job in records.items() if job_id not in listed),
                          key=lambda job: (job.created_at, job.id))
         ordered.extend(job.id for job in missing)
         if not index_exists or ordered != index_ids:
