@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from vero.errors import InfrastructureFailure
 from vero.harbor.backend import RunAs
+from vero.harbor.process import runner_identity
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import hand_over, resolve_run_as, secret_env
 
@@ -63,10 +65,13 @@ def test_run_as_takes_the_docker_socket_group(tmp_path: Path) -> None:
     socket = tmp_path / "docker.sock"
     socket.write_text("")
     os.chown(socket, 0, 4242)
-    run_as = resolve_run_as("root", sockets=[tmp_path / "absent.sock", socket])
+    run_as = resolve_run_as("root", docker_socket=socket)
     assert run_as == RunAs(uid=0, gid=0, extra_groups=(4242,), home=Path("/root"))
-    assert resolve_run_as("root", sockets=[tmp_path / "absent.sock"]).extra_groups == ()
+    assert resolve_run_as("root", docker_socket=tmp_path / "absent.sock").extra_groups == ()
+    # A missing runner is no identity here (the verifier refuses the runs later), not an error.
     assert resolve_run_as("no-such-user-vero") is None
+    with pytest.raises(InfrastructureFailure, match="no-such-user-vero"):
+        runner_identity("no-such-user-vero")
 
 
 def test_secret_env_takes_set_names_only() -> None:

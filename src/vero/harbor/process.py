@@ -1,6 +1,9 @@
 """Running a nested `harbor` process: own process group, optional unprivileged user, group kill,
 and removal of the Docker resources a killed run left behind.
 
+- `runner_identity` resolves the unprivileged user nested runs take when the caller is root
+  (the sidecar's and the verifier's `vero-runner`, with the Docker socket's group).
+
 - The child starts a new session (`start_new_session=True`), so it and everything it spawns
   (`docker compose`, candidate subprocesses) share one process group that can be signalled at once.
 - When the caller is root and a `RunAs` is given, the child runs with that uid, gid and
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
 import re
 import signal
 import time
@@ -24,20 +28,59 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vero.errors import InfrastructureFailure
 from vero.harbor.backend import RunAs
 from vero.harbor.command import scrub
 
 __all__ = [
+    "DOCKER_SOCKET",
+    "RUNNER_USER",
     "ProcessOutcome",
     "compose_project_prefix",
     "finish_uncancellable",
     "remove_docker_leftovers",
     "run_process_group",
+    "runner_identity",
 ]
 
 logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 65536
+
+RUNNER_USER = "vero-runner"
+"""The unprivileged user the sidecar and verifier images create for nested runs."""
+
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+"""Where the compiled task's compose files mount the engine's socket (`/run/docker.sock:/var/run/docker.sock:ro`)."""
+
+
+def runner_identity(user: str = RUNNER_USER, docker_socket: Path = DOCKER_SOCKET) -> RunAs | None:
+    """The identity nested runs take: None unless this process is root.
+
+    Args:
+        user: the unprivileged account (`vero-runner` in the sidecar and verifier images).
+        docker_socket: its group (if the socket exists) becomes an extra group, so the run reaches
+            the engine without root.
+
+    Raises:
+        InfrastructureFailure: running as root but `user` does not exist (candidate code must never
+            run as root; each caller decides whether that refuses a start or only a measurement).
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise InfrastructureFailure(
+            f"this process runs as root but the unprivileged user {user!r} does not exist") from None
+    extra: tuple[int, ...] = ()
+    try:
+        gid = os.stat(docker_socket).st_gid
+        if gid != entry.pw_gid:
+            extra = (gid,)
+    except OSError:
+        pass
+    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, extra_groups=extra, home=Path(entry.pw_dir))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from vero.core.session import Session, read_session
 from vero.errors import SessionInvalid
 from vero.harbor.backend import EvaluationBackend, RunAs
+from vero.harbor.process import RUNNER_USER
 from vero.spec.compiled import VerifierConfig
 from vero.verifier.artifacts import (
     FINALIZATION_FILE,
@@ -30,7 +31,7 @@ from vero.verifier.artifacts import (
 )
 from vero.verifier.report import REPORT_FILE, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
-from vero.verifier.scoring import RUNNER_USER, Scorer
+from vero.verifier.scoring import Scorer
 from vero.verifier.selection import Selection, select_candidate
 
 __all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import math
 import os
-import pwd
 import secrets as _secrets
 import shutil
 from collections.abc import Callable, Iterable, Mapping
@@ -27,12 +26,11 @@ from statistics import fmean
 
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
+from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
 from vero.spec.compiled import VerifierConfig
 from vero.verifier.selection import Measurement
 
 __all__ = [
-    "DOCKER_SOCKETS",
-    "RUNNER_USER",
     "Checkout",
     "Scorer",
     "hand_over",
@@ -43,41 +41,22 @@ __all__ = [
 
 logger = logging.getLogger("vero.verifier")
 
-RUNNER_USER = "vero-runner"
-"""The unprivileged user nested runs use when the verifier is root (created by the verifier image)."""
-
-DOCKER_SOCKETS: tuple[Path, ...] = (Path("/var/run/docker.sock"), Path("/run/docker.sock"))
-"""Where the Docker engine's socket may be mounted; its group is given to the runner."""
-
 Checkout = Callable[[str, Path], Path]
 """`checkout(candidate_id, dest)` materializes a candidate in the fresh directory `dest` and returns it.
 Raises KeyError for an unknown candidate."""
 
 
-def resolve_run_as(user: str = RUNNER_USER, sockets: Iterable[Path] = DOCKER_SOCKETS) -> RunAs | None:
+def resolve_run_as(user: str = RUNNER_USER, docker_socket: Path = DOCKER_SOCKET) -> RunAs | None:
     """The identity nested runs take, or None to run as the current user.
 
-    Returns None when the process is not root (it already is unprivileged) or when `user` does not
-    exist (the caller reports that it runs nested evaluations as root). Otherwise `user`'s uid,
-    primary gid and home, plus the group of the first Docker socket found so the runner reaches
-    the engine.
+    `vero.harbor.process.runner_identity` (shared with the sidecar), except that a missing `user`
+    gives None instead of raising: the verifier still writes its reward, and `verify` then
+    refuses every measurement (or, with `allow_root_runs`, runs them as root and warns).
     """
-    if os.geteuid() != 0:
-        return None
     try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
+        return runner_identity(user, docker_socket)
+    except InfrastructureFailure:
         return None
-    extra: list[int] = []
-    for socket in sockets:
-        try:
-            gid = os.stat(socket).st_gid
-        except OSError:
-            continue
-        if gid != entry.pw_gid:
-            extra.append(gid)
-        break
-    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, extra_groups=tuple(extra), home=Path(entry.pw_dir))
 
 
 def hand_over(path: Path, run_as: RunAs | None) -> None:
