@@ -40,7 +40,7 @@ from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation
-from vero.core.policy import AccessPolicy, narrow
+from vero.core.policy import AccessPolicy
 from vero.core.session import Submission, read_submission, write_session_archive
 from vero.core.storage import atomic_write_model, awrite_model
 from vero.errors import (
@@ -68,7 +68,6 @@ from vero.sidecar.models import (
 )
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
-from vero.spec.models import Disclosure
 
 __all__ = [
     "DEFAULT_WORK_DIR",
@@ -347,10 +346,6 @@ class SidecarService:
 
     # -- views -----------------------------------------------------------------------------------
 
-    def _current_tier(self, partition: str) -> Disclosure:
-        access = self.policy.visible(self.principal).get(partition)
-        return access.disclosure if access is not None else "none"
-
     def _artifacts_dir(self, job_id: str) -> Path:
         return self.context_dir / job_id
 
@@ -358,7 +353,7 @@ class SidecarService:
         """What the agent may see of a finished job: the narrower of its granted and current tier."""
         if job.state != "complete" or job.result is None:
             return None
-        tier = narrow(job.disclosure, self._current_tier(job.partition))
+        tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
         result = job.result
         if tier == "none":
             return DisclosedResult(disclosure="none")
@@ -541,7 +536,7 @@ class SidecarService:
             self._tasks.pop(job_id, None)
 
     async def _complete(self, job: EvaluationJob, result: EvaluationResult) -> None:
-        if narrow(job.disclosure, self._current_tier(job.partition)) == "full":
+        if self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full":
             await self._write_artifacts(job, result)
         job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
         await self._settle_quietly(job.reservation_id)
