@@ -412,12 +412,15 @@ class SidecarService:
             InfrastructureFailure: the job failed for infrastructure reasons (refunded); the route
                 answers 502 so the client raises the same class.
         """
+        return self.view(self._answerable_job(principal, job_id))
+
+    def _answerable_job(self, principal: str, job_id: str) -> EvaluationJob:
         job = self.jobs.get(job_id)
         if job.principal != principal:
             raise UnknownJob("no evaluation job with this id")
         if job.state == "failed" and job.error == _INFRA_ERROR:
             raise InfrastructureFailure("the evaluation failed for infrastructure reasons; refunded")
-        return self.view(job)
+        return job
 
     async def wait_evaluation(self, principal: str, job_id: str, wait_sec: float) -> JobView:
         """`GET /evaluations/{id}?wait_sec=N`: like `evaluation`, after waiting up to `wait_sec`
@@ -427,7 +430,7 @@ class SidecarService:
         Raises:
             UnknownJob, InfrastructureFailure: as `evaluation` (checked before and after waiting).
         """
-        self.evaluation(principal, job_id)
+        self._answerable_job(principal, job_id)
         task = self._tasks.get(job_id)
         if task is not None and wait_sec > 0:
             await asyncio.wait({task}, timeout=wait_sec)
