@@ -1,6 +1,6 @@
-"""Hardened Git invocations shared by the candidate store and the baseline commit (private).
+"""Hardened Git invocations shared by the candidate store, the baseline commit and the session archive.
 
-Every `git` process that vero's trusted side starts goes through `IsolatedGit`, a GitPython
+Every `git` process that `vero.core` starts goes through `IsolatedGit`, a GitPython
 `git.Git` whose commands run with an *exact* environment rather than the caller's: GitPython's
 `Git.execute` always starts from a copy of `os.environ`, so `IsolatedGit` launches git through
 `env -i KEY=VALUE ... git ...`. Inherited variables such as `GIT_DIR`, `GIT_CONFIG_PARAMETERS`,
