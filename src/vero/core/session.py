@@ -76,7 +76,6 @@ class SealManifest(BaseModel):
 class Session(BaseModel):
     """A verified, extracted session."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
     root: Path
     """Extraction directory (holds `candidates.git`, a bare repo with the bundle's refs)."""
     manifest: SealManifest
