@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from vero.cli import app
 from vero.spec.models import HarborSpec
 
-from conftest import Workbench
+from verifier_bench import Workbench
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,7 @@ from vero.core.session import read_session
 from vero.verifier import Finalization, render_report
 
 from cdp import chromium_binary, load_page
-from conftest import SPEC_DIGEST, TableBackend, Workbench
+from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 

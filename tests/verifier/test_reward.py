@@ -15,7 +15,7 @@ from vero.harbor.process import runner_identity
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import hand_over, resolve_run_as, secret_env
 
-from conftest import TableBackend, Workbench
+from verifier_bench import TableBackend, Workbench
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from vero.core.archive import safe_extract, write_canonical_tar
 from vero.core.session import read_session
 from vero.verifier.selection import rank_recorded
 
-from conftest import SPEC_DIGEST, TableBackend, Workbench
+from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 pytestmark = pytest.mark.timeout(240)
 
