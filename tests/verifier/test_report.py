@@ -160,6 +160,13 @@ def test_vero_report_includes_the_matching_finalization(bench: Workbench, tmp_pa
     assert result.exit_code == 10 and not (tmp_path / "p.html").exists()
 
 
+def test_vero_report_of_a_missing_archive_says_so(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "absent.tar.gz"), "-o", str(tmp_path / "x.html")])
+    assert result.exit_code == 10
+    assert "absent.tar.gz does not exist" in result.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
 @pytest.mark.timeout(240)
 def test_vero_report_refuses_a_tampered_archive(bench: Workbench, tmp_path: Path) -> None:
     archive, _, _ = rich_session(bench)

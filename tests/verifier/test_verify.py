@@ -340,6 +340,7 @@ def test_a_missing_archive_is_refused_with_failure_values(bench: Workbench) -> N
                          bench.root / "export" / "absent.tar.gz", backend)
     assert final.status == "refused" and reward(bench) == {"reward": 50.0}
     assert any("not found" in w for w in final.warnings)
+    assert any("absent.tar.gz does not exist" in e for e in final.errors), final.errors
 
 
 # -- reward file and artifacts ------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import shutil
@@ -12,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from vero.core.archive import file_digest
 from vero.core.session import Session, read_session
 from vero.errors import SessionInvalid
 from vero.harbor.backend import EvaluationBackend, RunAs
@@ -83,14 +83,11 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
 
 
 def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
+    """Hex sha256 of the archive as given (`finalization.session_sha256`), None when unreadable."""
     try:
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        return file_digest(path).removeprefix("sha256:")
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _trees(session: Session) -> dict[str, str]:
@@ -180,6 +177,8 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             # The runner must traverse the work dir to reach its own run dirs, nothing more.
             os.chmod(work, 0o711)
         # Fresh, private (0700) directories: a reused work dir never mixes two verifications.
+        if not archive.is_file():
+            raise SessionInvalid(f"the session archive {archive} does not exist")
         session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
         session = await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
                                           baseline_commit=config.baseline_commit)

@@ -18,7 +18,6 @@ shipped candidate, how it was chosen and the rewards.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import tarfile
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from vero.core.archive import file_digest
 from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SessionInvalid
@@ -356,15 +356,21 @@ def report_from_archive(archive: str | Path, output: str | Path, *, finalization
         OSError: `output` cannot be written.
     """
     archive = Path(archive)
+    if not archive.is_file():
+        raise SessionInvalid(f"the session archive {archive} does not exist")
     # The outer digest first, so a corrupt archive is reported as such rather than as unreadable.
     try:
         recorded = Path(f"{archive}.sha256").read_text(encoding="utf-8").split()[0]
     except (OSError, IndexError):
         raise SessionInvalid("the session archive has no readable .sha256 beside it") from None
-    if recorded != _sha256_hex(archive):
+    try:
+        sha256 = file_digest(archive).removeprefix("sha256:")
+    except OSError:
+        raise SessionInvalid("the session archive cannot be read") from None
+    if recorded != sha256:
         raise SessionInvalid("the session archive does not match its sha256")
     manifest = read_manifest(archive)
-    found = _finalization_for(archive, Path(finalization) if finalization else None)
+    found = _finalization_for(archive, sha256, Path(finalization) if finalization else None)
     with tempfile.TemporaryDirectory(prefix="vero-report-") as tmp:
         session = read_session(archive, Path(tmp) / "session",
                                spec_digest=spec_digest or manifest.spec_digest,
@@ -372,7 +378,9 @@ def report_from_archive(archive: str | Path, output: str | Path, *, finalization
         return write_report(output, session, found)
 
 
-def _finalization_for(archive: Path, explicit: Path | None) -> Finalization | None:
+def _finalization_for(archive: Path, sha256: str, explicit: Path | None) -> Finalization | None:
+    """The finalization made from the archive whose hex digest is `sha256`: `explicit`, else the
+    `finalization.json` beside the archive (ignored, rather than refused, when it does not match)."""
     path = explicit or archive.parent / FINALIZATION_FILE
     if explicit is None and not path.is_file():
         return None
@@ -382,20 +390,8 @@ def _finalization_for(archive: Path, explicit: Path | None) -> Finalization | No
         if explicit is None:
             return None
         raise SessionInvalid(f"the finalization {path} cannot be read") from None
-    if loaded.session_sha256 != _sha256_hex(archive):
+    if loaded.session_sha256 != sha256:
         if explicit is None:
             return None
         raise SessionInvalid(f"the finalization {path} belongs to another session archive")
     return loaded
-
-
-def _sha256_hex(path: Path) -> str:
-    """Hex sha256 of a file. Raises SessionInvalid when it cannot be read."""
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError:
-        raise SessionInvalid("the session archive cannot be read") from None
-    return digest.hexdigest()
