@@ -14,6 +14,7 @@ into the verifier's (`tests/`); `main` gets the baseline checkout, the wheel and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -24,14 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import vero
 from vero.compiler.cases import CaseStore
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
 from vero.compiler.render import render
 from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, git_env, tree_digest
 from vero.compiler.wheel import build_wheel, client_requirements, runtime_requirements
+from vero.core.archive import write_canonical_tar
+from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
+from vero.core.storage import atomic_write_bytes
 from vero.errors import SpecError, SpecIssue
+from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, digest_json
+from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget, OptimizationSpec
+from vero.spec.validation import check_build_secrets
 
 __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
 
@@ -151,8 +159,6 @@ def _write(path: Path, text: str, *, executable: bool = False) -> None:
 
 
 def _write_json(path: Path, model: SidecarConfig | VerifierConfig) -> None:
-    import json
-
     _write(path, json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
@@ -222,12 +228,6 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             with its YAML path (or the option, `--output`/`--tarball`). Nothing is written then.
         OSError: the output cannot be written.
     """
-    from vero.core.archive import write_canonical_tar
-    from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
-    from vero.spec import load_spec
-    from vero.spec.cases import discover_cases
-    from vero.spec.validation import check_build_secrets
-
     env = os.environ if env is None else env
     if not isinstance(spec, OptimizationSpec):
         spec = load_spec(spec, env=env)
@@ -324,7 +324,6 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
 
             _render_files(layout, spec, wheel_filename=wheel.filename, baseline_commit=baseline_commit,
                           spec_digest=spec_digest, reference_kind=reference_kind,
-                          baseline_git_env=sorted(BASELINE_GIT_ENV.items()), baseline_message=BASELINE_MESSAGE,
                           n_cases={p: len(c) for p, c in sidecar_partitions.items()})
 
         _normalize_modes(staging)
@@ -344,11 +343,10 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
         raise
 
     tarball.parent.mkdir(parents=True, exist_ok=True)
-    digest = write_canonical_tar(output, tarball)
-    from vero.core.storage import atomic_write_bytes
-
-    atomic_write_bytes(tarball.with_name(tarball.name + ".sha256"), f"{digest}  {tarball.name}\n".encode(), mode=0o644)
-    return CompileResult(output, tarball, digest, spec_digest, baseline_commit, tuple(notes))
+    result = CompileResult(output, tarball, write_canonical_tar(output, tarball), spec_digest, baseline_commit,
+                           tuple(notes))
+    atomic_write_bytes(result.sha256_path, f"{result.sha256}  {tarball.name}\n".encode(), mode=0o644)
+    return result
 
 
 def _check_task_config(layout: TaskLayout) -> None:
@@ -359,10 +357,7 @@ def _check_task_config(layout: TaskLayout) -> None:
 
 
 def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename: str, baseline_commit: str,
-                  spec_digest: str, reference_kind: str | None, baseline_git_env: list[tuple[str, str]],
-                  baseline_message: str, n_cases: dict[str, int]) -> None:
-    import vero
-
+                  spec_digest: str, reference_kind: str | None, n_cases: dict[str, int]) -> None:
     paths = CONTAINER_PATHS
     docker = spec.harbor.environment == "docker"
     secrets = spec.effective_secrets()
@@ -410,7 +405,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
     _write(layout.dockerignore_path, render("compiler/dockerignore.j2", **base))
     _write(layout.main.dockerfile, render(
         "compiler/main.Dockerfile.j2", **base, image=spec.images.main, docker_client=False,
-        agent_uid=AGENT_UID, baseline_git_env=baseline_git_env, baseline_message=baseline_message,
+        agent_uid=AGENT_UID, baseline_git_env=sorted(BASELINE_GIT_ENV.items()), baseline_message=BASELINE_MESSAGE,
         baseline_commit=baseline_commit,
     ))
     _write(layout.sidecar.dockerfile, render(
