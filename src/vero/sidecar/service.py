@@ -227,6 +227,7 @@ class SidecarService:
         self.started = False
 
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._views: dict[str, tuple[EvaluationJob, JobView]] = {}  # job id -> (snapshot, its view)
         self._cancel_reasons: dict[str, str] = {}
         self._slots: asyncio.Semaphore | None = None
         self._submit_lock: asyncio.Lock | None = None
@@ -376,10 +377,21 @@ class SidecarService:
         )
 
     def view(self, job: EvaluationJob) -> JobView:
-        """The agent's view of a job (no job dirs, no host paths, no trusted-only fields)."""
-        return JobView(id=job.id, state=job.state, partition=job.partition, n_cases=len(job.cases),
+        """The agent's view of a job (no job dirs, no host paths, no trusted-only fields).
+
+        Built once per job snapshot: `JobStore` replaces a job's snapshot on every update, and the
+        view depends only on the snapshot, the policy (fixed for the process) and the artifacts,
+        which are written before the job turns `complete`. So `GET /status` rebuilds only the views
+        of jobs that changed, not every finished job's disclosure on every call.
+        """
+        cached = self._views.get(job.id)
+        if cached is not None and cached[0] is job:
+            return cached[1]
+        view = JobView(id=job.id, state=job.state, partition=job.partition, n_cases=len(job.cases),
                        version=job.version, candidate=job.candidate, created_at=job.created_at,
                        finished_at=job.finished_at, error=job.error, result=self.disclose(job))
+        self._views[job.id] = (job, view)
+        return view
 
     def _submission_view(self) -> SubmissionView | None:
         s = self.submission
