@@ -38,14 +38,9 @@ def build(
     import json
 
     from vero.compiler import compile_task
-    from vero.spec import load_spec
-
-    def compile_spec():
-        spec = load_spec(config)
-        return compile_task(spec, output, tarball=tarball, force=force)
 
     try:
-        result = run_command(compile_spec)
+        result = run_command(lambda: compile_task(config, output, tarball=tarball, force=force))
     except OSError as exc:
         # Only the path and the system's reason: nothing read from the inputs is echoed.
         where = f" {exc.filename}" if exc.filename else ""
