@@ -2,9 +2,10 @@
 
 Rules: entries sorted by path (directories before their contents); mtime 0, uid/gid 0, empty user
 and group names; modes normalized to 0755 for directories and executable files, 0644 otherwise;
-symlinks kept only when relative and resolving inside the tree; no absolute paths, no `..`
-components, no device files or sockets. The gzip header carries no file name and mtime 0, so the
-output does not depend on the output path, the umask, file mtimes, the owner or the machine.
+symlinks kept only when relative and resolving inside the tree, also when followed through the
+tree's other symlinks (`symlink_escapes`); no absolute paths, no `..` components, no device files
+or sockets. The gzip header carries no file name and mtime 0, so the output does not depend on the
+output path, the umask, file mtimes, the owner or the machine.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from vero.core.storage import atomic_write_bytes
 
-__all__ = ["ArchiveError", "canonical_tar_bytes", "file_digest", "safe_extract", "write_canonical_tar"]
+__all__ = ["ArchiveError", "MAX_SYMLINK_HOPS", "canonical_tar_bytes", "file_digest", "safe_extract", "symlink_escapes",
+           "write_canonical_tar"]
 
 
 class ArchiveError(ValueError):
@@ -35,12 +38,42 @@ def file_digest(path: str | Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _link_inside(root: Path, link: Path) -> bool:
-    target = os.readlink(link)
-    if os.path.isabs(target):
-        return False
-    resolved = os.path.normpath(os.path.join(os.path.dirname(link.relative_to(root)), target))
-    return not (resolved == ".." or resolved.startswith("../") or os.path.isabs(resolved))
+MAX_SYMLINK_HOPS = 40
+"""Same bound as Linux's MAXSYMLINKS: a longer chain is a loop or an attempt to exhaust the check."""
+
+
+def symlink_escapes(link_path: bytes, target: bytes, links: Mapping[bytes, bytes]) -> bool:
+    """Whether a symlink at `link_path` (tree-relative, `/`-separated) resolves outside the tree.
+
+    Resolution follows the other symlinks of the same tree (`links`: path -> target) component by
+    component, as the kernel would once the tree is on disk, so a chain such as `up -> ../..`
+    followed by `x -> deep/up/../y` is caught although each target alone looks harmless. An empty,
+    absolute or NUL-holding target, and a chain longer than `MAX_SYMLINK_HOPS` (a loop), count as
+    escaping (fail closed). A dangling target inside the tree does not.
+    """
+    if not target or b"\0" in target or target.startswith(b"/"):
+        return True
+    stack = link_path.split(b"/")[:-1]
+    pending = target.split(b"/")
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part in (b"", b"."):
+            continue
+        if part == b"..":
+            if not stack:
+                return True
+            stack.pop()
+            continue
+        stack.append(part)
+        inner = links.get(b"/".join(stack))
+        if inner is not None:
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS or not inner or inner.startswith(b"/"):
+                return True
+            stack.pop()
+            pending = inner.split(b"/") + pending
+    return False
 
 
 def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
@@ -63,6 +96,10 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
             rel = path.relative_to(root).as_posix()
             entries.append((rel, path))
     entries.sort(key=lambda item: item[0].split("/"))
+    links = {os.fsencode(rel): os.fsencode(os.readlink(path)) for rel, path in entries if path.is_symlink()}
+    for link, target in links.items():
+        if symlink_escapes(link, target, links):
+            raise ArchiveError(f"link leaves the tree: {os.fsdecode(link)}")
 
     out = io.BytesIO()
     # The tar stream goes straight into gzip (deflate output does not depend on how its input is
@@ -75,10 +112,8 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
             name = f"{prefix}/{rel}" if prefix else rel
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
-                if not _link_inside(root, path):
-                    raise ArchiveError(f"link leaves the tree: {rel}")
                 info = _info(name, tarfile.SYMTYPE, 0o777)
-                info.linkname = os.readlink(path)
+                info.linkname = os.fsdecode(links[os.fsencode(rel)])
                 tar.addfile(info)
             elif stat.S_ISDIR(st.st_mode):
                 tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))

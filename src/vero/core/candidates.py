@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
 from vero.core._offloop import run_to_completion
+from vero.core.archive import symlink_escapes
 from vero.core.storage import atomic_write_model
 from vero.errors import CandidateRejected, LedgerCorrupt
 
@@ -60,8 +61,6 @@ _SUBJECT_CHARS = 200
 # Git's regular tree entry modes: file, executable, symlink, directory, gitlink (submodule).
 _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
 _SYMLINK_MODE = b"120000"
-# Same bound as Linux's MAXSYMLINKS: a longer chain is a loop or an attempt to exhaust the check.
-_MAX_SYMLINK_HOPS = 40
 _MAX_SYMLINK_TARGET_BYTES = 4096
 
 
@@ -133,39 +132,6 @@ def _source_git_dir(source: str | Path) -> tuple[Path, list[Path]]:
     if os.path.lexists(git_dir / "commondir"):
         raise CandidateRejected("the source repository's Git directory may not be a linked work tree")
     return git_dir, safe
-
-
-def _symlink_escapes(link_path: bytes, target: bytes, links: dict[bytes, bytes]) -> bool:
-    """Whether a symlink at `link_path` (tree-relative) resolves outside the tree.
-
-    Resolution follows the other symlinks of the same tree (`links`: path -> target) component by
-    component, as the kernel would after checkout, so a chain such as `up -> ../..` followed by
-    `x -> deep/up/../y` is caught although each target alone looks harmless. A chain longer than
-    `_MAX_SYMLINK_HOPS` counts as escaping (fail closed).
-    """
-    if not target or b"\0" in target or target.startswith(b"/"):
-        return True
-    stack = link_path.split(b"/")[:-1]
-    pending = target.split(b"/")
-    hops = 0
-    while pending:
-        part = pending.pop(0)
-        if part in (b"", b"."):
-            continue
-        if part == b"..":
-            if not stack:
-                return True
-            stack.pop()
-            continue
-        stack.append(part)
-        inner = links.get(b"/".join(stack))
-        if inner is not None:
-            hops += 1
-            if hops > _MAX_SYMLINK_HOPS or not inner or inner.startswith(b"/"):
-                return True
-            stack.pop()
-            pending = inner.split(b"/") + pending
-    return False
 
 
 def _parse_commit(oid: str, raw: bytes) -> CandidateRecord:
@@ -416,7 +382,7 @@ class CandidateStore:
         targets = self._read_blobs(store, list(symlinks.values()))
         links = {path: targets[blob] for path, blob in symlinks.items()}
         for path, target in sorted(links.items()):
-            if len(target) > _MAX_SYMLINK_TARGET_BYTES or _symlink_escapes(path, target, links):
+            if len(target) > _MAX_SYMLINK_TARGET_BYTES or symlink_escapes(path, target, links):
                 raise CandidateRejected(
                     f"symlink {path.decode('utf-8', errors='replace')!r} points outside the tree"
                 )
