@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -224,7 +225,34 @@ def test_floor_ships_the_baseline_unless_strictly_beaten(bench: Workbench, candi
         assert final.baseline.rewards == {"reward": 0.25}
     else:
         assert final.chosen.candidate == a and reward(bench) == {"reward": 0.8}
-    assert calls(backend)[:2] == [("select", bench.baseline_tree), ("select", bench.tree(a))]
+    assert sorted(calls(backend)[:2]) == sorted([("select", bench.baseline_tree), ("select", bench.tree(a))])
+    assert [m.purpose for m in final.measurements] == ["floor-baseline", "floor-candidate", "target"]
+
+
+def test_floor_measures_baseline_and_candidate_side_by_side(bench: Workbench) -> None:
+    """Neither floor measurement waits for the other: each run here only returns once both started."""
+    a = bench.candidate("a\n")
+    bench.submit(a)
+
+    class Together(TableBackend):
+        started = 0
+
+        async def evaluate(self, run):
+            if run.partition == "select":
+                self.started += 1
+                deadline = asyncio.get_running_loop().time() + 20
+                while self.started < 2:
+                    assert asyncio.get_running_loop().time() < deadline, "the floor measured one run at a time"
+                    await asyncio.sleep(0.01)
+            return await super().evaluate(run)
+
+    backend = Together({("select", bench.baseline_tree): 0.5, ("select", bench.tree(a)): 0.6,
+                        ("hidden", bench.tree(a)): 0.7})
+    final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+
+    assert final.selection.floor.shipped == "candidate", final.selection.floor
+    assert final.selection.floor.baseline.score == 0.5 and final.selection.floor.candidate.score == 0.6
+    assert reward(bench) == {"reward": 0.7}
 
 
 def test_floor_fails_closed_when_the_baseline_cannot_be_measured(bench: Workbench) -> None:
@@ -237,7 +265,8 @@ def test_floor_fails_closed_when_the_baseline_cannot_be_measured(bench: Workbenc
     assert reward(bench) == {"reward": 0.0}
     assert final.status == "failed" and final.chosen is None
     assert final.selection.floor.shipped == "nothing" and "fail closed" in final.selection.floor.reason
-    assert calls(backend) == [("select", bench.baseline_tree)]  # the candidate is never scored on a target
+    # The candidate was measured beside the baseline on the selection partition, never on a target.
+    assert sorted(calls(backend)) == sorted([("select", bench.baseline_tree), ("select", bench.tree(a))])
     assert any("nothing was shipped" in e for e in final.errors)
 
 

@@ -110,8 +110,13 @@ class Scorer:
         self.env = dict(env or {})
         self.run_as = run_as
         self.refusal = refusal
-        self.measurements: list[Measurement] = []
-        """Every measurement made, in order."""
+        self._started: list[Measurement | None] = []
+        """One slot per `measure` call, in call order; filled when the measurement finishes."""
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        """Every finished measurement, in the order they were started (measurements may overlap)."""
+        return [m for m in self._started if m is not None]
 
     async def measure(self, candidate: str, partition: str, purpose: str) -> Measurement:
         """Score `candidate` on every case of `partition` (as configured) with one nested run.
@@ -125,8 +130,10 @@ class Scorer:
             asyncio.CancelledError: the verification was cancelled (the backend kills its run).
         """
         evaluation_id = new_evaluation_id(purpose, partition)
+        slot = len(self._started)
+        self._started.append(None)
         measurement = await self._measure(evaluation_id, candidate, partition, purpose)
-        self.measurements.append(measurement)
+        self._started[slot] = measurement
         level = logging.INFO if measurement.measured else logging.WARNING
         logger.log(level, "%s %s on %s: %s", purpose, candidate[:12], partition,
                    measurement.score if measurement.measured else measurement.error)

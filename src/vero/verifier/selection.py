@@ -13,7 +13,9 @@ Rules, in the order they apply:
    best recorded entry is kept and the selection says so. No eligible evaluation -> the baseline.
 3. **Baseline floor** (`baseline_floor: true`, either mode): unless the chosen candidate *is* the
    baseline (same commit or tree), the baseline is re-scored on the selection partition and shipped
-   unless the candidate's verifier re-score strictly beats it. If the candidate cannot be re-scored
+   unless the candidate's verifier re-score strictly beats it (when the candidate has no re-score
+   yet, the two measurements run side by side: neither depends on the other, and both are taken
+   under the same load). If the candidate cannot be re-scored
    it cannot show that it beats the baseline, so the baseline ships. If the baseline itself cannot
    be measured (or its files do not rebuild the compiled baseline commit), the floor **fails
    closed: nothing is shipped** and every target gets its failure value. Shipping the candidate
@@ -28,6 +30,7 @@ never outrank a measured one in either direction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from statistics import fmean
@@ -293,13 +296,18 @@ async def _apply_floor(candidate: str, partition: str, direction: Direction, res
     if not baseline_available:
         return FloorOutcome(applied=True, shipped="nothing",
                             reason="the baseline cannot be rebuilt, so the floor cannot be checked (fail closed)")
-    baseline = await measure(baseline_commit, partition, "floor-baseline")
-    if baseline.score is None:
-        return FloorOutcome(applied=True, baseline=baseline, shipped="nothing",
-                            reason="the baseline could not be measured on the selection partition (fail closed)")
     own = next((r.measurement for r in rescores if r.candidate == candidate and r.measurement.measured), None)
     if own is None:
-        own = await measure(candidate, partition, "floor-candidate")
+        # A TaskGroup, not gather: should one measurement raise, the other nested run is cancelled.
+        async with asyncio.TaskGroup() as group:
+            baseline_run = group.create_task(measure(baseline_commit, partition, "floor-baseline"))
+            candidate_run = group.create_task(measure(candidate, partition, "floor-candidate"))
+        baseline, own = baseline_run.result(), candidate_run.result()
+    else:
+        baseline = await measure(baseline_commit, partition, "floor-baseline")
+    if baseline.score is None:
+        return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="nothing",
+                            reason="the baseline could not be measured on the selection partition (fail closed)")
     if own.score is None:
         return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="baseline",
                             reason="the candidate could not be re-scored, so it does not beat the baseline")
