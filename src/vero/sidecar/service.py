@@ -224,7 +224,6 @@ class SidecarService:
         self.submission: Submission | None = None
         self.sealed_at: datetime | None = None
         self.entrance_open = True
-        self.started = False
 
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._views: dict[str, tuple[EvaluationJob, JobView]] = {}  # job id -> (snapshot, its view)
@@ -271,7 +270,6 @@ class SidecarService:
         if self.baseline_dir is not None:
             await asyncio.to_thread(self._import_baseline)
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
-        self.started = True
         _logger.info("sidecar %s started (entrance %s)", self.config.name,
                      "open" if self.entrance_open else "closed: sealed")
 
@@ -336,14 +334,12 @@ class SidecarService:
 
     async def stop(self) -> None:
         """Cancel unfinished jobs (failed `interrupted`, refunded) and wait for their cleanup."""
-        tasks = [task for task in self._tasks.values() if not task.done()]
-        for job_id, task in self._tasks.items():
-            if not task.done():
-                self._cancel_reasons.setdefault(job_id, "interrupted")
-                task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self.started = False
+        pending = {job_id: task for job_id, task in self._tasks.items() if not task.done()}
+        for job_id, task in pending.items():
+            self._cancel_reasons.setdefault(job_id, "interrupted")
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending.values(), return_exceptions=True)
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -393,10 +389,10 @@ class SidecarService:
         self._views[job.id] = (job, view)
         return view
 
-    def _submission_view(self) -> SubmissionView | None:
-        s = self.submission
-        return None if s is None else SubmissionView(candidate=s.candidate, version=s.version,
-                                                     submitted_at=s.submitted_at)
+    @staticmethod
+    def _submission_view(submission: Submission) -> SubmissionView:
+        return SubmissionView(candidate=submission.candidate, version=submission.version,
+                              submitted_at=submission.submitted_at)
 
     def status(self, principal: str) -> StatusResponse:
         """`GET /status` for `principal`: partitions, budgets (unless hidden), jobs, submission."""
@@ -414,7 +410,8 @@ class SidecarService:
         return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
                               submit_enabled=self.config.submit_enabled, partitions=partitions,
                               jobs=[self.view(job) for job in self.jobs.list(principal)],
-                              submission=self._submission_view())
+                              submission=None if self.submission is None
+                              else self._submission_view(self.submission))
 
     def evaluation(self, principal: str, job_id: str) -> JobView:
         """`GET /evaluations/{id}`.
@@ -533,9 +530,10 @@ class SidecarService:
                 await self._complete(job, result)
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(job_id, "interrupted")
-            if self.jobs.get(job_id).state == "complete":
+            job = self.jobs.get(job_id)
+            if job.state == "complete":
                 # Cancelled after the result was recorded: it is a measurement and stays charged.
-                await self._settle_quietly(self.jobs.get(job_id).reservation_id)
+                await self._settle_quietly(job.reservation_id)
             else:
                 state = "cancelled" if reason in ("sealed", "cancelled") else "failed"
                 await self._close_unmeasured(job_id, state, reason)
@@ -603,12 +601,12 @@ class SidecarService:
             if not self.entrance_open:
                 raise Conflict("the session is sealed: submissions are closed")
             if self.submission is not None and self.submission.candidate == record.id:
-                return self._submission_view(), False  # type: ignore[return-value]
+                return self._submission_view(self.submission), False
             submission = Submission(candidate=record.id, version=version, submitted_at=_now())
             await awrite_model(self.state_dir / "submission.json", submission)
             self.submission = submission
             _logger.info("submission recorded: candidate %s", record.id)
-            return self._submission_view(), True  # type: ignore[return-value]
+            return self._submission_view(submission), True
 
     # -- admin -----------------------------------------------------------------------------------
 
