@@ -169,9 +169,7 @@ class Scorer:
         )
         try:
             result = await self.backend.evaluate(run)
-        except InfrastructureFailure as exc:
-            return failed(f"InfrastructureFailure: {exc}")
-        except VeroError as exc:
+        except VeroError as exc:  # InfrastructureFailure above all: the run measured nothing
             return failed(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
