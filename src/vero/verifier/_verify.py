@@ -165,8 +165,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             refusal = ("refused: the verifier is root and has no unprivileged user to run candidates as "
                        f"(create {RUNNER_USER} or pass another runner user)")
             errors.append(refusal)
-    run_as_label = (f"{_user_name(run_as.uid)} (uid {run_as.uid})" if run_as is not None
-                    else f"current user (uid {os.geteuid()})")
+    run_as_label = _user_label(run_as.uid) if run_as is not None else f"current user (uid {os.geteuid()})"
     warnings.extend(copy_session(archive, dirs))
     session_sha256 = _sha256(archive)
 
@@ -286,13 +285,14 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     return finalization
 
 
-def _user_name(uid: int) -> str:
+def _user_label(uid: int) -> str:
+    """`<name> (uid N)`, or `uid N` when the uid has no account name (never a guessed name)."""
     import pwd
 
     try:
-        return pwd.getpwuid(uid).pw_name
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
-        return RUNNER_USER if uid != 0 else "root"
+        return f"uid {uid}"
 
 
 def _failure_targets(config: VerifierConfig, *, reason: str) -> list[TargetOutcome]:

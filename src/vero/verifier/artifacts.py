@@ -115,7 +115,8 @@ class Finalization(_Model):
     measurements: list[Measurement] = []
     """Every nested run the verifier made, in order."""
     run_as: str
-    """Who ran the nested evaluations (`vero-runner (uid N)` or `current user (uid N)`)."""
+    """Who ran the nested evaluations: `vero-runner (uid N)` (the account's name), `uid N` (a uid with
+    no account), or `current user (uid N)` (no switch)."""
     errors: list[str] = []
     """What went wrong (the session refused, a target not measured, the baseline unavailable, ...)."""
     warnings: list[str] = []
