@@ -3,7 +3,6 @@ and removal of the Docker resources a killed run left behind.
 
 - `runner_identity` resolves the unprivileged user nested runs take when the caller is root
   (the sidecar's and the verifier's `vero-runner`, with the Docker socket's group).
-
 - The child starts a new session (`start_new_session=True`), so it and everything it spawns
   (`docker compose`, candidate subprocesses) share one process group that can be signalled at once.
 - When the caller is root and a `RunAs` is given, the child runs with that uid, gid and
@@ -24,7 +23,7 @@ import pwd
 import re
 import signal
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,9 +272,19 @@ def _remove_leftovers_sync(prefixes: Sequence[str], env: Mapping[str, str]) -> i
     import docker
     from docker.errors import APIError, DockerException, NotFound
 
-    def ours(labels: Mapping[str, str] | None) -> str | None:
+    def ours(labels: Mapping[str, str] | None) -> bool:
         project = (labels or {}).get(_PROJECT_LABEL)
-        return project if project and project.startswith(tuple(prefixes)) else None
+        return bool(project) and project.startswith(tuple(prefixes))
+
+    def remove(kind: str, name: str, call: Callable[[], object], level: int = logging.WARNING) -> int:
+        try:
+            call()
+            return 1
+        except NotFound:
+            return 0
+        except APIError as exc:
+            logger.log(level, "could not remove %s %s: %s", kind, name, type(exc).__name__)
+            return 0
 
     removed = 0
     try:
@@ -284,50 +293,25 @@ def _remove_leftovers_sync(prefixes: Sequence[str], env: Mapping[str, str]) -> i
         logger.warning("docker cleanup skipped: engine unreachable (%s)", type(exc).__name__)
         return 0
     try:
-        projects: set[str] = set()
-        for container in client.containers.list(all=True, filters={"label": _PROJECT_LABEL}):
-            if (project := ours(container.labels)) is None:
-                continue
-            projects.add(project)
-            try:
-                container.remove(force=True, v=True)
-                removed += 1
-            except NotFound:
-                pass
-            except APIError as exc:
-                logger.warning("could not remove container %s: %s", container.short_id, type(exc).__name__)
-        for network in client.networks.list(filters={"label": _PROJECT_LABEL}):
-            if ours(network.attrs.get("Labels")) is None:
-                continue
-            try:
-                network.remove()
-                removed += 1
-            except NotFound:
-                pass
-            except APIError as exc:
-                logger.warning("could not remove network %s: %s", network.short_id, type(exc).__name__)
-        for volume in client.volumes.list(filters={"label": _PROJECT_LABEL}):
-            if ours(volume.attrs.get("Labels")) is None:
-                continue
-            try:
-                volume.remove(force=True)
-                removed += 1
-            except NotFound:
-                pass
-            except APIError as exc:
-                logger.warning("could not remove volume %s: %s", volume.short_id, type(exc).__name__)
+        label = {"label": _PROJECT_LABEL}
+        # Containers first: a network or volume still in use cannot be removed.
+        for container in client.containers.list(all=True, filters=label):
+            if ours(container.labels):
+                removed += remove("container", container.short_id,
+                                  lambda c=container: c.remove(force=True, v=True))
+        for network in client.networks.list(filters=label):
+            if ours(network.attrs.get("Labels")):
+                removed += remove("network", network.short_id, network.remove)
+        for volume in client.volumes.list(filters=label):
+            if ours(volume.attrs.get("Labels")):
+                removed += remove("volume", volume.short_id, lambda v=volume: v.remove(force=True))
         # Images Compose built for these projects are tagged `<project>-<service>` (Harbor's own
         # teardown removes them with `down --rmi local`).
         for image in client.images.list():
-            tags = [t for t in image.tags if t.split(":", 1)[0].startswith(tuple(prefixes))]
-            for tag in tags:
-                try:
-                    client.images.remove(tag, noprune=False)
-                    removed += 1
-                except NotFound:
-                    pass
-                except APIError as exc:
-                    logger.debug("could not remove image %s: %s", tag, type(exc).__name__)
+            for tag in image.tags:
+                if tag.split(":", 1)[0].startswith(tuple(prefixes)):
+                    removed += remove("image", tag, lambda t=tag: client.images.remove(t, noprune=False),
+                                      level=logging.DEBUG)
     except DockerException as exc:
         logger.warning("docker cleanup incomplete: %s", type(exc).__name__)
     finally:
