@@ -182,3 +182,22 @@ def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 11, result.stderr
     assert (harness.state_dir / "ledger.json").read_text() == "not json"
+
+
+def test_serve_on_a_taken_port_exits_5_with_a_clear_message(tmp_path):
+    harness = make_harness(tmp_path / "h")
+    config = tmp_path / "config.json"
+    config.write_text(harness.config.model_dump_json())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [VERO, "harbor", "serve", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+             "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
+             str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
+             str(harness.work_dir), "--runner-user", "nobody"],
+            capture_output=True, text=True, timeout=120)
+    # uvicorn's own exit status (3) would read as vero's "denied by policy"
+    assert result.returncode == 5, result.stderr
+    assert f"error: the sidecar could not listen on 127.0.0.1:{port}" in result.stderr

@@ -192,8 +192,8 @@ def serve(
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
         LedgerCorrupt: durable state is unreadable (the sidecar refuses to start; nothing is reset).
-        InfrastructureFailure: running as root without the runner user.
-        OSError: the port cannot be bound or a directory cannot be prepared.
+        InfrastructureFailure: running as root without the runner user, a directory cannot be
+            prepared, or the port cannot be bound.
     """
     import uvicorn
 
@@ -210,10 +210,15 @@ def serve(
     try:
         server.run()
     except SystemExit:
-        # uvicorn exits when the lifespan startup fails; the cause is kept on the app.
-        if app.state.startup_error is None:
-            raise
+        # uvicorn exits (code 3, which would read as vero's "denied") when the lifespan startup
+        # fails, whose cause is kept on the app, and when the port cannot be bound (it logs why).
+        pass
     error = app.state.startup_error
+    if isinstance(error, OSError):
+        raise InfrastructureFailure(
+            f"the sidecar could not start: {error.strerror or type(error).__name__}"
+            + (f" ({error.filename})" if error.filename else "")
+        ) from None
     if error is not None:
         raise error
     if not server.started:
