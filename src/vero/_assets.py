@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ROLES", "Role", "asset_dir", "asset_path"]
+__all__ = ["ROLES", "Role", "asset_dir"]
 
 Role = Literal["compiler", "sidecar", "verifier"]
 ROLES: tuple[Role, ...] = ("compiler", "sidecar", "verifier")
@@ -38,18 +38,3 @@ def asset_dir(role: Role) -> Path:
         return checkout
     raise FileNotFoundError(f"assets of role {role!r} not found at {installed} or {checkout}")
 
-
-def asset_path(role: Role, name: str) -> Path:
-    """The file `name` (a relative POSIX path) among `role`'s assets.
-
-    Raises:
-        ValueError: `role` is unknown, or `name` is absolute or climbs out with `..`.
-        FileNotFoundError: the role's directory or the file does not exist.
-    """
-    parts = Path(name).parts
-    if Path(name).is_absolute() or ".." in parts:
-        raise ValueError(f"asset name must be a relative path inside the role directory: {name!r}")
-    path = asset_dir(role) / name
-    if not path.is_file():
-        raise FileNotFoundError(f"asset {name!r} of role {role!r} not found in {path.parent}")
-    return path

@@ -47,14 +47,8 @@ def sh_quote(value: str) -> str:
 
 @cache
 def _environment() -> Environment:
-    loaders = {}
-    for role in ROLES:
-        try:
-            loaders[role] = FileSystemLoader(str(asset_dir(role)))
-        except FileNotFoundError:
-            continue
     env = Environment(
-        loader=PrefixLoader(loaders),
+        loader=PrefixLoader({role: FileSystemLoader(str(asset_dir(role))) for role in ROLES}),
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -69,6 +63,7 @@ def render(template: str, **context: Any) -> str:
     """Render `<role>/<file>` with `context`.
 
     Raises:
+        FileNotFoundError: a role's asset directory is missing (a broken installation).
         jinja2.TemplateNotFound: no such template among the role assets.
         jinja2.UndefinedError: the template uses a value the context lacks.
     """

@@ -85,11 +85,7 @@ def _package_files() -> list[tuple[str, Path]]:
     # Either way they are taken from `asset_dir`, so both give the same archive names.
     add_tree(package, "vero", skip_top=frozenset({"_assets"}))
     for role in ROLES:
-        try:
-            root = asset_dir(role)
-        except FileNotFoundError:
-            continue
-        add_tree(root, f"vero/_assets/{role}")
+        add_tree(asset_dir(role), f"vero/_assets/{role}")
     return sorted(files.items())
 
 
@@ -128,6 +124,8 @@ def build_wheel() -> BuiltWheel:
     Raises:
         importlib.metadata.PackageNotFoundError: vero is imported from a tree that is not installed
             (no distribution metadata).
+        FileNotFoundError: a role's asset directory is missing (a broken installation); a wheel
+            without it would fail only later, inside the images.
     """
     dist = importlib.metadata.distribution(DISTRIBUTION)
     name, version = dist.metadata["Name"], dist.metadata["Version"]
