@@ -37,6 +37,7 @@ __all__ = [
     "file_digest",
     "git_env",
     "tree_digest",
+    "walk_tree",
 ]
 
 _RESERVED_TOP_LEVEL = frozenset(name.lower() for name in RESERVED_PATHS)
@@ -88,7 +89,7 @@ _BYTECODE_DIRS = frozenset({"__pycache__"})
 _BYTECODE_SUFFIXES = (".pyc", ".pyo")
 
 
-def _walk(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
     """(relative POSIX path, path, lstat) of every entry below `root`, sorted, links not followed.
 
     Python bytecode caches (`__pycache__/`, `*.pyc`) are skipped: interpreters write them beside
@@ -118,7 +119,7 @@ def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> 
         SpecError: at `loc`, naming the first offending relative path.
     """
     count = 0
-    for rel, path, st in _walk(root):
+    for rel, path, st in walk_tree(root):
         parts = PurePosixPath(rel).parts
         if repository and parts[-1].lower() == ".git":
             raise SpecError.at(loc, f"{what} contains Git data at {rel}; nested repositories are not allowed")
@@ -141,7 +142,7 @@ def copy_tree(src: Path, dest: Path) -> None:
     `dest` must not exist. Call `check_tree` on `src` first.
     """
     dest.mkdir(parents=True)
-    for rel, path, st in _walk(src):
+    for rel, path, st in walk_tree(src):
         out = dest / rel
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(path), out)
@@ -159,7 +160,7 @@ def tree_digest(root: Path) -> str:
     digest on any machine.
     """
     entries: list[list[str]] = []
-    for rel, path, st in _walk(root):
+    for rel, path, st in walk_tree(root):
         if stat.S_ISLNK(st.st_mode):
             entries.append([rel, "link", os.readlink(path)])
         elif stat.S_ISDIR(st.st_mode):

@@ -19,7 +19,7 @@ import base64
 import hashlib
 import importlib.metadata
 import io
-import os
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from packaging.requirements import Requirement
 
 import vero
 from vero._assets import ROLES, asset_dir
+from vero.compiler.target import walk_tree
 
 __all__ = [
     "CLIENT_PACKAGES",
@@ -42,8 +43,6 @@ CLIENT_PACKAGES = ("httpx", "pydantic", "pyyaml", "rich", "tenacity", "typer")
 """What the agent-side CLI in `main` needs beside the wheel (installed there with `--no-deps`)."""
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
-_SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
 @dataclass(frozen=True)
@@ -64,28 +63,20 @@ class BuiltWheel:
 
 
 def _package_files() -> list[tuple[str, Path]]:
-    """(archive name, file) for the `vero` package and the role assets, sorted by name."""
+    """(archive name, file) for the `vero` package and the role assets, sorted by name.
+
+    Bytecode caches are left out (`walk_tree`). An installed wheel holds `vero/_assets`; a checkout
+    keeps the assets at the repository root. Either way they are taken from `asset_dir`, so both
+    give the same archive names.
+    """
     package = Path(vero.__file__).resolve().parent
+    trees = [(package, "vero"), *((asset_dir(role), f"vero/_assets/{role}") for role in ROLES)]
     files: dict[str, Path] = {}
-
-    def add_tree(root: Path, prefix: str, skip_top: frozenset[str] = frozenset()) -> None:
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = Path(dirpath).relative_to(root)
-            dirnames[:] = sorted(
-                d for d in dirnames
-                if d not in _SKIP_DIRS and not (rel_dir == Path(".") and d in skip_top)
-            )
-            for name in filenames:
-                if name.endswith(_SKIP_SUFFIXES):
-                    continue
-                path = Path(dirpath) / name
-                files[f"{prefix}/{(rel_dir / name).as_posix()}".replace("/./", "/")] = path
-
-    # An installed wheel holds `vero/_assets`; a checkout keeps the assets at the repo root.
-    # Either way they are taken from `asset_dir`, so both give the same archive names.
-    add_tree(package, "vero", skip_top=frozenset({"_assets"}))
-    for role in ROLES:
-        add_tree(asset_dir(role), f"vero/_assets/{role}")
+    for root, prefix in trees:
+        for rel, path, st in walk_tree(root):
+            if stat.S_ISDIR(st.st_mode) or (root == package and rel.split("/", 1)[0] == "_assets"):
+                continue
+            files[f"{prefix}/{rel}"] = path
     return sorted(files.items())
 
 
