@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from vero.cli import harbor_app
-from vero.commands.exit_codes import EXIT_CODES, EXIT_FAILED, EXIT_OK, exit_code_for, run_command
-from vero.errors import InfrastructureFailure, VeroError
+from vero.commands.exit_codes import EXIT_FAILED, EXIT_OK, exit_code_for, run_command
+from vero.errors import VeroError
 
 if TYPE_CHECKING:
     from vero.sidecar.client import SidecarClient
     from vero.sidecar.models import JobView, StatusResponse, SubmissionView
-
-T = TypeVar("T")
 
 _EPILOG = (
     "Output: one JSON document on stdout (with --text: a short summary); on failure "
@@ -124,17 +122,8 @@ def evaluate(
     as_json: JsonOption = True,
 ) -> None:
     """`POST /evaluations`, then optionally poll; prints a `JobView`, exits by the job's state."""
-
-    def call() -> JobView:
-        with _client(url) as client:
-            view = client.evaluate(partition, version=version, cases=cases or None)
-            if wait:
-                view = _wait(client, view, poll_interval_sec, timeout_sec)
-            return view
-
-    view = _run(call, as_json)
-    _emit(view, as_json, _job_text)
-    raise typer.Exit(_job_exit_code(view, waited=wait))
+    _show_job(lambda client: client.evaluate(partition, version=version, cases=cases or None),
+              url, as_json, wait, poll_interval_sec, timeout_sec)
 
 
 @harbor_app.command(
@@ -151,17 +140,7 @@ def result(
     as_json: JsonOption = True,
 ) -> None:
     """`GET /evaluations/{id}`, optionally polled; prints a `JobView`, exits by the job's state."""
-
-    def call() -> JobView:
-        with _client(url) as client:
-            view = client.job(job_id)
-            if wait:
-                view = _wait(client, view, poll_interval_sec, timeout_sec)
-            return view
-
-    view = _run(call, as_json)
-    _emit(view, as_json, _job_text)
-    raise typer.Exit(_job_exit_code(view, waited=wait))
+    _show_job(lambda client: client.job(job_id), url, as_json, wait, poll_interval_sec, timeout_sec)
 
 
 @harbor_app.command(
@@ -190,7 +169,7 @@ def _client(url: str | None) -> SidecarClient:
     return SidecarClient(url or None)
 
 
-def _run(func: Callable[[], T], as_json: bool) -> T:
+def _run[T](func: Callable[[], T], as_json: bool) -> T:
     """`run_command`, plus the error as JSON on stdout so that stdout always parses."""
 
     def guarded() -> T:
@@ -209,14 +188,25 @@ def _emit[V](view: V, as_json: bool, as_text: Callable[[V], str]) -> None:
     typer.echo(view.model_dump_json(indent=2) if as_json else as_text(view))  # type: ignore[attr-defined]
 
 
-def _job_exit_code(view: JobView, *, waited: bool) -> int:
-    if view.state == "complete":
-        return EXIT_OK
-    if view.state in ("failed", "cancelled"):
-        # The sidecar marks a job that measured nothing for infrastructure reasons with the
-        # generic reason `infrastructure` (and refunds it): same code as an HTTP 502.
-        return EXIT_CODES[InfrastructureFailure] if view.error == "infrastructure" else EXIT_FAILED
-    return EXIT_FAILED if waited else EXIT_OK
+def _show_job(fetch: Callable[[SidecarClient], JobView], url: str | None, as_json: bool, wait: bool,
+              poll_interval_sec: float, timeout_sec: float | None) -> NoReturn:
+    """The tail `eval` and `result` share: fetch the job, optionally wait, print it, exit by its state.
+
+    Exit 0 when the job is complete, or still queued/running without --wait; 1 when it failed or was
+    cancelled, or --timeout-sec elapsed first. A job that failed for infrastructure reasons never
+    gets here: the sidecar answers it with 502, which `SidecarClient` raises as
+    `InfrastructureFailure` (exit 5).
+    """
+
+    def call() -> JobView:
+        with _client(url) as client:
+            view = fetch(client)
+            return _wait(client, view, poll_interval_sec, timeout_sec) if wait else view
+
+    view = _run(call, as_json)
+    _emit(view, as_json, _job_text)
+    done_ok = view.state == "complete" or (not wait and view.state in ("queued", "running"))
+    raise typer.Exit(EXIT_OK if done_ok else EXIT_FAILED)
 
 
 def _wait(client: SidecarClient, view: JobView, poll_interval_sec: float, timeout_sec: float | None) -> JobView:
