@@ -77,11 +77,13 @@ DEFAULT_SIDECAR_URL = "http://eval-sidecar:8000"
 """The `eval-sidecar` Compose service as `main` reaches it."""
 
 JOB_TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "cancelled"})
+"""Job states after which a job never changes again."""
+
 MAX_WAIT_SEC = 60.0
 """Longest long poll the sidecar accepts (`GET /evaluations/{id}?wait_sec=`)."""
+
 LONG_POLL_SEC = 20.0
 """How long `wait` lets each poll be held; well under the HTTP read timeout."""
-"""Job states after which a job never changes again."""
 
 _logger = logging.getLogger(__name__)
 
@@ -205,7 +207,8 @@ class SidecarClient:
             parsed = None
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
             raise SidecarUnavailable(
-                f"the sidecar URL {url!r} is not an absolute http(s) URL (set {SIDECAR_URL_ENV})"
+                f"the sidecar URL {url!r} is not an absolute http(s) URL like {DEFAULT_SIDECAR_URL} "
+                f"(check --url or {SIDECAR_URL_ENV})"
             )
         self.base_url: str = str(parsed).rstrip("/")
         self.retry_attempts = retry_attempts
@@ -285,8 +288,9 @@ class SidecarClient:
 
         Raises:
             UnknownJob: no job with that id (HTTP 404).
-            InfrastructureFailure: the job failed for infrastructure reasons, if the sidecar
-                reports that as HTTP 502 (its budget was refunded).
+            RequestInvalid: the id is longer than the sidecar accepts (HTTP 422).
+            InfrastructureFailure: the job failed for infrastructure reasons (HTTP 502; its budget
+                was refunded).
             SidecarUnavailable: not reachable after the retries, or answering 5xx.
         """
         path = f"/evaluations/{quote(job_id, safe='')}"
@@ -346,7 +350,6 @@ class SidecarClient:
             RequestInvalid: the version is malformed (locally, or HTTP 422).
             CandidateRejected: the version cannot be imported (HTTP 400).
             Conflict: submissions are disabled (`auto_best` selection) or the session is sealed.
-            PolicyDenied: the entrance is closed.
             SidecarUnavailable: not reachable after the retries, or answering 5xx.
         """
         request = self._request_model(SubmissionRequest, version=version)
