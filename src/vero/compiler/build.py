@@ -417,7 +417,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
     ))
     if docker:
         # Only the engine socket needs a compose file; elsewhere the Dockerfile alone defines the verifier.
-        _write(layout.verifier_compose_path, render("verifier/docker-compose.yaml.j2", **base, docker_socket=True))
+        _write(layout.verifier_compose_path, render("verifier/docker-compose.yaml.j2", **base))
     _write(layout.test_path, render(
         "verifier/test.sh.j2", **base, reward_path=str(paths.reward), session_archive=str(paths.session_archive),
     ), executable=True)
