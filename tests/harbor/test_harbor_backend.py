@@ -122,6 +122,32 @@ def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, p
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_links_planted_in_the_jobs_dir_are_replaced_not_written_through(cases_dir, program_candidate, jobs_dir,
+                                                                         tmp_path):
+    """Candidate code can write the jobs dir (it runs as `run_as`); the files vero writes there as the
+    caller (compose file, trusted log) must not follow a link it planted at their names."""
+    victims = {}
+    for name in ("ev-links.compose.yaml", "ev-links.harbor.log"):
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("precious\n")
+        victim.chmod(0o600)
+        (jobs_dir / name).symlink_to(victim)
+        victims[name] = victim
+    run = make_run(evaluation_id="ev-links", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
+                   harbor=HarborSpec(infra_retries=0), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    with pytest.raises(InfrastructureFailure):
+        asyncio.run(HarborBackend(**FAST).evaluate(run))
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o600, name
+        assert not (jobs_dir / name).is_symlink(), name
+    assert "services:" in (jobs_dir / "ev-links.compose.yaml").read_text()
+    assert "returncode:" in (jobs_dir / "ev-links.harbor.log").read_text()
+    assert (jobs_dir / "ev-links.harbor.log").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_partial_infrastructure_failure_reruns_only_unmeasured_cases(cases_dir, program_candidate, jobs_dir):
     run = make_run(evaluation_id="ev-partial", cases_dir=cases_dir, candidate_dir=program_candidate,

@@ -37,6 +37,9 @@ go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `ve
 never into results or exception messages. After each round every text file of the job dir is
 scrubbed of the values of `NestedRun.env` too (Harbor only scrubs variables whose *name* looks
 sensitive). The environment itself is never logged. Messages name no case, partition or secret.
+The jobs dir is writable by `run_as`, so every file written there by this (possibly root) process
+(job config, compose file, trusted log, scrubbed trial files) replaces whatever sits at its path
+(`vero.core.storage.atomic_write_bytes`): a link planted by candidate code is never written through.
 
 Trust limit (kind `agent`): the candidate's agent class runs inside the `harbor` process, as
 `run_as`, which must be able to write the job dir; such a candidate could therefore rewrite its own
@@ -50,6 +53,7 @@ import asyncio
 import logging
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +63,7 @@ from pathlib import Path
 import tenacity
 
 from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+from vero.core.storage import atomic_write_bytes
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.harbor.command import (
@@ -69,6 +74,7 @@ from vero.harbor.command import (
     find_harbor_executable,
     nested_env,
     plan_agent_timeout,
+    scrub,
 )
 from vero.harbor.process import (
     ProcessOutcome,
@@ -326,20 +332,18 @@ class HarborBackend:
     @staticmethod
     def _prepare_job_dir(command: HarborCommand) -> None:
         job_dir = command.job_dir
-        if job_dir.exists():
+        if job_dir.exists() or job_dir.is_symlink():
             # Never resume a stale job of the same name (Harbor would skip its finished trials).
             job_dir.rename(job_dir.with_name(f"{job_dir.name}.stale-{time.time_ns()}"))
         for path, text in command.files():
-            path.write_text(text)
-            path.chmod(0o644)
+            # The jobs dir is the runner's: whatever it planted at the path is replaced, not followed.
+            atomic_write_bytes(path, text.encode(), mode=0o644)
 
     def _write_trusted_log(self, path: Path, outcome: ProcessOutcome) -> None:
         text = (f"returncode: {outcome.returncode}\ntimed_out: {outcome.timed_out}\n"
                 f"duration_sec: {outcome.duration_sec:.1f}\n--- output tail ---\n{outcome.output_tail}\n")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
+            atomic_write_bytes(path, text.encode(), mode=0o600)
         except OSError as exc:
             logger.warning("cannot write trusted log %s: %s", path, type(exc).__name__)
         if outcome.returncode != 0:
@@ -416,15 +420,15 @@ def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:
 
     Harbor scrubs trial dirs by variable *name* (`trial/trial.py` `_scrub_jobs_dir`); a secret whose
     name does not look sensitive, printed by a case or a candidate, would otherwise stay in trial
-    logs that `full` disclosure may show the agent.
+    logs that `full` disclosure may show the agent. The tree is the runner's, so a file is replaced
+    (same mode), never written through: a link swapped in after the check is replaced too.
     """
-    from vero.harbor.command import scrub
-
     if not root.is_dir():
         return
     for path in root.rglob("*"):
         try:
-            if path.is_symlink() or not path.is_file() or path.stat().st_size > _SCRUB_MAX_BYTES:
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_size > _SCRUB_MAX_BYTES:
                 continue
             data = path.read_bytes()
             if b"\0" in data[:8192]:
@@ -435,6 +439,6 @@ def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:
         cleaned = scrub(text, secrets)
         if cleaned != text:
             try:
-                path.write_text(cleaned)
+                atomic_write_bytes(path, cleaned.encode(), mode=stat.S_IMODE(info.st_mode))
             except OSError as exc:
                 logger.warning("cannot scrub %s: %s", path, type(exc).__name__)
