@@ -236,13 +236,15 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
 
     Raises:
         SpecError: the agent name is unknown, the spec is invalid or a secret is missing.
-        InfrastructureFailure: the execution target is not reachable, or Harbor could not start.
+        InfrastructureFailure: the `harbor` command is missing or the execution target is not
+            reachable (both checked before compiling), or Harbor could not start.
     """
     check_agent_name(agent)
+    harbor = harbor_executable()
     prepared = prepare_task(config, environment=environment, env_file=env_file)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
-    argv = [harbor_executable(), "run", "-y", "-p", str(prepared.task_dir), "-a", agent,
+    argv = [harbor, "run", "-y", "-p", str(prepared.task_dir), "-a", agent,
             "-e", spec.harbor.environment, "-o", str(jobs_dir), "--job-name", job_name]
     if model:
         argv += ["-m", model]
