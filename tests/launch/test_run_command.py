@@ -46,8 +46,7 @@ def test_a_secret_missing_from_env_and_env_file_fails_before_anything_is_written
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
 
 
-def test_switching_to_modal_adds_the_modal_extra_and_checks_credentials_first(tmp_path: Path,
-                                                                              monkeypatch) -> None:
+def test_switching_to_modal_checks_modal_before_building(tmp_path: Path, monkeypatch) -> None:
     tree = make_spec_tree(tmp_path / "spec")
     monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
     with pytest.raises(InfrastructureFailure) as info:
@@ -55,6 +54,20 @@ def test_switching_to_modal_adds_the_modal_extra_and_checks_credentials_first(tm
     # Either the extra is missing here or the credentials are: both are said before building.
     assert "modal" in str(info.value).lower()
     assert not (tmp_path / "work").exists()
+
+
+def test_switching_to_modal_adds_the_modal_extra_to_an_exact_harbor_pin(tmp_path: Path, monkeypatch) -> None:
+    tree = make_spec_tree(tmp_path / "spec")  # harbor==0.26.0 on docker
+    checked: list[str] = []
+    monkeypatch.setattr("vero.launch.check_execution_target", lambda environment, env: checked.append(environment))
+    env_file = tmp_path / "modal.env"
+    env_file.write_text("MODAL_TOKEN_ID=id-zq-0001\nMODAL_TOKEN_SECRET=secret-zq-0002\n")
+    prepared = prepare_task(tree.path, environment="modal", env_file=env_file, work_dir=tmp_path / "work")
+    assert checked == ["modal"]
+    assert prepared.spec.harbor.environment == "modal"
+    assert prepared.spec.harbor.requirement == "harbor[modal]==0.26.0"
+    pins = (prepared.task_dir / "environment" / "sidecar" / "dist" / "requirements.txt").read_text().splitlines()
+    assert "harbor[modal]==0.26.0" in pins
 
 
 def test_cli_missing_env_file_is_a_usage_error(tmp_path: Path) -> None:
