@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from vero.errors import SpecError
 from vero.spec.models import CasesSpec
 
@@ -59,9 +61,7 @@ def discover_cases(cases: CasesSpec) -> dict[str, CaseSource]:
         raise SpecError.at("cases.registry_path", f"registry file not found: {cases.registry_path}") from None
     except (OSError, ValueError):
         raise SpecError.at("cases.registry_path", "expected a JSON registry (a list of datasets)") from None
-    from pydantic import ValidationError
-
-    from harbor.models.registry import DatasetSpec
+    from harbor.models.registry import DatasetSpec  # Harbor is heavy: only for registry datasets
 
     try:
         datasets = [DatasetSpec.model_validate(row) for row in rows]

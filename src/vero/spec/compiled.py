@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vero.errors import SpecError, SpecIssue
 from vero.spec.models import (
     CandidateRuntime,
     HarborSpec,
@@ -134,10 +135,6 @@ def load_config[T: _Config](path: str | Path, model: type[T]) -> T:
     Raises:
         vero.errors.SpecError: the file is missing or does not match `model` (naming the field).
     """
-    from pydantic import ValidationError
-
-    from vero.errors import SpecError, SpecIssue
-
     try:
         return model.model_validate_json(Path(path).read_bytes())
     except OSError as exc:
