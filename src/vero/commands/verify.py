@@ -30,7 +30,14 @@ _P = CONTAINER_PATHS
     "verify",
     help="Verify a sealed session: check its digests, pick the candidate, score it on the hidden "
     "partitions with nested Harbor runs, write Harbor's reward.json and the operator artifacts "
-    "(finalization.json, status.json, the session copy, experiment.html).",
+    "(finalization.json, status.json, the session copy, experiment.html).\n\n"
+    "The compiled task's verifier runs this (tests/test.sh), so every default is a path inside that "
+    "container. Elsewhere, point --config, --cases-dir and --baseline-dir at the compiled task's "
+    "tests/config.json, tests/cases and tests/baseline, and choose --session, --reward-path, "
+    "--artifacts-dir and --mirror-dir.\n\n"
+    "Exit codes: 0 every target measured; 1 a target got its failure value or nothing was shipped; "
+    "10 the session archive was refused; 2 the config cannot be read (then no reward.json is "
+    "written; in every other case it is).",
 )
 def verify_command(
     config: Annotated[Path, typer.Option("--config", help="The verifier's compiled config.")] = Path(_P.config),
@@ -49,7 +56,8 @@ def verify_command(
     ] = Path(_P.artifacts),
     mirror_dirs: Annotated[
         list[Path] | None,
-        typer.Option("--mirror-dir", help="Another directory receiving the same artifacts; repeatable. "
+        typer.Option("--mirror-dir", metavar="<path>", help="Another directory receiving the same artifacts; "
+                     "repeatable. "
                      f"Default: {_P.artifacts_mirror} (unless it is the artifacts dir)."),
     ] = None,
     work_dir: Annotated[
@@ -104,7 +112,9 @@ def verify_command(
 @app.command(
     "report",
     help="Render experiment.html from a sealed session archive: candidates, scores per partition over "
-    "time, budget burn and, when a matching finalization.json is found, the final rewards.",
+    "time, budget burn and, when a matching finalization.json is found, the final rewards.\n\n"
+    "The archive is checked first (its .sha256, the manifest's file digests, the candidate bundle). "
+    "Exit codes: 0 written; 10 the archive, or a finalization named with --finalization, fails its checks.",
 )
 def report_command(
     session: Annotated[Path, typer.Argument(help="The sealed session archive (its .sha256 beside it).")],
