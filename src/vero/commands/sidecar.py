@@ -15,6 +15,7 @@ import typer
 
 from vero.cli import harbor_app
 from vero.commands.exit_codes import run_command
+from vero.sidecar.seal import ADMIN_TOKEN_FILE, DEFAULT_ADMIN_URL, DEFAULT_SEAL_TIMEOUT_SEC
 from vero.spec.compiled import CONTAINER_PATHS
 
 _SEAL_MARGIN_SEC = 240.0
@@ -62,17 +63,17 @@ def serve_command(
 def seal_command(
     output: Annotated[Path, typer.Option("--output", help="Directory receiving session.tar.gz and .sha256.")] = Path(
         str(CONTAINER_PATHS.export)),
-    url: Annotated[str, typer.Option("--url", help="The running sidecar's base URL.")] = "http://127.0.0.1:8000",
+    url: Annotated[str, typer.Option("--url", help="The running sidecar's base URL.")] = DEFAULT_ADMIN_URL,
     token_file: Annotated[Path | None, typer.Option(
-        "--token-file", help="Admin token file (default <state dir>/admin-token).")] = None,
+        "--token-file", help=f"Admin token file (default <state dir>/{ADMIN_TOKEN_FILE}).")] = None,
     state_dir: Annotated[Path, typer.Option("--state-dir", help="The sidecar's state dir.")] = Path(
         str(CONTAINER_PATHS.state)),
     config: Annotated[Path, typer.Option(
         "--config", help="The served config; its drain timeout sets how long to wait.")] = Path(
         str(CONTAINER_PATHS.config)),
     timeout_sec: Annotated[float | None, typer.Option(
-        "--timeout-sec", min=1, help="Wait this long for the seal (default: drain timeout + 240 s, "
-        "or 900 s without a readable config).")] = None,
+        "--timeout-sec", min=1, help=f"Wait this long for the seal (default: drain timeout + "
+        f"{_SEAL_MARGIN_SEC:g} s, or {DEFAULT_SEAL_TIMEOUT_SEC:g} s without a readable config).")] = None,
 ) -> None:
     """Seal the running sidecar's session: close the entrance, drain, write the session archive.
 
@@ -85,15 +86,15 @@ def seal_command(
         from vero.sidecar.seal import request_seal
         from vero.spec.compiled import SidecarConfig, load_config
 
+        if not output.is_absolute():
+            raise typer.BadParameter("--output must be an absolute path")
         wait_sec = timeout_sec
         if wait_sec is None:
             try:
                 wait_sec = load_config(config, SidecarConfig).harbor.drain_timeout_sec + _SEAL_MARGIN_SEC
             except SpecError:
-                wait_sec = 900.0
-        if not output.is_absolute():
-            raise typer.BadParameter("--output must be an absolute path")
-        result = request_seal(output, token_file=token_file or state_dir / "admin-token", base_url=url,
+                wait_sec = DEFAULT_SEAL_TIMEOUT_SEC
+        result = request_seal(output, token_file=token_file or state_dir / ADMIN_TOKEN_FILE, base_url=url,
                               timeout_sec=wait_sec)
         typer.echo(json.dumps(result.model_dump(mode="json"), sort_keys=True))
 

@@ -20,11 +20,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from vero.core.storage import atomic_write_bytes
+from vero.sidecar.seal import ADMIN_TOKEN_FILE
 
-__all__ = ["ADMIN_TOKEN_FILE", "generate_admin_token", "read_admin_token", "require_admin"]
-
-ADMIN_TOKEN_FILE = "admin-token"
-"""File name of the token under the state dir."""
+__all__ = ["generate_admin_token", "require_admin"]
 
 _bearer = HTTPBearer(auto_error=False, description="The admin token from `<state dir>/admin-token`.")
 
@@ -40,11 +38,6 @@ def generate_admin_token(state_dir: Path) -> str:
     token = secrets.token_urlsafe(32)
     atomic_write_bytes(state_dir / ADMIN_TOKEN_FILE, token.encode() + b"\n", mode=0o400)
     return token
-
-
-def read_admin_token(path: Path) -> str:
-    """The token stored at `path`, stripped. Raises OSError when it cannot be read."""
-    return path.read_text(encoding="utf-8").strip()
 
 
 async def require_admin(

@@ -22,13 +22,27 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from vero.errors import SidecarUnavailable, VeroError
 from vero.sidecar.models import Problem, SealRequest, SealResponse
 
-__all__ = ["DEFAULT_ADMIN_URL", "SEAL_FILE", "SealState", "request_seal"]
+__all__ = [
+    "ADMIN_TOKEN_FILE",
+    "DEFAULT_ADMIN_URL",
+    "DEFAULT_SEAL_TIMEOUT_SEC",
+    "SEAL_FILE",
+    "SealState",
+    "request_seal",
+]
 
 SEAL_FILE = "seal.json"
 """`<state dir>/seal.json`."""
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8000"
 """The service as the collect hook reaches it: same container, loopback."""
+
+ADMIN_TOKEN_FILE = "admin-token"
+"""`<state dir>/admin-token`: written by the service at each start (`vero.sidecar.auth`), read by
+`request_seal`'s caller."""
+
+DEFAULT_SEAL_TIMEOUT_SEC = 900.0
+"""How long `request_seal` waits for the answer when the drain timeout is unknown, in seconds."""
 
 
 class SealState(BaseModel):
@@ -40,7 +54,7 @@ class SealState(BaseModel):
 
 
 def request_seal(output_dir: Path, *, token_file: Path, base_url: str = DEFAULT_ADMIN_URL,
-                 timeout_sec: float = 900.0) -> SealResponse:
+                 timeout_sec: float = DEFAULT_SEAL_TIMEOUT_SEC) -> SealResponse:
     """Ask the running sidecar to seal its session into `output_dir`.
 
     Args:
