@@ -235,7 +235,8 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
         extra_args: further `harbor run` arguments, passed through.
 
     Raises:
-        SpecError: the agent name is unknown, the spec is invalid or a secret is missing.
+        SpecError: the agent name is unknown, the spec is invalid, a secret is missing, or
+            `jobs_dir` cannot be created.
         InfrastructureFailure: the `harbor` command is missing or the execution target is not
             reachable (both checked before compiling), or Harbor could not start.
     """
@@ -249,7 +250,10 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
     if model:
         argv += ["-m", model]
     argv += list(extra_args or [])
-    jobs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        jobs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError.at("--jobs-dir", f"cannot create {jobs_dir}: {exc.strerror or type(exc).__name__}") from None
     try:
         # Harbor's own progress display streams to the terminal.
         subprocess.run(argv, env=prepared.env, stdin=subprocess.DEVNULL, check=False)

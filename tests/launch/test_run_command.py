@@ -106,3 +106,13 @@ def test_cli_unknown_agent_is_refused_before_anything_is_built(tmp_path: Path) -
     assert "--agent" in done.stderr and "oracle" in done.stderr and "Traceback" not in done.stderr
     assert "invalid spec" not in done.stderr  # the spec is fine; the option is not
     assert list(scratch.iterdir()) == [] and not (tmp_path / "jobs").exists()
+
+
+def test_cli_jobs_dir_that_cannot_be_created_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
+    tree = make_spec_tree(tmp_path / "spec", _custom_env)  # no Docker check for a custom environment
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    done = run_vero("harbor", "run", "-c", str(tree.path), "--jobs-dir", str(blocker / "jobs"),
+                    env={"TMPDIR": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "--jobs-dir" in done.stderr and "Traceback" not in done.stderr
