@@ -617,8 +617,9 @@ class SidecarService:
         `sealed_at` is reused and nothing changes after the first seal).
 
         Raises:
-            OSError / subprocess.CalledProcessError: the archive cannot be written (the session
-                stays sealed; retrying writes it).
+            OSError / git.GitCommandError: the archive cannot be written or the candidate store
+                cannot be bundled (`write_session_archive`); the session stays sealed and retrying
+                writes it.
         """
         assert self._seal_lock is not None and self._admissions_idle is not None
         async with self._seal_lock:
