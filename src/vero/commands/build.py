@@ -42,9 +42,10 @@ def build(
     try:
         result = run_command(lambda: compile_task(config, output, tarball=tarball, force=force))
     except OSError as exc:
-        # Only the path and the system's reason: nothing read from the inputs is echoed.
-        where = f" {exc.filename}" if exc.filename else ""
-        fail(f"cannot write the compiled task{where}: {exc.strerror or type(exc).__name__}", EXIT_FAILED)
+        # An input that cannot be read or an output that cannot be written. Only the path and the
+        # system's reason: nothing read from the inputs is echoed.
+        where = f" at {exc.filename}" if exc.filename else ""
+        fail(f"the build failed{where}: {exc.strerror or type(exc).__name__}", EXIT_FAILED)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     if json_output:

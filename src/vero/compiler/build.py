@@ -226,7 +226,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             cases, non-empty output without `force`, unsafe target/case/reference trees, a
             reference patch that does not apply, a secret value found in a compiled file), each
             with its YAML path (or the option, `--output`/`--tarball`). Nothing is written then.
-        OSError: the output cannot be written.
+        OSError: an input cannot be read or the output cannot be written.
     """
     env = os.environ if env is None else env
     if not isinstance(spec, OptimizationSpec):
