@@ -1,11 +1,12 @@
 """`vero harbor run`: compile a spec and run the compiled task with Harbor, end to end.
 
-Steps: load the env file into this process's environment (secrets are needed at build time, and
-they reach Harbor by environment, never on its command line), compile the spec to a temporary
-directory, check the execution target before starting (Docker engine reachable, or Modal
-credentials present), run the pinned Harbor with its own progress output, then read the trial's
-`result.json` (never the exit code: Harbor exits 0 when every trial errored, HARBOR-NOTES §2) and
-the verifier's `finalization.json` from the trial's collected artifacts.
+Steps: check the agent name and find the `harbor` command; load the env file into the environment
+Harbor gets (secrets are needed at build time, and they reach Harbor by environment, never on its
+command line); load the spec and check the execution target (Docker engine reachable, or Modal
+credentials present); only then compile the spec to a temporary directory; run the pinned Harbor
+with its own progress output; then read the trial's `result.json` (never the exit code: Harbor
+exits 0 when every trial errored, HARBOR-NOTES §2) and the verifier's `finalization.json` from the
+trial's collected artifacts.
 """
 
 from __future__ import annotations
