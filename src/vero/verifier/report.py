@@ -21,11 +21,13 @@ from __future__ import annotations
 import math
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from vero.core.archive import file_digest
+from vero.core.jobs import EvaluationJob
 from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SessionInvalid
@@ -62,7 +64,6 @@ class Series:
     color: str
     points: str = ""
     """SVG `points` of the polyline joining the series (may be empty)."""
-    dashed: bool = False
 
 
 @dataclass
@@ -134,6 +135,30 @@ def _colors(partitions: list[str]) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sorted(partitions))}
 
 
+def _ended_at(job: EvaluationJob) -> datetime:
+    """Where a job sits on the time axis: when it finished, else when it was created."""
+    return job.finished_at or job.created_at
+
+
+def _time_axis(plot: Plot, session: Session, jobs: list[EvaluationJob]) -> Callable[[datetime], float]:
+    """Set `plot`'s x ticks and seal mark; returns moment -> x (SVG units).
+
+    The axis runs in minutes from the session's first evaluation (the seal, when there is none) to
+    the seal or the last of `jobs`, whichever is later.
+    """
+    start = min([j.created_at for j in session.jobs] + [session.manifest.sealed_at])
+    end = session.manifest.sealed_at
+
+    def minutes(moment: datetime) -> float:
+        return (moment - start).total_seconds() / 60
+
+    scale = _Scale(0.0, max([minutes(end)] + [minutes(_ended_at(j)) for j in jobs]),
+                   plot.left, plot.left + plot.inner_width)
+    plot.x_ticks = [(scale(v), _fmt_minutes(v)) for v in scale.ticks()]
+    plot.marks = [(scale(minutes(end)), "sealed")]
+    return lambda moment: scale(minutes(moment))
+
+
 def _score_plot(session: Session, finalization: Finalization | None, colors: dict[str, str]) -> Plot:
     plot = Plot(id="score-plot", title="Scores per partition over time", y_label="score")
     jobs = [j for j in session.jobs if j.state == "complete" and j.result is not None]
@@ -141,31 +166,20 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     if not jobs and not verifier:
         plot.empty_message = "No completed evaluation in this session."
         return plot
-    start = min([j.created_at for j in session.jobs] + [session.manifest.sealed_at])
-    end = session.manifest.sealed_at
-
-    def minutes(moment: datetime) -> float:
-        return (moment - start).total_seconds() / 60
-
+    x = _time_axis(plot, session, jobs)
     values = [j.result.score for j in jobs] + [m.score for m in verifier]
-    x = _Scale(0.0, max(minutes(end), *(minutes(j.finished_at or j.created_at) for j in jobs), 0.0),
-               plot.left, plot.left + plot.inner_width)
     pad = (max(values) - min(values)) * 0.05
     y = _Scale(min(values) - pad, max(values) + pad, plot.top + plot.inner_height, plot.top)
-    plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
     plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
-    plot.marks = [(x(minutes(end)), "sealed")]
     for partition in sorted({j.partition for j in jobs}):
-        mine = sorted((j for j in jobs if j.partition == partition),
-                      key=lambda j: (j.finished_at or j.created_at, j.id))
-        full = [j for j in mine if j.full_partition]
+        mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (_ended_at(j), j.id))
         plot.series.append(Series(
             name=partition, color=colors[partition],
-            points=" ".join(f"{x(minutes(j.finished_at or j.created_at))},{y(j.result.score)}" for j in full),
+            points=" ".join(f"{x(_ended_at(j))},{y(j.result.score)}" for j in mine if j.full_partition),
         ))
         for job in mine:
             plot.markers.append(Marker(
-                x=x(minutes(job.finished_at or job.created_at)), y=y(job.result.score), color=colors[partition],
+                x=x(_ended_at(job)), y=y(job.result.score), color=colors[partition],
                 shape="dot" if job.full_partition else "ring",
                 title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(job.result.score)} "
                       f"({'full partition' if job.full_partition else f'{len(job.cases)} cases'})",
@@ -174,7 +188,7 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     for measurement in verifier:
         color = colors.get(measurement.partition, PALETTE[-1])
         plot.markers.append(Marker(
-            x=x(minutes(end)), y=y(measurement.score), color=color, shape="diamond",
+            x=x(session.manifest.sealed_at), y=y(measurement.score), color=color, shape="diamond",
             title=f"verifier {measurement.purpose} {measurement.partition} {measurement.candidate[:12]} "
                   f"score {_fmt(measurement.score)}",
         ))
@@ -191,37 +205,30 @@ def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
     totals: dict[str, int] = {}
     for balance in session.balances:
         totals[balance.partition] = totals.get(balance.partition, 0) + balance.total_cases
-    charged = [j for j in session.jobs if j.state == "complete" and j.partition in totals]
     if not totals:
         plot.empty_message = "The session has no budget entries."
         return plot
-    start = min([j.created_at for j in session.jobs] + [session.manifest.sealed_at])
-    end = session.manifest.sealed_at
-
-    def minutes(moment: datetime) -> float:
-        return (moment - start).total_seconds() / 60
-
-    x = _Scale(0.0, max([minutes(end)] + [minutes(j.finished_at or j.created_at) for j in charged]),
-               plot.left, plot.left + plot.inner_width)
+    charged = [j for j in session.jobs if j.state == "complete" and j.partition in totals]
+    x = _time_axis(plot, session, charged)
     y = _Scale(0.0, 100.0, plot.top + plot.inner_height, plot.top)
-    plot.x_ticks = [(x(v), _fmt_minutes(v)) for v in x.ticks()]
     plot.y_ticks = [(y(v), _fmt(v)) for v in (0, 25, 50, 75, 100)]
-    plot.marks = [(x(minutes(end)), "sealed")]
     for partition in sorted(totals):
-        total = totals[partition]
-        spent, points = 0, [f"{x(0.0)},{y(0.0)}"]
-        for job in sorted((j for j in charged if j.partition == partition),
-                          key=lambda j: (j.finished_at or j.created_at, j.id)):
-            at = x(minutes(job.finished_at or job.created_at))
-            points.append(f"{at},{y(min(100.0, 100.0 * spent / total) if total else 0.0)}")
+        total, color = totals[partition], colors.get(partition, PALETTE[-1])
+
+        def share(spent: int) -> float:
+            return min(100.0, 100.0 * spent / total) if total else 0.0
+
+        spent, points = 0, [f"{float(plot.left)},{y(0.0)}"]  # nothing spent at the axis origin
+        for job in sorted((j for j in charged if j.partition == partition), key=lambda j: (_ended_at(j), j.id)):
+            at = x(_ended_at(job))
+            points.append(f"{at},{y(share(spent))}")
             spent += len(job.cases)
-            share = min(100.0, 100.0 * spent / total) if total else 0.0
-            points.append(f"{at},{y(share)}")
-            plot.markers.append(Marker(x=at, y=y(share), color=colors.get(partition, PALETTE[-1]), shape="dot",
+            points.append(f"{at},{y(share(spent))}")
+            plot.markers.append(Marker(x=at, y=y(share(spent)), color=color, shape="dot",
                                        title=f"{job.id}: {spent} of {total} cases spent on {partition}"))
-        points.append(f"{x(minutes(end))},{y(min(100.0, 100.0 * spent / total) if total else 0.0)}")
-        plot.series.append(Series(name=partition, color=colors.get(partition, PALETTE[-1]), points=" ".join(points)))
-        plot.legend.append((f"{partition} ({total} cases)", colors.get(partition, PALETTE[-1]), "dot"))
+        points.append(f"{x(session.manifest.sealed_at)},{y(share(spent))}")
+        plot.series.append(Series(name=partition, color=color, points=" ".join(points)))
+        plot.legend.append((f"{partition} ({total} cases)", color, "dot"))
     return plot
 
 
