@@ -38,7 +38,8 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
         with httpx.Client(base_url=url, timeout=30, trust_env=False) as client:
             job = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
             wait_for_state(client, job["id"], {"running"})
-            assert client.get("/status").json()["partitions"][1]["budget"]["remaining_runs"] == 4
+            train = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")
+            assert train["budget"]["remaining_runs"] == 4
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(30)

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from ._server import StubBackend, make_harness
 
 pytestmark = pytest.mark.timeout(180)
 
-VERO = str(Path(os.environ.get("VIRTUAL_ENV", Path(__file__).resolve().parents[2] / ".venv")) / "bin" / "vero")
+VERO = str(Path(sys.executable).with_name("vero"))
 
 
 def seal(client: httpx.Client, harness, output: Path) -> httpx.Response:
