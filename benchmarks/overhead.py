@@ -10,8 +10,8 @@ candidate with the same files (the baseline), on the local Docker engine:
   agent, `--ak`, timeout multiplier, environment), started as one process and timed until it exits.
 - **sidecar**: the compiled sidecar config served by the real app (`create_app`, the real
   `HarborBackend`) under uvicorn in a separate process, driven with the agent's own client
-  (`SidecarClient.evaluate` then `wait`, polling like `vero harbor eval --wait`), timed from the
-  request to the first poll that sees the job complete. Every sidecar run evaluates a new commit
+  (`SidecarClient.evaluate` then `wait`, which long-polls like `vero harbor eval --wait`), timed from
+  the request to the poll that sees the job complete. Every sidecar run evaluates a new commit
   with the baseline's tree (as an agent evaluates new commits), so admission includes a real
   candidate import.
 
@@ -31,7 +31,8 @@ machine. Phases:
                  trusted log rounds it to 0.1 s, so `backend` may read a few hundredths below zero)
   completion     backend done -> job recorded complete (`full` tier: trial artifacts copied to the
                  context dir first)
-  poll lag       job complete -> the client's next poll sees it (about half the poll interval)
+  poll lag       job complete -> the client sees it (the long poll answers at completion: about an
+                 HTTP round trip)
 
 A second table splits Harbor's own trials (both paths) into environment setup, the agent, the gap
 before the verifier, the verifier and the rest (teardown), to show where a nested run's time goes.
@@ -40,13 +41,12 @@ Budgets of the compiled config are raised for the benchmark (it runs more evalua
 example allows); nothing else of the served config changes. Nested runs execute as this process's
 user (the compiled sidecar image runs them as `vero-runner`).
 
-What to expect (2 shared cores, Docker 20.10): the sidecar's own steps (admission with a candidate
-import, checkout, backend bookkeeping, completion) take about 0.1 s per evaluation; the poll lag of
-the agent's 2 s polling (about 1 s) is the largest part of the overhead, and with it the sidecar's
-wall time is the job's rounded up to the next poll. Inside a nested run, about 10 s of every trial
-is Harbor stopping the case container: its compose base runs `sh -c "sleep infinity"` as PID 1,
-which ignores SIGTERM, so `docker compose down` waits out Docker's 10 s stop timeout. Both paths pay
-that alike.
+What to expect (2 shared cores, Docker 20.10; README "Benchmarks"): the sidecar adds about 0.2 s
+per evaluation (admission with a candidate import about 0.05 s, checkout 0.02 s, the rest bookkeeping
+and HTTP round trips), a ratio of about 1.02-1.04. Both paths pass the `--extra-docker-compose` file
+`build_command` writes, which gives each case's `main` an init process, so stopping a trial's
+containers does not wait out Docker's 10 s stop timeout (Harbor's `sleep infinity` as PID 1 ignores
+SIGTERM).
 """
 
 from __future__ import annotations
@@ -345,7 +345,8 @@ def main() -> None:
                         "the most cases).")
     parser.add_argument("--repeats", type=int, default=3, help="Timed runs of each path (default 3).")
     parser.add_argument("--poll-interval-sec", type=float, default=2.0,
-                        help="The client's poll interval (default 2.0, as `vero harbor eval --wait`).")
+                        help="Pause between polls when a long poll comes back early (default 2.0, as "
+                        "`vero harbor eval --wait`).")
     parser.add_argument("--json", type=Path, help="Also write the results as JSON to this file.")
     args = parser.parse_args()
     if args.repeats < 1:
