@@ -426,16 +426,17 @@ def test_shutdown_fails_and_refunds_running_jobs(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as applies only when the sidecar runs as root")
 def test_nested_runs_get_the_unprivileged_identity_and_a_readable_checkout(tmp_path):
     from vero.errors import InfrastructureFailure
-    from vero.sidecar.service import resolve_run_as
+    from vero.harbor.process import runner_identity
 
+    # what `vero harbor serve` resolves: a missing runner refuses the start, never runs as root
     with pytest.raises(InfrastructureFailure, match="does not exist"):
-        resolve_run_as("no-such-user-vero")
-    run_as = resolve_run_as("nobody", docker_socket=tmp_path / "missing.sock")
+        runner_identity("no-such-user-vero")
+    run_as = runner_identity("nobody", docker_socket=tmp_path / "missing.sock")
     assert run_as.uid == 65534 and run_as.extra_groups == ()
     socket_like = tmp_path / "docker.sock"
     socket_like.touch()
     os.chown(socket_like, 0, 4242)
-    assert resolve_run_as("nobody", docker_socket=socket_like).extra_groups == (4242,)
+    assert runner_identity("nobody", docker_socket=socket_like).extra_groups == (4242,)
 
     seen: list[tuple[int, int]] = []
 

@@ -31,11 +31,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vero import __version__
 from vero.harbor.backend import EvaluationBackend, RunAs
+from vero.harbor.process import RUNNER_USER, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
-from vero.sidecar.service import DEFAULT_WORK_DIR, RUNNER_USER, SidecarService, resolve_run_as
+from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarService
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serve"]
@@ -109,7 +110,7 @@ def create_app(
         baseline_dir: the baseline files (`/opt/vero/baseline`); None skips the baseline import.
         work_dir: runner-writable scratch dir (checkouts, nested job dirs), outside `state_dir`.
         run_as: identity of nested runs ("auto": `vero-runner` when root, see
-            `vero.sidecar.service.resolve_run_as`; None: this process's identity).
+            `vero.harbor.process.runner_identity`; None: this process's identity).
         max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
         nested_env: extra trusted environment for nested runs.
         context_path_in_main: where `context_dir` is mounted in `main` (for `artifacts_path`).
@@ -187,7 +188,7 @@ def serve(
 ) -> None:
     """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
 
-    Nested runs execute as `runner_user` when this process is root (`resolve_run_as`).
+    Nested runs execute as `runner_user` when this process is root (`runner_identity`).
 
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
@@ -204,7 +205,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
                      cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
-                     run_as=resolve_run_as(runner_user))
+                     run_as=runner_identity(runner_user))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
                                            server_header=False, log_level="info"))
     try:

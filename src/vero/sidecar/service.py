@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pwd
 import shutil
 import stat
 import tempfile
@@ -52,6 +51,7 @@ from vero.errors import (
     UnknownJob,
 )
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
+from vero.harbor.process import runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
 from vero.sidecar.models import (
@@ -69,20 +69,9 @@ from vero.sidecar.models import (
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
 
-__all__ = [
-    "DEFAULT_WORK_DIR",
-    "RUNNER_USER",
-    "ExportResponse",
-    "SidecarService",
-    "resolve_run_as",
-]
+__all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarService"]
 
 _logger = logging.getLogger("vero.sidecar")
-
-RUNNER_USER = "vero-runner"
-"""The unprivileged user nested runs execute as when the sidecar runs as root."""
-
-DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
 """Runner-writable scratch space (checkouts, nested Harbor job dirs), outside the state dir."""
@@ -108,36 +97,6 @@ class ExportResponse(BaseModel):
     reservations: list[Reservation]
     candidates: list[CandidateRecord]
     submission: Submission | None = None
-
-
-def resolve_run_as(user: str = RUNNER_USER, docker_socket: Path = DOCKER_SOCKET) -> RunAs | None:
-    """The identity nested runs take: None unless this process is root.
-
-    Args:
-        user: the unprivileged account (`vero-runner` in the sidecar image).
-        docker_socket: its group (if the socket exists) becomes an extra group, so the run reaches
-            the engine without root.
-
-    Raises:
-        InfrastructureFailure: running as root but `user` does not exist (candidate code must never
-            run as root, so the sidecar refuses to start).
-    """
-    if os.geteuid() != 0:
-        return None
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise InfrastructureFailure(
-            f"the sidecar runs as root but the unprivileged user {user!r} does not exist"
-        ) from None
-    extra: tuple[int, ...] = ()
-    try:
-        gid = os.stat(docker_socket).st_gid
-        if gid != entry.pw_gid:
-            extra = (gid,)
-    except OSError:
-        pass
-    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, extra_groups=extra, home=Path(entry.pw_dir))
 
 
 def _make_readable(root: Path) -> None:
@@ -172,7 +131,7 @@ class SidecarService:
         baseline_dir: the baseline files; None skips rebuilding and importing the baseline.
         work_dir: runner-writable scratch dir for checkouts and nested job dirs.
         run_as: identity of nested runs; "auto" resolves `vero-runner` when root (see
-            `resolve_run_as`), None runs as this process.
+            `vero.harbor.process.runner_identity`), None runs as this process.
         max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
         nested_env: extra trusted environment for every nested run (e.g. `DOCKER_HOST`).
         context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
@@ -262,7 +221,7 @@ class SidecarService:
         self._seal_lock = asyncio.Lock()
         self._admissions_idle = asyncio.Event()
         self._admissions_idle.set()
-        self.run_as = resolve_run_as() if self._run_as_setting == "auto" else self._run_as_setting
+        self.run_as = runner_identity() if self._run_as_setting == "auto" else self._run_as_setting
         await asyncio.to_thread(self._open_state)
         recovered = await recover_interrupted(self.jobs, self.ledger)
         for job in recovered:
