@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,6 +40,7 @@ __all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]
 logger = logging.getLogger("vero.verifier")
 
 
+@dataclass(frozen=True)
 class RebuiltBaseline:
     """The baseline files rebuilt into a Git work tree, checked against the compiled commit.
 
@@ -48,8 +50,9 @@ class RebuiltBaseline:
         error: why the baseline is unavailable, or None.
     """
 
-    def __init__(self, path: Path | None, tree: str | None, error: str | None):
-        self.path, self.tree, self.error = path, tree, error
+    path: Path | None
+    tree: str | None
+    error: str | None
 
     @property
     def available(self) -> bool:
