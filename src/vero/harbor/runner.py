@@ -213,8 +213,9 @@ class HarborBackend:
         Raises:
             InfrastructureFailure: some case got no measurement for infrastructure reasons even after
                 `harbor.infra_retries` retries with back-off, the round hit
-                `harbor.evaluation_timeout_sec` before every case was measured, a selected case is
-                not a valid Harbor task dir, or Harbor cannot be started (the caller refunds).
+                `harbor.evaluation_timeout_sec` before every case was measured, the candidate
+                checkout is missing, a selected case is not a valid Harbor task dir, `run_as` cannot
+                use the run's paths, or Harbor cannot be started (the caller refunds).
             ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
         started_at = _now()
