@@ -1,19 +1,22 @@
 """Nested `harbor run`: the only vero package that imports Harbor (DESIGN §8).
 
 Public names: `HarborBackend` (the real `EvaluationBackend`), the contract types `NestedRun`,
-`RunAs`, `EvaluationBackend`, and the building blocks other code may reuse: `build_command`,
+`RunAs`, `EvaluationBackend`, `runner_identity` (the `RunAs` of the unprivileged `RUNNER_USER`,
+for the sidecar and the verifier), and the building blocks other code may reuse: `build_command`,
 `collate_job`, `TrialOutcome`, `INSTALL_AGENT_IMPORT_PATH`. Importing this package does not import
 Harbor; Harbor loads when a run is built, read or started.
 """
 
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.command import INSTALL_AGENT_IMPORT_PATH, HarborCommand, build_command
+from vero.harbor.process import RUNNER_USER, runner_identity
 from vero.harbor.results import INFRASTRUCTURE_EXCEPTION_TYPES, JobCollation, TrialOutcome, collate_job
 from vero.harbor.runner import HarborBackend
 
 __all__ = [
     "INFRASTRUCTURE_EXCEPTION_TYPES",
     "INSTALL_AGENT_IMPORT_PATH",
+    "RUNNER_USER",
     "EvaluationBackend",
     "HarborBackend",
     "HarborCommand",
@@ -23,4 +26,5 @@ __all__ = [
     "TrialOutcome",
     "build_command",
     "collate_job",
+    "runner_identity",
 ]
