@@ -115,8 +115,10 @@ class StubBackend:
         scores: case name -> reward (default 0.5); None makes a dead attempt.
         block: while set to a `threading.Event`, `evaluate` waits until it is set (cancellable).
         fail_with_infrastructure: raise `InfrastructureFailure` instead of returning.
-        write_job_dir: write a Harbor-like job dir (trial dirs with agent/verifier files, plus
-            hostile entries: a symlink out of the tree, a hard link, an oversized file).
+        write_job_dir: write a Harbor-like job dir (trial dirs with agent/verifier files, the
+            trial's own config/result files and an oversized file).
+        outside_secret_file: also plant links to this file outside the job dir in every trial: a
+            symlink to it, a symlink to its directory and a hard link to it.
         runs: every `NestedRun` received, with a snapshot of the checkout's file names.
     """
 
@@ -172,6 +174,7 @@ class StubBackend:
         if self.outside_secret_file is not None:
             (trial / "agent" / "leak").symlink_to(self.outside_secret_file)
             (trial / "verifier" / "dirlink").symlink_to(self.outside_secret_file.parent, target_is_directory=True)
+            os.link(self.outside_secret_file, trial / "agent" / "hardlink.txt")
 
 
 class ServerThread:

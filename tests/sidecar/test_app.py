@@ -105,7 +105,7 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
     # no symlink followed, no trial config/result (host paths), no oversized file
     for name in copied:
         assert not (out / name).is_symlink()
-        assert not name.endswith(("leak", "dirlink", "config.json")) and "huge.bin" not in name
+        assert not name.endswith(("leak", "dirlink", "hardlink.txt", "config.json")) and "huge.bin" not in name
         assert not name.startswith("trials/") or not name.endswith("__abc123/result.json")
         mode = stat.S_IMODE((out / name).stat().st_mode)
         assert mode == (0o755 if (out / name).is_dir() else 0o644), name
