@@ -158,7 +158,7 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
 
     Layout::
 
-        dest/result.json                          disclosed result + case -> trial names + omitted files
+        dest/result.json                          `disclosed` + case -> trial names + omitted files
         dest/trials/<trial>/{agent,verifier,artifacts}/...
 
     Blocking; call it in a worker thread. `dest` is replaced atomically (written to a temporary
@@ -168,7 +168,9 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
         result: the trusted result; `result.job_dir` is the nested Harbor job dir of the first
             round (trials of retried rounds are looked up in its `.retry-<n>` siblings); None or
             missing: then only `result.json` is written.
-        disclosed: the JSON-ready disclosed result (`DisclosedResult` in JSON mode).
+        disclosed: the JSON-ready head of `result.json` (the service passes the job id, partition,
+            candidate and the `DisclosedResult` in JSON mode); `trials` (case -> trial names
+            copied) and `omitted` (relative paths left out) are added to it.
         dest: `<context dir>/<job id>`; its parent must exist.
         secret_values: values that must never be copied (files containing one are omitted).
         limits: size caps.
