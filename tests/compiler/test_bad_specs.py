@@ -83,6 +83,17 @@ def _write(rel: str, text: str) -> Callable[[SpecTree], None]:
     return setup
 
 
+def _chain(tree: SpecTree) -> None:
+    (tree.root / "target" / "deep" / "er").mkdir(parents=True)
+    (tree.root / "target" / "deep" / "er" / "up").symlink_to("../..")
+    (tree.root / "target" / "x").symlink_to("deep/er/up/../outside.txt")
+
+
+def _loop(tree: SpecTree) -> None:
+    (tree.root / "target" / "a").symlink_to("b")
+    (tree.root / "target" / "b").symlink_to("a")
+
+
 def _symlink(rel: str, target: str) -> Callable[[SpecTree], None]:
     def setup(tree: SpecTree) -> None:
         (tree.root / rel).symlink_to(target)
@@ -143,6 +154,9 @@ BAD: dict[str, Bad] = {
     "reference missing": Bad("target.reference", _set("target.reference", "no-such-patch.diff")),
     "target link leaving the tree": Bad("target.path", setup=_symlink("target/escape", "../../outside.txt")),
     "target absolute link": Bad("target.path", setup=_symlink("target/abs", "/etc/hostname")),
+    # Each link alone stays inside; followed together, `x` lands outside the target.
+    "target link chain leaving the tree": Bad("target.path", setup=_chain),
+    "target link loop": Bad("target.path", setup=_loop),
     "target uses reserved .vero": Bad("target.path", setup=_write("target/.vero/x", "x\n")),
     "target with nested git data": Bad("target.path", setup=_write("target/lib/.git/HEAD", "ref: refs/heads/main\n")),
     # The candidate store compares these names case-insensitively; it would refuse the baseline.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from vero.core.archive import file_digest
+from vero.core.archive import file_digest, symlink_escapes
 from vero.core.candidates import RESERVED_PATHS
 from vero.errors import SpecError
 from vero.spec.compiled import digest_json
@@ -71,20 +71,6 @@ def git_env() -> dict[str, str]:
     return env
 
 
-def _link_escapes(root: Path, link: Path) -> bool:
-    target = os.readlink(link)
-    if os.path.isabs(target):
-        return True
-    rel_dir = os.path.dirname(os.path.relpath(link, root))
-    lexical = os.path.normpath(os.path.join(rel_dir, target))
-    if lexical == ".." or lexical.startswith("../"):
-        return True
-    # A chain through other links can still end outside; resolve for real when it resolves at all.
-    real = os.path.realpath(link)
-    base = os.path.realpath(root)
-    return os.path.exists(real) and not (real == base or real.startswith(base + os.sep))
-
-
 _BYTECODE_DIRS = frozenset({"__pycache__"})
 _BYTECODE_SUFFIXES = (".pyc", ".pyo")
 
@@ -119,6 +105,7 @@ def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> 
         SpecError: at `loc`, naming the first offending relative path.
     """
     count = 0
+    links: dict[bytes, bytes] = {}
     for rel, path, st in walk_tree(root):
         parts = PurePosixPath(rel).parts
         if repository and parts[-1].lower() == ".git":
@@ -126,13 +113,18 @@ def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> 
         if repository and parts[0].lower() in _RESERVED_TOP_LEVEL:
             raise SpecError.at(loc, f"{what} uses the reserved path {parts[0]}/ ({rel})")
         if stat.S_ISLNK(st.st_mode):
-            if _link_escapes(root, path):
-                raise SpecError.at(loc, f"{what} has a link that is absolute or leaves the tree: {rel}")
+            links[os.fsencode(rel)] = os.fsencode(os.readlink(path))
             count += 1
         elif stat.S_ISREG(st.st_mode):
             count += 1
         elif not stat.S_ISDIR(st.st_mode):
             raise SpecError.at(loc, f"{what} has a special file (device, socket or FIFO): {rel}")
+    # Links are judged once all are known: a chain of harmless-looking links can still leave the tree
+    # (the same rule the archive writer and the candidate store apply).
+    for link, target in sorted(links.items()):
+        if symlink_escapes(link, target, links):
+            raise SpecError.at(loc, f"{what} has a link that is absolute, loops or leaves the tree: "
+                                    f"{os.fsdecode(link)}")
     return count
 
 
