@@ -62,6 +62,9 @@ def test_minimal_spec_loads_with_absolute_paths_and_defaults(project: Path) -> N
         ("${A:-dflt}", {"A": ""}, "dflt"),
         ("${A:?need A}", {"A": "v"}, "v"),
         ("$${A}", {"A": "no"}, "${A}"),
+        ("${A-dflt}", {}, "dflt"),
+        ("${A-dflt}", {"A": ""}, ""),
+        ("${A?unset}", {"A": ""}, ""),
         ("cost $5", {}, "cost $5"),
     ],
 )
@@ -71,7 +74,9 @@ def test_substitution_forms(text: str, env: dict[str, str], expected: str) -> No
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("${UNSET}", "is not set"), ("${UNSET:?please set it}", "please set it")],
+    [("${UNSET}", "is not set"), ("${UNSET:?please set it}", "please set it"),
+     ("${UNSET?needed}", "needed"), ("${A+alt}", "unsupported"), ("${1A}", "unsupported"),
+     ("${unterminated", "unsupported")],
 )
 def test_substitution_errors_name_the_yaml_path(text: str, fragment: str) -> None:
     with pytest.raises(SpecError) as info:

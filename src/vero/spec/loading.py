@@ -1,8 +1,9 @@
 """Load `build.yaml`: YAML parsing, `${VAR}` substitution, path resolution, error locations.
 
 Substitution follows Docker Compose's interpolation rules (the subset operators know from there):
-`${VAR}` (unset is an error), `${VAR:-default}` (default when unset or empty), `${VAR:?message}`
-(error with `message` when unset or empty); `$${` yields a literal `${`. Substitution applies to
+`${VAR}` (unset is an error), `${VAR:-default}` (default when unset or empty), `${VAR-default}`
+(default when unset), `${VAR:?message}` (error with `message` when unset or empty), `${VAR?message}`
+(error when unset); `$${` yields a literal `${`. Any other `${...}` is an error, never kept as text. Substitution applies to
 string scalars only, never to keys. A variable named in `secrets` may not be substituted: its value
 would end up in compiled files.
 """
@@ -23,7 +24,7 @@ from vero.spec.models import OptimizationSpec
 
 __all__ = ["load_spec", "parse_spec", "substitute"]
 
-_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}")
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?|-|\?)([^}]*))?\}|\$\{[^}]*\}?")
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -60,6 +61,9 @@ def substitute(value: Any, env: Mapping[str, str], forbidden: frozenset[str] = f
         if match.group(0) == "$${":
             return "${"
         name, op, arg = match.group(1), match.group(2), match.group(3)
+        if name is None:
+            raise SpecError.at(_loc(_path), f"unsupported substitution {match.group(0)!r}: use ${{VAR}}, "
+                                            "${VAR:-default} or ${VAR:?message} ($${ for a literal ${)")
         if name in forbidden:
             raise SpecError.at(
                 _loc(_path), f"${{{name}}} names a secret; secrets are passed by name, never substituted"
@@ -67,9 +71,11 @@ def substitute(value: Any, env: Mapping[str, str], forbidden: frozenset[str] = f
         current = env.get(name)
         if op == ":-":
             return current if current else (arg or "")
-        if op == ":?":
-            if not current:
-                raise SpecError.at(_loc(_path), f"${{{name}}}: {arg or 'must be set and non-empty'}")
+        if op == "-":
+            return (arg or "") if current is None else current
+        if op in (":?", "?"):
+            if current is None or (op == ":?" and not current):
+                raise SpecError.at(_loc(_path), f"${{{name}}}: {arg or 'must be set'}")
             return current
         if current is None:
             raise SpecError.at(_loc(_path), f"${{{name}}} is not set (use ${{{name}:-default}} for a default)")
