@@ -46,7 +46,12 @@ def serve_command(
     runner_user: Annotated[str, typer.Option(
         "--runner-user", help="Unprivileged user nested runs execute as when serving as root.")] = "vero-runner",
 ) -> None:
-    """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped."""
+    """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped.
+
+    When it cannot start, it exits 2 (the config is invalid, or the baseline files do not rebuild
+    its baseline commit), 5 (the port is taken, a directory cannot be prepared, or it runs as root
+    without the runner user) or 11 (durable state is corrupt; nothing is reset).
+    """
 
     def call() -> None:
         from vero.sidecar.app import serve
@@ -77,8 +82,9 @@ def seal_command(
 ) -> None:
     """Seal the running sidecar's session: close the entrance, drain, write the session archive.
 
-    Prints `{"archive", "sha256", "sealed_at", "n_cancelled"}` as JSON. Exits 8 when the service
-    cannot be reached or the token cannot be read.
+    Prints `{"archive", "sha256", "sealed_at", "n_cancelled"}` as JSON. Exit codes: 0 sealed (again:
+    the same archive); 1 the service refused (e.g. a wrong token); 2 bad usage; 8 the service cannot
+    be reached, failed, or the token cannot be read.
     """
 
     def call() -> None:
