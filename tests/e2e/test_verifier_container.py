@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -38,12 +37,13 @@ import httpx
 import pytest
 import tenacity
 import yaml
-from sidecar._server import ServerThread  # tests/sidecar/_server.py (tests/ is on sys.path)
+from sidecar._server import ServerThread, commit_file, wait_for_state  # tests/ is on sys.path
 
 from vero.compiler import compile_task
 from vero.core.baseline import commit_baseline
 from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
+from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, load_config
 
@@ -119,24 +119,8 @@ images:
   verifier: %(image)s
 """
 
-GIT_ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "agent",
-    "GIT_AUTHOR_EMAIL": "agent@example.invalid",
-    "GIT_COMMITTER_NAME": "agent",
-    "GIT_COMMITTER_EMAIL": "agent@example.invalid",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
-
-
 def _docker(*args: str, timeout_sec: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec, check=False)
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def _write_spec(root: Path) -> Path:
@@ -161,17 +145,6 @@ def _write_spec(root: Path) -> Path:
     return spec
 
 
-def _wait_complete(client: httpx.Client, job_id: str, timeout_sec: float) -> dict:
-    deadline = time.monotonic() + timeout_sec
-    while True:
-        response = client.get(f"/evaluations/{job_id}")
-        body = response.json()
-        if response.status_code != 200 or body["state"] not in ("queued", "running"):
-            return body
-        assert time.monotonic() < deadline, f"evaluation {job_id} still {body['state']}"
-        time.sleep(0.5)
-
-
 @pytest.fixture
 def workspace():
     # Not pytest's tmp_path: the verifier container's logs and the sidecar's work dir live here, and
@@ -193,9 +166,7 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
     agent_repo = workspace / "app"
     shutil.copytree(layout.main.baseline_dir, agent_repo)
     assert commit_baseline(agent_repo) == compiled.baseline_commit
-    (agent_repo / "textstats.py").write_text(IMPROVED_SOURCE)
-    _git(agent_repo, "commit", "-q", "-am", "runs of spaces count once")
-    improved = _git(agent_repo, "rev-parse", "HEAD")
+    improved = commit_file(agent_repo, "textstats.py", IMPROVED_SOURCE, "runs of spaces count once")
 
     state_dir = workspace / "state"
     export_dir = workspace / "export"
@@ -210,7 +181,7 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
             admitted[version] = response.json()["id"]
         scores = {}
         for version, job_id in admitted.items():
-            job = _wait_complete(client, job_id, timeout_sec=600)
+            job = wait_for_state(client, job_id, JOB_TERMINAL_STATES, timeout_sec=600)
             assert job.get("state") == "complete", job
             assert job["candidate"] == version and job["result"]["n_dead"] == 0, job
             scores[version] = {c["case"]: c["score"] for c in job["result"]["cases"]}
