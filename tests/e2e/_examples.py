@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -24,15 +22,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from examples.conftest import EXAMPLES, HARBOR, REPO_ROOT, TASKS_DIR, harbor_env, kill_group  # tests/ on sys.path
+
 from vero.spec import load_spec
 from vero.spec.compiled import VerifierConfig, load_config
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TASKS_DIR = REPO_ROOT / "tasks"
-EXAMPLES = ("c-matmul", "puzzle-agent")
+__all__ = ["EXAMPLES", "HARBOR", "ExampleRun", "compose_build", "harbor_env", "hidden_cases", "image_exists",
+           "kill_group", "list_image", "remove_images", "secret_env", "start_run", "wait_run"]
+
 VERO = str(Path(sys.executable).with_name("vero"))
 """The installed console script (the venv's `bin/vero`), as a user would run it."""
-HARBOR = str(Path(sys.executable).with_name("harbor"))
 
 RUN_TIMEOUT_SEC = 1500
 """Upper bound for one `vero harbor run` of an example (a healthy one takes a few minutes)."""
@@ -49,11 +48,6 @@ def secret_env(example: str) -> dict[str, str]:
     """A placeholder value for every secret the example's spec names (compose and lint need them set)."""
     spec = load_spec(build_spec_path(example))
     return {name: f"e2e-placeholder-{name.lower()}" for name in spec.secrets}
-
-
-def harbor_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return dict(os.environ, HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
-                PYTHONDONTWRITEBYTECODE="1", **(extra or {}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,16 +190,6 @@ def wait_run(started: _Started, timeout_sec: float = RUN_TIMEOUT_SEC) -> Example
         job_dir=job_dir, trial_dir=trials[0], result=json.loads((trials[0] / "result.json").read_text()),
         task_dir=tasks[0], seconds=seconds,
     )
-
-
-def kill_group(process: subprocess.Popen[bytes]) -> None:
-    """Kill a process started with `start_new_session=True` and everything it started."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
 
 
 # --------------------------------------------------------------------------------------------

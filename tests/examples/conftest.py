@@ -1,5 +1,7 @@
 """Helpers of the example tests (`tasks/c-matmul`, `tasks/puzzle-agent`): load the examples, apply
 their reference change the way the oracle does, and run real `harbor run` jobs over their cases.
+The end-to-end tests (`tests/e2e/_examples.py`) take the example list, paths and process helpers
+from here too.
 
 Rewards come from each trial's `result.json` (`verifier_result.rewards`), never from Harbor's exit
 code or output (HARBOR-NOTES §2: the exit code is 0 even when every trial errored).
@@ -24,6 +26,23 @@ TASKS_DIR = REPO_ROOT / "tasks"
 EXAMPLES = ("c-matmul", "puzzle-agent")
 HARBOR = str(Path(sys.executable).with_name("harbor"))
 """The venv's `harbor` console script (Harbor 0.26.0)."""
+
+
+def harbor_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a `harbor` (or `vero`) child: no telemetry, no cost-map fetch,
+    no bytecode written into the cases; `extra` on top."""
+    return dict(os.environ, HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
+                PYTHONDONTWRITEBYTECODE="1", **(extra or {}))
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill a process started with `start_new_session=True` and everything it started."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
 
 
 def load_example(name: str) -> OptimizationSpec:
@@ -113,10 +132,7 @@ def start_harbor(cases: Path, agent: str, jobs_dir: Path, job_name: str, *,
         agent: `oracle` or a `module:Class` import path (`-a`).
         pythonpath: put on `PYTHONPATH` so that Harbor can import a custom agent.
     """
-    env = dict(os.environ, HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
-               PYTHONDONTWRITEBYTECODE="1")
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    env = harbor_env({"PYTHONPATH": str(pythonpath)} if pythonpath is not None else None)
     command = [HARBOR, "run", "-y", "-q", "-p", str(cases), "-a", agent, "-e", "docker",
                "-n", str(n_concurrent), "-o", str(jobs_dir), "--job-name", job_name]
     jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +152,6 @@ def wait_harbor(process: subprocess.Popen[bytes], jobs_dir: Path, job_name: str,
     try:
         process.wait(timeout=timeout_sec)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        kill_group(process)
         raise AssertionError(f"harbor job {job_name} did not finish in {timeout_sec} s") from None
     return read_job(jobs_dir / job_name)
