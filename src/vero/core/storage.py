@@ -45,10 +45,12 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int) -> N
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            # On the descriptor, not the path: in a directory another user can write, the name may
+            # have been swapped for a link by the time a path-based chmod runs.
+            os.fchmod(handle.fileno(), mode)
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
