@@ -63,7 +63,8 @@ DEFAULT_PARTITIONS = {
 }
 DEFAULT_ACCESS = {
     "train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=30),
-    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, total_runs=3, total_cases=18),
+    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, blocks=[["v1", "v2", "v3"], ["v4", "v5", "v6"]],
+                           total_runs=3, total_cases=18),
     "blind": PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6),
 }
 
@@ -87,7 +88,7 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
                 access: dict[str, PartitionAccess] | None = None, disclose_budget: bool = True,
                 submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
                 runtime: CandidateRuntime | None = None, name: str = "demo",
-                harbor: HarborSpec | None = None) -> SidecarConfig:
+                harbor: HarborSpec | None = None, scoring: ScoringSpec | None = None) -> SidecarConfig:
     """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
     the compiler redacts them)."""
     partitions = partitions or DEFAULT_PARTITIONS
@@ -97,7 +98,7 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
         spec_digest="sha256:" + "0" * 64,
         baseline_commit=baseline_commit,
         runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
-        scoring=ScoringSpec(),
+        scoring=scoring or ScoringSpec(),
         harbor=harbor or HarborSpec(drain_timeout_sec=drain_timeout_sec, infra_retries=0),
         secrets=secrets or [],
         partitions={name: cases for name, cases in partitions.items() if name in access},

@@ -125,9 +125,9 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         val_done = wait_for_state(client, val["id"], {"complete"})
         blind_done = wait_for_state(client, blind["id"], {"complete"})
         assert val_done["result"] == {"disclosure": "aggregate", "score": 0.5, "n_cases": 3, "n_attempts": 3,
-                                      "n_dead": 0, "cases": None, "artifacts_path": None}
+                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None}
         assert blind_done["result"] == {"disclosure": "none", "score": None, "n_cases": None, "n_attempts": None,
-                                        "n_dead": None, "cases": None, "artifacts_path": None}
+                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None}
         # the status listing discloses the same
         listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
         assert listed[val["id"]]["result"] == val_done["result"]
@@ -146,15 +146,41 @@ def test_hidden_or_unknown_partition_is_403_without_echo(harness):
         assert harness.backend.runs == []
 
 
-def test_subset_below_floor_is_refused_before_any_budget_moves(harness):
+def test_a_selection_that_is_not_a_union_of_blocks_is_refused_before_any_budget_moves(harness):
     with harness.serve() as (_, client):
+        val = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "val")
+        assert val["blocks"] == [["v1", "v2", "v3"], ["v4", "v5", "v6"]] and val["ladder"] is None
         before = budget_of(client, "val")
-        body = assert_problem(client.post("/evaluations", json={"partition": "val", "cases": ["v1", "v2"]}),
-                              403, "denied")
-        assert "at least 3" in body["detail"]
-        assert budget_of(client, "val") == before
-        # the whole partition is allowed however small; a subset at the floor too
-        assert client.post("/evaluations", json={"partition": "val", "cases": ["v1", "v2", "v3"]}).status_code == 202
+        for selection in ({"cases": ["v1", "v2"]}, {"cases": ["v1", "v2", "v4"]}, {"cases": ["v1", "v2", "v3", "v4"]},
+                          {"blocks": [2]}, {"blocks": [0], "cases": ["v1", "v2", "v3"]}):
+            body = assert_problem(client.post("/evaluations", json={"partition": "val", **selection}), 403, "denied")
+            assert "v1" not in body["detail"] and "v4" not in body["detail"]
+        assert budget_of(client, "val") == before and harness.backend.runs == []
+        # whole blocks, by cases or by position, and the whole partition are allowed
+        by_cases = client.post("/evaluations", json={"partition": "val", "cases": ["v3", "v1", "v2"]})
+        by_position = client.post("/evaluations", json={"partition": "val", "blocks": [1]})
+        assert by_cases.status_code == by_position.status_code == 202
+        assert wait_for_state(client, by_position.json()["id"], {"complete"})["n_cases"] == 3
+        assert [run.case_names for run in harness.backend.runs if run.case_names[0] == "v4"] == [("v4", "v5", "v6")]
+        assert client.post("/evaluations", json={"partition": "val"}).status_code == 202
+
+
+def test_the_differencing_sequence_is_refused_at_its_second_request(tmp_path):
+    """Issue 10: four aggregate cases with a floor of 3. Whole (0.25), [a, b, c] (0.333) and [d, b, c] (0.0)
+    used to give every case's result; now the second request is refused and nothing is charged."""
+    access = {"holdout": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, total_runs=5, total_cases=20)}
+    harness = make_harness(tmp_path, partitions={"holdout": ["a", "b", "c", "d"]}, access=access,
+                           backend=StubBackend(scores={"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}))
+    with harness.serve() as (_, client):
+        first = client.post("/evaluations", json={"partition": "holdout"})
+        assert first.status_code == 202
+        assert wait_for_state(client, first.json()["id"], {"complete"})["result"]["score"] == 0.25
+        before = budget_of(client, "holdout")
+        for cases in (["a", "b", "c"], ["d", "b", "c"]):
+            assert_problem(client.post("/evaluations", json={"partition": "holdout", "cases": cases}), 403, "denied")
+        assert budget_of(client, "holdout") == before == {"total_runs": 5, "total_cases": 20, "remaining_runs": 4,
+                                                          "remaining_cases": 16}
+        assert len(harness.backend.runs) == 1
 
 
 def test_case_selection_with_traversal_names_is_denied(harness):

@@ -42,7 +42,7 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
         assert out["tools"] == ["get_evaluation", "health", "start_evaluation", "status", "submit"]
         assert out["job"]["state"] == "queued" and out["job"]["partition"] == "val"
         assert '"code":"denied"' in out["denied"].replace(" ", "") and "holdout-zq9" not in out["denied"]
-        assert "at least 3" in out["floor"]
+        assert "fixed blocks" in out["floor"]
         assert "not_found" in out["unknown"]
         assert out["submission"]["candidate"] == harness.config.baseline_commit
         val = next(p for p in out["status"]["partitions"] if p["name"] == "val")

@@ -88,7 +88,7 @@ def test_problem_bodies_become_vero_errors_and_4xx_are_sent_once(harness: Sideca
         with pytest.raises(PolicyDenied):
             client.evaluate("no-such-partition")
         with pytest.raises(PolicyDenied):
-            client.evaluate("val", cases=["v1"])  # below the aggregate floor of 3
+            client.evaluate("val", cases=["v1"])  # not a union of the aggregate partition's blocks
         with pytest.raises(CandidateRejected):
             client.evaluate("train", version="no-such-branch")
         with pytest.raises(UnknownJob):

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core._offloop import SerialCommits
 from vero.core.evaluation import EvaluationResult
+from vero.core.ladder import LadderDisclosure
 from vero.core.ledger import BudgetLedger
 from vero.core.storage import atomic_write_json, atomic_write_model, remove_stale_temp_files
 from vero.errors import Conflict, LedgerCorrupt, UnknownJob
@@ -71,6 +72,9 @@ class EvaluationJob(BaseModel):
     """Generic reason for `failed`/`cancelled`: `interrupted`, `infrastructure`, `cancelled`, `sealed`."""
     result: EvaluationResult | None = None
     """The full trusted result (never sent to the agent as is)."""
+    ladder: LadderDisclosure | None = None
+    """On a partition in Ladder mode: what was disclosed, recorded in the same write as `complete`
+    (`vero.core.ladder`); the agent is shown this, never `result.score`."""
 
 
 class _JobIndex(BaseModel):

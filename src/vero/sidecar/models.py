@@ -21,6 +21,7 @@ __all__ = [
     "EvaluationRequest",
     "HealthResponse",
     "JobView",
+    "LadderView",
     "PartitionStatus",
     "Problem",
     "SealRequest",
@@ -55,13 +56,31 @@ class BudgetView(_Wire):
     remaining_cases: int
 
 
+class LadderView(_Wire):
+    """Ladder disclosure (Blum & Hardt 2015) of an `aggregate` partition."""
+
+    margin: float = Field(description="A score is disclosed only when it beats the best score already disclosed "
+                                      "to you on the same cases by at least this much; otherwise that best is "
+                                      "returned again with `improved: false`.")
+    precision: float = Field(description="Disclosed scores are rounded to a multiple of this.")
+
+
 class PartitionStatus(_Wire):
     """A partition the agent may evaluate."""
 
     name: str
     disclosure: Disclosure
-    min_aggregate_cases: int = Field(description="Smallest case subset an `aggregate` evaluation may select.")
+    min_aggregate_cases: int = Field(description="`aggregate`: the fewest cases one block (and the partition) holds.")
     cases: list[str] = Field(description="Case names, for subset requests.")
+    blocks: list[list[str]] | None = Field(
+        default=None,
+        description="`aggregate` only: the fixed blocks of cases (disjoint, covering the partition). An evaluation "
+        "must select the whole partition or a union of whole blocks (by `blocks` positions or their `cases`); "
+        "anything else is refused. What you can learn is the score of each block, never of one case. "
+        "Absent for `full` and `none` partitions, which accept any subset.",
+    )
+    ladder: LadderView | None = Field(
+        default=None, description="Present when scores are disclosed in Ladder mode (only improvements).")
     budget: BudgetView | None = Field(default=None, description="Absent when budget disclosure is off.")
 
 
@@ -71,7 +90,14 @@ class EvaluationRequest(_Wire):
     partition: str = Field(min_length=1, max_length=128)
     version: str = VERSION_FIELD
     cases: list[str] | None = Field(
-        default=None, max_length=10_000, description="A subset of the partition's cases; omit for all."
+        default=None, max_length=10_000,
+        description="A subset of the partition's cases; omit (and omit `blocks`) for all. On an `aggregate` "
+        "partition it must be a union of whole blocks (see `blocks` in the status).",
+    )
+    blocks: list[int] | None = Field(
+        default=None, max_length=10_000,
+        description="`aggregate` partitions: positions (from 0) of blocks in the status's `blocks` list, "
+        "instead of `cases`; the evaluation covers their union.",
     )
 
 
@@ -90,10 +116,15 @@ class DisclosedResult(_Wire):
     """What the granted tier lets the agent see of a finished evaluation."""
 
     disclosure: Disclosure
-    score: float | None = Field(default=None, description="Mean case score (`full`, `aggregate`).")
+    score: float | None = Field(default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode).")
     n_cases: int | None = None
-    n_attempts: int | None = None
-    n_dead: int | None = Field(default=None, description="Attempts without a valid reward.")
+    n_attempts: int | None = Field(default=None, description="Trials run (not in Ladder mode).")
+    n_dead: int | None = Field(default=None, description="Attempts without a valid reward (not in Ladder mode).")
+    improved: bool | None = Field(
+        default=None,
+        description="Ladder mode only: whether this evaluation beat the best score disclosed before (on the same "
+        "cases) by at least the margin. When false, `score` is that previous best, not this evaluation's score.",
+    )
     cases: list[CaseView] | None = Field(default=None, description="Per-case results (`full` only).")
     artifacts_path: str | None = Field(
         default=None, description="Directory in `main` with per-case results and trial artifacts (`full` only)."

@@ -4,10 +4,11 @@ Route handlers and MCP tools call one method each; every check lives here, in th
 (DESIGN §6):
 
 ```
-POST /evaluations: entrance open -> policy (partition, cases, floor) -> candidate import
+POST /evaluations: entrance open -> policy (partition, cases, blocks) -> candidate import
                    -> entrance still open -> budget reservation -> job record -> 202
 job task:          wait for a slot (semaphore) -> running -> checkout -> nested run
-                   -> complete (then settle; zero scores and dead attempts stay charged)
+                   -> complete (then settle; zero scores and dead attempts stay charged; in Ladder
+                      mode the Ladder answer is decided and written with `complete`, under one lock)
                    |  failed/infrastructure (then refund)  |  cancelled/sealed or failed/interrupted (then refund)
 ```
 
@@ -15,9 +16,10 @@ A job's final state is recorded before its reservation is settled or refunded, s
 between is repaired by `vero.core.jobs.recover_interrupted` at the next start.
 
 Startup (`start`): state dir 0700, ledger (persisted figures win over the config; drift is
-logged), job store, candidate store, submission, seal state, recovery of interrupted jobs, the
-baseline commit (rebuilt from the baseline files and checked against the config), a fresh admin
-token (0400), and the runner's work dir (outside the root-only state dir).
+logged), job store (and the Ladder's bests, rebuilt from the job records), candidate store,
+submission, seal state, recovery of interrupted jobs, the baseline commit (rebuilt from the
+baseline files and checked against the config), a fresh admin token (0400), and the runner's work
+dir (outside the root-only state dir).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
+from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation
 from vero.core.policy import AccessPolicy
 from vero.core.session import Submission, read_submission, write_session_archive
@@ -61,6 +64,7 @@ from vero.sidecar.models import (
     DisclosedResult,
     EvaluationRequest,
     JobView,
+    LadderView,
     PartitionStatus,
     SealResponse,
     StatusResponse,
@@ -109,6 +113,10 @@ def _make_readable(root: Path) -> None:
             if stat.S_ISREG(info.st_mode):
                 extra = 0o555 if info.st_mode & stat.S_IXUSR else 0o444
                 os.chmod(path, stat.S_IMODE(info.st_mode) | extra)
+
+
+def _ladder_key(job: EvaluationJob) -> LadderKey:
+    return (job.principal, job.partition, tuple(job.cases))
 
 
 def _remove_tree(path: Path) -> None:
@@ -190,6 +198,8 @@ class SidecarService:
         self._slots: asyncio.Semaphore | None = None
         self._submit_lock: asyncio.Lock | None = None
         self._seal_lock: asyncio.Lock | None = None
+        self._ladder_lock: asyncio.Lock | None = None
+        self.ladders: LadderBoard
         self._admissions = 0
         self._admissions_idle: asyncio.Event | None = None
 
@@ -219,6 +229,7 @@ class SidecarService:
         self._slots = asyncio.Semaphore(self.max_concurrent_evaluations)
         self._submit_lock = asyncio.Lock()
         self._seal_lock = asyncio.Lock()
+        self._ladder_lock = asyncio.Lock()
         self._admissions_idle = asyncio.Event()
         self._admissions_idle.set()
         self.run_as = runner_identity() if self._run_as_setting == "auto" else self._run_as_setting
@@ -246,6 +257,11 @@ class SidecarService:
         for line in self.ledger.config_drift:
             _logger.warning("budget ledger differs from the config (persisted figures kept): %s", line)
         self.jobs = JobStore.open(self.state_dir)
+        # What the Ladder disclosed is on the job records: a restart restores every best, never resets it.
+        self.ladders = LadderBoard.rebuild(
+            ((_ladder_key(job), job.ladder) for job in self.jobs.list() if job.ladder is not None),
+            self.config.scoring.direction,
+        )
         self.candidates = CandidateStore.open(self.state_dir)
         # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
         stale = self.candidates.remove_stale_temporary_refs()
@@ -306,13 +322,27 @@ class SidecarService:
         return self.context_dir / job_id
 
     def disclose(self, job: EvaluationJob) -> DisclosedResult | None:
-        """What the agent may see of a finished job: the narrower of its granted and current tier."""
+        """What the agent may see of a finished job: the narrower of its granted and current tier.
+
+        `aggregate` shows the score and counts, except: a job judged by the Ladder shows only its
+        recorded Ladder answer (rounded score, `improved`) and the case count (attempt counts could
+        carry what the Ladder withholds); a job completed without a Ladder answer on a partition now
+        in Ladder mode shows no score; a result that does not cover exactly the granted cases (a
+        set that may not be a union of blocks) shows no score.
+        """
         if job.state != "complete" or job.result is None:
             return None
         tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
         result = job.result
         if tier == "none":
             return DisclosedResult(disclosure="none")
+        if tier == "aggregate":
+            if job.ladder is not None:
+                return DisclosedResult(disclosure="aggregate", score=job.ladder.score, improved=job.ladder.improved,
+                                       n_cases=len(job.cases))
+            if (self.policy.ladder(job.principal, job.partition) is not None
+                    or sorted(case.case for case in result.cases) != sorted(job.cases)):
+                return DisclosedResult(disclosure="aggregate", n_cases=len(job.cases))
         counts = {"score": result.score, "n_cases": result.n_cases, "n_attempts": result.n_attempts,
                   "n_dead": result.n_dead}
         if tier == "aggregate":
@@ -363,9 +393,16 @@ class SidecarService:
                 budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
                                     remaining_runs=balance.remaining_runs,
                                     remaining_cases=balance.remaining_cases)
-            partitions.append(PartitionStatus(name=name, disclosure=access.disclosure,
-                                              min_aggregate_cases=access.min_aggregate_cases,
-                                              cases=list(self.policy.cases(principal, name)), budget=budget))
+            blocks = self.policy.blocks(principal, name)
+            ladder = self.policy.ladder(principal, name)
+            partitions.append(PartitionStatus(
+                name=name, disclosure=access.disclosure, min_aggregate_cases=access.min_aggregate_cases,
+                cases=list(self.policy.cases(principal, name)),
+                blocks=[list(block) for block in blocks] if blocks else None,
+                ladder=None if ladder is None else LadderView(margin=ladder.margin,
+                                                              precision=ladder.effective_precision),
+                budget=budget,
+            ))
         return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
                               submit_enabled=self.config.submit_enabled, partitions=partitions,
                               jobs=[self.view(job) for job in self.jobs.list(principal)],
@@ -418,12 +455,12 @@ class SidecarService:
 
         Raises:
             PolicyDenied: entrance closed; unknown, hidden or non-accessible partition; bad case
-                selection; subset below the floor.
+                or block selection; an `aggregate` selection that is not a union of whole blocks.
             CandidateRejected: the version cannot be imported.
             BudgetExhausted: the partition's runs or cases are used up.
         """
         self._check_entrance()
-        grant = self.policy.authorize(principal, request.partition, request.cases)
+        grant = self.policy.authorize(principal, request.partition, request.cases, request.blocks)
         assert self._admissions_idle is not None
         self._admissions += 1
         self._admissions_idle.clear()
@@ -508,11 +545,31 @@ class SidecarService:
             self._tasks.pop(job_id, None)
 
     async def _complete(self, job: EvaluationJob, result: EvaluationResult) -> None:
-        if self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full":
+        tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
+        if tier == "full":
             await self._write_artifacts(job, result)
-        job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
+        rule = self.policy.ladder(job.principal, job.partition) if tier == "aggregate" else None
+        if rule is None:
+            job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
+        else:
+            assert self._ladder_lock is not None
+            # Decide, record durably with the terminal state, then move the best: under one lock, so
+            # two evaluations finishing at once are judged one after the other, never against a stale best.
+            async with self._ladder_lock:
+                key = _ladder_key(job)
+                decision = self.ladders.decide(key, result.score, rule)
+                try:
+                    job = await self.jobs.update(job.id, state="complete", result=result, ladder=decision,
+                                                 finished_at=_now())
+                finally:
+                    # A cancelled caller may still have landed the write (`JobStore.update` runs to
+                    # completion): follow the store, never the intention.
+                    landed = self.jobs.get(job.id).ladder
+                    if landed is not None:
+                        self.ladders.record(key, landed)
         await self._settle_quietly(job.reservation_id)
-        _logger.info("job %s complete: score %s over %d case(s)", job.id, result.score, result.n_cases)
+        _logger.info("job %s complete: score %s over %d case(s)%s", job.id, result.score, result.n_cases,
+                     "" if job.ladder is None else f" (ladder: improved={job.ladder.improved})")
 
     async def _write_artifacts(self, job: EvaluationJob, result: EvaluationResult) -> None:
         preview = job.model_copy(update={"state": "complete", "result": result})

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AgentTarget",
@@ -22,6 +22,7 @@ __all__ = [
     "Disclosure",
     "HarborSpec",
     "ImagesSpec",
+    "LadderSpec",
     "OptimizationSpec",
     "PartitionAccess",
     "ProgramTarget",
@@ -124,12 +125,49 @@ class ScoringSpec(_Model):
         return 0.0 if self.failure_value is None else self.failure_value
 
 
+class LadderSpec(_Model):
+    """Ladder disclosure for an `aggregate` partition, after Blum & Hardt 2015, "The Ladder: A Reliable
+    Leaderboard for Machine Learning Competitions" (ICML; arXiv:1502.04585).
+
+    A new score is disclosed only when it beats the best score already disclosed to the principal
+    (on the same cases) by at least `margin`; otherwise the previous best is returned, marked as not
+    improved. Disclosed values are rounded to a multiple of `precision`. The paper uses one step
+    size for both; here `precision` defaults to `margin` and may not exceed it, so that every
+    disclosed improvement moves the disclosed value by at least one `precision` step. Units: those
+    of the score (the reward's own units).
+    """
+
+    margin: float = Field(gt=0, allow_inf_nan=False)
+    """Smallest improvement over the best disclosed score that is disclosed (reward units, > 0)."""
+    precision: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Disclosed scores are rounded to a multiple of this (reward units; default: `margin`, at most `margin`)."""
+
+    @model_validator(mode="after")
+    def _precision_within_margin(self) -> LadderSpec:
+        if self.precision is not None and self.precision > self.margin:
+            raise ValueError("precision may not exceed margin (a disclosed improvement must move the "
+                             "disclosed score by at least one precision step)")
+        return self
+
+    @property
+    def effective_precision(self) -> float:
+        """`precision`, or `margin` when unset."""
+        return self.margin if self.precision is None else self.precision
+
+
 class PartitionAccess(_Model):
     """What the coding agent may do with one partition."""
 
     disclosure: Disclosure
     min_aggregate_cases: int = Field(default=5, ge=1)
-    """Smallest case subset an `aggregate` evaluation may select (a full-partition request is always allowed)."""
+    """Floor of an `aggregate` answer: the partition and each declared block must hold at least this many cases."""
+    blocks: Annotated[int, Field(ge=1)] | list[list[Name]] | None = None
+    """`aggregate` only: the fixed blocks a request may combine. A number `n` splits the partition
+    into `n` blocks deterministically by case name (`vero.spec.blocks.split_into_blocks`); a list of
+    case lists declares them explicitly (disjoint, covering the partition). Default: one block, the
+    whole partition. A request must select a union of whole blocks."""
+    ladder: LadderSpec | None = None
+    """`aggregate` only: disclose scores under the Ladder rule (`LadderSpec`) instead of every score."""
     total_runs: int = Field(ge=0)
     """Evaluations the agent may start on this partition."""
     total_cases: int = Field(ge=0)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from vero.errors import SpecError, SpecIssue
+from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases, read_partition_file
 from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec
 
@@ -116,9 +117,14 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
                     add(declared[name], f"case {missing[0]!r} is not a Harbor task in {where}")
 
     # access, selection, targets
-    for name in spec.agent_access:
+    for name, access in spec.agent_access.items():
         if name not in partitions:
             add(f"agent_access.{name}", f"unknown partition {name!r}")
+        elif partitions[name] and len(set(partitions[name])) == len(partitions[name]):
+            try:
+                resolve_blocks(partitions[name], access, f"agent_access.{name}")
+            except SpecError as exc:
+                issues.extend(exc.issues)
     if not spec.targets:
         add("targets", "expected at least one hidden target partition")
     for name in spec.targets:
