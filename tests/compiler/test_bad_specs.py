@@ -116,6 +116,22 @@ BAD: dict[str, Bad] = {
     "name with ..": Bad("name", _set("name", "a..b")),
     "bad disclosure tier": Bad("agent_access.train.disclosure", _set("agent_access.train.disclosure", "partial")),
     "negative budget": Bad("agent_access.train.total_runs", _set("agent_access.train.total_runs", -1)),
+    "aggregate partition below its floor": Bad(
+        "agent_access.holdout.min_aggregate_cases", _set("agent_access.holdout.min_aggregate_cases", 2)),
+    "more blocks than the floor allows": Bad(
+        "agent_access.train.blocks", _all(_set("agent_access.train.disclosure", "aggregate"),
+                                          _set("agent_access.train.min_aggregate_cases", 2),
+                                          _set("agent_access.train.blocks", 2))),
+    "overlapping blocks": Bad(
+        "agent_access.train.blocks[1]", _all(_set("agent_access.train.disclosure", "aggregate"),
+                                             _set("agent_access.train.min_aggregate_cases", 1),
+                                             _set("agent_access.train.blocks", [["case-1", "case-2"], ["case-2"]]))),
+    "blocks on a full partition": Bad("agent_access.train.blocks", _set("agent_access.train.blocks", 2)),
+    "ladder precision above its margin": Bad(
+        "agent_access.holdout.ladder", _set("agent_access.holdout.ladder", {"margin": 0.01, "precision": 0.1})),
+    "ladder on a none partition": Bad(
+        "agent_access.train.ladder", _all(_set("agent_access.train.disclosure", "none"),
+                                          _set("agent_access.train.ladder", {"margin": 0.1}))),
     "overlapping partitions": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", ["case-3", "case-1"])),
     "empty partition": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", [])),
     "unknown case": Bad("cases.partitions.train", _set("cases.partitions.train", ["case-1", "case-9"])),

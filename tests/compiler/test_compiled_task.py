@@ -222,6 +222,24 @@ def test_instruction_names_only_accessible_partitions_and_hides_budgets_when_ask
     assert "| 3 | 6 |" in shown
 
 
+def test_instruction_and_sidecar_config_describe_blocks_and_the_ladder(tmp_path):
+    def edit(document):
+        document["cases"]["partitions"].update(train=["case-1"], holdout=["case-2", "case-3"])
+        document["agent_access"]["holdout"].update(blocks=2, ladder={"margin": 0.05, "precision": 0.01},
+                                                   total_cases=4)
+
+    layout = _compile(make_spec_tree(tmp_path / "spec", edit), tmp_path / "task").layout
+    text = layout.instruction_path.read_text()
+    assert "| `holdout` | 2 | aggregate in Ladder mode: score improvements only | the whole partition, or unions of its 2 " \
+           "blocks of 1+ cases | 1 | 4 |" in text
+    assert "| `train` | 1 | full: score, per-case results and artifacts | any subset of cases |" in text
+    assert "**Ladder mode** on `holdout`" in text and "by at least 0.05" in text and "multiple of 0.01" in text
+    config = load_config(layout.sidecar.config_path, SidecarConfig)
+    assert config.agent_access["holdout"].blocks == 2 and config.agent_access["holdout"].ladder.margin == 0.05
+    default = _compile(make_spec_tree(tmp_path / "b"), tmp_path / "task-b").layout.instruction_path.read_text()
+    assert "| the whole partition only |" in default and "Ladder mode" not in default
+
+
 def test_auto_best_has_no_submission_in_instruction_or_solution(tmp_path):
     tree = make_spec_tree(tmp_path / "spec", lambda d: d["selection"].update(mode="auto_best"))
     layout = _compile(tree, tmp_path / "task").layout

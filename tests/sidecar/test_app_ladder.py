@@ -6,7 +6,11 @@ full measurements."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ from vero.spec.models import LadderSpec, PartitionAccess, ScoringSpec
 from ._server import StubBackend, make_harness, wait_for_state
 
 pytestmark = pytest.mark.timeout(120)
+
+VERO = str(Path(sys.executable).with_name("vero"))
 
 CASES = ["h1", "h2", "h3", "h4", "h5", "h6"]
 BLOCKS = [["h1", "h2", "h3"], ["h4", "h5", "h6"]]
@@ -67,8 +73,13 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
         assert [job["ladder"]["improved"] for job in records] == [True, False, True, False, True, False, False]
 
     # A restart must not reset the best: 0.6 is still within the margin of the 0.56 disclosed before.
-    with harness.serve() as (_, client):
-        assert answer(evaluate(harness, client, 0.6)) == (0.56, False)
+    with harness.serve() as (server, client):
+        again = evaluate(harness, client, 0.6)
+        assert answer(again) == (0.56, False)
+        shown = subprocess.run([VERO, "harbor", "result", again["id"], "--text"], capture_output=True, text=True,
+                               timeout=60, env={**os.environ, "VERO_SIDECAR_URL": server.url})
+        assert shown.returncode == 0, shown.stderr
+        assert "score 0.56 over 6 cases, not improved" in shown.stdout and "0.6 " not in shown.stdout
         assert answer(evaluate(harness, client, 0.93, blocks=[0])) == (0.9, False)
         assert answer(evaluate(harness, client, 0.6149)) == (0.61, True)
 

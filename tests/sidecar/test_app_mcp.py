@@ -36,6 +36,10 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
                 out["submission"] = submitted.structured_content
                 status = await mcp.call_tool("status", {})
                 out["status"] = status.structured_content
+                tools = {tool.name: tool for tool in await mcp.list_tools()}
+                out["start_schema"] = tools["start_evaluation"].inputSchema
+                block = await mcp.call_tool("start_evaluation", {"partition": "val", "blocks": [1]})
+                out["block_job"] = block.structured_content
             return out
 
         out = asyncio.run(session())
@@ -47,6 +51,9 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
         assert out["submission"]["candidate"] == harness.config.baseline_commit
         val = next(p for p in out["status"]["partitions"] if p["name"] == "val")
         assert val["budget"]["remaining_runs"] == 2  # the MCP call spent the same budget as HTTP would
+        assert val["blocks"] == [["v1", "v2", "v3"], ["v4", "v5", "v6"]] and val["ladder"] is None
+        assert "blocks" in json.dumps(out["start_schema"])
+        assert out["block_job"]["n_cases"] == 3
         done = wait_for_state(client, out["job"]["id"], {"complete"})
         assert done["result"]["disclosure"] == "aggregate" and done["result"]["cases"] is None
         # admin routes are never tools, and the agent's HTTP view matches

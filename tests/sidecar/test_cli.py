@@ -87,7 +87,15 @@ def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) 
         proc = vero(url, "status", "--text")
         assert proc.returncode == 0
         assert "partition train: 6 cases, disclosure full, runs left 4/5, cases left 28/30" in proc.stdout
+        assert ("partition val: 6 cases, disclosure aggregate (the whole partition or unions of its 2 blocks), "
+                "runs left 3/3") in proc.stdout
+        assert "  block 1: v4, v5, v6" in proc.stdout
         assert f"submission: version {version}" in proc.stdout
+
+        proc = vero(url, "eval", "-p", "val", "--block", "1", "--wait", "--poll-interval-sec", "0.1")
+        assert proc.returncode == 0, proc.stderr
+        assert JobView.model_validate_json(proc.stdout).n_cases == 3
+        assert harness.backend.runs[-1].case_names == ("v4", "v5", "v6")
 
         proc = vero(url, "eval", "-p", "train", "--json")  # without --wait: answered once admitted
         assert proc.returncode == 0
@@ -193,7 +201,7 @@ def test_every_option_of_the_agent_commands_is_documented() -> None:
     proc = subprocess.run([VERO, "harbor", "eval", "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0
-    for option in ("--partition", "--version", "--case", "--wait", "--poll-interval-sec", "--timeout-sec",
+    for option in ("--partition", "--version", "--case", "--block", "--wait", "--poll-interval-sec", "--timeout-sec",
                    "--url", "--json", "--text"):
         assert option in proc.stdout
 

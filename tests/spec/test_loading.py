@@ -34,7 +34,7 @@ cases:
   path: ./cases
   partitions: {train: [a, b], hidden: [c]}
 agent_access:
-  train: {disclosure: aggregate, total_runs: 3, total_cases: 10}
+  train: {disclosure: full, total_runs: 3, total_cases: 10}
 targets: {hidden: {}}
 """
 
@@ -52,6 +52,16 @@ def test_minimal_spec_loads_with_absolute_paths_and_defaults(project: Path) -> N
     assert spec.agent_access["train"].min_aggregate_cases == 5
     assert spec.target_reward_keys() == {"hidden": "reward"}
     assert spec.harbor.requirement == "harbor==0.26.0"
+
+
+def test_an_aggregate_partition_below_the_default_floor_is_refused(project: Path) -> None:
+    """Two cases under the default floor of 5: every answer would cover fewer cases than the floor."""
+    text = SPEC.replace("disclosure: full", "disclosure: aggregate")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(project, text))
+    assert [i.loc for i in info.value.issues] == ["agent_access.train.min_aggregate_cases"]
+    spec = load_spec(write(project, text.replace("disclosure: aggregate", "disclosure: aggregate, min_aggregate_cases: 2")))
+    assert spec.agent_access["train"].blocks is None
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,17 @@ def evaluate(
             "--case",
             "-c",
             help="Evaluate only this case of the partition; repeat for several. Default: every case. "
-            "An `aggregate` partition refuses subsets below its minimum size.",
+            "On an `aggregate` partition the cases must make up whole blocks (see `vero harbor status`).",
+        ),
+    ] = None,
+    blocks: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--block",
+            "-b",
+            min=0,
+            help="`aggregate` partitions: evaluate this block (its position from 0, as listed by "
+            "`vero harbor status`); repeat for several. Not together with --case.",
         ),
     ] = None,
     wait: WaitOption = False,
@@ -122,7 +132,7 @@ def evaluate(
     as_json: JsonOption = True,
 ) -> None:
     """`POST /evaluations`, then optionally poll; prints a `JobView`, exits by the job's state."""
-    _show_job(lambda client: client.evaluate(partition, version=version, cases=cases or None),
+    _show_job(lambda client: client.evaluate(partition, version=version, cases=cases or None, blocks=blocks or None),
               url, as_json, wait, poll_interval_sec, timeout_sec)
 
 
@@ -254,13 +264,18 @@ def _status_text(view: StatusResponse) -> str:
              f"submissions {'enabled' if view.submit_enabled else 'disabled'}"]
     for p in view.partitions:
         line = f"partition {p.name}: {len(p.cases)} cases, disclosure {p.disclosure}"
-        if p.disclosure == "aggregate":
-            line += f" (subsets of at least {p.min_aggregate_cases} cases)"
+        if p.blocks is not None:
+            line += (" (the whole partition only)" if len(p.blocks) == 1
+                     else f" (the whole partition or unions of its {len(p.blocks)} blocks)")
+        if p.ladder is not None:
+            line += f", ladder mode (margin {p.ladder.margin:g}, precision {p.ladder.precision:g})"
         if p.budget is not None:
             b = p.budget
             line += (f", runs left {b.remaining_runs}/{b.total_runs}, "
                      f"cases left {b.remaining_cases}/{b.total_cases}")
         lines.append(line)
+        if p.blocks is not None and len(p.blocks) > 1:
+            lines.extend(f"  block {index}: {', '.join(block)}" for index, block in enumerate(p.blocks))
     lines.extend(_job_line(job) for job in view.jobs)
     if view.submission is not None:
         lines.append(_submission_text(view.submission))
@@ -274,6 +289,8 @@ def _job_line(view: JobView) -> str:
         line += f", reason {view.error}"
     if view.result is not None and view.result.score is not None:
         line += f", score {view.result.score:g}"
+        if view.result.improved is False:
+            line += " (not improved: the best disclosed before)"
     return line
 
 
@@ -283,6 +300,10 @@ def _job_text(view: JobView) -> str:
     if r is not None:
         if r.score is None:
             lines.append(f"result: disclosure {r.disclosure} (no score disclosed)")
+        elif r.improved is not None:
+            lines.append(f"result: score {r.score:g} over {r.n_cases} cases, "
+                         + ("improved by at least the margin" if r.improved
+                            else "not improved: the best score disclosed before is repeated"))
         else:
             lines.append(f"result: score {r.score:g} over {r.n_cases} cases, {r.n_attempts} attempts, "
                          f"{r.n_dead} without a reward")

@@ -38,7 +38,8 @@ from vero.errors import SpecError, SpecIssue
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, digest_json
 from vero.spec.loading import load_spec
-from vero.spec.models import AgentTarget, OptimizationSpec
+from vero.spec.blocks import resolve_blocks
+from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess
 from vero.spec.validation import check_build_secrets
 
 __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
@@ -356,6 +357,16 @@ def _check_task_config(layout: TaskLayout) -> None:
     TaskConfig.model_validate_toml(layout.config_path.read_text(encoding="utf-8"))
 
 
+def _selection_text(cases: list[str], access: PartitionAccess, partition: str) -> str:
+    """The instruction's "what you may select" cell of one partition."""
+    if access.disclosure != "aggregate":
+        return "any subset of cases"
+    blocks = resolve_blocks(cases, access, f"agent_access.{partition}")
+    if len(blocks) == 1:
+        return "the whole partition only"
+    return f"the whole partition, or unions of its {len(blocks)} blocks of {min(map(len, blocks))}+ cases"
+
+
 def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename: str, baseline_commit: str,
                   spec_digest: str, reference_kind: str | None, n_cases: dict[str, int]) -> None:
     paths = CONTAINER_PATHS
@@ -385,7 +396,9 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
     target = spec.target
     partitions = [
         dict(name=name, disclosure=access.disclosure, n_cases=n_cases[name],
-             floor=access.min_aggregate_cases if access.disclosure == "aggregate" else "-",
+             selection=_selection_text(spec.cases.partitions[name], access, name),
+             ladder=None if access.ladder is None else dict(margin=f"{access.ladder.margin:g}",
+                                                            precision=f"{access.ladder.effective_precision:g}"),
              total_runs=access.total_runs, total_cases=access.total_cases)
         for name, access in spec.agent_access.items()
     ]
@@ -395,6 +408,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
         agent_import_path=target.agent_import_path if isinstance(target, AgentTarget) else None,
         direction=spec.scoring.direction, failure_value=f"{spec.scoring.effective_failure_value():g}",
         partitions=partitions, disclosure_text=_DISCLOSURE_TEXT, disclose_budget=spec.disclose_budget,
+        ladder_partitions=[p for p in partitions if p["ladder"] is not None],
         submit_enabled=submit, selection_partition=spec.selection.partition,
         baseline_floor=spec.selection.baseline_floor,
     ))

@@ -255,7 +255,8 @@ class SidecarClient:
         """
         return self._call("GET", "/status", StatusResponse)
 
-    def evaluate(self, partition: str, version: str = "HEAD", cases: list[str] | None = None) -> JobView:
+    def evaluate(self, partition: str, version: str = "HEAD", cases: list[str] | None = None,
+                 blocks: list[int] | None = None) -> JobView:
         """`POST /evaluations`: start a detached evaluation job; returns once it is admitted.
 
         On return the version has been captured as a candidate and the budget reserved; the job
@@ -266,16 +267,21 @@ class SidecarClient:
         Args:
             partition: an agent-accessible partition.
             version: a commit-ish in the agent's repository (`HEAD`, a branch, a commit id).
-            cases: a subset of the partition's case names; None for all of them.
+            cases: a subset of the partition's case names; None for all of them. On an `aggregate`
+                partition it must be a union of whole blocks.
+            blocks: instead of `cases`, positions of an `aggregate` partition's blocks (as in
+                `PartitionStatus.blocks`).
 
         Raises:
             RequestInvalid: the request is malformed (checked locally first, then HTTP 422).
-            PolicyDenied: the policy refuses it (unknown partition, subset below the floor, closed).
+            PolicyDenied: the policy refuses it (unknown partition, a selection that is not a union of
+                whole blocks of an `aggregate` partition, closed).
             BudgetExhausted: the partition's runs or cases are used up (HTTP 402).
             CandidateRejected: the version cannot be imported (HTTP 400).
             SidecarUnavailable: not reachable, or the answer was lost (the job may exist).
         """
-        request = self._request_model(EvaluationRequest, partition=partition, version=version, cases=cases)
+        request = self._request_model(EvaluationRequest, partition=partition, version=version, cases=cases,
+                                      blocks=blocks)
         return self._call("POST", "/evaluations", JobView, json=request, idempotent=False)
 
     def job(self, job_id: str, wait_sec: float = 0.0) -> JobView:

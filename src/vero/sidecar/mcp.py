@@ -6,7 +6,10 @@ that same route through `httpx2.ASGITransport`. A tool therefore goes through ex
 schema validation, service checks, budget ledger and error mapping as an HTTP call; an error
 answer becomes a tool error carrying the (generic) problem body. Admin routes are never tools.
 
-Tools: `health`, `status`, `start_evaluation`, `get_evaluation`, `submit`.
+Tools: `health`, `status`, `start_evaluation`, `get_evaluation`, `submit`. Their schemas are the
+wire models', so `status` lists an `aggregate` partition's blocks and Ladder mode,
+`start_evaluation` takes `blocks` as well as `cases`, and `get_evaluation` marks a Ladder answer
+with `improved`.
 """
 
 from __future__ import annotations

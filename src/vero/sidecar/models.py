@@ -76,7 +76,7 @@ class PartitionStatus(_Wire):
         default=None,
         description="`aggregate` only: the fixed blocks of cases (disjoint, covering the partition). An evaluation "
         "must select the whole partition or a union of whole blocks (by `blocks` positions or their `cases`); "
-        "anything else is refused. What you can learn is the score of each block, never of one case. "
+        "anything else is refused. Together, the answers reveal at most the score of each block. "
         "Absent for `full` and `none` partitions, which accept any subset.",
     )
     ladder: LadderView | None = Field(

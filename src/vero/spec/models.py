@@ -161,7 +161,7 @@ class PartitionAccess(_Model):
     disclosure: Disclosure
     min_aggregate_cases: int = Field(default=5, ge=1)
     """Floor of an `aggregate` answer: the partition and each declared block must hold at least this many cases."""
-    blocks: Annotated[int, Field(ge=1)] | list[list[Name]] | None = None
+    blocks: Annotated[int, Field(ge=1, strict=True)] | list[list[Name]] | None = None
     """`aggregate` only: the fixed blocks a request may combine. A number `n` splits the partition
     into `n` blocks deterministically by case name (`vero.spec.blocks.split_into_blocks`); a list of
     case lists declares them explicitly (disjoint, covering the partition). Default: one block, the

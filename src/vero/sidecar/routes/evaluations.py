@@ -23,13 +23,16 @@ WaitSec = Annotated[float, Query(ge=0, le=60, description=(
     responses={
         400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree)."),
         402: problem_doc("The partition's budget (runs or cases) is exhausted."),
-        403: problem_doc("Denied by the policy (partition, case selection, floor) or the entrance is closed."),
+        403: problem_doc("Denied by the policy (partition; a case or block selection that is not a union of "
+                         "whole blocks of an `aggregate` partition) or the entrance is closed."),
     },
 )
 async def start_evaluation(body: EvaluationRequest, service: Service, principal: Principal,
                            response: Response) -> JobView:
     """Checks the policy, imports the version as a candidate and reserves the budget, then answers
-    202 with the queued job; the nested run goes on in the background. Poll `GET /evaluations/{id}`."""
+    202 with the queued job; the nested run goes on in the background. Poll `GET /evaluations/{id}`.
+    On an `aggregate` partition, select the whole partition or whole blocks (`blocks` positions or
+    their `cases`, as listed by `GET /status`)."""
     job = await service.start_evaluation(principal, body)
     response.headers["Location"] = f"/evaluations/{job.id}"
     return job
@@ -46,7 +49,9 @@ async def start_evaluation(body: EvaluationRequest, service: Service, principal:
 )
 async def get_evaluation(job_id: JobId, service: Service, principal: Principal, wait_sec: WaitSec = 0) -> JobView:
     """The job's state and, once complete, what its disclosure tier allows: `full` (score, counts,
-    per-case results, `artifacts_path`), `aggregate` (score and counts), `none` (state only).
+    per-case results, `artifacts_path`), `aggregate` (score and counts; in Ladder mode the score
+    only when it beat the best disclosed before by the margin, else that best with `improved: false`),
+    `none` (state only).
     A job that failed for infrastructure reasons answers 502 (problem code `infrastructure`).
     With `wait_sec`, answers as soon as the job finishes, or after `wait_sec` seconds."""
     return await service.wait_evaluation(principal, job_id, wait_sec)

@@ -11,7 +11,8 @@ router = APIRouter(tags=["agent"], responses=PROBLEM_RESPONSES)
 
 @router.get("/status", operation_id="status", summary="Partitions, budgets, jobs and submission")
 async def get_status(service: Service, principal: Principal) -> StatusResponse:
-    """The partitions the agent may evaluate (with case names and, unless budget disclosure is off,
-    remaining runs and cases), every job of the agent with its disclosed result, the submission,
-    and whether the entrance is still open."""
+    """The partitions the agent may evaluate (with case names, the blocks an `aggregate` evaluation
+    must select whole, the Ladder mode if any and, unless budget disclosure is off, remaining runs
+    and cases), every job of the agent with its disclosed result, the submission, and whether the
+    entrance is still open."""
     return service.status(principal)
