@@ -121,6 +121,7 @@ class StubBackend:
         outside_secret_file: also plant links to this file outside the job dir in every trial: a
             symlink to it, a symlink to its directory and a hard link to it.
         runs: every `NestedRun` received, with a snapshot of the checkout's file names.
+        unmeasured: cases left out of the result, as a partial result would leave them.
     """
 
     scores: dict[str, float | None] = field(default_factory=dict)
@@ -128,6 +129,7 @@ class StubBackend:
     fail_with_infrastructure: bool = False
     write_job_dir: bool = True
     outside_secret_file: Path | None = None
+    unmeasured: set[str] = field(default_factory=set)
     runs: list[NestedRun] = field(default_factory=list)
     checkout_files: list[list[str]] = field(default_factory=list)
     started: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
@@ -149,6 +151,8 @@ class StubBackend:
             job_dir = run.jobs_dir / run.evaluation_id
             cases = []
             for case in run.case_names:
+                if case in self.unmeasured:
+                    continue
                 trial = f"{case}__abc123"
                 reward = self.scores.get(case, 0.5)
                 if self.write_job_dir:

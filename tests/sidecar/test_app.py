@@ -133,6 +133,12 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         assert listed[val["id"]]["result"] == val_done["result"]
         assert listed[blind["id"]]["result"] == blind_done["result"]
         assert "test-stdout" not in client.get(f"/evaluations/{val['id']}").text
+        # A result that left a case out is not an aggregate over whole blocks: no score, no counts.
+        harness.backend.unmeasured = {"v2"}
+        partial = client.post("/evaluations", json={"partition": "val", "blocks": [0]}).json()
+        assert wait_for_state(client, partial["id"], {"complete"})["result"] == {
+            "disclosure": "aggregate", "score": None, "n_cases": 3, "n_attempts": None, "n_dead": None,
+            "improved": None, "cases": None, "artifacts_path": None}
     assert not (harness.context_dir / val["id"]).exists() and not (harness.context_dir / blind["id"]).exists()
 
 

@@ -96,6 +96,14 @@ def test_minimize_and_infrastructure_failures(tmp_path):
         harness.backend.fail_with_infrastructure = False
         assert answer(evaluate(harness, client, 8.9)) == (9.0, True)
         assert answer(evaluate(harness, client, 11.0)) == (9.0, False)
+        # A result that left a case out covers no union of blocks: not judged, no score, best unmoved.
+        harness.backend.unmeasured = {"h6"}
+        partial = evaluate(harness, client, 1.0)
+        assert partial["state"] == "complete" and partial["result"] == {
+            "disclosure": "aggregate", "score": None, "improved": None, "n_cases": 6, "n_attempts": None,
+            "n_dead": None, "cases": None, "artifacts_path": None}
+        harness.backend.unmeasured = set()
+        assert answer(evaluate(harness, client, 8.5)) == (9.0, False)
 
 
 def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_path):

@@ -119,6 +119,12 @@ def _ladder_key(job: EvaluationJob) -> LadderKey:
     return (job.principal, job.partition, tuple(job.cases))
 
 
+def _covers_granted_cases(job: EvaluationJob, result: EvaluationResult) -> bool:
+    """Whether `result` measured exactly the job's cases: an aggregate over any other set (e.g. with
+    unmeasured cases left out) may not be a union of blocks, so its score is never disclosed."""
+    return sorted(case.case for case in result.cases) == sorted(job.cases)
+
+
 def _remove_tree(path: Path) -> None:
     # shutil.rmtree never follows symlinks (fd-based on Linux), so a planted link cannot redirect it.
     shutil.rmtree(path, ignore_errors=True)
@@ -340,8 +346,7 @@ class SidecarService:
             if job.ladder is not None:
                 return DisclosedResult(disclosure="aggregate", score=job.ladder.score, improved=job.ladder.improved,
                                        n_cases=len(job.cases))
-            if (self.policy.ladder(job.principal, job.partition) is not None
-                    or sorted(case.case for case in result.cases) != sorted(job.cases)):
+            if self.policy.ladder(job.principal, job.partition) is not None or not _covers_granted_cases(job, result):
                 return DisclosedResult(disclosure="aggregate", n_cases=len(job.cases))
         counts = {"score": result.score, "n_cases": result.n_cases, "n_attempts": result.n_attempts,
                   "n_dead": result.n_dead}
@@ -549,7 +554,8 @@ class SidecarService:
         if tier == "full":
             await self._write_artifacts(job, result)
         rule = self.policy.ladder(job.principal, job.partition) if tier == "aggregate" else None
-        if rule is None:
+        if rule is None or not _covers_granted_cases(job, result):
+            # Not judged by the Ladder: `disclose` shows no score for it on a Ladder partition.
             job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
         else:
             assert self._ladder_lock is not None
