@@ -137,7 +137,7 @@ class EchoAgent(BaseAgent):
         job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert job["state"] == "complete", job
         assert job["result"] == {"disclosure": "aggregate", "score": 1.0, "n_cases": 1, "n_attempts": 1,
-                                 "n_dead": 0, "cases": None, "artifacts_path": None}
+                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None}
         assert budget(client, "train")["remaining_runs"] == 1
     assert not (harness.context_dir / job["id"]).exists()
 
