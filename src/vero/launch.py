@@ -180,7 +180,7 @@ def check_agent_name(agent: str) -> None:
 
 
 def prepare_task(config: Path, *, environment: str | None = None, env_file: Path | None = None,
-                 work_dir: Path | None = None) -> PreparedTask:
+                 work_dir: Path | None = None, agent: str | None = None) -> PreparedTask:
     """Load the spec, check the execution target, and compile the task into a fresh directory.
 
     Args:
@@ -189,6 +189,8 @@ def prepare_task(config: Path, *, environment: str | None = None, env_file: Path
             `modal` extra to an exact `harbor==X` requirement).
         env_file: dotenv file whose variables (secrets, provider keys) join the environment.
         work_dir: parent of the compiled task (default: a new temporary directory).
+        agent: the Harbor agent the task is compiled for (`compile_task`'s `agent`): what it
+            cannot take is not declared, what it needs is installed in main.
 
     Raises:
         SpecError: the spec is invalid, the env file is missing, or a secret is unset.
@@ -213,7 +215,7 @@ def prepare_task(config: Path, *, environment: str | None = None, env_file: Path
     work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
     task_dir = work / spec.name
     # Secrets are checked in `env` at build time; only their names are written.
-    compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env)
+    compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env, agent=agent)
     return PreparedTask(spec=spec, task_dir=task_dir, env=env)
 
 
@@ -243,7 +245,7 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
     """
     check_agent_name(agent)
     harbor = harbor_executable()
-    prepared = prepare_task(config, environment=environment, env_file=env_file)
+    prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
     argv = [harbor, "run", "-y", "-p", str(prepared.task_dir), "-a", agent,

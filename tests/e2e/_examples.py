@@ -145,15 +145,18 @@ class _Started:
     """When the process exited (set by `watcher`), so concurrent runs are timed separately."""
 
 
-def start_run(example: str, agent: str, workdir: Path, extra_env: dict[str, str] | None = None) -> _Started:
-    """Start `vero harbor run` in its own process group; its compiled task goes to `<workdir>/tmp`."""
+def start_run(example: str, agent: str, workdir: Path, extra_env: dict[str, str] | None = None,
+              extra_args: list[str] | None = None) -> _Started:
+    """Start `vero harbor run` in its own process group; its compiled task goes to `<workdir>/tmp`.
+
+    `extra_args` are further `vero harbor run` options (e.g. `--model`)."""
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True)
     jobs_dir = workdir / "jobs"
     job_name = f"e2e-{example}-{agent}-{uuid.uuid4().hex[:6]}"
     log = workdir / "vero-run.log"
     argv = [VERO, "harbor", "run", "--config", str(build_spec_path(example)), "--agent", agent,
-            "--jobs-dir", str(jobs_dir), "--job-name", job_name]
+            "--jobs-dir", str(jobs_dir), "--job-name", job_name, *(extra_args or [])]
     env = harbor_env({"TMPDIR": str(tmp), **secret_env(example), **(extra_env or {})})
     with log.open("wb") as out:
         process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out,

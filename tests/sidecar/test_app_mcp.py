@@ -59,3 +59,42 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
         # admin routes are never tools, and the agent's HTTP view matches
         assert "seal" not in json.dumps(out["tools"]) and "export" not in json.dumps(out["tools"])
         assert client.get("/status").json()["submission"] == out["submission"]
+
+
+def test_mcp_tools_explain_themselves_to_a_model(tmp_path):
+    """A model that never read the task's instruction learns the loop from the server's instructions
+    and each tool's description: every agent route is a tool with vero's own description, naming
+    every disclosure tier where results are disclosed and the problem `code` of every error its
+    route documents (read from the app's OpenAPI document), and every input has a description."""
+    from typing import get_args
+
+    from vero.sidecar.errors import _CODES, PROBLEM_RESPONSES
+    from vero.sidecar.mcp import SERVER_INSTRUCTIONS, TOOL_DESCRIPTIONS
+    from vero.spec.models import Disclosure
+
+    harness = make_harness(tmp_path)
+    with harness.serve() as (server, client):
+        async def session():
+            async with Client(server.url + "/mcp") as mcp:
+                return mcp.instructions, await mcp.list_tools()
+
+        instructions, tools = asyncio.run(session())
+        openapi = client.get("/openapi.json").json()
+
+    assert instructions == SERVER_INSTRUCTIONS
+    assert {tool.name for tool in tools} == set(TOOL_DESCRIPTIONS), "every agent tool needs a TOOL_DESCRIPTIONS entry"
+    routes = {op["operationId"]: op for path in openapi["paths"].values() for op in path.values()}
+    for tool in tools:
+        description = tool.description
+        assert description == TOOL_DESCRIPTIONS[tool.name]
+        for name, schema in tool.input_schema["properties"].items():
+            assert schema.get("description"), f"{tool.name}.{name} has no description"
+        documented = {int(status) for status in routes[tool.name]["responses"] if status.isdigit()}
+        for status in sorted(documented - set(PROBLEM_RESPONSES)):
+            if status >= 400:
+                assert f"`{_CODES[status]}`" in description, f"{tool.name} does not explain HTTP {status}"
+    for name in ("status", "get_evaluation"):
+        for tier in get_args(Disclosure):
+            assert f"`{tier}`" in TOOL_DESCRIPTIONS[name], f"{name} does not say what tier {tier} returns"
+    for name in ("start_evaluation", "submit"):
+        assert "commit" in TOOL_DESCRIPTIONS[name], f"{name} does not say that versions must be committed"

@@ -27,6 +27,12 @@ def build(
     force: Annotated[bool, typer.Option(
         "--force", help="Replace OUTPUT when it already holds a compiled task.",
     )] = False,
+    agent: Annotated[str | None, typer.Option(
+        "--agent", "-a",
+        help="The Harbor agent the task is for (terminus-2, claude-code, codex, module:Class): the MCP server "
+             "and the vero skill are declared only if it supports them, and main gets the tools it needs. "
+             "Default: any agent (both declared).",
+    )] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compile build.yaml into a Harbor task (task.toml, instruction, main + eval-sidecar, verifier, oracle).
@@ -40,7 +46,8 @@ def build(
     from vero.compiler import compile_task
 
     try:
-        result = run_command(lambda: compile_task(config, output, tarball=tarball, force=force))
+        result = run_command(lambda: compile_task(config, output, tarball=tarball, force=force,
+                                                      agent=agent))
     except OSError as exc:
         # An input that cannot be read or an output that cannot be written. Only the path and the
         # system's reason: nothing read from the inputs is echoed.

@@ -27,6 +27,7 @@ from typing import Any
 
 import vero
 from vero.compiler.cases import CaseStore
+from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME, CodingAgentSupport, coding_agent_support
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
 from vero.compiler.render import render
 from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, git_env, tree_digest
@@ -36,7 +37,7 @@ from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseli
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SpecError, SpecIssue
 from vero.spec.cases import discover_cases
-from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, digest_json
+from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
 from vero.spec.loading import load_spec
 from vero.spec.blocks import resolve_blocks
 from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess
@@ -207,7 +208,8 @@ def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str
 
 
 def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tarball: str | Path | None = None,
-                 force: bool = False, env: Mapping[str, str] | None = None) -> CompileResult:
+                 force: bool = False, env: Mapping[str, str] | None = None,
+                 agent: str | None = None) -> CompileResult:
     """Compile `spec` into the task directory `output` and a canonical tarball.
 
     Args:
@@ -218,6 +220,11 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
         force: replace `output` when it already holds a compiled task.
         env: the build environment (default `os.environ`): secrets must be set in it (their values
             are only checked for, never written).
+        agent: the Harbor agent the task is for (`terminus-2`, `claude-code`, `module:Class`), or
+            None for any: the sidecar's MCP server and the vero skill are declared only when that
+            agent's class supports them (Harbor refuses an agent given what it cannot take), and
+            main's image installs what it needs (`vero.compiler.coding_agent`). Recorded in
+            `task.toml`'s metadata; not part of the spec digest.
 
     Returns:
         The paths, the tarball's sha256, the spec digest, the baseline commit and operator notes.
@@ -225,8 +232,9 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
     Raises:
         SpecError: invalid spec or build inputs (unset secret, output inside the target or the
             cases, non-empty output without `force`, unsafe target/case/reference trees, a
-            reference patch that does not apply, a secret value found in a compiled file), each
-            with its YAML path (or the option, `--output`/`--tarball`). Nothing is written then.
+            reference patch that does not apply, a secret value found in a compiled file, an
+            unknown agent), each with its YAML path (or the option, `--output`/`--tarball`/`--agent`).
+            Nothing is written then.
         OSError: an input cannot be read or the output cannot be written.
     """
     env = os.environ if env is None else env
@@ -236,6 +244,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
     tarball = Path(os.path.abspath(tarball)) if tarball is not None else output.with_name(output.name + ".tar.gz")
     check_build_secrets(spec, env)
     _check_destination(spec, output, tarball, force)
+    support = coding_agent_support(agent, env)
 
     notes: list[str] = []
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +334,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
 
             _render_files(layout, spec, wheel_filename=wheel.filename, baseline_commit=baseline_commit,
                           spec_digest=spec_digest, reference_kind=reference_kind,
-                          n_cases={p: len(c) for p, c in sidecar_partitions.items()})
+                          n_cases={p: len(c) for p, c in sidecar_partitions.items()}, support=support)
 
         _normalize_modes(staging)
         _check_task_config(layout)
@@ -368,19 +377,24 @@ def _selection_text(cases: list[str], access: PartitionAccess, partition: str) -
 
 
 def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename: str, baseline_commit: str,
-                  spec_digest: str, reference_kind: str | None, n_cases: dict[str, int]) -> None:
+                  spec_digest: str, reference_kind: str | None, n_cases: dict[str, int],
+                  support: CodingAgentSupport) -> None:
     paths = CONTAINER_PATHS
     docker = spec.harbor.environment == "docker"
     secrets = spec.effective_secrets()
     sidecar_url = f"http://{SIDECAR_SERVICE}:{SIDECAR_PORT}"
     eval_partition = spec.selection.partition or next(iter(spec.agent_access), None)
     submit = spec.selection.mode == "submit"
+    skills_dir = str(paths.skills) if support.skill else None
     base: dict[str, Any] = dict(
         vero_version=vero.__version__, name=spec.name, sidecar_service=SIDECAR_SERVICE,
         workspace=str(paths.workspace), context_dir=str(paths.context), agent_repo=str(paths.agent_repo),
         config_path=str(paths.config), cases_dir=str(paths.cases), baseline_dir=str(paths.baseline),
         dist_dir=str(paths.dist), venv_dir="/opt/vero/venv", state_dir=str(paths.state),
         runner_user=RUNNER_USER, wheel=wheel_filename, secrets=secrets, sidecar_url=sidecar_url,
+        mcp_url=sidecar_url + SIDECAR_MCP_PATH, mcp_server_name=MCP_SERVER_NAME, skills_dir=skills_dir,
+        coding_agent=support.agent, submit_enabled=submit, selection_partition=spec.selection.partition,
+        direction=spec.scoring.direction,
     )
 
     _write(layout.config_path, render(
@@ -391,6 +405,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
         seal_timeout_sec=spec.harbor.drain_timeout_sec + SEAL_MARGIN_SEC,
         build_timeout_sec=spec.harbor.build_timeout_sec,
         healthcheck_command=f"curl -fsS {sidecar_url}/health",
+        declare_mcp=support.mcp,
     ))
 
     target = spec.target
@@ -406,12 +421,13 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
         "compiler/instruction.md.j2", **base, description=spec.description, target_kind=target.kind,
         install_path=getattr(target, "install_path", None), install_command=getattr(target, "install_command", None),
         agent_import_path=target.agent_import_path if isinstance(target, AgentTarget) else None,
-        direction=spec.scoring.direction, failure_value=f"{spec.scoring.effective_failure_value():g}",
+        failure_value=f"{spec.scoring.effective_failure_value():g}",
         partitions=partitions, disclosure_text=_DISCLOSURE_TEXT, disclose_budget=spec.disclose_budget,
         ladder_partitions=[p for p in partitions if p["ladder"] is not None],
-        submit_enabled=submit, selection_partition=spec.selection.partition,
-        baseline_floor=spec.selection.baseline_floor,
+        baseline_floor=spec.selection.baseline_floor, skill_name=SKILL_NAME if support.skill else None,
     ))
+    if support.skill:
+        _write(layout.skill_path(SKILL_NAME), render("compiler/skill.md.j2", **base, skill_name=SKILL_NAME))
 
     _write(layout.compose_path, render(
         "compiler/docker-compose.yaml.j2", **base, docker_socket=docker, sidecar_port=SIDECAR_PORT,
@@ -420,7 +436,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
     _write(layout.main.dockerfile, render(
         "compiler/main.Dockerfile.j2", **base, image=spec.images.main, docker_client=False,
         agent_uid=AGENT_UID, baseline_git_env=sorted(BASELINE_GIT_ENV.items()), baseline_message=BASELINE_MESSAGE,
-        baseline_commit=baseline_commit,
+        baseline_commit=baseline_commit, agent_packages=support.packages,
     ))
     _write(layout.sidecar.dockerfile, render(
         "sidecar/Dockerfile.j2", **base, image=spec.images.sidecar, docker_client=docker,

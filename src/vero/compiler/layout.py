@@ -10,6 +10,7 @@
 │   ├── docker-compose.yaml       services main + eval-sidecar, volumes workspace + context
 │   ├── baseline/                 the baseline files (become /app)
 │   ├── dist/                     vero-<v>-py3-none-any.whl, requirements.txt (the client's pins)
+│   ├── skills/<skill>/SKILL.md   the vero skill (-> /opt/vero/skills; task.toml's skills_dir)
 │   └── sidecar/                  build context of eval-sidecar (trusted)
 │       ├── Dockerfile
 │       ├── config.json           SidecarConfig (agent-accessible partitions only)
@@ -127,6 +128,15 @@ class TaskLayout:
     @property
     def dockerignore_path(self) -> Path:
         return self.environment_dir / ".dockerignore"
+
+    @property
+    def skills_dir(self) -> Path:
+        """Skills baked into main (-> `CONTAINER_PATHS.skills`, declared as `[environment] skills_dir`)."""
+        return self.environment_dir / "skills"
+
+    def skill_path(self, skill: str) -> Path:
+        """A skill's `SKILL.md` (Agent Skills layout: one directory per skill, named as the skill)."""
+        return self.skills_dir / skill / "SKILL.md"
 
     # environment/sidecar/
     @property

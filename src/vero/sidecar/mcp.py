@@ -6,10 +6,13 @@ that same route through `httpx2.ASGITransport`. A tool therefore goes through ex
 schema validation, service checks, budget ledger and error mapping as an HTTP call; an error
 answer becomes a tool error carrying the (generic) problem body. Admin routes are never tools.
 
-Tools: `health`, `status`, `start_evaluation`, `get_evaluation`, `submit`. Their schemas are the
-wire models', so `status` lists an `aggregate` partition's blocks and Ladder mode,
-`start_evaluation` takes `blocks` as well as `cases`, and `get_evaluation` marks a Ladder answer
-with `improved`.
+Tools: `health`, `status`, `start_evaluation`, `get_evaluation`, `submit`. Their input and output
+schemas come from the wire models (`vero.sidecar.models`, whose field descriptions a model reads),
+so `status` lists an `aggregate` partition's blocks and Ladder mode, `start_evaluation` takes
+`blocks` as well as `cases`, and `get_evaluation` marks a Ladder answer with `improved`. Their
+descriptions are written here for a model that has not read the task's instruction (what each tier
+returns, that versions must be committed, what each error means), and the server's `instructions`
+sum up the loop. Every agent route must have an entry in `TOOL_DESCRIPTIONS`.
 """
 
 from __future__ import annotations
@@ -21,12 +24,86 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from vero.sidecar.errors import problem_response
+from vero.spec.compiled import CONTAINER_PATHS
+from vero.spec.compiled import SIDECAR_MCP_PATH as MCP_PATH
 
-__all__ = ["MCP_PATH", "SidecarMCP"]
+__all__ = ["MCP_PATH", "SERVER_INSTRUCTIONS", "TOOL_DESCRIPTIONS", "SidecarMCP"]
 
-MCP_PATH = "/mcp"
+_WORKSPACE = CONTAINER_PATHS.workspace
+
+_ERRORS = (
+    "A refused call is a tool error whose text is a JSON problem; its `code` says why: "
+)
+
+SERVER_INSTRUCTIONS = (
+    f"vero evaluation sidecar: the only way to measure versions of the repository in {_WORKSPACE}. "
+    f"Loop: `status` (partitions you may evaluate, tiers, budgets) -> edit and `git commit` in {_WORKSPACE} "
+    "-> `start_evaluation` on a partition -> `get_evaluation` with `wait_sec` until the job is complete "
+    "-> keep the change if `result.score` improved, else go back -> `submit` your best commit before "
+    "you stop. Only committed versions count; every evaluation spends budget; the final score is "
+    "taken on hidden cases after you stop."
+)
+"""The MCP server's `instructions` (sent at initialization; clients show them to the model)."""
+
+TOOL_DESCRIPTIONS: dict[str, str] = {
+    "health": "Whether the evaluation sidecar is up: answers {\"status\": \"ok\"}. Costs nothing.",
+    "status": (
+        "Start here; costs nothing. Returns each partition you may evaluate: its `cases` (names you may "
+        "pass to start_evaluation), its `disclosure` tier (`full`: score, per-case results and trial "
+        "artifacts; `aggregate`: scores and counts only, never per-case; `none`: only that the "
+        "evaluation ran), `min_aggregate_cases` (the smallest subset an aggregate partition accepts) and "
+        "`budget` (total and remaining runs and case evaluations; absent when budgets are hidden). Also "
+        "your evaluation jobs with their disclosed results, your current `submission`, whether "
+        "submissions are used (`submit_enabled`) and whether the sidecar still takes requests "
+        "(`entrance_open`)."
+    ),
+    "start_evaluation": (
+        f"Evaluate a committed version of the repository in {_WORKSPACE} on one partition listed by "
+        "`status`. `version` is a commit-ish of that repository (default HEAD): commit first, "
+        "uncommitted edits are never seen. `cases` selects a subset of the partition's cases (omit for "
+        "all). Spends one run plus one case evaluation per selected case from that partition's budget; "
+        "a finished measurement stays spent even if it scores 0, an infrastructure failure is refunded. "
+        "Returns the queued job at once: pass its `id` to get_evaluation. "
+        + _ERRORS
+        + "`denied` (partition not open to you, subset below the partition's minimum, or the session "
+        "is closed), `payment_required` (budget used up), `bad_request` (the version is not a commit of "
+        f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `invalid` (arguments do not "
+        "match the schema)."
+    ),
+    "get_evaluation": (
+        "State and result of an evaluation job by `id` (from start_evaluation or status). With "
+        "`wait_sec` (0 to 60) it answers as soon as the job ends, or after that many seconds: call it "
+        "again while `state` is queued or running. `state` is complete, failed (`error` says why) or "
+        "cancelled at the end. A complete job's `result` holds what the partition's tier discloses: "
+        "`full`: `score` (mean case score), `n_cases`, `n_attempts`, `n_dead` (attempts without a valid "
+        "result, scored at the failure value), per-case `cases` and `artifacts_path` (a read-only "
+        "directory in your container with each trial's files); `aggregate`: `score` and the counts "
+        "only; `none`: no score. "
+        + _ERRORS
+        + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "
+        "outside your code; its budget was refunded, so start it again)."
+    ),
+    "submit": (
+        f"Record a committed version of {_WORKSPACE} (default HEAD) as your submission: after you stop "
+        "it is the version scored on the hidden cases. The last submission counts; without one the "
+        "unchanged baseline is scored. Spends no budget and runs nothing. Returns the recorded "
+        "`candidate` (commit id). "
+        + _ERRORS
+        + "`conflict` (submissions are not used in this task, see `submit_enabled` in status: the best "
+        "evaluated version is chosen instead; or the session is sealed), `bad_request` (not a commit "
+        "of the repository: commit first)."
+    ),
+}
+"""MCP tool name (the route's `operation_id`) -> the description a model reads."""
 
 _TOOL_ROUTES = r"^/(health|status|evaluations|evaluations/\{job_id\}|submissions)$"
+
+
+def _describe(route, component) -> None:
+    """FastMCP hook: replace a tool's route docstring (written for HTTP readers) by its description."""
+    description = TOOL_DESCRIPTIONS.get(route.operation_id or "")
+    if description is not None:
+        component.description = description
 
 
 class SidecarMCP:
@@ -67,6 +144,8 @@ class SidecarMCP:
                     RouteMap(methods=["GET", "POST"], pattern=_TOOL_ROUTES, mcp_type=MCPType.TOOL),
                     RouteMap(mcp_type=MCPType.EXCLUDE),
                 ],
+                mcp_component_fn=_describe,
+                instructions=SERVER_INSTRUCTIONS,
                 mask_error_details=True,
                 strict_input_validation=True,
             )

@@ -35,7 +35,8 @@ VERSION_FIELD = Field(
     default="HEAD",
     min_length=1,
     max_length=256,
-    description="A commit-ish in the agent's repository (`HEAD`, a branch, a commit id).",
+    description="A committed version of the agent's repository: `HEAD` (default), a branch or a commit "
+    "id. Uncommitted changes are never part of it.",
 )
 
 
@@ -50,10 +51,10 @@ class HealthResponse(_Wire):
 class BudgetView(_Wire):
     """Budget figures of one partition for the calling principal."""
 
-    total_runs: int
-    total_cases: int
-    remaining_runs: int
-    remaining_cases: int
+    total_runs: int = Field(description="Evaluations allowed on this partition in the whole session.")
+    total_cases: int = Field(description="Case evaluations allowed (each evaluation spends one per selected case).")
+    remaining_runs: int = Field(description="Evaluations left (reserved ones count as spent).")
+    remaining_cases: int = Field(description="Case evaluations left.")
 
 
 class LadderView(_Wire):
@@ -68,8 +69,10 @@ class LadderView(_Wire):
 class PartitionStatus(_Wire):
     """A partition the agent may evaluate."""
 
-    name: str
-    disclosure: Disclosure
+    name: str = Field(description="The partition's name, as passed to `POST /evaluations`.")
+    disclosure: Disclosure = Field(description=(
+        "What a finished evaluation shows: `full` (score, per-case results, trial artifacts), "
+        "`aggregate` (scores and counts only, over whole blocks), `none` (acknowledgement only)."))
     min_aggregate_cases: int = Field(description="`aggregate`: the fewest cases one block (and the partition) holds.")
     cases: list[str] = Field(description="Case names, for subset requests.")
     blocks: list[list[str]] | None = Field(
@@ -87,7 +90,8 @@ class PartitionStatus(_Wire):
 class EvaluationRequest(_Wire):
     """`POST /evaluations`."""
 
-    partition: str = Field(min_length=1, max_length=128)
+    partition: str = Field(min_length=1, max_length=128,
+                           description="A partition the agent may evaluate (listed by `GET /status`).")
     version: str = VERSION_FIELD
     cases: list[str] | None = Field(
         default=None, max_length=10_000,
@@ -108,7 +112,7 @@ class AttemptView(_Wire):
 
 class CaseView(_Wire):
     case: str
-    score: float
+    score: float = Field(description="The case's score: mean over its attempts, a dead attempt counting as the failure value.")
     attempts: list[AttemptView]
 
 
@@ -117,7 +121,7 @@ class DisclosedResult(_Wire):
 
     disclosure: Disclosure
     score: float | None = Field(default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode).")
-    n_cases: int | None = None
+    n_cases: int | None = Field(default=None, description="Cases measured.")
     n_attempts: int | None = Field(default=None, description="Trials run (not in Ladder mode).")
     n_dead: int | None = Field(default=None, description="Attempts without a valid reward (not in Ladder mode).")
     improved: bool | None = Field(
@@ -134,16 +138,18 @@ class DisclosedResult(_Wire):
 class JobView(_Wire):
     """An evaluation job as the agent sees it."""
 
-    id: str
-    state: Literal["queued", "running", "complete", "failed", "cancelled"]
+    id: str = Field(description="The job id (`ev-` and 16 hex digits).")
+    state: Literal["queued", "running", "complete", "failed", "cancelled"] = Field(description=(
+        "queued or running until the measurement ends; then complete (see `result`), failed (see "
+        "`error`) or cancelled."))
     partition: str
-    n_cases: int
-    version: str
-    candidate: str
+    n_cases: int = Field(description="Cases selected for this evaluation.")
+    version: str = Field(description="The version as requested.")
+    candidate: str = Field(description="The commit id evaluated (resolved from `version` when the job was created).")
     created_at: datetime
     finished_at: datetime | None = None
     error: str | None = Field(default=None, description="Generic reason when failed or cancelled.")
-    result: DisclosedResult | None = None
+    result: DisclosedResult | None = Field(default=None, description="What the tier discloses, once complete.")
 
 
 class SubmissionRequest(_Wire):
@@ -153,20 +159,21 @@ class SubmissionRequest(_Wire):
 
 
 class SubmissionView(_Wire):
-    candidate: str
-    version: str
+    candidate: str = Field(description="The commit id the verifier will score.")
+    version: str = Field(description="The version as requested.")
     submitted_at: datetime
 
 
 class StatusResponse(_Wire):
     """`GET /status`: what the agent may evaluate, its budgets (unless hidden) and its jobs."""
 
-    name: str
-    entrance_open: bool
-    submit_enabled: bool
-    partitions: list[PartitionStatus]
-    jobs: list[JobView]
-    submission: SubmissionView | None = None
+    name: str = Field(description="The task's name.")
+    entrance_open: bool = Field(description="False once the session is being sealed: requests are then refused.")
+    submit_enabled: bool = Field(description=(
+        "Whether submissions are used; when false the best evaluated version is chosen automatically."))
+    partitions: list[PartitionStatus] = Field(description="The partitions the agent may evaluate.")
+    jobs: list[JobView] = Field(description="The agent's evaluation jobs, oldest first.")
+    submission: SubmissionView | None = Field(default=None, description="The current submission, if any.")
 
 
 class Problem(_Wire):

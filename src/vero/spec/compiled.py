@@ -29,6 +29,7 @@ from vero.spec.models import (
 __all__ = [
     "AGENT_PRINCIPAL",
     "CONTAINER_PATHS",
+    "SIDECAR_MCP_PATH",
     "ContainerPaths",
     "SidecarConfig",
     "VerifierConfig",
@@ -36,6 +37,9 @@ __all__ = [
     "digest_json",
     "load_config",
 ]
+
+SIDECAR_MCP_PATH = "/mcp"
+"""Path of the sidecar's MCP endpoint (streamable HTTP), served beside its HTTP API."""
 
 AGENT_PRINCIPAL = "agent"
 """The principal name of the coding agent in `main` (budgets and policy are kept per principal)."""
@@ -60,6 +64,8 @@ class ContainerPaths:
     """The target checkout the agent edits (a named volume shared read-only with the sidecar)."""
     context: PurePosixPath = PurePosixPath("/vero/context")
     """Agent-readable disclosed results (`full` tier); written by the sidecar, read-only in main."""
+    skills: PurePosixPath = PurePosixPath("/opt/vero/skills")
+    """Skills for the coding agent (`[environment] skills_dir` of the task); one directory per skill."""
     # eval-sidecar and verifier (trusted)
     config: PurePosixPath = PurePosixPath("/opt/vero/config.json")
     cases: PurePosixPath = PurePosixPath("/opt/vero/cases")
