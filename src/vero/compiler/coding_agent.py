@@ -37,10 +37,10 @@ SKILL_NAME = "vero-optimize"
 MAIN_PACKAGES: dict[str, tuple[str, ...]] = {
     "terminus-2": ("tmux", "asciinema"),
 }
-"""Harbor agent name -> Debian packages the compiled main image installs (each named as the command
-it provides, and installed only when that command is missing) because that agent needs them at setup. Agents not listed install what they need
-themselves during Harbor's agent setup (claude-code and codex: Node.js and their CLI, from the
-network)."""
+"""Harbor agent name -> Debian packages the compiled main image installs because that agent needs
+them at setup (each package is named as the command it provides, and installed only when that
+command is missing). Agents not listed install what they need themselves during Harbor's agent
+setup (claude-code and codex: Node.js and their CLI, from the network)."""
 
 _UTILITY_AGENTS = frozenset({"oracle", "nop"})
 """Harbor's utility agents ignore a task's MCP servers and skills and are never refused for them
@@ -109,13 +109,15 @@ def coding_agent_support(agent: str | None, env: Mapping[str, str] | None = None
     with _import_path(os.environ if env is None else env):
         try:
             agent_class = AgentFactory.get_agent_class_from_config(AgentConfig(name=agent))
-        except (ValueError, ImportError):
+        except Exception as exc:  # noqa: BLE001 - an operator's module may raise anything at import
             # Harbor raises ValueError for an unknown name and for an import path it cannot load.
             if ":" in agent and not agent.startswith("acp:"):
                 raise SpecError.at(
-                    "--agent", f"cannot import the agent class {agent!r}; put its directory on PYTHONPATH "
-                               "(Harbor imports it the same way)") from None
-            raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}") from None
+                    "--agent", f"cannot import the agent class {agent!r} ({type(exc).__name__}); put its "
+                               "directory on PYTHONPATH (Harbor imports it the same way)") from None
+            if isinstance(exc, ValueError):
+                raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}") from None
+            raise
     capabilities = agent_class.capabilities
     return CodingAgentSupport(agent=agent, mcp=capabilities.mcp_servers, skill=capabilities.skills,
                               packages=packages)
