@@ -70,8 +70,9 @@ def test_task_toml_loads_with_harbors_task_config(spec_tree, tmp_path):
     assert config.metadata["baseline_commit"] == result.baseline_commit
 
 
-def test_harbor_lint_reports_only_the_justified_findings(spec_tree, tmp_path):
-    result = _compile(spec_tree, tmp_path / "task")
+@pytest.mark.parametrize("agent", [None, "terminus-2"])  # any agent (MCP + skill), and with main's extra tools
+def test_harbor_lint_reports_only_the_justified_findings(spec_tree, tmp_path, agent):
+    result = compile_task(spec_tree.path, tmp_path / "task", agent=agent)
     done = subprocess.run([HARBOR, "lint", "--json", str(result.task_dir)], capture_output=True, text=True,
                           env={**os.environ, "HARBOR_TELEMETRY": "0"}, timeout=120, check=False)
     assert done.returncode in (0, 1), done.stderr
