@@ -50,8 +50,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "status": (
         "Start here; costs nothing. Returns each partition you may evaluate: its `cases` (names you may "
         "pass to start_evaluation), its `disclosure` tier (`full`: score, per-case results and trial "
-        "artifacts; `aggregate`: scores and counts only, never per-case; `none`: only that the "
-        "evaluation ran), `min_aggregate_cases` (the smallest subset an aggregate partition accepts) and "
+        "artifacts; `aggregate`: scores and counts only, never per-case, over whole `blocks` of cases, "
+        "and when `ladder` is set only scores that improve; `none`: only that the evaluation ran), its "
+        "`blocks` (aggregate only: the fixed groups of cases an evaluation must select whole) and "
         "`budget` (total and remaining runs and case evaluations; absent when budgets are hidden). Also "
         "your evaluation jobs with their disclosed results, your current `submission`, whether "
         "submissions are used (`submit_enabled`) and whether the sidecar still takes requests "
@@ -60,13 +61,16 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "start_evaluation": (
         f"Evaluate a committed version of the repository in {_WORKSPACE} on one partition listed by "
         "`status`. `version` is a commit-ish of that repository (default HEAD): commit first, "
-        "uncommitted edits are never seen. `cases` selects a subset of the partition's cases (omit for "
-        "all). Spends one run plus one case evaluation per selected case from that partition's budget; "
+        "uncommitted edits are never seen. `cases` selects some of the partition's cases, or `blocks` "
+        "some of its blocks by position (an `aggregate` partition takes only the whole partition or "
+        "whole blocks); omit both for all. Spends one run plus one case evaluation per selected case "
+        "from that partition's budget; "
         "a finished measurement stays spent even if it scores 0, an infrastructure failure is refunded. "
         "Returns the queued job at once: pass its `id` to get_evaluation. "
         + _ERRORS
-        + "`denied` (partition not open to you, subset below the partition's minimum, or the session "
-        "is closed), `payment_required` (budget used up), `bad_request` (the version is not a commit of "
+        + "`denied` (partition not open to you, a selection that is not whole blocks of an aggregate "
+        "partition, or the session is closed), `payment_required` (budget used up), `bad_request` (the "
+        "version is not a commit of "
         f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `invalid` (arguments do not "
         "match the schema)."
     ),
@@ -78,7 +82,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "`full`: `score` (mean case score), `n_cases`, `n_attempts`, `n_dead` (attempts without a valid "
         "result, scored at the failure value), per-case `cases` and `artifacts_path` (a read-only "
         "directory in your container with each trial's files); `aggregate`: `score` and the counts "
-        "only; `none`: no score. "
+        "only (in Ladder mode `score` is shown only when it beats your best score shown before on the "
+        "same cases by the margin; otherwise that best again, with `improved: false`); `none`: no score. "
         + _ERRORS
         + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "
         "outside your code; its budget was refunded, so start it again)."
