@@ -102,46 +102,8 @@ def jobs_dir(shared_root, request) -> Path:
 
 
 @pytest.fixture(scope="session")
-def run_as_toolchain(shared_root):
-    """`(harbor, python)` executables that uid 1001 can run, for the `run_as` test.
-
-    The project venv's interpreter lives under `/root` (mode 0700 here), so uid 1001 cannot exec it.
-    This builds a hard-linked copy of the interpreter's prefix, a venv on top of it that sees the
-    project venv's packages (a `.pth` calling `site.addsitedir`), and two wrapper scripts. Nothing
-    of the original is modified (hard links share inodes; only new dirs and files are written).
-    """
+def run_as_toolchain(portable_toolchain):
+    """`(harbor, python)` executables that uid 1001 (and candidate hosts) can run."""
     if os.geteuid() != 0:
         pytest.skip("run_as needs root")
-    try:
-        probe = subprocess.run([sys.executable, "-c", "pass"], user=RUN_AS_UID, group=RUN_AS_UID,
-                               capture_output=True).returncode
-    except PermissionError:
-        probe = -1
-    if probe == 0:
-        return Path(sys.executable).parent / "harbor", Path(sys.executable)
-    real = Path(sys.executable).resolve()
-    prefix = real.parent.parent
-    tool = shared_root / "toolchain"
-    tool.mkdir()
-    subprocess.run(["cp", "-al", str(prefix), str(tool / "py")], check=True)
-    lib = tool / "py" / "lib"
-    env = {**os.environ, "LD_LIBRARY_PATH": str(lib)}
-    subprocess.run([str(tool / "py" / "bin" / real.name), "-m", "venv", "--without-pip", str(tool / "venv")],
-                   check=True, env=env)
-    project_site = next((Path(sys.prefix) / "lib").glob("python3*/site-packages"))
-    venv_site = next((tool / "venv" / "lib").glob("python3*/site-packages"))
-    (venv_site / "vero-project-venv.pth").write_text(f"import site; site.addsitedir({str(project_site)!r})\n")
-    bin_dir = tool / "bin"
-    bin_dir.mkdir()
-    python = bin_dir / "python"
-    python.write_text(f'#!/bin/sh\nexport LD_LIBRARY_PATH="{lib}"\nexec "{tool / "venv" / "bin" / "python"}" "$@"\n')
-    harbor = bin_dir / "harbor"
-    harbor.write_text(
-        f'#!/bin/sh\nexec "{python}" -c "import sys; from harbor.cli.main import app; '
-        f'sys.argv[0] = \'harbor\'; sys.exit(app())" "$@"\n')
-    for script in (python, harbor):
-        script.chmod(0o755)
-    check = subprocess.run([str(python), "-c", "import harbor, vero.harbor.install_agent"], user=RUN_AS_UID,
-                           group=RUN_AS_UID, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    return harbor, python
+    return portable_toolchain

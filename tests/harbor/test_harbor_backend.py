@@ -82,11 +82,12 @@ def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir)
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir):
+def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_toolchain):
     run = make_run(evaluation_id="ev-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
                    jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
                    harbor=HarborSpec(infra_retries=0), env={"VERO_TEST_SECRET": "zq-secret-4711"})
-    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    backend = HarborBackend(python_executable=portable_toolchain[1], **FAST)
+    result = asyncio.run(backend.evaluate(run))
     (case,) = result.cases
     assert case.score == 1.0 and case.attempts[0].exception_type is None
     # The secret reached the case (task env template) and was scrubbed from every file of the job.
@@ -97,7 +98,7 @@ def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir):
             assert b"zq-secret-4711" not in path.read_bytes(), path
     # Multi-key reward: another key is read when asked.
     run_bonus = run.model_copy(update={"evaluation_id": "ev-agent-bonus", "reward_key": "bonus"})
-    result = asyncio.run(HarborBackend(**FAST).evaluate(run_bonus))
+    result = asyncio.run(backend.evaluate(run_bonus))
     assert result.reward_key == "bonus" and result.score == 7.0
 
 
@@ -217,7 +218,7 @@ def test_evaluation_timeout_is_infrastructure_failure_and_cleans_up(cases_dir, p
 
 
 @pytest.mark.timeout(120)
-def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir):
+def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, portable_toolchain):
     candidate = shared_root / "broken-agent"
     candidate.mkdir(exist_ok=True)
     (candidate / "broken_agent.py").write_text("import module_that_does_not_exist_anywhere\n")
@@ -231,7 +232,7 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir):
     for name in ("c1", "c2"):
         if not (shared_root / "no-cases-needed" / name).exists():
             write_case(shared_root / "no-cases-needed", name, test_sh=reward_script("true"))
-    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    result = asyncio.run(HarborBackend(python_executable=portable_toolchain[1], **FAST).evaluate(run))
     assert result.score == 100.0
     assert result.n_attempts == 4 and result.n_dead == 4
     assert {a.exception_type for c in result.cases for a in c.attempts} == {"ModuleNotFoundError"}
@@ -240,7 +241,7 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir):
 
 
 @pytest.mark.timeout(120)
-def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir):
+def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, portable_toolchain):
     candidate = shared_root / "not-an-agent"
     candidate.mkdir(exist_ok=True)
     (candidate / "plain.py").write_text("class Agent:\n    def __init__(self, **kwargs):\n        pass\n")
@@ -252,7 +253,7 @@ def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir):
         write_case(cases, "c1", test_sh=reward_script("true"))
     run = make_run(evaluation_id="ev-plain", cases_dir=cases, candidate_dir=candidate, jobs_dir=jobs_dir,
                    case_names=("c1",), runtime=CandidateRuntime(kind="agent", agent_import_path="plain:Agent"))
-    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    result = asyncio.run(HarborBackend(python_executable=portable_toolchain[1], **FAST).evaluate(run))
     assert result.score == 0.0 and result.n_dead == 1
     assert result.cases[0].attempts[0].exception_type == "TypeError"
 

@@ -55,6 +55,9 @@ class NestedRun(BaseModel):
     env: dict[str, str] = {}
     """Extra environment for the `harbor` process (secret values by name; never logged or recorded)."""
     run_as: RunAs | None = None
+    candidate_env: dict[str, str] = {}
+    """`kind: agent`: extra environment of the candidate host processes only (the inference
+    gateway's base URLs and this evaluation's token); never given to the `harbor` process."""
 
 
 class EvaluationBackend(Protocol):

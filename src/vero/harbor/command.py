@@ -48,6 +48,7 @@ from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 
 __all__ = [
+    "CANDIDATE_AGENT_IMPORT_PATH",
     "INSTALL_AGENT_IMPORT_PATH",
     "AgentTimeoutPlan",
     "HarborCommand",
@@ -63,14 +64,17 @@ __all__ = [
 INSTALL_AGENT_IMPORT_PATH = "vero.harbor.install_agent:InstallAgent"
 """The built-in agent that installs a `kind: program` candidate into each case environment."""
 
+CANDIDATE_AGENT_IMPORT_PATH = "vero.harbor.boundary.agent:CandidateAgent"
+"""The trusted agent nested runs of `kind: agent` targets import; it runs the candidate's class in a
+candidate host process (`vero.harbor.boundary`)."""
+
 INHERITED_ENV_NAMES: tuple[str, ...] = (
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
     "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
 )
 """Variables the nested run inherits from the caller. Everything else of the trusted process (tokens,
-admin settings) stays out: `kind: agent` candidates run inside the `harbor` process and can read its
-environment. Secrets reach the run only through `NestedRun.env`."""
+admin settings) stays out. Secrets reach the run only through `NestedRun.env`."""
 
 FORCED_ENV: Mapping[str, str] = {
     # No network to telemetry or to LiteLLM's cost-map host (DESIGN §10).
@@ -204,10 +208,9 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
 
     Order (later wins): the allow-listed variables of `base_env` (default `os.environ`, see
     `INHERITED_ENV_NAMES`), `run.env` (secrets and overrides such as `DOCKER_HOST`), `FORCED_ENV`,
-    then `HOME = run.run_as.home` when running as another user, and for `kind: agent` the candidate
-    checkout prepended to `PYTHONPATH` (Harbor imports custom agents with `importlib`; the cwd is
-    not on `sys.path`, HARBOR-NOTES §2). A `kind: program` candidate is *not* put on `PYTHONPATH`:
-    its files must never shadow a module the trusted `harbor` process imports.
+    then `HOME = run.run_as.home` when running as another user. No candidate is put on
+    `PYTHONPATH`: its files must never shadow a module the trusted `harbor` process imports, and a
+    `kind: agent` candidate's class is imported by its candidate host, not by Harbor.
     """
     base = os.environ if base_env is None else base_env
     env = {name: base[name] for name in INHERITED_ENV_NAMES if name in base}
@@ -215,15 +218,13 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
     env.update(FORCED_ENV)
     if run.run_as is not None:
         env["HOME"] = str(run.run_as.home)
-    if run.runtime.kind == "agent":
-        previous = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = str(run.candidate_dir) + (os.pathsep + previous if previous else "")
     return env
 
 
-def _agent_kwargs(run: NestedRun) -> dict[str, object]:
-    if run.runtime.kind != "program":
-        return {}
+def _agent_kwargs(run: NestedRun, launcher_socket: Path | None) -> dict[str, object]:
+    if run.runtime.kind == "agent":
+        return {"launcher": str(launcher_socket), "agent_import_path": run.runtime.agent_import_path,
+                "candidate_dir": str(run.candidate_dir.absolute())}
     kwargs: dict[str, object] = {"candidate_dir": str(run.candidate_dir),
                                  "install_path": run.runtime.install_path}
     if run.runtime.install_command:
@@ -243,6 +244,7 @@ def build_command(
     timeout_plan: AgentTimeoutPlan,
     harbor_executable: Path,
     base_env: Mapping[str, str] | None = None,
+    launcher_socket: Path | None = None,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -253,9 +255,11 @@ def build_command(
         timeout_plan: from `plan_agent_timeout`.
         harbor_executable: from `find_harbor_executable` (or a test's own).
         base_env: the caller's environment (default `os.environ`).
+        launcher_socket: `kind: agent`: the `CandidateLauncher` socket `CandidateAgent` connects to.
 
     Raises:
-        ValueError: `case_names` is empty, or the runtime lacks its agent import path / install path.
+        ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
+            or a `kind: agent` run has no launcher socket.
     """
     if not case_names:
         raise ValueError("a nested run needs at least one case")
@@ -263,7 +267,9 @@ def build_command(
     if runtime.kind == "agent":
         if not runtime.agent_import_path:
             raise ValueError("runtime.agent_import_path is required for kind 'agent'")
-        agent = runtime.agent_import_path
+        if launcher_socket is None:
+            raise ValueError("a kind 'agent' run needs a candidate launcher socket")
+        agent = CANDIDATE_AGENT_IMPORT_PATH
     else:
         if not runtime.install_path:
             raise ValueError("runtime.install_path is required for kind 'program'")
@@ -284,7 +290,7 @@ def build_command(
         argv += ["-c", str(path)]
     else:
         argv += ["-a", agent]
-    for key, value in _agent_kwargs(run).items():
+    for key, value in _agent_kwargs(run, launcher_socket).items():
         argv += ["--ak", f"{key}={json.dumps(value)}"]
     if timeout_plan.agent_timeout_multiplier is not None:
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):

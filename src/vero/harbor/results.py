@@ -58,6 +58,9 @@ INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset({
     "DownloadVerifierDirError",
     # The trial was cancelled: only happens when the nested run itself is stopped.
     "CancelledError",
+    # vero's candidate boundary could not start a host for a `kind: agent` candidate, before any
+    # candidate code ran (`vero.harbor.boundary.agent`).
+    "CandidateHostUnavailableError",
 })
 """Exception types that mark a reward-less trial as an infrastructure failure, never a score.
 

@@ -7,17 +7,14 @@ the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
    the evaluation id is a portable job name, and (when switching users) `run_as` can read the
    checkout and the cases and write the jobs dir and its home. A failure is `InfrastructureFailure`
    (or `ValueError` for a bad id), so that a sidecar mistake is never charged to the candidate.
-1. `kind: agent` only: a **pre-flight** imports and constructs the candidate's agent class in a
-   subprocess with the nested run's interpreter, user, environment and cwd, the way Harbor's
-   `AgentFactory.create_agent_from_config` does, and checks it is a `BaseAgent`. Harbor itself
-   would fail such a class before any trial (`Job.create` pre-flight; exit 1, no trial dir), which
-   from the outside looks exactly like an unreachable engine. A failure here is the candidate's:
-   every selected case gets `n_attempts` dead attempts whose exception type is the root cause
-   (Harbor wraps import errors in `ValueError`; the `__cause__` chain is followed, so a missing
-   module reads `ModuleNotFoundError`, a hang past `preflight_timeout_sec` reads
-   `AgentImportTimeoutError`); the result is returned and charged. Other failures Harbor reports
-   before any trial (e.g. a candidate `preflight()` that demands credentials) cannot be told
-   apart from operator mistakes and end as infrastructure failures after the retries.
+1. `kind: agent` only: a **pre-flight** starts a candidate host (`vero.harbor.boundary`: a child
+   process as a throw-away user, with none of this process's environment) that imports and
+   constructs the candidate's agent class the way Harbor's `AgentFactory.create_agent_from_config`
+   does and checks it is a `BaseAgent`. A failure here is the candidate's: every selected case gets
+   `n_attempts` dead attempts whose exception type is the root cause (a missing module reads
+   `ModuleNotFoundError`, a hang past `preflight_timeout_sec` reads `AgentImportTimeoutError`); the
+   result is returned and charged. Only what the host reports *before* any candidate code ran
+   (Harbor not importable, checkout unreadable, no host could start) is an infrastructure failure.
 2. Round: run Harbor over the cases still unmeasured, then read the job dir (`vero.harbor.results`).
    Scored and dead attempts are kept; infrastructure attempts are dropped. A case with at least one
    kept attempt is measured.
@@ -41,10 +38,13 @@ The jobs dir is writable by `run_as`, so every file written there by this (possi
 (job config, compose file, trusted log, scrubbed trial files) replaces whatever sits at its path
 (`vero.core.storage.atomic_write_bytes`): a link planted by candidate code is never written through.
 
-Trust limit (kind `agent`): the candidate's agent class runs inside the `harbor` process, as
-`run_as`, which must be able to write the job dir; such a candidate could therefore rewrite its own
-trials' `result.json`. Harbor 0.26 offers no out-of-process agent boundary, so this backend cannot
-close that gap; `kind: program` candidates never run in the `harbor` process.
+Process boundary (kind `agent`): Harbor imports only vero's trusted `CandidateAgent`
+(`vero.harbor.boundary.agent`); the candidate's class runs in candidate hosts started by this
+process's `CandidateLauncher` for the evaluation (socket reachable only by `run_as`), as throw-away
+uids that cannot read the cases, the job dir or any trusted state, and whose processes are all
+killed when their trial ends and when the evaluation ends. The candidate checkout is not on the
+`harbor` process's `PYTHONPATH`. `NestedRun.candidate_env` (the inference gateway's URLs and token)
+reaches the hosts only.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.storage import atomic_write_bytes
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
+from vero.harbor.boundary import CandidateLauncher
+from vero.harbor.boundary.preflight import preflight_in_host
 from vero.harbor.command import (
     AgentTimeoutPlan,
     HarborCommand,
@@ -92,43 +94,9 @@ PREFLIGHT_TIMEOUT_EXCEPTION = "AgentImportTimeoutError"
 """Exception type recorded on dead attempts when the candidate's agent class took longer than the
 pre-flight limit to import and construct."""
 
-_PREFLIGHT_FAILED_EXCEPTION = "AgentImportError"
-_PREFLIGHT_MARK = "VERO_PREFLIGHT"
-_HARBOR_UNAVAILABLE_EXIT = 4
-
-# Runs in the nested run's interpreter. Mirrors `AgentFactory.create_agent_from_config` (import with
-# importlib, construct with `logs_dir`), plus the `BaseAgent` check the trial would otherwise fail on
-# later. `os._exit` so that threads or atexit hooks of candidate code cannot change the verdict.
-_PREFLIGHT_SCRIPT = f"""
-import os, sys, shutil, tempfile, pathlib
-try:
-    from harbor.agents.base import BaseAgent
-    from harbor.agents.factory import AgentFactory
-    from harbor.models.trial.config import AgentConfig
-except BaseException as exc:
-    print("\\n{_PREFLIGHT_MARK} harbor-unavailable", type(exc).__name__, flush=True)
-    os._exit({_HARBOR_UNAVAILABLE_EXIT})
-logs = tempfile.mkdtemp(prefix="vero-preflight-")
-try:
-    agent = AgentFactory.create_agent_from_config(AgentConfig(import_path=sys.argv[1]),
-                                                  logs_dir=pathlib.Path(logs))
-    if not isinstance(agent, BaseAgent):
-        raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
-except BaseException as exc:
-    shutil.rmtree(logs, ignore_errors=True)
-    while exc.__cause__ is not None:  # Harbor wraps import errors in ValueError `from` the cause
-        exc = exc.__cause__
-    print("\\n{_PREFLIGHT_MARK} failed", type(exc).__name__, flush=True)
-    os._exit(3)
-shutil.rmtree(logs, ignore_errors=True)
-print("\\n{_PREFLIGHT_MARK} ok", flush=True)
-os._exit(0)
-"""
-
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SCRUB_MAX_BYTES = 16 * 1024 * 1024
 
-_PREFLIGHT_LINE = re.compile(rf"^{_PREFLIGHT_MARK} (ok|failed|harbor-unavailable)(?: (\w+))?\s*$", re.MULTILINE)
 
 
 class _Unmeasured(Exception):
@@ -154,8 +122,9 @@ class HarborBackend:
     Args:
         harbor_executable: the `harbor` to run; default `find_harbor_executable()` (the one next to
             `sys.executable`, else on `PATH`).
-        python_executable: interpreter of the `kind: agent` pre-flight; default the `python` next to
-            `harbor_executable`, else `sys.executable` (it must see the same packages as Harbor).
+        python_executable: interpreter of the `kind: agent` candidate hosts; default the `python`
+            next to `harbor_executable`, else `sys.executable` (it must see Harbor and vero, and be
+            runnable by any uid: hosts run as throw-away users).
         infra_wait: tenacity wait strategy (any callable of the retry state returning seconds)
             between infrastructure retries; default exponential back-off of 5, 10, 20, ... seconds,
             at most 120 s. Tests pass `tenacity.wait_none()`.
@@ -207,6 +176,9 @@ class HarborBackend:
     async def evaluate(self, run: NestedRun) -> EvaluationResult:
         """Run the selected cases of `run` and return their scores.
 
+        `kind: agent`: one `CandidateLauncher` serves the pre-flight and every round; closing it at
+        the end (or on cancellation) kills every candidate host and all it spawned.
+
         Cancellation kills the whole process group, removes the job's containers, networks and
         volumes, and propagates `CancelledError`.
 
@@ -218,6 +190,14 @@ class HarborBackend:
                 use the run's paths, or Harbor cannot be started (the caller refunds).
             ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
+        if run.runtime.kind != "agent":
+            return await self._evaluate(run, None)
+        agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
+        async with CandidateLauncher(self.python_executable, agent_uid=agent_uid,
+                                     env=run.candidate_env) as launcher:
+            return await self._evaluate(run, launcher)
+
+    async def _evaluate(self, run: NestedRun, launcher: CandidateLauncher | None) -> EvaluationResult:
         started_at = _now()
         case_names = _dedupe(run.case_names)
         if not case_names:
@@ -244,8 +224,8 @@ class HarborBackend:
                 started_at=started_at, finished_at=_now(),
                 job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries)
 
-        if run.runtime.kind == "agent":
-            failure_type = await self._preflight(run, env, secrets)
+        if launcher is not None:
+            failure_type = await self._preflight(run, launcher)
             if failure_type is not None:
                 logger.info("evaluation %s: candidate agent failed its import pre-flight (%s)",
                             run.evaluation_id, failure_type)
@@ -263,7 +243,7 @@ class HarborBackend:
             job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
             rounds += 1
             collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
-                                                         reward_key)
+                                                         reward_key, launcher)
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
             pending = [name for name in pending if not attempts[name]]
             logger.info("evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
@@ -300,9 +280,10 @@ class HarborBackend:
 
     async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str],
                          plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
-                         reward_key: str) -> tuple[JobCollation, bool]:
+                         reward_key: str, launcher: CandidateLauncher | None) -> tuple[JobCollation, bool]:
         command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
-                                harbor_executable=self.harbor_executable, base_env=self._base_env)
+                                harbor_executable=self.harbor_executable, base_env=self._base_env,
+                                launcher_socket=launcher.socket_path if launcher is not None else None)
         await asyncio.to_thread(self._prepare_job_dir, command)
         try:
             outcome = await run_process_group(
@@ -387,33 +368,17 @@ class HarborBackend:
             raise InfrastructureFailure("the nested run's user cannot read the candidate checkout or the "
                                         "cases, or cannot write the jobs dir or its home")
 
-    async def _preflight(self, run: NestedRun, env: Mapping[str, str], secrets: Sequence[str]) -> str | None:
-        """Import and construct the candidate agent as Harbor would; the failure's type, or None if fine.
+    async def _preflight(self, run: NestedRun, launcher: CandidateLauncher) -> str | None:
+        """Import and construct the candidate agent in a candidate host; the failure's type, or None.
 
         Raises:
-            InfrastructureFailure: the interpreter cannot be started or cannot import Harbor.
+            InfrastructureFailure: no host could be started, or the host reported (before any
+                candidate code ran) that it cannot import Harbor or read the checkout.
         """
-        argv = [str(self.python_executable), "-c", _PREFLIGHT_SCRIPT, str(run.runtime.agent_import_path)]
         try:
-            outcome = await run_process_group(
-                argv, env=env, cwd=run.jobs_dir.absolute(), run_as=run.run_as,
-                timeout_sec=self.preflight_timeout_sec, kill_grace_sec=2.0, tail_bytes=self.tail_bytes,
-                secrets=secrets)
-        except OSError as exc:
-            raise InfrastructureFailure(
-                f"the agent pre-flight could not be started ({type(exc).__name__})") from None
-        marks = _PREFLIGHT_LINE.findall(outcome.output_tail)
-        verdict, exception_type = marks[-1] if marks else (None, "")
-        if outcome.timed_out:
+            return await asyncio.wait_for(preflight_in_host(launcher, run), self.preflight_timeout_sec)
+        except TimeoutError:
             return PREFLIGHT_TIMEOUT_EXCEPTION
-        if outcome.returncode == 0 and verdict == "ok":
-            return None
-        if outcome.returncode == _HARBOR_UNAVAILABLE_EXIT and verdict == "harbor-unavailable":
-            logger.warning("evaluation %s: pre-flight interpreter cannot import harbor:\n%s",
-                           run.evaluation_id, outcome.output_tail)
-            raise InfrastructureFailure("the nested run's interpreter cannot import Harbor")
-        logger.debug("evaluation %s: pre-flight output:\n%s", run.evaluation_id, outcome.output_tail)
-        return exception_type or _PREFLIGHT_FAILED_EXCEPTION
 
 
 def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:

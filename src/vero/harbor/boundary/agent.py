@@ -1,0 +1,290 @@
+"""`CandidateAgent`: the trusted Harbor agent that nested runs of `kind: agent` targets import.
+
+Harbor 0.26 imports agent classes into the `harbor` process (`agents/factory.py`), which writes the
+job dir and reads the cases. So nested runs never name the candidate's class: they name this one
+(`CANDIDATE_AGENT_IMPORT_PATH`), which starts the candidate's class in a candidate host process
+(`vero.harbor.boundary.host`) obtained from the round's launcher (`vero.harbor.boundary.launcher`)
+and answers its environment calls on the real environment:
+
+- `exec` runs as the case's agent user only (an explicit other `user` is refused: the candidate
+  must not become root in the case container), output cut to `max_exec_output_bytes` per stream;
+- `upload_file`/`upload_dir` take bytes (a tar for dirs, extracted with the `data` filter) into a
+  private temp dir of this process, then upload from there; `download_file`/`download_dir` download
+  into it and send bytes back. This process never opens a host path the candidate chose, and no
+  transfer exceeds `max_transfer_bytes`;
+- `is_dir`/`is_file` as the agent user.
+
+Nothing the host says about itself is trusted: its exception types become the message of a
+`CandidateAgentError` (Harbor's error policy sees that type, never one the candidate names), token
+counts and costs are not taken (usage is metered by the inference gateway), the candidate's logs
+are copied under `<trial>/agent/candidate/` (never over Harbor's own files), and its claimed name and
+version are recorded as claims in the context metadata. The host is ended (with every process of its
+uid) when `run` returns, raises or is cancelled (Harbor's agent timeout), or when `setup` fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from vero.harbor.boundary import CANDIDATE_AGENT_IMPORT_PATH
+from vero.harbor.boundary.host import pack_dir, unpack_dir
+from vero.harbor.boundary.launcher import finish_candidate_host, request_candidate_host
+from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
+
+__all__ = ["CANDIDATE_AGENT_IMPORT_PATH", "CandidateAgent", "CandidateAgentError",
+           "CandidateHostUnavailableError"]
+
+DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_EXEC_OUTPUT_BYTES = 8 * 1024 * 1024
+_MAX_CALLS_IN_FLIGHT = 16
+_MAX_MESSAGE_CHARS = 2000
+
+
+class CandidateAgentError(RuntimeError):
+    """The candidate agent failed (could not be imported, raised, or its process ended). The
+    candidate's own exception type is in the message only."""
+
+
+class CandidateHostUnavailableError(RuntimeError):
+    """No candidate host could be started or it could not import Harbor or read the checkout, before
+    any candidate code ran: an infrastructure failure (never charged to the candidate)."""
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[-limit:]
+
+
+class CandidateAgent(BaseAgent):
+    """Runs a candidate's agent class out of process (see the module docstring).
+
+    Kwargs (`--ak`): `launcher` (the launcher's socket path), `agent_import_path` (the candidate's
+    `module:Class`), `candidate_dir` (its checkout, readable by the host), `candidate_kwargs` (dict
+    passed to the candidate's constructor), `max_transfer_bytes`, `max_exec_output_bytes`.
+    """
+
+    def __init__(self, logs_dir: Path, model_name: str | None = None, logger: Any = None,
+                 mcp_servers: list | None = None, skills_dir: str | None = None, *, launcher: str,
+                 agent_import_path: str, candidate_dir: str, candidate_kwargs: dict | None = None,
+                 max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
+                 max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES, **kwargs: Any) -> None:
+        super().__init__(logs_dir, model_name=None, logger=logger, mcp_servers=mcp_servers,
+                         skills_dir=skills_dir, **kwargs)
+        self._candidate_model_name = model_name
+        self._launcher = Path(launcher)
+        self._import_path = agent_import_path
+        self._candidate_dir = candidate_dir
+        self._candidate_kwargs = dict(candidate_kwargs or {})
+        self._max_transfer_bytes = int(max_transfer_bytes)
+        self._max_exec_output_bytes = int(max_exec_output_bytes)
+        self._connection: Any = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: FrameWriter | None = None
+        self._transfer_dir: Path | None = None
+        self._claims: dict[str, Any] = {}
+
+    @staticmethod
+    def name() -> str:
+        return "vero-candidate"
+
+    def version(self) -> str | None:
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        try:
+            await self._start_host()
+            await self._phase("setup", environment, {})
+        except BaseException:
+            await self._end_host()
+            raise
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        context.metadata = {"vero_candidate_claims": self._claims}
+        try:
+            if self._writer is None:
+                raise CandidateAgentError("the candidate host is not running (setup did not complete)")
+            await self._phase("run", environment, {"instruction": instruction})
+        finally:
+            await self._end_host(collect_logs=True)
+
+    async def _start_host(self) -> None:
+        try:
+            self._connection, pipe, reply = await asyncio.to_thread(request_candidate_host, self._launcher)
+        except OSError as exc:
+            raise CandidateHostUnavailableError(f"no candidate host: {type(exc).__name__}") from None
+        self._claims["isolated"] = bool(reply.get("isolated"))
+        reader, raw_writer = await asyncio.open_connection(sock=pipe, limit=1 << 20)
+        self._reader, self._writer = reader, FrameWriter(raw_writer)
+        self._transfer_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-transfer-"))
+        await self._writer.send({
+            "op": "init", "import_path": self._import_path, "candidate_dir": self._candidate_dir,
+            "model_name": self._candidate_model_name, "kwargs": self._candidate_kwargs,
+            "mcp_servers": [s.model_dump(mode="json") for s in self.mcp_servers],
+            "skills_dir": self.skills_dir,
+            "limits": {"max_transfer_bytes": self._max_transfer_bytes}})
+        header = await self._read(trusted=True)
+        if header.get("op") == "host-error":
+            raise CandidateHostUnavailableError(f"candidate host: {str(header.get('reason'))[:100]}")
+        if header.get("op") != "hello":
+            raise CandidateHostUnavailableError("the candidate host did not start")
+        header = await self._read()
+        if header.get("op") == "failed":
+            raise CandidateAgentError(
+                f"the candidate agent class failed to import: {str(header.get('exception_type'))[:200]}")
+        if header.get("op") != "ready":
+            raise CandidateAgentError("the candidate host answered out of order")
+        self._claims.update(name=str(header.get("name"))[:200], version=str(header.get("version"))[:200])
+
+    async def _read(self, *, trusted: bool = False) -> dict[str, Any]:
+        assert self._reader is not None
+        try:
+            header, _ = await read_frame(self._reader, self._max_transfer_bytes)
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError):
+            error = CandidateHostUnavailableError if trusted else CandidateAgentError
+            raise error("the candidate process ended or broke the protocol") from None
+        return header
+
+    async def _end_host(self, collect_logs: bool = False) -> None:
+        writer, self._writer = self._writer, None
+        try:
+            if collect_logs and writer is not None and self._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._collect_logs(writer), timeout=30)
+        finally:
+            if writer is not None:
+                writer.close()
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                tail = await asyncio.shield(asyncio.to_thread(finish_candidate_host, connection))
+                if tail:
+                    with contextlib.suppress(OSError):
+                        (self.logs_dir / "candidate-stderr.txt").write_text(tail)
+            if self._transfer_dir is not None:
+                shutil.rmtree(self._transfer_dir, ignore_errors=True)
+                self._transfer_dir = None
+
+    async def _collect_logs(self, writer: FrameWriter) -> None:
+        assert self._reader is not None
+        await writer.send({"op": "logs"})
+        while True:
+            header, payload = await read_frame(self._reader, self._max_transfer_bytes)
+            if header.get("op") == "logs":
+                break
+        if payload:
+            target = self.logs_dir / "candidate"
+            await asyncio.to_thread(unpack_dir, payload, target)
+        with contextlib.suppress(Exception):
+            await writer.send({"op": "exit"})
+
+    # -- one phase -------------------------------------------------------------------------------
+
+    async def _phase(self, phase: str, environment: BaseEnvironment, extra: dict[str, Any]) -> None:
+        assert self._writer is not None and self._reader is not None
+        info = {"default_user": environment.default_user, "session_id": environment.session_id,
+                "environment_name": environment.environment_name,
+                "task_env_config": environment.task_env_config.model_dump(mode="json")}
+        await self._writer.send({"op": phase, "environment": info, **extra})
+        slots = asyncio.Semaphore(_MAX_CALLS_IN_FLIGHT)
+        calls: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    header, payload = await read_frame(self._reader, self._max_transfer_bytes)
+                except (asyncio.IncompleteReadError, ConnectionError, FrameError):
+                    raise CandidateAgentError(f"the candidate process ended during {phase}") from None
+                op = header.get("op")
+                if op == "call":
+                    await slots.acquire()
+                    task = asyncio.create_task(self._answer(header, payload, environment))
+                    calls.add(task)
+                    task.add_done_callback(lambda t: (calls.discard(t), slots.release()))
+                elif op == "done" and header.get("phase") == phase:
+                    return
+                elif op == "error" and header.get("phase") == phase:
+                    raise CandidateAgentError(
+                        f"the candidate agent's {phase} raised "
+                        f"{str(header.get('exception_type'))[:200]}: "
+                        f"{str(header.get('message'))[-_MAX_MESSAGE_CHARS:]}")
+        finally:
+            for task in list(calls):
+                task.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+    async def _answer(self, header: dict[str, Any], payload: bytes, environment: BaseEnvironment) -> None:
+        assert self._writer is not None
+        call_id = header.get("id")
+        try:
+            reply, data = await self._dispatch(header, payload, environment)
+            await self._writer.send({"op": "reply", "id": call_id, **reply}, data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the candidate as data
+            with contextlib.suppress(Exception):
+                await self._writer.send({"op": "raise", "id": call_id, "exception_type": type(exc).__name__,
+                                         "message": str(exc)[:_MAX_MESSAGE_CHARS]})
+
+    def _check_user(self, header: dict[str, Any], environment: BaseEnvironment) -> None:
+        user = header.get("user")
+        if user is not None and user != environment.default_user:
+            raise PermissionError("a candidate agent runs commands as the case's agent user only")
+
+    def _private_path(self, name: str) -> Path:
+        assert self._transfer_dir is not None
+        return Path(tempfile.mkdtemp(dir=self._transfer_dir)) / name
+
+    async def _dispatch(self, header: dict[str, Any], payload: bytes,
+                        environment: BaseEnvironment) -> tuple[dict[str, Any], bytes]:
+        method = header.get("method")
+        if method == "exec":
+            self._check_user(header, environment)
+            env = header.get("env")
+            if env is not None and not (isinstance(env, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+                raise TypeError("env must map strings to strings")
+            timeout = header.get("timeout_sec")
+            result = await environment.exec(
+                str(header.get("command", "")), cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None,
+                env=env, timeout_sec=int(timeout) if isinstance(timeout, (int, float)) else None)
+            limit = self._max_exec_output_bytes
+            return {"stdout": _cut(result.stdout, limit), "stderr": _cut(result.stderr, limit),
+                    "return_code": result.return_code}, b""
+        if method in ("is_dir", "is_file"):
+            self._check_user(header, environment)
+            check = environment.is_dir if method == "is_dir" else environment.is_file
+            return {"value": bool(await check(str(header.get("path", ""))))}, b""
+        if method == "upload_file":
+            source = self._private_path("upload")
+            await asyncio.to_thread(source.write_bytes, payload)
+            await environment.upload_file(source, str(header["target_path"]))
+            return {}, b""
+        if method == "upload_dir":
+            source = self._private_path("upload")
+            await asyncio.to_thread(unpack_dir, payload, source)
+            await environment.upload_dir(source, str(header["target_dir"]))
+            return {}, b""
+        if method == "download_file":
+            target = self._private_path("download")
+            await environment.download_file(str(header["source_path"]), target)
+            if not target.is_file() or target.is_symlink():
+                raise FileNotFoundError("the download produced no regular file")
+            if target.stat().st_size > self._max_transfer_bytes:
+                raise ValueError(f"file larger than the transfer limit ({self._max_transfer_bytes} bytes)")
+            return {}, await asyncio.to_thread(target.read_bytes)
+        if method == "download_dir":
+            target = self._private_path("download")
+            await environment.download_dir(str(header["source_dir"]), target)
+            return {}, await asyncio.to_thread(pack_dir, target, self._max_transfer_bytes)
+        raise NotImplementedError(f"environment method {str(method)[:50]!r} is not available to candidates")
+

@@ -1,0 +1,66 @@
+"""The import pre-flight of a `kind: agent` candidate, run in a candidate host (never in-process).
+
+Harbor fails an agent class that cannot be imported before any trial (`Job.create`), which from the
+outside looks like an unreachable engine; so the backend first asks a candidate host to import and
+construct the class. The host answers `hello` once its trusted prologue is done (Harbor imported,
+checkout readable) and only then imports candidate code: what it reports before `hello` is believed
+(an infrastructure failure), what it reports after is the candidate's verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from vero.errors import InfrastructureFailure
+from vero.harbor.backend import NestedRun
+from vero.harbor.boundary.launcher import CandidateLauncher
+from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
+
+__all__ = ["preflight_in_host"]
+
+_FAILED_WITHOUT_TYPE = "AgentImportError"
+
+
+async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str | None:
+    """Import and construct `run.runtime.agent_import_path` from `run.candidate_dir` in a host.
+
+    Returns:
+        None when the class constructs and is a `BaseAgent`; otherwise the exception type of the
+        root cause (`AgentImportError` when the host died without saying).
+
+    Raises:
+        InfrastructureFailure: no host could be started, or the host could not import Harbor or
+            read the checkout (before any candidate code ran).
+    """
+    try:
+        host = await launcher.spawn()
+    except (OSError, RuntimeError) as exc:
+        raise InfrastructureFailure(f"no candidate host could be started ({type(exc).__name__})") from None
+    try:
+        assert host.pipe is not None
+        reader, raw_writer = await asyncio.open_connection(sock=host.pipe, limit=1 << 16)
+        host.pipe = None
+        writer = FrameWriter(raw_writer)
+        try:
+            await writer.send({"op": "init", "import_path": run.runtime.agent_import_path,
+                               "candidate_dir": str(run.candidate_dir.absolute()), "kwargs": {}})
+            header, _ = await read_frame(reader, 0)
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError):
+            raise InfrastructureFailure("the candidate host ended before it could import Harbor") from None
+        if header.get("op") == "host-error":
+            raise InfrastructureFailure(f"the candidate host cannot run: {str(header.get('reason'))[:100]}")
+        if header.get("op") != "hello":
+            raise InfrastructureFailure("the candidate host did not start")
+        try:
+            header, _ = await read_frame(reader, 0)
+        except (asyncio.IncompleteReadError, ConnectionError, FrameError):
+            return _FAILED_WITHOUT_TYPE
+        if header.get("op") == "ready":
+            with contextlib.suppress(Exception):
+                await writer.send({"op": "exit"})
+            return None
+        exception_type = str(header.get("exception_type") or _FAILED_WITHOUT_TYPE)
+        return exception_type if exception_type.isidentifier() else _FAILED_WITHOUT_TYPE
+    finally:
+        await host.finish(grace_sec=1.0)
