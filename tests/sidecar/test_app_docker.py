@@ -54,8 +54,9 @@ def shared_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def backend() -> HarborBackend:
-    return HarborBackend(infra_wait=tenacity.wait_none())
+def backend(python: Path | None = None) -> HarborBackend:
+    # `kind: agent` candidate hosts run as throw-away uids: they need an interpreter any uid can run.
+    return HarborBackend(infra_wait=tenacity.wait_none(), python_executable=python)
 
 
 def budget(client, partition: str) -> dict:
@@ -100,7 +101,7 @@ def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
     assert str(harness.work_dir) not in json.dumps(job)
 
 
-def test_agent_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
+def test_agent_candidate_evaluated_with_nested_harbor_on_docker(shared_root, portable_toolchain):
     agent_source = '''
 from harbor.agents.base import BaseAgent
 
@@ -122,7 +123,8 @@ class EchoAgent(BaseAgent):
         await environment.exec(f"echo {{GREETING}} > /app/out.txt")
 '''
     harness = make_harness(
-        shared_root / "h", backend=backend(), baseline_files={"echo_agent.py": agent_source.format(greeting="hi")},
+        shared_root / "h", backend=backend(portable_toolchain[1]),
+        baseline_files={"echo_agent.py": agent_source.format(greeting="hi")},
         runtime=CandidateRuntime(kind="agent", agent_import_path="echo_agent:EchoAgent"),
         partitions={"train": ["greet"]},
         access={"train": PartitionAccess(disclosure="aggregate", min_aggregate_cases=1, total_runs=2,

@@ -13,6 +13,8 @@ from statistics import fmean
 
 from pydantic import BaseModel, ConfigDict
 
+from vero.core.usage import InferenceUsage
+
 __all__ = ["AttemptResult", "CaseResult", "EvaluationResult"]
 
 
@@ -69,6 +71,8 @@ class EvaluationResult(_Record):
     """The nested Harbor job directory (trusted side only; never disclosed)."""
     infra_retries: int = 0
     """How many times the nested run was retried for infrastructure reasons before this result."""
+    inference: InferenceUsage | None = None
+    """Model calls of the evaluation, metered by the inference gateway (None without a gateway)."""
 
     @property
     def n_cases(self) -> int:

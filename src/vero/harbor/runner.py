@@ -214,6 +214,10 @@ class HarborBackend:
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
         await asyncio.to_thread(run.jobs_dir.mkdir, parents=True, exist_ok=True)
+        if os.geteuid() == 0 or run.jobs_dir.stat().st_uid == os.geteuid():
+            # Harbor's job dirs (trial results, case outputs) are the runner's alone: candidate hosts
+            # of `kind: agent` targets run as other uids and must not even read them.
+            await asyncio.to_thread(os.chmod, run.jobs_dir, 0o700)
         await self._check_access(run, env)
 
         def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,

@@ -22,6 +22,9 @@ __all__ = [
     "Disclosure",
     "HarborSpec",
     "ImagesSpec",
+    "InferenceModel",
+    "InferenceProvider",
+    "InferenceSpec",
     "LadderSpec",
     "OptimizationSpec",
     "PartitionAccess",
@@ -172,6 +175,9 @@ class PartitionAccess(_Model):
     """Evaluations the agent may start on this partition."""
     total_cases: int = Field(ge=0)
     """Case evaluations (one per selected case per evaluation) the agent may spend on this partition."""
+    total_inference_usd: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """Model calls through the inference gateway the agent's evaluations of this partition may spend,
+    in US dollars at the spec's prices (default 0: every call is refused). Needs `inference`."""
 
 
 class SelectionSpec(_Model):
@@ -223,6 +229,56 @@ class HarborSpec(_Model):
     """Image build and start time of the compiled task (`[environment].build_timeout_sec`)."""
 
 
+class InferenceProvider(_Model):
+    """An upstream model provider the inference gateway forwards to."""
+
+    api: Literal["openai", "anthropic"]
+    """Wire format: `openai` (chat completions and responses) or `anthropic` (messages)."""
+    base_url: str = Field(pattern=r"^https?://[^\s]+$")
+    """The provider's API root: `https://api.openai.com/v1`, `https://api.anthropic.com`, or any
+    compatible server (paths `/chat/completions`, `/responses`, `/v1/messages` are appended)."""
+    api_key_secret: str | None = None
+    """Name of the secret (in `secrets`) holding the provider key; only the gateway ever reads it."""
+
+
+class InferenceModel(_Model):
+    """One allow-listed model: what candidates call it, where it goes, what it costs."""
+
+    provider: Name
+    """Key in `inference.providers`."""
+    upstream_model: str | None = None
+    """The provider's model id (default: the allow-list name)."""
+    input_cost_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """US dollars per input token; default from LiteLLM's model cost map (required when the model
+    is not in it)."""
+    output_cost_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """US dollars per output token; default from LiteLLM's model cost map."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Output tokens assumed for a call that sets no limit (when holding budget before the call);
+    default from the cost map, else 4096."""
+
+
+class InferenceSpec(_Model):
+    """The inference gateway in the sidecar and the verifier (see the README's trust section).
+
+    Candidate agents reach models only through it: per-evaluation tokens, this allow-list, metered
+    tokens and cost, and each partition's `total_inference_usd`."""
+
+    providers: dict[Name, InferenceProvider]
+    models: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")], InferenceModel]
+    """The allow-list: model name candidates send -> its provider and price."""
+    evaluation_limit_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Most one evaluation may spend (sidecar and verifier alike); default: no per-evaluation cap in the
+    sidecar (the partition's budget still applies) and 10 US dollars per evaluation in the verifier."""
+    route_case_services: bool = False
+    """Also route the case containers' own model-backed services (a user simulator, a grader) through
+    the gateway: nested runs get `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`ANTHROPIC_BASE_URL`/
+    `ANTHROPIC_API_KEY` set to the gateway and the evaluation's token for the cases' `${VAR}`
+    templates, and never the provider keys."""
+    timeout_sec: float = Field(default=300.0, gt=0)
+    """Limit of one upstream call (seconds); past it the call fails and is not charged."""
+
+
 class ImagesSpec(_Model):
     """Base images of the compiled task's containers. A local tag works where no registry is reachable."""
 
@@ -250,6 +306,8 @@ class OptimizationSpec(_Model):
     harbor: HarborSpec = HarborSpec()
     secrets: list[str] = Field(default_factory=list)
     """Names of host environment variables passed to the trusted services (never their values)."""
+    inference: InferenceSpec | None = None
+    """The inference gateway for candidate agents' model calls (None: no gateway)."""
     images: ImagesSpec = ImagesSpec()
 
     @field_validator("secrets")

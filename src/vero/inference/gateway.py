@@ -1,0 +1,557 @@
+"""The inference gateway: the only way a candidate agent reaches a model (README, "Trust model").
+
+It runs inside the sidecar and the verifier (`GatewayServer`, loopback by default) and serves:
+
+| route | wire format |
+|---|---|
+| `POST /openai/v1/chat/completions` | OpenAI chat completions (streaming included) |
+| `POST /openai/v1/responses` | OpenAI responses (streaming included) |
+| `GET /openai/v1/models` | the allow-list, OpenAI's list format |
+| `POST /anthropic/v1/messages` | Anthropic messages (streaming included) |
+
+A call is checked in this order: size (413) -> JSON (400) -> token (401: `Authorization: Bearer`
+or `x-api-key`, one per evaluation, minted by `grant`) -> model on the allow-list and served by this
+endpoint's wire format (403 `model_not_allowed`) -> budget hold (402 `budget_exhausted`) -> upstream
+call with the provider key only the gateway holds (the caller's headers are never forwarded).
+
+Metering: the hold is the call's worst case (request bytes / 3 input tokens plus the request's
+output limit, or the model's), at most what is left of the evaluation's limit and the partition's
+budget; after the response, the provider's `usage` is priced (`vero.inference.pricing`) and charged
+(at most what was held plus what is still free; the rest is recorded as `overrun_usd`), the rest
+of the hold released. Streaming responses are passed through as they arrive while their usage
+events are read (OpenAI chat streams get `stream_options.include_usage`); a response without usage
+is charged its hold. Upstream 5xx, timeouts and connection failures answer 502/504 and charge
+nothing; 4xx pass through (a provider's 401/403 becomes a generic 502: its body may echo a key).
+Key values are scrubbed from every body passed back, and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from vero.core.usage import InferenceUsage, ModelUsage
+from vero.inference.pricing import ModelPrice, price_of, to_micro_usd
+from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
+
+__all__ = ["BudgetPool", "GatewayServer", "InferenceGateway", "InferenceGrant", "create_gateway_app",
+           "gateway_environment"]
+
+logger = logging.getLogger("vero.inference")
+
+Api = Literal["openai", "anthropic"]
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+_INPUT_BYTES_PER_TOKEN = 3
+_ANTHROPIC_VERSION = "2023-06-01"
+_IDLE_WAIT_SEC = 10.0
+
+
+class BudgetPool:
+    """Money one can spend, in micro-dollars: `total` (None: unlimited), `spent`, `held` (in flight)."""
+
+    def __init__(self, total_micro_usd: int | None, spent_micro_usd: int = 0) -> None:
+        self.total = total_micro_usd
+        self.spent = spent_micro_usd
+        self.held = 0
+
+    @property
+    def available(self) -> int | None:
+        return None if self.total is None else max(0, self.total - self.spent - self.held)
+
+
+def _min_available(pools: list[BudgetPool]) -> int | None:
+    values = [p.available for p in pools if p.available is not None]
+    return min(values) if values else None
+
+
+@dataclass(eq=False)
+class InferenceGrant:
+    """One evaluation's access: its token (kept only as a digest), budget pools and metered usage."""
+
+    evaluation_id: str
+    partition: str
+    pools: list[BudgetPool]
+    usage: InferenceUsage = field(default_factory=InferenceUsage)
+    closed: bool = False
+    inflight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def hold(self, estimate_micro_usd: int) -> int | None:
+        """Hold up to `estimate` against every pool; None when any pool is exhausted."""
+        available = _min_available(self.pools)
+        if available is not None and available <= 0:
+            return None
+        amount = estimate_micro_usd if available is None else min(estimate_micro_usd, available)
+        for pool in self.pools:
+            pool.held += amount
+        return amount
+
+    def settle(self, held: int, cost_micro_usd: int) -> int:
+        """Release `held`, charge the metered cost (capped at what is free); returns the charge."""
+        for pool in self.pools:
+            pool.held -= held
+        available = _min_available(self.pools)
+        charge = cost_micro_usd if available is None else min(cost_micro_usd, available)
+        for pool in self.pools:
+            pool.spent += charge
+        self.usage.charged_micro_usd += charge
+        return charge
+
+    def release(self, held: int) -> None:
+        for pool in self.pools:
+            pool.held -= held
+
+
+@dataclass(frozen=True)
+class _Route:
+    name: str
+    model: InferenceModel
+    provider: InferenceProvider
+    price: ModelPrice
+    key: str | None
+
+    @property
+    def upstream_model(self) -> str:
+        return self.model.upstream_model or self.name
+
+
+@dataclass
+class _Count:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    seen: bool = False
+
+    def absorb(self, usage: Any, api: Api) -> None:
+        """Fold a provider `usage` object in (streaming figures are cumulative: keep the largest)."""
+        if not isinstance(usage, dict):
+            return
+
+        def number(*path: str) -> int:
+            value: Any = usage
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
+
+        if api == "anthropic":
+            self.input_tokens = max(self.input_tokens, number("input_tokens"))
+            self.cached_tokens = max(self.cached_tokens, number("cache_read_input_tokens"))
+            self.cache_write_tokens = max(self.cache_write_tokens, number("cache_creation_input_tokens"))
+            self.output_tokens = max(self.output_tokens, number("output_tokens"))
+        else:
+            prompt = number("prompt_tokens") or number("input_tokens")
+            cached = number("prompt_tokens_details", "cached_tokens") or number("input_tokens_details",
+                                                                              "cached_tokens")
+            self.cached_tokens = max(self.cached_tokens, min(cached, prompt))
+            self.input_tokens = max(self.input_tokens, prompt - min(cached, prompt))
+            self.output_tokens = max(self.output_tokens, number("completion_tokens") or number("output_tokens"))
+        self.seen = self.seen or any(k in usage for k in ("input_tokens", "output_tokens", "prompt_tokens",
+                                                         "completion_tokens"))
+
+    def absorb_event(self, event: Any, api: Api) -> None:
+        """Usage carried by one JSON body or SSE event of any of the three formats."""
+        if not isinstance(event, dict):
+            return
+        if api == "anthropic":
+            if event.get("type") == "message_start" and isinstance(event.get("message"), dict):
+                self.absorb(event["message"].get("usage"), api)
+            else:
+                self.absorb(event.get("usage"), api)
+            return
+        if isinstance(event.get("response"), dict):  # responses API stream: response.completed etc.
+            self.absorb(event["response"].get("usage"), api)
+        self.absorb(event.get("usage"), api)
+
+
+def _error(api: Api, status: int, kind: str, message: str) -> JSONResponse:
+    if api == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class InferenceGateway:
+    """Routes, keys, grants and the upstream client of one gateway (see the module docstring).
+
+    Args:
+        spec: the spec's `inference` section.
+        keys: secret name -> value (only the names `providers.*.api_key_secret` are read).
+        transport: httpx transport for upstream calls (tests: none needed, they run a real server).
+
+    Raises:
+        vero.inference.pricing.PriceUnknown: an allow-listed model has no price.
+        ValueError: a model names an unknown provider.
+    """
+
+    def __init__(self, spec: InferenceSpec, keys: Mapping[str, str],
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.spec = spec
+        routes: dict[str, _Route] = {}
+        for name, model in spec.models.items():
+            provider = spec.providers.get(model.provider)
+            if provider is None:
+                raise ValueError(f"inference.models.{name}.provider: unknown provider {model.provider!r}")
+            key = keys.get(provider.api_key_secret) if provider.api_key_secret else None
+            routes[name] = _Route(name, model, provider, price_of(name, model), key or None)
+        self._routes = routes
+        self._secret_values = sorted({r.key for r in routes.values() if r.key and len(r.key) >= 4},
+                                     key=len, reverse=True)
+        self._grants: dict[str, InferenceGrant] = {}
+        self._client = httpx.AsyncClient(
+            transport=transport, timeout=httpx.Timeout(spec.timeout_sec, connect=min(30.0, spec.timeout_sec)),
+            follow_redirects=False, trust_env=False)
+        self.base_url: str | None = None
+        """`http://host:port` once the server listens (set by `GatewayServer`)."""
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- grants ----------------------------------------------------------------------------------
+
+    def grant(self, evaluation_id: str, partition: str, *, partition_pool: BudgetPool | None,
+              evaluation_limit_usd: float | None) -> tuple[str, InferenceGrant]:
+        """Mint the token of one evaluation. Returns `(token, grant)`; the token is not kept."""
+        pools = [BudgetPool(to_micro_usd(evaluation_limit_usd) if evaluation_limit_usd is not None else None)]
+        if partition_pool is not None:
+            pools.append(partition_pool)
+        token = "vero-ev-" + secrets.token_urlsafe(32)
+        grant = InferenceGrant(evaluation_id=evaluation_id, partition=partition, pools=pools)
+        grant.idle.set()
+        self._grants[_digest(token)] = grant
+        return token, grant
+
+    async def revoke(self, token: str) -> InferenceUsage:
+        """Close the token (further calls: 401), wait briefly for calls in flight, return the usage."""
+        grant = self._grants.get(_digest(token))
+        if grant is None:
+            return InferenceUsage()
+        grant.closed = True
+        try:
+            await asyncio.wait_for(grant.idle.wait(), timeout=_IDLE_WAIT_SEC)
+        except TimeoutError:
+            logger.warning("evaluation %s: %d inference call(s) still running at revocation",
+                           grant.evaluation_id, grant.inflight)
+        self._grants.pop(_digest(token), None)
+        return grant.usage.model_copy(deep=True)
+
+    def environment(self, token: str, host: str | None = None) -> dict[str, str]:
+        """The variables a candidate (or a case service) finds the gateway by (README, "Inference")."""
+        return gateway_environment(self._base(host), token)
+
+    def _base(self, host: str | None) -> str:
+        if self.base_url is None:
+            raise RuntimeError("the gateway is not listening")
+        if host is None:
+            return self.base_url
+        port = self.base_url.rsplit(":", 1)[1]
+        return f"http://{host}:{port}"
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def _scrub(self, data: bytes) -> bytes:
+        for value in self._secret_values:
+            data = data.replace(value.encode(), b"***")
+        return data
+
+    def _authorize(self, request: Request) -> InferenceGrant | None:
+        token = request.headers.get("x-api-key")
+        authorization = request.headers.get("authorization", "")
+        if not token and authorization.lower().startswith("bearer "):
+            token = authorization[7:].strip()
+        if not token:
+            return None
+        grant = self._grants.get(_digest(token))
+        return None if grant is None or grant.closed else grant
+
+    def _refuse(self, grant: InferenceGrant | None, reason: str) -> None:
+        if grant is not None:
+            grant.usage.refused_calls[reason] = grant.usage.refused_calls.get(reason, 0) + 1
+
+    def models_response(self, request: Request) -> Response:
+        if self._authorize(request) is None:
+            return _error("openai", 401, "invalid_api_key", "a valid evaluation token is required")
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "vero-gateway"}
+                for name, route in sorted(self._routes.items()) if route.provider.api == "openai"]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def handle(self, request: Request, api: Api, path: str) -> Response:
+        """One model call (see the module docstring for the order of checks)."""
+        body = await _read_limited(request, MAX_REQUEST_BYTES)
+        grant = self._authorize(request)
+        if grant is None:
+            return _error(api, 401, "authentication_error" if api == "anthropic" else "invalid_api_key",
+                          "a valid evaluation token is required")
+        if body is None:
+            self._refuse(grant, "too_large")
+            return _error(api, 413, "request_too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            self._refuse(grant, "bad_request")
+            return _error(api, 400, "invalid_request_error", "expected a JSON object with a `model`")
+        name = payload["model"]
+        route = self._routes.get(name)
+        if route is None or route.provider.api != api:
+            self._refuse(grant, "model_not_allowed")
+            return _error(api, 403, "permission_error" if api == "anthropic" else "model_not_allowed",
+                          "this model is not on the evaluation's allow-list")
+        estimate = _estimate_micro_usd(route, payload, len(body))
+        held = grant.hold(estimate)
+        if held is None:
+            self._refuse(grant, "budget_exhausted")
+            return _error(api, 402, "budget_exhausted", "the evaluation's inference budget is exhausted")
+        payload["model"] = route.upstream_model
+        stream = payload.get("stream") is True
+        if stream and api == "openai" and path == "/chat/completions":
+            options = payload.get("stream_options") if isinstance(payload.get("stream_options"), dict) else {}
+            payload["stream_options"] = {**options, "include_usage": True}
+        grant.inflight += 1
+        grant.idle.clear()
+        try:
+            upstream = self._client.build_request(
+                "POST", _upstream_url(route.provider, path), content=json.dumps(payload).encode(),
+                headers=_upstream_headers(route, request))
+            response = await self._client.send(upstream, stream=True)
+        except httpx.TimeoutException:
+            self._end_call(grant, held)
+            grant.usage.failed_calls += 1
+            return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
+        except httpx.HTTPError:
+            self._end_call(grant, held)
+            grant.usage.failed_calls += 1
+            return _error(api, 502, "upstream_error", "the model provider could not be reached")
+        if response.status_code >= 400:
+            data = await response.aread()
+            await response.aclose()
+            self._end_call(grant, held)
+            if response.status_code >= 500 or response.status_code in (401, 403, 407):
+                grant.usage.failed_calls += 1
+                logger.warning("evaluation %s: upstream answered %d for %s", grant.evaluation_id,
+                               response.status_code, name)
+                return _error(api, 502, "upstream_error", f"the model provider failed ({response.status_code})")
+            return Response(self._scrub(data), status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+        if not stream or "text/event-stream" not in response.headers.get("content-type", ""):
+            try:
+                data = await response.aread()
+            except httpx.HTTPError:
+                self._end_call(grant, held)
+                grant.usage.failed_calls += 1
+                return _error(api, 502, "upstream_error", "the model provider's answer broke off")
+            finally:
+                await response.aclose()
+            count = _Count()
+            try:
+                count.absorb_event(json.loads(data), api)
+            except ValueError:
+                pass
+            self._meter(grant, route, held, count)
+            return Response(self._scrub(data), status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+        return StreamingResponse(self._relay(grant, route, held, response, api),
+                                 status_code=response.status_code, media_type="text/event-stream")
+
+    async def _relay(self, grant: InferenceGrant, route: _Route, held: int, response: httpx.Response,
+                     api: Api) -> AsyncIterator[bytes]:
+        count = _Count()
+        pending = b""
+        complete = False
+        try:
+            async for chunk in response.aiter_bytes():
+                pending += chunk
+                # Whole lines only: a usage event (or a key) is never split between two reads.
+                cut = pending.rfind(b"\n") + 1
+                lines, pending = pending[:cut], pending[cut:]
+                for line in lines.splitlines():
+                    if line.startswith(b"data:"):
+                        try:
+                            count.absorb_event(json.loads(line[5:].strip()), api)
+                        except ValueError:
+                            pass
+                if lines:
+                    yield self._scrub(lines)
+            if pending:
+                yield self._scrub(pending)
+            complete = True
+        except httpx.HTTPError:
+            pass
+        finally:
+            await response.aclose()
+            if complete or count.seen:
+                self._meter(grant, route, held, count)
+            else:
+                self._end_call(grant, held)
+                grant.usage.failed_calls += 1
+
+    def _end_call(self, grant: InferenceGrant, held: int) -> None:
+        grant.release(held)
+        grant.inflight -= 1
+        if grant.inflight == 0:
+            grant.idle.set()
+
+    def _meter(self, grant: InferenceGrant, route: _Route, held: int, count: _Count) -> None:
+        usage = grant.usage
+        if count.seen:
+            cost = route.price.cost_usd(count.input_tokens, count.output_tokens, count.cached_tokens,
+                                        count.cache_write_tokens)
+            cost_micro = to_micro_usd(cost)
+        else:
+            usage.unmetered_calls += 1
+            cost_micro = held
+            cost = held / 1_000_000
+        charged = grant.settle(held, cost_micro)
+        grant.inflight -= 1
+        if grant.inflight == 0:
+            grant.idle.set()
+        usage.calls += 1
+        usage.input_tokens += count.input_tokens
+        usage.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
+        usage.output_tokens += count.output_tokens
+        usage.cost_usd += cost
+        usage.overrun_usd += max(0, cost_micro - charged) / 1_000_000
+        model = usage.by_model.setdefault(route.name, ModelUsage())
+        model.calls += 1
+        model.input_tokens += count.input_tokens
+        model.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
+        model.output_tokens += count.output_tokens
+        model.cost_usd += cost
+        logger.info("evaluation %s: %s call, %d in / %d out tokens, %.6f USD", grant.evaluation_id,
+                    route.name, count.input_tokens + count.cached_tokens, count.output_tokens, cost)
+
+
+def gateway_environment(base_url: str, token: str) -> dict[str, str]:
+    """Variables naming the gateway: vero's own and the ones OpenAI's and Anthropic's SDKs (and
+    LiteLLM) read, so an unmodified client reaches the gateway with the evaluation's token."""
+    openai, anthropic = f"{base_url}/openai/v1", f"{base_url}/anthropic"
+    return {"VERO_INFERENCE_OPENAI_BASE_URL": openai, "VERO_INFERENCE_ANTHROPIC_BASE_URL": anthropic,
+            "VERO_INFERENCE_TOKEN": token, "OPENAI_BASE_URL": openai, "OPENAI_API_BASE": openai,
+            "OPENAI_API_KEY": token, "ANTHROPIC_BASE_URL": anthropic, "ANTHROPIC_API_KEY": token}
+
+
+def _estimate_micro_usd(route: _Route, payload: dict[str, Any], body_bytes: int) -> int:
+    limit = None
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            limit = value
+            break
+    output = limit or route.price.max_output_tokens
+    input_tokens = math.ceil(body_bytes / _INPUT_BYTES_PER_TOKEN)
+    return max(1, to_micro_usd(route.price.cost_usd(input_tokens, output)))
+
+
+def _upstream_url(provider: InferenceProvider, path: str) -> str:
+    base = provider.base_url.rstrip("/")
+    return f"{base}/v1/messages" if provider.api == "anthropic" else f"{base}{path}"
+
+
+def _upstream_headers(route: _Route, request: Request) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept": request.headers.get("accept", "application/json")}
+    if route.provider.api == "anthropic":
+        headers["anthropic-version"] = request.headers.get("anthropic-version", _ANTHROPIC_VERSION)
+        if beta := request.headers.get("anthropic-beta"):
+            headers["anthropic-beta"] = beta
+        if route.key:
+            headers["x-api-key"] = route.key
+    elif route.key:
+        headers["authorization"] = f"Bearer {route.key}"
+    return headers
+
+
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            return None
+    return bytes(data)
+
+
+def create_gateway_app(gateway: InferenceGateway) -> FastAPI:
+    """The gateway's FastAPI app (no docs routes: it serves candidates, not people)."""
+    app = FastAPI(title="vero inference gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+
+    @app.get("/openai/v1/models")
+    async def models(request: Request) -> Response:
+        return gateway.models_response(request)
+
+    @app.post("/openai/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await gateway.handle(request, "openai", "/chat/completions")
+
+    @app.post("/openai/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await gateway.handle(request, "openai", "/responses")
+
+    @app.post("/anthropic/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await gateway.handle(request, "anthropic", "/messages")
+
+    return app
+
+
+class GatewayServer:
+    """Serves a gateway with uvicorn on this event loop; `async with` starts and stops it.
+
+    Args:
+        gateway: the gateway.
+        host: the interface (loopback by default: only processes of this container reach it).
+        port: the port (0: a free one; `gateway.base_url` says which).
+    """
+
+    def __init__(self, gateway: InferenceGateway, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.gateway = gateway
+        self._config = uvicorn.Config(create_gateway_app(gateway), host=host, port=port, log_level="warning",
+                                      access_log=False, lifespan="off")
+        self._server = uvicorn.Server(self._config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task: asyncio.Task[None] | None = None
+        self.host = host
+
+    async def __aenter__(self) -> GatewayServer:
+        self._task = asyncio.create_task(self._server.serve(), name="vero-inference-gateway")
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the inference gateway did not start")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the inference gateway did not start within 30 s")
+            await asyncio.sleep(0.02)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        self.gateway.base_url = f"http://{host}:{port}"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.gateway.aclose()

@@ -1,0 +1,147 @@
+"""A fake OpenAI- and Anthropic-compatible provider on loopback, for gateway tests and the benchmark.
+
+Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model name:
+`fake-ok` answers with usage; `fake-500` answers 500; `fake-slow` sleeps past any test timeout;
+`fake-401` answers 401 with a body that echoes the key it was sent (as real providers do in part);
+`fake-nousage` answers without usage. Streaming (`"stream": true`) sends SSE in each wire format.
+Every request's path, headers and body are recorded in `requests`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+INPUT_TOKENS = 11
+OUTPUT_TOKENS = 7
+
+
+def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
+    out = b""
+    for name, data in events:
+        if name:
+            out += f"event: {name}\n".encode()
+        out += b"data: " + json.dumps(data).encode() + b"\n\n"
+    return out
+
+
+def create_fake_app(requests: list[dict[str, Any]]) -> FastAPI:
+    app = FastAPI()
+
+    async def common(request: Request, kind: str):
+        body = await request.json()
+        requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+        model = body.get("model", "")
+        key = request.headers.get("x-api-key") or request.headers.get("authorization", "")
+        if model.endswith("fake-500"):
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if model.endswith("fake-401"):
+            return JSONResponse({"error": {"message": f"Incorrect API key provided: {key}"}}, status_code=401)
+        if model.endswith("fake-400"):
+            return JSONResponse({"error": {"message": "bad parameter"}}, status_code=400)
+        if model.endswith("fake-slow"):
+            await asyncio.sleep(30)
+        usage_ok = not model.endswith("fake-nousage")
+        stream = body.get("stream") is True
+        if kind == "chat":
+            usage = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
+                     "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
+            if not stream:
+                return JSONResponse({"id": "c1", "object": "chat.completion", "model": model,
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                                  "finish_reason": "stop"}],
+                                     **({"usage": usage} if usage_ok else {})})
+            include = (body.get("stream_options") or {}).get("include_usage")
+            events = [(None, {"id": "c1", "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {"content": part}}]}) for part in ("h", "i")]
+            if include and usage_ok:
+                events.append((None, {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
+            data = _sse(events) + b"data: [DONE]\n\n"
+        elif kind == "responses":
+            usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                     "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
+            response = {"id": "r1", "object": "response", "model": model, "status": "completed",
+                        "output": [{"type": "message", "role": "assistant",
+                                    "content": [{"type": "output_text", "text": "hi"}]}],
+                        **({"usage": usage} if usage_ok else {})}
+            if not stream:
+                return JSONResponse(response)
+            data = _sse([("response.created", {"type": "response.created", "response": {"id": "r1"}}),
+                         ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "hi"}),
+                         ("response.completed", {"type": "response.completed", "response": response})])
+        else:
+            usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+            message = {"id": "m1", "type": "message", "role": "assistant", "model": model,
+                       "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                       **({"usage": usage} if usage_ok else {})}
+            if not stream:
+                return JSONResponse(message)
+            start = {**message, "content": [], "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1}}
+            events = [("message_start", {"type": "message_start", "message": start}),
+                      ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                               "delta": {"type": "text_delta", "text": "hi"}})]
+            if usage_ok:
+                events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                                 "usage": {"output_tokens": OUTPUT_TOKENS}}))
+            else:
+                events[0] = ("message_start", {"type": "message_start", "message": {**message, "content": []}})
+            events.append(("message_stop", {"type": "message_stop"}))
+            data = _sse(events)
+
+        async def chunks():
+            for i in range(0, len(data), 37):  # odd-sized pieces: lines split across reads
+                yield data[i:i + 37]
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await common(request, "chat")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await common(request, "responses")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await common(request, "messages")
+
+    return app
+
+
+class FakeUpstream:
+    """`with FakeUpstream() as fake:` serves on `fake.url` (loopback); `fake.requests` records calls."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_fake_app(self.requests), host="127.0.0.1", port=self.port,
+                                log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> FakeUpstream:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("fake upstream did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,214 @@
+"""The inference gateway against a fake provider on loopback: real HTTP on both sides.
+
+The gateway runs as it does in the sidecar (`GatewayServer` on this event loop); the fake provider
+(`fake_upstream.py`) runs in a thread. Calls go through httpx and through OpenAI's own SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import pytest
+
+from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+from vero.inference.pricing import PriceUnknown, price_of, to_micro_usd
+from vero.spec.models import InferenceModel, InferenceSpec
+
+from .fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY_OPENAI = "sk-test-openai-0123456789abcdef"
+KEY_ANTHROPIC = "sk-ant-test-fedcba9876543210"
+PRICE_IN, PRICE_OUT = 1e-6, 2e-6  # USD per token
+CALL_USD = INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OUT
+
+
+def spec_for(url: str, **overrides) -> InferenceSpec:
+    priced = dict(input_cost_per_token=PRICE_IN, output_cost_per_token=PRICE_OUT, max_output_tokens=100)
+    models = {name: InferenceModel(provider="oai", upstream_model=f"up/{name}", **priced)
+              for name in ("fake-ok", "fake-500", "fake-401", "fake-400", "fake-slow", "fake-nousage")}
+    models["claude-fake"] = InferenceModel(provider="ant", upstream_model="fake-ok", **priced)
+    models["claude-fake-500"] = InferenceModel(provider="ant", upstream_model="fake-500", **priced)
+    return InferenceSpec.model_validate({
+        "providers": {"oai": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": "OPENAI_KEY"},
+                      "ant": {"api": "anthropic", "base_url": url, "api_key_secret": "ANTHROPIC_KEY"}},
+        "models": {k: v.model_dump() for k, v in models.items()}, "timeout_sec": 2.0, **overrides})
+
+
+@pytest.fixture
+def upstream():
+    with FakeUpstream() as fake:
+        yield fake
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def with_gateway(url: str, body, **spec_overrides):
+    gateway = InferenceGateway(spec_for(url, **spec_overrides),
+                               {"OPENAI_KEY": KEY_OPENAI, "ANTHROPIC_KEY": KEY_ANTHROPIC})
+    async with GatewayServer(gateway):
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
+            return await body(gateway, client)
+
+
+def chat(model: str, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+def test_metered_calls_in_every_format_streaming_and_not(upstream):
+    async def body(gateway, client):
+        token, grant = gateway.grant("ev-1", "train", partition_pool=BudgetPool(to_micro_usd(1.0)),
+                                     evaluation_limit_usd=None)
+        auth = {"authorization": f"Bearer {token}"}
+        answers = [
+            await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth),
+            await client.post("/openai/v1/chat/completions", json=chat("fake-ok", stream=True), headers=auth),
+            await client.post("/openai/v1/responses", json={"model": "fake-ok", "input": "hi"}, headers=auth),
+            await client.post("/openai/v1/responses", json={"model": "fake-ok", "input": "hi", "stream": True},
+                              headers=auth),
+            await client.post("/anthropic/v1/messages", json=chat("claude-fake", max_tokens=50),
+                              headers={"x-api-key": token}),
+            await client.post("/anthropic/v1/messages", json=chat("claude-fake", max_tokens=50, stream=True),
+                              headers={"x-api-key": token, "anthropic-version": "2023-06-01"}),
+        ]
+        texts = [a.text for a in answers]
+        usage = await gateway.revoke(token)
+        return answers, texts, usage, grant
+
+    answers, texts, usage, grant = run(with_gateway(upstream.url, body))
+    assert [a.status_code for a in answers] == [200] * 6
+    assert json.loads(texts[0])["choices"][0]["message"]["content"] == "hi"
+    assert "data: [DONE]" in texts[1] and "response.completed" in texts[3] and "message_stop" in texts[5]
+    assert usage.calls == 6 and usage.failed_calls == 0 and usage.unmetered_calls == 0
+    assert usage.input_tokens == 6 * INPUT_TOKENS and usage.output_tokens == 6 * OUTPUT_TOKENS
+    assert usage.cost_usd == pytest.approx(6 * CALL_USD)
+    assert usage.charged_micro_usd == 6 * to_micro_usd(CALL_USD)
+    assert usage.by_model["fake-ok"].calls == 4 and usage.by_model["claude-fake"].calls == 2
+    # Upstream got the real model id and the gateway's key, never the candidate's token.
+    sent = upstream.requests
+    assert {r["body"]["model"] for r in sent} == {"up/fake-ok", "fake-ok"}
+    assert sent[1]["body"]["stream_options"] == {"include_usage": True}
+    assert all(r["headers"].get("authorization") == f"Bearer {KEY_OPENAI}" for r in sent[:4])
+    assert all(r["headers"].get("x-api-key") == KEY_ANTHROPIC for r in sent[4:])
+    assert not any("vero-ev-" in json.dumps(r["headers"]) for r in sent)
+    # Holds are all released: the pool was charged exactly the metered cost.
+    (evaluation_pool, partition_pool) = grant.pools
+    assert partition_pool.held == 0 and partition_pool.spent == usage.charged_micro_usd
+
+
+def test_openai_sdk_streams_through_the_gateway(upstream):
+    from openai import AsyncOpenAI
+
+    async def body(gateway, client):
+        token, _ = gateway.grant("ev-sdk", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        env = gateway.environment(token)
+        sdk = AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0)
+        stream = await sdk.chat.completions.create(model="fake-ok", messages=[{"role": "user", "content": "x"}],
+                                                   stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        listed = [m.id async for m in sdk.models.list()]
+        await sdk.close()
+        return text, listed, await gateway.revoke(token)
+
+    text, listed, usage = run(with_gateway(upstream.url, body))
+    assert text == "hi" and "fake-ok" in listed and "claude-fake" not in listed
+    assert usage.calls == 1 and usage.output_tokens == OUTPUT_TOKENS
+
+
+def test_refusals_allow_list_tokens_and_budget(upstream):
+    async def body(gateway, client):
+        partition = BudgetPool(to_micro_usd(2.5 * CALL_USD))
+        token, _ = gateway.grant("ev-2", "train", partition_pool=partition, evaluation_limit_usd=None)
+        auth = {"authorization": f"Bearer {token}"}
+        out = {
+            "no_token": await client.post("/openai/v1/chat/completions", json=chat("fake-ok")),
+            "bad_token": await client.post("/openai/v1/chat/completions", json=chat("fake-ok"),
+                                           headers={"authorization": "Bearer vero-ev-guess"}),
+            "off_list": await client.post("/openai/v1/chat/completions", json=chat("gpt-4o"), headers=auth),
+            "wrong_family": await client.post("/openai/v1/chat/completions", json=chat("claude-fake"),
+                                              headers=auth),
+            "not_json": await client.post("/openai/v1/chat/completions", content=b"{", headers=auth),
+        }
+        # The hold is the worst case (max_output_tokens=100): with 2.5 calls' money, the first call
+        # is held partially, charged its real cost, and so on until nothing is left.
+        spent = [await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
+                                   headers=auth) for _ in range(4)]
+        usage = await gateway.revoke(token)
+        out["after_revoke"] = await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth)
+        return out, spent, usage, partition
+
+    out, spent, usage, partition = run(with_gateway(upstream.url, body))
+    assert {k: v.status_code for k, v in out.items()} == {
+        "no_token": 401, "bad_token": 401, "off_list": 403, "wrong_family": 403, "not_json": 400,
+        "after_revoke": 401}
+    assert out["off_list"].json()["error"]["type"] == "model_not_allowed"
+    assert [r.status_code for r in spent[:2]] == [200, 200] and spent[-1].status_code == 402
+    assert spent[-1].json()["error"]["code"] == "budget_exhausted"
+    assert partition.spent <= partition.total and partition.held == 0
+    assert usage.refused_calls["model_not_allowed"] == 2 and usage.refused_calls["budget_exhausted"] >= 1
+    assert usage.refused_calls["bad_request"] == 1
+    # Refused calls never reached the provider.
+    assert {r["body"]["model"] for r in upstream.requests} == {"up/fake-ok"}
+
+
+def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    async def body(gateway, client):
+        partition = BudgetPool(to_micro_usd(1.0))
+        token, _ = gateway.grant("ev-3", "train", partition_pool=partition, evaluation_limit_usd=None)
+        auth = {"authorization": f"Bearer {token}"}
+        answers = {
+            "5xx": await client.post("/openai/v1/chat/completions", json=chat("fake-500"), headers=auth),
+            "5xx_anthropic": await client.post("/anthropic/v1/messages", json=chat("claude-fake-500", max_tokens=5),
+                                               headers={"x-api-key": token}),
+            "timeout": await client.post("/openai/v1/chat/completions", json=chat("fake-slow"), headers=auth),
+            "401": await client.post("/openai/v1/chat/completions", json=chat("fake-401"), headers=auth),
+            "400": await client.post("/openai/v1/chat/completions", json=chat("fake-400"), headers=auth),
+            "nousage": await client.post("/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=10),
+                                         headers=auth),
+        }
+        return answers, await gateway.revoke(token), partition
+
+    answers, usage, partition = run(with_gateway(upstream.url, body))
+    assert {k: v.status_code for k, v in answers.items()} == {
+        "5xx": 502, "5xx_anthropic": 502, "timeout": 504, "401": 502, "400": 400, "nousage": 200}
+    assert answers["5xx_anthropic"].json()["type"] == "error"
+    assert usage.failed_calls == 4
+    # Only the answered calls cost anything: the 400 nothing, the usage-less answer its worst case.
+    assert usage.unmetered_calls == 1 and usage.calls == 1
+    held = to_micro_usd(-(-(len(json.dumps(chat("up/fake-nousage", max_tokens=10))) // 3)) * PRICE_IN
+                        + 10 * PRICE_OUT)
+    assert 0 < usage.charged_micro_usd == partition.spent <= held + 2
+    everything = "".join(a.text for a in answers.values()) + caplog.text + usage.model_dump_json()
+    assert KEY_OPENAI not in everything and KEY_ANTHROPIC not in everything
+    assert "sk-test" not in answers["401"].text
+
+
+def test_evaluation_limit_caps_one_evaluation(upstream):
+    async def body(gateway, client):
+        token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        auth = {"authorization": f"Bearer {token}"}
+        codes = [(await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
+                                    headers=auth)).status_code for _ in range(3)]
+        return codes, await gateway.revoke(token)
+
+    codes, usage = run(with_gateway(upstream.url, body))
+    assert codes[0] == 200 and codes[-1] == 402
+    assert usage.charged_micro_usd <= to_micro_usd(1.5 * CALL_USD)
+
+
+def test_prices_come_from_litellms_cost_map_or_the_spec():
+    price = price_of("gpt-4o-mini", InferenceModel(provider="oai"))
+    assert price.input_usd_per_token == pytest.approx(1.5e-07) and price.output_usd_per_token == pytest.approx(6e-07)
+    assert price_of("openai/gpt-4o-mini", InferenceModel(provider="oai")).input_usd_per_token == pytest.approx(1.5e-07)
+    with pytest.raises(PriceUnknown):
+        price_of("my-local-model", InferenceModel(provider="oai"))
+    own = price_of("my-local-model", InferenceModel(provider="oai", input_cost_per_token=0, output_cost_per_token=1e-6))
+    assert own.output_usd_per_token == 1e-6
