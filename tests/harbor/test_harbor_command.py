@@ -12,6 +12,7 @@ from harbor_cases import make_run, reward_script, write_case
 
 from vero.errors import InfrastructureFailure
 from vero.harbor.command import (
+    CANDIDATE_AGENT_IMPORT_PATH,
     FORCED_ENV,
     INSTALL_AGENT_IMPORT_PATH,
     AgentTimeoutPlan,
@@ -72,14 +73,22 @@ def test_agent_argv_exact_with_multiplier(tmp_path):
         evaluation_id="ev-2", cases_dir=tmp_path / "cases", jobs_dir=tmp_path / "jobs", case_names=("t1",),
         runtime=CandidateRuntime(kind="agent", agent_import_path="pkg.mod:MyAgent"),
         harbor=HarborSpec(environment="modal", n_concurrent=1, n_attempts=5))
+    launcher = tmp_path / "sock" / "launcher"
     command = build_command(run, job_name="ev-2.retry-1", case_names=("t1",),
                             timeout_plan=AgentTimeoutPlan(agent_timeout_multiplier=0.5),
-                            harbor_executable=HARBOR, base_env={})
+                            harbor_executable=HARBOR, base_env={}, launcher_socket=launcher)
+    # Harbor imports vero's trusted CandidateAgent, never the candidate's class.
     assert command.argv == (
         str(HARBOR), "run", "-y", "-q", "-p", str(tmp_path / "cases"), "-i", "t1",
         "-e", "modal", "-n", "1", "-k", "5", "--job-name", "ev-2.retry-1", "-o", str(tmp_path / "jobs"),
-        "-a", "pkg.mod:MyAgent", "--agent-timeout-multiplier", "0.5",
+        "-a", CANDIDATE_AGENT_IMPORT_PATH, "--ak", f"launcher={json.dumps(str(launcher))}",
+        "--ak", 'agent_import_path="pkg.mod:MyAgent"',
+        "--ak", f"candidate_dir={json.dumps(str(run.candidate_dir.absolute()))}",
+        "--agent-timeout-multiplier", "0.5",
     )
+    with pytest.raises(ValueError, match="launcher"):
+        build_command(run, job_name="x", case_names=("t1",), timeout_plan=AgentTimeoutPlan(),
+                      harbor_executable=HARBOR, base_env={})
     assert command.job_dir == tmp_path / "jobs" / "ev-2.retry-1"
     assert command.compose_file is None  # Modal takes no extra compose files
 
@@ -171,7 +180,7 @@ def test_declared_timeouts_reject_invalid_case_without_naming_it(tmp_path):
     assert "1 selected case" in str(info.value)
 
 
-def test_nested_env_allowlist_secrets_pythonpath_and_home(tmp_path):
+def test_nested_env_allowlist_secrets_no_candidate_on_pythonpath_and_home(tmp_path):
     base = {"PATH": "/usr/bin", "HOME": "/root", "VERO_ADMIN_TOKEN": "tok", "PYTHONPATH": "/lib/extra",
             "DOCKER_HOST": "unix:///x.sock", "HARBOR_TELEMETRY": "1"}
     agent_run = make_run(candidate_dir=tmp_path / "cand", env={"MY_API_KEY": "s3cret-value"},
@@ -180,7 +189,8 @@ def test_nested_env_allowlist_secrets_pythonpath_and_home(tmp_path):
     env = nested_env(agent_run, base)
     assert "VERO_ADMIN_TOKEN" not in env
     assert env["MY_API_KEY"] == "s3cret-value"
-    assert env["PYTHONPATH"] == f"{tmp_path / 'cand'}:/lib/extra"
+    # The candidate's class runs in a candidate host: nothing of it is importable by harbor.
+    assert env["PYTHONPATH"] == "/lib/extra"
     assert env["HOME"] == str(tmp_path / "home")
     assert env["DOCKER_HOST"] == "unix:///x.sock"
     for key, value in FORCED_ENV.items():

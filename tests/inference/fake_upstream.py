@@ -3,7 +3,8 @@
 Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model name:
 `fake-ok` answers with usage; `fake-500` answers 500; `fake-slow` sleeps past any test timeout;
 `fake-401` answers 401 with a body that echoes the key it was sent (as real providers do in part);
-`fake-nousage` answers without usage. Streaming (`"stream": true`) sends SSE in each wire format.
+`fake-nousage` answers without usage; any other model answers `responder(body)` (default "hi"), the
+stand-in for a model's reply. Streaming (`"stream": true`) sends SSE in each wire format.
 Every request's path, headers and body are recorded in `requests`.
 """
 
@@ -14,6 +15,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -33,7 +35,7 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
     return out
 
 
-def create_fake_app(requests: list[dict[str, Any]]) -> FastAPI:
+def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], str] | None = None) -> FastAPI:
     app = FastAPI()
 
     async def common(request: Request, kind: str):
@@ -50,13 +52,14 @@ def create_fake_app(requests: list[dict[str, Any]]) -> FastAPI:
         if model.endswith("fake-slow"):
             await asyncio.sleep(30)
         usage_ok = not model.endswith("fake-nousage")
+        text = responder(body) if responder is not None else "hi"
         stream = body.get("stream") is True
         if kind == "chat":
             usage = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
                      "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
             if not stream:
                 return JSONResponse({"id": "c1", "object": "chat.completion", "model": model,
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                                   "finish_reason": "stop"}],
                                      **({"usage": usage} if usage_ok else {})})
             include = (body.get("stream_options") or {}).get("include_usage")
@@ -120,14 +123,14 @@ def create_fake_app(requests: list[dict[str, Any]]) -> FastAPI:
 class FakeUpstream:
     """`with FakeUpstream() as fake:` serves on `fake.url` (loopback); `fake.requests` records calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[dict], str] | None = None, host: str = "127.0.0.1") -> None:
         self.requests: list[dict[str, Any]] = []
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         sock.close()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_fake_app(self.requests), host="127.0.0.1", port=self.port,
+        config = uvicorn.Config(create_fake_app(self.requests, responder), host=host, port=self.port,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)

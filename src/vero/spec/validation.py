@@ -154,6 +154,8 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if not re.match(r"^[A-Za-z0-9_.:-]+$", spec.harbor.environment):
         add("harbor.environment", "expected a Harbor environment name (docker, modal, ...) or module:Class")
 
+    _check_inference(spec, add)
+
     if ".." in spec.name:
         add("name", "must not contain '..' (the compiled task is named vero/<name>, a Harbor package name)")
 
@@ -168,6 +170,33 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if issues:
         raise SpecError(issues, source)
     return spec.model_copy(update={"cases": cases.model_copy(update={"partitions": partitions, "partition_files": {}})})
+
+
+def _check_inference(spec: OptimizationSpec, add) -> None:
+    """The gateway's rules: keys are declared secrets, models name known providers and have a price,
+    and no partition has an inference budget without a gateway."""
+    from vero.inference.pricing import PriceUnknown, price_of
+
+    inference = spec.inference
+    if inference is None:
+        for name, access in spec.agent_access.items():
+            if access.total_inference_usd > 0:
+                add(f"agent_access.{name}.total_inference_usd", "an inference budget needs an `inference` section")
+        return
+    if not inference.models:
+        add("inference.models", "expected at least one allow-listed model")
+    for name, provider in inference.providers.items():
+        if provider.api_key_secret is not None and provider.api_key_secret not in spec.secrets:
+            add(f"inference.providers.{name}.api_key_secret",
+                f"{provider.api_key_secret} must be listed in `secrets` (the gateway reads it by name)")
+    for name, model in inference.models.items():
+        if model.provider not in inference.providers:
+            add(f"inference.models.{name}.provider", f"unknown provider {model.provider!r}")
+        try:
+            price_of(name, model)
+        except PriceUnknown:
+            add(f"inference.models.{name}", "not in LiteLLM's model cost map: give input_cost_per_token and "
+                                          "output_cost_per_token (US dollars per token)")
 
 
 def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:
