@@ -10,10 +10,11 @@ Measures, in one run of about a minute on two cores:
    one runs nested Harbor jobs in Docker), budgets are large enough never to refuse, and the
    admissions cycle over a few commits of a real agent repository (each admission resolves its
    version and imports the commit into the candidate store; only the first of each is fetched).
-2. Ledger reservations per second: `BudgetLedger.reserve` in a loop, every durable write (temp
-   file, fsync, rename) included.
+2. Ledger reservations per second: `BudgetLedger.reserve` in a loop, each one SQLite transaction
+   of the state store (WAL, synchronous=FULL: fsynced) included.
 3. Where admission time goes: the same steps as one admission, timed in this process, one at a time
-   (candidate import of a new and of an already stored commit, ledger reservation, job record).
+   (candidate import of a new and of an already stored commit, ledger reservation, reservation and
+   job record together).
 
 Admitted jobs keep running in the background of the server process (candidate checkout, stub
 evaluation, result and ledger writes) while later admissions are measured: that is the sidecar's
@@ -174,8 +175,8 @@ def _drain(url: str, cap_sec: float = 90.0) -> float | None:
     started = time.perf_counter()
     with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
         while time.perf_counter() - started < cap_sec:
-            jobs = client.get("/status").json()["jobs"]
-            if all(job["state"] in ("complete", "failed", "cancelled") for job in jobs):
+            counts = client.get("/status").json()["job_counts"]
+            if not any(state in ("queued", "running") for states in counts.values() for state in states):
                 return time.perf_counter() - started
             time.sleep(0.25)
     return None
@@ -187,7 +188,7 @@ def _drain(url: str, cap_sec: float = 90.0) -> float | None:
 def _ledger(root: Path) -> dict:
     from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 
-    ledger = BudgetLedger.open(root / "ledger.json", {("train", PRINCIPAL): BudgetTotals(runs=10**7, cases=10**9)})
+    ledger = BudgetLedger.open(root / "state.db", {("train", PRINCIPAL): BudgetTotals(runs=10**7, cases=10**9)})
     cost = Cost.of_evaluation(6)
 
     async def run() -> list[float]:
@@ -208,7 +209,7 @@ def _ledger(root: Path) -> dict:
         "per_sec": n / (stamps[-1] - stamps[0]),
         "first_tenth_per_sec": tenth / (stamps[tenth] - stamps[0]),
         "last_tenth_per_sec": tenth / (stamps[-1] - stamps[-1 - tenth]),
-        "file_bytes": (root / "ledger.json").stat().st_size,
+        "file_bytes": sum(p.stat().st_size for p in root.glob("state.db*")),
     }
 
 
@@ -220,13 +221,14 @@ def _admission_steps(root: Path) -> dict[str, float]:
     from vero.core.candidates import CandidateStore
     from vero.core.jobs import EvaluationJob, JobStore
     from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+    from vero.core.state import StateStore
 
     harness = make_harness(root / "steps")
     versions = [commit_file(harness.agent_repo, "solve.py", f"print({i})\n", f"v{i}") for i in range(N_VERSIONS)]
-    store = CandidateStore.open(root / "steps" / "state")
-    ledger = BudgetLedger.open(root / "steps" / "state" / "ledger.json",
-                               {("train", PRINCIPAL): BudgetTotals(runs=10**6, cases=10**8)})
-    jobs = JobStore.open(root / "steps" / "state")
+    state = StateStore.open(root / "steps" / "state" / "state.db")
+    store = CandidateStore.open(root / "steps" / "state", state)
+    ledger = BudgetLedger.open(state, {("train", PRINCIPAL): BudgetTotals(runs=10**6, cases=10**8)})
+    jobs = JobStore(ledger)
 
     def mean_ms(samples: list[float]) -> float:
         return statistics.fmean(samples) * 1e3
@@ -246,18 +248,19 @@ def _admission_steps(root: Path) -> dict[str, float]:
             t = time.perf_counter()
             reservation = await ledger.reserve("train", PRINCIPAL, Cost.of_evaluation(6), reservation_id=job_id)
             reserve.append(time.perf_counter() - t)
-            job = EvaluationJob(id=job_id, principal=PRINCIPAL, partition="train",
+            job = EvaluationJob(id=JobStore.new_id(), principal=PRINCIPAL, partition="train",
                                 cases=[f"t{k}" for k in range(1, 7)], full_partition=True, version=version,
-                                candidate=record.id, disclosure="full", reservation_id=reservation.id,
+                                candidate=record.id, disclosure="full", reservation_id="",
                                 created_at=datetime.now(UTC))
+            job = job.model_copy(update={"reservation_id": job.id})
             t = time.perf_counter()
-            await jobs.create(job)
+            await jobs.admit(job, Cost.of_evaluation(6))
             create.append(time.perf_counter() - t)
         return {
             "candidate import, new commit (fetch + checks)": mean_ms(fresh),
             "candidate import, stored commit (resolve + lookup)": mean_ms(repeat),
-            "ledger reservation (durable write)": mean_ms(reserve),
-            "job record (record + index, durable writes)": mean_ms(create),
+            "ledger reservation (one transaction)": mean_ms(reserve),
+            "reservation + job record (one transaction, as admitted)": mean_ms(create),
         }
 
     return asyncio.run(run())
@@ -324,8 +327,8 @@ def main() -> None:
                                               else "later than 90 s after the last admission"))
     console.print(f"ledger: {ledger['reservations']} reservations, {ledger['per_sec']:.0f}/s "
                   f"(first tenth {ledger['first_tenth_per_sec']:.0f}/s, last tenth "
-                  f"{ledger['last_tenth_per_sec']:.0f}/s; the whole file, {ledger['file_bytes']} bytes at "
-                  f"the end, is rewritten and fsynced per reservation)")
+                  f"{ledger['last_tenth_per_sec']:.0f}/s; one fsynced transaction each, "
+                  f"{ledger['file_bytes']} bytes of database at the end)")
     steps_table = Table(title="one admission, step by step (in-process, sequential, mean)")
     steps_table.add_column("step")
     steps_table.add_column("ms", justify="right")
@@ -333,10 +336,10 @@ def main() -> None:
         steps_table.add_row(step, f"{ms:.1f}")
     console.print(steps_table)
     git_ms = steps["candidate import, stored commit (resolve + lookup)"]
-    durable_ms = steps["ledger reservation (durable write)"] + steps["job record (record + index, durable writes)"]
+    durable_ms = steps["reservation + job record (one transaction, as admitted)"]
     console.print(f"admission of a stored commit: git {git_ms:.1f} ms (subprocesses, run in threads, in "
-                  f"parallel) + durable writes {durable_ms:.1f} ms (fsync; serialized by the ledger and job "
-                  f"store locks, so they bound admissions at about {1e3 / durable_ms:.0f}/s under load)")
+                  f"parallel) + one transaction {durable_ms:.1f} ms (fsync; transactions are serialized, so "
+                  f"they bound admissions at about {1e3 / durable_ms:.0f}/s under load)")
     console.print(f"machine: {machine['cpu_count']} CPUs ({machine['usable_cpus']} usable) {machine['cpu_model']}, "
                   f"Python {machine['python']}, {machine['platform']}")
     console.print(f"wall time: {time.monotonic() - started:.0f} s")

@@ -1,11 +1,11 @@
 """vero: compile program-optimization specs into Harbor tasks with a trusted sidecar and verifier.
 
 Public API: `load_spec`, `OptimizationSpec`, `compile_task`, `VeroError`. Importing `vero` loads no
-web framework and no Harbor; the heavy parts import on demand.
+third-party package at all (the agent's CLI starts on the standard library alone); each public name
+imports its module on first use.
 """
 
 from vero.errors import VeroError
-from vero.spec import OptimizationSpec, load_spec
 
 __version__ = "0.1.0"
 
@@ -17,4 +17,8 @@ def __getattr__(name: str):
         from vero.compiler import compile_task
 
         return compile_task
+    if name in ("OptimizationSpec", "load_spec"):
+        import vero.spec
+
+        return getattr(vero.spec, name)
     raise AttributeError(name)

@@ -11,7 +11,7 @@ VeroError
 ├── CandidateRejected         a version cannot be imported (malformed, unknown, unsafe tree)
 ├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
 ├── InfrastructureFailure     the evaluation could not measure anything (build, engine, timeout); refunded
-├── LedgerCorrupt             the persisted budget ledger (or another durable record) cannot be read
+├── LedgerCorrupt             the state database (ledger, jobs, ...) cannot be read or breaks an invariant
 ├── SessionInvalid            a sealed session archive fails its digest or spec-digest check
 └── SidecarUnavailable        the agent-side client could not reach the sidecar
 ```
@@ -24,6 +24,7 @@ never by message text. Messages never carry secret values or hidden partition na
 from __future__ import annotations
 
 __all__ = [
+    "HTTP_STATUS_ERRORS",
     "BudgetExhausted",
     "CandidateRejected",
     "Conflict",
@@ -37,18 +38,18 @@ __all__ = [
     "SpecIssue",
     "UnknownJob",
     "VeroError",
+    "error_for_status",
 ]
-
-from dataclasses import dataclass
-
 
 class VeroError(Exception):
     """Root of every error vero raises on purpose."""
 
 
-@dataclass(frozen=True)
 class SpecIssue:
-    """One problem in an optimization spec.
+    """One problem in an optimization spec (immutable; compares and hashes by value).
+
+    A plain class rather than a dataclass: this module is imported by the agent's CLI, which must
+    start on the cheapest part of the standard library (`dataclasses` loads `inspect`).
 
     Attributes:
         loc: dotted YAML path of the offending field, e.g. ``agent_access.train.disclosure``
@@ -56,8 +57,27 @@ class SpecIssue:
         message: what was expected there.
     """
 
+    __slots__ = ("loc", "message")
     loc: str
     message: str
+
+    def __init__(self, loc: str, message: str) -> None:
+        object.__setattr__(self, "loc", loc)
+        object.__setattr__(self, "message", message)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("SpecIssue is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SpecIssue):
+            return NotImplemented
+        return (self.loc, self.message) == (other.loc, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.loc, self.message))
+
+    def __repr__(self) -> str:
+        return f"SpecIssue(loc={self.loc!r}, message={self.message!r})"
 
     def __str__(self) -> str:
         return self.message if self.loc == "<root>" else f"{self.loc}: {self.message}"
@@ -163,7 +183,7 @@ class InfrastructureFailure(VeroError):
 
 
 class LedgerCorrupt(VeroError):
-    """A durable record (budget ledger, job index) exists but cannot be read or validated."""
+    """The state database (budget ledger, jobs, candidate records) cannot be read, or breaks an invariant."""
 
 
 class SessionInvalid(VeroError):
@@ -172,3 +192,39 @@ class SessionInvalid(VeroError):
 
 class SidecarUnavailable(VeroError):
     """The agent-side client could not reach the sidecar (connection refused, DNS, timeouts)."""
+
+
+HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
+    400: CandidateRejected,
+    402: BudgetExhausted,
+    403: PolicyDenied,
+    404: UnknownJob,
+    409: Conflict,
+    413: RequestInvalid,
+    422: RequestInvalid,
+    502: InfrastructureFailure,
+}
+"""The class a sidecar status code stands for (the inverse of `vero.sidecar.errors`' table)."""
+
+
+def error_for_status(status: int, message: str | None) -> VeroError:
+    """The error both agent-side clients raise for a non-2xx sidecar answer.
+
+    Args:
+        status: the HTTP status code (300 or more).
+        message: the problem body's `detail` (or `title`); None when the body was no vero problem,
+            which is then never echoed: only the status code is named.
+
+    Returns:
+        The class of `HTTP_STATUS_ERRORS`; `SidecarUnavailable` for another 5xx; `VeroError` otherwise.
+    """
+    text = message if message is not None else f"the sidecar answered HTTP {status}"
+    cls = HTTP_STATUS_ERRORS.get(status)
+    if cls is BudgetExhausted:
+        return BudgetExhausted.from_message(text)
+    if cls is not None:
+        return cls(text)
+    if status >= 500:
+        head = f"the sidecar could not serve the request (HTTP {status})"
+        return SidecarUnavailable(f"{head}: {text}" if message is not None else head)
+    return VeroError(text)

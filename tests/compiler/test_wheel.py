@@ -44,7 +44,7 @@ def test_wheel_bytes_are_reproducible_and_entries_canonical():
             expected = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert listed[name] == (expected, str(len(data))), name
         entry_points = archive.read("vero-0.1.0.dist-info/entry_points.txt").decode()
-        assert "vero = vero.cli:main" in entry_points
+        assert "vero = vero._entry:main" in entry_points
         metadata = archive.read("vero-0.1.0.dist-info/METADATA").decode()
         assert "Name: vero\n" in metadata and "Requires-Dist: harbor==0.26.0\n" in metadata
 

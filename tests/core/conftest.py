@@ -41,7 +41,7 @@ def make_job_fixture():
 
 @pytest.fixture
 def ledger_path(tmp_path):
-    return tmp_path / "state" / "ledger.json"
+    return tmp_path / "state" / "state.db"
 
 
 @pytest.fixture

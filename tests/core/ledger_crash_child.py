@@ -1,10 +1,11 @@
 """Child process of the ledger crash test: reserve, settle and refund in a loop until killed.
 
-Usage: python ledger_crash_child.py <ledger path> <seed>
+Usage: python ledger_crash_child.py <state database path> <seed>
 
-Prints `ready` once the ledger is open, then one line per operation *after* it returned (so after its
-write landed): `R <id>` reserved, `S <id>` settled, `F <id>` refunded. The parent kills the process
-with SIGKILL at random moments and checks that the file agrees with every acknowledged line.
+Prints `ready` once the ledger is open, then `B <id>` before each operation and one line *after* it
+returned (so after its transaction was durable): `R <id>` reserved, `S <id>` settled, `F <id>`
+refunded. The parent kills the process with SIGKILL at random moments and checks that the database
+agrees with every acknowledged line (a trailing `B` means the kill hit a transaction in flight).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_fligh
         partition = "val" if rng.random() < 0.3 else "train"
         rid = f"rs-{prefix}-{counter}"
         in_flight.add(rid)
+        print(f"B {rid}", flush=True)
         try:
             await ledger.reserve(partition, "agent", Cost.of_evaluation(rng.randint(0, 4)), reservation_id=rid)
         except BudgetExhausted:
@@ -41,12 +43,15 @@ async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_fligh
             if open_ids:
                 victim = rng.choice(open_ids)
                 in_flight.add(victim)
+                print(f"B {victim}", flush=True)
                 await ledger.refund(victim, "cancelled")
                 in_flight.discard(victim)
                 print(f"F {victim}", flush=True)
             continue
         print(f"R {rid}", flush=True)
         roll = rng.random()
+        if roll < 0.9:
+            print(f"B {rid}", flush=True)
         if roll < 0.45:
             await ledger.settle(rid)
             print(f"S {rid}", flush=True)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from vero.core.baseline import commit_baseline
-from vero.core.candidates import CandidateRecord, CandidateStore
-from vero.errors import CandidateRejected, LedgerCorrupt
+from vero.core.candidates import REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore
+from vero.core.state import StateStore
+from vero.errors import CandidateRejected
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,11 +55,10 @@ def chown_agent(repo: Path) -> None:
     subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
 
 
-def snapshot(store: CandidateStore) -> tuple[str, dict[str, bytes]]:
-    """Every ref of the store and every record file (name -> bytes)."""
+def snapshot(store: CandidateStore) -> tuple[str, bytes]:
+    """Every ref of the store and the state store's export (records, checked trees aside)."""
     refs = git(store.git_dir, "for-each-ref", "--format=%(objectname) %(refname)")
-    records = {p.name: p.read_bytes() for p in sorted(store.records_dir.iterdir())}
-    return refs, records
+    return refs, store.state.export_bytes()
 
 
 def store_refs(store: CandidateStore) -> list[str]:
@@ -77,9 +77,13 @@ def agent_repo(tmp_path) -> Path:
     return repo
 
 
+def open_store(root: Path) -> CandidateStore:
+    return CandidateStore.open(root, StateStore.open(root / "state.db"))
+
+
 @pytest.fixture
 def store(tmp_path) -> CandidateStore:
-    return CandidateStore.open(tmp_path / "state")
+    return open_store(tmp_path / "state")
 
 
 # --- import, records, idempotence ------------------------------------------------------------
@@ -109,20 +113,19 @@ def test_import_resolves_fetches_and_records(store, agent_repo):
     assert store_refs(store) == [f"refs/vero/candidates/{head}"]
     assert git(store.git_dir, "rev-parse", f"refs/vero/candidates/{head}") == head
     assert git(store.git_dir, "cat-file", "-t", parent) == "commit"  # history came along
-    on_disk = CandidateRecord.model_validate_json((store.records_dir / f"{head}.json").read_bytes())
-    assert on_disk == record == store.get(head)
+    (stored,) = store.state.export()["candidates"]
+    assert CandidateRecord.model_validate(stored) == record == store.get(head)
     assert store.list() == [record]
     assert store.temporary_refs() == []
 
 
 def test_import_is_idempotent_across_names_for_one_commit(store, agent_repo):
     first = store.import_version_sync(agent_repo, "HEAD")
-    record_bytes = (store.records_dir / f"{first.id}.json").read_bytes()
+    record_bytes = store.state.export_bytes()
     for version in ("main", "v1", "feature", first.id, first.id[:12], "HEAD^{commit}", "v1~0", "@"):
         assert store.import_version_sync(agent_repo, version) == first
-    assert (store.records_dir / f"{first.id}.json").read_bytes() == record_bytes  # imported_at kept
+    assert store.state.export_bytes() == record_bytes  # imported_at kept, nothing added
     assert store_refs(store) == [f"refs/vero/candidates/{first.id}"]
-    assert len(list(store.records_dir.iterdir())) == 1
 
 
 def test_several_candidates_listed_by_import_time_and_no_branch_or_tag(store, agent_repo):
@@ -156,28 +159,33 @@ def test_subject_is_first_line_without_control_characters(store, tmp_path):
     assert len(record.subject) == 200
 
 
-def test_get_unknown_and_corrupt_records(store, agent_repo):
+def test_get_unknown_records(store, agent_repo):
     with pytest.raises(KeyError):
         store.get("0" * 40)
     with pytest.raises(KeyError):
         store.get("../../etc/passwd")
-    record = store.import_version_sync(agent_repo, "HEAD")
-    (store.records_dir / f"{record.id}.json").write_text("{not json")
-    with pytest.raises(LedgerCorrupt):
-        store.get(record.id)
+    assert not store.contains("0" * 40)
 
 
 def test_reopening_the_store_keeps_candidates(tmp_path, agent_repo):
-    record = CandidateStore.open(tmp_path / "state").import_version_sync(agent_repo, "HEAD")
-    reopened = CandidateStore.open(tmp_path / "state")
-    assert reopened.list() == [record]
+    first = open_store(tmp_path / "state")
+    record = first.import_version_sync(agent_repo, "HEAD")
+    first.state.close()
+    reopened = open_store(tmp_path / "state")
+    assert reopened.list() == [record] and reopened.contains(record.id)
     assert reopened.import_version_sync(agent_repo, "main") == record
+
+
+def test_a_checkout_only_store_cannot_import(tmp_path, agent_repo):
+    store = CandidateStore.open(tmp_path / "state")
+    with pytest.raises(RuntimeError, match="without a state store"):
+        store.import_version_sync(agent_repo, "HEAD")
 
 
 # --- checkout ------------------------------------------------------------------------------
 
 
-def test_checkout_is_detached_and_independent_of_agent_repo_and_store(store, agent_repo, tmp_path):
+def test_checkout_writes_the_files_only_independent_of_agent_repo_and_store(store, agent_repo, tmp_path):
     record = store.import_version_sync(agent_repo, "HEAD")
     shutil.rmtree(agent_repo)
 
@@ -186,16 +194,10 @@ def test_checkout_is_detached_and_independent_of_agent_repo_and_store(store, age
     assert dest == tmp_path / "eval" / "checkout"
     assert (dest / "src" / "main.py").read_text() == "print('faster')\n"
     assert os.readlink(dest / "src" / "alias.py") == "main.py"
-    assert git(dest, "rev-parse", "HEAD") == record.id
-    assert git(dest, "status", "--porcelain") == ""
-    assert subprocess.run(["git", "-C", str(dest), "symbolic-ref", "-q", "HEAD"],
-                          capture_output=True).returncode != 0  # detached
-    assert git(dest, "for-each-ref", "--format=%(refname)") == ""  # no branch, no tag
-    assert not (dest / ".git" / "objects" / "info" / "alternates").exists()
-
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        "README.md", "src", "src/alias.py", "src/main.py"]  # no .git, no history, no index
     shutil.rmtree(store.root)
-    git(dest, "fsck", "--full", "--no-dangling")  # every object is its own
-    assert git(dest, "log", "--format=%s", "-1") == "make it faster"
+    assert (dest / "src" / "main.py").read_text() == "print('faster')\n"
 
 
 def test_checkout_refuses_existing_dest_and_unknown_id(store, agent_repo, tmp_path):
@@ -348,6 +350,94 @@ def test_symlink_loop_is_rejected(store, tmp_path):
         store.import_version_sync(repo, "HEAD")
 
 
+def test_a_child_of_a_checked_commit_is_inspected_from_the_difference(store, tmp_path, monkeypatch):
+    """Only the entries that changed are read, yet a change that makes an *unchanged* symlink escape
+    (its chain went through a link the child removed) is still refused."""
+    import vero.core.candidates as candidates_module
+
+    full_listings = []
+    real = candidates_module._ls_tree_entries
+    monkeypatch.setattr(candidates_module, "_ls_tree_entries", lambda raw: full_listings.append(1) or real(raw))
+    repo = tmp_path / "chain"
+    # `a/l` stays inside only because `b` is a link two levels deep.
+    base = commit_files(repo, {"c/d/f": "x\n", "b": ("link", "c/d"), "a/l": ("link", "../b/../..")})
+    git(repo, "branch", "base")
+    commit_files(repo, {"c/d/f": "y\n", "new/ok": ("link", "../c/d/f")}, message="benign")
+    benign = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "hostile", "base")
+    (repo / "b").unlink()
+    commit_files(repo, {"b/file": "now a directory\n"}, message="b becomes a directory")
+    git(repo, "checkout", "-q", "-b", "reserved", "base")
+    commit_files(repo, {".vero/x": "no\n"}, message="reserved path")
+    chown_agent(repo)
+
+    assert store.import_version_sync(repo, "base").id == base
+    assert len(full_listings) == 1
+    assert store.import_version_sync(repo, benign).id == benign
+    with pytest.raises(CandidateRejected, match="'a/l' points outside the tree"):
+        store.import_version_sync(repo, "hostile")
+    with pytest.raises(CandidateRejected, match="reserved path"):
+        store.import_version_sync(repo, "reserved")
+    assert len(full_listings) == 1, "a child of a checked commit was listed in full"
+    # an amended commit with an already checked tree needs no inspection at all
+    git(repo, "checkout", "-q", "main")
+    amended = git(repo, "commit-tree", git(repo, "rev-parse", f"{benign}^{{tree}}"), "-m", "same tree")
+    git(repo, "update-ref", "refs/heads/amended", amended)
+    chown_agent(repo)
+    assert store.import_version_sync(repo, "amended").tree == store.get(benign).tree
+    assert len(full_listings) == 1  # a root commit, but its tree was checked already: nothing listed
+
+
+def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, tmp_path):
+    repo = tmp_path / "big"
+    first = commit_files(repo, {f"pkg/m{i}.py": f"v = {i}\n" for i in range(50)} | {"gone.txt": "old\n"})
+    (repo / "gone.txt").unlink()
+    second = commit_files(repo, {"pkg/m7.py": "v = 'changed'\n", "new/file.txt": "new\n"}, message="edit")
+    chown_agent(repo)
+    for version in (first, second):
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+
+    update = store.update_worktree(first, work, index)
+    assert update.changed is None and (work / "gone.txt").read_text() == "old\n"
+    inodes = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir()}
+    update = store.update_worktree(second, work, index)
+    assert sorted(update.changed) == ["gone.txt", "new/file.txt", "pkg/m7.py"]
+    assert (work / "pkg" / "m7.py").read_text() == "v = 'changed'\n" and (work / "new" / "file.txt").exists()
+    assert not (work / "gone.txt").exists() and not (work / ".git").exists()
+    unchanged = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir() if p.name != "m7.py"}
+    assert unchanged == {name: ino for name, ino in inodes.items() if name != "m7.py"}  # not rewritten
+
+    # a file changed behind the index's back is restored; a lost index starts over from scratch
+    (work / "pkg" / "m3.py").write_text("tampered, longer than before\n")
+    (work / "stray.txt").write_text("left by someone\n")
+    store.update_worktree(first, work, index)
+    assert (work / "pkg" / "m3.py").read_text() == "v = 3\n" and (work / "gone.txt").exists()
+    index.unlink()
+    update = store.update_worktree(second, work, index)
+    assert update.changed is None and not (work / "stray.txt").exists()
+    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == sorted(
+        [f"pkg/m{i}.py" for i in range(50)] + ["new/file.txt"])
+    with pytest.raises(KeyError):
+        store.update_worktree("f" * 40, work, index)
+
+
+def test_the_store_is_repacked_in_the_foreground(store, tmp_path):
+    repo = tmp_path / "many"
+    commit_files(repo, {"f": "0\n"})
+    chown_agent(repo)
+    for i in range(REPACK_EVERY_IMPORTS + 2):
+        commit_files(repo, {"f": f"{i}\n", f"d{i}/g": f"{i}\n"}, message=f"c{i}")
+        chown_agent(repo)
+        store.import_version_sync(repo, "HEAD")
+    counts = dict(line.split(": ") for line in git(store.git_dir, "count-objects", "-v").splitlines())
+    # the repack after the 64th import left at most the objects of the two imports since then loose
+    assert int(counts["count"]) <= 2 * 4 and store.pack_count() <= 3, counts
+    git(store.git_dir, "fsck", "--full", "--no-dangling")
+    assert len(store.list()) == REPACK_EVERY_IMPORTS + 2
+
+
 def test_source_without_plain_git_dir_is_rejected(store, tmp_path, agent_repo):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -422,7 +512,7 @@ def large_repo(tmp_path_factory) -> Path:
 
 
 def test_cancel_right_after_start_leaves_no_temporary_ref(tmp_path, large_repo):
-    store = CandidateStore.open(tmp_path / "state")
+    store = open_store(tmp_path / "state")
 
     async def scenario():
         task = asyncio.create_task(store.import_version(large_repo, "HEAD"))
@@ -455,7 +545,7 @@ def test_cancel_while_temporary_ref_exists_removes_it(tmp_path, large_repo):
 
     # The window between fetch and publish is tens of milliseconds; a loaded machine may miss it.
     for attempt in range(5):
-        store = CandidateStore.open(tmp_path / f"state-{attempt}")
+        store = open_store(tmp_path / f"state-{attempt}")
         if asyncio.run(scenario(store)):
             break
     else:

@@ -1,13 +1,13 @@
-"""Budget ledger: reserve/settle/refund, durability, restart, corruption, concurrency and crashes."""
+"""Budget ledger in the state store: reserve/settle/refund, durability, restart, tampering, concurrency
+and crashes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
-import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,34 +17,55 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vero.core.ledger import BudgetLedger, BudgetTotals, Cost, read_ledger_file
+from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+from vero.core.state import StateStore
 from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 
 
 def assert_consistent(ledger: BudgetLedger) -> None:
-    """Memory equals the file, and the file satisfies every invariant (checked independently)."""
-    on_disk = read_ledger_file(ledger.path)
-    assert on_disk == ledger.snapshot()
-    check_raw_invariants(json.loads(ledger.path.read_bytes()))
+    """A fresh open of the database agrees with the ledger, and the raw rows keep every invariant."""
+    with StateStore.open(ledger.path) as fresh:
+        assert BudgetLedger.open(fresh, {}).snapshot() == ledger.snapshot()
+    check_raw_invariants(ledger.path)
 
 
-def check_raw_invariants(raw: dict) -> None:
-    """Recompute the figures from the reservation records of a raw ledger file."""
-    ids = [r["id"] for r in raw["reservations"]]
-    assert len(ids) == len(set(ids)), "a reservation is recorded twice"
-    for entry in raw["entries"]:
-        mine = [r for r in raw["reservations"]
-                if (r["partition"], r["principal"]) == (entry["partition"], entry["principal"])]
-        for resource in ("runs", "cases"):
-            settled = sum(r["cost"][resource] for r in mine if r["state"] == "settled")
-            reserved = sum(r["cost"][resource] for r in mine if r["state"] == "reserved")
-            assert entry[f"settled_{resource}"] == settled
-            assert entry[f"reserved_{resource}"] == reserved
-            remaining = entry[f"total_{resource}"] - settled - reserved
-            assert remaining >= 0
-            assert settled + reserved + remaining == entry[f"total_{resource}"]
+def check_raw_invariants(path: Path) -> None:
+    """Recompute every budget's figures from the reservation rows with plain SQL (independently)."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        ids = [rid for (rid,) in conn.execute("SELECT id FROM reservations")]
+        assert len(ids) == len(set(ids)), "a reservation is recorded twice"
+        for partition, principal, resource, total, settled, reserved in conn.execute(
+                "SELECT partition, principal, resource, total, settled, reserved FROM budgets").fetchall():
+            sums = dict(conn.execute(
+                "SELECT r.state, sum(c.amount) FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id "
+                "WHERE r.partition = ? AND r.principal = ? AND c.resource = ? GROUP BY r.state",
+                (partition, principal, resource)))
+            assert settled == sums.get("settled", 0) and reserved == sums.get("reserved", 0)
+            remaining = total - settled - reserved
+            assert remaining >= 0 and settled + reserved + remaining == total
+    finally:
+        conn.close()
+
+
+def tamper(path: Path, *statements: str) -> None:
+    """Edit the database as an attacker with the file would: constraints, foreign keys and triggers off
+    (triggers are recreated afterwards from their own text, so the schema still matches)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        triggers = conn.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger'").fetchall()
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        conn.execute("PRAGMA foreign_keys = OFF")
+        for name, _ in triggers:
+            conn.execute(f"DROP TRIGGER {name}")
+        for statement in statements:
+            conn.execute(statement)
+        for _, sql in triggers:
+            conn.execute(sql)
+    finally:
+        conn.close()
 
 
 # basic life cycle -----------------------------------------------------------------------------------
@@ -52,8 +73,11 @@ def check_raw_invariants(raw: dict) -> None:
 def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
     assert ledger_path.is_file()
     assert oct(ledger_path.stat().st_mode & 0o777) == "0o600"
-    raw = json.loads(ledger_path.read_text())
-    assert raw["schema_version"] == 1 and raw["reservations"] == []
+    raw = ledger.state.export()
+    assert raw["schema_version"] == 1 and raw["reservations"] == [] and raw["jobs"] == []
+    assert [(b["partition"], b["resource"], b["total"]) for b in raw["budgets"]] == [
+        ("train", "cases", 40), ("train", "runs", 10), ("val", "cases", 6), ("val", "runs", 3)]
+    assert sqlite3.connect(ledger_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     balance = ledger.balance("train", "agent")
     figures = (balance.total_runs, balance.total_cases, balance.remaining_runs, balance.remaining_cases)
     assert figures == (10, 40, 10, 40)
@@ -127,7 +151,7 @@ async def test_unknown_entry_fails_closed_without_echo(ledger):
 async def test_exhaustion_checks_runs_first_and_changes_nothing(ledger, ledger_path):
     # val: 3 runs, 6 cases
     await ledger.reserve("val", "agent", Cost.of_evaluation(5))
-    before = ledger_path.read_bytes()
+    before = ledger.state.export_bytes()
     with pytest.raises(BudgetExhausted) as info:
         await ledger.reserve("val", "agent", Cost.of_evaluation(2))
     assert (info.value.resource, info.value.requested, info.value.remaining) == ("cases", 2, 1)
@@ -138,11 +162,11 @@ async def test_exhaustion_checks_runs_first_and_changes_nothing(ledger, ledger_p
         await ledger.reserve("val", "agent", Cost.of_evaluation(7))  # both exceeded: runs reported
     assert (info.value.resource, info.value.requested, info.value.remaining) == ("runs", 1, 0)
     assert len(ledger.reservations()) == 3
-    assert ledger_path.read_bytes() != before
-    after = ledger_path.read_bytes()
+    assert ledger.state.export_bytes() != before
+    after = ledger.state.export_bytes()
     with pytest.raises(BudgetExhausted):
         await ledger.reserve("val", "agent", Cost.of_evaluation(1))
-    assert ledger_path.read_bytes() == after  # a refused reservation writes nothing
+    assert ledger.state.export_bytes() == after  # a refused reservation writes nothing
 
 
 async def test_duplicate_reservation_id_is_refused(ledger):
@@ -160,18 +184,37 @@ def test_cost_rejects_negative_figures():
 
 # durability and failure -----------------------------------------------------------------------------
 
-async def test_failed_write_changes_nothing_in_memory(ledger, ledger_path):
-    await ledger.reserve("train", "agent", Cost.of_evaluation(1))
-    before = ledger.snapshot()
-    shutil.rmtree(ledger_path.parent)  # the next atomic write cannot create its temp file
+async def test_a_failed_transaction_changes_nothing(ledger):
+    await ledger.reserve("train", "agent", Cost.of_evaluation(1), reservation_id="rs-kept")
+    before = ledger.state.export_bytes()
+
+    def reserve_then_fail(conn):
+        ledger.reserve_in(conn, "train", "agent", Cost.of_evaluation(2), "rs-lost")
+        ledger.close_in(conn, "rs-kept", "settled", "measured")
+        raise OSError("disk full")
+
     with pytest.raises(OSError):
-        await ledger.reserve("train", "agent", Cost.of_evaluation(2))
-    with pytest.raises(OSError):
-        await ledger.settle(ledger.reservations()[0].id)
-    assert ledger.snapshot() == before
-    ledger_path.parent.mkdir()
+        await ledger.state.commit(reserve_then_fail)
+    assert ledger.state.export_bytes() == before
+    with pytest.raises(KeyError):
+        ledger.reservation("rs-lost")
     await ledger.reserve("train", "agent", Cost.of_evaluation(2))
     assert ledger.balance("train", "agent").reserved_runs == 2
+    assert_consistent(ledger)
+
+
+async def test_the_database_refuses_an_overspend_the_caller_did_not_check(ledger):
+    """The CHECK constraint holds even if the Python check were wrong."""
+    await ledger.reserve("val", "agent", Cost(runs=3, cases=0))
+
+    def unchecked(conn):
+        conn.execute("INSERT INTO reservations (id, partition, principal, state, created_at) "
+                     "VALUES ('rs-x', 'val', 'agent', 'reserved', '2026-01-01T00:00:00Z')")
+        conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1)")
+
+    with pytest.raises(sqlite3.IntegrityError):
+        await ledger.state.commit(unchecked)
+    assert ledger.balance("val", "agent").remaining_runs == 0
     assert_consistent(ledger)
 
 
@@ -179,8 +222,6 @@ async def test_failed_write_changes_nothing_in_memory(ledger, ledger_path):
 async def test_cancelled_callers_leave_memory_equal_to_disk(ledger_path):
     """Cancel reservations while their write is in flight: the write finishes, memory follows it."""
     ledger = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=10_000, cases=10_000)})
-    for i in range(300):  # a larger file makes each write take a few milliseconds
-        await ledger.reserve("train", "agent", Cost(runs=1, cases=1), reservation_id=f"warm-{i}")
     landed_despite_cancel = 0
     for attempt in range(30):
         rid = f"cancel-{attempt}"
@@ -193,7 +234,8 @@ async def test_cancelled_callers_leave_memory_equal_to_disk(ledger_path):
             if any(r.id == rid for r in ledger.reservations()):
                 landed_despite_cancel += 1
                 await ledger.refund(rid, "cancelled")  # the caller can clean up by its own id
-        assert read_ledger_file(ledger_path) == ledger.snapshot()
+        with StateStore.open(ledger_path) as fresh:
+            assert BudgetLedger.open(fresh, {}).snapshot() == ledger.snapshot()
     assert landed_despite_cancel > 0, "no cancellation hit a write in flight; the test proved nothing"
     assert_consistent(ledger)
 
@@ -305,76 +347,83 @@ async def test_persisted_totals_win_and_drift_is_reported(ledger, ledger_path):
     assert len(third.config_drift) == 3 and all("no longer configured" in line for line in third.config_drift)
 
 
-def test_open_does_not_rewrite_an_unchanged_file(ledger, ledger_path, small_totals):
-    before = (ledger_path.read_bytes(), ledger_path.stat().st_mtime_ns, ledger_path.stat().st_ino)
-    BudgetLedger.open(ledger_path, small_totals)
-    BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=1, cases=1)})  # drift only
-    assert (ledger_path.read_bytes(), ledger_path.stat().st_mtime_ns, ledger_path.stat().st_ino) == before
+def test_reopening_with_the_same_config_changes_nothing(ledger, ledger_path, small_totals):
+    before = ledger.state.export_bytes()
+    BudgetLedger.open(ledger_path, small_totals).state.close()
+    BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=1, cases=1)}).state.close()  # drift only
+    assert ledger.state.export_bytes() == before
 
 
-# corruption -----------------------------------------------------------------------------------------
+async def test_a_new_resource_of_a_known_budget_is_added_without_usage(ledger, ledger_path):
+    """A further dimension (e.g. inference tokens) is new rows, not a new schema."""
+    await ledger.reserve("train", "agent", Cost.of_evaluation(2))
 
-def _valid_raw(ledger_path: Path) -> dict:
-    return json.loads(ledger_path.read_text())
+    class Totals(BudgetTotals):
+        tokens: int
 
+    grown = BudgetLedger.open(ledger_path, {("train", "agent"): Totals(runs=10, cases=40, tokens=5000)})
+    assert any("tokens newly configured" in line for line in grown.config_drift)
+    rows = {(f.partition, f.resource): (f.total, f.settled, f.reserved) for f in grown.figures()}
+    assert rows[("train", "tokens")] == (5000, 0, 0) and rows[("train", "runs")] == (10, 0, 1)
+    grown.state.close()
+    assert_consistent(ledger)
+
+
+# tampering --------------------------------------------------------------------------------------------
 
 async def _ledger_with_history(ledger) -> None:
-    a = await ledger.reserve("train", "agent", Cost.of_evaluation(3))
+    a = await ledger.reserve("train", "agent", Cost.of_evaluation(3), reservation_id="rs-a")
     await ledger.settle(a.id)
-    b = await ledger.reserve("train", "agent", Cost.of_evaluation(2))
+    b = await ledger.reserve("train", "agent", Cost.of_evaluation(2), reservation_id="rs-b")
     await ledger.refund(b.id, "cancelled")
-    await ledger.reserve("val", "agent", Cost.of_evaluation(1))
+    await ledger.reserve("val", "agent", Cost.of_evaluation(1), reservation_id="rs-c")
 
 
-def _mutations():
-    def settled_over_total(raw):
-        raw["entries"][0]["settled_runs"] = 11
-    def negative(raw):
-        raw["entries"][1]["total_cases"] = -1
-    def figures_disagree(raw):
-        raw["entries"][0]["settled_cases"] += 1
-    def reservation_counted_twice(raw):
-        raw["reservations"].append(dict(raw["reservations"][0]))
-    def reservation_state_flipped(raw):
-        raw["reservations"][1]["state"] = "settled"
-    def orphan_reservation(raw):
-        raw["reservations"][2]["partition"] = "nowhere"
-    def duplicate_entry(raw):
-        raw["entries"].append(dict(raw["entries"][0]))
-    def open_but_closed(raw):
-        raw["reservations"][2]["closed_at"] = raw["reservations"][2]["created_at"]
-    def schema_version(raw):
-        raw["schema_version"] = 2
-    def unknown_key(raw):
-        raw["extra"] = True
-    def missing_key(raw):
-        del raw["reservations"]
-    def wrong_type(raw):
-        raw["entries"][0]["total_runs"] = "ten"
-    def bad_state(raw):
-        raw["reservations"][0]["state"] = "spent"
-    return [settled_over_total, negative, figures_disagree, reservation_counted_twice, reservation_state_flipped,
-            orphan_reservation, duplicate_entry, open_but_closed, schema_version, unknown_key, missing_key,
-            wrong_type, bad_state]
+_TAMPERINGS = {
+    "settled_over_total": ["UPDATE budgets SET settled = 11 WHERE partition = 'train' AND resource = 'runs'"],
+    "negative_total": ["UPDATE budgets SET total = -1 WHERE partition = 'val' AND resource = 'cases'"],
+    "figures_disagree": ["UPDATE budgets SET settled = settled + 1 WHERE partition = 'train' AND resource = 'cases'"],
+    "raised_total_and_figures_hidden": ["UPDATE budgets SET settled = 0 WHERE partition = 'train'"],
+    "refund_flipped_to_settled": ["UPDATE reservations SET state = 'settled' WHERE id = 'rs-b'"],
+    "settled_reservation_deleted": ["DELETE FROM reservation_costs WHERE reservation_id = 'rs-a'",
+                                    "DELETE FROM reservations WHERE id = 'rs-a'"],
+    "cost_lowered": ["UPDATE reservation_costs SET amount = 0 WHERE reservation_id = 'rs-c'"],
+    "reservation_moved": ["UPDATE reservations SET partition = 'val' WHERE id = 'rs-a'"],
+    "open_but_closed": ["UPDATE reservations SET closed_at = created_at WHERE id = 'rs-c'"],
+    "bad_state": ["UPDATE reservations SET state = 'spent' WHERE id = 'rs-a'"],
+    "trigger_dropped": ["SELECT 1"],  # replaced below: the trigger stays dropped
+    "schema_version": ["PRAGMA user_version = 2"],
+    "extra_table": ["CREATE TABLE notes (x TEXT)"],
+}
 
 
-@pytest.mark.parametrize("mutate", _mutations(), ids=lambda f: f.__name__)
-async def test_impossible_or_misshapen_ledger_refuses_to_start(ledger, ledger_path, small_totals, mutate):
+@pytest.mark.parametrize("name", sorted(_TAMPERINGS))
+async def test_a_tampered_database_refuses_to_open(ledger, ledger_path, small_totals, name):
     await _ledger_with_history(ledger)
-    raw = _valid_raw(ledger_path)
-    mutate(raw)
-    data = json.dumps(raw).encode()
-    ledger_path.write_bytes(data)
+    ledger.state.close()
+    if name == "trigger_dropped":
+        sqlite3.connect(ledger_path, isolation_level=None).execute("DROP TRIGGER reservation_closes")
+    else:
+        tamper(ledger_path, *_TAMPERINGS[name])
+    data = ledger_path.read_bytes()
     with pytest.raises(LedgerCorrupt) as info:
         BudgetLedger.open(ledger_path, small_totals)
-    assert str(ledger_path) in str(info.value)
+    assert str(ledger_path) in str(info.value) and "refusing to start" in str(info.value)
     assert ledger_path.read_bytes() == data  # never reset
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe garbage \x89PNG", b"{\"schema_version\": 1, \"entr",
-                                     b"[]", b"null", b"\"ledger\"", b"[" * 100_000],
-                         ids=["empty", "garbage", "truncated", "array", "null", "string", "deep"])
-def test_unparseable_ledger_refuses_to_start(ledger_path, small_totals, content):
+def test_an_empty_file_left_by_a_crash_during_creation_is_initialized(ledger_path, small_totals):
+    ledger_path.parent.mkdir(parents=True)
+    ledger_path.touch(mode=0o600)  # created, then killed before the schema was committed
+    ledger = BudgetLedger.open(ledger_path, small_totals)
+    assert ledger.balance("val", "agent").total_runs == 3
+    assert_consistent(ledger)
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff\xfe garbage \x89PNG" * 300, b"SQLite format 3\x00" + b"\x00" * 80,
+                                     b"{\"schema_version\": 1}"],
+                         ids=["garbage", "truncated", "json"])
+def test_unreadable_content_refuses_to_start(ledger_path, small_totals, content):
     ledger_path.parent.mkdir(parents=True)
     ledger_path.write_bytes(content)
     with pytest.raises(LedgerCorrupt) as info:
@@ -383,16 +432,26 @@ def test_unparseable_ledger_refuses_to_start(ledger_path, small_totals, content)
     assert ledger_path.read_bytes() == content
 
 
-def test_unreadable_ledger_refuses_to_start(tmp_path, small_totals):
-    as_dir = tmp_path / "ledger.json"
+def test_another_sqlite_database_refuses_to_start(ledger_path, small_totals):
+    ledger_path.parent.mkdir(parents=True)
+    other = sqlite3.connect(ledger_path)
+    other.execute("CREATE TABLE budgets (x)")
+    other.commit()
+    other.close()
+    with pytest.raises(LedgerCorrupt, match="not a vero state database"):
+        BudgetLedger.open(ledger_path, small_totals)
+
+
+def test_unreadable_path_refuses_to_start(tmp_path, small_totals):
+    as_dir = tmp_path / "state.db"
     as_dir.mkdir()
-    with pytest.raises(LedgerCorrupt, match="cannot be read"):
+    with pytest.raises(LedgerCorrupt, match="not a regular file"):
         BudgetLedger.open(as_dir, small_totals)
-    dangling = tmp_path / "dangling.json"
-    dangling.symlink_to(tmp_path / "missing.json")
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "missing.db")
     with pytest.raises(LedgerCorrupt):
         BudgetLedger.open(dangling, small_totals)
-    assert not (tmp_path / "missing.json").exists()
+    assert not (tmp_path / "missing.db").exists()
 
 
 # properties -------------------------------------------------------------------------------------------
@@ -459,13 +518,13 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
 
 @pytest.mark.timeout(150)
 def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
-    """Kill a reserving/settling/refunding child with SIGKILL >= 50 times; every reload is consistent
-    and agrees with every operation the child acknowledged before it died."""
-    path = tmp_path / "ledger.json"
+    """Kill a reserving/settling/refunding child with SIGKILL >= 50 times; every reopen passes the
+    open-time check and agrees with every operation the child acknowledged before it died."""
+    path = tmp_path / "state.db"
     rng = random.Random(20261129)
     acknowledged: dict[str, str] = {}  # reservation id -> last acknowledged state
     kills = 0
-    torn_writes = 0  # kills that left a temp file behind, i.e. hit a write in flight
+    in_flight_kills = 0  # kills that hit a transaction between its start and its acknowledgement
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     while kills < 55 and time.monotonic() - started < 110:
@@ -485,7 +544,10 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
                 child.wait()
         assert child.returncode == -signal.SIGKILL, err.decode(errors="replace")[-2000:]
         kills += 1
-        for line in out.decode().splitlines():
+        lines = out.decode().splitlines()
+        if lines and lines[-1].startswith("B "):
+            in_flight_kills += 1
+        for line in lines:
             if line.startswith(("R ", "S ", "F ")):
                 op, rid = line.split()
                 if op == "R":
@@ -493,22 +555,22 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
                 else:
                     acknowledged[rid] = {"S": "settled", "F": "refunded"}[op]
 
-        torn_writes += len(list(tmp_path.glob(".ledger.json.*.tmp")))
         if not path.exists():
-            continue  # killed before the ledger was first written
-        fresh = BudgetLedger.open(path, {})  # raises LedgerCorrupt if a kill tore anything
-        check_raw_invariants(json.loads(path.read_bytes()))
-        states = {r.id: r.state for r in fresh.reservations()}
-        for rid, state in acknowledged.items():
-            assert rid in states, "an acknowledged reservation was lost"
-            if state != "reserved":
-                assert states[rid] == state, "an acknowledged settle/refund was lost"
-        for balance in fresh.balances():
-            assert balance.settled_runs + balance.reserved_runs + balance.remaining_runs == balance.total_runs
-            assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
-            assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
+            continue  # killed before the database was first created
+        with StateStore.open(path) as state:  # raises LedgerCorrupt if a kill tore anything
+            fresh = BudgetLedger.open(state, {})
+            check_raw_invariants(path)
+            states = {r.id: r.state for r in fresh.reservations()}
+            for rid, state_name in acknowledged.items():
+                assert rid in states, "an acknowledged reservation was lost"
+                if state_name != "reserved":
+                    assert states[rid] == state_name, "an acknowledged settle/refund was lost"
+            for balance in fresh.balances():
+                assert balance.settled_runs + balance.reserved_runs + balance.remaining_runs == balance.total_runs
+                assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
+                assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
     assert kills >= 50, f"only {kills} kills within the time limit"
     assert len(acknowledged) > 100, "the children did too little work for the test to mean anything"
-    assert torn_writes > 0, "no kill hit a write in flight"
-    assert not list(tmp_path.glob(".ledger.json.*.tmp")), "open() leaves stale temp files behind"
-    assert any(state == "reserved" for state in (r.state for r in BudgetLedger.open(path, {}).reservations()))
+    assert in_flight_kills > 0, "no kill hit a transaction in flight"
+    with StateStore.open(path) as state:
+        assert any(r.state == "reserved" for r in BudgetLedger.open(state, {}).reservations())

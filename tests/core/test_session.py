@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from vero.core.archive import canonical_tar_bytes
+from vero.core.archive import file_digest
 from vero.core.candidates import CandidateStore
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.core.session import Submission, read_session, write_session_archive
-from vero.core.storage import atomic_write_model
+from vero.core.state import StateStore
+from vero.core.submission import record_submission
 from vero.errors import SessionInvalid
 
 SPEC_DIGEST = "sha256:" + "1" * 64
@@ -42,24 +44,24 @@ def state(tmp_path: Path) -> tuple[Path, str, str]:
     first = _commit(agent, "a.txt", "one")
     second = _commit(agent, "b.txt", "two")
     state_dir = tmp_path / "state"
-    store = CandidateStore.open(state_dir)
+    state_store = StateStore.open(state_dir / "state.db")
+    store = CandidateStore.open(state_dir, state_store)
 
     async def fill() -> None:
         await store.import_version(agent, first)
         await store.import_version(agent, second)
-        ledger = BudgetLedger.open(state_dir / "ledger.json", {("train", "agent"): BudgetTotals(runs=5, cases=20)})
+        ledger = BudgetLedger.open(state_store, {("train", "agent"): BudgetTotals(runs=5, cases=20)})
         job_id = JobStore.new_id()
-        reservation = await ledger.reserve("train", "agent", Cost.of_evaluation(2), reservation_id=job_id)
-        jobs = JobStore.open(state_dir)
-        await jobs.create(EvaluationJob(
+        jobs = JobStore(ledger)
+        await jobs.admit(EvaluationJob(
             id=job_id, principal="agent", partition="train", cases=["c1", "c2"], full_partition=True,
-            version="HEAD", candidate=second, disclosure="full", reservation_id=reservation.id,
-            created_at=SEALED_AT, state="complete"))
-        await ledger.settle(reservation.id)
+            version="HEAD", candidate=second, disclosure="full", reservation_id=job_id,
+            created_at=SEALED_AT), Cost.of_evaluation(2))
+        await jobs.finish(job_id, "complete", finished_at=SEALED_AT)
+        await record_submission(state_store, Submission(candidate=second, version="HEAD", submitted_at=SEALED_AT))
 
     asyncio.run(fill())
-    atomic_write_model(state_dir / "submission.json",
-                       Submission(candidate=second, version="HEAD", submitted_at=SEALED_AT))
+    state_store.close()
     (state_dir / "admin-token").write_text("never-packed")
     return state_dir, first, second
 
@@ -109,6 +111,54 @@ def _rewrite(archive: Path, edit) -> None:
     Path(f"{archive}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {archive.name}\n")
 
 
+def _edit_state(edit):
+    """An `_rewrite` edit of state.json that also fixes the manifest's digest of it (a forger with
+    the archive in hand), so only the state's own checks can refuse it."""
+
+    def apply(stage: Path) -> None:
+        path = stage / "state.json"
+        state = json.loads(path.read_text())
+        edit(state)
+        path.write_text(json.dumps(state))
+        manifest = json.loads((stage / "manifest.json").read_text())
+        manifest["files"]["state.json"] = file_digest(path)
+        (stage / "manifest.json").write_text(json.dumps(manifest))
+
+    return apply
+
+
+def _settle_nothing(state: dict) -> None:
+    for budget in state["budgets"]:
+        budget["settled"] = 0
+
+
+def _reopen_reservation(state: dict) -> None:
+    state["reservations"][0].update(state="reserved", closed_at=None, reason=None)
+    for budget in state["budgets"]:
+        budget["reserved"], budget["settled"] = budget["settled"], 0
+
+
+@pytest.mark.parametrize("edit", [_settle_nothing, _reopen_reservation], ids=["budget", "job-reservation"])
+def test_an_inconsistent_state_is_refused_even_with_matching_digests(state, tmp_path: Path, edit) -> None:
+    state_dir, _, _ = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+    _rewrite(archive, _edit_state(edit))
+    with pytest.raises(SessionInvalid, match="state.json is invalid"):
+        read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
+
+
+def test_the_archive_carries_the_state_export_byte_for_byte(state, tmp_path: Path) -> None:
+    state_dir, _, _ = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["candidates.bundle", "manifest.json", "state.json"]
+        packed = tar.extractfile("state.json").read()
+    with StateStore.open(state_dir / "state.db") as store:
+        assert packed == store.export_bytes()
+
+
 @pytest.mark.parametrize("case", ["flip-byte", "edit-record", "extra-file", "no-sha256"])
 def test_tampered_archives_are_refused(state, tmp_path: Path, case: str) -> None:
     state_dir, _, _ = state
@@ -120,13 +170,13 @@ def test_tampered_archives_are_refused(state, tmp_path: Path, case: str) -> None
         archive.write_bytes(bytes(data))
     elif case == "edit-record":
         def edit(stage: Path) -> None:
-            path = stage / "submission.json"
+            path = stage / "state.json"
             record = json.loads(path.read_text())
-            record["version"] = "evil"
+            record["submission"]["version"] = "evil"
             path.write_text(json.dumps(record))
         _rewrite(archive, edit)
     elif case == "extra-file":
-        _rewrite(archive, lambda stage: (stage / "jobs" / "planted.json").write_text("{}"))
+        _rewrite(archive, lambda stage: (stage / "planted.json").write_text("{}"))
     else:
         Path(f"{archive}.sha256").unlink()
     with pytest.raises(SessionInvalid):

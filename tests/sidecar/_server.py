@@ -116,6 +116,7 @@ class StubBackend:
         scores: case name -> reward (default 0.5); None makes a dead attempt.
         block: while set to a `threading.Event`, `evaluate` waits until it is set (cancellable).
         fail_with_infrastructure: raise `InfrastructureFailure` instead of returning.
+        infrastructure_cases: raise `InfrastructureFailure` for a run that selects any of these cases.
         write_job_dir: write a Harbor-like job dir (trial dirs with agent/verifier files, the
             trial's own config/result files and an oversized file).
         outside_secret_file: also plant links to this file outside the job dir in every trial: a
@@ -127,6 +128,7 @@ class StubBackend:
     scores: dict[str, float | None] = field(default_factory=dict)
     block: threading.Event | None = None
     fail_with_infrastructure: bool = False
+    infrastructure_cases: frozenset[str] = frozenset()
     write_job_dir: bool = True
     outside_secret_file: Path | None = None
     unmeasured: set[str] = field(default_factory=set)
@@ -146,7 +148,7 @@ class StubBackend:
             started_at = datetime.now(UTC)
             while self.block is not None and not self.block.is_set():
                 await asyncio.sleep(0.02)
-            if self.fail_with_infrastructure:
+            if self.fail_with_infrastructure or self.infrastructure_cases.intersection(run.case_names):
                 raise InfrastructureFailure("docker daemon at /secret/path/docker.sock is unreachable")
             job_dir = run.jobs_dir / run.evaluation_id
             cases = []

@@ -17,6 +17,8 @@ import pytest
 
 from vero.core.jobs import JobStore
 from vero.core.ledger import BudgetLedger
+from vero.core.state import StateStore
+from vero.core.submission import read_submission
 from vero.sidecar.artifacts import ArtifactLimits
 from vero.spec.models import PartitionAccess
 
@@ -93,7 +95,9 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
             assert run.env == {"VERO_TEST_API_KEY": "sk-live-0123456789"}
             assert run.case_names == ("t1", "t2") and run.run_as is None
             assert "solve.py" in harness.backend.checkout_files[0]
-            assert not run.candidate_dir.exists(), "the checkout is removed after the run"
+            # the checkout is the slot's persistent work tree: files only, no history, no state
+            assert run.candidate_dir == harness.work_dir / "checkouts" / "slot-0"
+            assert sorted(p.name for p in run.candidate_dir.iterdir()) == ["README.md", "solve.py"]
             assert harness.work_dir in run.jobs_dir.parents and harness.state_dir not in run.jobs_dir.parents
     finally:
         del os.environ["VERO_TEST_API_KEY"]
@@ -312,10 +316,13 @@ def test_infrastructure_failure_is_502_and_refunded(tmp_path):
         assert listed["state"] == "failed" and listed["error"] == "infrastructure" and listed["result"] is None
 
 
-def test_unexpected_error_is_a_generic_500(harness):
+def test_unexpected_error_is_a_generic_500(harness, monkeypatch):
+    async def disk_full(*_args, **_kwargs):
+        raise OSError(f"state database {harness.state_dir}/state.db: write failed (SQLITE_FULL)")
+
+    # The state store cannot write: the OSError becomes a generic 500 naming nothing.
+    monkeypatch.setattr("vero.sidecar.service.record_submission", disk_full)
     with harness.serve() as (_, client):
-        # A directory where the submission record goes: the durable write fails with an OSError.
-        (harness.state_dir / "submission.json").mkdir()
         response = client.post("/submissions", json={"version": "HEAD"})
         body = assert_problem(response, 500, "internal")
         assert body["detail"] == "an unexpected error occurred"
@@ -334,8 +341,8 @@ def test_submissions(harness):
         assert client.get("/status").json()["submission"] == second.json()
         assert_problem(client.post("/submissions", json={"version": "nope"}), 400, "bad_request")
         assert client.get("/status").json()["submission"] == second.json()
-    stored = json.loads((harness.state_dir / "submission.json").read_text())
-    assert stored["candidate"] == commit
+    with StateStore.open(harness.state_dir / "state.db") as state:
+        assert read_submission(state).candidate == commit
 
 
 def test_submit_disabled_is_409(tmp_path):
@@ -343,7 +350,8 @@ def test_submit_disabled_is_409(tmp_path):
     with harness.serve() as (_, client):
         assert client.get("/status").json()["submit_enabled"] is False
         assert_problem(client.post("/submissions", json={}), 409, "conflict")
-    assert not (harness.state_dir / "submission.json").exists()
+    with StateStore.open(harness.state_dir / "state.db") as state:
+        assert read_submission(state) is None
 
 
 def test_admin_requires_the_token(harness):
@@ -399,16 +407,18 @@ def test_config_drift_keeps_persisted_totals(harness, caplog):
     assert any("differs from the config" in r.getMessage() for r in caplog.records)
 
 
-def test_corrupt_ledger_refuses_to_start(harness):
+def test_corrupt_state_refuses_to_start(harness):
     with harness.serve():
         pass
-    (harness.state_dir / "ledger.json").write_text("{ corrupt")
+    (harness.state_dir / "state.db").write_bytes(b"{ corrupt")
+    for suffix in ("-wal", "-shm"):
+        (harness.state_dir / f"state.db{suffix}").unlink(missing_ok=True)
     app = harness.create_app()
     from ._server import ServerThread
 
     with pytest.raises(RuntimeError, match="LedgerCorrupt"), ServerThread(app):
         pass
-    assert (harness.state_dir / "ledger.json").read_text() == "{ corrupt"
+    assert (harness.state_dir / "state.db").read_bytes() == b"{ corrupt"
 
 
 def test_baseline_mismatch_refuses_to_start(harness):
@@ -442,17 +452,83 @@ def test_concurrency_limit_keeps_extra_jobs_queued(tmp_path):
         assert harness.backend.max_running == 2
 
 
+@pytest.mark.timeout(240)
+def test_terminal_state_and_settle_or_refund_are_never_seen_apart(tmp_path):
+    """Hammer completions and infrastructure failures concurrently while observers read over HTTP:
+    no terminal job with an open reservation, and no closed reservation of an unfinished job, in one
+    snapshot (`/admin/export`) or across two reads in either order."""
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=500, total_cases=500)}
+    harness = make_harness(tmp_path, access=access, partitions={"train": ["t1", "t2"]},
+                           backend=StubBackend(infrastructure_cases=frozenset({"t2"}), write_job_dir=False))
+    harness.max_concurrent_evaluations = 4
+    admin = None
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def reservations_and_jobs(client: httpx.Client) -> tuple[dict, dict]:
+        records = client.get("/admin/export", headers=admin).json()
+        return {r["id"]: r for r in records["reservations"]}, {j["id"]: j for j in records["jobs"]}
+
+    def observe(url: str, ids: list[str]) -> int:
+        seen = 0
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+            while not stop.is_set():
+                reservations, jobs = reservations_and_jobs(client)
+                for job_id, job in jobs.items():
+                    closed = reservations[job["reservation_id"]]["state"]
+                    if (job["state"] in ("complete", "failed", "cancelled")) != (closed != "reserved") or \
+                            (job["state"] == "complete") != (closed == "settled"):
+                        violations.append(f"snapshot: job {job['state']}, reservation {closed}")
+                for job_id in list(ids):
+                    # job first: once terminal, its reservation must already be closed
+                    answer = client.get(f"/evaluations/{job_id}")
+                    terminal = answer.status_code == 502 or answer.json()["state"] in ("complete", "cancelled")
+                    reservations, _ = reservations_and_jobs(client)
+                    if terminal and reservations[job_id]["state"] == "reserved":
+                        violations.append("a terminal job was seen before its settle or refund")
+                    # reservation first: once closed, its job must already be terminal
+                    closed = reservations_and_jobs(client)[0][job_id]["state"] != "reserved"
+                    answer = client.get(f"/evaluations/{job_id}")
+                    if closed and answer.status_code != 502 and answer.json()["state"] in ("queued", "running"):
+                        violations.append("a closed reservation was seen before its job finished")
+                    seen += 1
+        return seen
+
+    with harness.serve() as (server, client):
+        admin = harness.admin_headers()
+        ids: list[str] = []
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            observers = [pool.submit(observe, server.url, ids) for _ in range(2)]
+
+            def start(i: int) -> str:
+                with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as own:
+                    job = own.post("/evaluations", json={"partition": "train", "cases": [f"t{1 + i % 2}"]}).json()
+                ids.append(job["id"])
+                return job["id"]
+
+            started = list(pool.map(start, range(60)))
+            for job_id in started:
+                wait_for_state(client, job_id, {"complete"}, timeout_sec=120)
+            stop.set()
+            observed = sum(f.result() for f in observers)
+        reservations, jobs = reservations_and_jobs(client)
+    assert violations == []
+    assert observed > 0
+    assert sorted(j["state"] for j in jobs.values()) == ["complete"] * 30 + ["failed"] * 30
+    assert {r["state"] for r in reservations.values()} == {"settled", "refunded"}
+
+
 def test_shutdown_fails_and_refunds_running_jobs(tmp_path):
     harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()))
     with harness.serve() as (_, client):
         job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
         assert harness.backend.started.acquire(timeout=30)
-    stored = JobStore.open(harness.state_dir).get(job["id"])
+    ledger = BudgetLedger.open(harness.state_dir / "state.db", {})
+    stored = JobStore(ledger).get(job["id"])
     assert stored.state == "failed" and stored.error == "interrupted"
-    ledger = BudgetLedger.open(harness.state_dir / "ledger.json", {})
     assert ledger.reservation(stored.reservation_id).state == "refunded"
     assert ledger.balance("train", "agent").remaining_runs == 5
-    assert list((harness.work_dir / "checkouts").iterdir()) == []
+    ledger.state.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as applies only when the sidecar runs as root")

@@ -44,8 +44,8 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(30)
 
-    ledger = BudgetLedger.open(harness.state_dir / "ledger.json", {})
-    assert [r.id for r in ledger.open_reservations()] == [job["id"]]
+    with BudgetLedger.open(harness.state_dir / "state.db", {}).state as state:
+        assert [r.id for r in BudgetLedger.open(state, {}).open_reservations()] == [job["id"]]
     with harness.serve() as (_, client):
         after = client.get(f"/evaluations/{job['id']}").json()
         assert after["state"] == "failed" and after["error"] == "interrupted" and after["result"] is None
@@ -54,4 +54,5 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
         # and the sidecar works on: a new evaluation runs to completion
         new = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
         assert wait_for_state(client, new["id"], {"complete"})["state"] == "complete"
-    assert not (harness.work_dir / "checkouts" / job["id"]).exists()
+    # the restarted sidecar keeps only its slot work trees, brought to the new job's candidate
+    assert sorted(p.name for p in (harness.work_dir / "checkouts").iterdir()) == ["slot-0"]

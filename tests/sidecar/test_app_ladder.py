@@ -108,7 +108,7 @@ def test_minimize_and_infrastructure_failures(tmp_path):
 
 def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_path):
     """Both measure 0.8 against a best of 0.5: only the first judged may disclose it. The first
-    job's durable write is held until the second job has reached its completion step too. With the
+    job's durable transaction is held until the second job has reached its completion step too. With the
     lock, the second is judged after the first is recorded (0.8 is then within the margin of the
     new best); without it, both would be judged against the stale 0.5 and both disclosed."""
     release = threading.Event()
@@ -118,7 +118,7 @@ def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_pa
         service = server.app.state.service
         both_completing = threading.Event()
         completing: list[str] = []
-        complete, update = service._complete, service.jobs.update
+        complete, finish = service._complete, service.jobs.finish
 
         async def counted_complete(job, result):
             completing.append(job.id)
@@ -126,15 +126,15 @@ def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_pa
                 both_completing.set()
             await complete(job, result)
 
-        async def held_update(job_id, **changes):
+        async def held_finish(job_id, state, **changes):
             if "ladder" in changes:
                 for _ in range(3000):  # a safety bound of 30 s; the event comes within milliseconds
                     if both_completing.is_set():
                         break
                     await asyncio.sleep(0.01)
-            return await update(job_id, **changes)
+            return await finish(job_id, state, **changes)
 
-        service._complete, service.jobs.update = counted_complete, held_update
+        service._complete, service.jobs.finish = counted_complete, held_finish
         harness.backend.block = release
         harness.backend.scores = dict.fromkeys(CASES, 0.8)
         while harness.backend.started.acquire(blocking=False):

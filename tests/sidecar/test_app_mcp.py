@@ -40,10 +40,26 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
                 out["start_schema"] = tools["start_evaluation"].inputSchema
                 block = await mcp.call_tool("start_evaluation", {"partition": "val", "blocks": [1]})
                 out["block_job"] = block.structured_content
+                second = await mcp.call_tool("start_evaluation", {"partition": "train", "cases": ["t1"]})
+                first_page = await mcp.call_tool("list_evaluations", {"limit": 1})
+                out["pages"] = [first_page.structured_content, (await mcp.call_tool(
+                    "list_evaluations", {"limit": 1, "before": first_page.structured_content["next_cursor"]}
+                )).structured_content]
+                out["second"] = second.structured_content
+                with pytest.raises(ToolError) as bad_cursor:
+                    await mcp.call_tool("list_evaluations", {"before": "ev-0000000000000000"})
+                out["bad_cursor"] = str(bad_cursor.value)
             return out
 
         out = asyncio.run(session())
-        assert out["tools"] == ["get_evaluation", "health", "start_evaluation", "status", "submit"]
+        assert out["tools"] == ["get_evaluation", "health", "list_evaluations", "start_evaluation", "status",
+                                "submit"]
+        # the listing tool pages newest first through the same route
+        first, last = out["pages"]
+        assert [j["id"] for j in first["jobs"]] == [out["second"]["id"]]
+        assert [j["id"] for j in last["jobs"]] == [out["block_job"]["id"]]
+        assert last["next_cursor"] == out["block_job"]["id"]  # the first job is still older
+        assert "not_found" in out["bad_cursor"]
         assert out["job"]["state"] == "queued" and out["job"]["partition"] == "val"
         assert '"code":"denied"' in out["denied"].replace(" ", "") and "holdout-zq9" not in out["denied"]
         assert "fixed blocks" in out["floor"]

@@ -70,8 +70,8 @@ def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) 
         assert job.result is not None and job.result.score == pytest.approx(0.75)
         # Progress went to stderr, naming the job and its states; stdout held only the JSON.
         assert f"job {job.id}" in proc.stderr and "complete" in proc.stderr
-        # A first look at the job, then long polls the sidecar held until the job finished.
-        assert 2 <= app.arrived("GET", f"/evaluations/{job.id}") <= 4
+        # The admission's answer was the first look; then long polls the sidecar held until the job finished.
+        assert 1 <= app.arrived("GET", f"/evaluations/{job.id}") <= 3
 
         proc = vero(url, "result", job.id)
         assert proc.returncode == 0, proc.stderr
@@ -187,33 +187,38 @@ def test_unreachable_sidecar_exits_8_with_a_clear_message() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_every_option_of_the_agent_commands_is_documented() -> None:
-    from typer.main import get_command
+def test_every_option_of_the_agent_commands_is_documented_and_exit_codes_agree() -> None:
+    from vero.agent_cli import _EXIT_CODES, build_parser
+    from vero.commands.exit_codes import EXIT_CODES
 
-    from vero.cli import app
-
-    harbor = get_command(app).commands["harbor"]  # type: ignore[attr-defined]
-    for name in ("status", "eval", "result", "submit"):
-        command = harbor.commands[name]
-        assert command.help and "Exit codes" in (command.epilog or "")
-        for param in command.params:
-            assert getattr(param, "help", None), f"vero harbor {name}: {param.name} has no help"
+    assert all(EXIT_CODES[cls] == code for cls, code in _EXIT_CODES.items())
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    assert set(subcommands) == {"status", "eval", "result", "submit", "evaluations"}
+    for name, command in subcommands.items():
+        assert command.description and "Exit codes" in (command.epilog or "")
+        for action in command._actions:
+            assert action.help, f"vero harbor {name}: {action.dest} has no help"
     proc = subprocess.run([VERO, "harbor", "eval", "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0
     for option in ("--partition", "--version", "--case", "--block", "--wait", "--poll-interval-sec", "--timeout-sec",
-                   "--url", "--json", "--text"):
+                   "--url", "--json", "--text", "Exit codes"):
         assert option in proc.stdout
+    listed = subprocess.run([VERO, "harbor", "--help"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert listed.returncode == 0 and "evaluations" in listed.stdout and "submit" in listed.stdout
 
 
 @pytest.mark.timeout(120)
-def test_agent_commands_load_neither_fastapi_nor_harbor(tmp_path: Path) -> None:
+def test_agent_commands_load_only_the_standard_library(tmp_path: Path) -> None:
     harness = make_harness(tmp_path)
     probe = (
         "import json, sys\n"
-        "from vero.cli import app\n"
+        "sys.argv = ['vero', 'harbor', 'status', '--url', sys.argv[1]]\n"
+        "from vero._entry import main\n"
         "try:\n"
-        "    app(['harbor', 'status', '--url', sys.argv[1]])\n"
+        "    main()\n"
         "except SystemExit as exc:\n"
         "    assert exc.code in (0, None), exc.code\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)\n"
@@ -223,6 +228,31 @@ def test_agent_commands_load_neither_fastapi_nor_harbor(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert StatusResponse.model_validate_json(proc.stdout).name == "demo"
     loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
-    assert "httpx" in loaded
-    assert not loaded & {"fastapi", "starlette", "uvicorn", "harbor", "docker", "jinja2"}
+    third_party = loaded - set(sys.stdlib_module_names) - {"vero", "__main__"}
+    assert third_party == set(), third_party
     assert app.arrived("GET", "/status") == 1
+
+
+@pytest.mark.timeout(120)
+def test_evaluations_are_listed_page_by_page(tmp_path: Path) -> None:
+    harness = make_harness(tmp_path)
+    with running(harness) as (url, _app):
+        ids = [json.loads(vero(url, "eval", "-p", "train", "-c", f"t{i}").stdout)["id"] for i in (1, 2, 3)]
+        newest_first = ids[::-1]
+        first = vero(url, "evaluations", "--limit", "2")
+        assert first.returncode == 0, first.stderr
+        page = json.loads(first.stdout)
+        assert [j["id"] for j in page["jobs"]] == newest_first[:2] and page["next_cursor"] == newest_first[1]
+        assert all(j["result"] is None or j["result"]["cases"] is None for j in page["jobs"])
+        second = json.loads(vero(url, "evaluations", "--limit", "2", "--before", page["next_cursor"]).stdout)
+        assert [j["id"] for j in second["jobs"]] == newest_first[2:] and second["next_cursor"] is None
+        everything = json.loads(vero(url, "evaluations", "--limit", "1", "--all").stdout)
+        assert [j["id"] for j in everything["jobs"]] == newest_first
+        text = vero(url, "evaluations", "--limit", "1", "--text").stdout
+        assert f"job {newest_first[0]}" in text and f"--before {newest_first[0]}" in text
+        assert json.loads(vero(url, "evaluations", "--partition", "val").stdout)["jobs"] == []
+        proc = vero(url, "evaluations", "--before", "ev-0000000000000000")
+        assert proc.returncode == 7 and error_of(proc)["type"] == "UnknownJob"
+        assert vero(url, "evaluations", "--limit", "0").returncode == 2
+        status = json.loads(vero(url, "status").stdout)
+        assert status["n_jobs"] == 3 and sum(status["job_counts"]["train"].values()) == 3

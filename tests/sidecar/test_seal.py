@@ -172,7 +172,7 @@ def test_serve_and_seal_commands(tmp_path):
 def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
     harness = make_harness(tmp_path / "h")
     harness.state_dir.mkdir(mode=0o700)
-    (harness.state_dir / "ledger.json").write_text("not json")
+    (harness.state_dir / "state.db").write_text("not json")
     config = tmp_path / "config.json"
     config.write_text(harness.config.model_dump_json())
     result = subprocess.run(
@@ -182,7 +182,7 @@ def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
          str(harness.work_dir), "--runner-user", "nobody"],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 11, result.stderr
-    assert (harness.state_dir / "ledger.json").read_text() == "not json"
+    assert (harness.state_dir / "state.db").read_text() == "not json"
 
 
 def test_serve_on_a_taken_port_exits_5_with_a_clear_message(tmp_path):

@@ -342,10 +342,10 @@ def test_an_edited_record_with_a_fixed_outer_digest_is_refused(bench: Workbench,
     archive, backend = _honest_session(bench)
     unpacked = tmp_path / "unpacked"
     safe_extract(archive, unpacked)
-    record = next((unpacked / "jobs").glob("ev-*.json"))
-    job = json.loads(record.read_text())
-    job["result"]["score"] = 1.0
-    record.write_text(json.dumps(job))
+    record = unpacked / "state.json"
+    state = json.loads(record.read_text())
+    state["jobs"][0]["result"]["score"] = 1.0
+    record.write_text(json.dumps(state))
     digest = write_canonical_tar(unpacked, archive)  # repacked; the manifest still has the old digest
     Path(f"{archive}.sha256").write_text(f"{digest}  {archive.name}\n")
     assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
@@ -462,7 +462,7 @@ def test_checkouts_are_fresh_and_removed_afterwards(bench: Workbench) -> None:
     again = bench.verify(bench.config(), archive, TableBackend(backend.table), tag="run")
     assert again.status == "scored" and len(list((bench.root / "run" / "work").glob("session-*"))) == 2
     with tarfile.open(archive) as tar:
-        assert "submission.json" in tar.getnames()
+        assert json.loads(tar.extractfile("state.json").read())["submission"] is not None
 
 
 def test_a_backend_bug_leaves_the_target_unmeasured_not_the_reward_missing(bench: Workbench) -> None:

@@ -18,7 +18,8 @@ import pytest
 from vero.core.baseline import commit_baseline
 from vero.core.candidates import CandidateStore
 from vero.core.session import Submission, write_session_archive
-from vero.core.storage import atomic_write_model
+from vero.core.state import StateStore
+from vero.core.submission import record_submission
 from vero.harbor import HarborBackend
 from vero.spec.compiled import VerifierConfig
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec, SelectionSpec, TargetPartition
@@ -38,11 +39,11 @@ def _session(tmp: Path, *, submit: bool) -> tuple[Path, str, Path]:
     actor = git.Actor("agent", "agent@example.invalid")
     fixed = repo.index.commit("split on any whitespace", author=actor, committer=actor).hexsha
     state = tmp / "state"
-    store = CandidateStore.open(state)
-    store.import_version_sync(agent, fixed)
-    if submit:
-        atomic_write_model(state / "submission.json",
-                           Submission(candidate=fixed, version="HEAD", submitted_at=datetime.now(UTC)))
+    with StateStore.open(state / "state.db") as state_store:
+        CandidateStore.open(state, state_store).import_version_sync(agent, fixed)
+        if submit:
+            asyncio.run(record_submission(state_store, Submission(candidate=fixed, version="HEAD",
+                                                                  submitted_at=datetime.now(UTC))))
     archive = tmp / "export" / "session.tar.gz"
     write_session_archive(state, archive, name="minimal", spec_digest=SPEC_DIGEST, baseline_commit=baseline,
                           sealed_at=datetime(2026, 3, 1, tzinfo=UTC))

@@ -34,7 +34,8 @@ from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.core.session import Submission, write_session_archive
-from vero.core.storage import atomic_write_model
+from vero.core.state import StateStore
+from vero.core.submission import record_submission
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import EvaluationBackend, NestedRun
 from vero.spec.compiled import AGENT_PRINCIPAL, VerifierConfig
@@ -54,18 +55,19 @@ AGENT_PARTITIONS = ("train", "select")
 
 
 def worktree_tree(directory: Path) -> str:
-    """Git tree id of the files present in `directory` (ignoring `.git`), via a throwaway index."""
-    index = directory.parent / f".{directory.name}.tree-index"
-    env = {"PATH": os.environ["PATH"], "GIT_INDEX_FILE": str(index), "GIT_DIR": str(directory / ".git"),
-           "GIT_WORK_TREE": str(directory), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-           "HOME": str(directory.parent)}
+    """Git tree id of the files present in `directory` (ignoring `.git`), via a throwaway repository."""
+    scratch = directory.parent / f".{directory.name}.tree-git"
+    env = {"PATH": os.environ["PATH"], "GIT_DIR": str(scratch), "GIT_WORK_TREE": str(directory),
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "HOME": str(directory.parent)}
     try:
+        plain = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+        subprocess.run(["git", "init", "-q", "--bare", str(scratch)], env=plain, check=True, capture_output=True)
         subprocess.run(["git", "-c", f"safe.directory={directory}", "add", "-A", "-f", "."], cwd=directory,
                        env=env, check=True, capture_output=True)
         return subprocess.run(["git", "-c", f"safe.directory={directory}", "write-tree"], cwd=directory,
                                env=env, check=True, capture_output=True, text=True).stdout.strip()
     finally:
-        index.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass
@@ -148,11 +150,12 @@ class Workbench:
         self.baseline_commit = self.agent.baseline
         self.baseline_tree = self.agent.tree(self.baseline_commit)
         self.state = self.root / "state"
-        self.store = CandidateStore.open(self.state)
-        self.jobs = JobStore.open(self.state)
-        self.ledger = BudgetLedger.open(self.state / "ledger.json", {
+        self.state_store = StateStore.open(self.state / "state.db")
+        self.store = CandidateStore.open(self.state, self.state_store)
+        self.ledger = BudgetLedger.open(self.state_store, {
             (p, AGENT_PRINCIPAL): BudgetTotals(runs=runs, cases=cases) for p, (runs, cases) in self.budgets.items()
         })
+        self.jobs = JobStore(self.ledger)
         self.cases_dir = self.root / "cases"
         for names in PARTITIONS.values():
             for name in names:
@@ -190,32 +193,28 @@ class Workbench:
             )
 
         async def record() -> EvaluationJob:
-            reservation = await self.ledger.reserve(partition, AGENT_PRINCIPAL, Cost.of_evaluation(len(chosen)))
             job = EvaluationJob(
                 id=job_id, principal=AGENT_PRINCIPAL, partition=partition, cases=chosen,
                 full_partition=cases is None, version=candidate, candidate=candidate, disclosure="aggregate",
-                reservation_id=reservation.id, state="queued", created_at=created,
+                reservation_id=job_id, state="queued", created_at=created,
             )
-            await self.jobs.create(job)
+            await self.jobs.admit(job, Cost.of_evaluation(len(chosen)))
             await self.jobs.update(job_id, state="running", started_at=created)
-            if state == "complete":
-                await self.ledger.settle(reservation.id)
-            else:
-                await self.ledger.refund(reservation.id, "infrastructure" if state == "failed" else "cancelled")
-            return await self.jobs.update(job_id, state=state, finished_at=finished, result=result,
+            return await self.jobs.finish(job_id, state, finished_at=finished, result=result,
                                           error=None if state == "complete" else "infrastructure")
 
         return asyncio.run(record())
 
     def submit(self, candidate: str) -> None:
         self.clock += timedelta(minutes=1)
-        atomic_write_model(self.state / "submission.json",
-                           Submission(candidate=candidate, version=candidate, submitted_at=self.clock))
+        asyncio.run(record_submission(self.state_store, Submission(candidate=candidate, version=candidate,
+                                                                   submitted_at=self.clock)))
 
     def seal(self, name: str = "session.tar.gz") -> Path:
         archive = self.root / "export" / name
         write_session_archive(self.state, archive, name="demo", spec_digest=SPEC_DIGEST,
-                              baseline_commit=self.baseline_commit, sealed_at=self.clock + timedelta(minutes=5))
+                              baseline_commit=self.baseline_commit, sealed_at=self.clock + timedelta(minutes=5),
+                              state=self.state_store)
         return archive
 
     def tree(self, commit: str) -> str:

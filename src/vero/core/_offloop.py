@@ -1,11 +1,10 @@
-"""Serialized, cancellation-proof work off the event loop (ledger, job store, candidate imports).
+"""Serialized, cancellation-proof work off the event loop (state store commits, candidate imports).
 
 `run_to_completion` is the one wait that survives cancellation; the candidate store's imports and
-`vero.core.storage`'s async writes use it directly. The ledger and the job store follow one recipe
-(`SerialCommits`): a mutation is computed, written with `vero.core.storage` and only then applied
-to memory, all in one function run in a worker thread. That function runs to completion even when
-the awaiting coroutine is cancelled (the cancellation is delivered afterwards), so memory and disk
-never disagree. Two locks order the commits:
+`vero.core.storage`'s async writes use it directly. The state store (`vero.core.state`) runs every
+transaction through `SerialCommits`: one function, run in a worker thread, that begins, changes and
+commits (or rolls back). It runs to completion even when the awaiting coroutine is cancelled (the
+cancellation is delivered afterwards), so no transaction is left half done. Two locks order the commits:
 
 - a per-event-loop `asyncio.Lock` keeps at most one commit per loop queued on the default executor,
   so a burst of requests cannot occupy every worker thread;
@@ -104,3 +103,11 @@ class SerialCommits:
 
         async with self._loop_lock.get():
             return await run_to_completion(locked)
+
+    def run_sync[T](self, func: Callable[[], T]) -> T:
+        """Run `func` in the calling thread after every earlier commit (startup, tools, tests).
+
+        Never call it from a running event loop's thread while that loop has a commit in flight.
+        """
+        with self._thread_lock:
+            return func()

@@ -1,51 +1,69 @@
-"""Candidate store: agent commits imported into a trusted bare Git repository (DESIGN §6).
+"""Candidate store: agent commits imported into a trusted bare Git repository (docs/architecture.md).
 
 The agent controls its repository completely (objects, refs, `.git/config`, hooks, alternates,
-replace refs), so the store treats it as hostile input. An import is:
+replace refs), so the store treats it as hostile input. An import is a sequence of steps
+(`CandidateStore._import_oid`); nothing is written to the state store before the last check:
 
 1. validate the version string before git sees it (`_check_version`);
 2. resolve it in the agent's repository to a commit id: `rev-parse --verify --end-of-options
    <version>^{commit}` with an explicit `--git-dir` (no discovery), an isolated environment and
    `-c` options that override the repository's own config (`vero.core._git`);
 3. fetch exactly that object id into the store under a unique temporary ref `refs/vero/tmp/<uuid>`
-   (`git fetch --no-tags --no-write-fetch-head --no-recurse-submodules`); a local fetch runs
+   (`git fetch --no-tags --no-write-fetch-head --no-recurse-submodules`, offering as common history
+   only the candidates among its nearest ancestors, `--negotiation-tip`); a local fetch runs
    `upload-pack`/`pack-objects` and the store indexes its own copy of every object, so nothing is
    borrowed from the agent's alternates, and `transfer.fsckObjects` checks what arrives;
 4. verify in the store that the temporary ref holds that id and that it is a commit;
-5. inspect its tree (`ls-tree -r -t -z`): no reserved top-level path (`RESERVED_PATHS`), no path
+5. inspect its tree (`_inspect_tree`): no reserved top-level path (`RESERVED_PATHS`), no path
    component `.`/`..`/`.git`, only git's regular modes, and no symlink whose target leaves the tree
-   (absolute, or `..` escaping, following symlinks inside the tree as the kernel would);
-6. publish: `refs/vero/candidates/<id>` and the record `root/candidates/<id>.json`
-   (`vero.core.storage`, atomic);
-7. always delete the temporary ref (also on rejection, error or cancellation).
+   (absolute, or `..` escaping, following symlinks inside the tree as the kernel would). Only the
+   entries that differ from an already checked tree are read: the nearest first-parent ancestor
+   whose tree passed before (`checked_trees` in the state store keeps each checked tree's
+   symlinks), else the whole tree;
+6. publish: `refs/vero/candidates/<id>`, then the record and the checked tree in one state-store
+   transaction (`vero.core.state`);
+7. always delete the temporary ref (also on rejection, error or cancellation);
+8. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
+   --geometric=2`) so object lookups stay fast: no git process outlives the call that started it.
 
 No `git` process of the store runs a hook or fsmonitor of any repository, reads the system or user
 config, or talks to anything but a local path. No branch or tag is ever created in the store.
+
+Checkouts write files only (no `.git`): `checkout` fills a fresh directory; `update_worktree` brings
+a persistent work tree (one per evaluation slot) to a candidate, writing only the files that differ
+from what it held (`git read-tree --reset -u` with a private index).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
+import sqlite3
 import tempfile
 import threading
 import unicodedata
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import git
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
 from vero.core._offloop import run_to_completion
 from vero.core.archive import symlink_escapes
-from vero.core.storage import atomic_write_model
-from vero.errors import CandidateRejected, LedgerCorrupt
+from vero.core.state import StateStore, iso
+from vero.core.storage import atomic_write_bytes
+from vero.errors import CandidateRejected
 
-__all__ = ["CandidateRecord", "CandidateStore", "MAX_VERSION_CHARS", "RESERVED_PATHS"]
+__all__ = ["CandidateRecord", "CandidateStore", "MAX_VERSION_CHARS", "REPACK_EVERY_IMPORTS", "RESERVED_PATHS",
+           "WorktreeUpdate"]
 
 RESERVED_PATHS: tuple[str, ...] = (".vero",)
 """Top-level paths a candidate tree may not track."""
@@ -62,10 +80,15 @@ _SUBJECT_CHARS = 200
 _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
 _SYMLINK_MODE = b"120000"
 _MAX_SYMLINK_TARGET_BYTES = 4096
+_BASE_SEARCH_COMMITS = 64
+"""How far back the first-parent line is searched for an already checked tree (commits)."""
+
+REPACK_EVERY_IMPORTS = 64
+"""Imports between two foreground repacks of the candidate store."""
 
 
 class CandidateRecord(BaseModel):
-    """Durable description of an imported candidate (`root/candidates/<id>.json`)."""
+    """Durable description of an imported candidate (a row of the state store's `candidates`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     id: str = Field(pattern=r"^[0-9a-f]{40}$")
@@ -78,6 +101,17 @@ class CandidateRecord(BaseModel):
     """First line of the commit message (truncated to 200 characters, control characters removed)."""
     imported_at: datetime
     """When the candidate was first imported (aware UTC)."""
+
+
+@dataclass(frozen=True)
+class WorktreeUpdate:
+    """What `CandidateStore.update_worktree` did."""
+
+    path: Path
+    """The work tree."""
+    changed: tuple[str, ...] | None
+    """Tree-relative paths added, changed or deleted since the previous update; None when the
+    whole tree was written."""
 
 
 class _Aborted(Exception):
@@ -153,7 +187,7 @@ def _parse_commit(oid: str, raw: bytes) -> CandidateRecord:
 
 
 class CandidateStore:
-    """A bare repository at `root/candidates.git` plus records at `root/candidates/`.
+    """A bare repository at `root/candidates.git`; records in the state store (`vero.core.state`).
 
     Candidates live under `refs/vero/candidates/<id>`; no branch or tag is ever created.
     `root/.git-env/` holds the store's private git `HOME` (empty) and global config files.
@@ -161,16 +195,18 @@ class CandidateStore:
     Attributes:
         root: the store's directory (the sidecar's state dir, `/var/lib/vero`).
         git_dir: the bare repository.
+        state: the state store holding the candidate records and checked trees; None for a
+            checkout-only store (e.g. the verifier's copy of a sealed session), which cannot import.
         git_timeout_sec: a git command that runs longer is killed and the import rejected.
     """
 
     root: Path
     git_dir: Path
 
-    def __init__(self, root: Path, *, git_timeout_sec: float = 600.0) -> None:
+    def __init__(self, root: Path, state: StateStore | None, *, git_timeout_sec: float = 600.0) -> None:
         self.root = root
         self.git_dir = root / "candidates.git"
-        self.records_dir = root / "candidates"
+        self.state = state
         self.git_timeout_sec = git_timeout_sec
         self._env_dir = root / ".git-env"
         self._home = self._env_dir / "home"
@@ -178,13 +214,18 @@ class CandidateStore:
         self._publish_lock = threading.Lock()
         self._config_lock = threading.Lock()
         self._configs: set[Path] = set()
+        # Imports share the object store; a repack takes it alone.
+        self._objects = _SharedExclusive()
+        self._imports_since_repack = 0
 
     @classmethod
-    def open(cls, root: str | Path, *, git_timeout_sec: float = 600.0) -> "CandidateStore":
+    def open(cls, root: str | Path, state: StateStore | None = None, *,
+             git_timeout_sec: float = 600.0) -> "CandidateStore":
         """Open or create the store under `root`.
 
         Args:
             root: directory of the store (created with mode 0700 if missing).
+            state: where candidate records live; None opens a checkout-only store.
             git_timeout_sec: time limit of each git command, seconds.
 
         Raises:
@@ -192,15 +233,19 @@ class CandidateStore:
             git.GitCommandError: the bare repository cannot be initialized.
         """
         root = Path(os.path.abspath(root))
-        store = cls(root, git_timeout_sec=git_timeout_sec)
+        store = cls(root, state, git_timeout_sec=git_timeout_sec)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        store.records_dir.mkdir(mode=0o700, exist_ok=True)
         for private in (store._env_dir, store._home, store._template):
             private.mkdir(mode=0o700, exist_ok=True)
         if not (store.git_dir / "HEAD").is_file():
             store._git(store.root).init("-q", "--bare", f"--template={store._template}",
                                         "--object-format=sha1", str(store.git_dir))
         return store
+
+    def _records(self) -> StateStore:
+        if self.state is None:
+            raise RuntimeError("this candidate store was opened without a state store: it can only check out")
+        return self.state
 
     # -- git plumbing -------------------------------------------------------------------------
 
@@ -215,9 +260,9 @@ class CandidateStore:
         return path
 
     def _git(self, cwd: Path, *, git_dir: Path | None = None,
-             safe_directories: list[Path] | None = None) -> IsolatedGit:
+             safe_directories: list[Path] | None = None, extra_env: dict[str, str] | None = None) -> IsolatedGit:
         safe = [self.git_dir, *(safe_directories or [])]
-        env = minimal_env(self._home, self._global_config(safe))
+        env = minimal_env(self._home, self._global_config(safe), extra_env)
         return IsolatedGit(cwd, env=env, config=[("safe.directory", str(p)) for p in safe],
                            git_dir=git_dir, timeout_sec=self.git_timeout_sec)
 
@@ -287,7 +332,23 @@ class CandidateStore:
         oid = oid.strip()
         if not _OID.fullmatch(oid):
             raise CandidateRejected("the repository does not use SHA-1 object ids")
-        return self._import_oid(source_git_dir, safe, oid, abort)
+        return self._import_oid(source_git_dir, safe, oid, abort, self._negotiation_tips(agent, oid))
+
+    def _negotiation_tips(self, agent: IsolatedGit, oid: str) -> list[str]:
+        """Candidate refs among `oid`'s nearest ancestors in the agent's repository: the fetch offers
+        only these as common history, so it sends just the new objects and its negotiation does not
+        grow with the number of candidates. A hint only (the agent's repository is untrusted): a
+        wrong one costs a larger fetch, never a wrong import."""
+        try:
+            ancestors = agent.rev_list(f"--max-count={_BASE_SEARCH_COMMITS}", "--end-of-options", oid).split()
+        except git.GitCommandError:
+            return []
+        ancestors = [a for a in ancestors if _OID.fullmatch(a) and a != oid]
+        if not ancestors or self.state is None:
+            return []
+        known = {cid for (cid,) in self.state.rows(
+            f"SELECT id FROM candidates WHERE id IN ({', '.join('?' * len(ancestors))})", tuple(ancestors))}
+        return [CANDIDATE_REF_PREFIX + a for a in ancestors if a in known][:8]
 
     def import_commit_from_store(self, other_git_dir: str | Path, commit: str) -> CandidateRecord:
         """Import a commit from another trusted repository (e.g. the baseline repo); same checks.
@@ -305,39 +366,51 @@ class CandidateStore:
         return self._import_oid(source_git_dir, safe, commit, None)
 
     def _import_oid(self, source_git_dir: Path, safe: list[Path], oid: str,
-                    abort: threading.Event | None) -> CandidateRecord:
+                    abort: threading.Event | None, negotiation_tips: list[str] | None = None) -> CandidateRecord:
+        """Steps 3-8 of the module docstring for a resolved commit id."""
+        records = self._records()
         store = self._store_git(safe)
         existing = self._existing(store, oid)
         if existing is not None:
             return existing
         temporary = f"{TEMPORARY_REF_PREFIX}{uuid.uuid4().hex}"
-        try:
-            if abort is not None and abort.is_set():
-                raise _Aborted
+        with self._objects.shared():
             try:
-                store.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
-                            "--end-of-options", str(source_git_dir), f"{oid}:{temporary}")
-            except git.GitCommandError:
-                raise CandidateRejected(
-                    f"commit {oid} could not be fetched (unknown, incomplete or malformed objects)"
-                ) from None
-            self._verify_fetched(store, temporary, oid)
-            raw = store.cat_file("commit", oid, stdout_as_string=False)
-            record = _parse_commit(oid, raw)
-            self._inspect_tree(store, record.tree)
-            if abort is not None and abort.is_set():
-                raise _Aborted
-            return self._publish(store, record)
-        finally:
-            self._delete_ref(store, temporary)
+                self._check_abort(abort)
+                self._fetch(store, source_git_dir, oid, temporary, negotiation_tips or [])
+                self._verify_fetched(store, temporary, oid)
+                record = _parse_commit(oid, store.cat_file("commit", oid, stdout_as_string=False))
+                symlinks = self._inspect_tree(store, records, oid, record.tree)
+                # Further admission checks (e.g. size limits) go here: nothing is recorded yet.
+                self._check_abort(abort)
+                record = self._publish(store, records, record, symlinks)
+            finally:
+                self._delete_ref(store, temporary)
+        self._maybe_repack(store)
+        return record
+
+    @staticmethod
+    def _check_abort(abort: threading.Event | None) -> None:
+        if abort is not None and abort.is_set():
+            raise _Aborted
+
+    def _fetch(self, store: IsolatedGit, source_git_dir: Path, oid: str, temporary: str, tips: list[str]) -> None:
+        try:
+            store.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
+                        *(f"--negotiation-tip={tip}" for tip in tips),
+                        "--end-of-options", str(source_git_dir), f"{oid}:{temporary}")
+        except git.GitCommandError:
+            raise CandidateRejected(
+                f"commit {oid} could not be fetched (unknown, incomplete or malformed objects)"
+            ) from None
 
     def _existing(self, store: IsolatedGit, oid: str) -> CandidateRecord | None:
-        if not self._candidate_ref_exists(store, oid):
-            return None
         try:
-            return self.get(oid)
+            record = self.get(oid)
         except KeyError:
-            return None  # ref without record (crash between the two writes): import again
+            return None
+        # A record whose ref is missing (the repository was restored without it): import again.
+        return record if self._candidate_ref_exists(store, oid) else None
 
     def _verify_fetched(self, store: IsolatedGit, temporary: str, oid: str) -> None:
         try:
@@ -350,42 +423,67 @@ class CandidateStore:
         if kind != "commit":
             raise CandidateRejected(f"object {oid} is a {kind}, not a commit")
 
-    def _inspect_tree(self, store: IsolatedGit, tree: str) -> None:
+    def _inspect_tree(self, store: IsolatedGit, records: StateStore, oid: str, tree: str) -> dict[bytes, bytes]:
         """Reject a tree with reserved paths, unsafe names, odd modes or escaping symlinks.
+
+        Reads only what differs from the nearest checked first-parent ancestor's tree (or the whole
+        tree when there is none).
+
+        Returns:
+            The tree's symlinks (path -> target), recorded with the candidate for later imports.
 
         Raises:
             CandidateRejected: names the offending path (paths come from the agent's own tree).
         """
-        listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree,
-                                stdout_as_string=False)
+        base = self._checked_base(store, records, oid)
+        if base is not None and base[0] == tree:
+            return base[1]
+        if base is None:
+            listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree,
+                                    stdout_as_string=False)
+            entries = _ls_tree_entries(listing)
+            links: dict[bytes, bytes] = {}
+        else:
+            diff = store.diff_tree("-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options",
+                                   base[0], tree, stdout_as_string=False)
+            entries = _diff_tree_entries(diff)
+            links = dict(base[1])
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
-        symlinks: dict[bytes, bytes] = {}
-        for entry in listing.split(b"\0"):
-            if not entry:
+        new_links: dict[bytes, bytes] = {}
+        links_changed = False
+        for mode, blob, path in entries:
+            if mode is None:  # deleted
+                links_changed |= links.pop(path, None) is not None
                 continue
-            meta, _, path = entry.partition(b"\t")
-            mode, _, rest = meta.partition(b" ")
-            _kind, _, blob = rest.partition(b" ")
-            shown = path.decode("utf-8", errors="replace")
-            parts = path.split(b"/")
-            if parts[0].lower() in reserved:
-                raise CandidateRejected(f"the commit tracks the reserved path {shown!r}")
-            if any(part in (b"", b".", b"..") or part.lower() == b".git" for part in parts):
-                raise CandidateRejected(f"the commit's tree contains the unsafe path {shown!r}")
-            if mode not in _ALLOWED_MODES:
-                raise CandidateRejected(f"the commit's tree has unsupported mode {mode.decode(errors='replace')} "
-                                        f"at {shown!r}")
+            _check_entry(path, mode, reserved)
             if mode == _SYMLINK_MODE:
-                symlinks[path] = blob
-        if not symlinks:
-            return
-        targets = self._read_blobs(store, list(symlinks.values()))
-        links = {path: targets[blob] for path, blob in symlinks.items()}
-        for path, target in sorted(links.items()):
-            if len(target) > _MAX_SYMLINK_TARGET_BYTES or symlink_escapes(path, target, links):
-                raise CandidateRejected(
-                    f"symlink {path.decode('utf-8', errors='replace')!r} points outside the tree"
-                )
+                new_links[path] = blob
+            elif path in links:
+                del links[path]
+                links_changed = True
+        if new_links:
+            targets = self._read_blobs(store, list(new_links.values()))
+            links.update({path: targets[blob] for path, blob in new_links.items()})
+        if new_links or links_changed:
+            for path, target in sorted(links.items()):
+                if len(target) > _MAX_SYMLINK_TARGET_BYTES or symlink_escapes(path, target, links):
+                    raise CandidateRejected(
+                        f"symlink {path.decode('utf-8', errors='replace')!r} points outside the tree"
+                    )
+        return links
+
+    def _checked_base(self, store: IsolatedGit, records: StateStore, oid: str) -> tuple[str, dict[bytes, bytes]] | None:
+        """The nearest tree on `oid`'s first-parent line that an earlier import checked, with its symlinks."""
+        trees = store.log("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T",
+                          "--end-of-options", oid).split()
+        if not trees:
+            return None
+        found = dict(records.rows(
+            f"SELECT tree, symlinks FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})", tuple(trees)))
+        for tree in trees:
+            if tree in found:
+                return tree, _links_from_json(found[tree])
+        return None
 
     def _read_blobs(self, store: IsolatedGit, oids: list[bytes]) -> dict[bytes, bytes]:
         """Contents of blobs by id, with one `cat-file --batch` process."""
@@ -407,15 +505,48 @@ class CandidateStore:
             pos = end + 1 + size + 1
         return contents
 
-    def _publish(self, store: IsolatedGit, record: CandidateRecord) -> CandidateRecord:
+    def _publish(self, store: IsolatedGit, records: StateStore, record: CandidateRecord,
+                 symlinks: dict[bytes, bytes]) -> CandidateRecord:
         # One publisher at a time: two concurrent imports of one commit keep the first record.
         with self._publish_lock:
             existing = self._existing(store, record.id)
             if existing is not None:
                 return existing
             store.update_ref("-m", "vero: import candidate", CANDIDATE_REF_PREFIX + record.id, record.id)
-            atomic_write_model(self.records_dir / f"{record.id}.json", record)
-            return record
+
+            def change(conn: sqlite3.Connection) -> CandidateRecord:
+                row = conn.execute("SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?",
+                                   (record.id,)).fetchone()
+                if row is not None:  # recorded before, its ref restored just now
+                    return _record(row)
+                conn.execute("INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
+                             (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)))
+                conn.execute("INSERT OR IGNORE INTO checked_trees (tree, symlinks) VALUES (?, ?)",
+                             (record.tree, _links_to_json(symlinks)))
+                return record
+
+            return records.commit_sync(change)
+
+    def _maybe_repack(self, store: IsolatedGit) -> None:
+        """Step 8: a geometric repack every `REPACK_EVERY_IMPORTS` imports, in this thread."""
+        with self._publish_lock:
+            self._imports_since_repack += 1
+            due = self._imports_since_repack >= REPACK_EVERY_IMPORTS
+            if due:
+                self._imports_since_repack = 0
+        if due:
+            self.repack()
+
+    def repack(self) -> None:
+        """Roll small packs and loose objects up into fewer packs (`git repack -d --geometric=2`).
+
+        Waits for running imports and holds new ones off meanwhile; runs in the calling thread, and
+        no git process outlives it. Cost grows with what is rolled up, not with the whole store.
+        """
+        store = self._store_git()
+        with self._objects.exclusive():
+            store.repack("-d", "-q", "--geometric=2", "--no-write-bitmap-index")
+            store.prune_packed("-q")
 
     def _delete_ref(self, store: IsolatedGit, ref: str) -> None:
         # `update-ref -d` of an absent ref succeeds; a failure here must not hide the real error.
@@ -431,56 +562,200 @@ class CandidateStore:
 
         Raises:
             KeyError: unknown id (or not a 40-hex id).
-            LedgerCorrupt: the record exists but cannot be read or validated.
         """
         if not isinstance(candidate_id, str) or not _OID.fullmatch(candidate_id):
             raise KeyError(candidate_id)
-        path = self.records_dir / f"{candidate_id}.json"
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise KeyError(candidate_id) from None
-        try:
-            return CandidateRecord.model_validate_json(data)
-        except ValidationError:
-            raise LedgerCorrupt(f"candidate record {path} is unreadable") from None
+        rows = self._records().rows("SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?",
+                                    (candidate_id,))
+        if not rows:
+            raise KeyError(candidate_id)
+        return _record(rows[0])
 
     def list(self) -> list[CandidateRecord]:
-        """All records, by `imported_at` (then id).
+        """All records, in import order."""
+        return [_record(row) for row in self._records().rows(
+            "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq")]
 
-        Raises:
-            LedgerCorrupt: a record cannot be read or validated.
-        """
-        records = [self.get(path.stem) for path in self.records_dir.glob("*.json")
-                   if not path.name.startswith(".") and _OID.fullmatch(path.stem)]
-        return sorted(records, key=lambda record: (record.imported_at, record.id))
+    def contains(self, candidate_id: str) -> bool:
+        """Whether the candidate is recorded and its ref is in the repository."""
+        try:
+            self.get(candidate_id)
+        except KeyError:
+            return False
+        return self._candidate_ref_exists(self._store_git(), candidate_id)
+
+    def pack_count(self) -> int:
+        """How many packs the object store has (repacking keeps this small)."""
+        return len(list((self.git_dir / "objects" / "pack").glob("*.pack")))
+
+    def _commit_tree(self, store: IsolatedGit, candidate_id: str) -> str:
+        if not isinstance(candidate_id, str) or not _OID.fullmatch(candidate_id) \
+                or not self._candidate_ref_exists(store, candidate_id):
+            raise KeyError(candidate_id)
+        return store.rev_parse("--verify", "--end-of-options", f"{candidate_id}^{{tree}}").strip()
 
     def checkout(self, candidate_id: str, dest: str | Path) -> Path:
-        """Materialize a candidate into a fresh directory `dest` (must not exist) as a detached work tree.
-
-        The result has its own `.git` and does not depend on the agent's repository or the store.
+        """Write a candidate's files into a fresh directory `dest` (must not exist); no `.git`, no history.
 
         Raises:
-            KeyError: unknown id.
+            KeyError: unknown id (no `refs/vero/candidates/<id>`).
             FileExistsError: `dest` exists.
             git.GitCommandError: git failed (then `dest` is removed).
         """
-        record = self.get(candidate_id)
         dest = Path(os.path.abspath(dest))
-        store = self._store_git()
-        if not self._candidate_ref_exists(store, record.id):
-            raise KeyError(candidate_id)
+        tree = self._commit_tree(self._store_git(), candidate_id)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.mkdir()  # FileExistsError if present
         try:
-            # `dest` is created here by this process, so git's ownership check needs no exception.
-            work = self._git(dest)
-            work.init("-q", f"--template={self._template}", "--object-format=sha1", str(dest))
-            # A local fetch copies the objects (no alternates): the checkout outlives the store.
-            work.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
-                       "--end-of-options", str(self.git_dir), CANDIDATE_REF_PREFIX + record.id)
-            work.checkout("-q", "--detach", record.id)
+            with tempfile.TemporaryDirectory(prefix="vero-index-", dir=self._env_dir) as tmp:
+                self._read_tree(dest, Path(tmp) / "index", tree)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
         return dest
+
+    def update_worktree(self, candidate_id: str, work_tree: str | Path, index_file: str | Path) -> "WorktreeUpdate":
+        """Bring the persistent work tree `work_tree` to a candidate's files, writing only what changed.
+
+        `index_file` (private to the caller, e.g. under the state dir) is git's index of what
+        `work_tree` holds, and `<index_file>.tree` the tree id it was last brought to. With them,
+        git rewrites only the files whose entry or stat differs and deletes the files the
+        candidate does not have. Without them (first use, or a crash mid-update) the directory is
+        emptied and written whole. Call it for one work tree from one thread at a time.
+
+        Returns:
+            The work tree and the tree-relative paths that changed (None: everything was written).
+
+        Raises:
+            KeyError: unknown candidate.
+            git.GitCommandError: git failed (the index is then removed, so the next call starts over).
+        """
+        work_tree = Path(os.path.abspath(work_tree))
+        index_file = Path(os.path.abspath(index_file))
+        marker = index_file.with_name(index_file.name + ".tree")
+        store = self._store_git()
+        tree = self._commit_tree(store, candidate_id)
+        try:
+            previous: str | None = marker.read_text(encoding="ascii").strip()
+        except OSError:
+            previous = None
+        if previous is None or not _OID.fullmatch(previous) or not index_file.is_file():
+            previous = None
+            index_file.unlink(missing_ok=True)
+            if os.path.lexists(work_tree):
+                shutil.rmtree(work_tree)
+        marker.unlink(missing_ok=True)
+        work_tree.mkdir(parents=True, exist_ok=True)
+        try:
+            self._read_tree(work_tree, index_file, tree)
+        except BaseException:
+            index_file.unlink(missing_ok=True)
+            raise
+        changed: tuple[str, ...] | None = None
+        if previous is not None:
+            names = store.diff_tree("-r", "-z", "--name-only", "--no-renames", "--end-of-options", previous, tree,
+                                    stdout_as_string=False)
+            changed = tuple(name.decode("utf-8", errors="surrogateescape") for name in names.split(b"\0") if name)
+        atomic_write_bytes(marker, tree.encode("ascii") + b"\n")
+        return WorktreeUpdate(path=work_tree, changed=changed)
+
+    def _read_tree(self, work_tree: Path, index_file: Path, tree: str) -> None:
+        # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
+        # written; entries the tree lacks are deleted; untracked files in the way are overwritten.
+        # `core.trustctime=false`: a chmod of a file does not count as a change.
+        worktree_git = self._git(work_tree, git_dir=self.git_dir,
+                                 extra_env={"GIT_WORK_TREE": str(work_tree), "GIT_INDEX_FILE": str(index_file)})
+        worktree_git.execute(["git", "-c", "core.trustctime=false", "-c", "core.checkStat=minimal",
+                              "read-tree", "--reset", "-u", "--end-of-options", tree])
+
+
+def _check_entry(path: bytes, mode: bytes, reserved: set[bytes]) -> None:
+    """One tree entry's own rules (reserved top-level path, unsafe component, mode)."""
+    shown = path.decode("utf-8", errors="replace")
+    parts = path.split(b"/")
+    if parts[0].lower() in reserved:
+        raise CandidateRejected(f"the commit tracks the reserved path {shown!r}")
+    if any(part in (b"", b".", b"..") or part.lower() == b".git" for part in parts):
+        raise CandidateRejected(f"the commit's tree contains the unsafe path {shown!r}")
+    if mode not in _ALLOWED_MODES:
+        raise CandidateRejected(f"the commit's tree has unsupported mode {mode.decode(errors='replace')} "
+                                f"at {shown!r}")
+
+
+def _ls_tree_entries(listing: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """`ls-tree -r -t -z` output -> (mode, object id, path) per entry."""
+    entries = []
+    for entry in listing.split(b"\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition(b"\t")
+        mode, _, rest = meta.partition(b" ")
+        _kind, _, oid = rest.partition(b" ")
+        entries.append((mode, oid, path))
+    return entries
+
+
+def _diff_tree_entries(raw: bytes) -> list[tuple[bytes | None, bytes, bytes]]:
+    """`diff-tree -r -t -z --raw --no-renames` output -> (new mode or None if deleted, new id, path)."""
+    fields = raw.split(b"\0")
+    entries: list[tuple[bytes | None, bytes, bytes]] = []
+    i = 0
+    while i < len(fields):
+        meta = fields[i]
+        if not meta:
+            i += 1
+            continue
+        if not meta.startswith(b":") or i + 1 >= len(fields):
+            raise CandidateRejected("the commit's tree could not be compared with its parent's")
+        _old_mode, new_mode, _old_oid, new_oid, status = meta[1:].split(b" ")
+        path = fields[i + 1]
+        entries.append((None if status.startswith(b"D") else new_mode, new_oid, path))
+        i += 2
+    return entries
+
+
+def _links_to_json(links: dict[bytes, bytes]) -> str:
+    return json.dumps({path.hex(): target.hex() for path, target in sorted(links.items())}, sort_keys=True)
+
+
+def _links_from_json(data: str) -> dict[bytes, bytes]:
+    return {bytes.fromhex(path): bytes.fromhex(target) for path, target in json.loads(data).items()}
+
+
+def _record(row: tuple) -> CandidateRecord:
+    cid, parent, tree, subject, imported_at = row
+    return CandidateRecord(id=cid, parent=parent, tree=tree, subject=subject, imported_at=imported_at)
+
+
+class _SharedExclusive:
+    """A lock many holders may share, or one may hold alone (imports share; a repack is alone)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._shared -= 1
+                self._condition.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._condition.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._exclusive = False
+                self._condition.notify_all()

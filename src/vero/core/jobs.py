@@ -1,55 +1,53 @@
-"""Durable evaluation jobs (DESIGN §6).
+"""Durable evaluation jobs, kept in the state store beside the ledger (docs/architecture.md).
 
-Layout under the state directory (`/var/lib/vero`):
-
-```
-jobs/
-  index.json        {"schema_version": 1, "ids": [job ids in creation order]}
-  ev-<16 hex>.json  one EvaluationJob per file, rewritten atomically on every change
-```
-
-Every write goes through `vero.core.storage` (temp file, fsync, rename, directory fsync) in a worker
-thread, and memory changes only after the write landed (the recipe is in `vero.core._offloop`).
-`create` writes the record before the index, so a crash in between leaves a record the index does
-not list; `open` reconciles both directions (records missing from the index are appended in
-`created_at` order; index entries without a record are dropped) and rewrites the index.
+A job is one row of the `jobs` table of `vero.core.state`: its id, owner, partition, state and
+reservation as columns (indexed, constrained) and the whole `EvaluationJob` as JSON in `record`
+(so a new optional field needs no schema change). Jobs are listed in creation order (`seq`).
 
 State machine: `queued` -> `running` -> one of `complete`, `failed`, `cancelled` (a queued job may
-also end directly). A terminal state never changes again; other fields of a terminal job may still be
-updated (e.g. attaching the result after marking it complete).
+also end directly). A terminal state never changes again; other fields of a terminal job may still
+be updated. The job and its reservation change together, each in one transaction:
+
+- `admit`: the reservation and the job record (a job never exists without its reservation, and
+  no reservation is left behind by a crash between the two);
+- `finish`: the terminal state and the settle (`complete`) or refund (anything else).
+
+So nobody ever observes a terminal job whose reservation is open, or a closed reservation whose job
+is unfinished; `vero.core.state` refuses a database where that holds.
 
 On restart the sidecar calls `recover_interrupted`, which fails the jobs that were queued or running
-and brings the budget ledger in line with the job records.
+and refunds their reservations, one transaction for all.
 """
 
 from __future__ import annotations
 
 import secrets
+import sqlite3
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vero.core._offloop import SerialCommits
 from vero.core.evaluation import EvaluationResult
 from vero.core.ladder import LadderDisclosure
-from vero.core.ledger import BudgetLedger
-from vero.core.storage import atomic_write_json, atomic_write_model, remove_stale_temp_files
+from vero.core.ledger import BudgetLedger, Cost, Reservation
+from vero.core.state import TERMINAL_JOB_STATES
 from vero.errors import Conflict, LedgerCorrupt, UnknownJob
 from vero.spec.models import Disclosure
 
-__all__ = ["EvaluationJob", "JobState", "JobStore", "TERMINAL_STATES", "recover_interrupted"]
+__all__ = ["EvaluationJob", "JobPage", "JobState", "JobStore", "TERMINAL_STATES", "recover_interrupted"]
 
 JobState = Literal["queued", "running", "complete", "failed", "cancelled"]
-TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "cancelled"})
+TERMINAL_STATES: frozenset[str] = frozenset(TERMINAL_JOB_STATES)
 
 _JOB_ID_PATTERN = r"^ev-[0-9a-f]{16}$"
-_INDEX_SCHEMA_VERSION = 1
+_PARSED_CACHE_SIZE = 4096
 
 
 class EvaluationJob(BaseModel):
-    """One evaluation request and its outcome. Written atomically on every change."""
+    """One evaluation request and its outcome."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str = Field(pattern=_JOB_ID_PATTERN)
@@ -77,219 +75,347 @@ class EvaluationJob(BaseModel):
     (`vero.core.ladder`); the agent is shown this, never `result.score`."""
 
 
-class _JobIndex(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[1] = _INDEX_SCHEMA_VERSION
-    ids: list[str]
+class JobPage(BaseModel):
+    """One page of a principal's jobs, newest first."""
 
-
-def _read_model[M: BaseModel](path: Path, model: type[M], what: str) -> M:
-    try:
-        return model.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise LedgerCorrupt(f"{what} {path} cannot be read ({type(exc).__name__})") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "<root>"
-        raise LedgerCorrupt(f"{what} {path} is invalid at {where}: {first['msg']}") from None
+    model_config = ConfigDict(frozen=True)
+    jobs: list[EvaluationJob]
+    next_cursor: str | None
+    """The id of the last job of this page when older jobs remain (pass it as `before`), else None."""
 
 
 class JobStore:
-    """Jobs under `root/jobs/<id>.json` plus `root/jobs/index.json` (ids in creation order).
+    """The jobs of one state store; mutations are async transactions (`vero.core.state`).
 
-    A record is written before the index; `open` reconciles the two after a crash in between
-    (records missing from the index are added; index entries without a record are dropped).
-    Jobs are frozen models: accessors return the stored snapshots themselves (no copy), which callers
-    cannot change; `update` stores a new snapshot.
+    Jobs are frozen models. Reading a job whose stored record has not changed since it was last
+    parsed returns the same object (so callers may cache work per snapshot by identity).
+
+    Args:
+        ledger: the budget ledger of the same state store (reservations are closed with the jobs).
     """
 
-    root: Path
-
-    def __init__(self, root: Path, jobs: dict[str, EvaluationJob]) -> None:
-        """Use `JobStore.open`."""
-        self.root = root
-        self._jobs = jobs  # insertion order is creation order
-        self._commits = SerialCommits()
-
-    @property
-    def directory(self) -> Path:
-        """`root/jobs`."""
-        return self.root / "jobs"
-
-    @property
-    def index_path(self) -> Path:
-        """`root/jobs/index.json`."""
-        return self.directory / "index.json"
-
-    def record_path(self, job_id: str) -> Path:
-        """`root/jobs/<job_id>.json`."""
-        return self.directory / f"{job_id}.json"
-
-    @classmethod
-    def open(cls, root: str | Path) -> "JobStore":
-        """Open or create the store. Raises LedgerCorrupt for an unreadable index or record.
-
-        Synchronous file I/O: call it at startup, or through `asyncio.to_thread` from a running loop.
-
-        Reconciles the index with the record files (see the class docstring) and rewrites the index
-        when they differed; removes temp files left by writes a crash cut short.
-
-        Raises:
-            LedgerCorrupt: the index or a record cannot be read or validated, or a record's file
-                name differs from its id.
-            OSError: the directory cannot be created or the reconciled index cannot be written.
-        """
-        store = cls(Path(root), {})
-        directory = store.directory
-        directory.mkdir(parents=True, exist_ok=True)
-        # Temp files of writes cut short by a crash (the sidecar is the store's only writer).
-        remove_stale_temp_files(directory)
-        records: dict[str, EvaluationJob] = {}
-        for path in sorted(directory.glob("ev-*.json")):
-            job = _read_model(path, EvaluationJob, "job record")
-            if path.name != f"{job.id}.json":
-                raise LedgerCorrupt(f"job record {path} holds a job with a different id")
-            records[job.id] = job
-        index_ids: list[str] = []
-        index_exists = store.index_path.exists() or store.index_path.is_symlink()
-        if index_exists:
-            index_ids = _read_model(store.index_path, _JobIndex, "job index").ids
-        ordered = [job_id for job_id in dict.fromkeys(index_ids) if job_id in records]
-        listed = set(ordered)
-        missing = sorted((job for job_id, job in records.items() if job_id not in listed),
-                         key=lambda job: (job.created_at, job.id))
-        ordered.extend(job.id for job in missing)
-        if not index_exists or ordered != index_ids:
-            atomic_write_json(store.index_path, _JobIndex(ids=ordered).model_dump(mode="json"))
-        store._jobs = {job_id: records[job_id] for job_id in ordered}
-        return store
+    def __init__(self, ledger: BudgetLedger) -> None:
+        self.ledger = ledger
+        self.state = ledger.state
+        self._parsed: OrderedDict[str, tuple[str, EvaluationJob]] = OrderedDict()
+        self._parsed_lock = threading.Lock()
 
     @staticmethod
     def new_id() -> str:
         """A fresh `ev-<16 hex>` id."""
         return "ev-" + secrets.token_hex(8)
 
+    # -- writing --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, job: EvaluationJob) -> None:
+        if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job.id,)).fetchone():
+            raise ValueError("job id already exists")
+        try:
+            conn.execute("INSERT INTO jobs (id, principal, partition, state, reservation_id, record) "
+                         "VALUES (?, ?, ?, ?, ?, ?)",
+                         (job.id, job.principal, job.partition, job.state, job.reservation_id, job.model_dump_json()))
+        except sqlite3.IntegrityError:
+            raise ValueError("a job needs an open reservation of its own budget that no other job owns, "
+                             "and starts unfinished") from None
+
+    async def admit(self, job: EvaluationJob, cost: Cost) -> tuple[EvaluationJob, Reservation]:
+        """Reserve `cost` under `job.reservation_id` and record `job`, in one transaction.
+
+        Returns:
+            The stored job (validated) and its reservation.
+
+        Raises:
+            PolicyDenied, BudgetExhausted: as `BudgetLedger.reserve` (nothing is recorded).
+            ValueError: the job or reservation id exists, the job is terminal, or it fails validation.
+        """
+        job = EvaluationJob.model_validate(job.model_dump())
+
+        def change(conn: sqlite3.Connection) -> tuple[EvaluationJob, Reservation]:
+            reservation = self.ledger.reserve_in(conn, job.partition, job.principal, cost, job.reservation_id)
+            self._insert(conn, job)
+            return job, reservation
+
+        return await self.state.commit(change)
+
     async def create(self, job: EvaluationJob) -> EvaluationJob:
-        """Persist a new job (record, then index).
+        """Record a job whose reservation (`job.reservation_id`) is already open.
 
         Returns:
             The stored job: a validated copy of `job` (a `model_copy(update=...)` skips validation).
 
         Raises:
-            ValueError: the id exists, or `job` fails validation.
+            ValueError: the id exists; the reservation is unknown, closed, of another budget or
+                owned by another job; the job is terminal; or it fails validation.
         """
         job = EvaluationJob.model_validate(job.model_dump())
 
-        def step() -> EvaluationJob:
-            if job.id in self._jobs:
-                raise ValueError("job id already exists")
-            atomic_write_model(self.record_path(job.id), job)
-            ids = [*self._jobs, job.id]
-            atomic_write_json(self.index_path, _JobIndex(ids=ids).model_dump(mode="json"))
-            self._jobs = {**self._jobs, job.id: job}
+        def change(conn: sqlite3.Connection) -> EvaluationJob:
+            self._insert(conn, job)
             return job
 
-        return await self._commits.run(step)
+        return await self.state.commit(change)
+
+    @staticmethod
+    def _load(conn: sqlite3.Connection, job_id: str) -> EvaluationJob:
+        row = conn.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob("no evaluation job with that id")
+        return _parse(row[0])
+
+    @staticmethod
+    def _store(conn: sqlite3.Connection, job: EvaluationJob) -> None:
+        try:
+            conn.execute("UPDATE jobs SET state = ?, record = ? WHERE id = ?",
+                         (job.state, job.model_dump_json(), job.id))
+        except sqlite3.IntegrityError:
+            raise Conflict("the job's state cannot change this way") from None
 
     async def update(self, job_id: str, **changes: Any) -> EvaluationJob:
-        """Apply field changes and persist atomically.
+        """Apply field changes to a job, in one transaction.
+
+        A job becomes terminal only through `finish` (which closes its reservation with it).
 
         Returns:
-            The updated job (the new stored snapshot).
+            The updated job.
 
         Raises:
             UnknownJob: no job with that id.
-            ValueError: a change names an unknown field, changes `id`, or fails validation.
+            ValueError: a change names an unknown field, changes `id`, `principal`, `partition` or
+                `reservation_id`, fails validation, or moves the job into a terminal state.
             Conflict: the change moves a terminal job to another state, or a running job back to
                 `queued`.
         """
-        if "id" in changes:
-            raise ValueError("a job's id cannot change")
+        for fixed in ("id", "principal", "partition", "reservation_id"):
+            if fixed in changes:
+                raise ValueError(f"a job's {fixed} cannot change")
 
-        def step() -> EvaluationJob:
-            current = self._jobs.get(job_id)
-            if current is None:
-                raise UnknownJob("no evaluation job with that id")
-            data = current.model_dump()
-            data.update(changes)
-            updated = EvaluationJob.model_validate(data)
+        def change(conn: sqlite3.Connection) -> EvaluationJob:
+            current = self._load(conn, job_id)
+            updated = _changed(current, changes)
             if updated.state != current.state:
                 if current.state in TERMINAL_STATES:
                     raise Conflict(f"the job is already {current.state}")
+                if updated.state in TERMINAL_STATES:
+                    raise ValueError("a job finishes through JobStore.finish, which closes its reservation")
                 if current.state == "running" and updated.state == "queued":
                     raise Conflict("a running job cannot go back to queued")
-            atomic_write_model(self.record_path(job_id), updated)
-            self._jobs = {**self._jobs, job_id: updated}
+            self._store(conn, updated)
             return updated
 
-        return await self._commits.run(step)
+        return await self.state.commit(change)
 
-    def get(self, job_id: str) -> EvaluationJob:
-        """One job (an immutable snapshot, shared: do not mutate nested results). Raises UnknownJob."""
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise UnknownJob("no evaluation job with that id")
+    def finish_in(self, conn: sqlite3.Connection, job_id: str, state: Literal["complete", "failed", "cancelled"], *,
+                  error: str | None = None, result: EvaluationResult | None = None,
+                  finished_at: datetime | None = None, **fields: Any) -> EvaluationJob:
+        """`finish` inside the caller's transaction `conn` (so a caller can record more state, e.g. its
+        own table, in the same transaction as the job's end)."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"{state!r} is not a terminal state")
+        for fixed in ("id", "principal", "partition", "reservation_id", "state"):
+            if fixed in fields:
+                raise ValueError(f"finish cannot change the job's {fixed}")
+        current = self._load(conn, job_id)
+        if current.state in TERMINAL_STATES:
+            raise Conflict(f"the job is already {current.state}")
+        updates: dict[str, Any] = {**fields, "state": state, "finished_at": finished_at or datetime.now(UTC)}
+        if error is not None:
+            updates["error"] = error
+        if result is not None:
+            updates["result"] = result
+        finished = _changed(current, updates)
+        self._store(conn, finished)
+        if state == "complete":
+            self.ledger.close_in(conn, current.reservation_id, "settled", "measured")
+        else:
+            self.ledger.close_in(conn, current.reservation_id, "refunded", error or state)
+        return finished
+
+    async def finish(self, job_id: str, state: Literal["complete", "failed", "cancelled"], *,
+                     error: str | None = None, result: EvaluationResult | None = None,
+                     finished_at: datetime | None = None, **fields: Any) -> EvaluationJob:
+        """End a job and close its reservation, in one transaction.
+
+        `complete` settles the reservation (a measurement stays charged, zero scores included);
+        `failed` and `cancelled` refund it with `error` (or the state) as the reason.
+
+        Args:
+            job_id: the job.
+            state: the terminal state.
+            error: the generic reason (`infrastructure`, `interrupted`, `cancelled`, `sealed`).
+            result: the trusted full result (`complete`).
+            finished_at: when it ended (default: now, aware UTC).
+            fields: further `EvaluationJob` fields recorded with the end (e.g. what was disclosed).
+
+        Returns:
+            The finished job.
+
+        Raises:
+            UnknownJob: no job with that id.
+            Conflict: the job has already finished (nothing changes).
+            ValueError: `state` is not terminal, or the fields fail validation.
+        """
+        return await self.state.commit(
+            lambda conn: self.finish_in(conn, job_id, state, error=error, result=result, finished_at=finished_at,
+                                        **fields))
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def _cached(self, job_id: str, record: str) -> EvaluationJob:
+        with self._parsed_lock:
+            hit = self._parsed.get(job_id)
+        if hit is not None and hit[0] == record:
+            return hit[1]
+        job = _parse(record)
+        with self._parsed_lock:
+            self._parsed[job_id] = (record, job)
+            self._parsed.move_to_end(job_id)
+            while len(self._parsed) > _PARSED_CACHE_SIZE:
+                self._parsed.popitem(last=False)
         return job
 
+    def get(self, job_id: str) -> EvaluationJob:
+        """One job. Raises UnknownJob."""
+        row = self.state.read(lambda conn: conn.execute("SELECT id, record FROM jobs WHERE id = ?",
+                                                        (job_id,)).fetchone())
+        if row is None:
+            raise UnknownJob("no evaluation job with that id")
+        return self._cached(*row)
+
     def list(self, principal: str | None = None) -> list[EvaluationJob]:
-        """Jobs in creation order, optionally only one principal's (immutable snapshots)."""
-        return [job for job in self._jobs.values()
-                if principal is None or job.principal == principal]
+        """Every job in creation order, optionally only one principal's (reads them all: for exports
+        and tools, not for request paths; see `page`)."""
+        if principal is None:
+            rows = self.state.rows("SELECT id, record FROM jobs ORDER BY seq")
+        else:
+            rows = self.state.rows("SELECT id, record FROM jobs WHERE principal = ? ORDER BY seq", (principal,))
+        return [self._cached(*row) for row in rows]
+
+    def with_field(self, name: str) -> list[EvaluationJob]:
+        """Jobs whose record has the field `name` set (not null), in creation order (e.g. the jobs the
+        Ladder judged). Reads only those records.
+
+        Raises:
+            ValueError: `name` is not an `EvaluationJob` field.
+        """
+        if name not in EvaluationJob.model_fields:
+            raise ValueError(f"{name!r} is not a job field")
+        rows = self.state.rows(f"SELECT id, record FROM jobs WHERE json_extract(record, '$.{name}') IS NOT NULL "
+                               "ORDER BY seq")
+        return [self._cached(*row) for row in rows]
 
     def unfinished(self) -> list[EvaluationJob]:
-        """Jobs in `queued` or `running`, in creation order (immutable snapshots)."""
-        return [job for job in self._jobs.values() if job.state not in TERMINAL_STATES]
+        """Jobs in `queued` or `running`, in creation order."""
+        rows = self.state.rows(f"SELECT id, record FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")
+        return [self._cached(*row) for row in rows]
+
+    def counts(self, principal: str) -> dict[str, dict[str, int]]:
+        """Partition -> state -> number of `principal`'s jobs (states with no job are absent)."""
+        counts: dict[str, dict[str, int]] = {}
+        for partition, state, n in self.state.rows(
+                "SELECT partition, state, count(*) FROM jobs WHERE principal = ? GROUP BY partition, state",
+                (principal,)):
+            counts.setdefault(partition, {})[state] = n
+        return counts
+
+    def page(self, principal: str, *, limit: int, before: str | None = None, partition: str | None = None,
+             state: str | None = None) -> JobPage:
+        """`principal`'s jobs newest first, `limit` at a time, optionally of one partition or state.
+
+        Args:
+            principal: whose jobs.
+            limit: at most this many (>= 1).
+            before: the cursor: list only jobs created before this job (the previous page's
+                `next_cursor`); None starts at the newest.
+            partition, state: filters.
+
+        Raises:
+            UnknownJob: `before` is not one of `principal`'s jobs.
+            ValueError: `limit` < 1.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+
+        def query(conn: sqlite3.Connection) -> JobPage:
+            where, parameters = ["principal = ?"], [principal]
+            if before is not None:
+                row = conn.execute("SELECT seq FROM jobs WHERE id = ? AND principal = ?",
+                                   (before, principal)).fetchone()
+                if row is None:
+                    raise UnknownJob("no evaluation job with that id")
+                where.append("seq < ?")
+                parameters.append(row[0])
+            if partition is not None:
+                where.append("partition = ?")
+                parameters.append(partition)
+            if state is not None:
+                where.append("state = ?")
+                parameters.append(state)
+            rows = conn.execute(f"SELECT id, record FROM jobs WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?",
+                                (*parameters, limit + 1)).fetchall()
+            jobs = [self._cached(*row) for row in rows[:limit]]
+            return JobPage(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit else None)
+
+        return self.state.read(query)
 
 
-async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger, *,
+def _terminal_sql() -> str:
+    return "(" + ", ".join(f"'{state}'" for state in TERMINAL_JOB_STATES) + ")"
+
+
+def _changed(job: EvaluationJob, changes: dict[str, Any]) -> EvaluationJob:
+    data = job.model_dump()
+    unknown = set(changes) - set(data)
+    if unknown:
+        raise ValueError(f"unknown job field(s): {', '.join(sorted(unknown))}")
+    data.update(changes)
+    return EvaluationJob.model_validate(data)
+
+
+def _parse(record: str) -> EvaluationJob:
+    try:
+        return EvaluationJob.model_validate_json(record)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "<root>"
+        raise LedgerCorrupt(f"a job record in the state store is invalid at {where}: {first['msg']}") from None
+
+
+async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger | None = None, *,
                               reconcile_reservations: bool = True) -> list[EvaluationJob]:
     """After a restart: fail the jobs that were queued or running and refund their reservations.
 
-    Call it once at startup, before the sidecar accepts requests: it treats every open reservation
-    and every unfinished job as left over from the previous process. For each unfinished job the
-    reservation is refunded first (reason `interrupted`), then the job is marked `failed` with
-    error `interrupted`; a crash between the two steps is repaired by the next call. A reservation
-    that is unknown, already refunded or already settled is left as it is.
-
-    With `reconcile_reservations` (the default) the ledger is also brought in line with finished
-    jobs and with reservations no job owns (a crash between `reserve` and `JobStore.create`, or
-    between a job's final update and its settle/refund): an open reservation of a `complete` job is
-    settled (`measured`); of a `failed` or `cancelled` job refunded with the job's error (or
-    `interrupted`); of no job refunded (`interrupted`). The sidecar should therefore record a job's
-    final state before settling or refunding it.
+    Call it once at startup, before the sidecar accepts requests: it treats every unfinished job and
+    every open reservation as left over from the previous process. In one transaction, each
+    unfinished job becomes `failed` with error `interrupted` and its reservation is refunded
+    (reason `interrupted`); with `reconcile_reservations` (the default) an open reservation that no
+    job owns (made with `BudgetLedger.reserve` alone) is refunded too.
 
     Idempotent: a second call finds nothing to do and returns an empty list.
 
+    Args:
+        jobs: the job store.
+        ledger: ignored (the job store's own ledger is used); kept for callers of the older form.
+
     Returns:
-        The jobs marked failed by this call (their updated snapshots), in creation order.
+        The jobs marked failed by this call, in creation order.
 
     Raises:
-        OSError: a record or the ledger could not be written (what was written stays written).
+        OSError: the transaction could not be written (nothing changed).
     """
-    recovered: list[EvaluationJob] = []
-    for job in jobs.unfinished():
-        await _close_quietly(ledger, job.reservation_id, "refunded", "interrupted")
-        recovered.append(await jobs.update(job.id, state="failed", error="interrupted",
-                                           finished_at=datetime.now(UTC)))
-    if reconcile_reservations:
-        owners = {job.reservation_id: job for job in jobs.list()}
-        for reservation in ledger.open_reservations():
-            owner = owners.get(reservation.id)
-            if owner is not None and owner.state == "complete":
-                await _close_quietly(ledger, reservation.id, "settled", "measured")
-            else:
-                reason = (owner.error if owner is not None else None) or "interrupted"
-                await _close_quietly(ledger, reservation.id, "refunded", reason)
-    return recovered
+    del ledger
 
+    def change(conn: sqlite3.Connection) -> list[EvaluationJob]:
+        now = datetime.now(UTC)
+        ids = [job_id for (job_id,) in conn.execute(
+            f"SELECT id FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")]
+        recovered = [jobs.finish_in(conn, job_id, "failed", error="interrupted", finished_at=now) for job_id in ids]
+        if reconcile_reservations:
+            orphans = [rid for (rid,) in conn.execute(
+                "SELECT r.id FROM reservations r WHERE r.state = 'reserved' "
+                "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.reservation_id = r.id) ORDER BY r.seq")]
+            for rid in orphans:
+                jobs.ledger.close_in(conn, rid, "refunded", "interrupted")
+        return recovered
 
-async def _close_quietly(ledger: BudgetLedger, reservation_id: str, target: Literal["settled", "refunded"],
-                         reason: str) -> None:
-    try:
-        if target == "settled":
-            await ledger.settle(reservation_id, reason)
-        else:
-            await ledger.refund(reservation_id, reason)
-    except (KeyError, ValueError):
-        # Unknown, or already closed the other way: nothing left to release.
-        pass
+    return await jobs.state.commit(change)

@@ -1,54 +1,76 @@
-"""Durable budget ledger per (partition, principal) (DESIGN §6).
+"""Durable budget ledger per (partition, principal), kept in the state store (docs/architecture.md).
 
-The ledger file (`/var/lib/vero/ledger.json`, format `LedgerFile`, schema version 1) holds one
-`BudgetBalance` per (partition, principal) and every `Reservation` ever made. The aggregate
-figures are redundant with the reservation records on purpose: on open both must agree, so a
-file that was edited, truncated or double-counted is detected and the sidecar refuses to start.
+The ledger lives in the `budgets`, `reservations` and `reservation_costs` tables of
+`vero.core.state`: one row per (partition, principal, *resource*) with its total, settled and
+reserved figures, and every `Reservation` ever made with its cost per resource. Resources are
+named (`RESOURCES`: `runs`, `cases`); a further dimension (e.g. inference tokens or cost) is a new
+name, a field on `Cost` and `BudgetTotals`, and more rows: the database schema does not change.
+The invariants (settled + reserved + remaining = total, no negative figure, figures equal the sums
+over reservations, one reservation per job) are SQLite constraints and triggers, and are checked
+again when the store opens, so a tampered database is refused (`LedgerCorrupt`).
 
-Life of a reservation (DESIGN §6): `reserve` after every policy check and before the evaluation
-(cost = 1 run + the number of selected cases); then exactly one of `settle` (a completed
-measurement stays charged, zero scores included) or `refund` (cancellation, infrastructure failure,
-interruption). Both are idempotent in their own direction and refuse the other direction.
+Life of a reservation: `reserve` after every policy check and before the evaluation (cost = 1 run +
+the number of selected cases); then exactly one of `settle` (a completed measurement stays charged,
+zero scores included) or `refund` (cancellation, infrastructure failure, interruption). Both are
+idempotent in their own direction and refuse the other direction. A job's reservation is closed by
+`vero.core.jobs.JobStore.finish`, in the same transaction as the job's terminal state; the ledger
+refuses to close it on its own while the job is unfinished.
 
-Opening: the persisted file wins over the configured totals. Differences are listed in
-`config_drift` and never applied. A (partition, principal) pair that is configured but absent from
-the file is *added* with its configured totals and no usage (and reported in `config_drift`): a
-partition made agent-accessible by a new config must get a budget, and adding one cannot hand out
-anything already spent. Pairs in the file but no longer configured are kept (the policy decides
-access; the ledger keeps the history).
+Opening: the persisted figures win over the configured totals. Differences are listed in
+`config_drift` and never applied. A (partition, principal) pair, or a resource of one, that is
+configured but absent from the store is *added* with its configured total and no usage (and
+reported in `config_drift`): a partition made agent-accessible by a new config must get a budget,
+and adding one cannot hand out anything already spent. Pairs no longer configured are kept.
 
-Concurrency and durability: see `vero.core._offloop`. A mutation computes the new state, writes
-the whole file with `vero.core.storage.atomic_write_json` (temp file, fsync, rename, directory
-fsync) in a worker thread, and only then replaces the in-memory state, so a failed write changes
-nothing and a cancelled caller still leaves memory equal to disk. A caller cancelled during
-`reserve` does not receive the `Reservation`; pass your own `reservation_id` so you can refund it.
+Every mutation is one transaction of `vero.core.state.StateStore` (off the event loop, completes
+even if the caller is cancelled). A caller cancelled during `reserve` does not receive the
+`Reservation`; pass your own `reservation_id` so you can refund it.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vero.core._offloop import SerialCommits
-from vero.core.storage import atomic_write_json, remove_stale_temp_files
-from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
+from vero.core.state import StateStore, iso
+from vero.errors import BudgetExhausted, PolicyDenied
 
-__all__ = ["BudgetBalance", "BudgetLedger", "BudgetTotals", "Cost", "LedgerFile", "Reservation", "read_ledger_file"]
+__all__ = [
+    "RESOURCES",
+    "BudgetBalance",
+    "BudgetFigures",
+    "BudgetLedger",
+    "BudgetTotals",
+    "Cost",
+    "LedgerExport",
+    "Reservation",
+    "check_ledger_invariants",
+]
 
-LEDGER_SCHEMA_VERSION = 1
+RESOURCES: tuple[str, ...] = ("runs", "cases")
+"""The budget's named resources, in the order a reservation checks them (runs first)."""
+
+class _Amounts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def amounts(self) -> dict[str, int]:
+        """Resource name -> amount: every field, `RESOURCES` first in their order (a subclass or a
+        later version may add resources as fields)."""
+        fields = type(self).model_fields
+        names = [r for r in RESOURCES if r in fields] + [f for f in fields if f not in RESOURCES]
+        return {name: getattr(self, name) for name in names}
 
 
-class Cost(BaseModel):
+class Cost(_Amounts):
     """What an evaluation costs: 1 run plus one case per selected case."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     runs: int = Field(ge=0)
     cases: int = Field(ge=0)
 
@@ -57,10 +79,9 @@ class Cost(BaseModel):
         return cls(runs=1, cases=n_cases)
 
 
-class BudgetTotals(BaseModel):
+class BudgetTotals(_Amounts):
     """Configured totals of one (partition, principal) entry."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     runs: int = Field(ge=0)
     cases: int = Field(ge=0)
 
@@ -78,6 +99,22 @@ class Reservation(BaseModel):
     closed_at: datetime | None = None
     reason: str | None = None
     """Why it was refunded (`cancelled`, `infrastructure`, `interrupted`) or settled (`measured`)."""
+
+
+class BudgetFigures(BaseModel):
+    """One row of the ledger: a resource of one (partition, principal) budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    partition: str
+    principal: str
+    resource: str
+    total: int = Field(ge=0)
+    settled: int = Field(ge=0)
+    reserved: int = Field(ge=0)
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.settled - self.reserved
 
 
 class BudgetBalance(BaseModel):
@@ -101,114 +138,75 @@ class BudgetBalance(BaseModel):
     def remaining_cases(self) -> int:
         return self.total_cases - self.settled_cases - self.reserved_cases
 
+    @classmethod
+    def from_figures(cls, partition: str, principal: str, figures: Mapping[str, BudgetFigures]) -> "BudgetBalance":
+        """The balance of one pair from its rows (resource -> figures; a missing resource reads as 0)."""
+        values: dict[str, int] = {}
+        for resource in RESOURCES:
+            row = figures.get(resource)
+            values[f"total_{resource}"] = row.total if row else 0
+            values[f"settled_{resource}"] = row.settled if row else 0
+            values[f"reserved_{resource}"] = row.reserved if row else 0
+        return cls(partition=partition, principal=principal, **values)
 
-class LedgerFile(BaseModel):
-    """The persisted ledger (`ledger.json`), validated as a whole.
 
-    Validation enforces, besides the field types: figures are non-negative; settled + reserved never
-    exceeds a total; (partition, principal) pairs and reservation ids are unique; every reservation
-    belongs to an entry; and each entry's settled and reserved figures equal the sums over its
-    reservations in that state (so no reservation is counted twice or lost).
+def balances_of(rows: list[BudgetFigures]) -> list[BudgetBalance]:
+    """Group ledger rows into one `BudgetBalance` per (partition, principal), sorted."""
+    grouped: dict[tuple[str, str], dict[str, BudgetFigures]] = {}
+    for row in rows:
+        grouped.setdefault((row.partition, row.principal), {})[row.resource] = row
+    return [BudgetBalance.from_figures(*key, grouped[key]) for key in sorted(grouped)]
+
+
+def check_ledger_invariants(budgets: list[BudgetFigures], reservations: list[Reservation]) -> None:
+    """The ledger's invariants over exported rows (the sealed session's reader runs this).
+
+    Raises:
+        ValueError: names the first broken invariant: a duplicate budget row or reservation id,
+            settled + reserved over a total, a reservation of no budget or resource, closed_at not
+            matching the state, or figures that differ from the sums over the reservations.
     """
+    sums: dict[tuple[str, str, str], list[int]] = {}
+    for row in budgets:
+        key = (row.partition, row.principal, row.resource)
+        if key in sums:
+            raise ValueError("a budget row appears twice")
+        if row.remaining < 0:
+            raise ValueError("a budget has settled and reserved more than its total")
+        sums[key] = [0, 0]
+    seen: set[str] = set()
+    for reservation in reservations:
+        if reservation.id in seen:
+            raise ValueError("a reservation id appears twice")
+        seen.add(reservation.id)
+        if (reservation.state == "reserved") != (reservation.closed_at is None):
+            raise ValueError("a reservation's closed_at does not match its state")
+        for resource, amount in reservation.cost.amounts().items():
+            key = (reservation.partition, reservation.principal, resource)
+            if key not in sums:
+                if amount:
+                    raise ValueError("a reservation belongs to no budget")
+                continue
+            if reservation.state == "settled":
+                sums[key][0] += amount
+            elif reservation.state == "reserved":
+                sums[key][1] += amount
+    for row in budgets:
+        if [row.settled, row.reserved] != sums[(row.partition, row.principal, row.resource)]:
+            raise ValueError("a budget's figures differ from the sum of its reservations")
+
+
+class LedgerExport(BaseModel):
+    """The ledger as exported (budget rows sorted, reservations in creation order), validated."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: Literal[1] = LEDGER_SCHEMA_VERSION
-    entries: list[BudgetBalance]
-    """One per (partition, principal), sorted."""
+    budgets: list[BudgetFigures]
     reservations: list[Reservation]
-    """Every reservation, in creation order."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        sums: dict[tuple[str, str], list[int]] = {}
-        for entry in self.entries:
-            key = (entry.partition, entry.principal)
-            if key in sums:
-                raise ValueError("a (partition, principal) entry appears twice")
-            figures = (entry.total_runs, entry.total_cases, entry.settled_runs, entry.settled_cases,
-                       entry.reserved_runs, entry.reserved_cases)
-            if min(figures) < 0:
-                raise ValueError("an entry has a negative figure")
-            if entry.remaining_runs < 0 or entry.remaining_cases < 0:
-                raise ValueError("an entry has settled and reserved more than its total")
-            sums[key] = [0, 0, 0, 0]
-        seen: set[str] = set()
-        for reservation in self.reservations:
-            if reservation.id in seen:
-                raise ValueError("a reservation id appears twice")
-            seen.add(reservation.id)
-            key = (reservation.partition, reservation.principal)
-            if key not in sums:
-                raise ValueError("a reservation belongs to no entry")
-            if (reservation.state == "reserved") != (reservation.closed_at is None):
-                raise ValueError("a reservation's closed_at does not match its state")
-            if reservation.state == "settled":
-                sums[key][0] += reservation.cost.runs
-                sums[key][1] += reservation.cost.cases
-            elif reservation.state == "reserved":
-                sums[key][2] += reservation.cost.runs
-                sums[key][3] += reservation.cost.cases
-        for entry in self.entries:
-            actual = [entry.settled_runs, entry.settled_cases, entry.reserved_runs, entry.reserved_cases]
-            if actual != sums[(entry.partition, entry.principal)]:
-                raise ValueError("an entry's figures differ from the sum of its reservations")
+        check_ledger_invariants(self.budgets, self.reservations)
         return self
-
-
-def read_ledger_file(path: str | Path) -> LedgerFile:
-    """Read and validate a persisted ledger (also used to read the ledger of a sealed session).
-
-    Raises:
-        LedgerCorrupt: the file cannot be read, is not JSON, or fails `LedgerFile` validation. The
-            message names the file and the kind of problem, never the file's content.
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LedgerCorrupt(f"budget ledger {path} cannot be read ({type(exc).__name__}); "
-                            f"refusing to start rather than reset it") from None
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise LedgerCorrupt(f"budget ledger {path} is not valid JSON; refusing to start rather than reset it") from None
-    try:
-        return LedgerFile.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "<root>"
-        raise LedgerCorrupt(f"budget ledger {path} is invalid at {where}: {first['msg']}; "
-                            f"refusing to start rather than reset it") from None
-
-
-@dataclass(frozen=True)
-class _State:
-    """An immutable snapshot; mutations build a new one and swap it in after the write."""
-
-    entries: dict[tuple[str, str], BudgetBalance]
-    reservations: dict[str, Reservation]
-
-    def to_file(self) -> LedgerFile:
-        return LedgerFile.model_construct(
-            schema_version=LEDGER_SCHEMA_VERSION,
-            entries=[self.entries[key] for key in sorted(self.entries)],
-            reservations=list(self.reservations.values()),
-        )
-
-    def to_json(self) -> dict:
-        return self.to_file().model_dump(mode="json")
-
-
-def _shift(entry: BudgetBalance, *, settled: Cost | None = None, reserved: Cost | None = None,
-           sign: int = 1) -> BudgetBalance:
-    update: dict[str, int] = {}
-    if settled is not None:
-        update["settled_runs"] = entry.settled_runs + sign * settled.runs
-        update["settled_cases"] = entry.settled_cases + sign * settled.cases
-    if reserved is not None:
-        update["reserved_runs"] = entry.reserved_runs + sign * reserved.runs
-        update["reserved_cases"] = entry.reserved_cases + sign * reserved.cases
-    return entry.model_copy(update=update)
 
 
 def _no_entry() -> PolicyDenied:
@@ -216,92 +214,147 @@ def _no_entry() -> PolicyDenied:
     return PolicyDenied("no budget is configured for the requested partition")
 
 
+_RESERVATION_COLUMNS = ("r.id, r.partition, r.principal, r.state, r.created_at, r.closed_at, r.reason, "
+                        "(SELECT json_group_object(c.resource, c.amount) FROM reservation_costs c "
+                        "WHERE c.reservation_id = r.id)")
+
+
+def _reservation(row: tuple) -> Reservation:
+    rid, partition, principal, state, created_at, closed_at, reason, cost = row
+    return Reservation(id=rid, partition=partition, principal=principal, cost=Cost(**json.loads(cost or "{}")),
+                       state=state, created_at=created_at, closed_at=closed_at, reason=reason)
+
+
+def _figures(conn: sqlite3.Connection, where: str = "", parameters: tuple = ()) -> list[BudgetFigures]:
+    return [BudgetFigures(partition=p, principal=q, resource=r, total=t, settled=s, reserved=v)
+            for p, q, r, t, s, v in conn.execute(
+                f"SELECT partition, principal, resource, total, settled, reserved FROM budgets {where} "
+                "ORDER BY partition, principal, resource", parameters)]
+
+
 class BudgetLedger:
-    """The ledger. Create with `BudgetLedger.open`; all mutations are async and serialized.
+    """The ledger of one state store. Create with `BudgetLedger.open`; mutations are async.
 
-    Durability: every mutation is written with `vero.core.storage` (temp + fsync + rename) off the
-    event loop, shielded from cancellation; the in-memory state changes only after the write
-    landed. The persisted file wins over configured totals on open; differences are reported in
-    `config_drift`, never applied silently.
-
-    One process owns a ledger file at a time (the sidecar); the object may be used from several
-    event loops over its lifetime.
+    Attributes:
+        state: the state store holding the ledger (shared with the job store and candidates).
+        config_drift: human-readable differences between the store and the configured totals.
     """
 
-    path: Path
+    state: StateStore
     config_drift: list[str]
 
-    def __init__(self, path: Path, state: _State, config_drift: list[str]) -> None:
+    def __init__(self, state: StateStore, config_drift: list[str]) -> None:
         """Use `BudgetLedger.open`."""
-        self.path = path
+        self.state = state
         self.config_drift = config_drift
-        self._state = state
-        self._commits = SerialCommits()
+
+    @property
+    def path(self) -> Path:
+        """The state database file."""
+        return self.state.path
 
     @classmethod
-    def open(cls, path: str | Path, totals: Mapping[tuple[str, str], BudgetTotals]) -> "BudgetLedger":
-        """Load the ledger at `path`, or create it from `totals` (keys are (partition, principal)).
+    def open(cls, state: StateStore | str | Path,
+             totals: Mapping[tuple[str, str], BudgetTotals]) -> "BudgetLedger":
+        """The ledger of `state` (a store, or the path of its database), with `totals` configured.
 
-        A missing file is created (with its directory); temp files left by a writer that was killed
-        mid-write are removed. A configured pair absent from an existing file
-        is added with zero usage and the file rewritten; every difference is reported in
-        `config_drift` (human-readable lines for the operator's log). Synchronous file I/O: call it at
+        Configured pairs or resources absent from the store are added with zero usage (one
+        transaction); every difference is reported in `config_drift`. Synchronous: call it at
         startup, or through `asyncio.to_thread` from a running loop.
 
         Raises:
-            LedgerCorrupt: the file exists but cannot be read, parsed or validated, or its figures
-                break the invariant (refuse to start; never reset).
-            OSError: the ledger cannot be created or updated (directory not writable, disk full).
+            LedgerCorrupt: the database exists but is refused by `StateStore.open`.
+            OSError: the database cannot be created or written.
         """
-        path = Path(path)
-        drift: list[str] = []
-        # Safe because one process owns the ledger: no other writer can be half-way through a write.
-        remove_stale_temp_files(path.parent, path.name)
-        if path.exists() or path.is_symlink():
-            loaded = read_ledger_file(path)
-            entries = {(e.partition, e.principal): e for e in loaded.entries}
-            reservations = {r.id: r for r in loaded.reservations}
-            changed = False
+        store = state if isinstance(state, StateStore) else StateStore.open(state)
+
+        def reconcile(conn: sqlite3.Connection) -> list[str]:
+            drift: list[str] = []
+            recorded = {(f.partition, f.principal, f.resource): f for f in _figures(conn)}
+            pairs = {(p, q) for p, q, _ in recorded}
             for key, configured in sorted(totals.items()):
-                entry = entries.get(key)
                 label = f"budget of partition {key[0]!r}, principal {key[1]!r}"
-                if entry is None:
-                    entries[key] = cls._fresh_entry(key, configured)
-                    changed = True
-                    drift.append(f"{label}: newly configured (runs {configured.runs}, cases "
-                                 f"{configured.cases}); added with no usage")
-                elif (entry.total_runs, entry.total_cases) != (configured.runs, configured.cases):
-                    drift.append(f"{label}: configured runs {configured.runs}, cases {configured.cases}; "
-                                 f"the ledger keeps runs {entry.total_runs}, cases {entry.total_cases}")
-            for key in sorted(set(entries) - set(totals)):
+                amounts = configured.amounts()
+                if key not in pairs and recorded:  # a store's first budgets are no drift
+                    drift.append(f"{label}: newly configured ("
+                                 + ", ".join(f"{r} {a}" for r, a in amounts.items()) + "); added with no usage")
+                added = [r for r in amounts if (*key, r) not in recorded]
+                for resource in added:
+                    conn.execute("INSERT INTO budgets (partition, principal, resource, total) VALUES (?, ?, ?, ?)",
+                                 (*key, resource, amounts[resource]))
+                if key in pairs and added:
+                    drift.append(f"{label}: resource(s) {', '.join(added)} newly configured; added with no usage")
+                kept = {r: recorded[(*key, r)].total for r in amounts if (*key, r) in recorded}
+                if key in pairs and any(kept[r] != amounts[r] for r in kept):
+                    drift.append(f"{label}: configured " + ", ".join(f"{r} {amounts[r]}" for r in kept)
+                                 + "; the ledger keeps " + ", ".join(f"{r} {kept[r]}" for r in kept))
+            for key in sorted(pairs - set(totals)):
                 drift.append(f"budget of partition {key[0]!r}, principal {key[1]!r}: no longer configured; "
                              f"kept as recorded")
-            state = _State(entries, reservations)
-            if changed:
-                atomic_write_json(path, state.to_json())
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            state = _State({key: cls._fresh_entry(key, value) for key, value in totals.items()}, {})
-            atomic_write_json(path, state.to_json())
-        return cls(path, state, drift)
+            return drift
 
-    @staticmethod
-    def _fresh_entry(key: tuple[str, str], totals: BudgetTotals) -> BudgetBalance:
-        return BudgetBalance(partition=key[0], principal=key[1], total_runs=totals.runs,
-                             total_cases=totals.cases, settled_runs=0, settled_cases=0,
-                             reserved_runs=0, reserved_cases=0)
+        needs_write = any((*key, resource) not in _present(store)
+                          for key, configured in totals.items() for resource in configured.amounts())
+        drift = store.commit_sync(reconcile) if needs_write else store.read(reconcile)
+        return cls(store, drift)
 
-    async def _commit[T](self, plan: Callable[[_State], tuple[_State | None, T]]) -> T:
-        """Run `plan` on the current state; persist and swap in the state it returns (None: no change)."""
+    # -- mutations (also usable inside a caller's transaction) --------------------------------------
 
-        def step() -> T:
-            new_state, value = plan(self._state)
-            if new_state is not None:
-                atomic_write_json(self.path, new_state.to_json())
-                self._state = new_state
-            return value
+    def reserve_in(self, conn: sqlite3.Connection, partition: str, principal: str, cost: Cost,
+                   reservation_id: str) -> Reservation:
+        """`reserve` inside the caller's transaction `conn` (see `StateStore.commit`).
 
-        return await self._commits.run(step)
+        Raises:
+            As `reserve`.
+        """
+        remaining = dict(conn.execute("SELECT resource, total - settled - reserved FROM budgets "
+                                      "WHERE partition = ? AND principal = ?", (partition, principal)))
+        if not remaining:
+            raise _no_entry()
+        if conn.execute("SELECT 1 FROM reservations WHERE id = ?", (reservation_id,)).fetchone():
+            raise ValueError("reservation id already used")
+        amounts = cost.amounts()
+        for resource, amount in amounts.items():
+            if resource not in remaining:
+                if amount:
+                    raise _no_entry()
+                continue
+            if amount > remaining[resource]:
+                raise BudgetExhausted(partition, principal, resource, amount, remaining[resource])
+        reservation = Reservation(id=reservation_id, partition=partition, principal=principal, cost=cost,
+                                  state="reserved", created_at=datetime.now(UTC))
+        conn.execute("INSERT INTO reservations (id, partition, principal, state, created_at) "
+                     "VALUES (?, ?, ?, 'reserved', ?)",
+                     (reservation_id, partition, principal, iso(reservation.created_at)))
+        conn.executemany("INSERT INTO reservation_costs (reservation_id, partition, principal, resource, amount) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         [(reservation_id, partition, principal, r, a) for r, a in amounts.items() if r in remaining])
+        return reservation
+
+    def close_in(self, conn: sqlite3.Connection, reservation_id: str, target: Literal["settled", "refunded"],
+                 reason: str) -> Reservation:
+        """`settle` or `refund` inside the caller's transaction `conn`.
+
+        Raises:
+            KeyError: unknown reservation. ValueError: it was already closed the other way, or it
+                belongs to a job that has not finished (close it with `JobStore.finish`).
+        """
+        row = conn.execute(f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?",
+                           (reservation_id,)).fetchone()
+        if row is None:
+            raise KeyError(reservation_id)
+        current = _reservation(row)
+        if current.state == target:
+            return current
+        if current.state != "reserved":
+            raise ValueError(f"reservation is already {current.state}")
+        owner = conn.execute("SELECT state FROM jobs WHERE reservation_id = ?", (reservation_id,)).fetchone()
+        if owner is not None and owner[0] not in ("complete", "failed", "cancelled"):
+            raise ValueError("the reservation belongs to a job that has not finished")
+        closed = current.model_copy(update={"state": target, "closed_at": datetime.now(UTC), "reason": reason})
+        conn.execute("UPDATE reservations SET state = ?, closed_at = ?, reason = ? WHERE id = ?",
+                     (target, iso(closed.closed_at), reason, reservation_id))
+        return closed
 
     async def reserve(self, partition: str, principal: str, cost: Cost, reservation_id: str | None = None) -> Reservation:
         """Reserve `cost`; never grants more than the totals under any concurrency.
@@ -317,53 +370,11 @@ class BudgetLedger:
 
         Raises:
             PolicyDenied: no entry for (partition, principal) (fail closed).
-            BudgetExhausted: runs or cases would go past the total (runs checked first).
+            BudgetExhausted: a resource would go past its total (checked in `RESOURCES` order).
             ValueError: `reservation_id` is already used.
         """
         rid = reservation_id if reservation_id is not None else "rs-" + secrets.token_hex(8)
-
-        def plan(state: _State) -> tuple[_State, Reservation]:
-            key = (partition, principal)
-            entry = state.entries.get(key)
-            if entry is None:
-                raise _no_entry()
-            if rid in state.reservations:
-                raise ValueError("reservation id already used")
-            if cost.runs > entry.remaining_runs:
-                raise BudgetExhausted(partition, principal, "runs", cost.runs, entry.remaining_runs)
-            if cost.cases > entry.remaining_cases:
-                raise BudgetExhausted(partition, principal, "cases", cost.cases, entry.remaining_cases)
-            reservation = Reservation(id=rid, partition=partition, principal=principal, cost=cost,
-                                      state="reserved", created_at=datetime.now(UTC))
-            entries = dict(state.entries)
-            entries[key] = _shift(entry, reserved=cost)
-            reservations = dict(state.reservations)
-            reservations[rid] = reservation
-            return _State(entries, reservations), reservation
-
-        return (await self._commit(plan)).model_copy()
-
-    async def _close(self, reservation_id: str, target: Literal["settled", "refunded"], reason: str) -> Reservation:
-        def plan(state: _State) -> tuple[_State | None, Reservation]:
-            current = state.reservations.get(reservation_id)
-            if current is None:
-                raise KeyError(reservation_id)
-            if current.state == target:
-                return None, current
-            if current.state != "reserved":
-                raise ValueError(f"reservation is already {current.state}")
-            closed = current.model_copy(update={"state": target, "closed_at": datetime.now(UTC), "reason": reason})
-            key = (current.partition, current.principal)
-            entry = _shift(state.entries[key], reserved=current.cost, sign=-1)
-            if target == "settled":
-                entry = _shift(entry, settled=current.cost)
-            entries = dict(state.entries)
-            entries[key] = entry
-            reservations = dict(state.reservations)
-            reservations[reservation_id] = closed
-            return _State(entries, reservations), closed
-
-        return (await self._commit(plan)).model_copy()
+        return await self.state.commit(lambda conn: self.reserve_in(conn, partition, principal, cost, rid))
 
     async def settle(self, reservation_id: str, reason: str = "measured") -> Reservation:
         """Keep a reservation charged (completed measurement, including zero scores). Idempotent.
@@ -371,9 +382,10 @@ class BudgetLedger:
         Settling an already settled reservation returns it unchanged (its first reason is kept).
 
         Raises:
-            KeyError: unknown reservation. ValueError: it was already refunded.
+            KeyError: unknown reservation. ValueError: it was already refunded, or its job has not
+                finished.
         """
-        return await self._close(reservation_id, "settled", reason)
+        return await self.state.commit(lambda conn: self.close_in(conn, reservation_id, "settled", reason))
 
     async def refund(self, reservation_id: str, reason: str) -> Reservation:
         """Release a reservation (cancellation, infrastructure failure, interruption). Idempotent.
@@ -381,34 +393,57 @@ class BudgetLedger:
         Refunding an already refunded reservation returns it unchanged (its first reason is kept).
 
         Raises:
-            KeyError: unknown reservation. ValueError: it was already settled.
+            KeyError: unknown reservation. ValueError: it was already settled, or its job has not
+                finished.
         """
-        return await self._close(reservation_id, "refunded", reason)
+        return await self.state.commit(lambda conn: self.close_in(conn, reservation_id, "refunded", reason))
+
+    # -- reading --------------------------------------------------------------------------------------
 
     def balance(self, partition: str, principal: str) -> BudgetBalance:
         """Current figures. Raises PolicyDenied for an unknown entry."""
-        entry = self._state.entries.get((partition, principal))
-        if entry is None:
+        rows = self.state.read(lambda conn: _figures(conn, "WHERE partition = ? AND principal = ?",
+                                                     (partition, principal)))
+        if not rows:
             raise _no_entry()
-        return entry
+        return BudgetBalance.from_figures(partition, principal, {row.resource: row for row in rows})
 
     def balances(self) -> list[BudgetBalance]:
         """Every entry, sorted by (partition, principal)."""
-        entries = self._state.entries
-        return [entries[key] for key in sorted(entries)]
+        return balances_of(self.state.read(_figures))
+
+    def figures(self) -> list[BudgetFigures]:
+        """Every ledger row (one per partition, principal and resource), sorted."""
+        return self.state.read(_figures)
 
     def reservation(self, reservation_id: str) -> Reservation:
-        """A copy of one reservation. Raises KeyError for an unknown id."""
-        return self._state.reservations[reservation_id].model_copy()
+        """One reservation. Raises KeyError for an unknown id."""
+        row = self.state.read(lambda conn: conn.execute(
+            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?", (reservation_id,)).fetchone())
+        if row is None:
+            raise KeyError(reservation_id)
+        return _reservation(row)
 
     def reservations(self) -> list[Reservation]:
-        """Copies of every reservation, in creation order."""
-        return [r.model_copy() for r in self._state.reservations.values()]
+        """Every reservation, in creation order."""
+        return [_reservation(row) for row in self.state.read(lambda conn: conn.execute(
+            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r ORDER BY r.seq").fetchall())]
 
     def open_reservations(self) -> list[Reservation]:
-        """Reservations still `reserved`, in creation order (copies)."""
-        return [r.model_copy() for r in self._state.reservations.values() if r.state == "reserved"]
+        """Reservations still `reserved`, in creation order."""
+        return [_reservation(row) for row in self.state.read(lambda conn: conn.execute(
+            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.state = 'reserved' ORDER BY r.seq"
+        ).fetchall())]
 
-    def snapshot(self) -> LedgerFile:
-        """The in-memory ledger in its file format (equal to what `read_ledger_file` returns for `path`)."""
-        return LedgerFile.model_validate(self._state.to_json())
+    def snapshot(self) -> LedgerExport:
+        """The whole ledger in one read snapshot (validated: it satisfies every invariant)."""
+
+        def read(conn: sqlite3.Connection) -> LedgerExport:
+            rows = conn.execute(f"SELECT {_RESERVATION_COLUMNS} FROM reservations r ORDER BY r.seq").fetchall()
+            return LedgerExport(budgets=_figures(conn), reservations=[_reservation(row) for row in rows])
+
+        return self.state.read(read)
+
+
+def _present(store: StateStore) -> set[tuple[str, str, str]]:
+    return {tuple(row) for row in store.rows("SELECT partition, principal, resource FROM budgets")}

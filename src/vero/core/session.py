@@ -3,68 +3,98 @@
 Layout of `session.tar.gz` (a canonical archive, `vero.core.archive`):
 
 ```
-manifest.json          SealManifest: name, spec_digest, baseline_commit, sealed_at, files
+manifest.json          SealManifest (schema 2): name, spec_digest, baseline_commit, sealed_at, files
 candidates.bundle      git bundle of every refs/vero/candidates/* ref of the candidate store
-candidates/<id>.json   CandidateRecord
-ledger.json            the budget ledger as persisted
-jobs/index.json        job ids in creation order
-jobs/<id>.json         EvaluationJob (with the trusted full result)
-submission.json        Submission (absent when the agent never submitted)
+state.json             the state store's canonical export (`vero.core.state.StateStore.export`):
+                       budgets, reservations, jobs (with trusted full results), candidates, submission
 ```
 
 Trust: the archive travels from the sidecar to the verifier through Harbor's artifact copy. The
 verifier checks three things before using it: the outer `session.tar.gz.sha256`, every file's
 digest in the manifest (and that no unlisted file is present), and that `spec_digest` and
-`baseline_commit` equal its own compiled config. Same state and `sealed_at` give the same bytes, so
-sealing twice is idempotent.
+`baseline_commit` equal its own compiled config. Then `state.json` must parse and satisfy the
+ledger's invariants and the job/reservation agreement (`SessionState`). Same state and `sealed_at`
+give the same bytes, so sealing twice is idempotent.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import Literal, Self
 
 import git
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from vero.core._git import IsolatedGit, private_git_env
 from vero.core.archive import ArchiveError, file_digest, safe_extract, write_canonical_tar
 from vero.core.candidates import CANDIDATE_REF_PREFIX, CandidateRecord
-from vero.core.jobs import EvaluationJob, JobStore
-from vero.core.ledger import BudgetBalance, read_ledger_file
+from vero.core.jobs import TERMINAL_STATES, EvaluationJob
+from vero.core.ledger import BudgetBalance, BudgetFigures, Reservation, balances_of, check_ledger_invariants
+from vero.core.state import STATE_FILE, StateStore, canonical_json
 from vero.core.storage import atomic_write_bytes
-from vero.errors import LedgerCorrupt, SessionInvalid
+from vero.core.submission import Submission
+from vero.errors import SessionInvalid
 
 __all__ = [
+    "SESSION_SCHEMA_VERSION",
     "SealManifest",
     "Session",
+    "SessionState",
     "Submission",
     "read_session",
-    "read_submission",
     "write_session_archive",
 ]
 
+SESSION_SCHEMA_VERSION = 2
+"""`manifest.json`'s schema: 2 carries `state.json` (1 carried per-record JSON files)."""
+
 _BUNDLE = "candidates.bundle"
 _MANIFEST = "manifest.json"
+_STATE = "state.json"
 
 
-class Submission(BaseModel):
-    """The version the agent asked to be scored (`POST /submissions`); the last one wins."""
+class SessionState(BaseModel):
+    """`state.json`: the state store's canonical export, validated as a whole.
+
+    Validation enforces, besides the field types, the ledger's invariants
+    (`vero.core.ledger.check_ledger_invariants`), one reservation per job, and that a job is
+    terminal exactly when its reservation is closed (complete exactly when settled).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    candidate: str = Field(pattern=r"^[0-9a-f]{40}$")
-    version: str
-    submitted_at: datetime
+    schema_version: Literal[1]
+    budgets: list[BudgetFigures]
+    reservations: list[Reservation]
+    jobs: list[EvaluationJob]
+    candidates: list[CandidateRecord]
+    submission: Submission | None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_ledger_invariants(self.budgets, self.reservations)
+        reservations = {r.id: r for r in self.reservations}
+        owned: set[str] = set()
+        for job in self.jobs:
+            reservation = reservations.get(job.reservation_id)
+            if reservation is None or job.reservation_id in owned:
+                raise ValueError("a job has no reservation of its own")
+            owned.add(job.reservation_id)
+            if (job.state in TERMINAL_STATES) != (reservation.state != "reserved") or \
+                    (job.state == "complete") != (reservation.state == "settled"):
+                raise ValueError("a job's state disagrees with its reservation's")
+        if len({c.id for c in self.candidates}) != len(self.candidates):
+            raise ValueError("a candidate is recorded twice")
+        return self
 
 
 class SealManifest(BaseModel):
     """`manifest.json` of a sealed session."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: int = 1
+    schema_version: int = SESSION_SCHEMA_VERSION
     name: str
     spec_digest: str
     baseline_commit: str
@@ -79,9 +109,11 @@ class Session(BaseModel):
     root: Path
     """Extraction directory (holds `candidates.git`, a bare repo with the bundle's refs)."""
     manifest: SealManifest
+    state: SessionState
     candidates: list[CandidateRecord]
     jobs: list[EvaluationJob]
     balances: list[BudgetBalance]
+    """Runs and cases per (partition, principal), from `state.budgets`."""
     submission: Submission | None
 
     @property
@@ -96,71 +128,54 @@ def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
                        config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])
 
 
-def read_submission(state_dir: str | Path) -> Submission | None:
-    """The submission recorded under `state_dir`, or None.
-
-    Raises:
-        LedgerCorrupt: `submission.json` exists but is not a valid `Submission`.
-    """
-    path = Path(state_dir) / "submission.json"
-    try:
-        return Submission.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValidationError):
-        raise LedgerCorrupt(f"submission record {path} is unreadable") from None
-
-
 def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str, spec_digest: str,
-                          baseline_commit: str, sealed_at: datetime) -> str:
+                          baseline_commit: str, sealed_at: datetime, state: StateStore | None = None) -> str:
     """Pack the sidecar state under `state_dir` into the canonical archive `dest`; write `dest.sha256`.
 
     Args:
-        state_dir: the sidecar's state dir (`ledger.json`, `jobs/`, `candidates.git`, `candidates/`,
-            optionally `submission.json`). The admin token and anything else there is not packed.
+        state_dir: the sidecar's state dir (`state.db`, `candidates.git`). The admin token and
+            anything else there is not packed.
         dest: archive path; its directory is created if missing.
         name, spec_digest, baseline_commit: copied into the manifest from the served config.
         sealed_at: the seal time (persisted by the caller so a second seal gives the same bytes).
+        state: the open state store (the sidecar's); None opens `state_dir/state.db`.
 
     Returns:
         The archive's sha256 hex digest.
 
     Raises:
+        LedgerCorrupt: `state` is None and the database is refused.
         OSError: a state file cannot be read or the archive cannot be written.
         git.GitCommandError: git could not bundle the candidate store.
     """
-    state = Path(state_dir)
+    state_path = Path(state_dir)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    owned = state is None
+    store = StateStore.open(state_path / STATE_FILE) if state is None else state
+    try:
+        exported = store.export_bytes()
+    finally:
+        if owned:
+            store.close()
     with tempfile.TemporaryDirectory(prefix="vero-seal-") as tmp:
         stage = Path(tmp) / "session"
         stage.mkdir()
-        if (state / "ledger.json").is_file():
-            shutil.copyfile(state / "ledger.json", stage / "ledger.json")
-        if (state / "submission.json").is_file():
-            shutil.copyfile(state / "submission.json", stage / "submission.json")
-        for sub in ("jobs", "candidates"):
-            if (state / sub).is_dir():
-                (stage / sub).mkdir()
-                for record in sorted((state / sub).glob("*.json")):
-                    if not record.name.startswith("."):
-                        shutil.copyfile(record, stage / sub / record.name)
-        git_dir = state / "candidates.git"
+        (stage / _STATE).write_bytes(exported)
+        git_dir = state_path / "candidates.git"
         if git_dir.is_dir():
             with private_git_env(safe_directories=[git_dir]) as (env, _):
-                store = _session_git(stage, git_dir, env)
-                refs = store.for_each_ref("--format=%(refname)", CANDIDATE_REF_PREFIX).split()
+                store_git = _session_git(stage, git_dir, env)
+                refs = store_git.for_each_ref("--format=%(refname)", CANDIDATE_REF_PREFIX).split()
                 if refs:
-                    store.bundle("create", "-q", str(stage / _BUNDLE), *sorted(refs))
+                    store_git.bundle("create", "-q", str(stage / _BUNDLE), *sorted(refs))
         files = {
             path.relative_to(stage).as_posix(): file_digest(path)
             for path in sorted(stage.rglob("*")) if path.is_file()
         }
         manifest = SealManifest(name=name, spec_digest=spec_digest, baseline_commit=baseline_commit,
                                 sealed_at=sealed_at, files=files)
-        (stage / _MANIFEST).write_text(
-            json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
+        (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json")))
         digest = write_canonical_tar(stage, dest)
     atomic_write_bytes(Path(f"{dest}.sha256"), f"{digest}  {dest.name}\n".encode(), mode=0o644)
     return digest
@@ -198,6 +213,9 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
         manifest = SealManifest.model_validate_json((dest / _MANIFEST).read_bytes())
     except (OSError, ValidationError):
         raise SessionInvalid("the session manifest is missing or malformed") from None
+    if manifest.schema_version != SESSION_SCHEMA_VERSION:
+        raise SessionInvalid(f"the session has schema version {manifest.schema_version}; this verifier reads "
+                             f"{SESSION_SCHEMA_VERSION} (seal and verify with the same vero)")
     if manifest.spec_digest != spec_digest:
         raise SessionInvalid("the session was sealed for a different spec (spec digest mismatch)")
     if manifest.baseline_commit != baseline_commit:
@@ -228,20 +246,18 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             raise SessionInvalid("the session's candidate bundle is invalid") from None
 
     try:
-        candidates = sorted(
-            (CandidateRecord.model_validate_json(p.read_bytes()) for p in (dest / "candidates").glob("*.json")),
-            key=lambda record: (record.imported_at, record.id),
-        ) if (dest / "candidates").is_dir() else []
-        jobs = JobStore.open(dest).list() if (dest / "jobs").is_dir() else []
-        # Read, not `BudgetLedger.open`: that is the owner's API (it tidies temp files, may write).
-        balances = read_ledger_file(dest / "ledger.json").entries if (dest / "ledger.json").is_file() else []
-        submission = read_submission(dest)
-    except (OSError, ValidationError, LedgerCorrupt) as exc:
-        raise SessionInvalid(f"a session record is unreadable ({type(exc).__name__})") from None
+        state = SessionState.model_validate_json((dest / _STATE).read_bytes())
+    except OSError:
+        raise SessionInvalid("the session has no readable state.json") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "<root>"
+        raise SessionInvalid(f"the session's state.json is invalid at {where}: {first['msg']}") from None
+    candidates, jobs, submission = state.candidates, state.jobs, state.submission
     for record in candidates:
         if record.id not in known:
             raise SessionInvalid("a candidate record has no commit in the session's bundle")
     if submission is not None and submission.candidate not in known:
         raise SessionInvalid("the submission names a candidate missing from the session")
-    return Session(root=dest, manifest=manifest, candidates=candidates, jobs=jobs, balances=balances,
-                   submission=submission)
+    return Session(root=dest, manifest=manifest, state=state, candidates=candidates, jobs=jobs,
+                   balances=balances_of(state.budgets), submission=submission)

@@ -23,9 +23,7 @@ from pydantic import BaseModel
 
 from vero.core._offloop import run_to_completion
 
-__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "awrite_json",
-           "awrite_model", "fsync_dir",
-           "remove_stale_temp_files"]
+__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "fsync_dir"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,7 +39,6 @@ def fsync_dir(path: Path) -> None:
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int) -> None:
-    # `remove_stale_temp_files` matches this name pattern.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -59,22 +56,6 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int) -> N
             pass
         raise
     fsync_dir(path.parent)
-
-
-def remove_stale_temp_files(directory: str | Path, name: str = "*") -> None:
-    """Delete the temp files that atomic writes of `directory/<name>` left when their process died.
-
-    Call it only while no write to those files can be running (a store's single owner, at open).
-
-    Args:
-        directory: where the targets live.
-        name: the target's file name, or a glob pattern (default: every target in `directory`).
-    """
-    for stale in Path(directory).glob(f".{name}.*.tmp"):
-        try:
-            stale.unlink()
-        except OSError:
-            pass
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
@@ -118,13 +99,3 @@ def atomic_write_model(path: str | Path, model: BaseModel, mode: int = 0o600) ->
 async def awrite_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
     """`atomic_write_bytes` off the event loop; completes even if the caller is cancelled."""
     await run_to_completion(functools.partial(atomic_write_bytes, path, data, mode))
-
-
-async def awrite_json(path: str | Path, value: Any, mode: int = 0o600) -> None:
-    """`atomic_write_json` off the event loop; completes even if the caller is cancelled."""
-    await run_to_completion(functools.partial(atomic_write_json, path, value, mode))
-
-
-async def awrite_model(path: str | Path, model: BaseModel, mode: int = 0o600) -> None:
-    """`atomic_write_model` off the event loop; completes even if the caller is cancelled."""
-    await run_to_completion(functools.partial(atomic_write_model, path, model, mode))

@@ -1,4 +1,6 @@
-"""The agent-side client of the evaluation sidecar (what `vero harbor status|eval|result|submit` call).
+"""The library client of the evaluation sidecar's agent surface (for programs and tests; the `vero harbor
+status|eval|result|submit|evaluations` commands use the standard-library twin in `vero.agent_cli`,
+which keeps the same retry rules and error table).
 
 Speaks the wire shapes of `vero.sidecar.models` over httpx and turns every failure back into the
 `vero.errors` class the server raised, so callers decide by type:
@@ -35,24 +37,15 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any, Self
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from vero.errors import (
-    BudgetExhausted,
-    CandidateRejected,
-    Conflict,
-    InfrastructureFailure,
-    PolicyDenied,
-    RequestInvalid,
-    SidecarUnavailable,
-    UnknownJob,
-    VeroError,
-)
+from vero.errors import RequestInvalid, SidecarUnavailable, VeroError, error_for_status
 from vero.sidecar.models import (
+    EvaluationPage,
     EvaluationRequest,
     HealthResponse,
     JobView,
@@ -86,17 +79,6 @@ LONG_POLL_SEC = 20.0
 """How long `wait` lets each poll be held; well under the HTTP read timeout."""
 
 _logger = logging.getLogger(__name__)
-
-_ERRORS_BY_STATUS: dict[int, type[VeroError]] = {
-    400: CandidateRejected,
-    402: BudgetExhausted,
-    403: PolicyDenied,
-    404: UnknownJob,
-    409: Conflict,
-    413: RequestInvalid,
-    422: RequestInvalid,
-    502: InfrastructureFailure,
-}
 
 # Errors after which the request surely never reached the server: no TCP connection was made
 # (refused, DNS, unreachable, connect timeout) or none was taken from the pool.
@@ -151,18 +133,8 @@ def error_from_response(response: httpx.Response) -> VeroError:
         The error to raise; `SidecarUnavailable` for a 5xx other than 502, `VeroError` for a status
         with no vero meaning.
     """
-    status = response.status_code
     problem = _problem_of(response)
-    message = (problem.detail or problem.title) if problem else f"the sidecar answered HTTP {status}"
-    cls = _ERRORS_BY_STATUS.get(status)
-    if cls is BudgetExhausted:
-        return BudgetExhausted.from_message(message)
-    if cls is not None:
-        return cls(message)
-    if status >= 500:
-        head = f"the sidecar could not serve the request (HTTP {status})"
-        return SidecarUnavailable(f"{head}: {message}" if problem else head)
-    return VeroError(message)
+    return error_for_status(response.status_code, (problem.detail or problem.title) if problem else None)
 
 
 class SidecarClient:
@@ -303,6 +275,24 @@ class SidecarClient:
         if wait_sec > 0:
             path += f"?wait_sec={min(wait_sec, MAX_WAIT_SEC):g}"
         return self._call("GET", path, JobView)
+
+    def evaluations(self, *, limit: int = 20, before: str | None = None, partition: str | None = None,
+                    state: str | None = None) -> EvaluationPage:
+        """`GET /evaluations`: one page of the agent's evaluations, newest first (no per-case results).
+
+        Args:
+            limit: jobs per page, 1..100.
+            before: the previous page's `next_cursor`; None starts at the newest.
+            partition, state: optional filters.
+
+        Raises:
+            UnknownJob: `before` is not one of the agent's jobs (HTTP 404).
+            RequestInvalid: a parameter is out of range (HTTP 422).
+            SidecarUnavailable: not reachable after the retries, or answering 5xx.
+        """
+        query = {"limit": limit, "before": before, "partition": partition, "state": state}
+        path = "/evaluations?" + urlencode({k: v for k, v in query.items() if v is not None})
+        return self._call("GET", path, EvaluationPage)
 
     def wait(
         self,

@@ -6,7 +6,7 @@ that same route through `httpx2.ASGITransport`. A tool therefore goes through ex
 schema validation, service checks, budget ledger and error mapping as an HTTP call; an error
 answer becomes a tool error carrying the (generic) problem body. Admin routes are never tools.
 
-Tools: `health`, `status`, `start_evaluation`, `get_evaluation`, `submit`. Their input and output
+Tools: `health`, `status`, `start_evaluation`, `list_evaluations`, `get_evaluation`, `submit`. Their input and output
 schemas come from the wire models (`vero.sidecar.models`, whose field descriptions a model reads),
 so `status` lists an `aggregate` partition's blocks and Ladder mode, `start_evaluation` takes
 `blocks` as well as `cases`, and `get_evaluation` marks a Ladder answer with `improved`. Their
@@ -54,9 +54,10 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "and when `ladder` is set only scores that improve; `none`: only that the evaluation ran), its "
         "`blocks` (aggregate only: the fixed groups of cases an evaluation must select whole) and "
         "`budget` (total and remaining runs and case evaluations; absent when budgets are hidden). Also "
-        "your evaluation jobs with their disclosed results, your current `submission`, whether "
-        "submissions are used (`submit_enabled`) and whether the sidecar still takes requests "
-        "(`entrance_open`)."
+        "how many evaluations you ran (`n_jobs`, and `job_counts` per partition and state), your 10 "
+        "newest jobs with their disclosed scores (list_evaluations pages through older ones), your current "
+        "`submission`, whether submissions are used (`submit_enabled`) and whether the sidecar still "
+        "takes requests (`entrance_open`)."
     ),
     "start_evaluation": (
         f"Evaluate a committed version of the repository in {_WORKSPACE} on one partition listed by "
@@ -73,6 +74,15 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "version is not a commit of "
         f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `invalid` (arguments do not "
         "match the schema)."
+    ),
+    "list_evaluations": (
+        "Your past evaluation jobs, newest first, `limit` (1 to 100, default 20) per page; costs nothing. "
+        "Each job has its state, partition, version, candidate commit and disclosed score, without "
+        "per-case results (get_evaluation has them). When `next_cursor` is set, pass it as `before` for "
+        "the next, older page; the last page has none. Filter with `partition` and `state` (queued, "
+        "running, complete, failed, cancelled). "
+        + _ERRORS
+        + "`not_found` (`before` is not one of your jobs), `invalid` (arguments do not match the schema)."
     ),
     "get_evaluation": (
         "State and result of an evaluation job by `id` (from start_evaluation or status). With "

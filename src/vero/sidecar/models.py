@@ -18,6 +18,7 @@ __all__ = [
     "BudgetView",
     "CaseView",
     "DisclosedResult",
+    "EvaluationPage",
     "EvaluationRequest",
     "HealthResponse",
     "JobView",
@@ -165,15 +166,32 @@ class SubmissionView(_Wire):
 
 
 class StatusResponse(_Wire):
-    """`GET /status`: what the agent may evaluate, its budgets (unless hidden) and its jobs."""
+    """`GET /status`: what the agent may evaluate, its budgets (unless hidden), a summary of its jobs.
+
+    Its size does not grow with the number of evaluations: older jobs are listed page by page with
+    `GET /evaluations`.
+    """
 
     name: str = Field(description="The task's name.")
     entrance_open: bool = Field(description="False once the session is being sealed: requests are then refused.")
     submit_enabled: bool = Field(description=(
         "Whether submissions are used; when false the best evaluated version is chosen automatically."))
     partitions: list[PartitionStatus] = Field(description="The partitions the agent may evaluate.")
-    jobs: list[JobView] = Field(description="The agent's evaluation jobs, oldest first.")
+    n_jobs: int = Field(description="How many evaluations the agent has started in all.")
+    job_counts: dict[str, dict[str, int]] = Field(
+        description="Partition -> job state (queued, running, complete, failed, cancelled) -> number of jobs.")
+    jobs: list[JobView] = Field(description=(
+        "The newest jobs (at most 10), newest first, without per-case results: "
+        "`GET /evaluations` (the `list_evaluations` tool) lists the rest, `GET /evaluations/{id}` gives one in full."))
     submission: SubmissionView | None = Field(default=None, description="The current submission, if any.")
+
+
+class EvaluationPage(_Wire):
+    """`GET /evaluations`: one page of the agent's evaluations, newest first."""
+
+    jobs: list[JobView] = Field(description="Jobs without per-case results (`GET /evaluations/{id}` has them).")
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `before` to get the next (older) page; absent on the last page.")
 
 
 class Problem(_Wire):

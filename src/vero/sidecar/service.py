@@ -5,21 +5,25 @@ Route handlers and MCP tools call one method each; every check lives here, in th
 
 ```
 POST /evaluations: entrance open -> policy (partition, cases, blocks) -> candidate import
-                   -> entrance still open -> budget reservation -> job record -> 202
-job task:          wait for a slot (semaphore) -> running -> checkout -> nested run
-                   -> complete (then settle; zero scores and dead attempts stay charged; in Ladder
-                      mode the Ladder answer is decided and written with `complete`, under one lock)
-                   |  failed/infrastructure (then refund)  |  cancelled/sealed or failed/interrupted (then refund)
+                   -> entrance still open -> budget reservation + job record (one transaction) -> 202
+job task:          wait for an evaluation slot -> running -> slot's work tree to the candidate
+                   -> nested run -> complete + settle (one transaction; zero scores and dead
+                   attempts stay charged; in Ladder mode the Ladder answer is decided under one lock
+                   and recorded in that transaction) | failed/infrastructure + refund |
+                   cancelled/sealed or failed/interrupted + refund (each one transaction)
 ```
 
-A job's final state is recorded before its reservation is settled or refunded, so a crash in
-between is repaired by `vero.core.jobs.recover_interrupted` at the next start.
+State changes go through the state store (`vero.core.state`): a job's terminal state and its
+settle or refund commit together, so no reader ever sees one without the other, and a crash leaves
+either both or neither. `vero.core.jobs.recover_interrupted` fails and refunds at the next start
+what was still queued or running.
 
-Startup (`start`): state dir 0700, ledger (persisted figures win over the config; drift is
-logged), job store (and the Ladder's bests, rebuilt from the job records), candidate store,
-submission, seal state, recovery of interrupted jobs, the baseline commit (rebuilt from the
-baseline files and checked against the config), a fresh admin token (0400), and the runner's work
-dir (outside the root-only state dir).
+Startup (`start`): state dir 0700, the state store (refused when tampered), ledger (persisted figures
+win over the config; drift is logged), the Ladder's bests (rebuilt from the job records), candidate
+store, submission, seal state, recovery of interrupted jobs, the baseline commit (rebuilt from the
+baseline files and checked against the config, unless the store already holds it), a fresh admin
+token (0400), and the runner's work dir (outside the root-only state dir) with one persistent work
+tree per evaluation slot.
 """
 
 from __future__ import annotations
@@ -39,12 +43,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import EvaluationResult
-from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
+from vero.core.jobs import TERMINAL_STATES, EvaluationJob, JobStore, recover_interrupted
 from vero.core.ladder import LadderBoard, LadderKey
-from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation
+from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation, balances_of
 from vero.core.policy import AccessPolicy
-from vero.core.session import Submission, read_submission, write_session_archive
-from vero.core.storage import atomic_write_model, awrite_model
+from vero.core.session import SessionState, write_session_archive
+from vero.core.state import STATE_FILE, StateStore
+from vero.core.storage import atomic_write_model
+from vero.core.submission import Submission, read_submission, record_submission
 from vero.errors import (
     Conflict,
     InfrastructureFailure,
@@ -62,6 +68,7 @@ from vero.sidecar.models import (
     BudgetView,
     CaseView,
     DisclosedResult,
+    EvaluationPage,
     EvaluationRequest,
     JobView,
     LadderView,
@@ -81,6 +88,14 @@ DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
 """Runner-writable scratch space (checkouts, nested Harbor job dirs), outside the state dir."""
 
 _INFRA_ERROR = "infrastructure"
+
+RECENT_JOBS_IN_STATUS = 10
+"""How many of the newest jobs `GET /status` lists (older ones: `GET /evaluations`)."""
+
+MAX_PAGE_SIZE = 100
+"""Most jobs one `GET /evaluations` page holds."""
+
+_VIEW_CACHE_SIZE = 4096
 
 
 def _now() -> datetime:
@@ -103,16 +118,34 @@ class ExportResponse(BaseModel):
     submission: Submission | None = None
 
 
-def _make_readable(root: Path) -> None:
-    """Dirs 0755, files a+r (a+rx where the owner may execute); symlinks untouched."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        os.chmod(dirpath, 0o755)
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            info = os.lstat(path)
-            if stat.S_ISREG(info.st_mode):
-                extra = 0o555 if info.st_mode & stat.S_IXUSR else 0o444
-                os.chmod(path, stat.S_IMODE(info.st_mode) | extra)
+def _make_file_readable(path: str) -> None:
+    info = os.lstat(path)
+    if stat.S_ISREG(info.st_mode):
+        extra = 0o555 if info.st_mode & stat.S_IXUSR else 0o444
+        if stat.S_IMODE(info.st_mode) | extra != stat.S_IMODE(info.st_mode):
+            os.chmod(path, stat.S_IMODE(info.st_mode) | extra)
+
+
+def _make_readable(root: Path, changed: tuple[str, ...] | None = None) -> None:
+    """Dirs 0755, files a+r (a+rx where the owner may execute); symlinks untouched.
+
+    With `changed` (tree-relative paths), only those files and their directories are visited.
+    """
+    if changed is None:
+        for dirpath, _dirnames, filenames in os.walk(root):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                _make_file_readable(os.path.join(dirpath, name))
+        return
+    directories = {root}
+    for rel in changed:
+        path = root / rel
+        directories.update(parent for parent in path.parents if parent.is_relative_to(root))
+        if os.path.lexists(path):
+            _make_file_readable(str(path))
+    for directory in directories:
+        if directory.is_dir() and not directory.is_symlink():
+            os.chmod(directory, 0o755)
 
 
 def _ladder_key(job: EvaluationJob) -> LadderKey:
@@ -190,6 +223,7 @@ class SidecarService:
         self.principal = principal
         self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
 
+        self.state: StateStore
         self.ledger: BudgetLedger
         self.jobs: JobStore
         self.candidates: CandidateStore
@@ -201,7 +235,7 @@ class SidecarService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._views: dict[str, tuple[EvaluationJob, JobView]] = {}  # job id -> (snapshot, its view)
         self._cancel_reasons: dict[str, str] = {}
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: asyncio.Queue[int] | None = None
         self._submit_lock: asyncio.Lock | None = None
         self._seal_lock: asyncio.Lock | None = None
         self._ladder_lock: asyncio.Lock | None = None
@@ -217,7 +251,15 @@ class SidecarService:
 
     @property
     def checkouts_dir(self) -> Path:
+        """Runner-readable persistent work trees, one per evaluation slot (`slot-<n>`)."""
         return self.work_dir / "checkouts"
+
+    def _slot_tree(self, slot: int) -> Path:
+        return self.checkouts_dir / f"slot-{slot}"
+
+    def _slot_index(self, slot: int) -> Path:
+        # Root-only, beside the state: what the slot's work tree holds (git's index).
+        return self.state_dir / "checkouts" / f"slot-{slot}.index"
 
     @property
     def nested_jobs_dir(self) -> Path:
@@ -232,7 +274,9 @@ class SidecarService:
             InfrastructureFailure: running as root without the runner user.
             OSError: the state, work or context dir cannot be prepared.
         """
-        self._slots = asyncio.Semaphore(self.max_concurrent_evaluations)
+        self._slots = asyncio.Queue()
+        for slot in range(self.max_concurrent_evaluations):
+            self._slots.put_nowait(slot)
         self._submit_lock = asyncio.Lock()
         self._seal_lock = asyncio.Lock()
         self._ladder_lock = asyncio.Lock()
@@ -240,7 +284,7 @@ class SidecarService:
         self._admissions_idle.set()
         self.run_as = runner_identity() if self._run_as_setting == "auto" else self._run_as_setting
         await asyncio.to_thread(self._open_state)
-        recovered = await recover_interrupted(self.jobs, self.ledger)
+        recovered = await recover_interrupted(self.jobs)
         for job in recovered:
             _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
         if self.baseline_dir is not None:
@@ -259,21 +303,22 @@ class SidecarService:
             (partition, self.principal): BudgetTotals(runs=access.total_runs, cases=access.total_cases)
             for partition, access in self.config.agent_access.items()
         }
-        self.ledger = BudgetLedger.open(self.state_dir / "ledger.json", totals)
+        self.state = StateStore.open(self.state_dir / STATE_FILE)
+        self.ledger = BudgetLedger.open(self.state, totals)
         for line in self.ledger.config_drift:
             _logger.warning("budget ledger differs from the config (persisted figures kept): %s", line)
-        self.jobs = JobStore.open(self.state_dir)
+        self.jobs = JobStore(self.ledger)
         # What the Ladder disclosed is on the job records: a restart restores every best, never resets it.
         self.ladders = LadderBoard.rebuild(
-            ((_ladder_key(job), job.ladder) for job in self.jobs.list() if job.ladder is not None),
+            ((_ladder_key(job), job.ladder) for job in self.jobs.with_field("ladder")),
             self.config.scoring.direction,
         )
-        self.candidates = CandidateStore.open(self.state_dir)
+        self.candidates = CandidateStore.open(self.state_dir, self.state)
         # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
         stale = self.candidates.remove_stale_temporary_refs()
         if stale:
             _logger.warning("removed %d temporary ref(s) left by an interrupted import", stale)
-        self.submission = read_submission(self.state_dir)
+        self.submission = read_submission(self.state)
         try:
             seal = SealState.model_validate_json(self.seal_path.read_bytes())
         except FileNotFoundError:
@@ -287,10 +332,18 @@ class SidecarService:
         os.chmod(self.context_dir, 0o755)  # the agent user in `main` reads it
         self.work_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.work_dir, 0o755)
-        # Checkouts left by a previous process belong to jobs that recovery has just failed.
-        _remove_tree(self.checkouts_dir)
-        self.checkouts_dir.mkdir(mode=0o755)
+        # Slot work trees persist (each update writes only what changed); anything else there is a
+        # leftover of an older layout.
+        self.checkouts_dir.mkdir(mode=0o755, exist_ok=True)
         os.chmod(self.checkouts_dir, 0o755)
+        slots = {self._slot_tree(slot).name for slot in range(self.max_concurrent_evaluations)}
+        for entry in os.scandir(self.checkouts_dir):
+            if entry.name not in slots:
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(Path(entry.path))
+                else:
+                    os.unlink(entry.path)
+        self._slot_index(0).parent.mkdir(mode=0o700, exist_ok=True)
         self.nested_jobs_dir.mkdir(exist_ok=True, mode=0o700)
         if self.run_as is not None:
             os.chown(self.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
@@ -299,6 +352,10 @@ class SidecarService:
         from vero.core.baseline import commit_baseline
 
         assert self.baseline_dir is not None
+        if self.candidates.contains(self.config.baseline_commit):
+            # Checked against the baseline files when it was first imported; the store is trusted.
+            _logger.info("baseline %s already in the candidate store", self.config.baseline_commit)
+            return
         if not self.baseline_dir.is_dir():
             raise SpecError.at("baseline_commit", "the baseline files are missing from the sidecar image")
         with tempfile.TemporaryDirectory(prefix="vero-baseline-") as tmp:
@@ -314,13 +371,15 @@ class SidecarService:
         _logger.info("baseline %s imported", commit)
 
     async def stop(self) -> None:
-        """Cancel unfinished jobs (failed `interrupted`, refunded) and wait for their cleanup."""
+        """Cancel unfinished jobs (failed `interrupted`, refunded), wait for their cleanup, close the store."""
         pending = {job_id: task for job_id, task in self._tasks.items() if not task.done()}
         for job_id, task in pending.items():
             self._cancel_reasons.setdefault(job_id, "interrupted")
             task.cancel()
         if pending:
             await asyncio.gather(*pending.values(), return_exceptions=True)
+        if hasattr(self, "state"):
+            self.state.close()
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -369,10 +428,9 @@ class SidecarService:
     def view(self, job: EvaluationJob) -> JobView:
         """The agent's view of a job (no job dirs, no host paths, no trusted-only fields).
 
-        Built once per job snapshot: `JobStore` replaces a job's snapshot on every update, and the
-        view depends only on the snapshot, the policy (fixed for the process) and the artifacts,
-        which are written before the job turns `complete`. So `GET /status` rebuilds only the views
-        of jobs that changed, not every finished job's disclosure on every call.
+        Built once per job snapshot: `JobStore` returns the same object while a job's record is
+        unchanged, and the view depends only on the snapshot, the policy (fixed for the process)
+        and the artifacts, which are written before the job turns `complete`. The cache is bounded.
         """
         cached = self._views.get(job.id)
         if cached is not None and cached[0] is job:
@@ -381,7 +439,16 @@ class SidecarService:
                        version=job.version, candidate=job.candidate, created_at=job.created_at,
                        finished_at=job.finished_at, error=job.error, result=self.disclose(job))
         self._views[job.id] = (job, view)
+        while len(self._views) > _VIEW_CACHE_SIZE:
+            del self._views[next(iter(self._views))]
         return view
+
+    def summary(self, job: EvaluationJob) -> JobView:
+        """`view` without per-case results (lists: `GET /status`, `GET /evaluations`)."""
+        view = self.view(job)
+        if view.result is None or view.result.cases is None:
+            return view
+        return view.model_copy(update={"result": view.result.model_copy(update={"cases": None})})
 
     @staticmethod
     def _submission_view(submission: Submission) -> SubmissionView:
@@ -389,30 +456,55 @@ class SidecarService:
                               submitted_at=submission.submitted_at)
 
     def status(self, principal: str) -> StatusResponse:
-        """`GET /status` for `principal`: partitions, budgets (unless hidden), jobs, submission."""
-        partitions = []
-        for name, access in self.policy.visible(principal).items():
-            budget = None
-            if self.config.disclose_budget:
-                balance = self.ledger.balance(name, principal)
-                budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
-                                    remaining_runs=balance.remaining_runs,
-                                    remaining_cases=balance.remaining_cases)
-            blocks = self.policy.blocks(principal, name)
-            ladder = self.policy.ladder(principal, name)
-            partitions.append(PartitionStatus(
-                name=name, disclosure=access.disclosure, min_aggregate_cases=access.min_aggregate_cases,
-                cases=list(self.policy.cases(principal, name)),
-                blocks=[list(block) for block in blocks] if blocks else None,
-                ladder=None if ladder is None else LadderView(margin=ladder.margin,
-                                                              precision=ladder.effective_precision),
-                budget=budget,
-            ))
-        return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
-                              submit_enabled=self.config.submit_enabled, partitions=partitions,
-                              jobs=[self.view(job) for job in self.jobs.list(principal)],
-                              submission=None if self.submission is None
-                              else self._submission_view(self.submission))
+        """`GET /status` for `principal`, in one read of the state store; its size does not grow with
+        the number of evaluations: partitions, budgets (unless hidden), job counts per partition and
+        state, the newest `RECENT_JOBS_IN_STATUS` jobs (without per-case results), the submission."""
+
+        def read(_conn: object) -> StatusResponse:
+            partitions = []
+            for name, access in self.policy.visible(principal).items():
+                budget = None
+                if self.config.disclose_budget:
+                    balance = self.ledger.balance(name, principal)
+                    budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
+                                        remaining_runs=balance.remaining_runs,
+                                        remaining_cases=balance.remaining_cases)
+                blocks = self.policy.blocks(principal, name)
+                ladder = self.policy.ladder(principal, name)
+                partitions.append(PartitionStatus(
+                    name=name, disclosure=access.disclosure, min_aggregate_cases=access.min_aggregate_cases,
+                    cases=list(self.policy.cases(principal, name)),
+                    blocks=[list(block) for block in blocks] if blocks else None,
+                    ladder=None if ladder is None else LadderView(margin=ladder.margin,
+                                                                  precision=ladder.effective_precision),
+                    budget=budget,
+                ))
+            counts = self.jobs.counts(principal)
+            recent = self.jobs.page(principal, limit=RECENT_JOBS_IN_STATUS)
+            return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
+                                  submit_enabled=self.config.submit_enabled, partitions=partitions,
+                                  n_jobs=sum(n for states in counts.values() for n in states.values()),
+                                  job_counts=counts, jobs=[self.summary(job) for job in recent.jobs],
+                                  submission=None if self.submission is None
+                                  else self._submission_view(self.submission))
+
+        return self.state.read(read)
+
+    def evaluations(self, principal: str, *, limit: int, before: str | None = None,
+                    partition: str | None = None, state: str | None = None) -> EvaluationPage:
+        """`GET /evaluations`: `principal`'s jobs newest first, one page (without per-case results).
+
+        Args:
+            limit: page size, 1..`MAX_PAGE_SIZE`.
+            before: the previous page's `next_cursor` (a job id); None starts at the newest.
+            partition, state: optional filters.
+
+        Raises:
+            UnknownJob: `before` is not one of `principal`'s jobs.
+        """
+        page = self.jobs.page(principal, limit=min(limit, MAX_PAGE_SIZE), before=before, partition=partition,
+                              state=state)
+        return EvaluationPage(jobs=[self.summary(job) for job in page.jobs], next_cursor=page.next_cursor)
 
     def evaluation(self, principal: str, job_id: str) -> JobView:
         """`GET /evaluations/{id}`.
@@ -455,8 +547,8 @@ class SidecarService:
     async def start_evaluation(self, principal: str, request: EvaluationRequest) -> JobView:
         """Admit an evaluation and start it detached.
 
-        Order: entrance -> policy -> candidate import -> entrance again -> reservation -> job record.
-        Nothing is charged unless every earlier step passed.
+        Order: entrance -> policy -> candidate import -> entrance again -> reservation and job record
+        (one transaction). Nothing is charged unless every earlier step passed.
 
         Raises:
             PolicyDenied: entrance closed; unknown, hidden or non-accessible partition; bad case
@@ -474,17 +566,12 @@ class SidecarService:
             # Sealing may have begun during the import; it waits for admissions, which stop here.
             self._check_entrance()
             job_id = JobStore.new_id()
-            reservation = await self.ledger.reserve(grant.partition, principal,
-                                                    Cost.of_evaluation(len(grant.cases)), reservation_id=job_id)
             job = EvaluationJob(id=job_id, principal=principal, partition=grant.partition,
                                 cases=list(grant.cases), full_partition=grant.full_partition,
                                 version=request.version, candidate=record.id, disclosure=grant.disclosure,
-                                reservation_id=reservation.id, created_at=_now())
-            try:
-                job = await self.jobs.create(job)
-            except BaseException:
-                await self.ledger.refund(reservation.id, "interrupted")
-                raise
+                                reservation_id=job_id, created_at=_now())
+            # One transaction: a job never exists without its reservation, nor a reservation without it.
+            job, _ = await self.jobs.admit(job, Cost.of_evaluation(len(grant.cases)))
             self._tasks[job.id] = asyncio.create_task(self._run_job(job.id), name=f"vero-job-{job.id}")
             _logger.info("job %s admitted: %d case(s), candidate %s", job.id, len(job.cases), record.id)
             return self.view(job)
@@ -506,36 +593,34 @@ class SidecarService:
     def _secret_values(self) -> list[str]:
         return [os.environ[name] for name in self.config.secrets if os.environ.get(name)]
 
-    def _checkout(self, candidate: str, dest: Path) -> None:
-        self.candidates.checkout(candidate, dest)
-        _make_readable(dest)
+    def _checkout(self, candidate: str, slot: int) -> Path:
+        """The slot's persistent work tree, brought to `candidate` (only changed files written)."""
+        update = self.candidates.update_worktree(candidate, self._slot_tree(slot), self._slot_index(slot))
+        _make_readable(update.path, update.changed)
+        return update.path
 
     async def _run_job(self, job_id: str) -> None:
-        checkout = self.checkouts_dir / job_id
         try:
             assert self._slots is not None
-            async with self._slots:
+            slot = await self._slots.get()
+            try:
                 job = await self.jobs.update(job_id, state="running", started_at=_now())
-                try:
-                    await asyncio.to_thread(self._checkout, job.candidate, checkout)
-                    run = NestedRun(
-                        evaluation_id=job.id, partition=job.partition, candidate=job.candidate,
-                        candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
-                        jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
-                        harbor=self.config.harbor, scoring=self.config.scoring,
-                        env=self._nested_env(), run_as=self.run_as,
-                    )
-                    result = await self.backend.evaluate(run)
-                finally:
-                    await asyncio.to_thread(_remove_tree, checkout)
-                await self._complete(job, result)
+                checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
+                run = NestedRun(
+                    evaluation_id=job.id, partition=job.partition, candidate=job.candidate,
+                    candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
+                    jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
+                    harbor=self.config.harbor, scoring=self.config.scoring,
+                    env=self._nested_env(), run_as=self.run_as,
+                )
+                result = await self.backend.evaluate(run)
+            finally:
+                self._slots.put_nowait(slot)
+            await self._complete(job, result)
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(job_id, "interrupted")
-            job = self.jobs.get(job_id)
-            if job.state == "complete":
-                # Cancelled after the result was recorded: it is a measurement and stays charged.
-                await self._settle_quietly(job.reservation_id)
-            else:
+            # A job already complete was settled with its result: a measurement stays charged.
+            if self.jobs.get(job_id).state not in TERMINAL_STATES:
                 state = "cancelled" if reason in ("sealed", "cancelled") else "failed"
                 await self._close_unmeasured(job_id, state, reason)
             raise
@@ -555,25 +640,25 @@ class SidecarService:
             await self._write_artifacts(job, result)
         rule = self.policy.ladder(job.principal, job.partition) if tier == "aggregate" else None
         if rule is None or not _covers_granted_cases(job, result):
-            # Not judged by the Ladder: `disclose` shows no score for it on a Ladder partition.
-            job = await self.jobs.update(job.id, state="complete", result=result, finished_at=_now())
+            # Not judged by the Ladder (`disclose` shows no score for it on a Ladder partition). One
+            # transaction: the result, the terminal state and the settle.
+            job = await self.jobs.finish(job.id, "complete", result=result)
         else:
             assert self._ladder_lock is not None
-            # Decide, record durably with the terminal state, then move the best: under one lock, so
-            # two evaluations finishing at once are judged one after the other, never against a stale best.
+            # Decide, record durably with the terminal state and the settle, then move the best: under
+            # one lock, so two evaluations finishing at once are judged one after the other, never
+            # against a stale best.
             async with self._ladder_lock:
                 key = _ladder_key(job)
                 decision = self.ladders.decide(key, result.score, rule)
                 try:
-                    job = await self.jobs.update(job.id, state="complete", result=result, ladder=decision,
-                                                 finished_at=_now())
+                    job = await self.jobs.finish(job.id, "complete", result=result, ladder=decision)
                 finally:
-                    # A cancelled caller may still have landed the write (`JobStore.update` runs to
-                    # completion): follow the store, never the intention.
+                    # A cancelled caller may still have landed the transaction (it runs to completion):
+                    # follow the store, never the intention.
                     landed = self.jobs.get(job.id).ladder
                     if landed is not None:
                         self.ladders.record(key, landed)
-        await self._settle_quietly(job.reservation_id)
         _logger.info("job %s complete: score %s over %d case(s)%s", job.id, result.score, result.n_cases,
                      "" if job.ladder is None else f" (ladder: improved={job.ladder.improved})")
 
@@ -588,18 +673,12 @@ class SidecarService:
         except OSError as exc:
             _logger.error("job %s: trial artifacts not copied (%s)", job.id, type(exc).__name__)
 
-    async def _settle_quietly(self, reservation_id: str) -> None:
+    async def _close_unmeasured(self, job_id: str, state: Literal["failed", "cancelled"], error: str) -> None:
+        """End a job that measured nothing and refund it, in one transaction (no-op if already ended)."""
         try:
-            await self.ledger.settle(reservation_id, "measured")
-        except (KeyError, ValueError):
-            _logger.error("reservation %s could not be settled", reservation_id)
-
-    async def _close_unmeasured(self, job_id: str, state: str, error: str) -> None:
-        job = await self.jobs.update(job_id, state=state, error=error, finished_at=_now())
-        try:
-            await self.ledger.refund(job.reservation_id, error)
-        except (KeyError, ValueError):
-            _logger.error("job %s: reservation could not be refunded", job_id)
+            await self.jobs.finish(job_id, state, error=error)
+        except Conflict:
+            _logger.info("job %s had already finished", job_id)
 
     # -- submissions -----------------------------------------------------------------------------
 
@@ -625,7 +704,7 @@ class SidecarService:
             if self.submission is not None and self.submission.candidate == record.id:
                 return self._submission_view(self.submission), False
             submission = Submission(candidate=record.id, version=version, submitted_at=_now())
-            await awrite_model(self.state_dir / "submission.json", submission)
+            await record_submission(self.state, submission)
             self.submission = submission
             _logger.info("submission recorded: candidate %s", record.id)
             return self._submission_view(submission), True
@@ -669,17 +748,17 @@ class SidecarService:
             digest = await asyncio.to_thread(
                 write_session_archive, self.state_dir, archive, name=self.config.name,
                 spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
-                sealed_at=self.sealed_at,
+                sealed_at=self.sealed_at, state=self.state,
             )
             return SealResponse(archive=str(archive), sha256=digest, sealed_at=self.sealed_at,
                                 n_cancelled=n_cancelled)
 
     def export(self) -> ExportResponse:
-        """Every trusted record, for operators."""
+        """Every trusted record, for operators, from one snapshot of the state store."""
+        state = SessionState.model_validate(self.state.export())
         return ExportResponse(
             name=self.config.name, spec_digest=self.config.spec_digest,
             baseline_commit=self.config.baseline_commit, entrance_open=self.entrance_open,
-            sealed_at=self.sealed_at, jobs=self.jobs.list(), balances=self.ledger.balances(),
-            reservations=self.ledger.reservations(), candidates=self.candidates.list(),
-            submission=self.submission,
+            sealed_at=self.sealed_at, jobs=state.jobs, balances=balances_of(state.budgets),
+            reservations=state.reservations, candidates=state.candidates, submission=state.submission,
         )

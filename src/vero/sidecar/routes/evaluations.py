@@ -1,16 +1,24 @@
-"""`POST /evaluations` (start a detached evaluation) and `GET /evaluations/{id}` (its state)."""
+"""`POST /evaluations` (start a detached evaluation), `GET /evaluations` (list them, a page at a
+time) and `GET /evaluations/{id}` (one job's state and disclosed result)."""
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 
 from vero.sidecar.deps import Principal, Service
 from vero.sidecar.errors import PROBLEM_RESPONSES, problem_doc
-from vero.sidecar.models import EvaluationRequest, JobView
+from vero.sidecar.models import EvaluationPage, EvaluationRequest, JobView
+from vero.sidecar.service import MAX_PAGE_SIZE
 
 router = APIRouter(prefix="/evaluations", tags=["agent"], responses=PROBLEM_RESPONSES)
 
 JobId = Annotated[str, Path(max_length=64, description="The job id returned by `POST /evaluations`.")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Jobs per page (newest first).")]
+Before = Annotated[str | None, Query(max_length=64, description=(
+    "Cursor: the `next_cursor` of the previous page (list only jobs older than that job)."))]
+PartitionFilter = Annotated[str | None, Query(max_length=128, description="Only jobs of this partition.")]
+StateFilter = Annotated[Literal["queued", "running", "complete", "failed", "cancelled"] | None,
+                        Query(description="Only jobs in this state.")]
 WaitSec = Annotated[float, Query(ge=0, le=60, description=(
     "Long poll: wait up to this many seconds for the job to finish before answering (0: answer at once)."))]
 
@@ -36,6 +44,20 @@ async def start_evaluation(body: EvaluationRequest, service: Service, principal:
     job = await service.start_evaluation(principal, body)
     response.headers["Location"] = f"/evaluations/{job.id}"
     return job
+
+
+@router.get(
+    "",
+    operation_id="list_evaluations",
+    summary="List past evaluations, newest first, one page at a time",
+    responses={404: problem_doc("`before` names no evaluation job of the agent.")},
+)
+async def list_evaluations(service: Service, principal: Principal, limit: Limit = 20, before: Before = None,
+                           partition: PartitionFilter = None, state: StateFilter = None) -> EvaluationPage:
+    """The agent's evaluations newest first, `limit` per page, each with its state and disclosed
+    score (per-case results: `GET /evaluations/{id}`). Pass `next_cursor` as `before` for the next
+    page; the last page has no `next_cursor`. Filter with `partition` and `state`."""
+    return service.evaluations(principal, limit=limit, before=before, partition=partition, state=state)
 
 
 @router.get(

@@ -1,0 +1,405 @@
+"""Does the 1,000th evaluation cost what the 1st did? Growth of the sidecar's costs with its history.
+
+Run from the repository root: `uv run python benchmarks/growth.py` (about 10 minutes here;
+`--long` goes on to 10,000 evaluations). Everything is measured in one run and printed with ratios:
+
+1. **Growth through the real app**: a sidecar under uvicorn in a child process (the test harness's
+   `create_app`, stub evaluation backend, real git repositories and state store). N evaluations
+   one after another, each of a new commit (a one-file change) of the agent's repository. At 1, 10,
+   100, 1,000 (and 10,000) evaluations it reports: admission (`POST /evaluations` until 202:
+   candidate import, policy, reservation + job record), completion (from the 202 until a long poll
+   sees the job complete: slot checkout, stub run, result + settle), `GET /status` latency with 1
+   and 16 concurrent clients, the `/status` body size, the state dir's size and the server's RSS.
+   Latencies at a checkpoint are the median of the 5 evaluations ending there (the first five at 1).
+2. **A 50,000-file target**, in process: the first sidecar start (rebuilds and imports the
+   baseline), a restart, and per evaluation of a one-file change the admission
+   (`SidecarService.start_evaluation`) and the slot checkout (`CandidateStore.update_worktree`),
+   against a full files-only checkout into a fresh directory.
+3. **Sidecar start with 10,000 finished jobs** in the state store (filled in bulk), in process.
+4. **Agent CLI start-up**: wall time of `vero harbor status` against the running sidecar, of
+   `vero --help` (the typer application) and of `python -c pass`, median of 15 runs each.
+
+No assertion: the README records the figures, the issue's goals are ratios to read off the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for `tests.sidecar._server` (also in the spawned server process)
+
+import httpx  # noqa: E402
+
+PRINCIPAL = "agent"
+BIG_TARGET_FILES = 50_000
+BIG_TARGET_EVALUATIONS = 5
+BULK_JOBS = 10_000
+CLI_RUNS = 15
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+# -- 1. growth through the real app -------------------------------------------------------------
+
+
+def _serve(root: str, conn) -> None:
+    """Child process: a sidecar over real repos and a fresh state dir, served until SIGTERM."""
+    import logging
+
+    import uvicorn
+
+    from tests.sidecar._server import StubBackend, make_harness
+    from vero.spec.models import PartitionAccess
+
+    logging.getLogger("vero").setLevel(logging.WARNING)
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=10_000_000,
+                                       total_cases=100_000_000)}
+    harness = make_harness(Path(root), backend=StubBackend(write_job_dir=False),
+                           partitions={"train": ["t1", "t2", "t3"]}, access=access)
+    app = harness.create_app()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
+                                           access_log=False))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                conn.send(None)
+                return
+            await asyncio.sleep(0.02)
+        conn.send((server.servers[0].sockets[0].getsockname()[1], str(harness.agent_repo), str(harness.state_dir)))
+        await task
+
+    asyncio.run(main())
+
+
+def _status_latency(url: str, clients: int, per_client: int) -> float:
+    """p50 of `GET /status`, in ms, with `clients` concurrent keep-alive clients."""
+
+    async def run() -> list[float]:
+        latencies: list[float] = []
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+
+        async def worker() -> None:
+            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120, trust_env=False) as client:
+                await client.get("/health")
+                for _ in range(per_client):
+                    started = time.perf_counter()
+                    response = await client.get("/status")
+                    latencies.append(time.perf_counter() - started)
+                    response.raise_for_status()
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return latencies
+
+    return _median_ms(asyncio.run(run()))
+
+
+def _commit(repo: Path, i: int) -> str:
+    from tests.sidecar._server import commit_file
+
+    return commit_file(repo, "solve.py", f"print({i})\n", f"version {i}")
+
+
+def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
+    context = multiprocessing.get_context("spawn")
+    parent_end, child_end = context.Pipe()
+    server = context.Process(target=_serve, args=(str(root / "server"), child_end), name="vero-growth-sidecar")
+    server.start()
+    rows: list[dict] = []
+    cli: dict = {}
+    try:
+        if not parent_end.poll(180):
+            raise SystemExit("the sidecar did not start in 180 s")
+        ready = parent_end.recv()
+        if ready is None:
+            raise SystemExit("the sidecar failed to start")
+        port, agent_repo, state_dir = ready
+        url = f"http://127.0.0.1:{port}"
+        admissions: list[float] = []
+        completions: list[float] = []
+        with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
+            for n in range(1, checkpoints[-1] + 1):
+                version = _commit(Path(agent_repo), n)
+                started = time.perf_counter()
+                response = client.post("/evaluations", json={"partition": "train", "version": version})
+                admitted = time.perf_counter()
+                response.raise_for_status()
+                job_id = response.json()["id"]
+                while True:
+                    answer = client.get(f"/evaluations/{job_id}", params={"wait_sec": 30})
+                    answer.raise_for_status()
+                    if answer.json()["state"] != "queued" and answer.json()["state"] != "running":
+                        break
+                completions.append(time.perf_counter() - admitted)
+                admissions.append(admitted - started)
+                if answer.json()["state"] != "complete":
+                    raise SystemExit(f"evaluation {n} ended {answer.json()['state']}")
+                if n in checkpoints:
+                    status = client.get("/status")
+                    rows.append({
+                        "n": n,
+                        "status_1_ms": _status_latency(url, 1, 30),
+                        "status_16_ms": _status_latency(url, 16, 10),
+                        "status_bytes": len(status.content),
+                        "state_bytes": _tree_bytes(Path(state_dir)),
+                        "rss_bytes": _rss_bytes(server.pid),
+                    })
+                    print(f"  {n} evaluations: admission {admissions[-1] * 1e3:.0f} ms, status "
+                          f"{rows[-1]['status_1_ms']:.1f} ms, {rows[-1]['status_bytes']} bytes", file=sys.stderr,
+                          flush=True)
+        for row in rows:
+            n = row["n"]
+            window = slice(max(0, n - 5), max(5, n))  # the 5 evaluations ending at n (the first five at 1)
+            row["admission_ms"] = _median_ms(admissions[window])
+            row["completion_ms"] = _median_ms(completions[window])
+        cli = _cli_startup(url)
+    finally:
+        server.terminate()
+        server.join(60)
+    return rows, cli
+
+
+# -- 2. a 50,000-file target --------------------------------------------------------------------
+
+
+def _service(harness):
+    """A `SidecarService` over the harness's dirs (as `create_app` builds it), in this process."""
+    from vero.sidecar.service import SidecarService
+
+    return SidecarService(harness.config, state_dir=harness.state_dir, agent_repo=harness.agent_repo,
+                          context_dir=harness.context_dir, cases_dir=harness.cases_dir, backend=harness.backend,
+                          baseline_dir=harness.baseline_dir, work_dir=harness.work_dir, run_as=None)
+
+
+def _big_target(root: Path) -> dict:
+    from tests.sidecar._server import StubBackend, commit_file, make_harness
+    from vero.sidecar.models import EvaluationRequest
+    from vero.spec.models import PartitionAccess
+
+    files = {f"pkg{i // 500:03d}/mod{i % 500:03d}.py": f"VALUE = {i}\n" for i in range(BIG_TARGET_FILES)}
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=1000, total_cases=1000)}
+    # A backend that never finishes: the jobs' own checkouts stay out of the timed calls.
+    harness = make_harness(root / "big", baseline_files=files, backend=StubBackend(block=threading.Event()),
+                           partitions={"train": ["t1"]}, access=access)
+
+    async def run() -> dict:
+        first = _service(harness)
+        started = time.perf_counter()
+        await first.start()
+        first_start = time.perf_counter() - started
+        await first.stop()
+        again = _service(harness)
+        started = time.perf_counter()
+        await again.start()
+        restart = time.perf_counter() - started
+        admissions, checkouts, full = [], [], []
+        index = root / "big-slot.index"
+        work = root / "big-slot"
+        await asyncio.to_thread(again.candidates.update_worktree, harness.config.baseline_commit, work, index)
+        for i in range(BIG_TARGET_EVALUATIONS):
+            version = commit_file(harness.agent_repo, f"pkg{i:03d}/mod000.py", f"VALUE = 'changed {i}'\n", f"c{i}")
+            started = time.perf_counter()
+            view = await again.start_evaluation(PRINCIPAL, EvaluationRequest(partition="train", version=version))
+            admissions.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            update = await asyncio.to_thread(again.candidates.update_worktree, view.candidate, work, index)
+            checkouts.append(time.perf_counter() - started)
+            assert update.changed is not None and len(update.changed) == 1
+            if i < 2:
+                dest = root / f"big-full-{i}"
+                started = time.perf_counter()
+                await asyncio.to_thread(again.candidates.checkout, view.candidate, dest)
+                full.append(time.perf_counter() - started)
+                shutil.rmtree(dest)
+        await again.stop()
+        return {"files": BIG_TARGET_FILES, "first_start_sec": first_start, "restart_sec": restart,
+                "admission_ms": _median_ms(admissions), "slot_checkout_ms": _median_ms(checkouts),
+                "full_checkout_ms": _median_ms(full)}
+
+    return asyncio.run(run())
+
+
+# -- 3. start with 10,000 jobs ------------------------------------------------------------------
+
+
+def _start_with_jobs(root: Path, n_jobs: int) -> dict:
+    from datetime import UTC, datetime
+
+    from tests.sidecar._server import StubBackend, make_harness
+    from vero.core.jobs import EvaluationJob, JobStore
+    from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+    from vero.core.state import STATE_FILE, StateStore
+    from vero.spec.models import PartitionAccess
+
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=10 * n_jobs,
+                                       total_cases=100 * n_jobs)}
+    harness = make_harness(root / "many", backend=StubBackend(), partitions={"train": ["t1", "t2", "t3"]},
+                           access=access)
+
+    async def run() -> dict:
+        empty = _service(harness)
+        started = time.perf_counter()
+        await empty.start()
+        empty_start = time.perf_counter() - started
+        await empty.stop()
+        state = StateStore.open(harness.state_dir / STATE_FILE)
+        ledger = BudgetLedger.open(state, {("train", PRINCIPAL): BudgetTotals(runs=10 * n_jobs, cases=100 * n_jobs)})
+        jobs = JobStore(ledger)
+        template = EvaluationJob(id="ev-0000000000000000", principal=PRINCIPAL, partition="train",
+                                 cases=["t1", "t2", "t3"], full_partition=True, version="HEAD",
+                                 candidate=harness.config.baseline_commit, disclosure="full",
+                                 reservation_id="ev-0000000000000000", created_at=datetime.now(UTC))
+        result = await asyncio.to_thread(_stub_result, harness.config.baseline_commit)
+        batch = 500
+        for first in range(0, n_jobs, batch):
+            def fill(conn, first=first) -> None:
+                for _ in range(first, min(first + batch, n_jobs)):
+                    job_id = JobStore.new_id()
+                    job = template.model_copy(update={"id": job_id, "reservation_id": job_id})
+                    ledger.reserve_in(conn, "train", PRINCIPAL, Cost.of_evaluation(3), job_id)
+                    jobs._insert(conn, job)
+                    jobs.finish_in(conn, job_id, "complete", result=result)
+            await state.commit(fill)
+        state.close()
+        full = _service(harness)
+        started = time.perf_counter()
+        await full.start()
+        full_start = time.perf_counter() - started
+        status_started = time.perf_counter()
+        status = full.status(PRINCIPAL)
+        status_ms = (time.perf_counter() - status_started) * 1e3
+        await full.stop()
+        return {"jobs": n_jobs, "start_empty_sec": empty_start, "start_sec": full_start,
+                "status_ms": status_ms, "status_bytes": len(status.model_dump_json()),
+                "state_bytes": _tree_bytes(harness.state_dir)}
+
+    return asyncio.run(run())
+
+
+def _stub_result(candidate: str):
+    from datetime import UTC, datetime
+
+    from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+
+    now = datetime.now(UTC)
+    return EvaluationResult.from_cases(
+        partition="train", candidate=candidate, reward_key="reward",
+        cases=[CaseResult.from_attempts(c, [AttemptResult(trial_name=f"{c}__x", reward=0.5)], 0.0)
+               for c in ("t1", "t2", "t3")],
+        started_at=now, finished_at=now)
+
+
+# -- 4. agent CLI start-up ----------------------------------------------------------------------
+
+
+def _wall(argv: list[str], env: dict[str, str]) -> float:
+    samples = []
+    for _ in range(CLI_RUNS):
+        started = time.perf_counter()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=120)
+        samples.append(time.perf_counter() - started)
+    return _median_ms(samples)
+
+
+def _cli_startup(url: str) -> dict:
+    vero = str(Path(sys.executable).with_name("vero"))
+    env = {**os.environ, "VERO_SIDECAR_URL": url}
+    return {"python_pass_ms": _wall([sys.executable, "-c", "pass"], env),
+            "status_ms": _wall([vero, "harbor", "status"], env),
+            "typer_help_ms": _wall([vero, "--help"], env)}
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--long", action="store_true", help="Go on to 10,000 evaluations (about an hour).")
+    parser.add_argument("--json", type=Path, default=None, help="Also write every figure to this JSON file.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="A quick run of the script itself (10 evaluations, small target): not the figures.")
+    args = parser.parse_args()
+    checkpoints = [1, 10, 100, 1000] + ([10_000] if args.long else [])
+    global BIG_TARGET_FILES, BULK_JOBS, CLI_RUNS
+    if args.smoke:
+        checkpoints, BIG_TARGET_FILES, BULK_JOBS, CLI_RUNS = [1, 10], 2_000, 500, 3
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vero-growth-") as tmp:
+        root = Path(tmp)
+        console.print(f"1. {checkpoints[-1]} evaluations through the app ...", style="dim")
+        rows, cli = _growth(root, checkpoints)
+        console.print("2. a 50,000-file target ...", style="dim")
+        big = _big_target(root)
+        console.print(f"3. sidecar start with {BULK_JOBS:,} jobs ...", style="dim")
+        many = _start_with_jobs(root, BULK_JOBS)
+
+    table = Table(title="growth with the number of evaluations (uvicorn, loopback, stub backend)")
+    table.add_column("measure")
+    for row in rows:
+        table.add_column(f"{row['n']:,}", justify="right")
+    table.add_column("last / first", justify="right")
+    for key, label, scale, unit in (
+        ("admission_ms", "admission p50", 1, "ms"), ("completion_ms", "completion p50", 1, "ms"),
+        ("status_1_ms", "GET /status p50, 1 client", 1, "ms"), ("status_16_ms", "GET /status p50, 16 clients", 1, "ms"),
+        ("status_bytes", "GET /status body", 1024, "KB"), ("state_bytes", "state dir", 1024 * 1024, "MB"),
+        ("rss_bytes", "server RSS", 1024 * 1024, "MB"),
+    ):
+        values = [row[key] / scale for row in rows]
+        table.add_row(f"{label} ({unit})", *(f"{v:.1f}" for v in values), f"{values[-1] / values[0]:.2f}")
+    console.print(table)
+    console.print(f"{BIG_TARGET_FILES:,}-file target: first start {big['first_start_sec']:.1f} s (rebuilds and imports "
+                  f"the baseline), restart {big['restart_sec']:.2f} s; per one-file evaluation: admission "
+                  f"{big['admission_ms']:.0f} ms, slot checkout {big['slot_checkout_ms']:.0f} ms (a full files-only "
+                  f"checkout: {big['full_checkout_ms']:.0f} ms, "
+                  f"{big['full_checkout_ms'] / big['slot_checkout_ms']:.0f}x)")
+    console.print(f"sidecar start: {many['start_sec']:.2f} s with {many['jobs']:,} jobs "
+                  f"({many['start_empty_sec']:.2f} s with none; {many['start_sec'] / many['start_empty_sec']:.2f}x); "
+                  f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
+                  f"{many['state_bytes'] / 1024 / 1024:.1f} MB")
+    console.print(f"agent CLI start-up: `vero harbor status` {cli['status_ms']:.0f} ms against `python -c pass` "
+                  f"{cli['python_pass_ms']:.0f} ms ({cli['status_ms'] / cli['python_pass_ms']:.1f}x); the typer "
+                  f"application (`vero --help`) {cli['typer_help_ms']:.0f} ms")
+    load = os.getloadavg()
+    console.print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+                  f"{load[0]:.1f}; wall time {time.monotonic() - began:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"growth": rows, "big_target": big, "start_with_jobs": many, "cli": cli},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()

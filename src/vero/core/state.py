@@ -1,0 +1,548 @@
+"""The sidecar's one durable, transactional state store: SQLite (docs/architecture.md, "State").
+
+One database file (`/var/lib/vero/state.db`, mode 0600) holds the budget ledger, the evaluation
+jobs, the candidate records and the submission. The standard library's `sqlite3` opens it in WAL
+mode with `synchronous=FULL`: a transaction that returned is on disk, and a process killed at any
+moment leaves the last committed state. Every state change is **one transaction**, so state that
+must change together (a job's terminal state and its settle or refund; a reservation and the job
+that owns it) does so or does not change at all.
+
+Tables (DDL in `_SCHEMA`; `PRAGMA user_version` is `SCHEMA_VERSION`):
+
+```
+meta               key -> value (the store's identity)
+budgets            (partition, principal, resource) -> total, settled, reserved
+reservations       id, partition, principal, state, created_at, closed_at, reason (creation order: seq)
+reservation_costs  (reservation id, resource) -> amount
+jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
+candidates         id, parent, tree, subject, imported_at (import order: seq)
+checked_trees      tree id -> the symlinks it holds (admission inspects only what changed from it)
+submission         at most one row: candidate, version, submitted_at
+```
+
+Budgets are rows per *named resource* (`runs`, `cases`, ...), so a further dimension (tokens, cost)
+is more rows, not a new schema. `settled` and `reserved` are maintained by triggers from the
+reservations and their costs, and `CHECK (settled + reserved <= total)` makes an overspend fail
+inside SQLite even if a caller's own check were wrong.
+
+Invariants, as constraints (checked on every write) and again at open (`_verify`), because a
+database edited by hand may have been written with constraints off:
+
+- figures are non-negative and settled + reserved + remaining = total per resource;
+- each budget's settled and reserved figures equal the sums over its reservations in that state;
+- a reservation is closed exactly when it has `closed_at`; a closed one never changes again;
+- one reservation per job; a job is terminal exactly when its reservation is closed, and complete
+  exactly when it was settled;
+- the schema is exactly the one this module creates (no dropped trigger or constraint).
+
+A database that breaks any of them is refused (`LedgerCorrupt`): the sidecar never starts on a
+tampered or half-understood state, and never resets it.
+
+Concurrency: writes run one at a time in a worker thread on the writer connection
+(`vero.core._offloop.SerialCommits`), complete even if the awaiting caller is cancelled, and roll
+back on any error. Reads use one read-only connection per thread; `read` runs several queries in
+one snapshot. WAL lets readers go on while a write is in flight: they see the last commit, never a
+half-applied one.
+
+`export` renders the whole state as canonical JSON (sorted keys, creation order, fixed layout):
+the same state gives the same bytes, which is what the sealed session archive carries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from vero.core._offloop import SerialCommits
+from vero.errors import LedgerCorrupt
+
+__all__ = ["SCHEMA_VERSION", "STATE_FILE", "StateStore", "TERMINAL_JOB_STATES", "canonical_json", "iso"]
+
+SCHEMA_VERSION = 1
+"""`PRAGMA user_version` of a state database this module writes and reads."""
+
+STATE_FILE = "state.db"
+"""The database's file name in the sidecar's state dir."""
+
+_APPLICATION_ID = 0x7665726F  # "vero": marks the file as ours (`PRAGMA application_id`)
+
+TERMINAL_JOB_STATES: tuple[str, ...] = ("complete", "failed", "cancelled")
+
+_DATETIME = TypeAdapter(datetime)
+
+_TERMINAL_SQL = "('complete', 'failed', 'cancelled')"
+
+_SCHEMA = f"""
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE budgets (
+    partition TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    total INTEGER NOT NULL CHECK (total >= 0),
+    settled INTEGER NOT NULL DEFAULT 0 CHECK (settled >= 0),
+    reserved INTEGER NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+    CHECK (settled + reserved <= total),
+    PRIMARY KEY (partition, principal, resource)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE reservations (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE CHECK (length(id) BETWEEN 1 AND 128),
+    partition TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'refunded')),
+    created_at TEXT NOT NULL,
+    closed_at TEXT,
+    reason TEXT,
+    CHECK ((state = 'reserved') = (closed_at IS NULL))
+) STRICT;
+
+CREATE INDEX reservations_open ON reservations (seq) WHERE state = 'reserved';
+
+CREATE TABLE reservation_costs (
+    reservation_id TEXT NOT NULL REFERENCES reservations (id),
+    partition TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    amount INTEGER NOT NULL CHECK (amount >= 0),
+    PRIMARY KEY (reservation_id, resource),
+    FOREIGN KEY (partition, principal, resource) REFERENCES budgets (partition, principal, resource)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE jobs (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE CHECK (id GLOB 'ev-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]'),
+    principal TEXT NOT NULL,
+    partition TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'complete', 'failed', 'cancelled')),
+    reservation_id TEXT NOT NULL UNIQUE REFERENCES reservations (id),
+    record TEXT NOT NULL CHECK (json_valid(record)),
+    CHECK (json_extract(record, '$.id') = id AND json_extract(record, '$.principal') = principal
+           AND json_extract(record, '$.partition') = partition AND json_extract(record, '$.state') = state
+           AND json_extract(record, '$.reservation_id') = reservation_id)
+) STRICT;
+
+CREATE INDEX jobs_by_principal ON jobs (principal, seq);
+CREATE INDEX jobs_by_state ON jobs (principal, partition, state);
+
+CREATE TABLE candidates (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE CHECK (length(id) = 40 AND id NOT GLOB '*[^0-9a-f]*'),
+    parent TEXT,
+    tree TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    imported_at TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE checked_trees (
+    tree TEXT PRIMARY KEY,
+    symlinks TEXT NOT NULL CHECK (json_valid(symlinks))
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE submission (
+    slot INTEGER PRIMARY KEY CHECK (slot = 1),
+    candidate TEXT NOT NULL REFERENCES candidates (id),
+    version TEXT NOT NULL,
+    submitted_at TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER reservation_opens BEFORE INSERT ON reservations
+WHEN NEW.state != 'reserved'
+BEGIN SELECT RAISE(ABORT, 'a reservation starts reserved'); END;
+
+CREATE TRIGGER reservation_cost_charged AFTER INSERT ON reservation_costs
+BEGIN
+    SELECT RAISE(ABORT, 'a cost belongs to an open reservation of the same budget')
+    WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = NEW.reservation_id AND r.state = 'reserved'
+                      AND r.partition = NEW.partition AND r.principal = NEW.principal);
+    UPDATE budgets SET reserved = reserved + NEW.amount
+    WHERE partition = NEW.partition AND principal = NEW.principal AND resource = NEW.resource;
+END;
+
+CREATE TRIGGER reservation_cost_fixed BEFORE UPDATE ON reservation_costs
+BEGIN SELECT RAISE(ABORT, 'a reservation cost never changes'); END;
+
+CREATE TRIGGER reservation_cost_kept BEFORE DELETE ON reservation_costs
+BEGIN SELECT RAISE(ABORT, 'a reservation cost is never deleted'); END;
+
+CREATE TRIGGER reservation_kept BEFORE DELETE ON reservations
+BEGIN SELECT RAISE(ABORT, 'a reservation is never deleted'); END;
+
+CREATE TRIGGER reservation_identity_fixed BEFORE UPDATE OF id, partition, principal, created_at ON reservations
+BEGIN SELECT RAISE(ABORT, 'a reservation''s identity never changes'); END;
+
+CREATE TRIGGER reservation_closes BEFORE UPDATE OF state ON reservations
+BEGIN
+    SELECT RAISE(ABORT, 'a closed reservation never changes') WHERE OLD.state != 'reserved';
+    SELECT RAISE(ABORT, 'a reservation closes as settled or refunded') WHERE NEW.state = 'reserved';
+    SELECT RAISE(ABORT, 'the reservation belongs to a job that has not finished')
+    WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.reservation_id = NEW.id AND j.state NOT IN {_TERMINAL_SQL});
+END;
+
+CREATE TRIGGER reservation_closed AFTER UPDATE OF state ON reservations
+BEGIN
+    UPDATE budgets SET
+        reserved = reserved - (SELECT c.amount FROM reservation_costs c
+                               WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource),
+        settled = settled + CASE WHEN NEW.state = 'settled'
+                                 THEN (SELECT c.amount FROM reservation_costs c
+                                       WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource)
+                                 ELSE 0 END
+    WHERE partition = NEW.partition AND principal = NEW.principal
+      AND resource IN (SELECT c.resource FROM reservation_costs c WHERE c.reservation_id = NEW.id);
+END;
+
+CREATE TRIGGER budget_kept BEFORE DELETE ON budgets
+BEGIN SELECT RAISE(ABORT, 'a budget is never deleted'); END;
+
+CREATE TRIGGER job_kept BEFORE DELETE ON jobs
+BEGIN SELECT RAISE(ABORT, 'a job is never deleted'); END;
+
+CREATE TRIGGER job_identity_fixed BEFORE UPDATE OF id, principal, partition, reservation_id ON jobs
+BEGIN SELECT RAISE(ABORT, 'a job''s identity never changes'); END;
+
+CREATE TRIGGER job_terminal_is_final BEFORE UPDATE OF state ON jobs
+WHEN OLD.state IN {_TERMINAL_SQL} AND NEW.state != OLD.state
+BEGIN SELECT RAISE(ABORT, 'a finished job never changes state'); END;
+
+CREATE TRIGGER job_opens_with_its_reservation BEFORE INSERT ON jobs
+BEGIN
+    SELECT RAISE(ABORT, 'a job starts unfinished, with an open reservation of its own budget')
+    WHERE NEW.state IN {_TERMINAL_SQL}
+       OR NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = NEW.reservation_id AND r.state = 'reserved'
+                      AND r.partition = NEW.partition AND r.principal = NEW.principal);
+END;
+
+CREATE TRIGGER candidate_kept BEFORE DELETE ON candidates
+BEGIN SELECT RAISE(ABORT, 'a candidate record is never deleted'); END;
+
+CREATE TRIGGER candidate_fixed BEFORE UPDATE ON candidates
+BEGIN SELECT RAISE(ABORT, 'a candidate record never changes'); END;
+"""
+
+
+def iso(moment: datetime) -> str:
+    """A datetime as the state store keeps it: pydantic's JSON form (`2026-11-30T12:00:00.5Z` for UTC)."""
+    return _DATETIME.dump_python(moment, mode="json")
+
+
+def canonical_json(value: Any) -> bytes:
+    """`value` as canonical JSON bytes: sorted keys, two-space indent, UTF-8, trailing newline."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+
+
+def _expected_schema() -> set[tuple[str, str, str, str]]:
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.executescript(_SCHEMA)
+        return _schema_of(probe)
+    finally:
+        probe.close()
+
+
+def _schema_of(conn: sqlite3.Connection) -> set[tuple[str, str, str, str]]:
+    rows = conn.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_schema "
+                        "WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    return {tuple(row) for row in rows}
+
+
+class StateStore:
+    """The state database. Create with `StateStore.open`; share one per process.
+
+    Attributes:
+        path: the database file.
+    """
+
+    path: Path
+
+    def __init__(self, path: Path, writer: sqlite3.Connection) -> None:
+        """Use `StateStore.open`."""
+        self.path = path
+        self._writer = writer
+        self._commits = SerialCommits()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+
+    # -- opening ------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path) -> "StateStore":
+        """Open the database at `path`, creating it (mode 0600, with its directory) when missing.
+
+        Synchronous: call it at startup, or through `asyncio.to_thread` from a running loop.
+
+        Raises:
+            LedgerCorrupt: the file exists but is not a vero state database of `SCHEMA_VERSION`, its
+                schema differs, or its content breaks an invariant (see the module docstring). The
+                message names the file and the problem, never the content; the file is untouched.
+            OSError: the file or its directory cannot be created.
+        """
+        path = Path(os.path.abspath(path))
+        fresh = not (path.exists() or path.is_symlink())
+        if fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Created here with its final mode: SQLite gives the -wal and -shm files the same.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        elif path.is_symlink() or not path.is_file():
+            raise LedgerCorrupt(f"state database {path} is not a regular file; refusing to start rather than reset it")
+        try:
+            writer = _connect(path, read_only=False)
+        except sqlite3.Error as exc:
+            raise LedgerCorrupt(f"state database {path} cannot be opened ({_sqlite_reason(exc)}); "
+                                f"refusing to start rather than reset it") from None
+        try:
+            if fresh or _is_empty(writer):
+                writer.execute("BEGIN IMMEDIATE")
+                for statement in _split_statements(_SCHEMA):
+                    writer.execute(statement)
+                writer.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
+                writer.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                writer.execute("INSERT INTO meta (key, value) VALUES ('format', 'vero-state')")
+                writer.execute("COMMIT")
+            _verify(writer, path)
+        except LedgerCorrupt:
+            writer.close()
+            raise
+        except sqlite3.Error as exc:
+            writer.close()
+            raise LedgerCorrupt(f"state database {path} cannot be read ({_sqlite_reason(exc)}); "
+                                f"refusing to start rather than reset it") from None
+        return cls(path, writer)
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection (the writer's last commit is already durable). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
+        self._writer.close()
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    async def commit[T](self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `change` as one transaction, off the event loop, after every earlier commit.
+
+        `change` gets the writer connection inside `BEGIN IMMEDIATE`; it may run any statements and
+        raise to roll everything back. The transaction completes (commit or rollback) even if the
+        awaiting caller is cancelled meanwhile; the cancellation is raised afterwards.
+
+        Returns:
+            What `change` returned, once the transaction is durable.
+
+        Raises:
+            Exception: whatever `change` raised (nothing was written).
+            OSError: SQLite failed to write (disk full, I/O error); nothing was written.
+        """
+        return await self._commits.run(lambda: self._transaction(change))
+
+    def commit_sync[T](self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Blocking `commit` (for startup and tools; never call it on a running event loop)."""
+        return self._commits.run_sync(lambda: self._transaction(change))
+
+    def _transaction[T](self, change: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._writer
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise OSError(f"state database {self.path}: cannot begin a write ({_sqlite_reason(exc)})") from None
+        try:
+            value = change(conn)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise OSError(f"state database {self.path}: write failed ({_sqlite_reason(exc)})") from None
+            raise
+        return value
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise RuntimeError("the state store is closed")
+            conn = _connect(self.path, read_only=True)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def read[T](self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `query` in one read snapshot (every statement sees the same committed state).
+
+        Reads nested in `query` (on the same thread) share its snapshot. Cheap enough for the event
+        loop when the queries are point lookups or index ranges.
+        """
+        conn = self._reader()
+        if conn.in_transaction:  # nested in an enclosing `read` of this thread: same snapshot
+            return query(conn)
+        conn.execute("BEGIN")
+        try:
+            return query(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def rows(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One query's rows, in its own snapshot (or the enclosing `read`'s)."""
+        return self._reader().execute(sql, parameters).fetchall()
+
+    # -- export -------------------------------------------------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """The whole state as plain JSON data, in one snapshot (see `export_bytes`)."""
+        return self.read(_export)
+
+    def export_bytes(self) -> bytes:
+        """`canonical_json(export())`: the same state gives the same bytes."""
+        return canonical_json(self.export())
+
+
+def _export(conn: sqlite3.Connection) -> dict[str, Any]:
+    budgets = [
+        {"partition": p, "principal": q, "resource": r, "total": t, "settled": s, "reserved": v}
+        for p, q, r, t, s, v in conn.execute(
+            "SELECT partition, principal, resource, total, settled, reserved FROM budgets "
+            "ORDER BY partition, principal, resource")
+    ]
+    costs: dict[str, dict[str, int]] = {}
+    for rid, resource, amount in conn.execute("SELECT reservation_id, resource, amount FROM reservation_costs"):
+        costs.setdefault(rid, {})[resource] = amount
+    reservations = [
+        {"id": rid, "partition": p, "principal": q, "state": state, "cost": costs.get(rid, {}),
+         "created_at": created, "closed_at": closed, "reason": reason}
+        for rid, p, q, state, created, closed, reason in conn.execute(
+            "SELECT id, partition, principal, state, created_at, closed_at, reason FROM reservations ORDER BY seq")
+    ]
+    jobs = [json.loads(record) for (record,) in conn.execute("SELECT record FROM jobs ORDER BY seq")]
+    candidates = [
+        {"id": cid, "parent": parent, "tree": tree, "subject": subject, "imported_at": imported}
+        for cid, parent, tree, subject, imported in conn.execute(
+            "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq")
+    ]
+    row = conn.execute("SELECT candidate, version, submitted_at FROM submission").fetchone()
+    submission = None if row is None else {"candidate": row[0], "version": row[1], "submitted_at": row[2]}
+    return {"schema_version": SCHEMA_VERSION, "budgets": budgets, "reservations": reservations, "jobs": jobs,
+            "candidates": candidates, "submission": submission}
+
+
+def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30.0)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        # WAL: readers never block the writer; FULL: every commit is fsynced before it returns.
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise sqlite3.OperationalError("the database cannot use write-ahead logging")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    if read_only:
+        conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def _is_empty(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0] == 0 and \
+        conn.execute("PRAGMA user_version").fetchone()[0] == 0
+
+
+def _split_statements(script: str) -> Iterator[str]:
+    """The statements of `script`, trigger bodies kept whole (`sqlite3.complete_statement`)."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statement = buffer.strip()
+            buffer = ""
+            if statement:
+                yield statement
+    if buffer.strip():
+        raise ValueError("incomplete statement at the end of the schema")
+
+
+def _sqlite_reason(exc: sqlite3.Error) -> str:
+    # The error name only: SQLite messages can quote row content.
+    return getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+
+
+def _refuse(path: Path, problem: str) -> LedgerCorrupt:
+    return LedgerCorrupt(f"state database {path} {problem}; refusing to start rather than reset it")
+
+
+def _verify(conn: sqlite3.Connection, path: Path) -> None:
+    """The open-time check of every invariant of the module docstring.
+
+    Raises:
+        LedgerCorrupt: names the first invariant that does not hold.
+    """
+    if conn.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
+        raise _refuse(path, "is not a vero state database")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version != SCHEMA_VERSION:
+        raise _refuse(path, f"has schema version {version}, this vero reads {SCHEMA_VERSION}")
+    if _schema_of(conn) != _EXPECTED_SCHEMA:
+        raise _refuse(path, "has a schema that differs from vero's (a table, index or trigger was changed)")
+    # quick_check verifies NOT NULL and CHECK constraints of every row and the b-tree structure.
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+    if problems != ["ok"]:
+        raise _refuse(path, "fails SQLite's integrity check (a row breaks a constraint or a page is damaged)")
+    if conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+        raise _refuse(path, "has a record that refers to a missing one (reservation, budget or candidate)")
+    checks = (
+        ("a budget's settled or reserved figure differs from the sum of its reservations",
+         """SELECT 1 FROM budgets b WHERE
+              b.settled != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
+                            ON r.id = c.reservation_id WHERE r.state = 'settled' AND c.partition = b.partition
+                            AND c.principal = b.principal AND c.resource = b.resource)
+           OR b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
+                             ON r.id = c.reservation_id WHERE r.state = 'reserved' AND c.partition = b.partition
+                             AND c.principal = b.principal AND c.resource = b.resource)
+           LIMIT 1"""),
+        ("has a reservation cost charged to another budget than its reservation's",
+         """SELECT 1 FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id
+            WHERE r.partition != c.partition OR r.principal != c.principal LIMIT 1"""),
+        ("a finished job's reservation is still open, or an unfinished job's is closed",
+         f"""SELECT 1 FROM jobs j JOIN reservations r ON r.id = j.reservation_id
+             WHERE (j.state IN {_TERMINAL_SQL}) != (r.state != 'reserved')
+                OR (j.state = 'complete') != (r.state = 'settled')
+                OR j.partition != r.partition OR j.principal != r.principal LIMIT 1"""),
+        ("has a job record whose id, state or owner differs from its row",
+         """SELECT 1 FROM jobs WHERE json_extract(record, '$.id') IS NOT id
+              OR json_extract(record, '$.state') IS NOT state OR json_extract(record, '$.principal') IS NOT principal
+              OR json_extract(record, '$.partition') IS NOT partition
+              OR json_extract(record, '$.reservation_id') IS NOT reservation_id LIMIT 1"""),
+        ("has more than one identity record", "SELECT 1 FROM meta WHERE key != 'format' OR value != 'vero-state'"),
+    )
+    for problem, sql in checks:
+        if conn.execute(sql).fetchone() is not None:
+            raise _refuse(path, problem if problem.startswith("has") else f"is inconsistent: {problem}")
+
+
+_EXPECTED_SCHEMA = _expected_schema()
