@@ -64,8 +64,8 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
         # Dead attempts score the failure value and disclose no count beside the Ladder's answer.
         dead = evaluate(harness, client, None)
         assert answer(dead) == (0.56, False) and dead["result"]["n_dead"] is None
-        # The status lists the same answers; operators see the trusted measurements.
-        listed = [job["result"] for job in client.get("/status").json()["jobs"]]
+        # The status lists the same answers (newest first); operators see the trusted measurements.
+        listed = [job["result"] for job in reversed(client.get("/status").json()["jobs"])]
         assert [(r["score"], r["improved"]) for r in listed] == [
             (0.5, True), (0.5, False), (0.56, True), (0.56, False), (0.9, True), (0.56, False), (0.56, False)]
         records = client.get("/admin/export", headers=harness.admin_headers()).json()["jobs"]
