@@ -4,13 +4,15 @@ Run from the repository root: `uv run python benchmarks/growth.py` (about 10 min
 `--long` goes on to 10,000 evaluations). Everything is measured in one run and printed with ratios:
 
 1. **Growth through the real app**: a sidecar under uvicorn in a child process (the test harness's
-   `create_app`, stub evaluation backend, real git repositories and state store). N evaluations
-   one after another, each of a new commit (a one-file change) of the agent's repository. At 1, 10,
+   `create_app`, stub evaluation backend, real git repositories and state store). Evaluations one
+   after another, each of a new commit (a one-file change) of the agent's repository. At 1, 10,
    100, 1,000 (and 10,000) evaluations it reports: admission (`POST /evaluations` until 202:
    candidate import, policy, reservation + job record), completion (from the 202 until a long poll
    sees the job complete: slot checkout, stub run, result + settle), `GET /status` latency with 1
    and 16 concurrent clients, the `/status` body size, the state dir's size and the server's RSS.
-   Latencies at a checkpoint are the median of the 5 evaluations ending there (the first five at 1).
+   Latencies at a checkpoint are medians of `PAIRED_EVALUATIONS` evaluations made there, each
+   followed by the same on a *reference* sidecar whose history stays short: the machine is shared,
+   so the ratio of the two, measured side by side, is the figure that isolates the growth.
 2. **A 50,000-file target**, in process: the first sidecar start (rebuilds and imports the
    baseline), a restart, and per evaluation of a one-file change the admission
    (`SidecarService.start_evaluation`) and the slot checkout (`CandidateStore.update_worktree`),
@@ -50,6 +52,8 @@ BIG_TARGET_FILES = 50_000
 BIG_TARGET_EVALUATIONS = 5
 BULK_JOBS = 10_000
 CLI_RUNS = 15
+PAIRED_EVALUATIONS = 7
+"""Evaluations measured at each checkpoint, alternating with the reference sidecar."""
 
 
 def _rss_bytes(pid: int) -> int:
@@ -129,62 +133,89 @@ def _commit(repo: Path, i: int) -> str:
     return commit_file(repo, "solve.py", f"print({i})\n", f"version {i}")
 
 
-def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
-    context = multiprocessing.get_context("spawn")
-    parent_end, child_end = context.Pipe()
-    server = context.Process(target=_serve, args=(str(root / "server"), child_end), name="vero-growth-sidecar")
-    server.start()
-    rows: list[dict] = []
-    cli: dict = {}
-    try:
+class _Sidecar:
+    """A sidecar child process and a client of it, for one evaluation at a time."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(str(root / name), child_end), name=f"vero-growth-{name}")
+        self.process.start()
         if not parent_end.poll(180):
             raise SystemExit("the sidecar did not start in 180 s")
         ready = parent_end.recv()
         if ready is None:
             raise SystemExit("the sidecar failed to start")
         port, agent_repo, state_dir = ready
-        url = f"http://127.0.0.1:{port}"
-        admissions: list[float] = []
-        completions: list[float] = []
-        with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
-            for n in range(1, checkpoints[-1] + 1):
-                version = _commit(Path(agent_repo), n)
-                started = time.perf_counter()
-                response = client.post("/evaluations", json={"partition": "train", "version": version})
-                admitted = time.perf_counter()
-                response.raise_for_status()
-                job_id = response.json()["id"]
-                while True:
-                    answer = client.get(f"/evaluations/{job_id}", params={"wait_sec": 30})
-                    answer.raise_for_status()
-                    if answer.json()["state"] != "queued" and answer.json()["state"] != "running":
-                        break
-                completions.append(time.perf_counter() - admitted)
-                admissions.append(admitted - started)
-                if answer.json()["state"] != "complete":
-                    raise SystemExit(f"evaluation {n} ended {answer.json()['state']}")
-                if n in checkpoints:
-                    status = client.get("/status")
-                    rows.append({
-                        "n": n,
-                        "status_1_ms": _status_latency(url, 1, 30),
-                        "status_16_ms": _status_latency(url, 16, 10),
-                        "status_bytes": len(status.content),
-                        "state_bytes": _tree_bytes(Path(state_dir)),
-                        "rss_bytes": _rss_bytes(server.pid),
-                    })
-                    print(f"  {n} evaluations: admission {admissions[-1] * 1e3:.0f} ms, status "
-                          f"{rows[-1]['status_1_ms']:.1f} ms, {rows[-1]['status_bytes']} bytes", file=sys.stderr,
-                          flush=True)
-        for row in rows:
-            n = row["n"]
-            window = slice(max(0, n - 5), max(5, n))  # the 5 evaluations ending at n (the first five at 1)
-            row["admission_ms"] = _median_ms(admissions[window])
-            row["completion_ms"] = _median_ms(completions[window])
-        cli = _cli_startup(url)
+        self.url = f"http://127.0.0.1:{port}"
+        self.agent_repo, self.state_dir = Path(agent_repo), Path(state_dir)
+        self.client = httpx.Client(base_url=self.url, timeout=120, trust_env=False)
+        self.n = 0
+
+    def evaluate(self) -> tuple[float, float]:
+        """One evaluation of a new commit: (admission, completion) in seconds."""
+        self.n += 1
+        version = _commit(self.agent_repo, self.n)
+        started = time.perf_counter()
+        response = self.client.post("/evaluations", json={"partition": "train", "version": version})
+        admitted = time.perf_counter()
+        response.raise_for_status()
+        job_id = response.json()["id"]
+        while True:
+            answer = self.client.get(f"/evaluations/{job_id}", params={"wait_sec": 30})
+            answer.raise_for_status()
+            if answer.json()["state"] not in ("queued", "running"):
+                break
+        if answer.json()["state"] != "complete":
+            raise SystemExit(f"evaluation {self.n} ended {answer.json()['state']}")
+        return admitted - started, time.perf_counter() - admitted
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.terminate()  # SIGTERM: uvicorn shuts down gracefully
+        self.process.join(60)
+
+
+def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
+    """Grow one sidecar's history; at each checkpoint measure it side by side with a reference
+    sidecar that keeps a short history (alternating requests, so both see the same machine load)."""
+    grown = _Sidecar(root, "grown")
+    reference = _Sidecar(root, "reference")
+    rows: list[dict] = []
+    try:
+        for checkpoint in checkpoints:
+            while grown.n < checkpoint - 1:
+                grown.evaluate()
+            pairs = [(grown.evaluate(), reference.evaluate()) for _ in range(PAIRED_EVALUATIONS)]
+            status_grown, status_reference = [], []
+            for _ in range(5):
+                status_grown.append(_status_latency(grown.url, 1, 20))
+                status_reference.append(_status_latency(reference.url, 1, 20))
+            status16 = [(_status_latency(grown.url, 16, 10), _status_latency(reference.url, 16, 10)) for _ in range(3)]
+            status16_grown = statistics.median(g for g, _ in status16)
+            status16_reference = statistics.median(r for _, r in status16)
+            rows.append({
+                "n": checkpoint,
+                "admission_ms": _median_ms([g[0] for g, _ in pairs]),
+                "admission_ref_ms": _median_ms([r[0] for _, r in pairs]),
+                "completion_ms": _median_ms([g[1] for g, _ in pairs]),
+                "completion_ref_ms": _median_ms([r[1] for _, r in pairs]),
+                "status_1_ms": statistics.median(status_grown),
+                "status_1_ref_ms": statistics.median(status_reference),
+                "status_16_ms": status16_grown,
+                "status_16_ref_ms": status16_reference,
+                "status_bytes": len(grown.client.get("/status").content),
+                "state_bytes": _tree_bytes(grown.state_dir),
+                "rss_bytes": _rss_bytes(grown.process.pid),
+                "evaluations": grown.n,
+            })
+            print(f"  {checkpoint} evaluations: admission {rows[-1]['admission_ms']:.0f} ms "
+                  f"(reference {rows[-1]['admission_ref_ms']:.0f}), status {rows[-1]['status_1_ms']:.1f} ms, "
+                  f"{rows[-1]['status_bytes']} bytes", file=sys.stderr, flush=True)
+        cli = _cli_startup(grown.url)
     finally:
-        server.terminate()
-        server.join(60)
+        grown.close()
+        reference.close()
     return rows, cli
 
 
@@ -380,6 +411,10 @@ def main() -> None:
     ):
         values = [row[key] / scale for row in rows]
         table.add_row(f"{label} ({unit})", *(f"{v:.1f}" for v in values), f"{values[-1] / values[0]:.2f}")
+    for key, label in (("admission", "admission"), ("completion", "completion"), ("status_1", "GET /status, 1 client"),
+                       ("status_16", "GET /status, 16 clients")):
+        values = [row[f"{key}_ms"] / row[f"{key}_ref_ms"] for row in rows]
+        table.add_row(f"{label}: grown / reference", *(f"{v:.2f}" for v in values), "")
     console.print(table)
     console.print(f"{BIG_TARGET_FILES:,}-file target: first start {big['first_start_sec']:.1f} s (rebuilds and imports "
                   f"the baseline), restart {big['restart_sec']:.2f} s; per one-file evaluation: admission "
