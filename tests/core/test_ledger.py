@@ -516,32 +516,42 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
 
 # crash safety -----------------------------------------------------------------------------------------
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
-    """Kill a reserving/settling/refunding child with SIGKILL >= 50 times; every reopen passes the
-    open-time check and agrees with every operation the child acknowledged before it died."""
+    """Kill a reserving/settling/refunding child with SIGKILL 55 times; every reopen passes the
+    open-time check and agrees with every operation the child acknowledged before it died.
+
+    The moments are chosen by the child's progress (a random number of acknowledged operations,
+    then a short random sleep), not by wall time alone, so a busy machine changes how long the test
+    takes, never what it checks."""
     path = tmp_path / "state.db"
     rng = random.Random(20261129)
     acknowledged: dict[str, str] = {}  # reservation id -> last acknowledged state
     kills = 0
     in_flight_kills = 0  # kills that hit a transaction between its start and its acknowledgement
-    started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    while kills < 55 and time.monotonic() - started < 110:
+    while kills < 55:
         child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(kills)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, env=env)
+        seen: list[bytes] = []
         try:
             if rng.random() < 0.15:
                 time.sleep(rng.uniform(0.0, 0.4))  # sometimes during start-up and open
             else:
                 assert child.stdout.readline() == b"ready\n"
-                time.sleep(rng.uniform(0.005, 0.25))
+                wanted = rng.randint(0, 16)  # acknowledged operations before the kill window opens
+                while sum(line[:2] in (b"R ", b"S ", b"F ") for line in seen) < wanted:
+                    line = child.stdout.readline()
+                    assert line, "the child stopped before it was killed"
+                    seen.append(line)
+                time.sleep(rng.uniform(0.0, 0.05))
             child.send_signal(signal.SIGKILL)
-            out, err = child.communicate(timeout=30)
+            out, err = child.communicate(timeout=60)
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        out = b"".join(seen) + out
         assert child.returncode == -signal.SIGKILL, err.decode(errors="replace")[-2000:]
         kills += 1
         lines = out.decode().splitlines()
@@ -569,7 +579,6 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
                 assert balance.settled_runs + balance.reserved_runs + balance.remaining_runs == balance.total_runs
                 assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
                 assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
-    assert kills >= 50, f"only {kills} kills within the time limit"
     assert len(acknowledged) > 100, "the children did too little work for the test to mean anything"
     assert in_flight_kills > 0, "no kill hit a transaction in flight"
     with StateStore.open(path) as state:
