@@ -1,6 +1,7 @@
-"""Find the container-side assets of each role (`compiler/`, `sidecar/`, `verifier/`).
+"""Find the container-side assets of each role (`compiler/`, `sidecar/`, `verifier/`, `casekit/`).
 
-The assets are Jinja templates and scripts kept at the repository's top level (DESIGN §3). A built
+The assets are Jinja templates, scripts and the case kit's C source, kept at the repository's top
+level (docs/architecture.md). A built
 wheel carries them at `vero/_assets/<role>` (pyproject's hatch `force-include`); a source checkout or
 an editable install (whose `vero` package is `src/vero`) finds them at the repository root instead.
 """
@@ -12,8 +13,8 @@ from typing import Literal
 
 __all__ = ["ROLES", "Role", "asset_dir"]
 
-Role = Literal["compiler", "sidecar", "verifier"]
-ROLES: tuple[Role, ...] = ("compiler", "sidecar", "verifier")
+Role = Literal["compiler", "sidecar", "verifier", "casekit"]
+ROLES: tuple[Role, ...] = ("compiler", "sidecar", "verifier", "casekit")
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

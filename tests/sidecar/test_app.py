@@ -85,7 +85,7 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
             result = done["result"]
             assert result["disclosure"] == "full" and result["score"] == 0.5
             assert [c["case"] for c in result["cases"]] == ["t1", "t2"]
-            assert result["cases"][0]["attempts"] == [{"reward": 1.0, "exception_type": None}]
+            assert result["cases"][0]["attempts"] == [{"reward": 1.0, "exception_type": None, "outcome": "scored"}]
             assert result["artifacts_path"] == f"/vero/context/{job['id']}"
             # budget: one run and two cases, settled
             assert budget_of(client, "train") == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,

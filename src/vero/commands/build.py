@@ -55,11 +55,13 @@ def build(
         fail(f"the build failed{where}: {exc.strerror or type(exc).__name__}", EXIT_FAILED)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if json_output:
         typer.echo(json.dumps({
             "task_dir": str(result.task_dir), "tarball": str(result.tarball), "sha256": result.sha256,
             "spec_digest": result.spec_digest, "baseline_commit": result.baseline_commit,
-            "notes": list(result.notes),
+            "notes": list(result.notes), "warnings": list(result.warnings),
         }, indent=2))
         return
     typer.echo(f"task     {result.task_dir}")

@@ -60,6 +60,8 @@ def run(
     if outcome.exception_type:
         table.add_row("trial error", outcome.exception_type)
     console.print(table)
+    for warning in final.get("warnings") or []:
+        typer.echo(f"warning: {warning}", err=True)
     # Paths as plain lines: a table would wrap them, and they are meant to be copied.
     if outcome.trial_dir is not None:
         typer.echo(f"trial:         {outcome.trial_dir}")

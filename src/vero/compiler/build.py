@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import vero
+from vero.compiler.case_audit import check_evaluation_time, kit_warnings
 from vero.compiler.cases import CaseStore
 from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME, CodingAgentSupport, coding_agent_support
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
@@ -36,6 +37,7 @@ from vero.core.archive import write_canonical_tar
 from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SpecError, SpecIssue
+from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
 from vero.spec.loading import load_spec
@@ -76,6 +78,8 @@ class CompileResult:
         spec_digest: `sha256:<hex>` of the portable spec plus its inputs (in both role configs).
         baseline_commit: the 40-hex baseline commit id (`/app` in main starts there).
         notes: messages for the operator (e.g. uncommitted target changes left out); never secret.
+        warnings: what weakens the task's measurements (e.g. program cases whose tests never call
+            the case kit); also in the verifier config, so `finalization.json` repeats them.
     """
 
     task_dir: Path
@@ -84,6 +88,7 @@ class CompileResult:
     spec_digest: str
     baseline_commit: str
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def layout(self) -> TaskLayout:
@@ -232,9 +237,9 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
     Raises:
         SpecError: invalid spec or build inputs (unset secret, output inside the target or the
             cases, non-empty output without `force`, unsafe target/case/reference trees, a
-            reference patch that does not apply, a secret value found in a compiled file, an
-            unknown agent), each with its YAML path (or the option, `--output`/`--tarball`/`--agent`).
-            Nothing is written then.
+            reference patch that does not apply, an `evaluation_timeout_sec` that cannot fit a
+            partition's cases, a secret value found in a compiled file, an unknown agent), each with
+            its YAML path (or the option, `--output`/`--tarball`/`--agent`). Nothing is written then.
         OSError: an input cannot be read or the output cannot be written.
     """
     env = os.environ if env is None else env
@@ -299,6 +304,10 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
                     store.copy_into(case, context.case_dir(case))
             case_digests = {case: store.digest(case) for case in sorted(
                 {c for names in (*sidecar_partitions.values(), *verifier_partitions.values()) for c in names})}
+            case_dirs = {case: store.path(case) for case in case_digests}
+            scopes = {**sidecar_partitions, **verifier_partitions}
+            check_evaluation_time(spec, case_dirs, scopes)
+            warnings = kit_warnings(spec, case_dirs, scopes)
 
             spec_digest = digest_json({
                 "spec": portable_spec(spec, reference_digest),
@@ -319,6 +328,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
                 **common, partitions=verifier_partitions, selection=spec.selection, targets=dict(spec.targets),
                 reward_keys=spec.target_reward_keys(),
                 failure_values={p: spec.target_failure_value(p) for p in spec.targets},
+                build_warnings=warnings,
             ))
 
             # The wheel and the pins, and the baseline files, in each build context.
@@ -327,6 +337,9 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
                 context.dist_dir.mkdir(parents=True, exist_ok=True)
                 (context.dist_dir / wheel.filename).write_bytes(wheel.data)
                 copy_tree(baseline, context.baseline_dir)
+            for trusted in (layout.sidecar, layout.verifier):
+                trusted.kit_source_path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(kit_source(), trusted.kit_source_path)
             _write(layout.main.requirements_path, "".join(f"{r}\n" for r in client_requirements()))
             runtime_pins = "".join(f"{r}\n" for r in runtime_requirements(spec.harbor.requirement))
             _write(layout.sidecar.requirements_path, runtime_pins)
@@ -354,7 +367,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
 
     tarball.parent.mkdir(parents=True, exist_ok=True)
     result = CompileResult(output, tarball, write_canonical_tar(output, tarball), spec_digest, baseline_commit,
-                           tuple(notes))
+                           tuple(notes), tuple(warnings))
     atomic_write_bytes(result.sha256_path, f"{result.sha256}  {tarball.name}\n".encode(), mode=0o644)
     return result
 
@@ -394,7 +407,7 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
         runner_user=RUNNER_USER, wheel=wheel_filename, secrets=secrets, sidecar_url=sidecar_url,
         mcp_url=sidecar_url + SIDECAR_MCP_PATH, mcp_server_name=MCP_SERVER_NAME, skills_dir=skills_dir,
         coding_agent=support.agent, submit_enabled=submit, selection_partition=spec.selection.partition,
-        direction=spec.scoring.direction,
+        direction=spec.scoring.direction, kit_path=str(KIT_IMAGE_PATH),
     )
 
     _write(layout.config_path, render(

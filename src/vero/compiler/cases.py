@@ -82,6 +82,10 @@ class CaseStore:
             check_tree(origin, self._loc, what=f"case {source.name!r}")
             copy_tree(origin, dest)
 
+    def path(self, name: str) -> Path:
+        """The checked local copy of the fetched case `name`."""
+        return self._fetched[name]
+
     def digest(self, name: str) -> str:
         """Tree digest of a fetched case (`vero.compiler.target.tree_digest`)."""
         return tree_digest(self._fetched[name])

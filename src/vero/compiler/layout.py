@@ -16,6 +16,7 @@
 │       ├── config.json           SidecarConfig (agent-accessible partitions only)
 │       ├── baseline/
 │       ├── cases/<case>/         Harbor task dirs of agent-accessible partitions only
+│       ├── kit/vero-kit.c        the case kit's source (built in the image, uploaded into cases)
 │       └── dist/                 the wheel, requirements.txt (runtime pins + harbor.requirement)
 ├── tests/                        the separate verifier's image (Harbor bundles tests it builds)
 │   ├── Dockerfile
@@ -24,6 +25,7 @@
 │   ├── test.sh                   -> vero harbor verify
 │   ├── baseline/
 │   ├── cases/<case>/             target partitions and the selection partition
+│   ├── kit/vero-kit.c
 │   └── dist/
 └── solution/
     ├── solve.sh                  the oracle: apply the reference change, evaluate, submit
@@ -89,6 +91,11 @@ class _TrustedContext(_BuildContext):
 
     def case_dir(self, case: str) -> Path:
         return self.cases_dir / case
+
+    @property
+    def kit_source_path(self) -> Path:
+        """The case kit's C source; the image builds it statically (-> `/opt/vero/kit/vero-kit`)."""
+        return self.root / "kit" / "vero-kit.c"
 
 
 @dataclass(frozen=True)

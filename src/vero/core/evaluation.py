@@ -1,21 +1,54 @@
 """Evaluation results: what a nested Harbor run measured, in vero's terms.
 
-A case is one inner Harbor task; an attempt is one Harbor trial of it. A trial without a valid
-reward (no `verifier_result`, `reward_valid` false, or no value under the reward key) is a *dead
+A case is one inner Harbor task; an attempt is one Harbor trial of it. Every attempt has an
+`AttemptOutcome`. Only `scored` attempts carry a reward; every other kept outcome is a *dead
 attempt*: it scores the spec's failure value and stays in the mean, never dropped (HARBOR-NOTES
-§8 rows 4-5: dropping them biased scores). Scores are in the reward's own units.
+§8 rows 4-5: dropping them biased scores). `infrastructure` trials are not attempts at all: they
+never reach a result (docs/architecture.md "Nested runs"). Scores are in the reward's own units.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
+from enum import StrEnum
 from statistics import fmean
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.usage import InferenceUsage
 
-__all__ = ["AttemptResult", "CaseResult", "EvaluationResult"]
+__all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult"]
+
+
+class AttemptOutcome(StrEnum):
+    """How one trial ended, as vero scores it (classified in `vero.harbor.results`).
+
+    Everything but `scored` and `infrastructure` is a dead attempt charged to the candidate at the
+    failure value. Only `infrastructure` is refunded (the evaluation is re-run, or fails as
+    infrastructure when it cannot be).
+    """
+
+    SCORED = "scored"
+    """A valid, finite reward inside `scoring.reward_range` (when set)."""
+    DEAD = "dead"
+    """No valid reward (no reward file, verifier crashed or timed out, the candidate raised, ...)."""
+    TIMED_OUT = "timed_out"
+    """Unfinished when the evaluation's wall clock (`harbor.evaluation_timeout_sec`) ran out."""
+    REWARD_OUT_OF_RANGE = "reward_out_of_range"
+    """A reward outside `scoring.reward_range`: impossible for an honest measurement."""
+    REWARD_NOT_FINITE = "reward_not_finite"
+    """A NaN or infinite reward (always invalid)."""
+    SANDBOX_ERROR = "sandbox_error"
+    """The candidate sandbox could not be closed after the install (`CandidateSandboxError`)."""
+    INFRASTRUCTURE = "infrastructure"
+    """Shown not to be the candidate's (environment build/start, Harbor setup before the candidate
+    ran, the case kit could not be set up): no measurement, refunded."""
+
+    @property
+    def charged(self) -> bool:
+        """Whether the attempt is a measurement the candidate pays for."""
+        return self is not AttemptOutcome.INFRASTRUCTURE
 
 
 class _Record(BaseModel):
@@ -30,10 +63,25 @@ class AttemptResult(_Record):
     """The value under the reward key; None for a dead attempt."""
     exception_type: str | None = None
     """`exception_info.exception_type` of the trial, if any (an attempt may have both a reward and one)."""
+    outcome: AttemptOutcome | None = None
+    """How the trial ended; None in records written before outcomes were kept (read as `scored`
+    when `reward` is set, else `dead`)."""
+    rejected_reward: float | None = None
+    """`reward_out_of_range`: the finite value the case reported, kept for the operator only."""
+    flags: list[str] = Field(default_factory=list)
+    """What the case kit noticed (`leftover_processes_killed`, `reward_file_removed`, `run_timeout`,
+    `limit_exceeded:fsize`, ...), sorted; informational, never part of the score."""
 
     @property
     def dead(self) -> bool:
         return self.reward is None
+
+    @property
+    def kind(self) -> AttemptOutcome:
+        """`outcome`, or what a record without one means."""
+        if self.outcome is not None:
+            return self.outcome
+        return AttemptOutcome.DEAD if self.reward is None else AttemptOutcome.SCORED
 
 
 class CaseResult(_Record):
@@ -85,6 +133,17 @@ class EvaluationResult(_Record):
     @property
     def n_dead(self) -> int:
         return sum(c.n_dead for c in self.cases)
+
+    def flag_counts(self) -> dict[str, int]:
+        """Attempts per notable outcome (every kind but `scored` and plain `dead`) and per case-kit
+        flag, e.g. `{"reward_out_of_range": 1, "leftover_processes_killed": 2}`; sorted by name."""
+        counts: Counter[str] = Counter()
+        for case in self.cases:
+            for attempt in case.attempts:
+                if attempt.kind not in (AttemptOutcome.SCORED, AttemptOutcome.DEAD):
+                    counts[attempt.kind.value] += 1
+                counts.update(set(attempt.flags))
+        return dict(sorted(counts.items()))
 
     @classmethod
     def from_cases(cls, *, partition: str, candidate: str, reward_key: str, cases: list[CaseResult],

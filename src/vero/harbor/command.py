@@ -221,14 +221,18 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
     return env
 
 
-def _agent_kwargs(run: NestedRun, launcher_socket: Path | None) -> dict[str, object]:
+def _agent_kwargs(run: NestedRun, launcher_socket: Path | None, kit_path: Path | None) -> dict[str, object]:
     if run.runtime.kind == "agent":
         return {"launcher": str(launcher_socket), "agent_import_path": run.runtime.agent_import_path,
                 "candidate_dir": str(run.candidate_dir.absolute())}
     kwargs: dict[str, object] = {"candidate_dir": str(run.candidate_dir),
                                  "install_path": run.runtime.install_path}
+    if kit_path is not None:
+        kwargs["kit_path"] = str(kit_path)
     if run.runtime.install_command:
         kwargs["install_command"] = run.runtime.install_command
+        if run.harbor.case_timeout_sec is not None:
+            kwargs["install_timeout_sec"] = run.harbor.case_timeout_sec
     return kwargs
 
 
@@ -245,6 +249,7 @@ def build_command(
     harbor_executable: Path,
     base_env: Mapping[str, str] | None = None,
     launcher_socket: Path | None = None,
+    kit_path: Path | None = None,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -256,6 +261,8 @@ def build_command(
         harbor_executable: from `find_harbor_executable` (or a test's own).
         base_env: the caller's environment (default `os.environ`).
         launcher_socket: `kind: agent`: the `CandidateLauncher` socket `CandidateAgent` connects to.
+        kit_path: `kind: program`: the static case kit the install agent uploads (`--ak kit_path`;
+            without it the install agent finds one itself, `vero.harbor.casekit.kit_binary`).
 
     Raises:
         ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
@@ -290,7 +297,7 @@ def build_command(
         argv += ["-c", str(path)]
     else:
         argv += ["-a", agent]
-    for key, value in _agent_kwargs(run, launcher_socket).items():
+    for key, value in _agent_kwargs(run, launcher_socket, kit_path).items():
         argv += ["--ak", f"{key}={json.dumps(value)}"]
     if timeout_plan.agent_timeout_multiplier is not None:
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):

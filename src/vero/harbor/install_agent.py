@@ -1,27 +1,38 @@
 """The built-in Harbor agent that installs a `kind: program` candidate into a case environment.
 
 `harbor run -a vero.harbor.install_agent:InstallAgent --ak candidate_dir=... --ak install_path=...
-[--ak install_command=...]`. In each trial it
+--ak kit_path=... [--ak install_command=...] [--ak install_timeout_sec=...]`. In each trial it builds
+the candidate sandbox (README "Trust model"; the kit is `casekit/vero-kit.c`):
 
 1. stages the candidate checkout without `.git` in a host temp dir (symlinks are copied as links,
    never followed: a link in the candidate must not pull a trusted host file into the case);
-2. creates `install_path` as root and uploads the staged tree into it (`environment.upload_dir`,
-   which is `docker compose cp <dir>/. main:<install_path>` on Docker: files already there are
-   overwritten, others kept);
-3. gives the tree to the agent user (`[agent].user` of the case, or the image's default user) so an
-   unprivileged install command can build in place;
-4. runs `install_command`, if any, through `bash -c` as that user with `cwd = install_path`, writing
-   its output to `agent/install.txt` and its exit code to `agent/exit-code.txt` (as Harbor's
-   oracle does, `agents/oracle.py`).
+2. as root: creates `install_path`, uploads the staged tree into it (`environment.upload_dir`, which
+   is `docker compose cp <dir>/. main:<install_path>` on Docker) and the static case kit to
+   `/usr/local/bin/vero-kit`;
+3. `vero-kit setup` creates the unprivileged candidate user (`vero-candidate`, a random uid, its
+   own group, no supplementary groups) and checks that a process can become it. A failure here
+   is the case's, never the candidate's (no candidate code has run): `CaseKitSetupError`, which
+   vero classifies as infrastructure;
+4. with an `install_command`: the tree is handed to the candidate user, and the command runs as
+   that user through `vero-kit run` (`bash -c`, cwd `install_path`, limited to
+   `install_timeout_sec`), never as root, its output going to `agent/install.txt` and its exit
+   code to `agent/exit-code.txt` (as Harbor's oracle does, `agents/oracle.py`);
+5. `vero-kit end-install` kills every process of the candidate user, makes `install_path` and the
+   candidate's home root-owned and read-only to it (no set-id bits), removes what it left in the
+   shared temp dirs and empties `/logs/agent`, `/logs/verifier` and `/logs/artifacts`. Only then
+   does Harbor start the verifier: no candidate process is alive when `/tests` is uploaded. A
+   failure here comes after candidate code ran: `CandidateSandboxError`, a dead attempt.
 
-A non-zero exit raises Harbor's own `NonZeroAgentExitCodeError`: its error policy
+A non-zero `install_command` exit raises Harbor's own `NonZeroAgentExitCodeError`: its error policy
 (`models/trial/error_policy.py`) still runs the verifier and keeps the reward valid, so the case's
 tests decide the score of a candidate whose build failed. The whole `run` is inside Harbor's agent
-timeout (`case_timeout_sec`), so a hanging install is an `AgentTimeoutError`, also graded.
+timeout (`case_timeout_sec`), so a hanging install is an `AgentTimeoutError`, also graded; the
+sandbox is closed (step 5) even then, before the cancellation propagates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import shutil
 import tempfile
@@ -32,10 +43,23 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-__all__ = ["InstallAgent"]
+from vero.harbor.casekit import KIT_PATH_IN_CASE, kit_binary
+
+__all__ = ["CandidateSandboxError", "CaseKitSetupError", "InstallAgent"]
 
 INSTALL_LOG_NAME = "install.txt"
 EXIT_CODE_NAME = "exit-code.txt"
+SANDBOX_LOG_NAME = "sandbox.txt"
+
+
+class CaseKitSetupError(RuntimeError):
+    """The case container cannot host the candidate sandbox (kit upload, user creation or the
+    privilege drop failed) before any candidate code ran: the case's or the machine's problem."""
+
+
+class CandidateSandboxError(RuntimeError):
+    """The sandbox could not be closed after the install (candidate processes or files could not be
+    removed): the attempt is dead, never scored."""
 
 
 def _ignore_top_level_git(root: Path):
@@ -46,24 +70,30 @@ def _ignore_top_level_git(root: Path):
 
 
 class InstallAgent(BaseAgent):
-    """Uploads the candidate checkout to `install_path` and runs `install_command` there.
+    """Uploads the candidate checkout to `install_path` and runs `install_command` as the candidate user.
 
     Args:
         logs_dir: the trial's host `agent/` dir (Harbor passes it).
         candidate_dir: host path of the candidate checkout (readable by the `harbor` process).
         install_path: absolute path in the case environment that receives the checkout.
-        install_command: optional shell command run in `install_path` after the upload.
+        install_command: optional shell command run (as the candidate user) in `install_path`.
+        kit_path: host path of the static case kit; default `vero.harbor.casekit.kit_binary()`.
+        install_timeout_sec: wall-clock limit of `install_command` inside the case (seconds);
+            default none (Harbor's agent timeout still applies).
         **kwargs: Harbor's framework arguments (`model_name`, `logger`, `extra_env`, ...).
     """
 
     def __init__(self, logs_dir: Path, candidate_dir: str, install_path: str,
-                 install_command: str | None = None, **kwargs) -> None:
+                 install_command: str | None = None, kit_path: str | None = None,
+                 install_timeout_sec: float | None = None, **kwargs) -> None:
         super().__init__(logs_dir=logs_dir, **kwargs)
         if not str(install_path).startswith("/"):
             raise ValueError("install_path must be an absolute path")
         self.candidate_dir = Path(candidate_dir)
         self.install_path = str(install_path)
         self.install_command = install_command or None
+        self.kit_path = Path(kit_path) if kit_path else None
+        self.install_timeout_sec = float(install_timeout_sec) if install_timeout_sec else None
 
     @staticmethod
     @override
@@ -81,34 +111,73 @@ class InstallAgent(BaseAgent):
         # Everything happens in `run`, so the agent timeout (case_timeout_sec) covers it.
         return
 
-    async def _upload(self, environment: BaseEnvironment) -> None:
-        quoted = shlex.quote(self.install_path)
+    def _log(self, name: str, text: str) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        (self.logs_dir / name).write_text(text)
+
+    async def _prepare(self, environment: BaseEnvironment) -> None:
+        """Steps 1-3 (see the module docstring). Raises `CaseKitSetupError`."""
+        kit = self.kit_path or await asyncio.to_thread(kit_binary)
+        path = shlex.quote(self.install_path)
+        kit_in_case = shlex.quote(str(KIT_PATH_IN_CASE))
         with tempfile.TemporaryDirectory(prefix="vero-install-") as tmp:
             staged = Path(tmp) / "candidate"
             shutil.copytree(self.candidate_dir, staged, symlinks=True,
                             ignore=_ignore_top_level_git(self.candidate_dir))
-            await environment.exec(f"mkdir -p {quoted}", user="root")
+            made = await environment.exec(
+                f"mkdir -p {path} {shlex.quote(str(KIT_PATH_IN_CASE.parent))}", user="root")
+            if made.return_code != 0:
+                raise CaseKitSetupError(f"cannot create {self.install_path} in the case container")
             await environment.upload_dir(staged, self.install_path)
-        # Uploaded files belong to root; hand them to the agent user so it can build in place.
-        ids = await environment.exec("printf '%s:%s' \"$(id -u)\" \"$(id -g)\"")
-        owner = (ids.stdout or "").strip()
-        if ids.return_code == 0 and owner and not owner.startswith("0:"):
-            await environment.exec(f"chown -R {shlex.quote(owner)} {quoted}", user="root")
+        try:
+            await environment.upload_file(kit, str(KIT_PATH_IN_CASE))
+        except Exception as exc:
+            raise CaseKitSetupError(f"cannot upload the case kit ({type(exc).__name__})") from None
+        own = f" --own {path}" if self.install_command else ""
+        setup = await environment.exec(f"chmod 0755 {kit_in_case} && {kit_in_case} setup{own}", user="root")
+        self._log(SANDBOX_LOG_NAME, f"$ vero-kit setup{own}\n{setup.stdout or ''}{setup.stderr or ''}")
+        if setup.return_code != 0:
+            raise CaseKitSetupError(
+                f"the case kit could not set up the candidate user (exit {setup.return_code}): "
+                f"{(setup.stderr or '').strip()[-300:]}")
 
-    @override
-    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+    async def _install(self, environment: BaseEnvironment, context: AgentContext) -> None:
+        """Step 4. Raises `NonZeroAgentExitCodeError` when the command fails."""
         from harbor.agents.installed.base import NonZeroAgentExitCodeError
 
-        await self._upload(environment)
-        context.metadata = {**(context.metadata or {}), "vero_install_path": self.install_path}
-        if self.install_command is None:
-            return
-        result = await environment.exec(self.install_command, cwd=self.install_path)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        (self.logs_dir / INSTALL_LOG_NAME).write_text(
-            f"$ {self.install_command}\n--- stdout ---\n{result.stdout or ''}\n"
-            f"--- stderr ---\n{result.stderr or ''}\n")
-        (self.logs_dir / EXIT_CODE_NAME).write_text(str(result.return_code))
+        assert self.install_command is not None
+        limit = f" --timeout {self.install_timeout_sec:g}" if self.install_timeout_sec else ""
+        command = (f"{shlex.quote(str(KIT_PATH_IN_CASE))} run --cwd {shlex.quote(self.install_path)}{limit} "
+                   f"-- bash -c {shlex.quote(self.install_command)}")
+        result = await environment.exec(command, user="root")
+        self._log(INSTALL_LOG_NAME, f"$ {self.install_command}\n--- stdout ---\n{result.stdout or ''}\n"
+                                    f"--- stderr ---\n{result.stderr or ''}\n")
+        self._log(EXIT_CODE_NAME, str(result.return_code))
         context.metadata["vero_install_exit_code"] = result.return_code
         if result.return_code != 0:
             raise NonZeroAgentExitCodeError(f"install_command exited with code {result.return_code}")
+
+    async def _end_install(self, environment: BaseEnvironment, context: AgentContext) -> None:
+        """Step 5. Raises `CandidateSandboxError`."""
+        command = f"{shlex.quote(str(KIT_PATH_IN_CASE))} end-install {shlex.quote(self.install_path)}"
+        result = await environment.exec(command, user="root")
+        with open(self.logs_dir / SANDBOX_LOG_NAME, "a") as log:
+            log.write(f"$ vero-kit end-install\n{result.stdout or ''}{result.stderr or ''}")
+        if result.return_code != 0:
+            raise CandidateSandboxError(f"the candidate sandbox could not be closed (exit {result.return_code})")
+        for line in (result.stdout or "").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "leftover_processes_killed" and value.strip().isdigit():
+                context.metadata["vero_install_leftover_processes"] = int(value)
+
+    @override
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        context.metadata = {**(context.metadata or {}), "vero_install_path": self.install_path}
+        await self._prepare(environment)
+        try:
+            if self.install_command is not None:
+                await self._install(environment, context)
+        finally:
+            # Also on a failed install and on Harbor's agent timeout (a cancellation): the verifier
+            # must never start while candidate code is alive.
+            await self._end_install(environment, context)

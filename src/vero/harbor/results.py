@@ -2,43 +2,58 @@
 
 Results come only from the files Harbor writes (HARBOR-NOTES §2 "Job output layout"): the job's
 `result.json` (`JobResult`) and one `result.json` (`TrialResult`) per trial dir, parsed with
-Harbor's own models. Never from the exit code (0 even when every trial errored) or stdout.
+Harbor's own models, plus what the case kit wrote beside the reward (`verifier/vero-kit.jsonl`).
+Never from the exit code (0 even when every trial errored) or stdout.
 
-Each trial becomes one `TrialOutcome`, classified as:
+Each trial becomes one `TrialOutcome` whose `outcome` (`vero.core.evaluation.AttemptOutcome`) is
+decided by `classify_trial`, in this order:
 
-- **scored** — `reward_valid` (Harbor: a verifier result whose every recorded exception, top-level
-  and per step, keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`) and a
-  finite number under the reward key: `reward` is that number;
-- **dead** — no valid reward for any other reason (verifier crashed or timed out, no reward file,
-  the key missing, the candidate's agent raised before the verifier ran, ...): `reward` is None and
-  the attempt scores the failure value, counted in the mean (`vero.core.evaluation`);
-- **infrastructure** — no valid reward *and* the failure cannot be the candidate's: an exception
-  type of `INFRASTRUCTURE_EXCEPTION_TYPES`, or a trial-level exception raised after the environment
-  started to come up but before the agent's setup began (a failed `docker compose build`/`up` is a
-  plain `RuntimeError` in Harbor 0.26, `environments/docker/docker.py`, so the type alone cannot
-  tell). Such attempts are not scores at all: they are left out of the case's attempts, and a case
-  left with no attempt is re-run by the backend (HARBOR-NOTES §8 row 3: scoring them 0 made an
-  optimizer chase noise).
+1. **infrastructure** — the failure is shown not to be the candidate's: an exception type of
+   `INFRASTRUCTURE_EXCEPTION_TYPES` (which includes the install agent's `CaseKitSetupError`: the
+   case container cannot host the sandbox, decided before any candidate code ran), or a trial-level
+   exception raised after the environment started to come up but before the agent's setup began (a
+   failed `docker compose build`/`up` is a plain `RuntimeError` in Harbor 0.26,
+   `environments/docker/docker.py`, so the type alone cannot tell; a trial cancelled in that phase
+   is here too). Such trials are not attempts: they are dropped, and a case left with no attempt is
+   re-run by the backend (HARBOR-NOTES §8 row 3: scoring them 0 made an optimizer chase noise);
+2. **sandbox_error** — the install agent could not close the candidate sandbox after the install
+   (`CandidateSandboxError`): dead, whatever the verifier reported;
+3. a value under the reward key with `reward_valid` (Harbor: a verifier result whose every recorded
+   exception keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`):
+   **reward_not_finite** (NaN, infinity), **reward_out_of_range** (outside
+   `scoring.reward_range`), else **scored**;
+4. **timed_out** — the trial was cancelled after the candidate started (only the wall-clock kill of
+   the nested run cancels trials: `harbor.evaluation_timeout_sec` ran out);
+5. **dead** — no valid reward for any other reason (verifier crashed or timed out, no reward file,
+   the key missing, the candidate's agent raised before the verifier ran, ...).
 
-A trial dir without a readable `result.json` (the run was killed mid-trial) yields no outcome.
+Every outcome but infrastructure is charged; every one but scored counts at the failure value.
+New kinds (e.g. a case that is misconfigured) slot in as further steps of `classify_trial`.
+
+A trial dir without a readable `result.json` (the run was killed mid-trial) yields no outcome; the
+backend decides what a case left without one means.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Collection, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vero.core.evaluation import AttemptResult
+from vero.core.evaluation import AttemptOutcome, AttemptResult
 
 __all__ = [
     "INFRASTRUCTURE_EXCEPTION_TYPES",
+    "KIT_EVENTS_FILE",
     "JobCollation",
     "TrialOutcome",
+    "classify_trial",
     "collate_job",
     "merge_outcomes",
+    "read_kit_flags",
     "read_trial",
 ]
 
@@ -56,16 +71,26 @@ INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset({
     "RuntimeRequestError",
     "AddTestsDirError",
     "DownloadVerifierDirError",
-    # The trial was cancelled: only happens when the nested run itself is stopped.
-    "CancelledError",
     # vero's candidate boundary could not start a host for a `kind: agent` candidate, before any
     # candidate code ran (`vero.harbor.boundary.agent`).
     "CandidateHostUnavailableError",
+    # vero's install agent: the case container cannot host the candidate sandbox (before any
+    # candidate code ran).
+    "CaseKitSetupError",
 })
-"""Exception types that mark a reward-less trial as an infrastructure failure, never a score.
+"""Exception types that make a trial an infrastructure failure, never a score.
 
 `AgentSetupTimeoutError` is deliberately absent: a `kind: agent` candidate's own `setup()` runs in
-that phase, so its timeout is the candidate's failure (a dead attempt)."""
+that phase, so its timeout is the candidate's failure (a dead attempt). `CancelledError` is absent
+too: a trial is cancelled only when the nested run is killed at its wall clock, and a trial whose
+candidate had started by then is the candidate's (`timed_out`)."""
+
+SANDBOX_EXCEPTION_TYPE = "CandidateSandboxError"
+
+KIT_EVENTS_FILE = "vero-kit.jsonl"
+"""What the case kit noticed, one JSON object per line (`casekit/vero-kit.c`), in `verifier/`."""
+
+_KIT_EVENTS_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,16 +100,24 @@ class TrialOutcome:
     Attributes:
         case: the case (task dir name) the trial ran.
         trial_name: Harbor's trial name (its dir name in the job dir).
-        reward: the value under the reward key; None for a dead or infrastructure attempt.
+        outcome: how vero scores it (`classify_trial`).
+        reward: the value under the reward key when `outcome` is scored, else None.
         exception_type: the first recorded exception's type (trial level, then steps), if any.
-        infrastructure: the trial failed for infrastructure reasons (never scored).
+        rejected_reward: the finite out-of-range value of a `reward_out_of_range` trial.
+        flags: what the case kit and the install agent noticed, sorted.
     """
 
     case: str
     trial_name: str
+    outcome: AttemptOutcome
     reward: float | None
     exception_type: str | None
-    infrastructure: bool = False
+    rejected_reward: float | None = None
+    flags: tuple[str, ...] = ()
+
+    @property
+    def infrastructure(self) -> bool:
+        return self.outcome is AttemptOutcome.INFRASTRUCTURE
 
 
 @dataclass(frozen=True)
@@ -109,32 +142,89 @@ def _case_of(result) -> str:
     return Path(path).name if path is not None else result.task_name
 
 
-def _reward(result, reward_key: str) -> float | None:
+def _raw_reward(result, reward_key: str) -> float | None:
+    """The number under `reward_key` of a valid verifier result, else None (booleans are no numbers)."""
     if not result.reward_valid or result.verifier_result is None:
         return None
     value = (result.verifier_result.rewards or {}).get(reward_key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    return float(value)
 
 
-def _is_infrastructure(result) -> bool:
-    exceptions = result.recorded_exceptions()
-    if any(e.exception_type in INFRASTRUCTURE_EXCEPTION_TYPES for e in exceptions):
-        return True
-    # The candidate had no chance to act: the environment was being brought up (build, up, wait,
-    # healthcheck, skills upload) and the agent's setup never started.
+def _before_candidate(result) -> bool:
+    """An exception while the environment came up, before the agent's setup began."""
     return (result.exception_info is not None and result.environment_setup is not None
             and result.agent_setup is None)
 
 
-def read_trial(trial_dir: Path, reward_key: str) -> TrialOutcome | None:
+def classify_trial(result, reward_key: str, reward_range: tuple[float, float] | None = None
+                   ) -> tuple[AttemptOutcome, float | None, float | None]:
+    """How vero scores one Harbor `TrialResult` (see the module docstring for the rules and order).
+
+    Returns:
+        `(outcome, reward, rejected_reward)`: `reward` is set only for `scored`;
+        `rejected_reward` only for `reward_out_of_range`.
+    """
+    types = {e.exception_type for e in result.recorded_exceptions()}
+    if types & INFRASTRUCTURE_EXCEPTION_TYPES:
+        return AttemptOutcome.INFRASTRUCTURE, None, None
+    if SANDBOX_EXCEPTION_TYPE in types:
+        return AttemptOutcome.SANDBOX_ERROR, None, None
+    value = _raw_reward(result, reward_key)
+    if value is not None:
+        if not math.isfinite(value):
+            return AttemptOutcome.REWARD_NOT_FINITE, None, None
+        if reward_range is not None and not reward_range[0] <= value <= reward_range[1]:
+            return AttemptOutcome.REWARD_OUT_OF_RANGE, None, value
+        return AttemptOutcome.SCORED, value, None
+    if _before_candidate(result):
+        return AttemptOutcome.INFRASTRUCTURE, None, None
+    if "CancelledError" in types:
+        return AttemptOutcome.TIMED_OUT, None, None
+    return AttemptOutcome.DEAD, None, None
+
+
+def read_kit_flags(trial_dir: Path, agent_metadata: dict | None = None) -> tuple[str, ...]:
+    """The case kit's events of one trial as sorted flag names (`name` or `name:detail` for limits).
+
+    Read from `<trial_dir>/verifier/vero-kit.jsonl` (at most 1 MiB; bad lines skipped), plus
+    `install_leftover_processes_killed` when the install agent had to kill candidate processes.
+    """
+    flags: set[str] = set()
+    if (agent_metadata or {}).get("vero_install_leftover_processes"):
+        flags.add("install_leftover_processes_killed")
+    path = trial_dir / "verifier" / KIT_EVENTS_FILE
+    try:
+        if path.is_symlink() or not path.is_file():
+            return tuple(sorted(flags))
+        with path.open("rb") as handle:
+            data = handle.read(_KIT_EVENTS_MAX_BYTES)
+    except OSError:
+        return tuple(sorted(flags))
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        name = record.get("event") if isinstance(record, dict) else None
+        if not isinstance(name, str) or not name.replace("_", "").isalnum() or len(name) > 64:
+            continue
+        detail = record.get("detail")
+        if name == "limit_exceeded" and isinstance(detail, str) and detail.isalnum() and len(detail) <= 16:
+            name = f"{name}:{detail}"
+        flags.add(name)
+    return tuple(sorted(flags))
+
+
+def read_trial(trial_dir: Path, reward_key: str,
+               reward_range: tuple[float, float] | None = None) -> TrialOutcome | None:
     """The outcome of one trial dir, or None when it has no readable `result.json`.
 
     Args:
         trial_dir: `<job_dir>/<trial_name>`.
         reward_key: key read from `verifier_result.rewards`.
+        reward_range: `scoring.reward_range`, if any.
     """
     from harbor.models.trial.result import TrialResult
     from pydantic import ValidationError
@@ -147,14 +237,17 @@ def read_trial(trial_dir: Path, reward_key: str) -> TrialOutcome | None:
     except (OSError, ValidationError) as exc:
         logger.warning("unreadable trial result %s: %s", path, type(exc).__name__)
         return None
-    reward = _reward(result, reward_key)
+    outcome, reward, rejected = classify_trial(result, reward_key, reward_range)
     exceptions = result.recorded_exceptions()
+    metadata = result.agent_result.metadata if result.agent_result is not None else None
     return TrialOutcome(
         case=_case_of(result),
         trial_name=result.trial_name,
+        outcome=outcome,
         reward=reward,
         exception_type=exceptions[0].exception_type if exceptions else None,
-        infrastructure=reward is None and _is_infrastructure(result),
+        rejected_reward=rejected,
+        flags=read_kit_flags(trial_dir, metadata),
     )
 
 
@@ -172,7 +265,7 @@ def _job_finished(job_dir: Path) -> bool:
     return job.finished_at is not None
 
 
-def collate_job(job_dir: Path, reward_key: str) -> JobCollation:
+def collate_job(job_dir: Path, reward_key: str, reward_range: tuple[float, float] | None = None) -> JobCollation:
     """Read every trial of a job dir (a missing job dir reads as an empty, unfinished job)."""
     trials: list[TrialOutcome] = []
     unfinished = 0
@@ -180,7 +273,7 @@ def collate_job(job_dir: Path, reward_key: str) -> JobCollation:
         for child in sorted(job_dir.iterdir()):
             if not child.is_dir():
                 continue
-            outcome = read_trial(child, reward_key)
+            outcome = read_trial(child, reward_key, reward_range)
             if outcome is None:
                 unfinished += 1
             else:
@@ -191,7 +284,7 @@ def collate_job(job_dir: Path, reward_key: str) -> JobCollation:
 
 def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: Iterable[TrialOutcome],
                    cases: Collection[str]) -> int:
-    """Append the scored and dead outcomes of `cases` to `attempts` (case -> attempts, in trial order).
+    """Append the charged outcomes of `cases` to `attempts` (case -> attempts, in trial order).
 
     Infrastructure outcomes are dropped (they are no measurement); outcomes of other cases are
     ignored. Returns how many infrastructure outcomes were dropped.
@@ -204,5 +297,6 @@ def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: I
             dropped += 1
             continue
         attempts.setdefault(trial.case, []).append(AttemptResult(
-            trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type))
+            trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type,
+            outcome=trial.outcome, rejected_reward=trial.rejected_reward, flags=list(trial.flags)))
     return dropped

@@ -23,11 +23,16 @@ the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
    `harbor.infra_retries` retries; the wait is `HarborBackend(infra_wait=...)`). Still unmeasured
    afterwards: `InfrastructureFailure`, never a zero score (the caller refunds).
 
-Timeouts and cancellation: each round is limited to `harbor.evaluation_timeout_sec`; past it the
-process group is killed, the Docker resources of the job's trials are removed, and the finished
-trials are read. If they measure every case the result stands; otherwise `InfrastructureFailure`
-without a retry (a round that hit the wall-clock limit would likely hit it again, and retrying would
-multiply the caller's wait). Cancellation kills the group, removes the leftovers, and propagates.
+Timeouts are the candidate's. Each round is limited to `harbor.evaluation_timeout_sec` (the compiler
+checks that it fits the cases' own timeouts, `vero.compiler.time_fit`); past it the process group is
+killed (Harbor cancels its trials: a trial cancelled after its candidate started reads as
+`timed_out`), the Docker resources of the job's trials are removed, and the finished trials are
+read. Then every attempt of the round that did not finish (no result, never started, killed) is a
+`timed_out` dead attempt at the failure value, and the result stands: charged, like any other
+measurement. Only a case whose trials this round were all shown to be infrastructure makes the
+evaluation an `InfrastructureFailure` (no retry: the wall clock is spent). So a candidate that hangs
+gets a complete, charged result; the caller cannot tell "hung" from "slow" by a refund.
+Cancellation kills the group, removes the leftovers, and propagates.
 
 Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret values scrubbed,
 go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
@@ -62,7 +67,7 @@ from pathlib import Path
 
 import tenacity
 
-from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.core.storage import atomic_write_bytes
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
@@ -86,13 +91,17 @@ from vero.harbor.process import (
 )
 from vero.harbor.results import JobCollation, collate_job, merge_outcomes
 
-__all__ = ["HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
+__all__ = ["EVALUATION_TIMEOUT_EXCEPTION", "HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
 
 logger = logging.getLogger("vero.harbor")
 
 PREFLIGHT_TIMEOUT_EXCEPTION = "AgentImportTimeoutError"
 """Exception type recorded on dead attempts when the candidate's agent class took longer than the
 pre-flight limit to import and construct."""
+
+EVALUATION_TIMEOUT_EXCEPTION = "EvaluationTimeoutError"
+"""Exception type recorded on the `timed_out` attempts vero adds for trials that never finished
+before `harbor.evaluation_timeout_sec` ran out."""
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SCRUB_MAX_BYTES = 16 * 1024 * 1024
@@ -132,6 +141,8 @@ class HarborBackend:
         preflight_timeout_sec: limit of the `kind: agent` pre-flight (import and construction).
         tail_bytes: how much of Harbor's output is kept for the trusted log.
         base_env: environment the allow-listed variables are inherited from (default `os.environ`).
+        case_kit: the static case kit uploaded into program cases; default found or built on the
+            first program evaluation (`vero.harbor.casekit.kit_binary`). Must be readable by `run_as`.
     """
 
     def __init__(
@@ -144,6 +155,7 @@ class HarborBackend:
         preflight_timeout_sec: float = 120.0,
         tail_bytes: int = 4096,
         base_env: Mapping[str, str] | None = None,
+        case_kit: Path | None = None,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -153,6 +165,7 @@ class HarborBackend:
         self.preflight_timeout_sec = preflight_timeout_sec
         self.tail_bytes = tail_bytes
         self._base_env = base_env
+        self._case_kit = case_kit
 
     @property
     def harbor_executable(self) -> Path:
@@ -164,6 +177,18 @@ class HarborBackend:
         if self._harbor_executable is None:
             self._harbor_executable = find_harbor_executable()
         return self._harbor_executable
+
+    async def case_kit(self) -> Path:
+        """The static case kit (`vero.harbor.casekit`), found or built once.
+
+        Raises:
+            InfrastructureFailure: no kit exists and none can be built.
+        """
+        if self._case_kit is None:
+            from vero.harbor.casekit import kit_binary
+
+            self._case_kit = await asyncio.to_thread(kit_binary)
+        return self._case_kit
 
     @property
     def python_executable(self) -> Path:
@@ -184,10 +209,11 @@ class HarborBackend:
 
         Raises:
             InfrastructureFailure: some case got no measurement for infrastructure reasons even after
-                `harbor.infra_retries` retries with back-off, the round hit
-                `harbor.evaluation_timeout_sec` before every case was measured, the candidate
+                `harbor.infra_retries` retries with back-off (or, in a round cut by
+                `harbor.evaluation_timeout_sec`, its only trials were infrastructure), the candidate
                 checkout is missing, a selected case is not a valid Harbor task dir, `run_as` cannot
-                use the run's paths, or Harbor cannot be started (the caller refunds).
+                use the run's paths, the case kit is unavailable, or Harbor cannot be started (the
+                caller refunds).
             ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
         if run.runtime.kind != "agent":
@@ -213,12 +239,13 @@ class HarborBackend:
         plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
+        kit = await self.case_kit() if run.runtime.kind == "program" else None
         await asyncio.to_thread(run.jobs_dir.mkdir, parents=True, exist_ok=True)
         if os.geteuid() == 0 or run.jobs_dir.stat().st_uid == os.geteuid():
             # Harbor's job dirs (trial results, case outputs) are the runner's alone: candidate hosts
             # of `kind: agent` targets run as other uids and must not even read them.
             await asyncio.to_thread(os.chmod, run.jobs_dir, 0o700)
-        await self._check_access(run, env)
+        await self._check_access(run, env, kit)
 
         def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
                    retries: int) -> EvaluationResult:
@@ -233,7 +260,8 @@ class HarborBackend:
             if failure_type is not None:
                 logger.info("evaluation %s: candidate agent failed its import pre-flight (%s)",
                             run.evaluation_id, failure_type)
-                dead = {name: [AttemptResult(trial_name=f"{name}__preflight-{i}", exception_type=failure_type)
+                dead = {name: [AttemptResult(trial_name=f"{name}__preflight-{i}", exception_type=failure_type,
+                                             outcome=AttemptOutcome.DEAD)
                                for i in range(run.harbor.n_attempts)] for name in case_names}
                 return result(dead, None, 0)
 
@@ -247,16 +275,20 @@ class HarborBackend:
             job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
             rounds += 1
             collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
-                                                         reward_key, launcher)
+                                                         reward_key, launcher, kit)
+            before = {name: len(attempts[name]) for name in pending}
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
+            n_timed_out = 0
+            if timed_out:
+                n_timed_out = _charge_unfinished(attempts, collation, pending, before, run.harbor.n_attempts)
             pending = [name for name in pending if not attempts[name]]
             logger.info("evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
-                        "%d case(s) unmeasured", run.evaluation_id, job_name, len(collation.trials), n_infra,
-                        collation.n_unfinished, len(pending))
+                        "%d attempt(s) timed out, %d case(s) unmeasured", run.evaluation_id, job_name,
+                        len(collation.trials), n_infra, collation.n_unfinished, n_timed_out, len(pending))
             if pending and timed_out:
                 raise InfrastructureFailure(
-                    f"nested evaluation timed out after {run.harbor.evaluation_timeout_sec:g} s with "
-                    f"{len(pending)} of {len(case_names)} case(s) unmeasured")
+                    f"nested evaluation hit its wall clock ({run.harbor.evaluation_timeout_sec:g} s) with "
+                    f"{len(pending)} of {len(case_names)} case(s) measured by infrastructure failures only")
             if pending:
                 reason = ("no trial result" if not collation.trials
                           else "only infrastructure failures")
@@ -284,10 +316,12 @@ class HarborBackend:
 
     async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str],
                          plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
-                         reward_key: str, launcher: CandidateLauncher | None) -> tuple[JobCollation, bool]:
+                         reward_key: str, launcher: CandidateLauncher | None,
+                         kit: Path | None) -> tuple[JobCollation, bool]:
         command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
                                 harbor_executable=self.harbor_executable, base_env=self._base_env,
-                                launcher_socket=launcher.socket_path if launcher is not None else None)
+                                launcher_socket=launcher.socket_path if launcher is not None else None,
+                                kit_path=kit)
         await asyncio.to_thread(self._prepare_job_dir, command)
         try:
             outcome = await run_process_group(
@@ -305,7 +339,7 @@ class HarborBackend:
         await asyncio.to_thread(self._write_trusted_log, command.cwd / f"{job_name}.harbor.log", outcome)
         if secrets:
             await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
-        collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key)
+        collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key, run.scoring.reward_range)
         if outcome.timed_out or not collation.job_finished:
             # Harbor tears its environments down itself when it finishes; after a kill or a crash
             # the job's Compose projects may still be up.
@@ -344,7 +378,7 @@ class HarborBackend:
             logger.info("evaluation %s: removed %d docker object(s) left by %s", run.evaluation_id,
                         removed, job_dir.name)
 
-    async def _check_access(self, run: NestedRun, env: Mapping[str, str]) -> None:
+    async def _check_access(self, run: NestedRun, env: Mapping[str, str], kit: Path | None) -> None:
         """Fail as infrastructure, not as the candidate, when `run_as` cannot use the run's paths.
 
         Without this, an unreadable checkout would look like the candidate's own import or upload
@@ -352,25 +386,27 @@ class HarborBackend:
         the run's).
 
         Raises:
-            InfrastructureFailure: `run_as` cannot read the candidate checkout or the cases, or
-                cannot write the jobs dir or its home.
+            InfrastructureFailure: `run_as` cannot read the candidate checkout, the cases or the
+                case kit, or cannot write the jobs dir or its home.
         """
         if run.run_as is None or os.geteuid() != 0:
             return
         cand, cases, jobs, home = (str(p.absolute()) for p in (run.candidate_dir, run.cases_dir, run.jobs_dir,
                                                                 run.run_as.home))
         script = ('test -r "$1" -a -x "$1" -a -r "$2" -a -x "$2" -a -w "$3" -a -x "$3" '
-                  '-a -w "$4" -a -x "$4"')
+                  '-a -w "$4" -a -x "$4" -a -r "$5"')
+        kit_arg = str(kit.absolute()) if kit is not None else "/dev/null"
         try:
-            outcome = await run_process_group(["/bin/sh", "-c", script, "vero-access", cand, cases, jobs, home],
+            outcome = await run_process_group(["/bin/sh", "-c", script, "vero-access", cand, cases, jobs, home,
+                                               kit_arg],
                                               env=env, cwd=Path("/"), run_as=run.run_as, timeout_sec=30,
                                               kill_grace_sec=1.0)
         except OSError as exc:
             raise InfrastructureFailure(f"cannot start a process as the nested run's user "
                                         f"({type(exc).__name__})") from None
         if outcome.returncode != 0:
-            raise InfrastructureFailure("the nested run's user cannot read the candidate checkout or the "
-                                        "cases, or cannot write the jobs dir or its home")
+            raise InfrastructureFailure("the nested run's user cannot read the candidate checkout, the "
+                                        "cases or the case kit, or cannot write the jobs dir or its home")
 
     async def _preflight(self, run: NestedRun, launcher: CandidateLauncher) -> str | None:
         """Import and construct the candidate agent in a candidate host; the failure's type, or None.
@@ -383,6 +419,31 @@ class HarborBackend:
             return await asyncio.wait_for(preflight_in_host(launcher, run), self.preflight_timeout_sec)
         except TimeoutError:
             return PREFLIGHT_TIMEOUT_EXCEPTION
+
+
+def _charge_unfinished(attempts: dict[str, list[AttemptResult]], collation: JobCollation,
+                       cases: Sequence[str], before: Mapping[str, int], n_attempts: int) -> int:
+    """After a round cut by the wall clock: every attempt of `cases` that did not finish this round
+    becomes a `timed_out` dead attempt. Returns how many were added.
+
+    A case expects `n_attempts` trials per round; those that finished (kept in `attempts` since
+    `before`) or were shown to be infrastructure count, the rest (killed without a result, or never
+    started) did not finish.
+    """
+    infra: dict[str, int] = {}
+    for trial in collation.trials:
+        if trial.infrastructure:
+            infra[trial.case] = infra.get(trial.case, 0) + 1
+    added = 0
+    for name in cases:
+        finished = len(attempts[name]) - before[name]
+        missing = n_attempts - finished - infra.get(name, 0)
+        for index in range(max(missing, 0)):
+            attempts[name].append(AttemptResult(trial_name=f"{name}__unfinished-{index + 1}",
+                                                outcome=AttemptOutcome.TIMED_OUT,
+                                                exception_type=EVALUATION_TIMEOUT_EXCEPTION))
+            added += 1
+    return added
 
 
 def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:

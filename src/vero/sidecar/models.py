@@ -109,6 +109,9 @@ class EvaluationRequest(_Wire):
 class AttemptView(_Wire):
     reward: float | None = Field(description="None for a dead attempt (no valid reward).")
     exception_type: str | None = None
+    outcome: str | None = Field(default=None, description=(
+        "How the attempt was scored: scored, dead, timed_out, reward_out_of_range, reward_not_finite, "
+        "sandbox_error (every one but scored counts as the failure value)."))
 
 
 class CaseView(_Wire):

@@ -417,7 +417,7 @@ class SidecarService:
             **counts,
             cases=[
                 CaseView(case=case.case, score=case.score,
-                         attempts=[AttemptView(reward=a.reward, exception_type=a.exception_type)
+                         attempts=[AttemptView(reward=a.reward, exception_type=a.exception_type, outcome=a.kind.value)
                                    for a in case.attempts])
                 for case in result.cases
             ],

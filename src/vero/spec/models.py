@@ -8,6 +8,7 @@ DESIGN §4 gives the meaning of each field.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -122,6 +123,25 @@ class ScoringSpec(_Model):
     direction: Direction = "maximize"
     failure_value: float | None = None
     """Score of a dead attempt (no valid reward). Default 0.0 when maximizing; required when minimizing."""
+    reward_range: tuple[float, float] | None = None
+    """`[lo, hi]` (inclusive): a reward outside it is an invalid attempt, scored at the failure value
+    and flagged `reward_out_of_range`. A guard for cases whose tests do not use the case kit (whose
+    rewards candidate code could forge). Non-finite rewards are always invalid."""
+
+    @field_validator("reward_range")
+    @classmethod
+    def _finite_ordered(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None:
+            lo, hi = value
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError("expected two finite numbers [lo, hi]")
+            if lo > hi:
+                raise ValueError(f"expected lo <= hi, got [{lo:g}, {hi:g}]")
+        return value
+
+    def in_range(self, reward: float) -> bool:
+        """Whether a finite `reward` is allowed by `reward_range` (always, without one)."""
+        return self.reward_range is None or self.reward_range[0] <= reward <= self.reward_range[1]
 
     def effective_failure_value(self) -> float:
         """The per-case failure value; validation guarantees it is set when minimizing."""
@@ -216,7 +236,9 @@ class HarborSpec(_Model):
     case_timeout_sec: float | None = Field(default=None, gt=0)
     """Agent time per case trial; the timeout multiplier is derived from the cases' declared agent timeout."""
     evaluation_timeout_sec: float = Field(default=3600.0, gt=0)
-    """Wall-clock limit of one nested run; past it the run is killed and counted as an infrastructure failure."""
+    """Wall-clock limit of one nested run. Past it the run is killed; every case the candidate left
+    unfinished is a dead attempt (`timed_out`, charged). The compiler refuses a value that cannot fit
+    the largest evaluation (`vero.compiler.time_fit`)."""
     drain_timeout_sec: float = Field(default=600.0, ge=0)
     """How long sealing waits for in-flight evaluations before cancelling and refunding them."""
     infra_retries: int = Field(default=2, ge=0)

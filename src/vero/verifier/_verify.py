@@ -159,7 +159,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     write_reward_file(reward_path, rewards)
 
     errors: list[str] = []
-    warnings: list[str] = []
+    warnings: list[str] = [f"build: {w}" for w in config.build_warnings]
     refusal = None
     if run_as is None and os.geteuid() == 0:
         if allow_root_runs:
@@ -242,10 +242,11 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
                     reward=reward_values(config, {partition: measurement.score})[config.reward_keys[partition]],
                     measured=measurement.measured, score=measurement.score,
                     evaluation_id=measurement.evaluation_id, n_cases=measurement.n_cases,
-                    n_dead=measurement.n_dead, error=measurement.error,
+                    n_dead=measurement.n_dead, flags=measurement.flags, error=measurement.error,
                 ))
                 if measurement.error:
                     errors.append(f"target {partition}: {measurement.error}")
+                warnings.extend(_flag_warnings(config, partition, measurement.flags))
             rewards = reward_values(config, scores)
     except Exception as exc:  # noqa: BLE001 - the reward keeps its failure values; the operator is told
         logger.exception("verification failed")
@@ -286,6 +287,22 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
+
+
+_FLAG_TEXT = {
+    "reward_out_of_range": "reported a reward outside scoring.reward_range {range} (invalid: scored at the "
+                           "failure value; candidate code may have forged it)",
+    "reward_not_finite": "reported a non-finite reward (invalid: scored at the failure value)",
+    "timed_out": "were unfinished when harbor.evaluation_timeout_sec ran out (scored at the failure value)",
+    "sandbox_error": "could not have the candidate sandbox closed after the install (scored at the failure value)",
+}
+
+
+def _flag_warnings(config: VerifierConfig, partition: str, flags: Mapping[str, int]) -> list[str]:
+    """One warning per notable outcome of a target's attempts (see `vero.core.evaluation.AttemptOutcome`)."""
+    reward_range = list(config.scoring.reward_range) if config.scoring.reward_range is not None else None
+    return [f"target {partition}: {count} attempt(s) " + _FLAG_TEXT[flag].format(range=reward_range)
+            for flag, count in sorted(flags.items()) if flag in _FLAG_TEXT]
 
 
 def _user_label(uid: int) -> str:

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
@@ -76,6 +76,9 @@ class TargetOutcome(_Model):
     evaluation_id: str | None = None
     n_cases: int = 0
     n_dead: int = 0
+    flags: dict[str, int] = Field(default_factory=dict)
+    """Attempts per notable outcome and case-kit flag of the target's measurement (e.g.
+    `reward_out_of_range`, `timed_out`, `leftover_processes_killed`)."""
     error: str | None = None
 
 

@@ -187,7 +187,7 @@ class Scorer:
         n_missing = sum(1 for name in case_names if name not in by_case)
         return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
                            purpose=purpose, score=score, n_cases=len(case_names),
-                           n_dead=n_dead + n_missing, job_dir=result.job_dir)
+                           n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir)
 
     def discard_checkouts(self) -> None:
         """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""

@@ -36,7 +36,7 @@ from datetime import datetime
 from statistics import fmean
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.jobs import EvaluationJob
 from vero.spec.models import Direction
@@ -77,6 +77,9 @@ class Measurement(_Model):
     """Attempts without a valid reward (scored as the failure value inside `score`)."""
     error: str | None = None
     """Why `score` is None (e.g. `InfrastructureFailure: ...`)."""
+    flags: dict[str, int] = Field(default_factory=dict)
+    """Attempts per notable outcome and case-kit flag (`EvaluationResult.flag_counts`), e.g.
+    `{"reward_out_of_range": 1}`."""
     job_dir: str | None = None
     """The nested Harbor job directory, for operators."""
 

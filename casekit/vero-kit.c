@@ -1,0 +1,1184 @@
+/* vero-kit: the case kit vero installs in every case container of a `kind: program` target.
+ *
+ * A case's tests call it to run candidate code as an unprivileged candidate user and to write the
+ * reward after that code is gone. It is one static binary (built with `gcc -static`), so it needs
+ * nothing from the case image: no shell tools, no Python, no setpriv/sudo/su, no passwd utilities,
+ * no particular libc. Only the Linux kernel ABI and /proc.
+ *
+ *   vero-kit run [LIMITS] [--cwd DIR] [--env NAME[=VALUE]]... -- COMMAND [ARG]...
+ *   vero-kit reward VALUE | KEY=VALUE...
+ *   vero-kit no-reward
+ *   vero-kit give PATH...
+ *   vero-kit kill
+ *   vero-kit setup [--own PATH]          (vero's install agent)
+ *   vero-kit end-install PATH            (vero's install agent)
+ *   vero-kit version
+ *
+ * Every subcommand but `version` must run as root (Harbor runs a case's tests as root unless the
+ * case sets [verifier].user). The candidate user is `vero-candidate`, created by `setup` with a uid
+ * drawn at random from [CANDIDATE_UID_MIN, CANDIDATE_UID_MAX) so that concurrent trials on one host
+ * never share a uid (RLIMIT_NPROC counts a uid's processes host-wide).
+ *
+ * `run` and `reward` first kill every process of the candidate user and lock the verifier's paths:
+ * /tests and /logs/verifier become root-owned 0700 (unreadable, unwritable to the candidate),
+ * /logs, /logs/agent and /logs/artifacts lose group/other write. `run` then starts COMMAND in a new
+ * session as the candidate user (no supplementary groups, PR_SET_NO_NEW_PRIVS so no setuid program
+ * can raise it again, every descriptor above 2 closed, a minimal environment, the limits given),
+ * waits for it (killing it at --timeout), kills every process of the candidate user that is left
+ * and removes what the candidate left in /tmp, /var/tmp, /dev/shm and SysV IPC, so that no state
+ * carries from one run to the next. `reward` removes /logs/verifier/reward.json and reward.txt
+ * (whoever wrote them) and writes reward.json atomically (temp file, fsync, rename over the path,
+ * which replaces a planted link instead of following it).
+ *
+ * What the kit noticed (leftover processes, a reward file it did not write, a run that hit its
+ * timeout or a limit) is appended as JSON lines to /logs/verifier/vero-kit.jsonl, which vero reads
+ * from the trial and reports as flags, and printed to stderr for the case's test log.
+ *
+ * Exit status of `run`: COMMAND's status; 128+N when it was killed by signal N; 124 when it hit
+ * --timeout; 126 when it could not be executed, 127 when it was not found; 125 for a kit error
+ * (bad usage, not root, no candidate user). Other subcommands: 0 on success, 125 on error.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KIT_VERSION "1"
+#define CANDIDATE_USER "vero-candidate"
+#define CANDIDATE_HOME "/home/vero-candidate"
+#define CANDIDATE_UID_MIN 20000u
+#define CANDIDATE_UID_MAX 60000u
+#define PASSWD_FILE "/etc/passwd"
+#define GROUP_FILE "/etc/group"
+#define TESTS_DIR "/tests"
+#define LOGS_DIR "/logs"
+#define VERIFIER_DIR "/logs/verifier"
+#define AGENT_LOGS_DIR "/logs/agent"
+#define ARTIFACTS_DIR "/logs/artifacts"
+#define EVENTS_FILE "/logs/verifier/vero-kit.jsonl"
+#define REWARD_JSON "/logs/verifier/reward.json"
+#define REWARD_TXT "/logs/verifier/reward.txt"
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define KILL_ROUNDS 400 /* about 20 s of retries before giving up on a process that survives */
+#define MAX_ENV 256
+#define MAX_REWARDS 64
+
+#define EXIT_KIT_ERROR 125
+#define EXIT_TIMEOUT 124
+#define EXIT_CANNOT_EXEC 126
+#define EXIT_NOT_FOUND 127
+
+static const char *const TEMP_DIRS[] = {"/tmp", "/var/tmp", "/dev/shm", NULL};
+
+struct candidate {
+    uid_t uid;
+    gid_t gid;
+};
+
+static void say(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    fputs("vero-kit: ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
+    va_end(args);
+}
+
+static _Noreturn void die(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    fputs("vero-kit: error: ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
+    va_end(args);
+    exit(EXIT_KIT_ERROR);
+}
+
+static void need_root(const char *command) {
+    if (geteuid() != 0) {
+        die("`vero-kit %s` must run as root (the case's [verifier].user); it runs candidate code as the "
+            "unprivileged candidate user itself",
+            command);
+    }
+}
+
+/* ---- events ---------------------------------------------------------------------------------- */
+
+/* Appends one JSON line to EVENTS_FILE (when /logs/verifier exists) and says it on stderr. `detail`
+ * must be JSON-safe (the callers pass names and numbers only). */
+static void event(const char *name, const char *when, long count, const char *detail) {
+    say("%s (%s)%s%s", name, when, detail ? ": " : "", detail ? detail : "");
+    struct stat st;
+    if (lstat(VERIFIER_DIR, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return;
+    }
+    int fd = open(EVENTS_FILE, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return;
+    }
+    char line[512];
+    int n = snprintf(line, sizeof line, "{\"event\": \"%s\", \"when\": \"%s\", \"count\": %ld%s%s%s}\n", name, when,
+                     count, detail ? ", \"detail\": \"" : "", detail ? detail : "", detail ? "\"" : "");
+    if (n > 0 && (size_t)n < sizeof line) {
+        ssize_t ignored = write(fd, line, (size_t)n);
+        (void)ignored;
+    }
+    close(fd);
+}
+
+/* ---- the candidate user ---------------------------------------------------------------------- */
+
+/* Field `index` (0-based) of a colon-separated line, copied into `out`. */
+static int field(const char *line, int index, char *out, size_t size) {
+    const char *start = line;
+    for (int i = 0; i < index; i++) {
+        start = strchr(start, ':');
+        if (start == NULL) {
+            return -1;
+        }
+        start++;
+    }
+    size_t len = strcspn(start, ":\n");
+    if (len >= size) {
+        return -1;
+    }
+    memcpy(out, start, len);
+    out[len] = '\0';
+    return 0;
+}
+
+static int parse_id(const char *text, unsigned long *out) {
+    if (*text == '\0') {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || value > UINT32_MAX) {
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+/* The candidate user's ids from /etc/passwd (parsed here: a static binary must not use NSS). */
+static int lookup_candidate(struct candidate *out) {
+    FILE *file = fopen(PASSWD_FILE, "re");
+    if (file == NULL) {
+        return -1;
+    }
+    char line[4096], name[256], uid[32], gid[32];
+    int found = -1;
+    while (fgets(line, sizeof line, file) != NULL) {
+        unsigned long u, g;
+        if (field(line, 0, name, sizeof name) == 0 && strcmp(name, CANDIDATE_USER) == 0 &&
+            field(line, 2, uid, sizeof uid) == 0 && field(line, 3, gid, sizeof gid) == 0 && parse_id(uid, &u) == 0 &&
+            parse_id(gid, &g) == 0 && u != 0 && g != 0) {
+            out->uid = (uid_t)u;
+            out->gid = (gid_t)g;
+            found = 0;
+            break;
+        }
+    }
+    fclose(file);
+    return found;
+}
+
+static struct candidate need_candidate(void) {
+    struct candidate candidate;
+    if (lookup_candidate(&candidate) != 0) {
+        die("no candidate user %s in %s: this case container was not prepared by vero's install agent",
+            CANDIDATE_USER, PASSWD_FILE);
+    }
+    return candidate;
+}
+
+/* Whether `id` appears in field `index` of any line of `path` (a missing file has no ids). */
+static int id_taken(const char *path, int index, unsigned long id) {
+    FILE *file = fopen(path, "re");
+    if (file == NULL) {
+        return 0;
+    }
+    char line[4096], value[32];
+    int taken = 0;
+    while (!taken && fgets(line, sizeof line, file) != NULL) {
+        unsigned long parsed;
+        if (field(line, index, value, sizeof value) == 0 && parse_id(value, &parsed) == 0 && parsed == id) {
+            taken = 1;
+        }
+    }
+    fclose(file);
+    return taken;
+}
+
+static uint32_t random_u32(void) {
+    uint32_t value = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, &value, sizeof value);
+        close(fd);
+        if (n == (ssize_t)sizeof value) {
+            return value;
+        }
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (uint32_t)now.tv_nsec ^ (uint32_t)getpid() << 16;
+}
+
+/* Appends `line` to `path` (creating it with `header` first), adding a newline to an unterminated file. */
+static void append_line(const char *path, const char *header, const char *line) {
+    int fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        die("cannot open %s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        die("cannot stat %s: %s", path, strerror(errno));
+    }
+    char last = '\n';
+    if (st.st_size > 0 && pread(fd, &last, 1, st.st_size - 1) != 1) {
+        die("cannot read %s: %s", path, strerror(errno));
+    }
+    if (st.st_size == 0 && header != NULL && write(fd, header, strlen(header)) < 0) {
+        die("cannot write %s: %s", path, strerror(errno));
+    }
+    if (last != '\n' && write(fd, "\n", 1) != 1) {
+        die("cannot write %s: %s", path, strerror(errno));
+    }
+    size_t len = strlen(line);
+    if (write(fd, line, len) != (ssize_t)len || fsync(fd) != 0) {
+        die("cannot write %s: %s", path, strerror(errno));
+    }
+    close(fd);
+}
+
+/* ---- processes ------------------------------------------------------------------------------- */
+
+/* Live (non-zombie) processes whose real, effective or saved uid is `uid`, from /proc. */
+static long count_processes(uid_t uid) {
+    DIR *proc = opendir("/proc");
+    if (proc == NULL) {
+        die("cannot read /proc: %s", strerror(errno));
+    }
+    long count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(proc)) != NULL) {
+        if (entry->d_name[0] < '1' || entry->d_name[0] > '9') {
+            continue;
+        }
+        char path[300], line[256];
+        snprintf(path, sizeof path, "/proc/%s/status", entry->d_name);
+        FILE *status = fopen(path, "re");
+        if (status == NULL) {
+            continue; /* exited meanwhile */
+        }
+        int zombie = 0, mine = 0;
+        while (fgets(line, sizeof line, status) != NULL) {
+            if (strncmp(line, "State:", 6) == 0) {
+                zombie = strchr(line, 'Z') != NULL || strchr(line, 'X') != NULL;
+            } else if (strncmp(line, "Uid:", 4) == 0) {
+                unsigned long real, effective, saved;
+                if (sscanf(line + 4, "%lu %lu %lu", &real, &effective, &saved) == 3) {
+                    mine = real == uid || effective == uid || saved == uid;
+                }
+                break;
+            }
+        }
+        fclose(status);
+        count += mine && !zombie;
+    }
+    closedir(proc);
+    return count;
+}
+
+/* A child that becomes the candidate user and sends SIGKILL to every process it may signal: kill(-1)
+ * reaches every process of its uid in this PID namespace (Linux kill(2)), and the task list is locked
+ * while it does, so a fork bomb cannot outrun it. */
+static void kill_as(const struct candidate *candidate) {
+    pid_t pid = fork();
+    if (pid < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(candidate->gid) != 0 || setuid(candidate->uid) != 0) {
+            _exit(1);
+        }
+        kill(-1, SIGKILL);
+        _exit(0);
+    }
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+/* Kills every process of the candidate user; returns how many were alive. Dies if some survive. */
+static long kill_candidate(const struct candidate *candidate) {
+    long found = count_processes(candidate->uid);
+    long alive = found;
+    for (int round = 0; alive > 0; round++) {
+        if (round == KILL_ROUNDS) {
+            die("%ld process(es) of %s survive SIGKILL", alive, CANDIDATE_USER);
+        }
+        kill_as(candidate);
+        struct timespec pause = {0, round < 20 ? 1000000L : 50000000L};
+        nanosleep(&pause, NULL);
+        alive = count_processes(candidate->uid);
+    }
+    return found;
+}
+
+/* ---- files ----------------------------------------------------------------------------------- */
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st;
+    (void)ftw;
+    if (type == FTW_DP) {
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+    return 0;
+}
+
+/* Removes `path` whatever it is (a directory with everything in it), never following a link. */
+static int remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        return errno == ENOENT ? 0 : -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        return unlink(path);
+    }
+    nftw(path, remove_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    return lstat(path, &st) == 0 ? -1 : 0;
+}
+
+/* Removes every entry inside directory `dir` (kept itself); with `owner` >= 0 only entries owned by it. */
+static long empty_dir(const char *dir, long owner) {
+    DIR *handle = opendir(dir);
+    if (handle == NULL) {
+        return 0;
+    }
+    long removed = 0;
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL) {
+        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) {
+            continue;
+        }
+        char path[PATH_MAX];
+        struct stat st;
+        if (snprintf(path, sizeof path, "%s/%s", dir, entry->d_name) >= (int)sizeof path || lstat(path, &st) != 0) {
+            continue;
+        }
+        if (owner >= 0 && st.st_uid != (uid_t)owner) {
+            continue;
+        }
+        removed += remove_tree(path) == 0;
+    }
+    closedir(handle);
+    return removed;
+}
+
+/* Makes the directory `path` root-owned with `mode`, when it exists and is a real directory. */
+static void lock_dir(const char *path, mode_t mode) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        return;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        die("%s is not a directory", path);
+    }
+    if (lchown(path, 0, 0) != 0 || chmod(path, mode) != 0) {
+        die("cannot lock %s: %s", path, strerror(errno));
+    }
+}
+
+/* Takes group/other write off the directory `path` (and hands it to root if the candidate owns it). */
+static void protect_dir(const char *path, const struct candidate *candidate) {
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return;
+    }
+    if (st.st_uid == candidate->uid && lchown(path, 0, 0) != 0) {
+        die("cannot protect %s: %s", path, strerror(errno));
+    }
+    if (chmod(path, (st.st_mode & 07777 & ~(mode_t)(S_IWGRP | S_IWOTH))) != 0) {
+        die("cannot protect %s: %s", path, strerror(errno));
+    }
+}
+
+/* The verifier's paths, out of the candidate's reach (see the file comment). */
+static void lock_verifier_paths(const struct candidate *candidate) {
+    protect_dir(LOGS_DIR, candidate);
+    lock_dir(TESTS_DIR, 0700);
+    lock_dir(VERIFIER_DIR, 0700);
+    protect_dir(AGENT_LOGS_DIR, candidate);
+    protect_dir(ARTIFACTS_DIR, candidate);
+}
+
+/* Removes SysV shared memory, semaphores and message queues the candidate created or owns. */
+static long remove_ipc(const struct candidate *candidate) {
+    static const struct {
+        const char *path;
+        int kind;
+    } tables[] = {{"/proc/sysvipc/shm", 0}, {"/proc/sysvipc/sem", 1}, {"/proc/sysvipc/msg", 2}};
+    long removed = 0;
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+        FILE *file = fopen(tables[t].path, "re");
+        if (file == NULL) {
+            continue;
+        }
+        char line[512];
+        if (fgets(line, sizeof line, file) == NULL) { /* header */
+            fclose(file);
+            continue;
+        }
+        /* The header names the columns: find `id` (shmid/semid/msqid), `uid` and `cuid`. */
+        int id_col = -1, uid_col = -1, cuid_col = -1, col = 0;
+        for (char *save, *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save), col++) {
+            if (strcmp(tok, "shmid") == 0 || strcmp(tok, "semid") == 0 || strcmp(tok, "msqid") == 0) {
+                id_col = col;
+            } else if (strcmp(tok, "uid") == 0) {
+                uid_col = col;
+            } else if (strcmp(tok, "cuid") == 0) {
+                cuid_col = col;
+            }
+        }
+        while (id_col >= 0 && uid_col >= 0 && fgets(line, sizeof line, file) != NULL) {
+            long id = -1;
+            unsigned long uid = ULONG_MAX, cuid = ULONG_MAX;
+            col = 0;
+            for (char *save, *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save), col++) {
+                if (col == id_col) {
+                    id = strtol(tok, NULL, 10);
+                } else if (col == uid_col) {
+                    uid = strtoul(tok, NULL, 10);
+                } else if (col == cuid_col) {
+                    cuid = strtoul(tok, NULL, 10);
+                }
+            }
+            if (id < 0 || (uid != candidate->uid && cuid != candidate->uid)) {
+                continue;
+            }
+            int done = tables[t].kind == 0   ? shmctl((int)id, IPC_RMID, NULL)
+                       : tables[t].kind == 1 ? semctl((int)id, 0, IPC_RMID)
+                                             : msgctl((int)id, IPC_RMID, NULL);
+            removed += done == 0;
+        }
+        fclose(file);
+    }
+    return removed;
+}
+
+/* What the candidate may have left for a later run: files it owns in the shared temp dirs, and IPC. */
+static long sweep_candidate_state(const struct candidate *candidate) {
+    long removed = remove_ipc(candidate);
+    for (int i = 0; TEMP_DIRS[i] != NULL; i++) {
+        removed += empty_dir(TEMP_DIRS[i], (long)candidate->uid);
+    }
+    return removed;
+}
+
+/* Kill, sweep and lock: the state every test step starts from. */
+static void settle(const struct candidate *candidate, const char *when) {
+    long killed = kill_candidate(candidate);
+    sweep_candidate_state(candidate);
+    lock_verifier_paths(candidate);
+    if (killed > 0) {
+        event("leftover_processes_killed", when, killed, NULL);
+    }
+}
+
+static const char *refused_prefixes[] = {"/proc", "/sys", "/dev", "/etc", TESTS_DIR, LOGS_DIR, NULL};
+
+static void check_tree_root(const char *path, const char *command) {
+    if (path[0] != '/') {
+        die("%s: expected an absolute path, got %s", command, path);
+    }
+    char resolved[PATH_MAX];
+    if (realpath(path, resolved) == NULL) {
+        die("%s: %s: %s", command, path, strerror(errno));
+    }
+    if (strcmp(resolved, "/") == 0) {
+        die("%s: refusing /", command);
+    }
+    for (int i = 0; refused_prefixes[i] != NULL; i++) {
+        size_t n = strlen(refused_prefixes[i]);
+        if (strncmp(resolved, refused_prefixes[i], n) == 0 && (resolved[n] == '\0' || resolved[n] == '/')) {
+            die("%s: refusing %s (under %s)", command, path, refused_prefixes[i]);
+        }
+    }
+}
+
+static struct candidate tree_owner;
+
+static int give_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st;
+    (void)type;
+    (void)ftw;
+    if (lchown(path, tree_owner.uid, tree_owner.gid) != 0) {
+        say("cannot give %s: %s", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* Gives the tree at `path` to the candidate user (links are changed, never followed). */
+static void give_tree(const char *path, const struct candidate *candidate) {
+    check_tree_root(path, "give");
+    tree_owner = *candidate;
+    if (nftw(path, give_entry, 32, FTW_PHYS | FTW_MOUNT) != 0) {
+        die("give: cannot hand %s to %s", path, CANDIDATE_USER);
+    }
+}
+
+static int freeze_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)type;
+    (void)ftw;
+    if (S_ISLNK(st->st_mode)) {
+        if (st->st_uid == tree_owner.uid && lchown(path, 0, 0) != 0) {
+            say("cannot freeze %s: %s", path, strerror(errno));
+            return 1;
+        }
+        return 0;
+    }
+    if (st->st_uid != tree_owner.uid && st->st_uid != 0) {
+        return 0; /* not the candidate's and not the upload's: leave it alone */
+    }
+    if (st->st_uid == 0 && S_ISREG(st->st_mode) && st->st_nlink > 1) {
+        return 0; /* a hard link to some root file elsewhere: never widen its mode */
+    }
+    mode_t mode = st->st_mode & 07777;
+    mode &= ~(mode_t)(S_ISUID | S_ISGID | S_ISVTX | S_IWGRP | S_IWOTH);
+    mode |= S_IRUSR | S_IWUSR | S_IRGRP | S_IROTH;
+    if (S_ISDIR(st->st_mode) || (mode & S_IXUSR)) {
+        mode |= S_IXUSR | S_IXGRP | S_IXOTH;
+    }
+    if (lchown(path, 0, 0) != 0 || chmod(path, mode) != 0) {
+        say("cannot freeze %s: %s", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* Makes the tree at `path` root-owned and read-only to everyone else, without set-id bits. */
+static void freeze_tree(const char *path, const struct candidate *candidate) {
+    tree_owner = *candidate;
+    if (nftw(path, freeze_entry, 32, FTW_PHYS | FTW_MOUNT) != 0) {
+        die("cannot freeze %s", path);
+    }
+}
+
+/* ---- numbers --------------------------------------------------------------------------------- */
+
+static int parse_double(const char *text, double *out) {
+    if (*text == '\0') {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno == ERANGE || *end != '\0' || !isfinite(value)) {
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+static unsigned long long parse_size(const char *option, const char *text, unsigned long long scale) {
+    double value;
+    if (parse_double(text, &value) != 0 || value <= 0 || value * (double)scale > 9.0e18) {
+        die("%s expects a positive number, got %s", option, text);
+    }
+    return (unsigned long long)(value * (double)scale);
+}
+
+/* The shortest %g form that reads back as the same double (always valid JSON for a finite value). */
+static void format_number(double value, char *out, size_t size) {
+    for (int precision = 1; precision <= 17; precision++) {
+        snprintf(out, size, "%.*g", precision, value);
+        if (strtod(out, NULL) == value) {
+            return;
+        }
+    }
+}
+
+/* ---- run ------------------------------------------------------------------------------------- */
+
+struct run_options {
+    double timeout_sec;
+    unsigned long long nproc, memory_bytes, fsize_bytes, cpu_sec, nofile;
+    const char *cwd;
+    char *env[MAX_ENV + 1];
+    int n_env;
+    char **command;
+};
+
+static volatile sig_atomic_t timer_fired = 0;
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_alarm(int sig) {
+    (void)sig;
+    timer_fired = 1;
+}
+
+static void on_stop(int sig) { stop_signal = sig; }
+
+static void env_set(struct run_options *options, const char *name, const char *value) {
+    size_t len = strlen(name);
+    char *entry = malloc(len + strlen(value) + 2);
+    if (entry == NULL) {
+        die("out of memory");
+    }
+    sprintf(entry, "%s=%s", name, value);
+    for (int i = 0; i < options->n_env; i++) {
+        if (strncmp(options->env[i], entry, len + 1) == 0) {
+            options->env[i] = entry;
+            return;
+        }
+    }
+    if (options->n_env == MAX_ENV) {
+        die("too many --env options");
+    }
+    options->env[options->n_env++] = entry;
+    options->env[options->n_env] = NULL;
+}
+
+static void env_inherit(struct run_options *options, const char *name) {
+    const char *value = getenv(name);
+    if (value != NULL) {
+        env_set(options, name, value);
+    }
+}
+
+static void set_limit(int resource, unsigned long long value, const char *name) {
+    if (value == 0) {
+        return;
+    }
+    struct rlimit limit = {(rlim_t)value, (rlim_t)value};
+    if (setrlimit(resource, &limit) != 0) {
+        fprintf(stderr, "vero-kit: cannot set %s: %s\n", name, strerror(errno));
+        _exit(EXIT_KIT_ERROR);
+    }
+}
+
+static void close_descriptors(unsigned int first) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, first, ~0U, 0U) == 0) {
+        return;
+    }
+#endif
+    long max = sysconf(_SC_OPEN_MAX);
+    for (long fd = first; fd < (max > 0 && max < 1048576 ? max : 65536); fd++) {
+        close((int)fd);
+    }
+}
+
+/* The child: becomes the candidate and executes the command; reports an exec failure's errno on `report`. */
+static _Noreturn void become_candidate(const struct run_options *options, const struct candidate *candidate,
+                                       int report) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int sig = 1; sig < NSIG; sig++) {
+        signal(sig, SIG_DFL);
+    }
+    setsid();
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    set_limit(RLIMIT_NPROC, options->nproc, "--nproc");
+    set_limit(RLIMIT_AS, options->memory_bytes, "--memory-mb");
+    set_limit(RLIMIT_FSIZE, options->fsize_bytes, "--fsize-mb");
+    set_limit(RLIMIT_CPU, options->cpu_sec, "--cpu-sec");
+    set_limit(RLIMIT_NOFILE, options->nofile, "--nofile");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || setgroups(0, NULL) != 0 || setgid(candidate->gid) != 0 ||
+        setuid(candidate->uid) != 0 || getuid() != candidate->uid || geteuid() != candidate->uid ||
+        getegid() != candidate->gid) {
+        fprintf(stderr, "vero-kit: cannot become %s: %s\n", CANDIDATE_USER, strerror(errno));
+        _exit(EXIT_KIT_ERROR);
+    }
+    const char *cwd = options->cwd ? options->cwd : CANDIDATE_HOME;
+    if (chdir(cwd) != 0) {
+        fprintf(stderr, "vero-kit: cannot enter %s as %s: %s\n", cwd, CANDIDATE_USER, strerror(errno));
+        _exit(EXIT_CANNOT_EXEC);
+    }
+    /* Keep `report` (close-on-exec) as descriptor 3 and close everything else above 2. */
+    if (report != 3) {
+        if (dup3(report, 3, O_CLOEXEC) != 3) {
+            _exit(EXIT_KIT_ERROR);
+        }
+    }
+    close_descriptors(4);
+    extern char **environ;
+    environ = (char **)options->env;
+    execvp(options->command[0], options->command);
+    int error = errno;
+    ssize_t ignored = write(3, &error, sizeof error);
+    (void)ignored;
+    _exit(error == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC);
+}
+
+static int cmd_run(int argc, char **argv) {
+    struct run_options options;
+    memset(&options, 0, sizeof options);
+    int i = 2;
+    while (i < argc) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--") == 0) {
+            i++;
+            break;
+        }
+        if (arg[0] != '-') {
+            break; /* the command starts here */
+        }
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (value == NULL) {
+            die("run: %s needs a value (usage: vero-kit run [options] -- COMMAND [ARG]...)", arg);
+        }
+        if (strcmp(arg, "--timeout") == 0) {
+            if (parse_double(value, &options.timeout_sec) != 0 || options.timeout_sec <= 0) {
+                die("--timeout expects positive seconds, got %s", value);
+            }
+        } else if (strcmp(arg, "--nproc") == 0) {
+            options.nproc = parse_size(arg, value, 1);
+        } else if (strcmp(arg, "--memory-mb") == 0) {
+            options.memory_bytes = parse_size(arg, value, 1024ULL * 1024ULL);
+        } else if (strcmp(arg, "--fsize-mb") == 0) {
+            options.fsize_bytes = parse_size(arg, value, 1024ULL * 1024ULL);
+        } else if (strcmp(arg, "--cpu-sec") == 0) {
+            options.cpu_sec = parse_size(arg, value, 1);
+        } else if (strcmp(arg, "--nofile") == 0) {
+            options.nofile = parse_size(arg, value, 1);
+        } else if (strcmp(arg, "--cwd") == 0) {
+            options.cwd = value;
+        } else if (strcmp(arg, "--env") != 0) { /* --env is applied below, after the defaults */
+            die("run: unknown option %s", arg);
+        }
+        i += 2;
+    }
+    int first_command = i;
+    if (i >= argc) {
+        die("run: no command (usage: vero-kit run [options] -- COMMAND [ARG]...)");
+    }
+    options.command = argv + i;
+    need_root("run");
+    struct candidate candidate = need_candidate();
+
+    const char *path = getenv("PATH");
+    env_set(&options, "PATH", path && *path ? path : DEFAULT_PATH);
+    env_set(&options, "HOME", CANDIDATE_HOME);
+    env_set(&options, "USER", CANDIDATE_USER);
+    env_set(&options, "LOGNAME", CANDIDATE_USER);
+    env_set(&options, "SHELL", "/bin/sh");
+    env_inherit(&options, "LANG");
+    env_inherit(&options, "LC_ALL");
+    env_inherit(&options, "TZ");
+    for (int j = 2; j + 1 < first_command; j += 2) {
+        if (strcmp(argv[j], "--env") != 0) {
+            continue;
+        }
+        char *spec = argv[j + 1];
+        char *equals = strchr(spec, '=');
+        if (equals == spec || spec[0] == '\0') {
+            die("--env expects NAME or NAME=VALUE, got %s", spec);
+        }
+        if (equals == NULL) {
+            env_inherit(&options, spec);
+        } else {
+            *equals = '\0';
+            env_set(&options, spec, equals + 1);
+            *equals = '=';
+        }
+    }
+
+    settle(&candidate, "before run");
+
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) != 0) {
+        die("pipe: %s", strerror(errno));
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_alarm;
+    sigaction(SIGALRM, &action, NULL);
+    action.sa_handler = on_stop;
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGINT, &action, NULL);
+    sigaction(SIGHUP, &action, NULL);
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (child == 0) {
+        close(report[0]);
+        become_candidate(&options, &candidate, report[1]);
+    }
+    close(report[1]);
+    if (options.timeout_sec > 0) {
+        struct itimerval timer = {{0, 0}, {(time_t)options.timeout_sec,
+                                          (suseconds_t)((options.timeout_sec - (double)(time_t)options.timeout_sec) * 1e6)}};
+        if (timer.it_value.tv_sec == 0 && timer.it_value.tv_usec == 0) {
+            timer.it_value.tv_usec = 1;
+        }
+        setitimer(ITIMER_REAL, &timer, NULL);
+    }
+    int status = 0, timed_out = 0;
+    for (;;) {
+        pid_t done = waitpid(child, &status, 0);
+        if (done == child) {
+            break;
+        }
+        if (done < 0 && errno != EINTR) {
+            die("waitpid: %s", strerror(errno));
+        }
+        if ((timer_fired && !timed_out) || stop_signal) {
+            timed_out = timer_fired;
+            kill(child, SIGKILL); /* in case it has not become the candidate yet */
+            kill_as(&candidate);  /* the command and everything it started */
+        }
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    int exec_error = 0;
+    ssize_t got = read(report[0], &exec_error, sizeof exec_error);
+    close(report[0]);
+
+    long leftovers = kill_candidate(&candidate);
+    sweep_candidate_state(&candidate);
+    if (leftovers > 0) {
+        event("leftover_processes_killed", "after run", leftovers, NULL);
+    }
+    if (stop_signal) {
+        say("stopped by signal %d; the command was killed", (int)stop_signal);
+        return 128 + stop_signal;
+    }
+    if (timed_out) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "%g s", options.timeout_sec);
+        event("run_timeout", "run", 1, detail);
+        return EXIT_TIMEOUT;
+    }
+    if (got == (ssize_t)sizeof exec_error) {
+        say("cannot execute %s: %s", options.command[0], strerror(exec_error));
+    }
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        if (sig == SIGXFSZ) {
+            event("limit_exceeded", "run", 1, "fsize");
+        } else if (sig == SIGXCPU || (sig == SIGKILL && options.cpu_sec > 0)) {
+            event("limit_exceeded", "run", 1, "cpu");
+        }
+        return 128 + sig;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_KIT_ERROR;
+}
+
+/* ---- rewards --------------------------------------------------------------------------------- */
+
+static void remove_reward_files(void) {
+    const char *paths[] = {REWARD_JSON, REWARD_TXT};
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        if (lstat(paths[i], &st) != 0) {
+            continue;
+        }
+        if (remove_tree(paths[i]) != 0) {
+            die("cannot remove %s: %s", paths[i], strerror(errno));
+        }
+        event("reward_file_removed", "reward", 1, strrchr(paths[i], '/') + 1);
+    }
+}
+
+static int valid_key(const char *key) {
+    size_t len = strlen(key);
+    if (len == 0 || len > 64) {
+        return 0;
+    }
+    for (const char *c = key; *c; c++) {
+        if (!(('a' <= *c && *c <= 'z') || ('A' <= *c && *c <= 'Z') || ('0' <= *c && *c <= '9') || strchr("_.:-", *c))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void write_reward(const char *json) {
+    char temp[] = VERIFIER_DIR "/.reward-XXXXXX";
+    int fd = mkostemp(temp, O_CLOEXEC);
+    if (fd < 0) {
+        die("cannot create a file in %s: %s", VERIFIER_DIR, strerror(errno));
+    }
+    size_t len = strlen(json);
+    if (write(fd, json, len) != (ssize_t)len || fchmod(fd, 0644) != 0 || fsync(fd) != 0 || close(fd) != 0) {
+        unlink(temp);
+        die("cannot write %s: %s", REWARD_JSON, strerror(errno));
+    }
+    if (rename(temp, REWARD_JSON) != 0) {
+        unlink(temp);
+        die("cannot write %s: %s", REWARD_JSON, strerror(errno));
+    }
+    int dir = open(VERIFIER_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+        fsync(dir);
+        close(dir);
+    }
+}
+
+static int cmd_reward(int argc, char **argv, int none) {
+    char json[MAX_REWARDS * 128 + 16] = "{";
+    const char *keys[MAX_REWARDS];
+    if (none && argc != 2) {
+        die("usage: vero-kit no-reward");
+    }
+    if (!none && (argc < 3 || argc - 2 > MAX_REWARDS)) {
+        die("usage: vero-kit reward VALUE | KEY=VALUE...  (a finite number per key; VALUE alone is key `reward`)");
+    }
+    for (int i = 2; i < argc; i++) {
+        char *arg = argv[i], *equals = strchr(arg, '=');
+        const char *key = "reward", *text = arg;
+        if (equals != NULL) {
+            *equals = '\0';
+            key = arg;
+            text = equals + 1;
+        } else if (argc != 3) {
+            die("reward: with several values, each must be KEY=VALUE (got %s)", arg);
+        }
+        if (!valid_key(key)) {
+            die("reward: invalid key %s (1-64 of A-Z a-z 0-9 _ . : -)", key);
+        }
+        for (int j = 0; j < i - 2; j++) {
+            if (strcmp(keys[j], key) == 0) {
+                die("reward: key %s given twice", key);
+            }
+        }
+        keys[i - 2] = key;
+        double value;
+        if (parse_double(text, &value) != 0) {
+            die("reward: %s is not a finite number", text);
+        }
+        char number[64];
+        format_number(value, number, sizeof number);
+        size_t used = strlen(json);
+        snprintf(json + used, sizeof json - used, "%s\"%s\": %s", i > 2 ? ", " : "", key, number);
+    }
+    strcat(json, "}\n");
+    need_root(none ? "no-reward" : "reward");
+    struct candidate candidate = need_candidate();
+    settle(&candidate, none ? "no-reward" : "reward");
+    struct stat st;
+    if (lstat(VERIFIER_DIR, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        die("%s does not exist", VERIFIER_DIR);
+    }
+    remove_reward_files();
+    if (!none) {
+        write_reward(json);
+    }
+    return 0;
+}
+
+/* ---- install-time subcommands ---------------------------------------------------------------- */
+
+static void make_home(const struct candidate *candidate) {
+    if (mkdir("/home", 0755) != 0 && errno != EEXIST) {
+        die("cannot create /home: %s", strerror(errno));
+    }
+    struct stat st;
+    if (lstat(CANDIDATE_HOME, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) {
+            die("%s exists and is not a directory", CANDIDATE_HOME);
+        }
+    } else if (mkdir(CANDIDATE_HOME, 0700) != 0) {
+        die("cannot create %s: %s", CANDIDATE_HOME, strerror(errno));
+    }
+    if (lchown(CANDIDATE_HOME, candidate->uid, candidate->gid) != 0 || chmod(CANDIDATE_HOME, 0700) != 0) {
+        die("cannot prepare %s: %s", CANDIDATE_HOME, strerror(errno));
+    }
+}
+
+static int cmd_setup(int argc, char **argv) {
+    const char *own = NULL;
+    if (argc == 4 && strcmp(argv[2], "--own") == 0) {
+        own = argv[3];
+    } else if (argc != 2) {
+        die("usage: vero-kit setup [--own PATH]");
+    }
+    need_root("setup");
+    struct candidate candidate;
+    if (lookup_candidate(&candidate) != 0) {
+        unsigned long id = 0;
+        for (int attempt = 0; attempt < 1000 && id == 0; attempt++) {
+            unsigned long pick = CANDIDATE_UID_MIN + random_u32() % (CANDIDATE_UID_MAX - CANDIDATE_UID_MIN);
+            if (!id_taken(PASSWD_FILE, 2, pick) && !id_taken(GROUP_FILE, 2, pick)) {
+                id = pick;
+            }
+        }
+        if (id == 0) {
+            die("no free uid for %s", CANDIDATE_USER);
+        }
+        char line[256];
+        snprintf(line, sizeof line, "%s:x:%lu:%lu:vero candidate:%s:/bin/sh\n", CANDIDATE_USER, id, id, CANDIDATE_HOME);
+        append_line(PASSWD_FILE, "root:x:0:0:root:/root:/bin/sh\n", line);
+        snprintf(line, sizeof line, "%s:x:%lu:\n", CANDIDATE_USER, id);
+        append_line(GROUP_FILE, "root:x:0:\n", line);
+        candidate.uid = (uid_t)id;
+        candidate.gid = (gid_t)id;
+    }
+    make_home(&candidate);
+    /* Check now, before any candidate code exists, that a process can become the candidate. */
+    pid_t probe = fork();
+    if (probe < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (probe == 0) {
+        int ok = prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && setgroups(0, NULL) == 0 &&
+                 setgid(candidate.gid) == 0 && setuid(candidate.uid) == 0 && getuid() == candidate.uid &&
+                 geteuid() == candidate.uid && setuid(0) != 0;
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    while (waitpid(probe, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        die("a process cannot become %s here (does the container drop CAP_SETUID or CAP_SETGID?)", CANDIDATE_USER);
+    }
+    if (own != NULL) {
+        give_tree(own, &candidate);
+    }
+    printf("%s %lu %lu\n", CANDIDATE_USER, (unsigned long)candidate.uid, (unsigned long)candidate.gid);
+    return 0;
+}
+
+static int cmd_give(int argc, char **argv) {
+    if (argc < 3) {
+        die("usage: vero-kit give PATH...");
+    }
+    need_root("give");
+    struct candidate candidate = need_candidate();
+    for (int i = 2; i < argc; i++) {
+        give_tree(argv[i], &candidate);
+    }
+    return 0;
+}
+
+static int cmd_kill(int argc, char **argv) {
+    (void)argv;
+    if (argc != 2) {
+        die("usage: vero-kit kill");
+    }
+    need_root("kill");
+    struct candidate candidate = need_candidate();
+    long killed = kill_candidate(&candidate);
+    sweep_candidate_state(&candidate);
+    printf("killed %ld\n", killed);
+    return 0;
+}
+
+/* End of the install phase: no candidate process survives it, the installed tree and the candidate's
+ * home become read-only to the candidate, and the log dirs are emptied of whatever it wrote there. */
+static int cmd_end_install(int argc, char **argv) {
+    if (argc != 3) {
+        die("usage: vero-kit end-install PATH");
+    }
+    need_root("end-install");
+    struct candidate candidate = need_candidate();
+    check_tree_root(argv[2], "end-install");
+    long killed = kill_candidate(&candidate);
+    long swept = sweep_candidate_state(&candidate);
+    freeze_tree(argv[2], &candidate);
+    struct stat st;
+    if (lstat(CANDIDATE_HOME, &st) == 0 && S_ISDIR(st.st_mode)) {
+        freeze_tree(CANDIDATE_HOME, &candidate);
+    }
+    long cleared = empty_dir(AGENT_LOGS_DIR, -1) + empty_dir(VERIFIER_DIR, -1) + empty_dir(ARTIFACTS_DIR, -1);
+    /* Back to Harbor's modes (`environments/base.py` makes the log dirs 0777): a case whose tests do
+     * not use the kit, or run as another user, finds the paths as Harbor left them. No candidate
+     * process is alive any more to use them. */
+    const char *log_dirs[] = {AGENT_LOGS_DIR, VERIFIER_DIR, ARTIFACTS_DIR};
+    for (int i = 0; i < 3; i++) {
+        if (lstat(log_dirs[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+            lock_dir(log_dirs[i], 0777);
+        }
+    }
+    if (lstat(TESTS_DIR, &st) == 0 && S_ISDIR(st.st_mode)) {
+        lock_dir(TESTS_DIR, 0755);
+    }
+    printf("leftover_processes_killed %ld\nleftover_files_removed %ld\nlog_entries_removed %ld\n", killed, swept,
+           cleared);
+    return 0;
+}
+
+static void usage(FILE *out) {
+    fputs("usage: vero-kit run [--timeout SEC] [--nproc N] [--memory-mb MB] [--fsize-mb MB] [--cpu-sec SEC]\n"
+          "                    [--nofile N] [--cwd DIR] [--env NAME[=VALUE]]... -- COMMAND [ARG]...\n"
+          "       vero-kit reward VALUE | KEY=VALUE...\n"
+          "       vero-kit no-reward\n"
+          "       vero-kit give PATH...\n"
+          "       vero-kit kill\n"
+          "       vero-kit setup [--own PATH]\n"
+          "       vero-kit end-install PATH\n"
+          "       vero-kit version\n",
+          out);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_KIT_ERROR;
+    }
+    const char *command = argv[1];
+    if (strcmp(command, "run") == 0) {
+        return cmd_run(argc, argv);
+    }
+    if (strcmp(command, "reward") == 0) {
+        return cmd_reward(argc, argv, 0);
+    }
+    if (strcmp(command, "no-reward") == 0) {
+        return cmd_reward(argc, argv, 1);
+    }
+    if (strcmp(command, "give") == 0) {
+        return cmd_give(argc, argv);
+    }
+    if (strcmp(command, "kill") == 0) {
+        return cmd_kill(argc, argv);
+    }
+    if (strcmp(command, "setup") == 0) {
+        return cmd_setup(argc, argv);
+    }
+    if (strcmp(command, "end-install") == 0) {
+        return cmd_end_install(argc, argv);
+    }
+    if (strcmp(command, "version") == 0) {
+        puts("vero-kit " KIT_VERSION);
+        return 0;
+    }
+    if (strcmp(command, "--help") == 0 || strcmp(command, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    usage(stderr);
+    return EXIT_KIT_ERROR;
+}
