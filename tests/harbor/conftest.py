@@ -34,10 +34,14 @@ PROGRAM_PASS_TEST = reward_script(
     """)
 PROGRAM_USER_TEST = reward_script(
     """
+    # install_command ran as vero's candidate user (not the case's agent user `app`, not root), and
+    # the installed tree is root's and read-only now.
     ok=1
     [ "$(cat /opt/cand/data.txt)" = "hello" ] || ok=0
-    [ "$(stat -c %U /opt/cand/installed.marker 2>/dev/null)" = "app" ] || ok=0
-    echo "{\\"reward\\": $ok.0}" > /logs/verifier/reward.json
+    [ "$(cat /opt/cand/installed.marker)" = "vero-candidate" ] || ok=0
+    [ "$(stat -c %U:%a /opt/cand/installed.marker 2>/dev/null)" = "root:644" ] || ok=0
+    [ "$(stat -c %U:%a /opt/cand 2>/dev/null)" = "root:755" ] || ok=0
+    vero-kit reward "$ok"
     """)
 PROGRAM_FAIL_TEST = reward_script(
     """
@@ -65,11 +69,24 @@ def cases_dir(shared_root) -> Path:
                agent_user="app")
     write_case(root, "agent-echo", test_sh=AGENT_TEST,
                extra_toml='\n[environment.env]\nLEAK = "${VERO_TEST_SECRET:-unset}"\n')
+    # `/hang` makes the install command of the timeout tests hang in this case only.
     write_case(root, "slow", agent_timeout_sec=600,
+               dockerfile=f"FROM {BASE_IMAGE}\nRUN touch /hang\nWORKDIR /app\n",
                test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""))
     write_case(root, "build-fails", test_sh=reward_script("true"),
                dockerfile="FROM python:3.13-slim\nRUN exit 3\n")
     return root
+
+
+@pytest.fixture(scope="session")
+def case_kit(shared_root) -> Path:
+    """A static build of the case kit every user can read (the per-user cache under /root is not)."""
+    from vero.harbor.casekit import build_kit
+
+    kit_dir = shared_root / "kit"
+    kit_dir.mkdir()
+    kit_dir.chmod(0o755)
+    return build_kit(kit_dir / "vero-kit")
 
 
 @pytest.fixture(scope="session")

@@ -137,7 +137,7 @@ def docker_objects(prefix: str) -> list[str]:
     try:
         found = []
         label = "com.docker.compose.project"
-        for c in client.containers.list(all=True, filters={"label": label}):
+        for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
             if c.labels.get(label, "").startswith(prefix):
                 found.append(f"container {c.name}")
         for n in client.networks.list(filters={"label": label}):

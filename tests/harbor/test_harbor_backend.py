@@ -16,13 +16,17 @@ import pytest
 import tenacity
 from harbor_cases import RUN_AS_UID, docker_objects, make_run, run_as_identity
 
+from vero.core.evaluation import AttemptOutcome
 from vero.errors import InfrastructureFailure
 from vero.harbor import HarborBackend
 from vero.harbor.process import compose_project_prefix
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 
 FAST = dict(infra_wait=tenacity.wait_none(), kill_grace_sec=5.0)
-PROGRAM = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="touch installed.marker")
+PROGRAM = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="id -un > installed.marker")
+HANGS_WHERE_MARKED = CandidateRuntime(kind="program", install_path="/opt/cand",
+                                      install_command="if [ -e /hang ]; then sleep 600; fi; id -un > installed.marker")
+"""Hangs in the `slow` case only (its image has `/hang`)."""
 AGENT = CandidateRuntime(kind="agent", agent_import_path="cand_agent:EchoAgent")
 
 
@@ -201,16 +205,21 @@ def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_c
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_evaluation_timeout_is_infrastructure_failure_and_cleans_up(cases_dir, program_candidate, jobs_dir):
-    runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="sleep 600")
+def test_evaluation_timeout_is_charged_to_the_candidate_and_cleans_up(cases_dir, program_candidate, jobs_dir):
+    """A candidate that hangs past the wall clock gets a complete, charged result: the hung case is a
+    `timed_out` dead attempt at the failure value, never a refunded infrastructure failure."""
     run = make_run(evaluation_id="ev-timeout-2b9c", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("slow",), runtime=runtime,
-                   harbor=HarborSpec(infra_retries=3, evaluation_timeout_sec=20))
+                   jobs_dir=jobs_dir, case_names=("slow",), runtime=HANGS_WHERE_MARKED,
+                   scoring=ScoringSpec(failure_value=-1.0),
+                   harbor=HarborSpec(infra_retries=3, evaluation_timeout_sec=60))
     started = time.monotonic()
-    with pytest.raises(InfrastructureFailure) as info:
-        asyncio.run(HarborBackend(**FAST).evaluate(run))
-    assert "timed out" in str(info.value)
-    assert time.monotonic() - started < 120  # killed once, not retried three more times
+    result = asyncio.run(HarborBackend(**FAST).evaluate(run))
+    assert time.monotonic() - started < 180  # killed once, not retried three more times
+    (case,) = result.cases
+    assert case.score == -1.0 and case.n_dead == 1
+    assert [a.kind for a in case.attempts] == [AttemptOutcome.TIMED_OUT]
+    # The cancelled install agent still closed the sandbox: it killed the hanging install command.
+    assert result.flag_counts() == {"install_leftover_processes_killed": 1, "timed_out": 1}
     assert not (jobs_dir / "ev-timeout-2b9c.retry-1").exists()
     assert not processes_mentioning("ev-timeout-2b9c")
     for trial in trial_dirs(jobs_dir / "ev-timeout-2b9c"):
@@ -261,12 +270,14 @@ def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, port
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared_root, run_as_toolchain):
+def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared_root, run_as_toolchain,
+                                  case_kit):
     harbor, python = run_as_toolchain
     run = make_run(evaluation_id="ev-runas", cases_dir=cases_dir, candidate_dir=program_candidate,
                    jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
                    harbor=HarborSpec(infra_retries=0), run_as=run_as_identity(shared_root))
-    result = asyncio.run(HarborBackend(harbor_executable=harbor, python_executable=python, **FAST).evaluate(run))
+    result = asyncio.run(HarborBackend(harbor_executable=harbor, python_executable=python, case_kit=case_kit,
+                                       **FAST).evaluate(run))
     assert result.score == 1.0
     (trial,) = trial_dirs(jobs_dir / "ev-runas")
     assert (trial / "result.json").stat().st_uid == RUN_AS_UID
@@ -302,7 +313,7 @@ def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
         assert docker_objects(mine) == []
         assert docker_objects(other) == [f"container {keep.name}"]
     finally:
-        for container in client.containers.list(all=True, filters={"label": label}):
+        for container in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
             if container.labels.get(label) in (mine, other):
                 container.remove(force=True)
         for network in client.networks.list(names=[f"{mine}_default"]):
@@ -324,6 +335,23 @@ def test_run_as_without_access_is_infrastructure_not_the_candidate(cases_dir, pr
         asyncio.run(HarborBackend(**FAST).evaluate(run))
     assert "cannot" in str(info.value)
     assert list(jobs.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_run_as_without_access_to_the_case_kit_is_infrastructure(cases_dir, program_candidate, shared_root,
+                                                                  jobs_dir, case_kit, tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    kit = private / "vero-kit"
+    kit.write_bytes(case_kit.read_bytes())
+    run = make_run(evaluation_id="ev-nokit", cases_dir=cases_dir, candidate_dir=program_candidate,
+                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
+                   run_as=run_as_identity(shared_root))
+    with pytest.raises(InfrastructureFailure) as info:
+        asyncio.run(HarborBackend(case_kit=kit, **FAST).evaluate(run))
+    assert "case kit" in str(info.value)
+    assert list(jobs_dir.iterdir()) == []
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200])

@@ -294,8 +294,9 @@ def _remove_leftovers_sync(prefixes: Sequence[str], env: Mapping[str, str]) -> i
         return 0
     try:
         label = {"label": _PROJECT_LABEL}
-        # Containers first: a network or volume still in use cannot be removed.
-        for container in client.containers.list(all=True, filters=label):
+        # Containers first: a network or volume still in use cannot be removed. Other runs'
+        # containers come and go meanwhile: one gone between list and inspect is skipped, not fatal.
+        for container in client.containers.list(all=True, filters=label, ignore_removed=True):
             if ours(container.labels):
                 removed += remove("container", container.short_id,
                                   lambda c=container: c.remove(force=True, v=True))
