@@ -1,0 +1,79 @@
+#!/bin/bash
+# Exercises vero-kit inside a case image (run as root by tests/harbor/test_case_kit.py, with the kit
+# at /usr/local/bin/vero-kit). Prints one `name=value` line per observation; the test asserts them.
+set -u
+out() { printf '%s=%s\n' "$1" "$2"; }
+quiet() { "$@" >/dev/null 2>&1; }
+mkdir -p /tests /logs/verifier /logs/agent /logs/artifacts /opt/cand
+chmod 777 /logs/verifier /logs/agent /logs/artifacts
+echo the-answer > /tests/expected.txt
+echo hello > /opt/cand/data.txt
+
+quiet vero-kit reward 1; out reward_without_user "$?"
+vero-kit setup --own /opt/cand > /dev/null; out setup "$?"
+quiet vero-kit setup; out setup_again "$?"
+out users "$(grep -c '^vero-candidate:' /etc/passwd)"
+
+# The install: as the candidate, in the tree it was given; a daemon rewriting the reward, a set-uid
+# bit, state in /tmp; the daemon dies with the run.
+vero-kit run --cwd /opt/cand -- sh -c '
+    id -un > who; chmod 4755 who; echo state > /tmp/cand-state
+    (while :; do echo 1000 > /logs/verifier/reward.txt; sleep 0.05; done) >/dev/null 2>&1 &
+    exit 3' 2>/dev/null
+out install_exit "$?"
+out who "$(cat /opt/cand/who)"
+[ -e /tmp/cand-state ]; out temp_state_kept "$?"
+vero-kit run -- sleep 100 2>/dev/null &
+sleep 1
+out end_install "$(vero-kit end-install /opt/cand 2>/dev/null | tr '\n' ' ')"
+wait
+out frozen "$(stat -c %U:%a /opt/cand/who) $(stat -c %U:%a /opt/cand) $(stat -c %U /home/vero-candidate)"
+out log_modes "$(stat -c %a /logs/verifier) $(stat -c %a /logs/agent)"
+quiet vero-kit run -- sh -c 'echo x > /opt/cand/new'; out write_install "$?"
+quiet vero-kit run -- sh -c 'echo x > "$HOME/new"'; out write_home "$?"
+
+# What candidate code can reach during a test.
+out read_tests "$(vero-kit run -- cat /tests/expected.txt 2>/dev/null; echo " exit $?")"
+quiet vero-kit run -- sh -c 'echo 1 > /logs/verifier/reward.json'; out write_verifier "$?"
+quiet vero-kit run -- sh -c 'echo 1 > /logs/agent/x'; out write_agent_logs "$?"
+out locked "$(stat -c %U:%a /tests /logs/verifier | tr '\n' ' ')"
+out stdin "$(echo piped | vero-kit run -- cat 2>/dev/null)"
+exec 7< /tests/expected.txt
+out inherited_fd "$(vero-kit run -- sh -c 'cat <&7' 2>/dev/null; echo " exit $?")"
+exec 7<&-
+out identity "$(SECRET=s3 vero-kit run -- sh -c 'echo "${SECRET:-unset} $HOME $(id -u -n) $(id -G | wc -w) $(pwd)"' 2>/dev/null)"
+out env "$(KEEP=k vero-kit run --env KEEP --env SET=v -- sh -c 'echo "$KEEP $SET"' 2>/dev/null)"
+out nnp "$(vero-kit run -- grep NoNewPrivs /proc/self/status 2>/dev/null | tr -s ' \t' ' ')"
+out limits "$(vero-kit run --memory-mb 64 --nproc 7 --cpu-sec 9 --nofile 50 -- cat /proc/self/limits 2>/dev/null \
+    | grep -E '^Max (address space|processes|cpu time|open files|core file size)' | tr -s ' ' | cut -d' ' -f2-5 | tr '\n' ';')"
+out exit_status "$(vero-kit run -- sh -c 'exit 42' 2>/dev/null; echo $?)"
+out not_found "$(vero-kit run -- /no/such/program 2>/dev/null; echo $?)"
+out nested "$(vero-kit run -- vero-kit run -- true 2>/dev/null; echo $?)"
+
+start=$(date +%s)
+quiet vero-kit run --timeout 0.5 -- sleep 30; out timeout_exit "$?"
+out timeout_sec "$(( $(date +%s) - start ))"
+quiet vero-kit run --fsize-mb 1 -- sh -c 'head -c 3000000 /dev/zero > /tmp/big'; out fsize_exit "$?"
+[ -e /tmp/big ]; out fsize_file_kept "$?"
+quiet vero-kit run --nproc 20 --timeout 10 -- sh -c 'b() { b | b & }; b; sleep 1'; out bomb_exit "$?"
+out after_bomb "$(vero-kit kill 2>/dev/null)"
+quiet vero-kit run -- sh -c 'sleep 100 & sleep 100 & echo started'; out background_exit "$?"
+out after_background "$(vero-kit kill 2>/dev/null)"
+
+# The reward: a planted link and a directory at the reward paths are replaced, never followed.
+echo untouched > /tmp/victim
+ln -s /tmp/victim /logs/verifier/reward.json
+mkdir /logs/verifier/reward.txt
+quiet vero-kit reward 0.25; out reward "$?"
+out reward_json "$(cat /logs/verifier/reward.json)"
+out reward_is_file "$([ -f /logs/verifier/reward.json ] && [ ! -L /logs/verifier/reward.json ] && echo yes)"
+out reward_txt_gone "$([ -e /logs/verifier/reward.txt ] || echo yes)"
+out victim "$(cat /tmp/victim)"
+quiet vero-kit reward speed=2 reward=1e-3; out reward_keys "$(cat /logs/verifier/reward.json)"
+quiet vero-kit reward nan; out reward_nan "$?"
+quiet vero-kit reward inf; out reward_inf "$?"
+quiet vero-kit reward 'bad"key=1'; out reward_bad_key "$?"
+out reward_after_bad "$(cat /logs/verifier/reward.json)"
+quiet vero-kit no-reward; out no_reward "$?"
+out no_reward_gone "$([ -e /logs/verifier/reward.json ] || echo yes)"
+out events "$(sed -n 's/.*"event": "\([a-z_]*\)".*"detail": "\([a-z.0-9 ]*\)".*/\1:\2/p; s/.*"event": "\([a-z_]*\)"[^d]*$/\1/p' /logs/verifier/vero-kit.jsonl | sort -u | tr '\n' ' ')"
