@@ -152,6 +152,13 @@ BAD: dict[str, Bad] = {
     "auto_best without selection partition": Bad(
         "selection.partition", _all(_set("selection.mode", "auto_best"), _delete("selection.partition"))),
     "minimize without failure_value": Bad("scoring.failure_value", _set("scoring", {"direction": "minimize"})),
+    "reward_range reversed": Bad("scoring.reward_range", _set("scoring", {"reward_range": [1, 0]})),
+    "reward_range of one number": Bad("scoring.reward_range[1]", _set("scoring", {"reward_range": [0]})),
+    "reward_range unbounded": Bad("scoring.reward_range", _set("scoring", {"reward_range": [0, float("inf")]})),
+    # train: 2 cases on 2 slots = 1 wave x (60 s agent + 60 s verifier) + 120 s margin = 240 s.
+    "evaluation time too short": Bad("harbor.evaluation_timeout_sec", _set("harbor.evaluation_timeout_sec", 239)),
+    "case without an agent time limit": Bad("harbor.evaluation_timeout_sec",
+                                            setup=_write("cases/case-1/task.toml", 'schema_version = "1.4"\n')),
     "unpinned harbor": Bad("harbor.requirement", _set("harbor.requirement", "harbor>=0.26")),
     "modal without the modal extra": Bad("harbor.requirement", _set("harbor.environment", "modal"), env=MODAL_TOKENS),
     "modal tokens unset": Bad("harbor.environment", _all(_set("harbor.environment", "modal"),

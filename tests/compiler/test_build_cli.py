@@ -147,3 +147,59 @@ def test_the_minimal_example_builds(tmp_path):
                     "-o", str(tmp_path / "minimal"), "--json")
     assert done.returncode == 0, done.stderr
     assert '"sha256"' in done.stdout
+
+
+def test_program_cases_whose_tests_never_call_the_kit_are_warned_about_and_finalization_repeats_it(tmp_path):
+    from vero.spec.compiled import VerifierConfig, load_config
+
+    tree = make_spec_tree(tmp_path / "spec")
+    # case-2 runs its candidate through the kit (in a step of a multi-step case it would count too).
+    test = tree.root / "cases" / "case-2" / "tests" / "test.sh"
+    test.write_text("#!/bin/bash\nvero-kit run -- python3 /opt/candidate/prog.py > /tmp/o; vero-kit reward 1\n")
+    out = tmp_path / "out" / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    warned = sorted(line for line in done.stderr.splitlines() if line.startswith("warning: "))
+    assert len(warned) == 4, done.stderr
+    assert all("never call vero-kit" in line and "scoring.reward_range" in line for line in warned)
+    assert not any("'case-2'" in line for line in warned)
+    assert any("'case-1' (partition train)" in line for line in warned)
+    config = load_config(TaskLayout(out).verifier.config_path, VerifierConfig)
+    assert sorted(f"warning: {w}" for w in config.build_warnings) == warned
+    # The sidecar's config names no hidden case: the warnings live in the verifier's only.
+    assert "never call" not in TaskLayout(out).sidecar.config_path.read_text()
+
+
+def test_agent_targets_get_no_kit_warning(tmp_path):
+    def agent(document):
+        document["target"] = {"kind": "agent", "path": "target", "agent_import_path": "agent_mod:Agent"}
+
+    tree = make_spec_tree(tmp_path / "spec", agent)
+    (tree.root / "target" / "agent_mod.py").write_text("class Agent: ...\n")
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "out" / "task"))
+    assert done.returncode == 0, done.stderr
+    assert "warning:" not in done.stderr
+
+
+def test_an_evaluation_time_that_cannot_fit_names_the_numbers(tmp_path):
+    def slow(document):
+        document["harbor"].update(evaluation_timeout_sec=470, n_concurrent=1, n_attempts=2, case_timeout_sec=30)
+
+    tree = make_spec_tree(tmp_path / "spec", slow)
+    out = tmp_path / "out" / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 2, done.stderr
+    # Each case: 30 s agent (case_timeout_sec) + 60 s verifier. train and the hidden partition have 2
+    # cases x 2 attempts on 1 slot = 4 waves = 480 s with the margin; holdout (1 case) needs 300 s.
+    issues = [line.strip() for line in done.stderr.splitlines() if "cannot fit" in line]
+    assert issues == [
+        "- harbor.evaluation_timeout_sec: 470 s cannot fit partition 'train': ceil(2 case(s) x 2 attempt(s) / "
+        "1 concurrent) = 4 wave(s) x 90 s (agent 30 s + verifier 60 s of the slowest case, 'case-2') + 120 s "
+        "setup margin = 480 s",
+        "- harbor.evaluation_timeout_sec: 470 s cannot fit partition 'zq-hidden-part': ceil(2 case(s) x 2 "
+        "attempt(s) / 1 concurrent) = 4 wave(s) x 90 s (agent 30 s + verifier 60 s of the slowest case, "
+        "'zq-hidden-case-5') + 120 s setup margin = 480 s",
+    ], done.stderr
+    assert not out.exists()
+    tree.write(lambda d: (slow(d), d["harbor"].update(evaluation_timeout_sec=480)))
+    assert run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out)).returncode == 0

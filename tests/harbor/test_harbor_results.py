@@ -140,3 +140,155 @@ def test_outcomes_of_other_cases_are_ignored():
     attempts: dict[str, list] = {}
     merge_outcomes(attempts, collation.trials, {"multi.key"})
     assert list(attempts) == ["multi.key"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Outcome kinds (`classify_trial`) on variants of a real trial result
+
+
+SCORED_TRIAL = MIXED / "multi.key__6m7PnWV"
+
+
+def variant(tmp_path, name, *, rewards="keep", exception=None, phases=None, metadata=None, events=None):
+    """A copy of the scored `multi.key` trial (rewards 0.75 / speed 2.5) with fields replaced.
+
+    Args:
+        rewards: `verifier_result.rewards` (None: no verifier result); "keep" leaves it.
+        exception: `exception_info.exception_type`, if any.
+        phases: timing fields to set to None (e.g. `("agent_setup", "agent_execution", "verifier")`).
+        metadata: `agent_result.metadata` entries to add.
+        events: lines of `verifier/vero-kit.jsonl`.
+    """
+    import json
+
+    trial = tmp_path / "job" / f"{name}__{len(list((tmp_path / 'job').glob('*'))) if (tmp_path / 'job').exists() else 0}"
+    trial.mkdir(parents=True)
+    data = json.loads((SCORED_TRIAL / "result.json").read_text())
+    data["trial_name"] = trial.name
+    if rewards != "keep":
+        data["verifier_result"] = None if rewards is None else {"rewards": rewards}
+        data["reward_valid"] = rewards is not None
+    if exception is not None:
+        data["exception_info"] = {"exception_type": exception, "exception_message": "x",
+                                  "exception_traceback": "", "occurred_at": data["finished_at"]}
+    for phase in phases or ():
+        data[phase] = None
+    if metadata:
+        data["agent_result"]["metadata"] = {**(data["agent_result"].get("metadata") or {}), **metadata}
+    (trial / "result.json").write_text(json.dumps(data).replace('"NaN-marker"', "NaN"))
+    if events is not None:
+        (trial / "verifier").mkdir()
+        (trial / "verifier" / "vero-kit.jsonl").write_text("\n".join(events) + "\n")
+    return trial
+
+
+def test_reward_range_makes_an_impossible_reward_an_invalid_attempt(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    inside = read_trial(variant(tmp_path, "inside"), "reward", (0.0, 1.0))
+    assert (inside.outcome, inside.reward, inside.rejected_reward) == (AttemptOutcome.SCORED, 0.75, None)
+    forged = read_trial(variant(tmp_path, "forged", rewards={"reward": 1000.0}), "reward", (0.0, 1.0))
+    assert (forged.outcome, forged.reward, forged.rejected_reward) == \
+        (AttemptOutcome.REWARD_OUT_OF_RANGE, None, 1000.0)
+    assert not forged.infrastructure
+    below = read_trial(variant(tmp_path, "below", rewards={"reward": -0.5}), "reward", (0.0, 1.0))
+    assert below.outcome is AttemptOutcome.REWARD_OUT_OF_RANGE
+    # The bounds are inclusive; without a range any finite value is a score.
+    edge = read_trial(variant(tmp_path, "edge", rewards={"reward": 1.0}), "reward", (0.0, 1.0))
+    assert (edge.outcome, edge.reward) == (AttemptOutcome.SCORED, 1.0)
+    assert read_trial(variant(tmp_path, "free", rewards={"reward": 1000.0}), "reward").reward == 1000.0
+
+
+def test_a_non_finite_reward_is_always_invalid(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    trial = variant(tmp_path, "nan", rewards={"reward": "NaN-marker"})
+    for reward_range in (None, (0.0, 1.0)):
+        outcome = read_trial(trial, "reward", reward_range)
+        assert (outcome.outcome, outcome.reward) == (AttemptOutcome.REWARD_NOT_FINITE, None)
+
+
+def test_out_of_range_attempts_score_the_failure_value_and_are_counted(tmp_path):
+    from vero.core.evaluation import AttemptOutcome, EvaluationResult
+
+    variant(tmp_path, "multi.key", rewards={"reward": 7.0})
+    variant(tmp_path, "multi.key")
+    collation = collate_job(tmp_path / "job", "reward", (0.0, 1.0))
+    attempts: dict[str, list] = {}
+    merge_outcomes(attempts, collation.trials, {"multi.key"})
+    case = CaseResult.from_attempts("multi.key", attempts["multi.key"], -1.0)
+    assert sorted(a.kind for a in case.attempts) == [AttemptOutcome.REWARD_OUT_OF_RANGE, AttemptOutcome.SCORED]
+    assert case.score == pytest.approx((0.75 - 1.0) / 2) and case.n_dead == 1
+    (rejected,) = [a for a in case.attempts if a.kind is AttemptOutcome.REWARD_OUT_OF_RANGE]
+    assert rejected.rejected_reward == 7.0 and rejected.reward is None
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    result = EvaluationResult.from_cases(partition="p", candidate="c" * 40, reward_key="reward", cases=[case],
+                                         started_at=now, finished_at=now)
+    assert result.flag_counts() == {"reward_out_of_range": 1}
+
+
+def test_kit_setup_failure_is_infrastructure_even_with_a_reward(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    outcome = read_trial(variant(tmp_path, "kit", exception="CaseKitSetupError"), "reward")
+    assert outcome.outcome is AttemptOutcome.INFRASTRUCTURE and outcome.reward is None
+
+
+def test_a_sandbox_that_cannot_be_closed_is_a_dead_attempt_even_with_a_reward(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    outcome = read_trial(variant(tmp_path, "sandbox", exception="CandidateSandboxError"), "reward")
+    assert (outcome.outcome, outcome.reward, outcome.infrastructure) == (AttemptOutcome.SANDBOX_ERROR, None, False)
+
+
+def test_a_trial_cancelled_after_the_candidate_started_timed_out_before_it_is_infrastructure(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    started = variant(tmp_path, "started", rewards=None, exception="CancelledError", phases=("verifier",))
+    assert read_trial(started, "reward").outcome is AttemptOutcome.TIMED_OUT
+    before = variant(tmp_path, "before", rewards=None, exception="CancelledError",
+                     phases=("agent_setup", "agent_execution", "verifier"))
+    assert read_trial(before, "reward").outcome is AttemptOutcome.INFRASTRUCTURE
+
+
+def test_case_kit_events_and_install_leftovers_become_flags(tmp_path):
+    events = ['{"event": "leftover_processes_killed", "when": "after run", "count": 3}',
+              '{"event": "limit_exceeded", "when": "run", "count": 1, "detail": "fsize"}',
+              'not json', '{"event": "bad name!", "count": 1}', '{"event": 5}',
+              '{"event": "reward_file_removed", "when": "reward", "count": 1, "detail": "reward.json"}']
+    trial = variant(tmp_path, "flags", events=events, metadata={"vero_install_leftover_processes": 2})
+    outcome = read_trial(trial, "reward")
+    assert outcome.flags == ("install_leftover_processes_killed", "leftover_processes_killed",
+                             "limit_exceeded:fsize", "reward_file_removed")
+    # Flags never change the score.
+    assert outcome.reward == 0.75
+
+
+def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_path):
+    """Partial measurement: finished attempts keep their rewards; what did not finish (killed without
+    a result, never started) is timed_out; a case whose trials were infrastructure stays unmeasured."""
+    from vero.core.evaluation import AttemptOutcome
+    from vero.harbor.runner import _charge_unfinished
+
+    variant(tmp_path, "multi.key")  # finished: scored
+    (tmp_path / "job" / "multi.key__killed").mkdir()  # killed mid-trial: no result.json
+    variant(tmp_path, "multi.key.b", exception="EnvironmentStartTimeoutError", rewards=None)
+    collation = collate_job(tmp_path / "job", "reward")
+    assert collation.n_unfinished == 1
+    cases = ["multi.key", "multi.key.b", "never-started"]
+    attempts: dict[str, list] = {name: [] for name in cases}
+    before = {name: 0 for name in cases}
+    # The variants all read as case `multi.key` (their task path); relabel the infrastructure one.
+    trials = tuple(t if not t.infrastructure else type(t)(**{**t.__dict__, "case": "multi.key.b"})
+                   for t in collation.trials)
+    merge_outcomes(attempts, trials, set(cases))
+    added = _charge_unfinished(attempts, type(collation)(collation.job_dir, False, trials, 1), cases, before,
+                               n_attempts=2)
+    assert added == 1 + 1 + 2
+    assert [a.kind for a in attempts["multi.key"]] == [AttemptOutcome.SCORED, AttemptOutcome.TIMED_OUT]
+    assert [a.kind for a in attempts["multi.key.b"]] == [AttemptOutcome.TIMED_OUT]
+    assert [a.kind for a in attempts["never-started"]] == [AttemptOutcome.TIMED_OUT] * 2
+    assert {a.exception_type for a in attempts["never-started"]} == {"EvaluationTimeoutError"}
+    assert CaseResult.from_attempts("multi.key", attempts["multi.key"], 0.0).score == pytest.approx(0.375)
