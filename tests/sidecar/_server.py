@@ -30,7 +30,7 @@ import httpx
 import uvicorn
 
 from vero.core.baseline import commit_baseline
-from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig
@@ -114,6 +114,8 @@ class StubBackend:
 
     Attributes:
         scores: case name -> reward (default 0.5); None makes a dead attempt.
+        timed_out: cases the candidate left unfinished at the wall clock (a `timed_out` dead attempt,
+            as `HarborBackend` reports them).
         block: while set to a `threading.Event`, `evaluate` waits until it is set (cancellable).
         fail_with_infrastructure: raise `InfrastructureFailure` instead of returning.
         infrastructure_cases: raise `InfrastructureFailure` for a run that selects any of these cases.
@@ -132,6 +134,7 @@ class StubBackend:
     write_job_dir: bool = True
     outside_secret_file: Path | None = None
     unmeasured: set[str] = field(default_factory=set)
+    timed_out: frozenset[str] = frozenset()
     runs: list[NestedRun] = field(default_factory=list)
     checkout_files: list[list[str]] = field(default_factory=list)
     started: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
@@ -159,9 +162,14 @@ class StubBackend:
                 reward = self.scores.get(case, 0.5)
                 if self.write_job_dir:
                     self._write_trial(job_dir / trial, case, reward)
+                if case in self.timed_out:
+                    attempt = AttemptResult(trial_name=trial, outcome=AttemptOutcome.TIMED_OUT,
+                                            exception_type="EvaluationTimeoutError")
+                else:
+                    attempt = AttemptResult(trial_name=trial, reward=reward,
+                                            exception_type=None if reward is not None else "RewardFileNotFoundError")
                 cases.append(CaseResult.from_attempts(
-                    case, [AttemptResult(trial_name=trial, reward=reward,
-                                         exception_type=None if reward is not None else "RewardFileNotFoundError")],
+                    case, [attempt],
                     run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value()))
             return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate, reward_key="reward",
                                                cases=cases, started_at=started_at, finished_at=datetime.now(UTC),

@@ -316,6 +316,29 @@ def test_infrastructure_failure_is_502_and_refunded(tmp_path):
         assert listed["state"] == "failed" and listed["error"] == "infrastructure" and listed["result"] is None
 
 
+def test_a_candidate_that_hangs_is_charged_and_answered_like_any_other(tmp_path):
+    """Timeouts are the candidate's: the job completes, its budget stays spent, and on a `none`
+    partition the answer is the same acknowledgement as for a candidate that finished."""
+    harness = make_harness(tmp_path, backend=StubBackend(timed_out=frozenset({"b1", "t2"})))
+    with harness.serve() as (_, client):
+        before = {p: budget_of(client, p) for p in ("train", "blind")}
+        hung = client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]}).json()
+        fine = client.post("/evaluations", json={"partition": "blind", "cases": ["b2"]}).json()
+        train = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
+        done = {job["id"]: wait_for_state(client, job["id"], {"complete"}) for job in (hung, fine, train)}
+        assert done[hung["id"]]["result"] == done[fine["id"]]["result"] == {
+            "disclosure": "none", "score": None, "n_cases": None, "n_attempts": None, "n_dead": None,
+            "cases": None, "artifacts_path": None}
+        assert client.get(f"/evaluations/{hung['id']}").status_code == 200
+        after = {p: budget_of(client, p) for p in ("train", "blind")}
+        assert after["blind"]["remaining_runs"] == before["blind"]["remaining_runs"] - 2
+        assert after["train"]["remaining_cases"] == before["train"]["remaining_cases"] - 2
+        cases = {c["case"]: c for c in done[train["id"]]["result"]["cases"]}
+        assert cases["t2"]["score"] == 0.0 and cases["t2"]["attempts"] == [
+            {"reward": None, "exception_type": "EvaluationTimeoutError", "outcome": "timed_out"}]
+        assert cases["t1"]["attempts"][0]["outcome"] == "scored"
+
+
 def test_unexpected_error_is_a_generic_500(harness, monkeypatch):
     async def disk_full(*_args, **_kwargs):
         raise OSError(f"state database {harness.state_dir}/state.db: write failed (SQLITE_FULL)")

@@ -478,3 +478,51 @@ def test_a_backend_bug_leaves_the_target_unmeasured_not_the_reward_missing(bench
     assert reward(bench) == {"reward": 1e9} and final.status == "failed"
     assert final.targets[0].error == "RuntimeError (unexpected; see the verifier log)"
     assert "hunter2" not in (bench.artifacts() / "finalization.json").read_text()
+
+
+# -- flags and build warnings ------------------------------------------------------------------------
+
+
+class ForgedBackend(TableBackend):
+    """Every hidden case reports one forged reward outside the range and one honest 0.5."""
+
+    async def evaluate(self, run):
+        from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+
+        result = await super().evaluate(run)
+        if run.partition != "hidden":
+            return result
+        failure = run.scoring.effective_failure_value()
+        cases = [CaseResult.from_attempts(name, [
+            AttemptResult(trial_name=f"{name}__forged", outcome=AttemptOutcome.REWARD_OUT_OF_RANGE,
+                          rejected_reward=1000.0, flags=["reward_file_removed"]),
+            AttemptResult(trial_name=f"{name}__honest", reward=0.5, outcome=AttemptOutcome.SCORED),
+        ], failure) for name in run.case_names]
+        return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate,
+                                           reward_key=result.reward_key, cases=cases, started_at=result.started_at,
+                                           finished_at=result.finished_at, job_dir=result.job_dir)
+
+
+def test_finalization_repeats_build_warnings_and_flags_out_of_range_rewards(bench: Workbench) -> None:
+    from vero.spec.models import ScoringSpec
+
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    config = bench.config()
+    config = config.model_copy(update={
+        "scoring": ScoringSpec(reward_range=(0.0, 1.0)),
+        "build_warnings": ["case 'hidden-1' (partition hidden): its tests never call vero-kit, ..."]})
+    backend = ForgedBackend({("hidden", bench.tree(a)): 0.5})
+
+    final = bench.verify(config, bench.seal(), backend)
+
+    assert reward(bench) == {"reward": 0.25}  # each case: mean of the failure value 0 and 0.5
+    (target,) = final.targets
+    assert target.flags == {"reward_file_removed": 2, "reward_out_of_range": 2} and target.n_dead == 2
+    assert final.measurements[0].flags == target.flags
+    assert final.warnings[0] == "build: case 'hidden-1' (partition hidden): its tests never call vero-kit, ..."
+    assert ("target hidden: 2 attempt(s) reported a reward outside scoring.reward_range [0.0, 1.0] (invalid: "
+            "scored at the failure value; candidate code may have forged it)") in final.warnings
+    written = json.loads((bench.root / "run" / "logs" / "verifier" / "artifacts" / "finalization.json").read_text())
+    assert written["targets"][0]["flags"] == {"reward_file_removed": 2, "reward_out_of_range": 2}
+    assert written["warnings"] == final.warnings
