@@ -130,7 +130,7 @@ static void need_root(const char *command) {
 /* Appends one JSON line to EVENTS_FILE (when /logs/verifier exists) and says it on stderr. `detail`
  * must be JSON-safe (the callers pass names and numbers only). */
 static void event(const char *name, const char *when, long count, const char *detail) {
-    say("%s (%s)%s%s", name, when, detail ? ": " : "", detail ? detail : "");
+    say("%s (%s): %ld%s%s", name, when, count, detail ? " " : "", detail ? detail : "");
     struct stat st;
     if (lstat(VERIFIER_DIR, &st) != 0 || !S_ISDIR(st.st_mode)) {
         return;

@@ -33,6 +33,7 @@ sandbox is closed (step 5) even then, before the cancellation propagates.
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ from harbor.models.agent.context import AgentContext
 from vero.harbor.casekit import KIT_PATH_IN_CASE, kit_binary
 
 __all__ = ["CandidateSandboxError", "CaseKitSetupError", "InstallAgent"]
+
+_LEFTOVERS_AFTER_RUN = re.compile(r"^vero-kit: leftover_processes_killed \(after run\): (\d+)$", re.MULTILINE)
 
 INSTALL_LOG_NAME = "install.txt"
 EXIT_CODE_NAME = "exit-code.txt"
@@ -154,6 +157,10 @@ class InstallAgent(BaseAgent):
                                     f"--- stderr ---\n{result.stderr or ''}\n")
         self._log(EXIT_CODE_NAME, str(result.return_code))
         context.metadata["vero_install_exit_code"] = result.return_code
+        # The kit killed what the command left running (e.g. a daemon meant to rewrite the reward).
+        left = _LEFTOVERS_AFTER_RUN.search(result.stderr or "")
+        if left:
+            context.metadata["vero_install_leftover_processes"] = int(left.group(1))
         if result.return_code != 0:
             raise NonZeroAgentExitCodeError(f"install_command exited with code {result.return_code}")
 
@@ -167,8 +174,9 @@ class InstallAgent(BaseAgent):
             raise CandidateSandboxError(f"the candidate sandbox could not be closed (exit {result.return_code})")
         for line in (result.stdout or "").splitlines():
             name, _, value = line.partition(" ")
-            if name == "leftover_processes_killed" and value.strip().isdigit():
-                context.metadata["vero_install_leftover_processes"] = int(value)
+            if name == "leftover_processes_killed" and value.strip().isdigit() and int(value):
+                context.metadata["vero_install_leftover_processes"] = (
+                    context.metadata.get("vero_install_leftover_processes", 0) + int(value))
 
     @override
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:

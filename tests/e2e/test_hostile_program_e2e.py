@@ -1,0 +1,395 @@
+"""Hostile program candidates, end to end on Docker: through a real sidecar, and scored by the verifier
+on hidden partitions (needs Docker; run by CI).
+
+A compiled task (a `word_count` program) has two kinds of cases, each in an agent-visible `train`
+partition and in a hidden target:
+
+- `kit-*` cases run candidate code only through the case kit (`vero-kit run`) and write the reward
+  with `vero-kit reward`, as README "Writing program cases" says;
+- `nokit-*` cases run it as root and write `reward.txt` themselves, as many third-party cases do.
+  The build warns about them, and `scoring.reward_range: [0, 1]` is the guard.
+
+Every hostile candidate computes a wrong answer (its honest score is 0) and attacks the measurement:
+writing `reward.json` / `reward.txt`, a daemon started by `install_command` or at test time that
+keeps rewriting them, reading `/tests/expected.txt`, links planted at the reward paths, a fork bomb,
+filling `/logs`. An honest candidate scores 1 on both kinds. Each candidate is evaluated on `train`
+through a real sidecar (`create_app` + `HarborBackend` under uvicorn) and measured on both hidden
+targets by the verifier's own `Scorer`; one of them is then submitted, the session sealed, and the
+verifier image run as Harbor runs a separate verifier.
+
+On kit cases every attack ends at the honest score (0), flagged where the kit noticed it. On the
+no-kit cases the forged out-of-range values are caught by `reward_range` (flagged
+`reward_out_of_range`), and what the kit cannot protect there stays visible: reading `/tests` works.
+The no-kit cases cap their processes (`pids_limit`) only so that the fork bomb cannot hurt the shared
+test machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import tenacity
+import yaml
+from sidecar._server import ServerThread, commit_file, git, wait_for_state  # tests/ is on sys.path
+
+from vero.compiler import compile_task
+from vero.core.baseline import commit_baseline
+from vero.harbor import HarborBackend
+from vero.sidecar.app import create_app
+from vero.sidecar.client import JOB_TERMINAL_STATES
+from vero.sidecar.seal import request_seal
+from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, load_config
+from vero.verifier.scoring import Scorer
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
+
+BASE_IMAGE = "python:3.13-slim"
+
+KIT_TEST = """#!/bin/bash
+set -u
+work="$(mktemp -d)"
+vero-kit run --cwd /opt/candidate --timeout 20 --nproc 64 --memory-mb 1024 --fsize-mb 1 \\
+    -- python3 -c 'import sys, textstats; print(textstats.word_count(sys.stdin.read()))' \\
+    < /tests/input.txt > "$work/out"
+got="$(head -c 100 "$work/out")"
+if [ "$got" = "$(cat /tests/expected.txt)" ]; then vero-kit reward 1; else echo "got ${got:-nothing}"; vero-kit reward 0; fi
+"""
+
+NOKIT_TEST = """#!/bin/bash
+# A case that does not use the kit: the candidate's code runs as root, the test writes reward.txt.
+got="$(cd /opt/candidate && timeout 20 python3 -c 'import sys, textstats; print(textstats.word_count(sys.stdin.read()))' \\
+       < /tests/input.txt | head -c 100)"
+if [ "$got" = "$(cat /tests/expected.txt)" ]; then r=1; else r=0; fi
+echo "got ${got:-nothing}: reward $r"
+echo "$r" > /logs/verifier/reward.txt
+"""
+
+# case -> (partition, input, expected count, kit?)
+CASES = {
+    "kit-train": ("train", "one two three", 3, True),
+    "nokit-train": ("train", "red green", 2, False),
+    "kit-hidden": ("hidden", "alpha beta gamma delta", 4, True),
+    "nokit-hidden": ("hidden-nokit", "x y z w v", 5, False),
+}
+
+SPEC = """\
+schema_version: 1
+name: hostile-program-e2e
+description: Count whitespace-separated words.
+target:
+  kind: program
+  path: target
+  install_path: /opt/candidate
+  install_command: sh ./install.sh
+cases:
+  path: cases
+  partitions:
+    train: [kit-train, nokit-train]
+    hidden: [kit-hidden]
+    hidden-nokit: [nokit-hidden]
+scoring:
+  reward_range: [0, 1]
+agent_access:
+  train:
+    disclosure: full
+    min_aggregate_cases: 1
+    total_runs: 20
+    total_cases: 40
+selection:
+  mode: submit
+targets:
+  hidden:
+    reward_key: kit
+  hidden-nokit:
+    reward_key: nokit
+harbor:
+  n_concurrent: 2
+  case_timeout_sec: 60
+  evaluation_timeout_sec: 600
+  drain_timeout_sec: 60
+  infra_retries: 1
+  verifier_timeout_sec: 1800
+images:
+  main: %(image)s
+  sidecar: %(image)s
+  verifier: %(image)s
+"""
+
+WRONG = '''
+
+def word_count(text: str) -> int:
+    return -1  # never right: the honest score of this candidate is 0
+'''
+
+# name -> (textstats.py, install.sh)
+CANDIDATES: dict[str, tuple[str, str]] = {
+    "honest": ('def word_count(text: str) -> int:\n    return len(text.split())\n', "true\n"),
+    "forge-json": ('''
+try:
+    open("/logs/verifier/reward.json", "w").write('{"reward": 1000.0}')
+except OSError:
+    pass
+''' + WRONG, "true\n"),
+    "forge-txt": ('''
+try:
+    open("/logs/verifier/reward.txt", "w").write("1000")
+except OSError:
+    pass
+''' + WRONG, "true\n"),
+    "install-daemon": (WRONG, '''
+( while :; do
+    echo '{"reward": 1000.0}' > /logs/verifier/reward.json; echo 1000 > /logs/verifier/reward.txt; sleep 0.1
+  done ) >/dev/null 2>&1 &
+head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null
+exit 0
+'''),
+    "test-daemon": ('''
+import subprocess, sys
+LOOP = """
+import time
+for _ in range(600):
+    for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs/verifier/reward.txt", "1000")):
+        try:
+            open(path, "w").write(text)
+        except OSError:
+            pass
+    time.sleep(0.05)
+"""
+subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+''' + WRONG, "true\n"),
+    "read-tests": ('''
+def word_count(text: str) -> int:
+    try:
+        return int(open("/tests/expected.txt").read())
+    except OSError:
+        return -1
+''', "true\n"),
+    "symlink": ('''
+import os
+try:
+    open("/tmp/forged.json", "w").write('{"reward": 1000.0}')
+    os.symlink("/tmp/forged.json", "/logs/verifier/reward.json")
+except OSError:
+    pass
+try:
+    os.symlink("/etc/passwd", "/logs/verifier/reward.txt")  # a root test writing reward.txt clobbers it
+except OSError:
+    pass
+''' + WRONG, "ln -s /etc/passwd /logs/verifier/reward.txt 2>/dev/null; true\n"),
+    "fork-bomb": ('''
+import os, time
+
+def word_count(text: str) -> int:
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        try:
+            os.fork()
+        except OSError:
+            time.sleep(0.05)
+    return -1
+''', "true\n"),
+    "fill-logs": ('''
+import sys
+
+def word_count(text: str) -> int:
+    chunk = b"x" * (1 << 20)
+    for path in ("/logs/verifier/fill.bin", "/logs/agent/fill.bin", "/logs/artifacts/fill.bin", "/tmp/fill.bin"):
+        try:
+            with open(path, "wb") as out:
+                for _ in range(8):
+                    out.write(chunk)
+        except OSError:
+            pass
+    try:
+        for _ in range(8):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+    except OSError:
+        pass
+    return -1
+''', "head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null; true\n"),
+}
+
+
+def _write_spec(root: Path) -> Path:
+    (root / "target").mkdir(parents=True)
+    (root / "target" / "textstats.py").write_text(CANDIDATES["honest"][0].replace("text.split()", 'text.split(" ")'))
+    (root / "target" / "install.sh").write_text("true\n")
+    for name, (_, text, expected, kit) in CASES.items():
+        case = root / "cases" / name
+        (case / "environment").mkdir(parents=True)
+        (case / "tests").mkdir()
+        (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
+                                        "[verifier]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 300.0\n")
+        (case / "environment" / "Dockerfile").write_text(
+            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n")
+        if not kit:
+            # Only to keep the fork bomb (root here) from hurting the shared test machine.
+            (case / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    pids_limit: 256\n")
+        (case / "instruction.md").write_text(f"Case {name}.\n")
+        (case / "tests" / "input.txt").write_text(text)
+        (case / "tests" / "expected.txt").write_text(f"{expected}\n")
+        (case / "tests" / "test.sh").write_text(KIT_TEST if kit else NOKIT_TEST)
+        os.chmod(case / "tests" / "test.sh", 0o755)
+    spec = root / "build.yaml"
+    spec.write_text(SPEC % {"image": BASE_IMAGE})
+    return spec
+
+
+def _docker(*args: str, timeout_sec: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec, check=False)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@pytest.fixture
+def workspace():
+    root = Path(tempfile.mkdtemp(prefix="vero-e2e-hostile-"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace: Path) -> None:
+    compiled = compile_task(_write_spec(workspace / "spec"), workspace / "task")
+    layout = compiled.layout
+    # The build names every no-kit case, and only those.
+    assert sorted(w.split("'")[1] for w in compiled.warnings) == ["nokit-hidden", "nokit-train"]
+
+    agent_repo = workspace / "app"
+    shutil.copytree(layout.main.baseline_dir, agent_repo)
+    assert commit_baseline(agent_repo) == compiled.baseline_commit
+    commits = {}
+    for name, (source, install) in CANDIDATES.items():
+        git(agent_repo, "checkout", "-q", compiled.baseline_commit)
+        commit_file(agent_repo, "install.sh", install, f"{name}: install")
+        commits[name] = commit_file(agent_repo, "textstats.py", source, name)
+
+    # -- through the sidecar: every candidate on train (one kit and one no-kit case) ---------------
+    config = load_config(layout.sidecar.config_path, SidecarConfig)
+    state_dir, export_dir = workspace / "state", workspace / "export"
+    app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
+                     backend=HarborBackend(infra_wait=tenacity.wait_none()), cases_dir=layout.sidecar.cases_dir,
+                     baseline_dir=layout.sidecar.baseline_dir, work_dir=workspace / "work", run_as=None)
+    train: dict[str, dict[str, dict]] = {}
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
+        jobs = {}
+        for name, commit in commits.items():
+            response = client.post("/evaluations", json={"partition": "train", "version": commit})
+            assert response.status_code == 202, response.text
+            jobs[name] = response.json()["id"]
+        for name, job_id in jobs.items():
+            job = wait_for_state(client, job_id, JOB_TERMINAL_STATES, timeout_sec=1200)
+            assert job.get("state") == "complete", (name, job)
+            train[name] = {c["case"]: c for c in job["result"]["cases"]}
+        submitted = client.post("/submissions", json={"version": commits["test-daemon"]})
+        assert submitted.status_code == 201, submitted.text
+        sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url,
+                              timeout_sec=120)
+        records = {job.id: job for job in app.state.service.jobs.list()}
+
+    def attempt(name: str, case: str) -> dict:
+        (only,) = train[name][case]["attempts"]
+        return only
+
+    kit_train = {name: train[name]["kit-train"]["score"] for name in CANDIDATES}
+    assert kit_train == {name: 1.0 if name == "honest" else 0.0 for name in CANDIDATES}, train
+    # The kit case gives every hostile candidate its honest 0 as a plain scored measurement...
+    for name in CANDIDATES:
+        assert attempt(name, "kit-train")["outcome"] == "scored", (name, train[name])
+    # ... and on the no-kit case, forged values outside [0, 1] are invalid attempts, flagged.
+    nokit_train = {name: (train[name]["nokit-train"]["score"], attempt(name, "nokit-train")["outcome"])
+                   for name in CANDIDATES}
+    assert nokit_train["forge-json"] == (0.0, "reward_out_of_range")
+    assert nokit_train["test-daemon"] == (0.0, "reward_out_of_range")
+    assert nokit_train["honest"] == (1.0, "scored")
+    assert nokit_train["read-tests"] == (1.0, "scored")  # the gap the kit closes: answers are readable
+    for name in ("forge-txt", "install-daemon", "symlink", "fork-bomb", "fill-logs"):
+        assert nokit_train[name][0] == 0.0, (name, nokit_train[name])
+    # What the kit noticed is kept with the trusted result (flags are not disclosed).
+    flags = {name: {a.outcome: a.flags for c in records[jobs[name]].result.cases if c.case == "kit-train"
+                    for a in c.attempts} for name in CANDIDATES}
+    assert "leftover_processes_killed" in flags["test-daemon"]["scored"], flags["test-daemon"]
+    assert "install_leftover_processes_killed" in flags["install-daemon"]["scored"], flags["install-daemon"]
+    # Filling /logs got nowhere in the kit case: its trial dirs stay small.
+    fill_job = Path(records[jobs["fill-logs"]].result.job_dir)
+    (kit_trial,) = [p for p in fill_job.iterdir() if p.is_dir() and p.name.startswith("kit-train")]
+    assert _dir_bytes(kit_trial) < 1024 * 1024, _dir_bytes(kit_trial)
+
+    # -- the verifier's own scoring, on both hidden targets, for every candidate ------------------
+    verifier_config = load_config(layout.verifier.config_path, VerifierConfig)
+    assert verifier_config.build_warnings == list(compiled.warnings)
+
+    def checkout(candidate: str, dest: Path) -> Path:
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(agent_repo), "archive", candidate], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return dest
+
+    scorer = Scorer(backend=HarborBackend(infra_wait=tenacity.wait_none()), config=verifier_config,
+                    checkout=checkout, cases_dir=layout.verifier.cases_dir, work_dir=workspace / "verify")
+    slots = asyncio.Semaphore(2)
+
+    async def measure(name: str, partition: str):
+        async with slots:
+            return await scorer.measure(commits[name], partition, "target")
+
+    async def everything():
+        pairs = [(name, partition) for name in CANDIDATES for partition in ("hidden", "hidden-nokit")]
+        results = await asyncio.gather(*(measure(n, p) for n, p in pairs))
+        return dict(zip(pairs, results, strict=True))
+
+    hidden = asyncio.run(everything())
+    for (name, partition), measurement in hidden.items():
+        assert measurement.measured, (name, partition, measurement.error)
+    assert {n: hidden[(n, "hidden")].score for n in CANDIDATES} == \
+        {name: 1.0 if name == "honest" else 0.0 for name in CANDIDATES}
+    assert hidden[("forge-json", "hidden-nokit")].flags.get("reward_out_of_range") == 1
+    assert hidden[("test-daemon", "hidden-nokit")].flags.get("reward_out_of_range") == 1
+    for name in CANDIDATES:
+        expected = 1.0 if name in ("honest", "read-tests") else 0.0
+        assert hidden[(name, "hidden-nokit")].score == expected, (name, hidden[(name, "hidden-nokit")])
+
+    # -- the verifier container on the sealed session (the daemon candidate was submitted) ---------
+    compose = yaml.safe_load(layout.verifier_compose_path.read_text())
+    mounts = compose["services"]["main"]["volumes"]
+    logs = workspace / "logs-verifier"
+    logs.mkdir()
+    suffix = uuid.uuid4().hex[:12]
+    tag = container = f"vero-test-e2e-hostile-{suffix}"
+    try:
+        built = _docker("build", "-q", "--force-rm", "-t", tag, str(layout.tests_dir), timeout_sec=1200)
+        assert built.returncode == 0, built.stdout + built.stderr
+        run = _docker("run", "--name", container, "-v", f"{export_dir}:{CONTAINER_PATHS.export}:ro",
+                      *(arg for mount in mounts for arg in ("-v", mount)), "-v", f"{logs}:/logs/verifier",
+                      tag, "bash", "-c", "(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1", timeout_sec=1200)
+        stdout_path = logs / "test-stdout.txt"
+        diagnostics = run.stdout + run.stderr + (stdout_path.read_text() if stdout_path.is_file() else "")
+        assert run.returncode == 0, diagnostics
+        assert json.loads((logs / "reward.json").read_text()) == {"kit": 0.0, "nokit": 0.0}, diagnostics
+        final = json.loads((logs / "artifacts" / "finalization.json").read_text())
+        assert final["status"] == "scored" and final["session_sha256"] == sealed.sha256
+        assert final["chosen"]["candidate"] == commits["test-daemon"]
+        targets = {t["partition"]: t for t in final["targets"]}
+        assert targets["hidden-nokit"]["flags"].get("reward_out_of_range") == 1, targets
+        assert targets["hidden"]["flags"].get("leftover_processes_killed") == 1, targets
+        assert "vero-runner" in final["run_as"]
+        assert sum(w.startswith("build: case 'nokit-") for w in final["warnings"]) == 2, final["warnings"]
+        assert any(w.startswith("target hidden-nokit: 1 attempt(s) reported a reward outside scoring.reward_range")
+                   for w in final["warnings"]), final["warnings"]
+    finally:
+        _docker("rm", "-f", container, timeout_sec=120)
+        _docker("image", "rm", "-f", tag, timeout_sec=120)
