@@ -1,8 +1,8 @@
 """Hostile program candidates, end to end on Docker: through a real sidecar, and scored by the verifier
 on hidden partitions (needs Docker; run by CI).
 
-A compiled task (a `word_count` program) has two kinds of cases, each in an agent-visible `train`
-partition and in a hidden target:
+A compiled task (a `word_count` program) has two kinds of cases, one of each in the agent-visible
+`train` partition and in the hidden target partition:
 
 - `kit-*` cases run candidate code only through the case kit (`vero-kit run`) and write the reward
   with `vero-kit reward`, as README "Writing program cases" says;
@@ -10,11 +10,11 @@ partition and in a hidden target:
   The build warns about them, and `scoring.reward_range: [0, 1]` is the guard.
 
 Every hostile candidate computes a wrong answer (its honest score is 0) and attacks the measurement:
-writing `reward.json` / `reward.txt`, a daemon started by `install_command` or at test time that
+writing `reward.json` and `reward.txt`, a daemon started by `install_command` or at test time that
 keeps rewriting them, reading `/tests/expected.txt`, links planted at the reward paths, a fork bomb,
 filling `/logs`. An honest candidate scores 1 on both kinds. Each candidate is evaluated on `train`
-through a real sidecar (`create_app` + `HarborBackend` under uvicorn) and measured on both hidden
-targets by the verifier's own `Scorer`; one of them is then submitted, the session sealed, and the
+through a real sidecar (`create_app` + `HarborBackend` under uvicorn) and measured on the hidden
+target by the verifier's own `Scorer`; one of them is then submitted, the session sealed, and the
 verifier image run as Harbor runs a separate verifier.
 
 On kit cases every attack ends at the honest score (0), flagged where the kit noticed it. On the
@@ -27,18 +27,15 @@ test machine.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import tenacity
-import yaml
 from sidecar._server import ServerThread, commit_file, git, wait_for_state  # tests/ is on sys.path
 
 from vero.compiler import compile_task
@@ -47,8 +44,10 @@ from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
-from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, VerifierConfig, load_config
+from vero.spec.compiled import SidecarConfig, VerifierConfig, load_config
 from vero.verifier.scoring import Scorer
+
+from ._verifier import run_verifier_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
@@ -78,7 +77,7 @@ CASES = {
     "kit-train": ("train", "one two three", 3, True),
     "nokit-train": ("train", "red green", 2, False),
     "kit-hidden": ("hidden", "alpha beta gamma delta", 4, True),
-    "nokit-hidden": ("hidden-nokit", "x y z w v", 5, False),
+    "nokit-hidden": ("hidden", "x y z w v", 5, False),
 }
 
 SPEC = """\
@@ -94,8 +93,7 @@ cases:
   path: cases
   partitions:
     train: [kit-train, nokit-train]
-    hidden: [kit-hidden]
-    hidden-nokit: [nokit-hidden]
+    hidden: [kit-hidden, nokit-hidden]
 scoring:
   reward_range: [0, 1]
 agent_access:
@@ -107,10 +105,7 @@ agent_access:
 selection:
   mode: submit
 targets:
-  hidden:
-    reward_key: kit
-  hidden-nokit:
-    reward_key: nokit
+  hidden: {}
 harbor:
   n_concurrent: 2
   case_timeout_sec: 60
@@ -133,17 +128,12 @@ def word_count(text: str) -> int:
 # name -> (textstats.py, install.sh)
 CANDIDATES: dict[str, tuple[str, str]] = {
     "honest": ('def word_count(text: str) -> int:\n    return len(text.split())\n', "true\n"),
-    "forge-json": ('''
-try:
-    open("/logs/verifier/reward.json", "w").write('{"reward": 1000.0}')
-except OSError:
-    pass
-''' + WRONG, "true\n"),
-    "forge-txt": ('''
-try:
-    open("/logs/verifier/reward.txt", "w").write("1000")
-except OSError:
-    pass
+    "forge-files": ('''
+for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs/verifier/reward.txt", "1000")):
+    try:
+        open(path, "w").write(text)
+    except OSError:
+        pass
 ''' + WRONG, "true\n"),
     "install-daemon": (WRONG, '''
 ( while :; do
@@ -246,10 +236,6 @@ def _write_spec(root: Path) -> Path:
     return spec
 
 
-def _docker(*args: str, timeout_sec: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec, check=False)
-
-
 def _dir_bytes(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -274,7 +260,7 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     commits = {}
     for name, (source, install) in CANDIDATES.items():
         git(agent_repo, "checkout", "-q", compiled.baseline_commit)
-        commit_file(agent_repo, "install.sh", install, f"{name}: install")
+        (agent_repo / "install.sh").write_text(install)
         commits[name] = commit_file(agent_repo, "textstats.py", source, name)
 
     # -- through the sidecar: every candidate on train (one kit and one no-kit case) ---------------
@@ -309,14 +295,15 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     # The kit case gives every hostile candidate its honest 0 as a plain scored measurement...
     for name in CANDIDATES:
         assert attempt(name, "kit-train")["outcome"] == "scored", (name, train[name])
-    # ... and on the no-kit case, forged values outside [0, 1] are invalid attempts, flagged.
+    # ... and on the no-kit case, forged values outside [0, 1] are invalid attempts, flagged (a forged
+    # reward.txt is simply overwritten by the test; the install-time daemon was killed by the sandbox).
     nokit_train = {name: (train[name]["nokit-train"]["score"], attempt(name, "nokit-train")["outcome"])
                    for name in CANDIDATES}
-    assert nokit_train["forge-json"] == (0.0, "reward_out_of_range")
+    assert nokit_train["forge-files"] == (0.0, "reward_out_of_range")
     assert nokit_train["test-daemon"] == (0.0, "reward_out_of_range")
     assert nokit_train["honest"] == (1.0, "scored")
     assert nokit_train["read-tests"] == (1.0, "scored")  # the gap the kit closes: answers are readable
-    for name in ("forge-txt", "install-daemon", "symlink", "fork-bomb", "fill-logs"):
+    for name in ("install-daemon", "symlink", "fork-bomb", "fill-logs"):
         assert nokit_train[name][0] == 0.0, (name, nokit_train[name])
     # What the kit noticed is kept with the trusted result (flags are not disclosed).
     flags = {name: {a.outcome: a.flags for c in records[jobs[name]].result.cases if c.case == "kit-train"
@@ -328,7 +315,7 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     (kit_trial,) = [p for p in fill_job.iterdir() if p.is_dir() and p.name.startswith("kit-train")]
     assert _dir_bytes(kit_trial) < 1024 * 1024, _dir_bytes(kit_trial)
 
-    # -- the verifier's own scoring, on both hidden targets, for every candidate ------------------
+    # -- the verifier's own scoring of every candidate on the hidden target (one kit, one no-kit case) --
     verifier_config = load_config(layout.verifier.config_path, VerifierConfig)
     assert verifier_config.build_warnings == list(compiled.warnings)
 
@@ -343,53 +330,36 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
                     checkout=checkout, cases_dir=layout.verifier.cases_dir, work_dir=workspace / "verify")
     slots = asyncio.Semaphore(2)
 
-    async def measure(name: str, partition: str):
+    async def measure(name: str):
         async with slots:
-            return await scorer.measure(commits[name], partition, "target")
+            return await scorer.measure(commits[name], "hidden", "target")
 
     async def everything():
-        pairs = [(name, partition) for name in CANDIDATES for partition in ("hidden", "hidden-nokit")]
-        results = await asyncio.gather(*(measure(n, p) for n, p in pairs))
-        return dict(zip(pairs, results, strict=True))
+        return dict(zip(CANDIDATES, await asyncio.gather(*(measure(n) for n in CANDIDATES)), strict=True))
 
     hidden = asyncio.run(everything())
-    for (name, partition), measurement in hidden.items():
-        assert measurement.measured, (name, partition, measurement.error)
-    assert {n: hidden[(n, "hidden")].score for n in CANDIDATES} == \
-        {name: 1.0 if name == "honest" else 0.0 for name in CANDIDATES}
-    assert hidden[("forge-json", "hidden-nokit")].flags.get("reward_out_of_range") == 1
-    assert hidden[("test-daemon", "hidden-nokit")].flags.get("reward_out_of_range") == 1
-    for name in CANDIDATES:
-        expected = 1.0 if name in ("honest", "read-tests") else 0.0
-        assert hidden[(name, "hidden-nokit")].score == expected, (name, hidden[(name, "hidden-nokit")])
+    for name, measurement in hidden.items():
+        assert measurement.measured, (name, measurement.error)
+    # Mean of the two cases: 1 for the honest candidate, 0 for every attack but reading the no-kit
+    # case's answers (0.5); the forged values are flagged.
+    assert {n: m.score for n, m in hidden.items()} == \
+        {name: {"honest": 1.0, "read-tests": 0.5}.get(name, 0.0) for name in CANDIDATES}, hidden
+    assert hidden["forge-files"].flags.get("reward_out_of_range") == 1
+    assert hidden["test-daemon"].flags.get("reward_out_of_range") == 1
+    assert hidden["test-daemon"].flags.get("leftover_processes_killed") == 1
 
     # -- the verifier container on the sealed session (the daemon candidate was submitted) ---------
-    compose = yaml.safe_load(layout.verifier_compose_path.read_text())
-    mounts = compose["services"]["main"]["volumes"]
     logs = workspace / "logs-verifier"
     logs.mkdir()
-    suffix = uuid.uuid4().hex[:12]
-    tag = container = f"vero-test-e2e-hostile-{suffix}"
-    try:
-        built = _docker("build", "-q", "--force-rm", "-t", tag, str(layout.tests_dir), timeout_sec=1200)
-        assert built.returncode == 0, built.stdout + built.stderr
-        run = _docker("run", "--name", container, "-v", f"{export_dir}:{CONTAINER_PATHS.export}:ro",
-                      *(arg for mount in mounts for arg in ("-v", mount)), "-v", f"{logs}:/logs/verifier",
-                      tag, "bash", "-c", "(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1", timeout_sec=1200)
-        stdout_path = logs / "test-stdout.txt"
-        diagnostics = run.stdout + run.stderr + (stdout_path.read_text() if stdout_path.is_file() else "")
-        assert run.returncode == 0, diagnostics
-        assert json.loads((logs / "reward.json").read_text()) == {"kit": 0.0, "nokit": 0.0}, diagnostics
-        final = json.loads((logs / "artifacts" / "finalization.json").read_text())
-        assert final["status"] == "scored" and final["session_sha256"] == sealed.sha256
-        assert final["chosen"]["candidate"] == commits["test-daemon"]
-        targets = {t["partition"]: t for t in final["targets"]}
-        assert targets["hidden-nokit"]["flags"].get("reward_out_of_range") == 1, targets
-        assert targets["hidden"]["flags"].get("leftover_processes_killed") == 1, targets
-        assert "vero-runner" in final["run_as"]
-        assert sum(w.startswith("build: case 'nokit-") for w in final["warnings"]) == 2, final["warnings"]
-        assert any(w.startswith("target hidden-nokit: 1 attempt(s) reported a reward outside scoring.reward_range")
-                   for w in final["warnings"]), final["warnings"]
-    finally:
-        _docker("rm", "-f", container, timeout_sec=120)
-        _docker("image", "rm", "-f", tag, timeout_sec=120)
+    verified = run_verifier_image(layout, export_dir, logs, name="vero-test-e2e-hostile")
+    assert verified.returncode == 0, verified.diagnostics
+    assert verified.reward == {"reward": 0.0}, verified.diagnostics
+    final = verified.finalization
+    assert final["status"] == "scored" and final["session_sha256"] == sealed.sha256
+    assert final["chosen"]["candidate"] == commits["test-daemon"]
+    (target,) = final["targets"]
+    assert target["flags"].get("reward_out_of_range") == 1 and target["flags"].get("leftover_processes_killed") == 1
+    assert "vero-runner" in final["run_as"]
+    assert sum(w.startswith("build: case 'nokit-") for w in final["warnings"]) == 2, final["warnings"]
+    assert any(w.startswith("target hidden: 1 attempt(s) reported a reward outside scoring.reward_range")
+               for w in final["warnings"]), final["warnings"]

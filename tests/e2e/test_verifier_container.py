@@ -25,18 +25,14 @@ the verifier container runs them as its `vero-runner` user, with the socket's gr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import tempfile
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import tenacity
-import yaml
 from sidecar._server import ServerThread, commit_file, wait_for_state  # tests/ is on sys.path
 
 from vero.compiler import compile_task
@@ -45,7 +41,9 @@ from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
-from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig, load_config
+from vero.spec.compiled import SidecarConfig, load_config
+
+from ._verifier import run_verifier_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
 
@@ -118,10 +116,6 @@ images:
   sidecar: %(image)s
   verifier: %(image)s
 """
-
-def _docker(*args: str, timeout_sec: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec, check=False)
-
 
 def _write_spec(root: Path) -> Path:
     """The spec tree: `build.yaml`, the baseline target and the four cases (same image for all)."""
@@ -198,39 +192,19 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
     assert archive.is_file() and (export_dir / "session.tar.gz.sha256").is_file()
 
     # -- the verifier, as Harbor runs a separate verifier --------------------------------------
-    compose = yaml.safe_load(layout.verifier_compose_path.read_text())
-    mounts = compose["services"]["main"]["volumes"]
-    assert mounts == ["/run/docker.sock:/var/run/docker.sock:ro"]
     logs = workspace / "logs-verifier"
     logs.mkdir()
-    suffix = uuid.uuid4().hex[:12]
-    tag, container = f"vero-test-e2e-verifier-{suffix}", f"vero-test-e2e-verifier-{suffix}"
-    try:
-        built = _docker("build", "-q", "--force-rm", "-t", tag, str(layout.tests_dir), timeout_sec=900)
-        assert built.returncode == 0, built.stdout + built.stderr
-        run = _docker(
-            "run", "--name", container,
-            "-v", f"{export_dir}:{CONTAINER_PATHS.export}:ro",
-            *(arg for mount in mounts for arg in ("-v", mount)),
-            "-v", f"{logs}:/logs/verifier",
-            tag, "bash", "-c", "(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1",
-            timeout_sec=900,
-        )
-        stdout_path = logs / "test-stdout.txt"
-        diagnostics = run.stdout + run.stderr + (stdout_path.read_text() if stdout_path.is_file() else "")
-        assert run.returncode == 0, diagnostics  # `vero harbor verify` exits 0 only when every target was measured
+    verified = run_verifier_image(layout, export_dir, logs, name="vero-test-e2e-verifier")
+    assert verified.returncode == 0, verified.diagnostics
 
-        assert json.loads((logs / "reward.json").read_text()) == {"reward": 0.5}, diagnostics
-        finalization = json.loads((logs / "artifacts" / "finalization.json").read_text())
-        assert finalization["status"] == "scored", finalization["errors"]
-        assert finalization["chosen"]["candidate"] == improved
-        assert finalization["chosen"]["is_baseline"] is False
-        assert finalization["session_sha256"] == sealed.sha256
-        (target,) = finalization["targets"]
-        assert target["partition"] == "hidden" and target["measured"] is True
-        assert target["n_cases"] == 2 and target["n_dead"] == 0 and target["reward"] == 0.5
-        assert [(m["candidate"], m["purpose"]) for m in finalization["measurements"]] == [(improved, "target")]
-        assert "vero-runner" in finalization["run_as"]  # candidate code ran unprivileged in the verifier
-    finally:
-        _docker("rm", "-f", container, timeout_sec=120)
-        _docker("image", "rm", "-f", tag, timeout_sec=120)
+    assert verified.reward == {"reward": 0.5}, verified.diagnostics
+    finalization = verified.finalization
+    assert finalization["status"] == "scored", finalization["errors"]
+    assert finalization["chosen"]["candidate"] == improved
+    assert finalization["chosen"]["is_baseline"] is False
+    assert finalization["session_sha256"] == sealed.sha256
+    (target,) = finalization["targets"]
+    assert target["partition"] == "hidden" and target["measured"] is True
+    assert target["n_cases"] == 2 and target["n_dead"] == 0 and target["reward"] == 0.5
+    assert [(m["candidate"], m["purpose"]) for m in finalization["measurements"]] == [(improved, "target")]
+    assert "vero-runner" in finalization["run_as"]  # candidate code ran unprivileged in the verifier

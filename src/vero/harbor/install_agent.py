@@ -158,7 +158,8 @@ class InstallAgent(BaseAgent):
         self._log(EXIT_CODE_NAME, str(result.return_code))
         context.metadata["vero_install_exit_code"] = result.return_code
         # The kit killed what the command left running (e.g. a daemon meant to rewrite the reward).
-        left = _LEFTOVERS_AFTER_RUN.search(result.stderr or "")
+        # Its message is in the merged output (Harbor's Docker exec merges stderr into stdout).
+        left = _LEFTOVERS_AFTER_RUN.search(f"{result.stdout or ''}\n{result.stderr or ''}")
         if left:
             context.metadata["vero_install_leftover_processes"] = int(left.group(1))
         if result.return_code != 0:
