@@ -142,20 +142,29 @@ for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs
 head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null
 exit 0
 '''),
+    # The daemon tells the candidate (through /tmp) once it has tried its first write, so that where
+    # it can write, a forged reward is there when the test ends, whatever the machine's load.
     "test-daemon": ('''
-import subprocess, sys
+import os, subprocess, sys, tempfile, time
+READY = tempfile.mktemp(prefix="daemon-ready-")
 LOOP = """
-import time
-for _ in range(600):
+import sys, time
+for round in range(600):
     for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs/verifier/reward.txt", "1000")):
         try:
             open(path, "w").write(text)
         except OSError:
             pass
+    if round == 0:
+        open(sys.argv[1], "w").close()
     time.sleep(0.05)
 """
-subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True, stdin=subprocess.DEVNULL,
+subprocess.Popen([sys.executable, "-c", LOOP, READY], start_new_session=True, stdin=subprocess.DEVNULL,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+for _ in range(600):
+    if os.path.exists(READY):
+        break
+    time.sleep(0.05)
 ''' + WRONG, "true\n"),
     "read-tests": ('''
 def word_count(text: str) -> int:

@@ -326,9 +326,9 @@ def test_a_candidate_that_hangs_is_charged_and_answered_like_any_other(tmp_path)
         fine = client.post("/evaluations", json={"partition": "blind", "cases": ["b2"]}).json()
         train = client.post("/evaluations", json={"partition": "train", "cases": ["t1", "t2"]}).json()
         done = {job["id"]: wait_for_state(client, job["id"], {"complete"}) for job in (hung, fine, train)}
-        assert done[hung["id"]]["result"] == done[fine["id"]]["result"] == {
-            "disclosure": "none", "score": None, "n_cases": None, "n_attempts": None, "n_dead": None,
-            "cases": None, "artifacts_path": None}
+        assert done[hung["id"]]["result"] == done[fine["id"]]["result"]
+        assert done[hung["id"]]["result"]["disclosure"] == "none"
+        assert {value for key, value in done[hung["id"]]["result"].items() if key != "disclosure"} == {None}
         assert client.get(f"/evaluations/{hung['id']}").status_code == 200
         after = {p: budget_of(client, p) for p in ("train", "blind")}
         assert after["blind"]["remaining_runs"] == before["blind"]["remaining_runs"] - 2
