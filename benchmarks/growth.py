@@ -234,13 +234,14 @@ def _service(harness):
 def _big_target(root: Path) -> dict:
     from tests.sidecar._server import StubBackend, commit_file, make_harness
     from vero.sidecar.models import EvaluationRequest
-    from vero.spec.models import PartitionAccess
+    from vero.spec.models import CandidateLimits, PartitionAccess
 
     files = {f"pkg{i // 500:03d}/mod{i % 500:03d}.py": f"VALUE = {i}\n" for i in range(BIG_TARGET_FILES)}
     access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=1000, total_cases=1000)}
     # A backend that never finishes: the jobs' own checkouts stay out of the timed calls.
     harness = make_harness(root / "big", baseline_files=files, backend=StubBackend(block=threading.Event()),
-                           partitions={"train": ["t1"]}, access=access)
+                           partitions={"train": ["t1"]}, access=access,
+                           candidate_limits=CandidateLimits(max_files=2 * BIG_TARGET_FILES))
 
     async def run() -> dict:
         first = _service(harness)

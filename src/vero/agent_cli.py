@@ -74,7 +74,7 @@ EPILOG = (
     "Exit codes: 0 ok; 1 the job failed or was cancelled, or is still running when --timeout-sec "
     "elapses; 2 bad usage (HTTP 422); 3 denied by policy or entrance closed (403); 4 out of budget "
     "(402); 5 infrastructure failure, budget refunded (502); 6 conflict (409); 7 unknown job (404); "
-    "8 sidecar unreachable; 9 version rejected (400)."
+    "8 sidecar unreachable; 9 version rejected (400), or over a size limit (413)."
 )
 
 HELP = {
@@ -305,7 +305,9 @@ def _transient(status: int, data: bytes) -> bool:
 def error_from_answer(status: int, data: bytes) -> VeroError:
     """The `vero.errors` instance of a non-2xx answer (`vero.errors.error_for_status`, as `SidecarClient`)."""
     problem = _problem(data)
-    return error_for_status(status, str(problem.get("detail") or problem["title"]) if problem else None)
+    if problem is None:
+        return error_for_status(status, None)
+    return error_for_status(status, str(problem.get("detail") or problem["title"]), str(problem.get("code")))
 
 
 # -- commands ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ VeroError
 ├── UnknownJob                no evaluation job with that id
 ├── Conflict                  the request conflicts with state (submit disabled, session sealed, ...)
 ├── CandidateRejected         a version cannot be imported (malformed, unknown, unsafe tree)
+│   └── CandidateTooLarge     its tree is over a size limit (`target.limits`; HTTP 413)
 ├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
 ├── InfrastructureFailure     the evaluation could not measure anything (build, engine, timeout); refunded
 ├── LedgerCorrupt             the state database (ledger, jobs, ...) cannot be read or breaks an invariant
@@ -27,6 +28,7 @@ __all__ = [
     "HTTP_STATUS_ERRORS",
     "BudgetExhausted",
     "CandidateRejected",
+    "CandidateTooLarge",
     "Conflict",
     "InfrastructureFailure",
     "LedgerCorrupt",
@@ -173,6 +175,30 @@ class CandidateRejected(VeroError):
     """A version cannot become a candidate: malformed, unknown, or its tree is unsafe."""
 
 
+_LIMIT_UNITS = {"max_files": "files", "max_total_bytes": "bytes in total", "max_file_bytes": "bytes"}
+
+
+class CandidateTooLarge(CandidateRejected):
+    """A version's tree is over one of the spec's size limits (`target.limits`).
+
+    Attributes:
+        limit: the limit's field name (`max_files`, `max_total_bytes`, `max_file_bytes`), or None
+            when rebuilt by an agent-side client from a message.
+        allowed: the limit's value; actual: the candidate's figure (files or bytes).
+        path: the oversized file (`max_file_bytes` only).
+    """
+
+    def __init__(self, limit: str | None = None, allowed: int = 0, actual: int = 0, *,
+                 path: str | None = None, message: str | None = None) -> None:
+        self.limit, self.allowed, self.actual, self.path = limit, allowed, actual, path
+        if message is None:
+            unit = _LIMIT_UNITS.get(limit or "", "")
+            where = f" ({path!r})" if path is not None else ""
+            message = (f"the candidate is over the size limit target.limits.{limit}: {actual:,} {unit}{where}, "
+                       f"the limit is {allowed:,}")
+        super().__init__(message)
+
+
 class RequestInvalid(VeroError):
     """The sidecar refused the shape of a request (HTTP 422: unknown field, wrong type, value out
     of range). A usage error of the caller, not a policy decision."""
@@ -207,18 +233,22 @@ HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
 """The class a sidecar status code stands for (the inverse of `vero.sidecar.errors`' table)."""
 
 
-def error_for_status(status: int, message: str | None) -> VeroError:
+def error_for_status(status: int, message: str | None, code: str | None = None) -> VeroError:
     """The error both agent-side clients raise for a non-2xx sidecar answer.
 
     Args:
         status: the HTTP status code (300 or more).
         message: the problem body's `detail` (or `title`); None when the body was no vero problem,
             which is then never echoed: only the status code is named.
+        code: the problem body's `code`: a 413 with `candidate_too_large` is a `CandidateTooLarge`
+            (another 413, a request body over the size limit, is a `RequestInvalid`).
 
     Returns:
         The class of `HTTP_STATUS_ERRORS`; `SidecarUnavailable` for another 5xx; `VeroError` otherwise.
     """
     text = message if message is not None else f"the sidecar answered HTTP {status}"
+    if status == 413 and code == "candidate_too_large":
+        return CandidateTooLarge(message=text)
     cls = HTTP_STATUS_ERRORS.get(status)
     if cls is BudgetExhausted:
         return BudgetExhausted.from_message(text)

@@ -268,6 +268,20 @@ def test_reference_patch_goes_to_solution_and_must_apply(tmp_path):
     assert caught.value.issues[0].loc == "target.reference"
 
 
+def test_size_limits_reach_the_sidecar_and_a_baseline_over_them_is_refused(tmp_path):
+    tree = make_spec_tree(tmp_path / "spec")
+    tree.write(lambda d: d["target"].update(limits={"max_files": 500, "max_file_bytes": 1000}))
+    layout = _compile(tree, tmp_path / "task").layout
+    limits = load_config(layout.sidecar.config_path, SidecarConfig).candidate_limits
+    assert (limits.max_files, limits.max_file_bytes, limits.max_total_bytes) == (500, 1000, 256 * 2**20)
+
+    (tree.root / "target" / "data.bin").write_bytes(b"d" * 1001)
+    with pytest.raises(SpecError) as caught:
+        _compile(tree, tmp_path / "task2")
+    assert caught.value.issues[0].loc == "target.limits.max_file_bytes"
+    assert "1,001 against 1,000" in str(caught.value)
+
+
 def test_spec_digest_changes_with_a_case_file_and_not_with_the_location(tmp_path):
     a = _compile(make_spec_tree(tmp_path / "a"), tmp_path / "ta")
     b = _compile(make_spec_tree(tmp_path / "b" / "deeper"), tmp_path / "tb")

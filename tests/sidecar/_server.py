@@ -34,7 +34,7 @@ from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, Eval
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig
-from vero.spec.models import CandidateRuntime, HarborSpec, PartitionAccess, ScoringSpec
+from vero.spec.models import CandidateLimits, CandidateRuntime, HarborSpec, PartitionAccess, ScoringSpec
 
 __all__ = [
     "GIT_ENV",
@@ -88,7 +88,8 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
                 access: dict[str, PartitionAccess] | None = None, disclose_budget: bool = True,
                 submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
                 runtime: CandidateRuntime | None = None, name: str = "demo",
-                harbor: HarborSpec | None = None, scoring: ScoringSpec | None = None) -> SidecarConfig:
+                harbor: HarborSpec | None = None, scoring: ScoringSpec | None = None,
+                candidate_limits: CandidateLimits | None = None) -> SidecarConfig:
     """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
     the compiler redacts them)."""
     partitions = partitions or DEFAULT_PARTITIONS
@@ -105,6 +106,7 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
         agent_access=access,
         disclose_budget=disclose_budget,
         submit_enabled=submit_enabled,
+        candidate_limits=candidate_limits or CandidateLimits(),
     )
 
 

@@ -20,7 +20,7 @@ from vero.core.ledger import BudgetLedger
 from vero.core.state import StateStore
 from vero.core.submission import read_submission
 from vero.sidecar.artifacts import ArtifactLimits
-from vero.spec.models import PartitionAccess
+from vero.spec.models import CandidateLimits, PartitionAccess
 
 from ._server import StubBackend, commit_file, git, make_harness, wait_for_state
 
@@ -259,6 +259,38 @@ def test_versions_are_resolved_and_weird_ones_rejected_with_400(harness):
             assert "fatal" not in body["detail"] and "/" not in body["detail"]
         assert budget_of(client, "train") == before
         assert not Path("/tmp/pwned").exists()
+
+
+def test_a_candidate_over_a_size_limit_is_413_naming_the_limit_and_changes_nothing(tmp_path):
+    limits = CandidateLimits(max_files=50, max_total_bytes=100_000, max_file_bytes=20_000)
+    harness = make_harness(tmp_path, candidate_limits=limits)
+    with harness.serve() as (_, client):
+        accepted = commit_file(harness.agent_repo, "solve.py", "print('fine')\n", "fine")
+        job = client.post("/evaluations", json={"partition": "train", "version": accepted})
+        assert job.status_code == 202
+        wait_for_state(client, job.json()["id"], {"complete"})
+        before_budget, before_jobs = budget_of(client, "train"), client.get("/evaluations").json()
+        store = harness.state_dir / "candidates.git"
+        before_refs = git(store, "for-each-ref")
+        for name, content, limit in (("big.bin", "x" * 20_001, "max_file_bytes"),
+                                     ("more/f{}.txt", "y", "max_files")):
+            for i in range(60 if "{}" in name else 1):
+                path = harness.agent_repo / name.format(i)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            version = commit_file(harness.agent_repo, "solve.py", f"print('{limit}')\n", limit)
+            for route, body in (("/evaluations", {"partition": "train", "version": version}),
+                                ("/submissions", {"version": version})):
+                problem = assert_problem(client.post(route, json=body), 413, "candidate_too_large")
+                assert f"target.limits.{limit}" in problem["detail"]
+            git(harness.agent_repo, "reset", "-q", "--hard", accepted)
+        assert budget_of(client, "train") == before_budget
+        assert client.get("/evaluations").json() == before_jobs
+        assert client.get("/status").json()["submission"] is None
+        assert git(store, "for-each-ref") == before_refs
+        documented = client.get("/openapi.json").json()["paths"]
+        assert "413" in documented["/evaluations"]["post"]["responses"]
+        assert "413" in documented["/submissions"]["post"]["responses"]
 
 
 def test_schema_errors_are_422_and_huge_bodies_413(harness):

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from vero.sidecar.models import JobView, StatusResponse, SubmissionView
+from vero.spec.models import CandidateLimits
 
 from ._client_support import CountingApp, bound_port
 from ._server import ServerThread, SidecarHarness, StubBackend, commit_file, make_harness
@@ -118,6 +119,13 @@ def test_refusals_exit_with_their_codes_and_are_sent_once(tmp_path: Path) -> Non
         proc = vero(url, "eval", "-p", "train", "--version", "no-such-branch")
         assert proc.returncode == 9 and error_of(proc)["type"] == "CandidateRejected"
 
+        big = harness.agent_repo / "big.bin"
+        big.write_bytes(b"\0" * (CandidateLimits().max_file_bytes + 1))
+        commit_file(harness.agent_repo, "solve.py", "print('big')\n", "big")
+        proc = vero(url, "eval", "-p", "train")
+        assert proc.returncode == 9 and error_of(proc)["type"] == "CandidateTooLarge"
+        assert "target.limits.max_file_bytes" in proc.stderr and "'big.bin'" in proc.stderr
+
         proc = vero(url, "result", "ev-0123456789abcdef")
         assert proc.returncode == 7 and error_of(proc)["type"] == "UnknownJob"
 
@@ -130,7 +138,7 @@ def test_refusals_exit_with_their_codes_and_are_sent_once(tmp_path: Path) -> Non
         proc = vero(url, "eval")  # typer: missing --partition
         assert proc.returncode == 2 and "--partition" in proc.stderr
 
-    assert app.arrived("POST", "/evaluations") == 5  # 403, 202, 202, 402, 400: no retries of 4xx
+    assert app.arrived("POST", "/evaluations") == 6  # 403, 202, 202, 402, 400, 413: no retries of 4xx
     assert app.arrived_prefix("GET", "/evaluations/") == 2
 
 

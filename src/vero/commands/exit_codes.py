@@ -11,7 +11,7 @@
 | 6 | conflict (`Conflict`, HTTP 409) |
 | 7 | unknown job (`UnknownJob`, HTTP 404) |
 | 8 | sidecar unreachable (`SidecarUnavailable`) |
-| 9 | version rejected (`CandidateRejected`, HTTP 400) |
+| 9 | version rejected (`CandidateRejected`, HTTP 400; `CandidateTooLarge`, HTTP 413: over `target.limits`) |
 | 10 | session archive invalid (`SessionInvalid`) |
 | 11 | durable state corrupt (`LedgerCorrupt`) |
 

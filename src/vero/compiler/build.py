@@ -35,8 +35,9 @@ from vero.compiler.target import check_tree, copy_tree, export_baseline, file_di
 from vero.compiler.wheel import build_wheel, client_requirements, runtime_requirements
 from vero.core.archive import write_canonical_tar
 from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
+from vero.core.candidate_limits import measure_commit
 from vero.core.storage import atomic_write_bytes
-from vero.errors import SpecError, SpecIssue
+from vero.errors import CandidateTooLarge, SpecError, SpecIssue
 from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
@@ -269,6 +270,13 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
                 baseline_commit = commit_baseline(baseline_repo)
             except ValueError as exc:
                 raise SpecError.at("target.path", f"the baseline cannot be committed: {exc}") from None
+            try:
+                measure_commit(baseline_repo, spec.target.limits)
+            except CandidateTooLarge as exc:
+                raise SpecError.at(f"target.limits.{exc.limit}",
+                                   f"the baseline itself is over this limit ({exc.actual:,} against {exc.allowed:,}); "
+                                   "raise it so that candidates, which start from the baseline, can be admitted"
+                                   ) from None
 
             # Reference change (oracle only).
             reference = spec.target.reference
@@ -323,6 +331,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             _write_json(layout.sidecar.config_path, SidecarConfig(
                 **common, partitions=sidecar_partitions, agent_access=dict(spec.agent_access),
                 disclose_budget=spec.disclose_budget, submit_enabled=spec.selection.mode == "submit",
+                candidate_limits=spec.target.limits,
             ))
             _write_json(layout.verifier.config_path, VerifierConfig(
                 **common, partitions=verifier_partitions, selection=spec.selection, targets=dict(spec.targets),

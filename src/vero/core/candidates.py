@@ -13,13 +13,16 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
    only the candidates among its nearest ancestors, `--negotiation-tip`); a local fetch runs
    `upload-pack`/`pack-objects` and the store indexes its own copy of every object, so nothing is
    borrowed from the agent's alternates, and `transfer.fsckObjects` checks what arrives;
+   Before fetching, the tree is measured in the agent's repository against the size limits
+   (`vero.core.candidate_limits`): a tree over a limit is refused and nothing reaches the store;
 4. verify in the store that the temporary ref holds that id and that it is a commit;
 5. inspect its tree (`_inspect_tree`): no reserved top-level path (`RESERVED_PATHS`), no path
    component `.`/`..`/`.git`, only git's regular modes, and no symlink whose target leaves the tree
    (absolute, or `..` escaping, following symlinks inside the tree as the kernel would). Only the
    entries that differ from an already checked tree are read: the nearest first-parent ancestor
    whose tree passed before (`checked_trees` in the state store keeps each checked tree's
-   symlinks), else the whole tree;
+   symlinks), else the whole tree; and measure it again against the size limits, now on the
+   fetched objects (the authoritative figure, recorded with the checked tree);
 6. publish: `refs/vero/candidates/<id>`, then the record and the checked tree in one state-store
    transaction (`vero.core.state`);
 7. always delete the temporary ref (also on rejection, error or cancellation);
@@ -58,9 +61,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
 from vero.core._offloop import run_to_completion
 from vero.core.archive import symlink_escapes
+from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes
 from vero.errors import CandidateRejected
+from vero.spec.models import CandidateLimits
 
 __all__ = ["CandidateRecord", "CandidateStore", "MAX_VERSION_CHARS", "REPACK_EVERY_IMPORTS", "RESERVED_PATHS",
            "WorktreeUpdate"]
@@ -112,6 +117,15 @@ class WorktreeUpdate:
     changed: tuple[str, ...] | None
     """Tree-relative paths added, changed or deleted since the previous update; None when the
     whole tree was written."""
+
+
+@dataclass(frozen=True)
+class _CheckedTree:
+    """A tree an earlier import checked (a row of `checked_trees`)."""
+
+    tree: str
+    symlinks: dict[bytes, bytes]
+    size: TreeSize
 
 
 class _Aborted(Exception):
@@ -198,13 +212,16 @@ class CandidateStore:
         state: the state store holding the candidate records and checked trees; None for a
             checkout-only store (e.g. the verifier's copy of a sealed session), which cannot import.
         git_timeout_sec: a git command that runs longer is killed and the import rejected.
+        limits: size limits of an imported candidate's tree (files, total and largest size).
     """
 
     root: Path
     git_dir: Path
 
-    def __init__(self, root: Path, state: StateStore | None, *, git_timeout_sec: float = 600.0) -> None:
+    def __init__(self, root: Path, state: StateStore | None, *, git_timeout_sec: float = 600.0,
+                 limits: CandidateLimits | None = None) -> None:
         self.root = root
+        self.limits = limits or CandidateLimits()
         self.git_dir = root / "candidates.git"
         self.state = state
         self.git_timeout_sec = git_timeout_sec
@@ -220,20 +237,21 @@ class CandidateStore:
 
     @classmethod
     def open(cls, root: str | Path, state: StateStore | None = None, *,
-             git_timeout_sec: float = 600.0) -> "CandidateStore":
+             git_timeout_sec: float = 600.0, limits: CandidateLimits | None = None) -> "CandidateStore":
         """Open or create the store under `root`.
 
         Args:
             root: directory of the store (created with mode 0700 if missing).
             state: where candidate records live; None opens a checkout-only store.
             git_timeout_sec: time limit of each git command, seconds.
+            limits: size limits of imported candidates (default: `CandidateLimits()`).
 
         Raises:
             OSError: `root` cannot be created or written.
             git.GitCommandError: the bare repository cannot be initialized.
         """
         root = Path(os.path.abspath(root))
-        store = cls(root, state, git_timeout_sec=git_timeout_sec)
+        store = cls(root, state, git_timeout_sec=git_timeout_sec, limits=limits)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for private in (store._env_dir, store._home, store._template):
             private.mkdir(mode=0o700, exist_ok=True)
@@ -332,7 +350,7 @@ class CandidateStore:
         oid = oid.strip()
         if not _OID.fullmatch(oid):
             raise CandidateRejected("the repository does not use SHA-1 object ids")
-        return self._import_oid(source_git_dir, safe, oid, abort, self._negotiation_tips(agent, oid))
+        return self._import_oid(source_git_dir, safe, oid, abort, self._negotiation_tips(agent, oid), agent)
 
     def _negotiation_tips(self, agent: IsolatedGit, oid: str) -> list[str]:
         """Candidate refs among `oid`'s nearest ancestors in the agent's repository: the fetch offers
@@ -366,13 +384,20 @@ class CandidateStore:
         return self._import_oid(source_git_dir, safe, commit, None)
 
     def _import_oid(self, source_git_dir: Path, safe: list[Path], oid: str,
-                    abort: threading.Event | None, negotiation_tips: list[str] | None = None) -> CandidateRecord:
-        """Steps 3-8 of the module docstring for a resolved commit id."""
+                    abort: threading.Event | None, negotiation_tips: list[str] | None = None,
+                    untrusted: IsolatedGit | None = None) -> CandidateRecord:
+        """Steps 3-8 of the module docstring for a resolved commit id.
+
+        `untrusted`: the agent's repository, measured against the size limits before the fetch
+        (None for a trusted source, measured in the store only).
+        """
         records = self._records()
         store = self._store_git(safe)
         existing = self._existing(store, oid)
         if existing is not None:
             return existing
+        if untrusted is not None:
+            self._check_size_before_fetch(untrusted, records, oid)
         temporary = f"{TEMPORARY_REF_PREFIX}{uuid.uuid4().hex}"
         with self._objects.shared():
             try:
@@ -380,14 +405,30 @@ class CandidateStore:
                 self._fetch(store, source_git_dir, oid, temporary, negotiation_tips or [])
                 self._verify_fetched(store, temporary, oid)
                 record = _parse_commit(oid, store.cat_file("commit", oid, stdout_as_string=False))
-                symlinks = self._inspect_tree(store, records, oid, record.tree)
-                # Further admission checks (e.g. size limits) go here: nothing is recorded yet.
+                base = self._checked_base(store, records, oid)
+                symlinks = self._inspect_tree(store, record.tree, base)
+                size = measure_tree(store, record.tree, self.limits,
+                                    None if base is None else (base.tree, base.size))
                 self._check_abort(abort)
-                record = self._publish(store, records, record, symlinks)
+                record = self._publish(store, records, record, symlinks, size)
             finally:
                 self._delete_ref(store, temporary)
         self._maybe_repack(store)
         return record
+
+    def _check_size_before_fetch(self, agent: IsolatedGit, records: StateStore, oid: str) -> None:
+        """Measure the commit's tree in the agent's repository (step 3's first half).
+
+        Raises:
+            CandidateTooLarge: over a limit.
+            CandidateRejected: the commit or its tree cannot be read there.
+        """
+        try:
+            tree = _parse_commit(oid, agent.cat_file("commit", oid, stdout_as_string=False)).tree
+            base = self._checked_base(agent, records, oid)
+            measure_tree(agent, tree, self.limits, None if base is None else (base.tree, base.size))
+        except git.GitCommandError:
+            raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
     @staticmethod
     def _check_abort(abort: threading.Event | None) -> None:
@@ -423,11 +464,11 @@ class CandidateStore:
         if kind != "commit":
             raise CandidateRejected(f"object {oid} is a {kind}, not a commit")
 
-    def _inspect_tree(self, store: IsolatedGit, records: StateStore, oid: str, tree: str) -> dict[bytes, bytes]:
+    def _inspect_tree(self, store: IsolatedGit, tree: str, base: "_CheckedTree | None") -> dict[bytes, bytes]:
         """Reject a tree with reserved paths, unsafe names, odd modes or escaping symlinks.
 
-        Reads only what differs from the nearest checked first-parent ancestor's tree (or the whole
-        tree when there is none).
+        Reads only what differs from `base`, the nearest checked first-parent ancestor's tree (or
+        the whole tree when there is none).
 
         Returns:
             The tree's symlinks (path -> target), recorded with the candidate for later imports.
@@ -435,9 +476,8 @@ class CandidateStore:
         Raises:
             CandidateRejected: names the offending path (paths come from the agent's own tree).
         """
-        base = self._checked_base(store, records, oid)
-        if base is not None and base[0] == tree:
-            return base[1]
+        if base is not None and base.tree == tree:
+            return base.symlinks
         if base is None:
             listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree,
                                     stdout_as_string=False)
@@ -445,9 +485,9 @@ class CandidateStore:
             links: dict[bytes, bytes] = {}
         else:
             diff = store.diff_tree("-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options",
-                                   base[0], tree, stdout_as_string=False)
+                                   base.tree, tree, stdout_as_string=False)
             entries = _diff_tree_entries(diff)
-            links = dict(base[1])
+            links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
         new_links: dict[bytes, bytes] = {}
         links_changed = False
@@ -472,17 +512,21 @@ class CandidateStore:
                     )
         return links
 
-    def _checked_base(self, store: IsolatedGit, records: StateStore, oid: str) -> tuple[str, dict[bytes, bytes]] | None:
-        """The nearest tree on `oid`'s first-parent line that an earlier import checked, with its symlinks."""
-        trees = store.log("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T",
-                          "--end-of-options", oid).split()
+    def _checked_base(self, repo: IsolatedGit, records: StateStore, oid: str) -> "_CheckedTree | None":
+        """The nearest tree on `oid`'s first-parent line (as `repo` tells it) that an earlier import
+        checked, with its symlinks and figures. `repo` may be the agent's: a false history only
+        picks another checked tree to compare with, and the comparison itself is exact."""
+        trees = repo.log("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T",
+                         "--end-of-options", oid).split()
         if not trees:
             return None
-        found = dict(records.rows(
-            f"SELECT tree, symlinks FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})", tuple(trees)))
+        found = {tree: (links, files, size) for tree, links, files, size in records.rows(
+            f"SELECT tree, symlinks, files, bytes FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})",
+            tuple(trees))}
         for tree in trees:
             if tree in found:
-                return tree, _links_from_json(found[tree])
+                links, files, size = found[tree]
+                return _CheckedTree(tree, _links_from_json(links), TreeSize(files=files, bytes=size))
         return None
 
     def _read_blobs(self, store: IsolatedGit, oids: list[bytes]) -> dict[bytes, bytes]:
@@ -506,7 +550,7 @@ class CandidateStore:
         return contents
 
     def _publish(self, store: IsolatedGit, records: StateStore, record: CandidateRecord,
-                 symlinks: dict[bytes, bytes]) -> CandidateRecord:
+                 symlinks: dict[bytes, bytes], size: TreeSize) -> CandidateRecord:
         # One publisher at a time: two concurrent imports of one commit keep the first record.
         with self._publish_lock:
             existing = self._existing(store, record.id)
@@ -521,8 +565,8 @@ class CandidateStore:
                     return _record(row)
                 conn.execute("INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
                              (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)))
-                conn.execute("INSERT OR IGNORE INTO checked_trees (tree, symlinks) VALUES (?, ?)",
-                             (record.tree, _links_to_json(symlinks)))
+                conn.execute("INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
+                             (record.tree, _links_to_json(symlinks), size.files, size.bytes))
                 return record
 
             return records.commit_sync(change)

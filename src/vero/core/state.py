@@ -16,7 +16,7 @@ reservations       id, partition, principal, state, created_at, closed_at, reaso
 reservation_costs  (reservation id, resource) -> amount
 jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
 candidates         id, parent, tree, subject, imported_at (import order: seq)
-checked_trees      tree id -> the symlinks it holds (admission inspects only what changed from it)
+checked_trees      tree id -> its symlinks, files and bytes (admission inspects only what changed from it)
 submission         at most one row: candidate, version, submitted_at
 ```
 
@@ -148,7 +148,9 @@ CREATE TABLE candidates (
 
 CREATE TABLE checked_trees (
     tree TEXT PRIMARY KEY,
-    symlinks TEXT NOT NULL CHECK (json_valid(symlinks))
+    symlinks TEXT NOT NULL CHECK (json_valid(symlinks)),
+    files INTEGER NOT NULL CHECK (files >= 0),
+    bytes INTEGER NOT NULL CHECK (bytes >= 0)
 ) STRICT, WITHOUT ROWID;
 
 CREATE TABLE submission (

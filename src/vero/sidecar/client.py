@@ -134,7 +134,9 @@ def error_from_response(response: httpx.Response) -> VeroError:
         with no vero meaning.
     """
     problem = _problem_of(response)
-    return error_for_status(response.status_code, (problem.detail or problem.title) if problem else None)
+    if problem is None:
+        return error_for_status(response.status_code, None)
+    return error_for_status(response.status_code, problem.detail or problem.title, problem.code)
 
 
 class SidecarClient:

@@ -5,6 +5,7 @@
 | request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values or unknown keys) |
 | `RequestInvalid` | 422 | `invalid` | generic |
 | body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
+| `CandidateTooLarge` | 413 | `candidate_too_large` | the limit, the candidate's figure (its own files) |
 | `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
 | `BudgetExhausted` | 402 | `payment_required` | figures only when budget disclosure is on |
 | `PolicyDenied` | 403 | `denied` | the policy's message (generic by contract: `vero.core.policy`) |
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vero.errors import (
     BudgetExhausted,
     CandidateRejected,
+    CandidateTooLarge,
     Conflict,
     InfrastructureFailure,
     PolicyDenied,
@@ -81,7 +83,7 @@ PROBLEM_RESPONSES: dict[int | str, dict] = {
 
 
 def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
-                     headers: dict[str, str] | None = None) -> JSONResponse:
+                     headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
     """Render one problem body.
 
     Args:
@@ -89,6 +91,7 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
         detail: a message already known to be safe for the agent.
         instance: the resource concerned (e.g. `/evaluations/<id>`).
         headers: extra response headers.
+        code: the problem's `code` when it is not the status's usual one.
 
     Returns:
         A `application/problem+json` response whose body validates as `Problem`.
@@ -99,7 +102,7 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
         title = HTTPStatus(status).phrase
     except ValueError:
         title = "Error"
-    problem = Problem(title=title, status=status, detail=detail, code=_CODES.get(status, "bad_request"),
+    problem = Problem(title=title, status=status, detail=detail, code=code or _CODES.get(status, "bad_request"),
                       instance=instance)
     return JSONResponse(status_code=status, content=problem.model_dump(mode="json", exclude_none=True),
                         media_type=PROBLEM_JSON, headers=headers)
@@ -135,6 +138,8 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
             return problem_response(422, _validation_detail(exc))
         case RequestInvalid():
             return problem_response(422, "invalid request")
+        case CandidateTooLarge():
+            return problem_response(413, str(exc)[:500], code="candidate_too_large")
         case CandidateRejected():
             return problem_response(
                 400, "the version cannot be evaluated: it is malformed, unknown in the repository, or "

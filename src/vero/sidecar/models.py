@@ -207,7 +207,8 @@ class Problem(_Wire):
     code: str = Field(
         description="Stable machine-readable code: bad_request, payment_required, denied, not_found, "
         "conflict, invalid, infrastructure, internal (also unauthorized and too_large on the admin "
-        "surface and for oversized bodies)."
+        "surface and for oversized bodies; candidate_too_large for a version over the spec's size "
+        "limits, whose detail names the limit)."
     )
     instance: str | None = Field(
         default=None,

@@ -313,7 +313,7 @@ class SidecarService:
             ((_ladder_key(job), job.ladder) for job in self.jobs.with_field("ladder")),
             self.config.scoring.direction,
         )
-        self.candidates = CandidateStore.open(self.state_dir, self.state)
+        self.candidates = CandidateStore.open(self.state_dir, self.state, limits=self.config.candidate_limits)
         # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
         stale = self.candidates.remove_stale_temporary_refs()
         if stale:

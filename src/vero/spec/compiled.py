@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.errors import SpecError, SpecIssue
 from vero.spec.models import (
+    CandidateLimits,
     CandidateRuntime,
     HarborSpec,
     PartitionAccess,
@@ -121,6 +122,8 @@ class SidecarConfig(_Config):
     disclose_budget: bool = True
     submit_enabled: bool = True
     """False under `selection.mode: auto_best`: submissions are answered 409."""
+    candidate_limits: CandidateLimits = CandidateLimits()
+    """Size limits checked when a version is admitted (`target.limits`)."""
 
 
 class VerifierConfig(_Config):

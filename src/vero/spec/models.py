@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = [
     "AgentTarget",
+    "CandidateLimits",
     "CandidateRuntime",
     "CasesSpec",
     "Direction",
@@ -67,11 +68,30 @@ class CandidateRuntime(_Model):
     """Shell command run in the case environment after the upload, in `install_path` (kind `program`)."""
 
 
+class CandidateLimits(_Model):
+    """Size limits of a candidate's tree, checked when the sidecar admits a version (before anything
+    is written to the candidate store, charged or run; HTTP 413 naming the limit).
+
+    The defaults fit every example with a wide margin; raise them for a large target (the compiler
+    refuses a baseline that exceeds them). Sizes are of Git blobs: a symlink counts as a file of
+    its target's length; submodule entries count as nothing.
+    """
+
+    max_files: int = Field(default=20_000, ge=1)
+    """Files (blobs, symlinks included) in the tree."""
+    max_total_bytes: int = Field(default=256 * 2**20, ge=1)
+    """Sum of the files' sizes, bytes (default 256 MiB)."""
+    max_file_bytes: int = Field(default=64 * 2**20, ge=1)
+    """Largest single file, bytes (default 64 MiB)."""
+
+
 class _TargetBase(_Model):
     path: Path
     """The editable repository: a Git work tree (its `HEAD` is the baseline) or a plain directory."""
     reference: Path | None = None
     """The oracle's reference change: a patch file (`git apply`) or a directory overlaid on the checkout."""
+    limits: CandidateLimits = CandidateLimits()
+    """Size limits of every candidate (files, total bytes, largest file)."""
 
 
 class AgentTarget(_TargetBase):

@@ -30,6 +30,8 @@ WaitSec = Annotated[float, Query(ge=0, le=60, description=(
     status_code=202,
     responses={
         400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree)."),
+        413: problem_doc("The version's tree is over a size limit of the spec (`code` "
+                         "`candidate_too_large`; the detail names the limit and the figure)."),
         402: problem_doc("The partition's budget (runs or cases) is exhausted."),
         403: problem_doc("Denied by the policy (partition; a case or block selection that is not a union of "
                          "whole blocks of an `aggregate` partition) or the entrance is closed."),

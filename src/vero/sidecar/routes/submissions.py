@@ -17,6 +17,8 @@ router = APIRouter(prefix="/submissions", tags=["agent"], responses=PROBLEM_RESP
     responses={
         200: {"model": SubmissionView, "description": "The same candidate was already submitted."},
         400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree)."),
+        413: problem_doc("The version's tree is over a size limit of the spec (`code` "
+                         "`candidate_too_large`; the detail names the limit and the figure)."),
         409: problem_doc("Submissions are disabled (`auto_best` selection) or the session is sealed."),
     },
 )
