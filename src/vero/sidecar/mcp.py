@@ -72,8 +72,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + "`denied` (partition not open to you, a selection that is not whole blocks of an aggregate "
         "partition, or the session is closed), `payment_required` (budget used up), `bad_request` (the "
         "version is not a commit of "
-        f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `invalid` (arguments do not "
-        "match the schema)."
+        f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `candidate_too_large` (the "
+        "version has too many files or too large files: the message names the limit; remove them, "
+        "e.g. build outputs or data, and commit again), `invalid` (arguments do not match the schema)."
     ),
     "list_evaluations": (
         "Your past evaluation jobs, newest first, `limit` (1 to 100, default 20) per page; costs nothing. "
@@ -106,7 +107,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + _ERRORS
         + "`conflict` (submissions are not used in this task, see `submit_enabled` in status: the best "
         "evaluated version is chosen instead; or the session is sealed), `bad_request` (not a commit "
-        "of the repository: commit first)."
+        "of the repository: commit first), `candidate_too_large` (over a size limit, named in the "
+        "message)."
     ),
 }
 """MCP tool name (the route's `operation_id`) -> the description a model reads."""
