@@ -73,9 +73,7 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits,
     if base is None:
         files, total, grown = _whole(git, tree)
     else:
-        files, total, grown = _delta(git, base[0], tree)
-        files += base[1].files
-        total += base[1].bytes
+        files, total, grown = _delta(git, base[0], tree, base[1], limits)
     for path, size in grown:
         if size > limits.max_file_bytes:
             shown = path.decode("utf-8", errors="replace")
@@ -127,8 +125,11 @@ def _whole(git: _Git, tree: str) -> tuple[int, int, list[tuple[bytes, int]]]:
     return files, total, sizes
 
 
-def _delta(git: _Git, base_tree: str, tree: str) -> tuple[int, int, list[tuple[bytes, int]]]:
-    """(change in files, change in bytes, (path, size) of every added or changed file) from base to tree."""
+def _delta(git: _Git, base_tree: str, tree: str, base: TreeSize,
+           limits: CandidateLimits) -> tuple[int, int, list[tuple[bytes, int]]]:
+    """(files, bytes, (path, size) of every added or changed file) of `tree`, from `base_tree`'s
+    figures and the difference. The file count is checked before any size is read, so a tree with
+    far too many files costs one `diff-tree`."""
     raw = git.diff_tree("-r", "-z", "--no-renames", "--raw", "--end-of-options", base_tree, tree,
                         stdout_as_string=False)
     fields = raw.split(b"\0")
@@ -147,10 +148,12 @@ def _delta(git: _Git, base_tree: str, tree: str) -> tuple[int, int, list[tuple[b
         if new_mode in _FILE_MODES:
             added.append((path, new_oid))
         i += 2
+    files = base.files + len(added) - len(removed)
+    check_limits(TreeSize(files=files, bytes=0), limits)
     sizes = _blob_sizes(git, removed + [oid for _, oid in added])
     grown = [(path, sizes[oid]) for path, oid in added]
-    delta_bytes = sum(size for _, size in grown) - sum(sizes[oid] for oid in removed)
-    return len(added) - len(removed), delta_bytes, grown
+    total = base.bytes + sum(size for _, size in grown) - sum(sizes[oid] for oid in removed)
+    return files, total, grown
 
 
 def _blob_sizes(git: _Git, oids: list[bytes]) -> dict[bytes, int]:
