@@ -95,13 +95,13 @@ def test_the_oversized_file_is_named_and_the_error_text_gives_the_figures(store,
 def test_a_large_sparse_file_is_refused_by_its_size_not_its_disk_use(store, repo):
     sparse = repo / "sparse.bin"
     with open(sparse, "wb") as f:
-        f.truncate(1 << 30)  # 1 GiB of holes: cheap on disk, 1 GiB for git
+        f.truncate(256 << 20)  # 256 MiB of holes: cheap on disk, 256 MiB for git
     git(repo, "add", "sparse.bin")
     git(repo, "commit", "-q", "-m", "sparse")
     before = objects_in(store.git_dir)
     with pytest.raises(CandidateTooLarge) as caught:
         store.import_version_sync(repo, "HEAD")
-    assert (caught.value.limit, caught.value.actual) == ("max_file_bytes", 1 << 30)
+    assert (caught.value.limit, caught.value.actual) == ("max_file_bytes", 256 << 20)
     assert objects_in(store.git_dir) == before
 
 
