@@ -34,7 +34,14 @@ from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, Eval
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig
-from vero.spec.models import CandidateLimits, CandidateRuntime, HarborSpec, PartitionAccess, ScoringSpec
+from vero.spec.models import (
+    CandidateLimits,
+    CandidateRuntime,
+    HarborSpec,
+    InferenceSpec,
+    PartitionAccess,
+    ScoringSpec,
+)
 
 __all__ = [
     "GIT_ENV",
@@ -89,7 +96,8 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
                 submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
                 runtime: CandidateRuntime | None = None, name: str = "demo",
                 harbor: HarborSpec | None = None, scoring: ScoringSpec | None = None,
-                candidate_limits: CandidateLimits | None = None) -> SidecarConfig:
+                candidate_limits: CandidateLimits | None = None,
+                inference: InferenceSpec | None = None) -> SidecarConfig:
     """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
     the compiler redacts them)."""
     partitions = partitions or DEFAULT_PARTITIONS
@@ -107,6 +115,7 @@ def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None
         disclose_budget=disclose_budget,
         submit_enabled=submit_enabled,
         candidate_limits=candidate_limits or CandidateLimits(),
+        inference=inference,
     )
 
 

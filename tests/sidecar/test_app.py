@@ -54,7 +54,8 @@ def test_health_status_and_openapi(harness):
         assert status["name"] == "demo" and status["entrance_open"] is True and status["submit_enabled"] is True
         train = next(p for p in status["partitions"] if p["name"] == "train")
         assert train["disclosure"] == "full" and train["cases"] == [f"t{i}" for i in range(1, 7)]
-        assert train["budget"] == {"total_runs": 5, "total_cases": 30, "remaining_runs": 5, "remaining_cases": 30}
+        assert train["budget"] == {"total_runs": 5, "total_cases": 30, "remaining_runs": 5, "remaining_cases": 30,
+            "total_inference_usd": None, "remaining_inference_usd": None}
         assert status["jobs"] == [] and status["submission"] is None
         spec = client.get("/openapi.json").json()
         assert {"/health", "/status", "/evaluations", "/evaluations/{job_id}", "/submissions",
@@ -89,7 +90,8 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
             assert result["artifacts_path"] == f"/vero/context/{job['id']}"
             # budget: one run and two cases, settled
             assert budget_of(client, "train") == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
-                                                  "remaining_cases": 28}
+                                                  "remaining_cases": 28,
+            "total_inference_usd": None, "remaining_inference_usd": None}
             # the secret reached the nested run by name, and nothing else of the environment
             run = harness.backend.runs[0]
             assert run.env == {"VERO_TEST_API_KEY": "sk-live-0123456789"}
@@ -129,9 +131,9 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         val_done = wait_for_state(client, val["id"], {"complete"})
         blind_done = wait_for_state(client, blind["id"], {"complete"})
         assert val_done["result"] == {"disclosure": "aggregate", "score": 0.5, "n_cases": 3, "n_attempts": 3,
-                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None}
+                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
         assert blind_done["result"] == {"disclosure": "none", "score": None, "n_cases": None, "n_attempts": None,
-                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None}
+                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
         # the status listing discloses the same
         listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
         assert listed[val["id"]]["result"] == val_done["result"]
@@ -142,7 +144,7 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         partial = client.post("/evaluations", json={"partition": "val", "blocks": [0]}).json()
         assert wait_for_state(client, partial["id"], {"complete"})["result"] == {
             "disclosure": "aggregate", "score": None, "n_cases": 3, "n_attempts": None, "n_dead": None,
-            "improved": None, "cases": None, "artifacts_path": None}
+            "improved": None, "cases": None, "artifacts_path": None, "inference": None}
     assert not (harness.context_dir / val["id"]).exists() and not (harness.context_dir / blind["id"]).exists()
 
 
@@ -189,7 +191,8 @@ def test_the_differencing_sequence_is_refused_at_its_second_request(tmp_path):
         for cases in (["a", "b", "c"], ["d", "b", "c"]):
             assert_problem(client.post("/evaluations", json={"partition": "holdout", "cases": cases}), 403, "denied")
         assert budget_of(client, "holdout") == before == {"total_runs": 5, "total_cases": 20, "remaining_runs": 4,
-                                                          "remaining_cases": 16}
+                                                          "remaining_cases": 16,
+            "total_inference_usd": None, "remaining_inference_usd": None}
         assert len(harness.backend.runs) == 1
 
 
@@ -213,7 +216,8 @@ def test_budget_exhausted_after_exactly_the_configured_runs(harness):
                               402, "payment_required")
         assert "runs" in body["detail"]
         assert budget_of(client, "blind") == {"total_runs": 2, "total_cases": 6, "remaining_runs": 0,
-                                              "remaining_cases": 4}
+                                              "remaining_cases": 4,
+            "total_inference_usd": None, "remaining_inference_usd": None}
         # other partitions keep their own budget
         assert client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code == 202
 
@@ -443,7 +447,8 @@ def test_restart_keeps_ledger_jobs_and_submission_and_a_new_token(harness):
         first_token = harness.admin_headers()
     with harness.serve() as (_, client):
         assert budget_of(client, "train") == budget == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
-                                                        "remaining_cases": 28}
+                                                        "remaining_cases": 28,
+            "total_inference_usd": None, "remaining_inference_usd": None}
         again = client.get(f"/evaluations/{job['id']}").json()
         assert again["state"] == "complete" and again["result"]["score"] == 0.5
         assert client.get("/status").json()["submission"] == submission

@@ -90,7 +90,8 @@ def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
         base_job = wait_for_state(client, base.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert base_job["state"] == "complete" and base_job["result"]["score"] == 0.0
         assert budget(client, "train") == {"total_runs": 3, "total_cases": 6, "remaining_runs": 1,
-                                           "remaining_cases": 3}
+                                           "remaining_cases": 3,
+            "total_inference_usd": None, "remaining_inference_usd": None}
 
     artifacts = harness.context_dir / job["id"]
     disclosed = json.loads((artifacts / "result.json").read_text())
@@ -139,7 +140,7 @@ class EchoAgent(BaseAgent):
         job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert job["state"] == "complete", job
         assert job["result"] == {"disclosure": "aggregate", "score": 1.0, "n_cases": 1, "n_attempts": 1,
-                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None}
+                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
         assert budget(client, "train")["remaining_runs"] == 1
     assert not (harness.context_dir / job["id"]).exists()
 

@@ -91,7 +91,9 @@ def verify_command(
         mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
         mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
-        env = secret_env(loaded.secrets)
+        gateway_keys = ({p.api_key_secret for p in loaded.inference.providers.values() if p.api_key_secret}
+                        if loaded.inference is not None else set())
+        env = secret_env(loaded.secrets, exclude=gateway_keys)
         return asyncio.run(verify(
             loaded, session, backend=HarborBackend(), cases_dir=cases_dir, baseline_dir=baseline_dir,
             reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,

@@ -326,7 +326,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             common: dict[str, Any] = dict(
                 name=spec.name, spec_digest=spec_digest, baseline_commit=baseline_commit,
                 runtime=spec.target.runtime(), scoring=spec.scoring, harbor=spec.harbor,
-                secrets=spec.effective_secrets(),
+                secrets=spec.effective_secrets(), inference=spec.inference,
             )
             _write_json(layout.sidecar.config_path, SidecarConfig(
                 **common, partitions=sidecar_partitions, agent_access=dict(spec.agent_access),

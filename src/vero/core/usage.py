@@ -55,6 +55,31 @@ class InferenceUsage(BaseModel):
     def n_refused(self) -> int:
         return sum(self.refused_calls.values())
 
+    @classmethod
+    def combine(cls, usages: list[InferenceUsage]) -> InferenceUsage:
+        """The sum of several evaluations' usage (per model too)."""
+        total = cls()
+        for usage in usages:
+            total.calls += usage.calls
+            for reason, n in usage.refused_calls.items():
+                total.refused_calls[reason] = total.refused_calls.get(reason, 0) + n
+            total.failed_calls += usage.failed_calls
+            total.unmetered_calls += usage.unmetered_calls
+            total.input_tokens += usage.input_tokens
+            total.cached_input_tokens += usage.cached_input_tokens
+            total.output_tokens += usage.output_tokens
+            total.cost_usd += usage.cost_usd
+            total.charged_micro_usd += usage.charged_micro_usd
+            total.overrun_usd += usage.overrun_usd
+            for name, model in usage.by_model.items():
+                mine = total.by_model.setdefault(name, ModelUsage())
+                mine.calls += model.calls
+                mine.input_tokens += model.input_tokens
+                mine.cached_input_tokens += model.cached_input_tokens
+                mine.output_tokens += model.output_tokens
+                mine.cost_usd += model.cost_usd
+        return total
+
     def totals(self) -> InferenceUsage:
         """The same usage without the per-model breakdown (what `aggregate` disclosure shows)."""
         return self.model_copy(update={"by_model": {}})

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.core.usage import InferenceUsage
 from vero.spec.models import Disclosure
 
 __all__ = [
@@ -56,6 +57,11 @@ class BudgetView(_Wire):
     total_cases: int = Field(description="Case evaluations allowed (each evaluation spends one per selected case).")
     remaining_runs: int = Field(description="Evaluations left (reserved ones count as spent).")
     remaining_cases: int = Field(description="Case evaluations left.")
+    total_inference_usd: float | None = Field(
+        default=None, description="Model calls this partition's evaluations may spend through the inference "
+        "gateway (US dollars); absent without a gateway.")
+    remaining_inference_usd: float | None = Field(
+        default=None, description="What is left of it (running evaluations' calls already count).")
 
 
 class LadderView(_Wire):
@@ -134,6 +140,9 @@ class DisclosedResult(_Wire):
         "cases) by at least the margin. When false, `score` is that previous best, not this evaluation's score.",
     )
     cases: list[CaseView] | None = Field(default=None, description="Per-case results (`full` only).")
+    inference: InferenceUsage | None = Field(
+        default=None, description="Model calls of the evaluation as the inference gateway metered them: totals "
+        "(`aggregate`), per model too (`full`); absent without a gateway and on `none`.")
     artifacts_path: str | None = Field(
         default=None, description="Directory in `main` with per-case results and trial artifacts (`full` only)."
     )

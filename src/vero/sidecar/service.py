@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,7 +60,7 @@ from vero.errors import (
     UnknownJob,
 )
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
-from vero.harbor.process import runner_identity
+from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
 from vero.sidecar.models import (
@@ -79,6 +79,10 @@ from vero.sidecar.models import (
 )
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
+
+if TYPE_CHECKING:
+    from vero.core.usage import InferenceUsage
+    from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
 
 __all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarService"]
 
@@ -158,6 +162,12 @@ def _covers_granted_cases(job: EvaluationJob, result: EvaluationResult) -> bool:
     return sorted(case.case for case in result.cases) == sorted(job.cases)
 
 
+def _gateway_key_names(config: SidecarConfig) -> set[str]:
+    if config.inference is None:
+        return set()
+    return {p.api_key_secret for p in config.inference.providers.values() if p.api_key_secret}
+
+
 def _remove_tree(path: Path) -> None:
     # shutil.rmtree never follows symlinks (fd-based on Linux), so a planted link cannot redirect it.
     shutil.rmtree(path, ignore_errors=True)
@@ -184,6 +194,8 @@ class SidecarService:
         context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
         artifact_limits: caps on copied trial artifacts.
         principal: the principal of the agent surface.
+        gateway_host: interface of the inference gateway (with `config.inference`): loopback, so
+            only processes of this container (candidate hosts) reach it.
     """
 
     def __init__(
@@ -203,6 +215,7 @@ class SidecarService:
         context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
         artifact_limits: ArtifactLimits | None = None,
         principal: str = AGENT_PRINCIPAL,
+        gateway_host: str = "127.0.0.1",
     ) -> None:
         if max_concurrent_evaluations < 1:
             raise ValueError("max_concurrent_evaluations must be at least 1")
@@ -242,6 +255,12 @@ class SidecarService:
         self.ladders: LadderBoard
         self._admissions = 0
         self._admissions_idle: asyncio.Event | None = None
+        self.gateway_host = gateway_host
+        self.gateway: InferenceGateway | None = None
+        self._gateway_server: GatewayServer | None = None
+        self.inference_pools: dict[str, BudgetPool] = {}
+        """Partition -> the agent's inference budget (micro-dollars); spent = complete jobs' charges
+        (durable through the job records) plus what running evaluations have been charged."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -290,6 +309,8 @@ class SidecarService:
         if self.baseline_dir is not None:
             await asyncio.to_thread(self._import_baseline)
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
+        if self.config.inference is not None:
+            await self._start_gateway()
         _logger.info("sidecar %s started (entrance %s)", self.config.name,
                      "open" if self.entrance_open else "closed: sealed")
 
@@ -348,6 +369,26 @@ class SidecarService:
         if self.run_as is not None:
             os.chown(self.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
 
+    async def _start_gateway(self) -> None:
+        """Serve the inference gateway; budgets spent by complete jobs stay spent across restarts."""
+        from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+        from vero.inference.pricing import to_micro_usd
+
+        assert self.config.inference is not None
+        keys = {name: os.environ[name] for name in self.config.secrets if os.environ.get(name)}
+        spent: dict[str, int] = {}
+        for job in self.jobs.list():
+            if job.state == "complete" and job.result is not None and job.result.inference is not None:
+                spent[job.partition] = spent.get(job.partition, 0) + job.result.inference.charged_micro_usd
+        self.inference_pools = {
+            name: BudgetPool(to_micro_usd(access.total_inference_usd), spent.get(name, 0))
+            for name, access in self.config.agent_access.items()}
+        gateway = InferenceGateway(self.config.inference, keys)
+        self._gateway_server = GatewayServer(gateway, host=self.gateway_host)
+        await self._gateway_server.__aenter__()
+        self.gateway = gateway
+        _logger.info("inference gateway listening on %s", gateway.base_url)
+
     def _import_baseline(self) -> None:
         from vero.core.baseline import commit_baseline
 
@@ -378,6 +419,9 @@ class SidecarService:
             task.cancel()
         if pending:
             await asyncio.gather(*pending.values(), return_exceptions=True)
+        if self._gateway_server is not None:
+            await self._gateway_server.__aexit__(None, None, None)
+            self._gateway_server = None
         if hasattr(self, "state"):
             self.state.close()
 
@@ -410,11 +454,13 @@ class SidecarService:
         counts = {"score": result.score, "n_cases": result.n_cases, "n_attempts": result.n_attempts,
                   "n_dead": result.n_dead}
         if tier == "aggregate":
-            return DisclosedResult(disclosure="aggregate", **counts)
+            usage = result.inference.totals() if result.inference is not None else None
+            return DisclosedResult(disclosure="aggregate", inference=usage, **counts)
         artifacts = self._artifacts_dir(job.id)
         return DisclosedResult(
             disclosure="full",
             **counts,
+            inference=result.inference,
             cases=[
                 CaseView(case=case.case, score=case.score,
                          attempts=[AttemptView(reward=a.reward, exception_type=a.exception_type, outcome=a.kind.value)
@@ -466,9 +512,13 @@ class SidecarService:
                 budget = None
                 if self.config.disclose_budget:
                     balance = self.ledger.balance(name, principal)
+                    pool = self.inference_pools.get(name)
                     budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
                                         remaining_runs=balance.remaining_runs,
-                                        remaining_cases=balance.remaining_cases)
+                                        remaining_cases=balance.remaining_cases,
+                                        total_inference_usd=None if pool is None else (pool.total or 0) / 1e6,
+                                        remaining_inference_usd=None if pool is None
+                                        else (pool.available or 0) / 1e6)
                 blocks = self.policy.blocks(principal, name)
                 ladder = self.policy.ladder(principal, name)
                 partitions.append(PartitionStatus(
@@ -580,14 +630,22 @@ class SidecarService:
             if self._admissions == 0:
                 self._admissions_idle.set()
 
-    def _nested_env(self) -> dict[str, str]:
+    def _nested_env(self, inference_token: str | None = None) -> dict[str, str]:
+        """Secrets by name for nested runs, except the provider keys only the gateway holds; with
+        `inference.route_case_services`, the gateway's variables for the cases' `${VAR}` templates."""
         env = dict(self.nested_env)
+        gateway_keys = _gateway_key_names(self.config)
         for name in self.config.secrets:
+            if name in gateway_keys:
+                continue
             value = os.environ.get(name)
             if value is None:
                 _logger.warning("secret %s is not set in the sidecar's environment", name)
             else:
                 env[name] = value
+        if inference_token is not None and self.gateway is not None and self.config.inference is not None \
+                and self.config.inference.route_case_services:
+            env.update(self.gateway.environment(inference_token))
         return env
 
     def _secret_values(self) -> list[str]:
@@ -600,39 +658,81 @@ class SidecarService:
         return update.path
 
     async def _run_job(self, job_id: str) -> None:
+        token: str | None = None
+        unsettled: InferenceUsage | None = None
+
+        async def give_back_inference() -> None:
+            # Before the job's unmeasured end is recorded: whoever sees that end sees the refund.
+            nonlocal token, unsettled
+            if token is not None and self.gateway is not None:
+                unsettled = await finish_uncancellable(self.gateway.revoke(token))
+                token = None
+            if unsettled is not None:
+                self._refund_inference(job_id, unsettled)
+                unsettled = None
+
         try:
             assert self._slots is not None
             slot = await self._slots.get()
             try:
                 job = await self.jobs.update(job_id, state="running", started_at=_now())
+                token = self._grant_inference(job)
                 checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
                 run = NestedRun(
                     evaluation_id=job.id, partition=job.partition, candidate=job.candidate,
                     candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
                     jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
                     harbor=self.config.harbor, scoring=self.config.scoring,
-                    env=self._nested_env(), run_as=self.run_as,
+                    env=self._nested_env(token), run_as=self.run_as,
+                    candidate_env=self.gateway.environment(token) if self.gateway and token else {},
                 )
                 result = await self.backend.evaluate(run)
+                if token is not None and self.gateway is not None:
+                    unsettled = await self.gateway.revoke(token)
+                    token = None
+                    result = result.model_copy(update={"inference": unsettled})
             finally:
                 self._slots.put_nowait(slot)
             await self._complete(job, result)
+            unsettled = None  # recorded with the complete job: it stays charged
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(job_id, "interrupted")
             # A job already complete was settled with its result: a measurement stays charged.
-            if self.jobs.get(job_id).state not in TERMINAL_STATES:
+            state_now = self.jobs.get(job_id).state
+            if state_now == "complete":
+                unsettled = None
+            elif state_now not in TERMINAL_STATES:
                 state = "cancelled" if reason in ("sealed", "cancelled") else "failed"
+                await give_back_inference()
                 await self._close_unmeasured(job_id, state, reason)
             raise
         except InfrastructureFailure:
             _logger.warning("job %s: infrastructure failure; refunded", job_id)
+            await give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
         except Exception as exc:
             # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
             _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
+            await give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
         finally:
             self._tasks.pop(job_id, None)
+            await give_back_inference()
+
+    def _grant_inference(self, job: EvaluationJob) -> str | None:
+        if self.gateway is None or self.config.inference is None:
+            return None
+        token, _ = self.gateway.grant(job.id, job.partition, partition_pool=self.inference_pools.get(job.partition),
+                                      evaluation_limit_usd=self.config.inference.evaluation_limit_usd)
+        return token
+
+    def _refund_inference(self, job_id: str, usage: InferenceUsage) -> None:
+        """An evaluation that measured nothing gives back what its model calls were charged."""
+        job = self.jobs.get(job_id)
+        pool = self.inference_pools.get(job.partition)
+        if pool is not None and usage.charged_micro_usd:
+            pool.spent = max(0, pool.spent - usage.charged_micro_usd)
+            _logger.info("job %s: %d micro-USD of inference refunded", job_id, usage.charged_micro_usd)
 
     async def _complete(self, job: EvaluationJob, result: EvaluationResult) -> None:
         tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)

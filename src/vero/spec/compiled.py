@@ -21,6 +21,7 @@ from vero.spec.models import (
     CandidateLimits,
     CandidateRuntime,
     HarborSpec,
+    InferenceSpec,
     PartitionAccess,
     ScoringSpec,
     SelectionSpec,
@@ -112,6 +113,8 @@ class _Config(BaseModel):
     """Secret names the role forwards to nested runs (values come from its environment)."""
     partitions: dict[str, list[str]]
     """Partition -> case names, restricted to what this role may know."""
+    inference: InferenceSpec | None = None
+    """The inference gateway this role serves to candidate agents (keys by secret name only)."""
 
 
 class SidecarConfig(_Config):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from vero.core.usage import InferenceUsage
 from vero.core.archive import file_digest
 from vero.core.session import Session, read_session
 from vero.errors import SessionInvalid
@@ -113,7 +114,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
                  cases_dir: str | Path, baseline_dir: str | Path, reward_path: str | Path,
                  artifacts_dir: str | Path, work_dir: str | Path, mirror_dirs: Sequence[str | Path] = (),
                  env: Mapping[str, str] | None = None, run_as: RunAs | None = None,
-                 allow_root_runs: bool = True) -> Finalization:
+                 allow_root_runs: bool = True, inference_keys: Mapping[str, str] | None = None) -> Finalization:
     """Verify a sealed session: check it, pick the candidate, score it, write reward and artifacts.
 
     Order: `reward.json` is first written with every target's failure value (a verifier killed
@@ -137,6 +138,8 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         mirror_dirs: more directories receiving the same artifacts (`/logs/artifacts`).
         env: extra environment of the nested runs (secret values by name); default none.
         run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
+        inference_keys: provider keys by secret name for the inference gateway served during the
+            verification when `config.inference` is set (default: this process's environment).
         allow_root_runs: when False and this process is root with `run_as` None, no nested run is
             started (candidate code never runs as root, DESIGN §2): every measurement fails, so
             the targets get their failure values and the finalization says why. The CLI passes
@@ -173,7 +176,16 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     session_sha256 = _sha256(archive)
 
     session: Session | None = None
+    gateway_server = None
     try:
+        gateway = None
+        if config.inference is not None:
+            from vero.inference.gateway import GatewayServer, InferenceGateway
+
+            keys = os.environ if inference_keys is None else inference_keys
+            gateway = InferenceGateway(config.inference, {n: keys[n] for n in config.secrets if keys.get(n)})
+            gateway_server = GatewayServer(gateway)
+            await gateway_server.__aenter__()
         work.mkdir(parents=True, exist_ok=True)
         if run_as is not None:
             # The runner must traverse the work dir to reach its own run dirs, nothing more.
@@ -219,7 +231,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             return store.checkout(candidate, dest)
 
         scorer = Scorer(backend=backend, config=config, checkout=checkout, cases_dir=Path(cases_dir),
-                        work_dir=work, env=env, run_as=run_as, refusal=refusal)
+                        work_dir=work, env=env, run_as=run_as, refusal=refusal, gateway=gateway)
         trees = _trees(session)
         sel = config.selection
         selection = await select_candidate(
@@ -256,6 +268,8 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     finally:
         if scorer is not None:
             scorer.discard_checkouts()
+        if gateway_server is not None:
+            await gateway_server.__aexit__(None, None, None)
 
     write_reward_file(reward_path, rewards)
     if not targets:
@@ -283,6 +297,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             if chosen is not None and chosen.is_baseline else None,
         ),
         measurements=scorer.measurements if scorer is not None else [], run_as=run_as_label,
+        inference=_inference_total(scorer.measurements if scorer is not None else [], config),
         errors=errors, warnings=warnings,
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
@@ -303,6 +318,12 @@ def _flag_warnings(config: VerifierConfig, partition: str, flags: Mapping[str, i
     reward_range = list(config.scoring.reward_range) if config.scoring.reward_range is not None else None
     return [f"target {partition}: {count} attempt(s) " + _FLAG_TEXT[flag].format(range=reward_range)
             for flag, count in sorted(flags.items()) if flag in _FLAG_TEXT]
+
+
+def _inference_total(measurements: list, config: VerifierConfig) -> InferenceUsage | None:
+    if config.inference is None:
+        return None
+    return InferenceUsage.combine([m.inference for m in measurements if m.inference is not None])
 
 
 def _user_label(uid: int) -> str:

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.core.usage import InferenceUsage
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.verifier.selection import Measurement, Selection
@@ -124,6 +125,9 @@ class Finalization(_Model):
     """What went wrong (the session refused, a target not measured, the baseline unavailable, ...)."""
     warnings: list[str] = []
     """What the operator should know that did not change the outcome (e.g. nested runs as root)."""
+    inference: InferenceUsage | None = None
+    """Model calls of all the verifier's measurements, metered by its inference gateway (per
+    measurement in `measurements`); None without a gateway."""
 
 
 class BudgetStatus(_Model):

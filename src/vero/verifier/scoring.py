@@ -7,9 +7,12 @@ and the reason, so the caller decides what an unmeasured candidate or target mea
 excludes it, the reward gets the failure value).
 
 When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (DESIGN §2:
-candidate code never runs as root): agent candidates are imported by the `harbor` process itself.
-The checkout and the Harbor jobs dir of each run are handed to that user; secrets reach the run
-by name from the verifier's environment (`config.secrets`).
+candidate code never runs as root); `kind: agent` candidates run in candidate hosts as throw-away
+uids (`vero.harbor.boundary`). The checkout and the Harbor jobs dir of each run are handed to that
+user; secrets reach the run by name from the verifier's environment (`config.secrets`), except the
+provider keys only the inference gateway holds. With `config.inference`, each measurement gets its
+own gateway token (capped at `evaluation_limit_usd`, default `VERIFIER_EVALUATION_LIMIT_USD`) and
+its metered usage is recorded on the `Measurement`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
@@ -40,6 +44,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("vero.verifier")
+
+VERIFIER_EVALUATION_LIMIT_USD = 10.0
+"""Most one verifier measurement may spend on model calls when the spec sets no `evaluation_limit_usd`."""
 
 Checkout = Callable[[str, Path], Path]
 """`checkout(candidate_id, dest)` materializes a candidate in the fresh directory `dest` and returns it.
@@ -69,10 +76,13 @@ def hand_over(path: Path, run_as: RunAs | None) -> None:
             os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
 
 
-def secret_env(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Secret name -> value for the names set in `environ` (default `os.environ`); unset names are skipped."""
+def secret_env(names: Iterable[str], environ: Mapping[str, str] | None = None,
+               exclude: Iterable[str] = ()) -> dict[str, str]:
+    """Secret name -> value for the names set in `environ` (default `os.environ`); unset names and
+    `exclude` (the inference providers' keys, which only the gateway reads) are skipped."""
     environ = os.environ if environ is None else environ
-    return {name: environ[name] for name in names if name in environ}
+    excluded = set(exclude)
+    return {name: environ[name] for name in names if name in environ and name not in excluded}
 
 
 def new_evaluation_id(purpose: str, partition: str) -> str:
@@ -101,8 +111,9 @@ class Scorer:
 
     def __init__(self, *, backend: EvaluationBackend, config: VerifierConfig, checkout: Checkout,
                  cases_dir: Path, work_dir: Path, env: Mapping[str, str] | None = None,
-                 run_as: RunAs | None = None, refusal: str | None = None):
+                 run_as: RunAs | None = None, refusal: str | None = None, gateway: Any = None):
         self.backend = backend
+        self.gateway = gateway
         self.config = config
         self.checkout = checkout
         self.cases_dir = Path(cases_dir)
@@ -161,12 +172,20 @@ class Scorer:
             logger.exception("checkout of %s failed", candidate[:12])
             return failed(f"checkout failed ({type(exc).__name__})")
 
+        token, env, candidate_env = None, dict(self.env), {}
+        if self.gateway is not None and self.config.inference is not None:
+            limit = self.config.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
+            token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
+            candidate_env = self.gateway.environment(token)
+            if self.config.inference.route_case_services:
+                env.update(candidate_env)
         run = NestedRun(
             evaluation_id=evaluation_id, partition=partition, candidate=candidate,
             candidate_dir=candidate_dir, cases_dir=self.cases_dir, case_names=case_names,
             jobs_dir=jobs_dir, runtime=self.config.runtime, harbor=self.config.harbor,
-            scoring=self.config.scoring, env=self.env, run_as=self.run_as,
+            scoring=self.config.scoring, env=env, run_as=self.run_as, candidate_env=candidate_env,
         )
+        usage = None
         try:
             result = await self.backend.evaluate(run)
         except VeroError as exc:  # InfrastructureFailure above all: the run measured nothing
@@ -174,6 +193,9 @@ class Scorer:
         except Exception as exc:  # noqa: BLE001 - a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
+        finally:
+            if token is not None:
+                usage = await self.gateway.revoke(token)
 
         if result.partition != partition or result.candidate != candidate:
             return failed("the backend reported a different partition or candidate")
@@ -187,7 +209,8 @@ class Scorer:
         n_missing = sum(1 for name in case_names if name not in by_case)
         return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
                            purpose=purpose, score=score, n_cases=len(case_names),
-                           n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir)
+                           n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir,
+                           inference=usage)
 
     def discard_checkouts(self) -> None:
         """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""

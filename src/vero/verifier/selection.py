@@ -38,6 +38,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.core.usage import InferenceUsage
 from vero.core.jobs import EvaluationJob
 from vero.spec.models import Direction
 
@@ -82,6 +83,8 @@ class Measurement(_Model):
     `{"reward_out_of_range": 1}`."""
     job_dir: str | None = None
     """The nested Harbor job directory, for operators."""
+    inference: InferenceUsage | None = None
+    """Model calls of the run, metered by the verifier's inference gateway (None without one)."""
 
     @property
     def measured(self) -> bool:

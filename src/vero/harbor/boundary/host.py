@@ -5,8 +5,10 @@ Started by `vero.harbor.boundary.launcher` as `python -I -m vero.harbor.boundary
 run. The conversation (frames of `vero.harbor.boundary.wire`):
 
 ```
-agent -> host   init {import_path, candidate_dir, model_name, kwargs, mcp_servers, skills_dir, limits}
-host  -> agent  hello                       # trusted prologue done: Harbor imported, checkout readable
+agent -> host   init {import_path, candidate_dir, model_name, kwargs, mcp_servers, skills_dir, limits,
+                      probe_paths}
+host  -> agent  hello {exposed}             # trusted prologue done: Harbor imported, checkout readable,
+                                            #   which probe paths this uid can read
                 | host-error {reason}       #   (before any candidate code ran: the only trusted answers)
 host  -> agent  ready {name, version}       # the candidate's class imported and constructed
                 | failed {exception_type}   #   the pre-flight verdict (root cause of the failure)
@@ -276,7 +278,9 @@ async def _serve(fd: int) -> int:
     if not (candidate_dir.is_dir() and os.access(candidate_dir, os.R_OK | os.X_OK)):
         await writer.send({"op": "host-error", "reason": "checkout-unreadable"})
         return 3
-    await writer.send({"op": "hello"})
+    # Paths the harness must keep from candidates (cases, job dir): which can this uid read?
+    exposed = [str(p) for p in header.get("probe_paths") or [] if os.access(str(p), os.R_OK)]
+    await writer.send({"op": "hello", "exposed": exposed})
 
     logs_dir = scratch / "logs"
     logs_dir.mkdir(exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
@@ -18,6 +19,8 @@ from vero.harbor.boundary.launcher import CandidateLauncher
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 
 __all__ = ["preflight_in_host"]
+
+logger = logging.getLogger("vero.harbor.boundary")
 
 _FAILED_WITHOUT_TYPE = "AgentImportError"
 
@@ -44,7 +47,8 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
         writer = FrameWriter(raw_writer)
         try:
             await writer.send({"op": "init", "import_path": run.runtime.agent_import_path,
-                               "candidate_dir": str(run.candidate_dir.absolute()), "kwargs": {}})
+                               "candidate_dir": str(run.candidate_dir.absolute()), "kwargs": {},
+                               "probe_paths": [str(run.cases_dir.absolute()), str(run.jobs_dir.absolute())]})
             header, _ = await read_frame(reader, 0)
         except (asyncio.IncompleteReadError, ConnectionError, FrameError):
             raise InfrastructureFailure("the candidate host ended before it could import Harbor") from None
@@ -52,6 +56,10 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
             raise InfrastructureFailure(f"the candidate host cannot run: {str(header.get('reason'))[:100]}")
         if header.get("op") != "hello":
             raise InfrastructureFailure("the candidate host did not start")
+        if header.get("exposed"):
+            logger.warning("evaluation %s: candidate hosts can read %d harness path(s) (the cases or the jobs "
+                           "dir): make them unreadable to other users, or the file boundary does not hold",
+                           run.evaluation_id, len(header["exposed"]))
         try:
             header, _ = await read_frame(reader, 0)
         except (asyncio.IncompleteReadError, ConnectionError, FrameError):

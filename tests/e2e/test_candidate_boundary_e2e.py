@@ -1,0 +1,248 @@
+"""`kind: agent` candidates behind the process boundary, with the inference gateway, on Docker.
+
+The `tasks/llm-puzzle-agent` example (its candidate asks a model for a shell command) is served by a
+real sidecar (`SidecarService` over HTTP) whose nested runs are real `harbor run -e docker` over the
+puzzle cases, and then verified (`verify`) on hidden cases; the "model" is a fake OpenAI-compatible
+provider on loopback that answers like a model would (the command in a fenced block), computed with
+the puzzle-agent reference's strategies. Everything between the candidate and that HTTP call is
+the real code: candidate hosts as throw-away uids, the environment proxy, the gateway, metering.
+
+1. The example's reference change through the gateway scores what the rule-based reference scores
+   (1.0 on each case): the boundary and the gateway leave an honest measurement alone; its two model
+   calls are metered and disclosed.
+2. A hostile candidate (`agents/hostile_candidate.py`) attacks from inside its candidate host, in
+   the sidecar's evaluation and in the verifier's hidden scoring: every attempt is denied, its
+   forged result and reward files never exist, its claims are not taken, the exception it names
+   like an infrastructure failure is charged, its daemon is dead, the gateway refuses the off-list
+   model and stops it at the budget; it scores 0.
+3. The provider key is in no response, file, log, archive or artifact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import tenacity
+from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
+from sidecar._server import commit_file, git, make_harness, wait_for_state
+
+from vero.harbor import HarborBackend
+from vero.spec.compiled import VerifierConfig
+from vero.spec.models import (
+    CandidateRuntime,
+    HarborSpec,
+    InferenceSpec,
+    PartitionAccess,
+    ScoringSpec,
+    SelectionSpec,
+    TargetPartition,
+)
+from vero.verifier import verify
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "tasks" / "llm-puzzle-agent"
+PUZZLE = REPO / "tasks" / "puzzle-agent"
+HOSTILE = Path(__file__).resolve().parent / "agents" / "hostile_candidate.py"
+KEY = "sk-provider-key-that-must-never-leak-4242"
+SECRET_NAME = "VERO_TEST_PROVIDER_KEY"
+TRAIN = ["count-lines-1", "reverse-string-1"]
+HIDDEN = ["sort-words-1", "find-file-1"]
+IMPORT_PATH = "llm_puzzle_agent.agent:LlmPuzzleAgent"
+PRICE_IN, PRICE_OUT = 1e-6, 2e-6
+
+
+def reference_puzzle_solver(root: Path):
+    """`parse_puzzle` of the puzzle-agent example with its reference change applied."""
+    target = root / "puzzle-reference"
+    shutil.copytree(PUZZLE / "target", target)
+    subprocess.run(["git", "apply", str(PUZZLE / "reference.patch")], cwd=target, check=True)
+    spec = importlib.util.spec_from_file_location("reference_puzzle_agent", target / "puzzle_agent" / "agent.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module.parse_puzzle
+
+
+def puzzle_model(parse_puzzle):
+    def reply(body: dict) -> str:
+        prompt = body["messages"][-1]["content"]
+        puzzle = parse_puzzle(prompt)
+        command = puzzle.strategy.command(puzzle) if puzzle else "true"
+        return f"```bash\n{command}\n```"
+    return reply
+
+
+def copy_cases(names: list[str], dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(PUZZLE / "cases" / name, dest / name)
+    dest.chmod(0o700)  # as the images make them: no candidate host may enter
+    return dest
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    found = []
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def attack_reports(job_dir: Path) -> list[dict]:
+    reports = [json.loads(p.read_text()) for p in sorted(job_dir.glob("*/agent/candidate/attacks.json"))]
+    assert reports, f"no attack report under {job_dir}"
+    return reports
+
+
+def assert_attacks_failed(report: dict, *, expect_budget_stop: bool) -> None:
+    assert report["found_harbor"] == "True", report  # it did find its target...
+    for attack in ("list_job_dir", "forge_results", "write_job_file", "list_cases", "read_case_tests",
+                   "read_harbor_environ", "read_state", "read_root_home", "docker_socket", "off_list_model",
+                   "exec_as_root"):
+        assert report[attack].startswith("denied"), (attack, report)
+    assert "PermissionDenied" in report["off_list_model"], report
+    assert report["secret_in_own_env"] == "False" and report["token_is_the_evaluations"] == "True", report
+    assert int(report["uid"]) >= 52000 and report["groups"] == "[]", report
+    if expect_budget_stop:
+        assert report["budget_stop"].startswith("APIStatusError"), report
+    # The daemon it detached died with its uid (a reused pid would belong to someone else).
+    assert _uid(Path(f"/proc/{report['daemon_pid']}")) != int(report["uid"]), report
+
+
+def assert_trials_honest(job_dir: Path) -> None:
+    for result_path in job_dir.glob("*/result.json"):
+        result = json.loads(result_path.read_text())
+        assert result["exception_info"]["exception_type"] == "CandidateAgentError", result["exception_info"]
+        assert "EnvironmentStartTimeoutError" in result["exception_info"]["exception_message"]
+        assert result["verifier_result"]["rewards"] == {"reward": 0}
+        agent = result["agent_result"]
+        assert agent["n_input_tokens"] is None and agent["cost_usd"] is None
+        assert "reward" not in (agent.get("metadata") or {})
+        assert not (result_path.parent / "planted.json").exists()
+    assert not (job_dir / "planted.json").exists()
+
+
+def test_candidate_boundary_and_gateway_on_docker(portable_toolchain, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv(SECRET_NAME, KEY)
+    root = Path(tempfile.mkdtemp(prefix="vero-boundary-e2e-"))
+    root.chmod(0o755)
+    try:
+        _run(root, portable_toolchain[1], caplog)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with FakeUpstream(responder=puzzle_model(reference_puzzle_solver(root))) as fake:
+        inference = InferenceSpec.model_validate({
+            "providers": {"openai": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": SECRET_NAME}},
+            "models": {"gpt-4o-mini": {"provider": "openai", "input_cost_per_token": PRICE_IN,
+                                       "output_cost_per_token": PRICE_OUT}},
+            "evaluation_limit_usd": 0.0004})
+        backend = HarborBackend(python_executable=python, infra_wait=tenacity.wait_none())
+        runtime = CandidateRuntime(kind="agent", agent_import_path=IMPORT_PATH)
+        harbor = HarborSpec(n_concurrent=2, infra_retries=0, evaluation_timeout_sec=1200, drain_timeout_sec=60)
+        baseline = {str(p.relative_to(EXAMPLE / "target")): p.read_text()
+                    for p in (EXAMPLE / "target").rglob("*.py")}
+        harness = make_harness(
+            root / "sidecar", backend=backend, baseline_files=baseline, runtime=runtime, harbor=harbor,
+            partitions={"train": TRAIN},
+            access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5,
+                                             total_cases=10, total_inference_usd=0.0005)},
+            secrets=[SECRET_NAME], inference=inference)
+        copy_cases(TRAIN, harness.cases_dir)
+        subprocess.run(["git", "apply", str(EXAMPLE / "reference.patch")], cwd=harness.agent_repo, check=True)
+        git(harness.agent_repo, "commit", "-qam", "reference: take the command out of the fenced block")
+        reference = git(harness.agent_repo, "rev-parse", "HEAD").strip()
+        hostile_source = (HOSTILE.read_text().replace("{state_dir}", str(harness.state_dir))
+                          .replace("{secret}", SECRET_NAME) + "\n\nLlmPuzzleAgent = HostileCandidate\n")
+        hostile = commit_file(harness.agent_repo, "llm_puzzle_agent/agent.py", hostile_source, "hostile")
+
+        with harness.serve(run_as=None) as (_, client):
+            # 1. The well-behaved candidate through the gateway (first: the hostile one drains the budget).
+            good = client.post("/evaluations", json={"partition": "train", "version": reference})
+            assert good.status_code == 202, good.text
+            good = wait_for_state(client, good.json()["id"], {"complete", "failed"}, timeout_sec=1200)
+            assert good["state"] == "complete", good
+            assert good["result"]["score"] == 1.0 and good["result"]["n_dead"] == 0, good
+            usage = good["result"]["inference"]
+            assert usage["calls"] == 2 and usage["by_model"]["gpt-4o-mini"]["calls"] == 2, usage
+            assert usage["cost_usd"] > 0 and usage["charged_micro_usd"] > 0
+            # 2. The hostile candidate in the sidecar's evaluation.
+            bad = client.post("/evaluations", json={"partition": "train", "version": hostile})
+            assert bad.status_code == 202, bad.text
+            bad = wait_for_state(client, bad.json()["id"], {"complete", "failed"}, timeout_sec=1200)
+            assert bad["state"] == "complete", bad  # charged, never refunded as "infrastructure"
+            assert bad["result"]["score"] == 0.0, bad
+            assert {a["exception_type"] for c in bad["result"]["cases"] for a in c["attempts"]} == {
+                "CandidateAgentError"}
+            usage = bad["result"]["inference"]
+            assert usage["refused_calls"]["model_not_allowed"] == len(TRAIN), usage
+            assert usage["refused_calls"]["budget_exhausted"] >= 1, usage
+            budget = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")["budget"]
+            assert budget["total_inference_usd"] == pytest.approx(0.0005)
+            assert 0 <= budget["remaining_inference_usd"] < 0.0001, budget
+            views = client.get("/status").text + json.dumps([good, bad])
+            client.post("/submissions", json={"version": hostile}).raise_for_status()
+            sealed = client.post("/admin/seal", json={"output_dir": str(root / "export")},
+                                 headers=harness.admin_headers())
+            assert sealed.status_code == 200, sealed.text
+        job_dir = harness.work_dir / "jobs" / bad["id"]
+        for report in attack_reports(job_dir):
+            assert_attacks_failed(report, expect_budget_stop=True)
+        assert_trials_honest(job_dir)
+
+        # 3. The verifier scores the (hostile) submission on the hidden cases, with its own gateway.
+        config = VerifierConfig(
+            name=harness.config.name, spec_digest=harness.config.spec_digest,
+            baseline_commit=harness.config.baseline_commit, runtime=runtime, scoring=ScoringSpec(),
+            harbor=harbor, partitions={"train": TRAIN, "hidden": HIDDEN}, secrets=[SECRET_NAME],
+            inference=inference, selection=SelectionSpec(mode="submit", partition="train"),
+            targets={"hidden": TargetPartition()}, reward_keys={"hidden": "reward"}, failure_values={"hidden": 0.0})
+        work = root / "verifier-work"
+        final = asyncio.run(verify(
+            config, root / "export" / "session.tar.gz", backend=backend,
+            cases_dir=copy_cases(HIDDEN, root / "verifier-cases"), baseline_dir=harness.baseline_dir,
+            reward_path=root / "verifier" / "reward.json", artifacts_dir=root / "verifier" / "artifacts",
+            work_dir=work, env={}, run_as=None))
+        assert final.rewards == {"reward": 0.0} and final.chosen.candidate == hostile, final
+        (measurement,) = final.measurements
+        assert measurement.score == 0.0 and measurement.inference is not None
+        assert measurement.inference.refused_calls["model_not_allowed"] == len(HIDDEN)
+        assert measurement.inference.refused_calls["budget_exhausted"] >= 1
+        assert measurement.inference.charged_micro_usd <= 400
+        assert final.inference is not None and final.inference.calls == measurement.inference.calls
+        verifier_jobs = next(work.glob("runs/*/jobs"))
+        for report in attack_reports(verifier_jobs / measurement.evaluation_id):
+            assert_attacks_failed(report, expect_budget_stop=True)
+        assert_trials_honest(verifier_jobs / measurement.evaluation_id)
+        finalization = json.loads((root / "verifier" / "artifacts" / "finalization.json").read_text())
+        assert finalization["inference"]["calls"] == measurement.inference.calls
+
+    # The provider key reached the provider and nothing else.
+    assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in fake.requests)
+    assert KEY not in views and KEY not in caplog.text
+    assert files_containing(root, KEY.encode()) == []
+
+
+def _uid(proc: Path) -> int:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return -1
