@@ -190,6 +190,23 @@ BAD: dict[str, Bad] = {
     "output inside the cases": Bad("cases.path", output=lambda tree: tree.root / "cases" / "compiled"),
     "force on a directory that is no task": Bad("--output", output=_fill_output,
                                                 extra_args=lambda tree: ["--force"]),
+    "inference budget without a gateway": Bad(
+        "agent_access.train.total_inference_usd", _set("agent_access.train.total_inference_usd", 1.0)),
+    "gateway key that is not a secret": Bad(
+        "inference.providers.p.api_key_secret", _set("inference", {
+            "providers": {"p": {"api": "openai", "base_url": "https://x.invalid/v1", "api_key_secret": "ZQ_KEY"}},
+            "models": {"gpt-4o-mini": {"provider": "p"}}})),
+    "gateway model without a price": Bad(
+        "inference.models.my-local-model", _set("inference", {
+            "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+            "models": {"my-local-model": {"provider": "p"}}})),
+    "gateway model of an unknown provider": Bad(
+        "inference.models.gpt-4o-mini.provider", _set("inference", {
+            "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+            "models": {"gpt-4o-mini": {"provider": "q"}}})),
+    "gateway provider with a bad api": Bad(
+        "inference.providers.p.api", _set("inference", {
+            "providers": {"p": {"api": "gemini", "base_url": "http://127.0.0.1:9/v1"}}, "models": {}})),
     "tarball inside the output": Bad("--tarball", extra_args=lambda tree: [
         "--tarball", str(tree.root.parent / "out" / "task" / "t.tar.gz")]),
 }

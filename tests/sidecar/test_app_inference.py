@@ -1,0 +1,149 @@
+"""The sidecar's inference gateway, over real HTTP, with a stand-in backend that calls it.
+
+`CallingBackend` does what a candidate agent does inside a nested run: it calls the gateway named
+in `NestedRun.candidate_env` with the evaluation's token (the calls reach a fake provider on
+loopback), then answers like `StubBackend`. No Docker: the nested run is the stub's; the gateway,
+the budgets, the disclosure and the persistence are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from inference.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
+
+from vero.harbor.backend import NestedRun
+from vero.inference.pricing import to_micro_usd
+from vero.spec.models import InferenceSpec, PartitionAccess
+
+from ._server import StubBackend, make_harness, wait_for_state
+
+pytestmark = pytest.mark.timeout(180)
+
+KEY_NAME = "VERO_TEST_GATEWAY_KEY"
+KEY = "sk-sidecar-test-key-000111222"
+PRICE_IN, PRICE_OUT = 1e-6, 2e-6
+CALL_MICRO_USD = to_micro_usd(INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OUT)
+
+
+@dataclass
+class CallingBackend(StubBackend):
+    calls_per_run: int = 2
+    model: str = "gpt-test"
+
+    async def evaluate(self, run: NestedRun) -> object:
+        env = run.candidate_env
+        assert KEY_NAME not in run.env and KEY not in json.dumps(run.env)  # provider keys never reach runs
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+            for _ in range(self.calls_per_run):
+                await client.post(f"{env['OPENAI_BASE_URL']}/chat/completions",
+                                  headers={"authorization": f"Bearer {env['OPENAI_API_KEY']}"},
+                                  json={"model": self.model, "max_tokens": 10,
+                                        "messages": [{"role": "user", "content": "hi"}]})
+        return await super().evaluate(run)
+
+
+def inference_spec(url: str) -> InferenceSpec:
+    return InferenceSpec.model_validate({
+        "providers": {"fake": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": KEY_NAME}},
+        "models": {"gpt-test": {"provider": "fake", "upstream_model": "fake-ok", "input_cost_per_token": PRICE_IN,
+                                "output_cost_per_token": PRICE_OUT}}})
+
+
+@pytest.fixture
+def upstream(monkeypatch):
+    monkeypatch.setenv(KEY_NAME, KEY)
+    with FakeUpstream() as fake:
+        yield fake
+
+
+def harness_with(tmp_path, upstream, backend, **access):
+    budget = dict(min_aggregate_cases=1, total_runs=10, total_cases=60, total_inference_usd=10 * CALL_MICRO_USD / 1e6)
+    budget.update(access)
+    return make_harness(
+        tmp_path / "h", backend=backend, secrets=[KEY_NAME], inference=inference_spec(upstream.url),
+        access={"train": PartitionAccess(disclosure="full", **budget),
+                "val": PartitionAccess(disclosure="aggregate", **budget)})
+
+
+def run_job(client, partition: str, cases=None) -> dict:
+    body = {"partition": partition} | ({"cases": cases} if cases else {})
+    response = client.post("/evaluations", json=body)
+    assert response.status_code == 202, response.text
+    return wait_for_state(client, response.json()["id"], {"complete", "failed", "cancelled"})
+
+
+def inference_budget(client, partition: str) -> dict:
+    partitions = client.get("/status").json()["partitions"]
+    budget = next(p for p in partitions if p["name"] == partition)["budget"]
+    return {k: budget[k] for k in ("total_inference_usd", "remaining_inference_usd")}
+
+
+def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, upstream):
+    harness = harness_with(tmp_path, upstream, CallingBackend())
+    with harness.serve() as (_, client):
+        full = run_job(client, "train", ["t1"])
+        aggregate = run_job(client, "val")
+        assert full["state"] == aggregate["state"] == "complete"
+        usage = full["result"]["inference"]
+        assert usage["calls"] == 2 and usage["input_tokens"] == 2 * INPUT_TOKENS
+        assert usage["charged_micro_usd"] == 2 * CALL_MICRO_USD and usage["by_model"]["gpt-test"]["calls"] == 2
+        totals = aggregate["result"]["inference"]
+        assert totals["calls"] == 2 and totals["by_model"] == {}  # aggregate: totals only
+        budget = inference_budget(client, "train")
+        assert budget["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
+        export = client.get("/admin/export", headers=harness.admin_headers()).json()
+        assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])
+    # What complete jobs spent stays spent across a restart.
+    with harness.serve() as (_, client):
+        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(
+            8 * CALL_MICRO_USD / 1e6)
+    assert KEY not in json.dumps(export)
+    assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in upstream.requests)
+
+
+def test_budget_exhaustion_is_refused_at_the_gateway_and_infrastructure_failures_refund(tmp_path, upstream):
+    backend = CallingBackend(calls_per_run=4)
+    harness = harness_with(tmp_path, upstream, backend, total_inference_usd=5 * CALL_MICRO_USD / 1e6)
+    with harness.serve() as (_, client):
+        first = run_job(client, "train", ["t1"])
+        assert first["result"]["inference"]["calls"] == 4
+        second = run_job(client, "train", ["t1"])  # 1 call's money left: the rest are refused (402)
+        usage = second["result"]["inference"]
+        assert usage["refused_calls"]["budget_exhausted"] >= 3 and usage["calls"] <= 1, usage
+        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(0.0, abs=1e-6)
+    harness = harness_with(tmp_path / "again", upstream, CallingBackend(calls_per_run=3, fail_with_infrastructure=True))
+    with harness.serve() as (_, client):
+        before = inference_budget(client, "train")
+        response = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]})
+        problem = wait_for_state(client, response.json()["id"], {"complete", "failed"})
+        assert problem["status"] == 502
+        # Its model calls were made and charged while it ran; the failure gave them back.
+        assert inference_budget(client, "train") == before
+        assert len(upstream.requests) >= 3
+
+
+def test_off_list_models_and_stale_tokens_are_refused(tmp_path, upstream):
+    backend = CallingBackend(model="gpt-4o")
+    harness = harness_with(tmp_path, upstream, backend)
+    with harness.serve() as (_, client):
+        job = run_job(client, "train", ["t1"])
+        usage = job["result"]["inference"]
+        assert usage["calls"] == 0 and usage["refused_calls"] == {"model_not_allowed": 2}
+        stale = backend.runs[0].candidate_env
+        answer = httpx.post(f"{stale['OPENAI_BASE_URL']}/chat/completions", trust_env=False,
+                            headers={"authorization": f"Bearer {stale['OPENAI_API_KEY']}"},
+                            json={"model": "gpt-test", "messages": []})
+        assert answer.status_code == 401  # the token died with its evaluation
+    assert upstream.requests == []
+
+
+def test_no_gateway_without_an_inference_section(tmp_path):
+    harness = make_harness(tmp_path / "h", backend=StubBackend())
+    with harness.serve() as (_, client):
+        run_job(client, "train", ["t1"])
+        assert harness.backend.runs[0].candidate_env == {}
+        assert inference_budget(client, "train") == {"total_inference_usd": None, "remaining_inference_usd": None}
