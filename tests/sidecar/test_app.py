@@ -663,3 +663,15 @@ def test_long_poll_returns_the_running_job_after_wait_sec(harness):
         assert answer.json()["state"] in {"queued", "running"}
         assert client.get(f"/evaluations/{job['id']}", params={"wait_sec": 61}).status_code == 422
         harness.backend.block.set()
+
+
+def test_the_agent_surface_refuses_callers_inside_the_sidecar(harness):
+    """`vero harbor serve` guards the agent surface: a candidate host beside the sidecar calling
+    it over loopback (the ASGI client here is 127.0.0.1) gets 403; health and admin stay open."""
+    with harness.serve(refuse_local_agent_calls=True) as (_, client):
+        assert client.get("/health").status_code == 200
+        for response in (client.get("/status"), client.post("/evaluations", json={"partition": "train"}),
+                         client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})):
+            assert response.status_code == 403, response.text
+        assert client.get("/admin/export", headers=harness.admin_headers()).status_code == 200
+        assert client.get("/admin/export").status_code == 401

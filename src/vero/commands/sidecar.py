@@ -45,6 +45,9 @@ def serve_command(
         "(default /var/tmp/vero-work).")] = None,
     runner_user: Annotated[str, typer.Option(
         "--runner-user", help="Unprivileged user nested runs execute as when serving as root.")] = "vero-runner",
+    allow_local_agent_calls: Annotated[bool, typer.Option(
+        "--allow-local-agent-calls", help="Answer the agent surface to callers on this host too (by default "
+        "only other hosts, i.e. `main`, may use it: candidate agents run beside the sidecar).")] = False,
 ) -> None:
     """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped.
 
@@ -59,7 +62,8 @@ def serve_command(
 
         serve(config, state_dir=state_dir, host=host, port=port, agent_repo=agent_repo,
               context_dir=context_dir, cases_dir=cases_dir, baseline_dir=baseline_dir,
-              work_dir=work_dir or DEFAULT_WORK_DIR, runner_user=runner_user)
+              work_dir=work_dir or DEFAULT_WORK_DIR, runner_user=runner_user,
+              allow_local_agent_calls=allow_local_agent_calls)
 
     run_command(call)
 

@@ -47,6 +47,31 @@ MAX_REQUEST_BYTES = 2 * 1024 * 1024
 """Largest request body accepted, in bytes (a full case list of 10 000 names fits)."""
 
 
+class LocalCallerGuard:
+    """Answer 403 to the agent surface when the caller is inside this container.
+
+    The agent's surface is for `main`; the only other processes in the sidecar's container that
+    could call it are candidate hosts (`vero.harbor.boundary`), and jobs they start would be a
+    channel from a candidate that ran on a `none`/`aggregate` partition's cases to the agent. A
+    caller is local when its address is loopback or the very address the connection arrived on.
+    `/health` (the container's healthcheck) and `/admin/*` (bearer token; `vero harbor seal` runs
+    in this container) stay open.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not (scope["path"] == "/health" or scope["path"].startswith("/admin/")):
+            client = (scope.get("client") or ("", 0))[0]
+            server = (scope.get("server") or ("", 0))[0]
+            if client.startswith("127.") or client in ("::1", "localhost") or (client and client == server):
+                await problem_response(403, "the agent surface does not answer callers inside the sidecar")(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class BodyLimitMiddleware:
     """Answer 413 to bodies over `max_bytes`, by `Content-Length` or while streaming."""
 
@@ -97,6 +122,7 @@ def create_app(
     context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
     artifact_limits: ArtifactLimits | None = None,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    refuse_local_agent_calls: bool = False,
 ) -> FastAPI:
     """Build the sidecar app; its lifespan starts and stops the service.
 
@@ -116,6 +142,8 @@ def create_app(
         context_path_in_main: where `context_dir` is mounted in `main` (for `artifacts_path`).
         artifact_limits: caps on copied trial artifacts (`full` tier).
         max_request_bytes: larger request bodies are answered 413.
+        refuse_local_agent_calls: answer 403 to agent-surface calls from inside this container
+            (`LocalCallerGuard`; `serve` sets it: only `main` may use that surface).
 
     Returns:
         The app; `app.state.service` is its `SidecarService`. If startup fails, the exception is
@@ -170,6 +198,8 @@ def create_app(
     mcp = SidecarMCP(app)
     app.router.routes.append(Route(MCP_PATH, endpoint=mcp, methods=["POST"]))
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    if refuse_local_agent_calls:
+        app.add_middleware(LocalCallerGuard)
     return app
 
 
@@ -185,10 +215,13 @@ def serve(
     baseline_dir: Path | None,
     work_dir: Path = DEFAULT_WORK_DIR,
     runner_user: str = RUNNER_USER,
+    allow_local_agent_calls: bool = False,
 ) -> None:
     """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
 
-    Nested runs execute as `runner_user` when this process is root (`runner_identity`).
+    Nested runs execute as `runner_user` when this process is root (`runner_identity`). The agent
+    surface refuses callers inside this container (`LocalCallerGuard`) unless
+    `allow_local_agent_calls` (for running the sidecar outside a container, e.g. in tests).
 
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
@@ -205,7 +238,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
                      cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
-                     run_as=runner_identity(runner_user))
+                     run_as=runner_identity(runner_user),
+                     refuse_local_agent_calls=not allow_local_agent_calls)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
                                            server_header=False, log_level="info"))
     try:
