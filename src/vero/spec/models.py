@@ -313,10 +313,11 @@ class InferenceSpec(_Model):
     """Most one evaluation may spend (sidecar and verifier alike); default: no per-evaluation cap in the
     sidecar (the partition's budget still applies) and 10 US dollars per evaluation in the verifier."""
     route_case_services: bool = False
-    """Also route the case containers' own model-backed services (a user simulator, a grader) through
-    the gateway: nested runs get `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`ANTHROPIC_BASE_URL`/
+    """Route the case containers' own model-backed services (a user simulator, a grader) through the
+    gateway: nested runs get `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`ANTHROPIC_BASE_URL`/
     `ANTHROPIC_API_KEY` set to the gateway and the evaluation's token for the cases' `${VAR}`
-    templates, and never the provider keys."""
+    templates (never the provider keys, with or without this switch). The case containers must be
+    able to reach the role's gateway, which listens on its loopback (README, "Inference")."""
     timeout_sec: float = Field(default=300.0, gt=0)
     """Limit of one upstream call (seconds); past it the call fails and is not charged."""
 
