@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from vero.harbor.boundary import CANDIDATE_AGENT_IMPORT_PATH
-from vero.harbor.boundary.host import pack_dir, unpack_dir
+from vero.harbor.boundary.host import TAR_SLACK_BYTES, pack_dir, unpack_dir
 from vero.harbor.boundary.launcher import finish_candidate_host, request_candidate_host
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 
@@ -45,6 +46,8 @@ __all__ = ["CANDIDATE_AGENT_IMPORT_PATH", "CandidateAgent", "CandidateAgentError
 
 DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 8 * 1024 * 1024
+MAX_LOGS_BYTES = 16 * 1024 * 1024
+"""Most of the candidate's logs dir copied into the trial (a larger one is not copied)."""
 _MAX_CALLS_IN_FLIGHT = 16
 _MAX_MESSAGE_CHARS = 2000
 
@@ -133,7 +136,7 @@ class CandidateAgent(BaseAgent):
             "model_name": self._candidate_model_name, "kwargs": self._candidate_kwargs,
             "mcp_servers": [s.model_dump(mode="json") for s in self.mcp_servers],
             "skills_dir": self.skills_dir,
-            "limits": {"max_transfer_bytes": self._max_transfer_bytes}})
+            "limits": {"max_transfer_bytes": self._max_transfer_bytes, "max_logs_bytes": MAX_LOGS_BYTES}})
         header = await self._read(trusted=True)
         if header.get("op") == "host-error":
             raise CandidateHostUnavailableError(f"candidate host: {str(header.get('reason'))[:100]}")
@@ -160,8 +163,10 @@ class CandidateAgent(BaseAgent):
         writer, self._writer = self._writer, None
         try:
             if collect_logs and writer is not None and self._reader is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.wait_for(self._collect_logs(writer), timeout=30)
+                except (TimeoutError, OSError, ValueError, asyncio.IncompleteReadError, tarfile.TarError) as exc:
+                    self.logger.warning("candidate logs not copied: %s", type(exc).__name__)
         finally:
             if writer is not None:
                 writer.close()
@@ -179,7 +184,7 @@ class CandidateAgent(BaseAgent):
         assert self._reader is not None
         await writer.send({"op": "logs"})
         while True:
-            header, payload = await read_frame(self._reader, self._max_transfer_bytes)
+            header, payload = await read_frame(self._reader, MAX_LOGS_BYTES)
             if header.get("op") == "logs":
                 break
         if payload:
@@ -201,7 +206,7 @@ class CandidateAgent(BaseAgent):
         try:
             while True:
                 try:
-                    header, payload = await read_frame(self._reader, self._max_transfer_bytes)
+                    header, payload = await read_frame(self._reader, self._max_transfer_bytes + TAR_SLACK_BYTES)
                 except (asyncio.IncompleteReadError, ConnectionError, FrameError):
                     raise CandidateAgentError(f"the candidate process ended during {phase}") from None
                 op = header.get("op")

@@ -48,6 +48,9 @@ from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 __all__ = ["main"]
 
 _DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
+TAR_SLACK_BYTES = 1024 * 1024
+"""Room for tar headers and padding on top of a directory's content limit (bytes); frames that carry
+a transfer are read with `max_transfer_bytes + TAR_SLACK_BYTES`."""
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -65,7 +68,8 @@ def pack_dir(source: Path, limit_bytes: int) -> bytes:
     """A tar of the regular files and dirs under `source` (links and devices left out).
 
     Raises:
-        ValueError: the files add up to more than `limit_bytes`.
+        ValueError: the files add up to more than `limit_bytes`, or the tar (headers and
+            padding included) to more than `limit_bytes + TAR_SLACK_BYTES`.
     """
     buffer = io.BytesIO()
     total = 0
@@ -84,7 +88,7 @@ def pack_dir(source: Path, limit_bytes: int) -> bytes:
                     raise ValueError(f"directory larger than the transfer limit ({limit_bytes} bytes)")
                 tar.add(path, arcname=str(path.relative_to(source)), recursive=False)
     data = buffer.getvalue()
-    if len(data) > limit_bytes:
+    if len(data) > limit_bytes + TAR_SLACK_BYTES:
         raise ValueError(f"directory larger than the transfer limit ({limit_bytes} bytes)")
     return data
 
@@ -263,6 +267,7 @@ async def _serve(fd: int) -> int:
         return 2
     limits = header.get("limits") or {}
     max_transfer = int(limits.get("max_transfer_bytes", _DEFAULT_MAX_TRANSFER_BYTES))
+    max_logs = int(limits.get("max_logs_bytes", _DEFAULT_MAX_TRANSFER_BYTES))
     scratch = Path(os.environ.get("VERO_CANDIDATE_SCRATCH", os.getcwd()))
     candidate_dir = Path(str(header.get("candidate_dir", "")))
 
@@ -303,7 +308,7 @@ async def _serve(fd: int) -> int:
         return 4
     await writer.send({"op": "ready", "name": name[:200], "version": str(version)[:200]})
 
-    channel = _Channel(reader, writer, max_transfer)
+    channel = _Channel(reader, writer, max_transfer + TAR_SLACK_BYTES)
     pump = asyncio.create_task(channel.pump())
     remote_class = _remote_environment_class()
     from harbor.models.agent.context import AgentContext
@@ -326,7 +331,7 @@ async def _serve(fd: int) -> int:
                                    "message": text})
         elif op == "logs":
             try:
-                data = await asyncio.to_thread(pack_dir, logs_dir, max_transfer)
+                data = await asyncio.to_thread(pack_dir, logs_dir, max_logs - TAR_SLACK_BYTES)
             except (OSError, ValueError):
                 data = b""
             await writer.send({"op": "logs"}, data)

@@ -1,0 +1,280 @@
+"""The candidate boundary without Docker: `CandidateAgent` + a real candidate host + a directory environment.
+
+`DirEnvironment` is a small real `BaseEnvironment` (commands run with bash in a temp dir, files are
+copied), standing in for any provider: the boundary never looks at which one it is, which is also
+the whole code path a Modal nested run takes up to Modal's SDK. The candidate host is a real child
+process (a throw-away uid when root) started by a real `CandidateLauncher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import os
+import shutil
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.models.agent.context import AgentContext
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+
+from vero.harbor.boundary import CandidateLauncher
+from vero.harbor.boundary.agent import CandidateAgent, CandidateAgentError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class DirEnvironment(BaseEnvironment):
+    """Commands run as this process in `root`; files are copied in and out. Records every exec's user."""
+
+    def __init__(self, root: Path, default_user: str | None = "agent") -> None:
+        self.root = root
+        self.environment_dir = root
+        self.environment_name = "dir"
+        self.session_id = "case__dir"
+        self.trial_paths = TrialPaths(trial_dir=root / ".trial")
+        self.task_env_config = EnvironmentConfig()
+        self.default_user = default_user
+        self.extra_docker_compose_paths = []
+        self.options = None
+        self.logger = logging.getLogger("dir-environment")
+        self._persistent_env = {}
+        self._output_callbacks = contextvars.ContextVar("output_callbacks", default=())
+        self._exec_env_overlays = contextvars.ContextVar("exec_env_overlays", default=())
+        self.exec_users: list[object] = []
+
+    @staticmethod
+    def type() -> str:
+        return "dir"
+
+    def _validate_definition(self) -> None:
+        return None
+
+    async def start(self, force_build: bool) -> None:
+        return None
+
+    async def stop(self, delete: bool) -> None:
+        return None
+
+    def _path(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    async def exec(self, command, cwd=None, env=None, timeout_sec=None, user=None) -> ExecResult:
+        self.exec_users.append(self._resolve_user(user))
+        process = await asyncio.create_subprocess_exec(
+            "bash", "-c", command, cwd=str(self.root), env={"PATH": os.environ["PATH"], **(env or {})},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), timeout_sec)
+        return ExecResult(stdout=out.decode(), stderr=err.decode(), return_code=process.returncode)
+
+    async def upload_file(self, source_path, target_path) -> None:
+        self._path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_path, self._path(target_path))
+
+    async def upload_dir(self, source_dir, target_dir) -> None:
+        shutil.copytree(source_dir, self._path(target_dir), dirs_exist_ok=True)
+
+    async def download_file(self, source_path, target_path) -> None:
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._path(source_path), target_path)
+
+    async def download_dir(self, source_dir, target_dir) -> None:
+        shutil.copytree(self._path(source_dir), target_dir, dirs_exist_ok=True)
+
+    async def is_dir(self, path, user=None) -> bool:
+        return self._path(path).is_dir()
+
+    async def is_file(self, path, user=None) -> bool:
+        return self._path(path).is_file()
+
+
+CANDIDATE = '''
+import asyncio, json, os
+from pathlib import Path
+from harbor.agents.base import BaseAgent
+
+
+class Probe(BaseAgent):
+    @staticmethod
+    def name():
+        return "probe"
+
+    def version(self):
+        return "1"
+
+    async def setup(self, environment):
+        await environment.exec("echo set up > setup.txt")
+
+    async def run(self, instruction, environment, context):
+        report = {}
+        scratch = Path(os.environ["VERO_CANDIDATE_SCRATCH"])
+
+        async def attempt(name, coro):
+            try:
+                report[name] = "ok: " + str(await coro)[:200]
+            except Exception as exc:
+                report[name] = "denied: " + type(exc).__name__
+
+        (scratch / "in.txt").write_text("uploaded")
+        (scratch / "tree" / "sub").mkdir(parents=True)
+        (scratch / "tree" / "sub" / "f.txt").write_text("in a tree")
+        await attempt("upload_file", environment.upload_file(scratch / "in.txt", "/data/in.txt"))
+        await attempt("upload_dir", environment.upload_dir(scratch / "tree", "/data/tree"))
+        await attempt("upload_own_source", environment.upload_file(Path(__file__), "/data/agent.py"))
+        await attempt("upload_outside_scratch", environment.upload_file("/etc/hostname", "/data/h"))
+        await attempt("download_file", environment.download_file("/data/tree/sub/f.txt", scratch / "back.txt"))
+        report["download_content"] = (scratch / "back.txt").read_text() if (scratch / "back.txt").exists() else ""
+        await attempt("download_dir", environment.download_dir("/data/tree", scratch / "tree-back"))
+        report["download_dir_content"] = str(sorted(p.name for p in (scratch / "tree-back").rglob("*")))
+        await attempt("download_outside_scratch", environment.download_file("/data/in.txt", "/tmp/x"))
+        await attempt("is_dir", environment.is_dir("/data/tree"))
+        await attempt("is_file", environment.is_file("/data/in.txt"))
+        await attempt("exec", environment.exec("cat data/in.txt"))
+        await attempt("exec_as_root", environment.exec("id", user="root"))
+        (scratch / "big.bin").write_bytes(b"x" * 10000)
+        await attempt("upload_too_big", environment.upload_file(scratch / "big.bin", "/data/big.bin"))
+        await attempt("download_too_big", environment.download_file("/data/big-in-case.bin", scratch / "b"))
+        results = await asyncio.gather(*(environment.exec(f"echo {i}") for i in range(20)))
+        report["concurrent_execs"] = str(sorted(int(r.stdout) for r in results) == list(range(20)))
+        context.n_input_tokens = 123456
+        (self.logs_dir / "report.json").write_text(json.dumps(report))
+        if instruction == "hang":
+            await asyncio.sleep(600)
+        if instruction == "raise":
+            raise KeyError("candidate failure")
+'''
+
+
+@pytest.fixture
+def world(portable_toolchain):
+    """A candidate checkout readable by any uid, and a case dir for the environment."""
+    root = Path(tempfile.mkdtemp(prefix="vero-boundary-"))
+    root.chmod(0o755)
+    (root / "cand").mkdir()
+    (root / "cand" / "probe_agent.py").write_text(textwrap.dedent(CANDIDATE))
+    (root / "cand").chmod(0o755)
+    (root / "case").mkdir()
+    (root / "case" / "data").mkdir()
+    (root / "case" / "data" / "big-in-case.bin").write_bytes(b"y" * 10000)
+    (root / "logs").mkdir()
+    yield root, portable_toolchain[1]
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def agent_for(root: Path, launcher: CandidateLauncher) -> CandidateAgent:
+    return CandidateAgent(root / "logs", launcher=str(launcher.socket_path), agent_import_path="probe_agent:Probe",
+                          candidate_dir=str(root / "cand"), max_transfer_bytes=8192)
+
+
+def test_every_environment_call_crosses_the_pipe_within_its_bounds(world):
+    root, python = world
+    environment = DirEnvironment(root / "case")
+
+    async def scenario():
+        async with CandidateLauncher(python) as launcher:
+            agent = agent_for(root, launcher)
+            await agent.setup(environment)
+            context = AgentContext()
+            await agent.run("solve", environment, context)
+            return context
+
+    context = asyncio.run(scenario())
+    report = json.loads((root / "logs" / "candidate" / "report.json").read_text())
+    ok = ["upload_file", "upload_dir", "upload_own_source", "download_file", "download_dir", "is_dir", "is_file",
+          "exec"]
+    assert all(report[name].startswith("ok") for name in ok), report
+    assert report["is_dir"] == "ok: True" and report["is_file"] == "ok: True"
+    assert "uploaded" in report["exec"] and report["download_content"] == "in a tree"
+    assert report["download_dir_content"] == "['f.txt', 'sub']"
+    for name in ("upload_outside_scratch", "download_outside_scratch", "exec_as_root"):
+        assert report[name] == "denied: PermissionError", (name, report)
+    assert report["upload_too_big"] == "denied: ValueError"
+    assert report["download_too_big"].startswith("denied"), report
+    assert report["concurrent_execs"] == "True"
+    # The files really landed in the environment; every command ran as the case's agent user.
+    assert (root / "case" / "data" / "in.txt").read_text() == "uploaded"
+    assert (root / "case" / "data" / "tree" / "sub" / "f.txt").read_text() == "in a tree"
+    assert (root / "case" / "setup.txt").read_text() == "set up\n"
+    assert not (root / "case" / "data" / "big.bin").exists()
+    assert set(environment.exec_users) == {"agent"}
+    # The candidate's claims are not the trial's: the context only says what the host claimed.
+    assert context.n_input_tokens is None
+    assert context.metadata["vero_candidate_claims"]["name"] == "probe"
+
+
+def test_a_failing_candidate_is_a_candidate_agent_error_and_a_hang_is_killed_on_cancel(world):
+    root, python = world
+
+    async def scenario():
+        async with CandidateLauncher(python) as launcher:
+            agent = agent_for(root, launcher)
+            await agent.setup(DirEnvironment(root / "case"))
+            with pytest.raises(CandidateAgentError, match="KeyError"):
+                await agent.run("raise", DirEnvironment(root / "case"), AgentContext())
+            agent = agent_for(root, launcher)
+            await agent.setup(DirEnvironment(root / "case"))
+            hosts = list(launcher._hosts)
+            run = asyncio.create_task(agent.run("hang", DirEnvironment(root / "case"), AgentContext()))
+            await asyncio.sleep(3)
+            run.cancel()  # Harbor's agent timeout is a cancellation
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            return hosts
+
+    hosts = asyncio.run(scenario())
+    (host,) = hosts
+    assert host.process.returncode is not None  # the hung host is gone
+    assert not host.scratch_dir.exists()
+
+
+def test_an_unimportable_class_fails_setup_as_the_candidate(world):
+    root, python = world
+    (root / "cand" / "broken_agent.py").write_text("import no_such_module_anywhere\n")
+
+    async def scenario():
+        async with CandidateLauncher(python) as launcher:
+            agent = CandidateAgent(root / "logs", launcher=str(launcher.socket_path),
+                                   agent_import_path="broken_agent:Agent", candidate_dir=str(root / "cand"))
+            await agent.setup(DirEnvironment(root / "case"))
+
+    with pytest.raises(CandidateAgentError, match="ModuleNotFoundError"):
+        asyncio.run(scenario())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="throw-away uids need root")
+def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypatch):
+    root, python = world
+    monkeypatch.setenv("VERO_TEST_RUNNER_SECRET", "runner-only-value")
+    (root / "cand" / "whoami_agent.py").write_text(textwrap.dedent(f'''
+        import json, os
+        from harbor.agents.base import BaseAgent
+        class Who(BaseAgent):
+            @staticmethod
+            def name():
+                return "who"
+            def version(self):
+                return "1"
+            async def setup(self, environment):
+                return None
+            async def run(self, instruction, environment, context):
+                (self.logs_dir / "who.json").write_text(json.dumps({{"uid": os.getuid(), "gid": os.getgid(),
+                    "groups": os.getgroups(), "env": sorted(os.environ)}}))
+        '''))
+
+    async def scenario():
+        async with CandidateLauncher(python, env={"VERO_INFERENCE_TOKEN": "tok"}) as launcher:
+            agent = CandidateAgent(root / "logs", launcher=str(launcher.socket_path),
+                                   agent_import_path="whoami_agent:Who", candidate_dir=str(root / "cand"))
+            await agent.setup(DirEnvironment(root / "case"))
+            await agent.run("x", DirEnvironment(root / "case"), AgentContext())
+
+    asyncio.run(scenario())
+    who = json.loads((root / "logs" / "candidate" / "who.json").read_text())
+    assert 52000 <= who["uid"] < 60000 and who["gid"] == who["uid"] and who["groups"] == []
+    assert "VERO_TEST_RUNNER_SECRET" not in who["env"] and "VERO_INFERENCE_TOKEN" in who["env"]
