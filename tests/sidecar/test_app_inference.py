@@ -147,3 +147,20 @@ def test_no_gateway_without_an_inference_section(tmp_path):
         run_job(client, "train", ["t1"])
         assert harness.backend.runs[0].candidate_env == {}
         assert inference_budget(client, "train") == {"total_inference_usd": None, "remaining_inference_usd": None}
+
+
+def test_route_case_services_hands_nested_runs_the_gateway_never_the_key(tmp_path, upstream):
+    backend = CallingBackend(calls_per_run=0)
+    spec = inference_spec(upstream.url).model_copy(update={"route_case_services": True})
+    harness = make_harness(tmp_path / "h", backend=backend, secrets=[KEY_NAME], inference=spec)
+    plain = make_harness(tmp_path / "p", backend=CallingBackend(calls_per_run=0), secrets=[KEY_NAME],
+                         inference=inference_spec(upstream.url))
+    for h in (harness, plain):
+        with h.serve() as (_, client):
+            run_job(client, "train", ["t1"])
+    routed, not_routed = harness.backend.runs[0], plain.backend.runs[0]
+    assert routed.env["OPENAI_API_KEY"] == routed.candidate_env["OPENAI_API_KEY"]
+    assert routed.env["OPENAI_API_KEY"].startswith("vero-ev-")
+    assert routed.env["ANTHROPIC_BASE_URL"] == routed.candidate_env["ANTHROPIC_BASE_URL"]
+    assert "OPENAI_API_KEY" not in not_routed.env
+    assert KEY_NAME not in routed.env and KEY_NAME not in not_routed.env
