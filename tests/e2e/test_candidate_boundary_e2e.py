@@ -234,6 +234,8 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         assert_trials_honest(verifier_jobs / measurement.evaluation_id)
         finalization = json.loads((root / "verifier" / "artifacts" / "finalization.json").read_text())
         assert finalization["inference"]["calls"] == measurement.inference.calls
+        report = (root / "verifier" / "artifacts" / "experiment.html").read_text()
+        assert 'id="inference"' in report and measurement.evaluation_id in report
 
     # The provider key reached the provider and nothing else.
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in fake.requests)

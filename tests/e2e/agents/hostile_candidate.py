@@ -30,6 +30,9 @@ class EnvironmentStartTimeoutError(Exception):
 
 
 def _harbor_processes() -> list[tuple[int, list[str]]]:
+    """`harbor run` processes whose arguments name this checkout: the run measuring this candidate
+    (other runs may be going on, on a shared machine)."""
+    checkout = str(Path(__file__).resolve().parents[1])
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -38,7 +41,7 @@ def _harbor_processes() -> list[tuple[int, list[str]]]:
             argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
         except OSError:
             continue
-        if "run" in argv and "--job-name" in argv:
+        if "run" in argv and "--job-name" in argv and "-o" in argv and any(checkout in a for a in argv):
             found.append((int(entry.name), argv))
     return found
 
