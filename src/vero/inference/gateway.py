@@ -78,6 +78,15 @@ def _min_available(pools: list[BudgetPool]) -> int | None:
 
 
 @dataclass(eq=False)
+class _Call:
+    """One forwarded call: what it holds until it is metered or released (exactly once)."""
+
+    route: _Route
+    held: int
+    done: bool = False
+
+
+@dataclass(eq=False)
 class InferenceGrant:
     """One evaluation's access: its token (kept only as a digest), budget pools and metered usage."""
 
@@ -86,7 +95,7 @@ class InferenceGrant:
     pools: list[BudgetPool]
     usage: InferenceUsage = field(default_factory=InferenceUsage)
     closed: bool = False
-    inflight: int = 0
+    open_calls: set[_Call] = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def hold(self, estimate_micro_usd: int) -> int | None:
@@ -248,8 +257,10 @@ class InferenceGateway:
         try:
             await asyncio.wait_for(grant.idle.wait(), timeout=_IDLE_WAIT_SEC)
         except TimeoutError:
-            logger.warning("evaluation %s: %d inference call(s) still running at revocation",
-                           grant.evaluation_id, grant.inflight)
+            logger.warning("evaluation %s: %d inference call(s) still open at revocation; charged what they hold",
+                           grant.evaluation_id, len(grant.open_calls))
+            for call in list(grant.open_calls):
+                self._meter(grant, call, _Count())
         self._grants.pop(_digest(token), None)
         return grant.usage.model_copy(deep=True)
 
@@ -326,38 +337,49 @@ class InferenceGateway:
         if stream and api == "openai" and path == "/chat/completions":
             options = payload.get("stream_options") if isinstance(payload.get("stream_options"), dict) else {}
             payload["stream_options"] = {**options, "include_usage": True}
-        grant.inflight += 1
+        call = _Call(route, held)
+        grant.open_calls.add(call)
         grant.idle.clear()
+        try:
+            return await self._forward(grant, call, payload, request, api, path, stream)
+        except BaseException:
+            # Cancelled (the caller went away) while the provider may have answered: the call is
+            # charged what it holds, never released for free.
+            self._meter(grant, call, _Count())
+            raise
+
+    async def _forward(self, grant: InferenceGrant, call: _Call, payload: dict[str, Any], request: Request,
+                       api: Api, path: str, stream: bool) -> Response:
+        route = call.route
         try:
             upstream = self._client.build_request(
                 "POST", _upstream_url(route.provider, path), content=json.dumps(payload).encode(),
                 headers=_upstream_headers(route, request))
             response = await self._client.send(upstream, stream=True)
         except httpx.TimeoutException:
-            self._end_call(grant, held)
-            grant.usage.failed_calls += 1
+            self._fail(grant, call)
             return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
         except httpx.HTTPError:
-            self._end_call(grant, held)
-            grant.usage.failed_calls += 1
+            self._fail(grant, call)
             return _error(api, 502, "upstream_error", "the model provider could not be reached")
         if response.status_code >= 400:
-            data = await response.aread()
-            await response.aclose()
-            self._end_call(grant, held)
+            try:
+                data = await response.aread()
+            finally:
+                await response.aclose()
             if response.status_code >= 500 or response.status_code in (401, 403, 407):
-                grant.usage.failed_calls += 1
+                self._fail(grant, call)
                 logger.warning("evaluation %s: upstream answered %d for %s", grant.evaluation_id,
-                               response.status_code, name)
+                               response.status_code, route.name)
                 return _error(api, 502, "upstream_error", f"the model provider failed ({response.status_code})")
+            self._end_call(grant, call)
             return Response(self._scrub(data), status_code=response.status_code,
                             media_type=response.headers.get("content-type", "application/json"))
         if not stream or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
                 data = await response.aread()
             except httpx.HTTPError:
-                self._end_call(grant, held)
-                grant.usage.failed_calls += 1
+                self._fail(grant, call)
                 return _error(api, 502, "upstream_error", "the model provider's answer broke off")
             finally:
                 await response.aclose()
@@ -366,17 +388,17 @@ class InferenceGateway:
                 count.absorb_event(json.loads(data), api)
             except ValueError:
                 pass
-            self._meter(grant, route, held, count)
+            self._meter(grant, call, count)
             return Response(self._scrub(data), status_code=response.status_code,
                             media_type=response.headers.get("content-type", "application/json"))
-        return StreamingResponse(self._relay(grant, route, held, response, api),
+        return StreamingResponse(self._relay(grant, call, response, api),
                                  status_code=response.status_code, media_type="text/event-stream")
 
-    async def _relay(self, grant: InferenceGrant, route: _Route, held: int, response: httpx.Response,
+    async def _relay(self, grant: InferenceGrant, call: _Call, response: httpx.Response,
                      api: Api) -> AsyncIterator[bytes]:
         count = _Count()
         pending = b""
-        complete = False
+        complete = upstream_failed = False
         try:
             async for chunk in response.aiter_bytes():
                 pending += chunk
@@ -395,22 +417,42 @@ class InferenceGateway:
                 yield self._scrub(pending)
             complete = True
         except httpx.HTTPError:
-            pass
+            upstream_failed = True
         finally:
             await response.aclose()
-            if complete or count.seen:
-                self._meter(grant, route, held, count)
+            if complete or (upstream_failed and count.seen):
+                self._meter(grant, call, count)
+            elif upstream_failed:
+                self._fail(grant, call)
             else:
-                self._end_call(grant, held)
-                grant.usage.failed_calls += 1
+                # The caller stopped reading (it may have had what it wanted): charged its hold.
+                self._meter(grant, call, _Count())
 
-    def _end_call(self, grant: InferenceGrant, held: int) -> None:
-        grant.release(held)
-        grant.inflight -= 1
-        if grant.inflight == 0:
+    def _close_call(self, grant: InferenceGrant, call: _Call) -> bool:
+        """Mark `call` done; False if it already was (each call is settled exactly once)."""
+        if call.done:
+            return False
+        call.done = True
+        grant.open_calls.discard(call)
+        if not grant.open_calls:
             grant.idle.set()
+        return True
 
-    def _meter(self, grant: InferenceGrant, route: _Route, held: int, count: _Count) -> None:
+    def _end_call(self, grant: InferenceGrant, call: _Call) -> None:
+        """Release the hold: the call cost nothing (the provider refused it, 4xx)."""
+        if self._close_call(grant, call):
+            grant.release(call.held)
+
+    def _fail(self, grant: InferenceGrant, call: _Call) -> None:
+        """The provider failed the call (5xx, timeout, connection): released, counted as failed."""
+        if self._close_call(grant, call):
+            grant.release(call.held)
+            grant.usage.failed_calls += 1
+
+    def _meter(self, grant: InferenceGrant, call: _Call, count: _Count) -> None:
+        if not self._close_call(grant, call):
+            return
+        route, held = call.route, call.held
         usage = grant.usage
         if count.seen:
             cost = route.price.cost_usd(count.input_tokens, count.output_tokens, count.cached_tokens,
@@ -421,9 +463,6 @@ class InferenceGateway:
             cost_micro = held
             cost = held / 1_000_000
         charged = grant.settle(held, cost_micro)
-        grant.inflight -= 1
-        if grant.inflight == 0:
-            grant.idle.set()
         usage.calls += 1
         usage.input_tokens += count.input_tokens
         usage.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
