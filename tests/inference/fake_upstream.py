@@ -3,7 +3,8 @@
 Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model name:
 `fake-ok` answers with usage; `fake-500` answers 500; `fake-slow` sleeps past any test timeout;
 `fake-401` answers 401 with a body that echoes the key it was sent (as real providers do in part);
-`fake-nousage` answers without usage; any other model answers `responder(body)` (default "hi"), the
+`fake-nousage` answers without usage; `fake-stall` streams its first events, then stalls (never
+finishes); any other model answers `responder(body)` (default "hi"), the
 stand-in for a model's reply. Streaming (`"stream": true`) sends SSE in each wire format.
 Every request's path, headers and body are recorded in `requests`.
 """
@@ -99,9 +100,13 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
             events.append(("message_stop", {"type": "message_stop"}))
             data = _sse(events)
 
+        stall_after = data.index(b"\n\n") + 2 if model.endswith("fake-stall") else None  # one whole event
+
         async def chunks():
             for i in range(0, len(data), 37):  # odd-sized pieces: lines split across reads
                 yield data[i:i + 37]
+                if stall_after is not None and i + 37 >= stall_after:
+                    await asyncio.sleep(3600)  # ended by the caller going away or the server stopping
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 

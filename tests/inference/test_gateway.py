@@ -30,9 +30,11 @@ CALL_USD = INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OUT
 def spec_for(url: str, **overrides) -> InferenceSpec:
     priced = dict(input_cost_per_token=PRICE_IN, output_cost_per_token=PRICE_OUT, max_output_tokens=100)
     models = {name: InferenceModel(provider="oai", upstream_model=f"up/{name}", **priced)
-              for name in ("fake-ok", "fake-500", "fake-401", "fake-400", "fake-slow", "fake-nousage")}
+              for name in ("fake-ok", "fake-500", "fake-401", "fake-400", "fake-slow", "fake-nousage",
+                                                                 "fake-stall")}
     models["claude-fake"] = InferenceModel(provider="ant", upstream_model="fake-ok", **priced)
     models["claude-fake-500"] = InferenceModel(provider="ant", upstream_model="fake-500", **priced)
+    models["claude-fake-stall"] = InferenceModel(provider="ant", upstream_model="fake-stall", **priced)
     return InferenceSpec.model_validate({
         "providers": {"oai": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": "OPENAI_KEY"},
                       "ant": {"api": "anthropic", "base_url": url, "api_key_secret": "ANTHROPIC_KEY"}},
@@ -189,6 +191,58 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     everything = "".join(a.text for a in answers.values()) + caplog.text + usage.model_dump_json()
     assert KEY_OPENAI not in everything and KEY_ANTHROPIC not in everything
     assert "sk-test" not in answers["401"].text
+
+
+def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(upstream):
+    """A stream the provider refuses (5xx) or stops feeding (read timeout) costs nothing unless its
+    usage had arrived, and ends with an error event; a caller that goes away mid-stream is charged
+    its hold, settled when it leaves (not at revocation)."""
+    async def failing(gateway, client):
+        partition = BudgetPool(to_micro_usd(1.0))
+        token, _ = gateway.grant("ev-5", "train", partition_pool=partition, evaluation_limit_usd=None)
+        auth = {"authorization": f"Bearer {token}"}
+        refused = await client.post("/openai/v1/chat/completions", json=chat("fake-500", stream=True), headers=auth)
+        async with client.stream("POST", "/openai/v1/chat/completions", json=chat("fake-stall", stream=True),
+                                 headers=auth) as stalled:
+            received = b"".join([chunk async for chunk in stalled.aiter_bytes()])
+        # Anthropic's stream reports its input tokens first: a stream cut after that is metered.
+        async with client.stream("POST", "/anthropic/v1/messages", headers={"x-api-key": token},
+                                 json=chat("claude-fake-stall", max_tokens=5, stream=True)) as cut:
+            received_anthropic = b"".join([chunk async for chunk in cut.aiter_bytes()])
+        return refused, stalled.status_code, received, received_anthropic, await gateway.revoke(token), partition
+
+    refused, status, received, received_anthropic, usage, partition = run(with_gateway(upstream.url, failing))
+    assert refused.status_code == 502 and refused.json()["error"]["code"] == "upstream_error"
+    # The caller got what the provider sent before it stalled, then an error event in its format.
+    assert status == 200 and b'"content": "h"' in received
+    assert b'"code": "upstream_timeout"' in received.rstrip().splitlines()[-1]
+    assert b"message_start" in received_anthropic
+    assert received_anthropic.rstrip().splitlines()[-2:] == [
+        b"event: error", b'data: {"type": "error", "error": {"type": "api_error", "message": '
+                         b'"the model provider stopped answering in time"}}']
+    assert usage.failed_calls == 2 and usage.calls == 1 and usage.input_tokens == INPUT_TOKENS
+    assert usage.by_model["claude-fake-stall"].calls == 1 and "fake-stall" not in usage.by_model
+    assert usage.charged_micro_usd == partition.spent == to_micro_usd(INPUT_TOKENS * PRICE_IN + PRICE_OUT)
+    assert partition.held == 0
+
+    async def leaving(gateway, client):
+        partition = BudgetPool(to_micro_usd(1.0))
+        token, grant = gateway.grant("ev-6", "train", partition_pool=partition, evaluation_limit_usd=None)
+        request = chat("fake-stall", stream=True, max_tokens=50)
+        async with client.stream("POST", "/openai/v1/chat/completions", json=request,
+                                 headers={"authorization": f"Bearer {token}"}) as answer:
+            first = await anext(answer.aiter_bytes())
+        assert partition.held > 0 and grant.open_calls  # nothing settled while the stream is open
+        await grant.idle.wait()  # settled when the caller left (the pytest timeout guards a hang)
+        return first, await gateway.revoke(token), partition
+
+    first, usage, partition = run(with_gateway(upstream.url, leaving, timeout_sec=600.0))
+    assert first.startswith(b"data: ")
+    assert usage.calls == 1 and usage.unmetered_calls == 1 and usage.failed_calls == 0
+    # Its hold (the request's size in input tokens plus max_tokens of output), not what it read.
+    assert usage.charged_micro_usd >= to_micro_usd(50 * PRICE_OUT) > to_micro_usd(CALL_USD)
+    assert partition.spent == usage.charged_micro_usd
+    assert partition.held == 0
 
 
 def test_evaluation_limit_caps_one_evaluation(upstream):

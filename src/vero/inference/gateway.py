@@ -20,9 +20,10 @@ budget; after the response, the provider's `usage` is priced (`vero.inference.pr
 (at most what was held plus what is still free; the rest is recorded as `overrun_usd`), the rest
 of the hold released. Streaming responses are passed through as they arrive while their usage
 events are read (OpenAI chat streams get `stream_options.include_usage`); a response without usage
-is charged its hold. Upstream 5xx, timeouts and connection failures answer 502/504 and charge
-nothing; 4xx pass through (a provider's 401/403 becomes a generic 502: its body may echo a key).
-Key values are scrubbed from every body passed back, and never logged.
+is charged its hold, and so is a call whose caller goes away before it ends. Upstream 5xx, timeouts
+and connection failures answer 502/504 and charge nothing (a stream that breaks off before its
+usage arrived ends with an error event in its format and charges nothing); 4xx pass through (a
+provider's 401/403 becomes a generic 502: its body may echo a key). Key values are scrubbed from every body passed back, and never logged.
 """
 
 from __future__ import annotations
@@ -192,6 +193,19 @@ def _error(api: Api, status: int, kind: str, message: str) -> JSONResponse:
     else:
         body = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
     return JSONResponse(body, status_code=status)
+
+
+def _stream_error(api: Api, failure: httpx.HTTPError) -> bytes:
+    """The SSE error event ending a stream the provider broke off (OpenAI's and Anthropic's SDKs
+    both raise on it)."""
+    timeout = isinstance(failure, httpx.TimeoutException)
+    kind = "upstream_timeout" if timeout else "upstream_error"
+    message = "the model provider stopped answering in time" if timeout else "the model provider's stream broke off"
+    if api == "anthropic":
+        error = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"\nevent: error\ndata: " + json.dumps(error).encode() + b"\n\n"
+    error = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
+    return b"\ndata: " + json.dumps(error).encode() + b"\n\n"
 
 
 def _digest(token: str) -> str:
@@ -398,7 +412,8 @@ class InferenceGateway:
                      api: Api) -> AsyncIterator[bytes]:
         count = _Count()
         pending = b""
-        complete = upstream_failed = False
+        complete = False
+        failure: httpx.HTTPError | None = None
         try:
             async for chunk in response.aiter_bytes():
                 pending += chunk
@@ -416,17 +431,25 @@ class InferenceGateway:
             if pending:
                 yield self._scrub(pending)
             complete = True
-        except httpx.HTTPError:
-            upstream_failed = True
+        except httpx.HTTPError as exc:
+            failure = exc
         finally:
-            await response.aclose()
-            if complete or (upstream_failed and count.seen):
+            # Settled before anything is awaited: a caller that went away cancels this generator,
+            # and the settlement must not depend on a later await running.
+            if complete or (failure is not None and count.seen):
                 self._meter(grant, call, count)
-            elif upstream_failed:
+            elif failure is not None:
                 self._fail(grant, call)
             else:
                 # The caller stopped reading (it may have had what it wanted): charged its hold.
                 self._meter(grant, call, _Count())
+            await response.aclose()
+        if failure is not None:
+            logger.warning("evaluation %s: the stream of %s broke off (%s)", grant.evaluation_id, call.route.name,
+                           type(failure).__name__)
+            # Said in the stream's own format, so that the caller's SDK raises instead of taking a
+            # cut-off answer for a whole one.
+            yield _stream_error(api, failure)
 
     def _close_call(self, grant: InferenceGrant, call: _Call) -> bool:
         """Mark `call` done; False if it already was (each call is settled exactly once)."""
