@@ -113,7 +113,7 @@ def test_mcp_tools_explain_themselves_to_a_model(tmp_path):
                 named = re.search(r"`code` `(\w+)`", routes[tool.name]["responses"][str(status)]["description"])
                 code = named.group(1) if named else _CODES[status]
                 assert f"`{code}`" in description, f"{tool.name} does not explain HTTP {status}"
-    for name in ("status", "get_evaluation"):
+    for name in ("status", "get_evaluation", "list_evaluations"):
         for tier in get_args(Disclosure):
             assert f"`{tier}`" in TOOL_DESCRIPTIONS[name], f"{name} does not say what tier {tier} returns"
     for name in ("start_evaluation", "submit"):

@@ -53,7 +53,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "artifacts; `aggregate`: scores and counts only, never per-case, over whole `blocks` of cases, "
         "and when `ladder` is set only scores that improve; `none`: only that the evaluation ran), its "
         "`blocks` (aggregate only: the fixed groups of cases an evaluation must select whole) and "
-        "`budget` (total and remaining runs and case evaluations; absent when budgets are hidden). Also "
+        "`budget` (total and remaining runs and case evaluations, and with an inference gateway the US "
+        "dollars the evaluated agent's model calls may still spend; absent when budgets are hidden). Also "
         "how many evaluations you ran (`n_jobs`, and `job_counts` per partition and state), your 10 "
         "newest jobs with their disclosed scores (list_evaluations pages through older ones), your current "
         "`submission`, whether submissions are used (`submit_enabled`) and whether the sidecar still "
@@ -67,6 +68,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "whole blocks); omit both for all. Spends one run plus one case evaluation per selected case "
         "from that partition's budget; "
         "a finished measurement stays spent even if it scores 0, an infrastructure failure is refunded. "
+        "When the repository is an agent that calls models, its calls spend the partition's inference "
+        "dollars; once they are gone the gateway refuses its calls (the evaluation still runs). "
         "Returns the queued job at once: pass its `id` to get_evaluation. "
         + _ERRORS
         + "`denied` (partition not open to you, a selection that is not whole blocks of an aggregate "
@@ -77,11 +80,16 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "e.g. build outputs or data, and commit again), `invalid` (arguments do not match the schema)."
     ),
     "list_evaluations": (
-        "Your past evaluation jobs, newest first, `limit` (1 to 100, default 20) per page; costs nothing. "
-        "Each job has its state, partition, version, candidate commit and disclosed score, without "
-        "per-case results (get_evaluation has them). When `next_cursor` is set, pass it as `before` for "
-        "the next, older page; the last page has none. Filter with `partition` and `state` (queued, "
-        "running, complete, failed, cancelled). "
+        "Your past evaluation jobs, newest first, `limit` (1 to 100, default 20) per page; costs nothing "
+        "and runs nothing. Each job has its `id`, `state`, `partition`, the `version` you asked for, "
+        "the `candidate` commit evaluated and, once complete, a `result` with what the partition's tier "
+        "discloses, as get_evaluation shows it but without per-case results: `full`: `score`, the "
+        "counts and model-call usage (`inference`, with a gateway); `aggregate`: `score`, the counts "
+        "and usage totals (in Ladder mode only the Ladder's answer: `score` and `improved`); `none`: no "
+        "score. A `failed` or `cancelled` job was not measured (infrastructure failure, interruption): "
+        "its budget was refunded and `error` says why. When `next_cursor` is set, pass it as `before` "
+        "for the next, older page; the last page has none. Filter with `partition` and `state` (queued, running, "
+        "complete, failed, cancelled). "
         + _ERRORS
         + "`not_found` (`before` is not one of your jobs), `invalid` (arguments do not match the schema)."
     ),
@@ -95,6 +103,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "directory in your container with each trial's files); `aggregate`: `score` and the counts "
         "only (in Ladder mode `score` is shown only when it beats your best score shown before on the "
         "same cases by the margin; otherwise that best again, with `improved: false`); `none`: no score. "
+        "With an inference gateway, `inference` is what the evaluated agent's model calls used and cost "
+        "(`full`: per model too; `aggregate`: totals; not in Ladder mode or on `none`). "
         + _ERRORS
         + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "
         "outside your code; its budget was refunded, so start it again)."
