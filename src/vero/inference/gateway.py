@@ -23,7 +23,8 @@ events are read (OpenAI chat streams get `stream_options.include_usage`); a resp
 is charged its hold, and so is a call whose caller goes away before it ends. Upstream 5xx, timeouts
 and connection failures answer 502/504 and charge nothing (a stream that breaks off before its
 usage arrived ends with an error event in its format and charges nothing); 4xx pass through (a
-provider's 401/403 becomes a generic 502: its body may echo a key). Key values are scrubbed from every body passed back, and never logged.
+provider's 401/403 becomes a generic 502: its body may echo a key). Key values are scrubbed from
+every body passed back, and never logged.
 """
 
 from __future__ import annotations
