@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for `tests.sidecar._server` (also in the spawned server process)
 
-import httpx  # noqa: E402
+import httpx
 
 PRINCIPAL = "agent"
 BIG_TARGET_FILES = 50_000

@@ -237,8 +237,10 @@ class Bench:
         self.partition = partition
         self.cases = tuple(config.partitions[partition])
         n_runs = repeats + 2
-        access = {name: a.model_copy(update={"total_runs": n_runs, "total_cases": n_runs * len(config.partitions[name])})
-                  for name, a in config.agent_access.items()}
+        access = {
+            name: a.model_copy(update={"total_runs": n_runs, "total_cases": n_runs * len(config.partitions[name])})
+            for name, a in config.agent_access.items()
+        }
         self.config = config.model_copy(update={"agent_access": access})
         self.cases_dir = layout.sidecar.cases_dir
 

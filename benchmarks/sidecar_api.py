@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for `tests.sidecar._server` (also in the spawned server process)
 
-import httpx  # noqa: E402
+import httpx
 
 LEVELS = (1, 16, 64)
 """Concurrent clients."""
@@ -246,7 +246,7 @@ def _admission_steps(root: Path) -> dict[str, float]:
             repeat.append(time.perf_counter() - t)
             job_id = JobStore.new_id()
             t = time.perf_counter()
-            reservation = await ledger.reserve("train", PRINCIPAL, Cost.of_evaluation(6), reservation_id=job_id)
+            await ledger.reserve("train", PRINCIPAL, Cost.of_evaluation(6), reservation_id=job_id)
             reserve.append(time.perf_counter() - t)
             job = EvaluationJob(id=JobStore.new_id(), principal=PRINCIPAL, partition="train",
                                 cases=[f"t{k}" for k in range(1, 7)], full_partition=True, version=version,

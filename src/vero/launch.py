@@ -170,9 +170,9 @@ def check_agent_name(agent: str) -> None:
     """
     if ":" in agent:
         return
-    from harbor.models.agent.name import AgentName
+    from vero.harbor.catalog import agent_names
 
-    names = sorted(a.value for a in AgentName)
+    names = agent_names()
     if agent not in names:
         close = [n for n in names if n[:3] == agent[:3]] or ["oracle", "nop", "claude-code", "codex"]
         raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}; e.g. {', '.join(close[:6])}, "

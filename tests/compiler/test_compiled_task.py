@@ -231,8 +231,8 @@ def test_instruction_and_sidecar_config_describe_blocks_and_the_ladder(tmp_path)
 
     layout = _compile(make_spec_tree(tmp_path / "spec", edit), tmp_path / "task").layout
     text = layout.instruction_path.read_text()
-    assert "| `holdout` | 2 | aggregate in Ladder mode: score improvements only | the whole partition, or unions of its 2 " \
-           "blocks of 1+ cases | 1 | 4 |" in text
+    assert ("| `holdout` | 2 | aggregate in Ladder mode: score improvements only | the whole partition, or unions "
+            "of its 2 blocks of 1+ cases | 1 | 4 |") in text
     assert "| `train` | 1 | full: score, per-case results and artifacts | any subset of cases |" in text
     assert "**Ladder mode** on `holdout`" in text and "by at least 0.05" in text and "multiple of 0.01" in text
     config = load_config(layout.sidecar.config_path, SidecarConfig)

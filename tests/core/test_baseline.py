@@ -164,7 +164,7 @@ def test_caller_environment_and_user_config_do_not_leak(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_AUTHOR_NAME", "intruder")
     monkeypatch.setenv("GIT_COMMITTER_DATE", "2020-01-01T00:00:00+0000")
-    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", "'core.autocrlf'='true' 'core.hookspath'='%s'" % hook_dir)
+    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.autocrlf'='true' 'core.hookspath'='{hook_dir}'")
     monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere.git"))
     monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "other-index"))
     monkeypatch.setenv("GIT_DEFAULT_HASH", "sha256")

@@ -257,7 +257,7 @@ def _hostile_cases(repo: Path, tmp_path: Path) -> dict[str, tuple[str, str]]:
     """name -> (version, expected message fragment); builds the hostile objects in `repo`."""
     cases: dict[str, tuple[str, str]] = {
         "option injection": (f"--upload-pack=touch {tmp_path}/pwned", "whitespace"),
-        "option injection without space": (f"--upload-pack=touch", "may not start with '-'"),
+        "option injection without space": ("--upload-pack=touch", "may not start with '-'"),
         "shell metacharacters": ("HEAD; rm -rf /", "whitespace"),
         "path traversal": ("../x", "does not name a commit"),
         "empty": ("", "empty"),

@@ -1,17 +1,129 @@
-"""`vero.core` is the trusted core: no web framework, HTTP client, CLI toolkit or Harbor (DESIGN §3)."""
+"""The layering of `src/vero` (docs/architecture.md, "Layout"), checked on the source and in a fresh interpreter.
+
+- `vero.core` is the trusted core: no web framework, HTTP client, CLI toolkit or Harbor, neither
+  imported by a core module (at any depth of its body) nor pulled in when a core module loads;
+- only `vero.harbor` (vero's adapter to Harbor) and the compiler's task check import Harbor.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+SRC = Path(__file__).resolve().parents[2] / "src"
 FORBIDDEN = ("fastapi", "httpx", "typer", "harbor", "starlette", "uvicorn")
 CORE_MODULES = ("vero.core", "vero.core.policy", "vero.core.ledger", "vero.core.jobs", "vero.core.storage",
                 "vero.core.evaluation", "vero.core.archive", "vero.core.candidates", "vero.core.session",
                 "vero.core.baseline")
+# Outside `vero.harbor`, these modules check compiled files against Harbor's own models.
+HARBOR_TASK_CHECK = {"vero.compiler.build", "vero.compiler.case_audit"}
+
+
+def _module_names() -> dict[str, Path]:
+    modules = {}
+    for path in (SRC / "vero").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+MODULES = _module_names()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, *, import_time_only: bool) -> Iterator[tuple[str, int]]:
+    """(imported module, line) of each import statement in `module`, `TYPE_CHECKING` blocks left out.
+
+    `import_time_only` leaves out imports inside functions (they run on a call, not when the module loads).
+    A `from package import name` also yields `package.name` when that is a module.
+    """
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def visit(nodes: list[ast.stmt]) -> Iterator[tuple[str, int]]:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                yield from visit(node.orelse)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not import_time_only:
+                    yield from visit(node.body)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield alias.name, node.lineno
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, node.module] if node.module else base)
+                else:
+                    target = node.module or ""
+                yield target, node.lineno
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in MODULES:
+                        yield f"{target}.{alias.name}", node.lineno
+            else:  # if/try/with/for/class bodies run when the module loads
+                children = list(ast.iter_child_nodes(node))
+                handlers = [h.body for h in children if isinstance(h, ast.ExceptHandler)]
+                yield from visit([n for n in children if isinstance(n, ast.stmt)] + [s for b in handlers for s in b])
+
+    yield from visit(ast.parse(path.read_text(encoding="utf-8")).body)
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _loaded_with(module: str) -> set[str]:
+    """Every vero module that loading `module` loads (its packages' `__init__`s included)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for n in [".".join(parts[:i]) for i in range(1, len(parts) + 1)]:
+            if n in MODULES and n not in seen:
+                seen.add(n)
+                todo.extend(t for t, _ in _imports(n, import_time_only=True) if t in MODULES)
+    return seen
+
+
+def test_the_source_scan_sees_the_imports_it_judges():
+    # The rules below are only as good as the scan: it must find lazy, relative and package imports.
+    lazy = dict(_imports("vero.spec.cases", import_time_only=False))
+    assert "vero.harbor.catalog" in lazy and "vero.harbor.catalog" not in dict(
+        _imports("vero.spec.cases", import_time_only=True))
+    assert {"vero.errors", "vero.core", "vero.spec"} <= _loaded_with("vero.core.jobs")
+    assert "harbor" in {_top(t) for t, _ in _imports("vero.harbor.catalog", import_time_only=False)}
+
+
+def test_core_modules_import_no_web_cli_or_harbor_code():
+    found = []
+    for module in (m for m in MODULES if m == "vero.core" or m.startswith("vero.core.")):
+        found += [f"{module}:{line} imports {target}" for target, line in _imports(module, import_time_only=False)
+                  if _top(target) in FORBIDDEN]
+    for module in (m for m in MODULES if m.startswith("vero.core")):
+        found += [f"loading {module} loads {other}, which imports {target}"
+                  for other in sorted(_loaded_with(module))
+                  for target, _ in _imports(other, import_time_only=True) if _top(target) in FORBIDDEN]
+    assert found == []
+
+
+def test_only_the_harbor_adapter_and_the_task_check_import_harbor():
+    found = [f"{module}:{line} imports {target}"
+             for module in MODULES
+             if not (module == "vero.harbor" or module.startswith("vero.harbor.")) and module not in HARBOR_TASK_CHECK
+             for target, line in _imports(module, import_time_only=False) if _top(target) == "harbor"]
+    assert found == []
 
 
 @pytest.mark.timeout(60)
@@ -25,4 +137,3 @@ def test_core_imports_stay_light_in_a_fresh_interpreter():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == []
-

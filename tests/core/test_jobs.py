@@ -169,8 +169,9 @@ async def test_returned_jobs_are_immutable_snapshots_shared_while_unchanged(jobs
 async def test_concurrent_admissions_updates_and_finishes_are_all_recorded(jobs, make_job):
     admitted = await asyncio.gather(*(jobs.admit(new_job(make_job), Cost.of_evaluation(1)) for _ in range(50)))
     await asyncio.gather(*(jobs.update(j.id, state="running") for j, _ in admitted))
-    await asyncio.gather(*(jobs.finish(j.id, "failed" if i % 2 else "complete", error="infrastructure" if i % 2 else None)
-                           for i, (j, _) in enumerate(admitted)))
+    await asyncio.gather(*(
+        jobs.finish(j.id, "failed" if i % 2 else "complete", error="infrastructure" if i % 2 else None)
+        for i, (j, _) in enumerate(admitted)))
     again = reopen(jobs)
     assert [j.id for j in again.list()] == [j.id for j in jobs.list()]
     assert sorted(j.state for j in again.list()) == ["complete"] * 25 + ["failed"] * 25
@@ -279,7 +280,7 @@ async def test_a_tampered_job_table_refuses_to_open(jobs, make_job, statements):
     path = jobs.state.path
     jobs.state.close()
     tamper(path, *statements)
-    with pytest.raises(LedgerCorrupt, match="refusing to start|job record in the state store is invalid"):
+    with pytest.raises(LedgerCorrupt, match=r"refusing to start|job record in the state store is invalid"):
         again = JobStore(BudgetLedger.open(path, {}))
         again.list()  # a record that only fails model validation is refused when read
 
@@ -301,7 +302,7 @@ def test_concurrent_finishes_are_never_seen_half_done(jobs, make_job):
         while not done.is_set():
             job_id = rng.choice(admitted)
 
-            def snapshot(conn: sqlite3.Connection) -> tuple[str, str]:
+            def snapshot(conn: sqlite3.Connection, job_id: str = job_id) -> tuple[str, str]:
                 return (jobs.get(job_id).state, jobs.ledger.reservation(job_id).state)
 
             job_state, reservation_state = jobs.state.read(snapshot)

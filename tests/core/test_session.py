@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vero.core.archive import canonical_tar_bytes
-from vero.core.archive import file_digest
+from vero.core.archive import canonical_tar_bytes, file_digest
 from vero.core.candidates import CandidateStore
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
@@ -144,7 +143,7 @@ def test_an_inconsistent_state_is_refused_even_with_matching_digests(state, tmp_
     archive = tmp_path / "out" / "session.tar.gz"
     _write(state_dir, archive)
     _rewrite(archive, _edit_state(edit))
-    with pytest.raises(SessionInvalid, match="state.json is invalid"):
+    with pytest.raises(SessionInvalid, match=r"state\.json is invalid"):
         read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
 
 

@@ -83,7 +83,8 @@ class ExampleRun:
     def reward(self) -> float:
         """`verifier_result.rewards["reward"]` of the trial (the example's single target's key)."""
         rewards = (self.result.get("verifier_result") or {}).get("rewards") or {}
-        assert "reward" in rewards, f"{self.describe()}: no reward in the trial result: {self.result.get('exception_info')}"
+        assert "reward" in rewards, (
+            f"{self.describe()}: no reward in the trial result: {self.result.get('exception_info')}")
         return float(rewards["reward"])
 
     @property
@@ -310,7 +311,8 @@ def compose_build(compose_file: Path, project: str, env: dict[str, str], timeout
     """`docker compose -p <project> -f <file> build` (BuildKit's layer cache makes repeats cheap)."""
     done = subprocess.run(["docker", "compose", "-p", project, "-f", str(compose_file), "build"],
                           capture_output=True, text=True, env=env, timeout=timeout_sec, check=False)
-    assert done.returncode == 0, f"docker compose build {compose_file} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"docker compose build {compose_file} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 def image_exists(image: str) -> bool:

@@ -84,9 +84,11 @@ def _steps(reference: Path, partition: str) -> list[Step]:
         skill = _available_skills(script.first_prompt).get("vero-optimize", "/nonexistent/SKILL.md")
         mcp = _mcp_url(script.first_prompt) or "http://nonexistent.invalid/mcp"
         tools_list = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
-        names = "import json,sys; print('mcp tools:', sorted(t['name'] for t in json.load(sys.stdin)['result']['tools']))"
+        names = ("import json,sys; "
+                 "print('mcp tools:', sorted(t['name'] for t in json.load(sys.stdin)['result']['tools']))")
         return [("cd /app && git log --oneline && ls && head -n 4 " + shlex.quote(skill)
-                 + " && vero harbor status > /tmp/status.json && python3 -c 'import json; s=json.load(open(\"/tmp/status.json\"));"
+                 + " && vero harbor status > /tmp/status.json"
+                   " && python3 -c 'import json; s=json.load(open(\"/tmp/status.json\"));"
                    " print(\"partitions:\", [(p[\"name\"], p[\"disclosure\"]) for p in s[\"partitions\"]])'"
                  + f" && curl -fsS -X POST {shlex.quote(mcp)} -H 'content-type: application/json'"
                    " -H 'accept: application/json, text/event-stream' -d " + shlex.quote(tools_list)

@@ -11,6 +11,7 @@ import yaml
 from harbor_cases import make_run, reward_script, write_case
 
 from vero.errors import InfrastructureFailure
+from vero.harbor.backend import RunAs
 from vero.harbor.command import (
     CANDIDATE_AGENT_IMPORT_PATH,
     FORCED_ENV,
@@ -23,7 +24,6 @@ from vero.harbor.command import (
     plan_agent_timeout,
     scrub,
 )
-from vero.harbor.backend import RunAs
 from vero.spec.models import CandidateRuntime, HarborSpec
 
 HARBOR = Path("/opt/venv/bin/harbor")

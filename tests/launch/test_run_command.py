@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from compiler.conftest import all_files, make_spec_tree, run_vero
+
 from vero.errors import InfrastructureFailure, SpecError
 from vero.launch import prepare_task
 

@@ -60,7 +60,8 @@ def test_an_aggregate_partition_below_the_default_floor_is_refused(project: Path
     with pytest.raises(SpecError) as info:
         load_spec(write(project, text))
     assert [i.loc for i in info.value.issues] == ["agent_access.train.min_aggregate_cases"]
-    spec = load_spec(write(project, text.replace("disclosure: aggregate", "disclosure: aggregate, min_aggregate_cases: 2")))
+    spec = load_spec(
+        write(project, text.replace("disclosure: aggregate", "disclosure: aggregate, min_aggregate_cases: 2")))
     assert spec.agent_access["train"].blocks is None
 
 

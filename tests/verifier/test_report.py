@@ -10,14 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cdp import chromium_binary, load_page
 from typer.testing import CliRunner
+from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 from vero.cli import app
 from vero.core.session import read_session
 from vero.verifier import Finalization, render_report
-
-from cdp import chromium_binary, load_page
-from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 

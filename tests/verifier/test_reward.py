@@ -8,14 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
+from verifier_bench import TableBackend, Workbench
 
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import RunAs
 from vero.harbor.process import runner_identity
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import hand_over, resolve_run_as, secret_env
-
-from verifier_bench import TableBackend, Workbench
 
 pytestmark = pytest.mark.timeout(120)
 

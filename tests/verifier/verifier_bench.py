@@ -237,7 +237,7 @@ class Workbench:
             selection=SelectionSpec(mode=mode, partition=partition, rescore_top_k=rescore_top_k,
                                     baseline_floor=baseline_floor),
             targets={t: TargetPartition() for t in targets}, reward_keys=keys,
-            failure_values={t: fail for t in targets},
+            failure_values=dict.fromkeys(targets, fail),
         )
 
     def verify(self, config: VerifierConfig, archive: Path, backend: TableBackend, *,

@@ -100,16 +100,12 @@ def coding_agent_support(agent: str | None, env: Mapping[str, str] | None = None
     packages = MAIN_PACKAGES.get(agent, ())
     if agent in _UTILITY_AGENTS:
         return CodingAgentSupport(agent=agent, packages=packages)
-    # Harbor's agent modules import LiteLLM, which fetches a model cost map from the network at import
-    # unless told not to (minutes of retries offline); reading a class attribute needs none of it.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from harbor.agents.factory import AgentFactory
-    from harbor.models.trial.config import AgentConfig
+    from vero.harbor.catalog import agent_class as harbor_agent_class
 
     with _import_path(os.environ if env is None else env):
         try:
-            agent_class = AgentFactory.get_agent_class_from_config(AgentConfig(name=agent))
-        except Exception as exc:  # noqa: BLE001 - an operator's module may raise anything at import
+            agent_class = harbor_agent_class(agent)
+        except Exception as exc:
             # Harbor raises ValueError for an unknown name and for an import path it cannot load.
             if ":" in agent and not agent.startswith("acp:"):
                 raise SpecError.at(

@@ -129,8 +129,8 @@ def build_wheel() -> BuiltWheel:
         entries.append((arcname, path.read_bytes(), mode))
     entries.append((f"{dist_info}/METADATA", _metadata(dist).encode(), 0o644))
     entries.append((f"{dist_info}/WHEEL", (
-        "Wheel-Version: 1.0\nGenerator: vero.compiler.wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    ).encode(), 0o644))
+        b"Wheel-Version: 1.0\nGenerator: vero.compiler.wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    ), 0o644))
     entries.append((f"{dist_info}/entry_points.txt", _entry_points(dist).encode(), 0o644))
     record = "".join(f"{arc},{_record_hash(data)},{len(data)}\n" for arc, data, _ in entries)
     record += f"{dist_info}/RECORD,,\n"
@@ -168,4 +168,4 @@ def runtime_requirements(harbor_requirement: str) -> list[str]:
     validated as an exact pin), so the nested runs use the Harbor the operator pinned.
     """
     pins = [_pin(req) for req in _declared() if req.marker is None and req.name.lower() != "harbor"]
-    return sorted(pins + [harbor_requirement.replace(" ", "")], key=str.lower)
+    return sorted([*pins, harbor_requirement.replace(" ", "")], key=str.lower)

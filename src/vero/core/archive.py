@@ -21,8 +21,15 @@ from pathlib import Path, PurePosixPath
 
 from vero.core.storage import atomic_write_bytes
 
-__all__ = ["ArchiveError", "MAX_SYMLINK_HOPS", "canonical_tar_bytes", "file_digest", "safe_extract", "symlink_escapes",
-           "write_canonical_tar"]
+__all__ = [
+    "MAX_SYMLINK_HOPS",
+    "ArchiveError",
+    "canonical_tar_bytes",
+    "file_digest",
+    "safe_extract",
+    "symlink_escapes",
+    "write_canonical_tar",
+]
 
 
 class ArchiveError(ValueError):

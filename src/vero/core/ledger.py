@@ -75,7 +75,7 @@ class Cost(_Amounts):
     cases: int = Field(ge=0)
 
     @classmethod
-    def of_evaluation(cls, n_cases: int) -> "Cost":
+    def of_evaluation(cls, n_cases: int) -> Cost:
         return cls(runs=1, cases=n_cases)
 
 
@@ -139,7 +139,7 @@ class BudgetBalance(BaseModel):
         return self.total_cases - self.settled_cases - self.reserved_cases
 
     @classmethod
-    def from_figures(cls, partition: str, principal: str, figures: Mapping[str, BudgetFigures]) -> "BudgetBalance":
+    def from_figures(cls, partition: str, principal: str, figures: Mapping[str, BudgetFigures]) -> BudgetBalance:
         """The balance of one pair from its rows (resource -> figures; a missing resource reads as 0)."""
         values: dict[str, int] = {}
         for resource in RESOURCES:
@@ -255,7 +255,7 @@ class BudgetLedger:
 
     @classmethod
     def open(cls, state: StateStore | str | Path,
-             totals: Mapping[tuple[str, str], BudgetTotals]) -> "BudgetLedger":
+             totals: Mapping[tuple[str, str], BudgetTotals]) -> BudgetLedger:
         """The ledger of `state` (a store, or the path of its database), with `totals` configured.
 
         Configured pairs or resources absent from the store are added with zero usage (one
@@ -356,7 +356,9 @@ class BudgetLedger:
                      (target, iso(closed.closed_at), reason, reservation_id))
         return closed
 
-    async def reserve(self, partition: str, principal: str, cost: Cost, reservation_id: str | None = None) -> Reservation:
+    async def reserve(
+        self, partition: str, principal: str, cost: Cost, reservation_id: str | None = None
+    ) -> Reservation:
         """Reserve `cost`; never grants more than the totals under any concurrency.
 
         Args:

@@ -19,7 +19,6 @@ give the same bytes, so sealing twice is idempotent.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from datetime import datetime
 from pathlib import Path

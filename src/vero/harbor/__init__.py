@@ -1,4 +1,5 @@
-"""Nested `harbor run`: the only vero package that imports Harbor (DESIGN §8).
+"""Nested `harbor run`, and vero's other uses of Harbor: the one package that imports it besides the
+compiler's task check (`tests/core/test_imports.py`; docs/architecture.md, "Nested runs").
 
 Public names: `HarborBackend` (the real `EvaluationBackend`), the contract types `NestedRun`,
 `RunAs`, `EvaluationBackend`, `runner_identity` (the `RunAs` of the unprivileged `RUNNER_USER`,

@@ -61,10 +61,10 @@ def discover_cases(cases: CasesSpec) -> dict[str, CaseSource]:
         raise SpecError.at("cases.registry_path", f"registry file not found: {cases.registry_path}") from None
     except (OSError, ValueError):
         raise SpecError.at("cases.registry_path", "expected a JSON registry (a list of datasets)") from None
-    from harbor.models.registry import DatasetSpec  # Harbor is heavy: only for registry datasets
+    from vero.harbor.catalog import registry_datasets  # Harbor is heavy: only for registry datasets
 
     try:
-        datasets = [DatasetSpec.model_validate(row) for row in rows]
+        datasets = registry_datasets(rows)
     except (ValidationError, TypeError):
         raise SpecError.at("cases.registry_path", "expected Harbor's JSON registry format") from None
     for dataset in datasets:

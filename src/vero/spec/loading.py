@@ -3,9 +3,9 @@
 Substitution follows Docker Compose's interpolation rules (the subset operators know from there):
 `${VAR}` (unset is an error), `${VAR:-default}` (default when unset or empty), `${VAR-default}`
 (default when unset), `${VAR:?message}` (error with `message` when unset or empty), `${VAR?message}`
-(error when unset); `$${` yields a literal `${`. Any other `${...}` is an error, never kept as text. Substitution applies to
-string scalars only, never to keys. A variable named in `secrets` may not be substituted: its value
-would end up in compiled files.
+(error when unset); `$${` yields a literal `${`. Any other `${...}` is an error, never kept as text.
+Substitution applies to string scalars only, never to keys. A variable named in `secrets` may not be
+substituted: its value would end up in compiled files.
 """
 
 from __future__ import annotations

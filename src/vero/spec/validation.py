@@ -212,6 +212,7 @@ def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:
             issues.append(SpecIssue(f"secrets[{index}]", f"secret {name} is not set in the build environment"))
     for name in spec.effective_secrets():
         if name not in spec.secrets and not env.get(name):
-            issues.append(SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set"))
+            issues.append(
+                SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set"))
     if issues:
         raise SpecError(issues)

@@ -57,7 +57,9 @@ for i in 1 2 3 4 5 6 7; do
   [ "$rc" -ne 0 ] && break
 done
 out budget_exit "$rc"
-out status_remaining_runs "$(vero harbor status | python3 -c 'import json,sys; d=json.load(sys.stdin); print([p["budget"]["remaining_runs"] for p in d["partitions"] if p["name"]=="train"][0])')"
+remaining='import json,sys; d=json.load(sys.stdin)
+print([p["budget"]["remaining_runs"] for p in d["partitions"] if p["name"]=="train"][0])'
+out status_remaining_runs "$(vero harbor status | python3 -c "$remaining")"
 """
 
 

@@ -309,7 +309,7 @@ class CandidateLauncher:
         loop = asyncio.get_running_loop()
         host: CandidateHostProcess | None = None
         try:
-            pid, uid, gid = struct.unpack("3i", connection.getsockopt(
+            _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid not in (0, self.agent_uid, os.geteuid()):
                 logger.warning("candidate launcher: refused a connection from uid %d", uid)

@@ -22,7 +22,7 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-__all__ = ["Puzzle", "PuzzleAgent", "Strategy", "STRATEGIES", "parse_puzzle"]
+__all__ = ["STRATEGIES", "Puzzle", "PuzzleAgent", "Strategy", "parse_puzzle"]
 
 COMMAND_TIMEOUT_SEC = 60
 """Wall-clock limit of the one command a strategy runs."""
