@@ -2,19 +2,25 @@
 
 - `vero.core` is the trusted core: no web framework, HTTP client, CLI toolkit or Harbor, neither
   imported by a core module (at any depth of its body) nor pulled in when a core module loads;
-- only `vero.harbor` (vero's adapter to Harbor) and the compiler's task check import Harbor.
+- only `vero.harbor` (vero's adapter to Harbor) and the compiler's task check import Harbor;
+- every third-party package `src/vero` imports is declared in `pyproject.toml`, not only pulled in by another;
+- no module of `src/vero` takes part in an import cycle when it loads.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FORBIDDEN = ("fastapi", "httpx", "typer", "harbor", "starlette", "uvicorn")
@@ -124,6 +130,24 @@ def test_only_the_harbor_adapter_and_the_task_check_import_harbor():
              if not (module == "vero.harbor" or module.startswith("vero.harbor.")) and module not in HARBOR_TASK_CHECK
              for target, line in _imports(module, import_time_only=False) if _top(target) == "harbor"]
     assert found == []
+
+
+def test_every_imported_package_is_declared():
+    project = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    names = {canonicalize_name(Requirement(r).name) for r in declared}
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = set()
+    for module in MODULES:
+        for target, line in _imports(module, import_time_only=False):
+            top = _top(target)
+            if top in sys.stdlib_module_names or top == "vero":
+                continue
+            # A name no installed distribution provides (an optional extra's module) must be declared by name.
+            provided = {canonicalize_name(d) for d in distributions.get(top, [top])}
+            if not provided & names:
+                undeclared.add(f"{top} ({module}:{line}; from {', '.join(sorted(provided))})")
+    assert sorted(undeclared) == []
 
 
 @pytest.mark.timeout(60)

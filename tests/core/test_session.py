@@ -194,6 +194,24 @@ def test_archive_for_another_spec_or_baseline_is_refused(state, tmp_path: Path, 
     assert field.split("_")[0] in str(info.value)
 
 
+@pytest.mark.parametrize("version", [1, 3, "2", None])
+def test_a_manifest_of_another_schema_version_is_refused(state, tmp_path: Path, version) -> None:
+    state_dir, _, _ = state
+    archive = tmp_path / "out" / "session.tar.gz"
+    _write(state_dir, archive)
+
+    def edit(stage: Path) -> None:
+        manifest = json.loads((stage / "manifest.json").read_text())
+        manifest["schema_version"] = version
+        (stage / "manifest.json").write_text(json.dumps(manifest))
+
+    _rewrite(archive, edit)
+    with pytest.raises(SessionInvalid) as info:
+        read_session(archive, tmp_path / "x", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40)
+    expected = "manifest is missing or malformed" if version is None else f"schema version {version!r};"
+    assert expected in str(info.value)
+
+
 def test_unsafe_entries_are_refused(tmp_path: Path) -> None:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w:gz") as tar:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from vero.core.storage import atomic_write_bytes
+from vero.errors import VeroError
 
 __all__ = [
     "MAX_SYMLINK_HOPS",
@@ -32,8 +33,11 @@ __all__ = [
 ]
 
 
-class ArchiveError(ValueError):
-    """A tree cannot be archived canonically, or an archive is unsafe to extract."""
+class ArchiveError(VeroError, ValueError):
+    """A tree cannot be archived canonically, or an archive is unsafe to extract.
+
+    Also a `ValueError`, for callers that catch it as one.
+    """
 
 
 def file_digest(path: str | Path) -> str:

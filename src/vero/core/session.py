@@ -19,6 +19,7 @@ give the same bytes, so sealing twice is idempotent.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -92,8 +93,8 @@ class SessionState(BaseModel):
 class SealManifest(BaseModel):
     """`manifest.json` of a sealed session."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: int = SESSION_SCHEMA_VERSION
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    schema_version: Literal[2] = SESSION_SCHEMA_VERSION
     name: str
     spec_digest: str
     baseline_commit: str
@@ -180,6 +181,15 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
     return digest
 
 
+def _schema_version_of(raw: bytes) -> object:
+    """The `schema_version` a manifest declares, whatever else it holds (None if it declares none)."""
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    return document.get("schema_version") if isinstance(document, dict) else None
+
+
 def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
                  baseline_commit: str) -> Session:
     """Check and extract a sealed archive into `dest` (created; must be empty or absent).
@@ -209,12 +219,16 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
     except (ArchiveError, OSError, EOFError) as exc:
         raise SessionInvalid(f"the session archive cannot be extracted safely ({type(exc).__name__})") from None
     try:
-        manifest = SealManifest.model_validate_json((dest / _MANIFEST).read_bytes())
-    except (OSError, ValidationError):
+        raw_manifest = (dest / _MANIFEST).read_bytes()
+        manifest = SealManifest.model_validate_json(raw_manifest)
+    except OSError:
         raise SessionInvalid("the session manifest is missing or malformed") from None
-    if manifest.schema_version != SESSION_SCHEMA_VERSION:
-        raise SessionInvalid(f"the session has schema version {manifest.schema_version}; this verifier reads "
-                             f"{SESSION_SCHEMA_VERSION} (seal and verify with the same vero)")
+    except ValidationError:
+        version = _schema_version_of(raw_manifest)
+        if version is not None and version != SESSION_SCHEMA_VERSION:
+            raise SessionInvalid(f"the session has schema version {version!r}; this verifier reads "
+                                 f"{SESSION_SCHEMA_VERSION} (seal and verify with the same vero)") from None
+        raise SessionInvalid("the session manifest is missing or malformed") from None
     if manifest.spec_digest != spec_digest:
         raise SessionInvalid("the session was sealed for a different spec (spec digest mismatch)")
     if manifest.baseline_commit != baseline_commit:
