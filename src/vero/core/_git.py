@@ -177,7 +177,7 @@ class IsolatedGit(git.Git):
         self._vero_timeout_sec = timeout_sec
         self._vero_git = shutil.which("git", path=self._vero_env["PATH"]) or "git"
 
-    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(command, (str, bytes)):
             raise TypeError("IsolatedGit runs argument lists only")
         argv = [str(a) if isinstance(a, Path) else a for a in command]

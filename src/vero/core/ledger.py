@@ -351,9 +351,10 @@ class BudgetLedger:
         owner = conn.execute("SELECT state FROM jobs WHERE reservation_id = ?", (reservation_id,)).fetchone()
         if owner is not None and owner[0] not in ("complete", "failed", "cancelled"):
             raise ValueError("the reservation belongs to a job that has not finished")
-        closed = current.model_copy(update={"state": target, "closed_at": datetime.now(UTC), "reason": reason})
+        closed_at = datetime.now(UTC)
+        closed = current.model_copy(update={"state": target, "closed_at": closed_at, "reason": reason})
         conn.execute("UPDATE reservations SET state = ?, closed_at = ?, reason = ? WHERE id = ?",
-                     (target, iso(closed.closed_at), reason, reservation_id))
+                     (target, iso(closed_at), reason, reservation_id))
         return closed
 
     async def reserve(

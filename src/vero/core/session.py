@@ -23,7 +23,7 @@ import json
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Self
+from typing import Final, Literal, Self
 
 import git
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -48,7 +48,7 @@ __all__ = [
     "write_session_archive",
 ]
 
-SESSION_SCHEMA_VERSION = 2
+SESSION_SCHEMA_VERSION: Final = 2
 """`manifest.json`'s schema: 2 carries `state.json` (1 carried per-record JSON files)."""
 
 _BUNDLE = "candidates.bundle"

@@ -44,6 +44,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CANDIDATE_UID_RANGE",
@@ -264,7 +265,7 @@ class CandidateLauncher:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             env = {**_BASE_ENV, "HOME": str(scratch), "TMPDIR": str(scratch / "tmp"),
                    "VERO_CANDIDATE_SCRATCH": str(scratch), **self.env}
-            identity: dict[str, object] = ({"user": uid, "group": uid, "extra_groups": []}
+            identity: dict[str, Any] = ({"user": uid, "group": uid, "extra_groups": []}
                                            if self.isolated else {})
             try:
                 with open(stderr_path, "wb") as stderr:
