@@ -4,7 +4,7 @@ of the examples on real Docker, and the file listings of the compiled task's rea
 Everything goes through the real programs: the venv's `vero` console script (which compiles the
 spec and runs the pinned Harbor), `docker compose build` on the compiled task's own compose files,
 and `docker export` of a container created from each image. Rewards are read from the trial's
-`result.json` (`verifier_result.rewards`), never from an exit code or stdout (HARBOR-NOTES §2).
+`result.json` (`verifier_result.rewards`), never from an exit code or stdout (docs/harbor-notes.md §2).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
 def test_hidden_cases_are_only_in_the_verifier_image(example, example_runs):
     """Build the compiled task's three images (`environment/` compose: main and eval-sidecar;
     `tests/` compose: the verifier) and list every file of each: no path named after a hidden case
-    and no file with a hidden case's unique content is in main or eval-sidecar (DESIGN §2: hidden
+    and no file with a hidden case's unique content is in main or eval-sidecar (docs/design.md §2: hidden
     cases exist only in the verifier image), while the verifier image holds every hidden case and
     every marker, which shows the listing would catch a leak."""
     layout = TaskLayout(example_runs(example)["oracle"].task_dir)

@@ -1,4 +1,4 @@
-"""Export the target's baseline files, copy trees safely, and digest trees (DESIGN §5).
+"""Export the target's baseline files, copy trees safely, and digest trees (docs/design.md §5).
 
 A target is a **Git target** when `target.path` is the top of a Git work tree (it holds `.git`):
 its baseline is `git archive HEAD`, so uncommitted and untracked changes are not part of it (the

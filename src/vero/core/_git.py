@@ -34,7 +34,7 @@ from vero.core.storage import atomic_write_bytes
 __all__ = ["HARDENING_CONFIG", "IsolatedGit", "minimal_env", "private_git_env", "write_global_config"]
 
 HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
-    # No hook and no fsmonitor daemon of any repository runs (DESIGN §6: hooks off).
+    # No hook and no fsmonitor daemon of any repository runs (docs/design.md §6: hooks off).
     ("core.hooksPath", os.devnull),
     ("core.fsmonitor", "false"),
     # Only local paths are fetchable; no ssh, http or ext:: helper can be reached.
