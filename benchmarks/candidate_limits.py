@@ -87,7 +87,8 @@ def main() -> None:
             limited = import_once(base / "limited", repo, CandidateLimits())
             unlimited = import_once(base / "unlimited", repo, UNLIMITED)
             print(f"{label:<22} {limited[0]:>7.2f} s {limited[1]:<9} {unlimited[0]:>7.2f} s {unlimited[1]:<9} "
-                  f"{unlimited[0] / limited[0]:>7.0f}x {limited[2] / 2**20:>8.1f} MiB vs {unlimited[2] / 2**20:>7.1f} MiB")
+                  f"{unlimited[0] / limited[0]:>7.0f}x {limited[2] / 2**20:>8.1f} MiB "
+                  f"vs {unlimited[2] / 2**20:>7.1f} MiB")
             git(repo, "reset", "-q", "--hard", "HEAD~1")
             subprocess.run(["git", "-C", str(repo), "clean", "-qfdx"], check=True)
 

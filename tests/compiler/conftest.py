@@ -56,7 +56,8 @@ def write_case(root: Path, name: str, marker: str = "") -> Path:
     case = root / name
     (case / "environment").mkdir(parents=True)
     (case / "tests").mkdir()
-    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n')
+    (case / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n')
     (case / "instruction.md").write_text(f"Case {name}. {marker}\n")
     (case / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\nWORKDIR /opt/candidate\n")
     test = case / "tests" / "test.sh"

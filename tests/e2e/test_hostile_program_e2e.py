@@ -60,12 +60,14 @@ vero-kit run --cwd /opt/candidate --timeout 20 --nproc 64 --memory-mb 1024 --fsi
     -- python3 -c 'import sys, textstats; print(textstats.word_count(sys.stdin.read()))' \\
     < /tests/input.txt > "$work/out"
 got="$(head -c 100 "$work/out")"
-if [ "$got" = "$(cat /tests/expected.txt)" ]; then vero-kit reward 1; else echo "got ${got:-nothing}"; vero-kit reward 0; fi
+if [ "$got" = "$(cat /tests/expected.txt)" ]; then vero-kit reward 1
+else echo "got ${got:-nothing}"; vero-kit reward 0; fi
 """
 
 NOKIT_TEST = """#!/bin/bash
 # A case that does not use the kit: the candidate's code runs as root, the test writes reward.txt.
-got="$(cd /opt/candidate && timeout 20 python3 -c 'import sys, textstats; print(textstats.word_count(sys.stdin.read()))' \\
+got="$(cd /opt/candidate && timeout 20 \\
+       python3 -c 'import sys, textstats; print(textstats.word_count(sys.stdin.read()))' \\
        < /tests/input.txt | head -c 100)"
 if [ "$got" = "$(cat /tests/expected.txt)" ]; then r=1; else r=0; fi
 echo "got ${got:-nothing}: reward $r"

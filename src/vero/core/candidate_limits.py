@@ -74,10 +74,10 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits,
         files, total, grown = _whole(git, tree)
     else:
         files, total, grown = _delta(git, base[0], tree, base[1], limits)
-    for path, size in grown:
-        if size > limits.max_file_bytes:
+    for path, file_bytes in grown:
+        if file_bytes > limits.max_file_bytes:
             shown = path.decode("utf-8", errors="replace")
-            raise CandidateTooLarge("max_file_bytes", limits.max_file_bytes, size, path=shown)
+            raise CandidateTooLarge("max_file_bytes", limits.max_file_bytes, file_bytes, path=shown)
     size = TreeSize(files=files, bytes=total)
     check_limits(size, limits)
     return size
