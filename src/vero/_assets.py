@@ -9,9 +9,12 @@ an editable install (whose `vero` package is `src/vero`) finds them at the repos
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["ROLES", "Role", "asset_dir"]
+if TYPE_CHECKING:
+    import jinja2
+
+__all__ = ["ROLES", "Role", "asset_dir", "template_environment"]
 
 Role = Literal["compiler", "sidecar", "verifier", "casekit"]
 ROLES: tuple[Role, ...] = ("compiler", "sidecar", "verifier", "casekit")
@@ -39,3 +42,16 @@ def asset_dir(role: Role) -> Path:
         return checkout
     raise FileNotFoundError(f"assets of role {role!r} not found at {installed} or {checkout}")
 
+
+
+def template_environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Environment:
+    """The Jinja environment every vero template renders in.
+
+    An undefined name is an error (`StrictUndefined`), never an empty string; block tags leave no
+    blank lines; a template's final newline is kept. `autoescape` is for HTML (the report), never
+    for the files a compiled task is made of.
+    """
+    import jinja2
+
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=autoescape,
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)

@@ -15,9 +15,9 @@ import shlex
 from functools import cache
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, PrefixLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, PrefixLoader
 
-from vero._assets import ROLES, asset_dir
+from vero._assets import ROLES, asset_dir, template_environment
 
 __all__ = ["render", "sh_quote", "toml_float", "toml_str", "yaml_str"]
 
@@ -47,14 +47,8 @@ def sh_quote(value: str) -> str:
 
 @cache
 def _environment() -> Environment:
-    env = Environment(
-        loader=PrefixLoader({role: FileSystemLoader(str(asset_dir(role))) for role in ROLES}),
-        undefined=StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    loader = PrefixLoader({role: FileSystemLoader(str(asset_dir(role))) for role in ROLES})
+    env = template_environment(loader, autoescape=False)
     env.filters.update(toml_str=toml_str, toml_float=toml_float, yaml_str=yaml_str, sh=sh_quote)
     return env
 
