@@ -9,7 +9,7 @@ location are the compiler's (`vero.compiler.build`).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from vero.errors import SpecError, SpecIssue
 from vero.spec.blocks import resolve_blocks
@@ -33,16 +33,42 @@ _RESERVED_SECRET_NAMES = frozenset({
 _RESERVED_SECRET_PREFIXES = ("VERO_", "LC_", "GIT_")
 
 
+Add = Callable[[str, str], None]
+"""Records one issue: `add(yaml_path, what was expected)`."""
+
+
 def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> OptimizationSpec:
     """Check the cross-field rules and return the spec with `partition_files` merged into `partitions`.
+
+    The steps below each record what they find; the partition files and the cases themselves are
+    read from disk (`_read_partitions`, `_check_cases_exist`), everything else is a pure check.
 
     Raises:
         SpecError: listing every violated rule with its YAML path.
     """
     issues: list[SpecIssue] = []
-    add = lambda loc, msg: issues.append(SpecIssue(loc, msg))  # noqa: E731
 
-    # target
+    def add(loc: str, message: str) -> None:
+        issues.append(SpecIssue(loc, message))
+
+    _check_target(spec, add)
+    _check_case_source(spec, add)
+    partitions, declared = _read_partitions(spec, add)
+    _check_partitions(partitions, declared, add)
+    if not any(i.loc.startswith("cases") for i in issues):
+        _check_cases_exist(spec, partitions, declared, add, issues)
+    _check_access_and_targets(spec, partitions, add, issues)
+    _check_selection_and_scoring(spec, add)
+    _check_harbor(spec, add)
+    _check_inference(spec, add)
+    _check_names_and_images(spec, add)
+    if issues:
+        raise SpecError(issues, source)
+    cases = spec.cases
+    return spec.model_copy(update={"cases": cases.model_copy(update={"partitions": partitions, "partition_files": {}})})
+
+
+def _check_target(spec: OptimizationSpec, add: Add) -> None:
     target = spec.target
     if not target.path.exists():
         add("target.path", f"expected a Git repository or a directory: {target.path} does not exist")
@@ -59,7 +85,8 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if target.reference is not None and not target.reference.exists():
         add("target.reference", f"expected a patch file or a directory: {target.reference} does not exist")
 
-    # cases and partitions
+
+def _check_case_source(spec: OptimizationSpec, add: Add) -> None:
     cases = spec.cases
     if (cases.path is None) == (cases.dataset is None):
         add("cases", "expected exactly one of `path` (a folder of task dirs) or `dataset` (name@version)")
@@ -71,6 +98,14 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     elif cases.registry_path is not None:
         add("cases.registry_path", "only valid together with `dataset`")
 
+
+def _read_partitions(spec: OptimizationSpec, add: Add) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Inline partitions plus those read from `partition_files`, and where each was declared.
+
+    Returns:
+        partition -> case names, and partition -> the YAML path errors about its cases point at.
+    """
+    cases = spec.cases
     partitions: dict[str, list[str]] = {name: list(names) for name, names in cases.partitions.items()}
     for name, file in cases.partition_files.items():
         loc = f"cases.partition_files.{name}"
@@ -87,11 +122,14 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
             add(loc, f"invalid case name {bad[0]!r}")
             continue
         partitions[name] = names
-    if not partitions:
-        add("cases.partitions", "expected at least one partition")
-    # Where each partition was declared: errors about its cases point there.
     declared = {name: f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
                 for name in partitions}
+    return partitions, declared
+
+
+def _check_partitions(partitions: dict[str, list[str]], declared: dict[str, str], add: Add) -> None:
+    if not partitions:
+        add("cases.partitions", "expected at least one partition")
     owner: dict[str, str] = {}
     for name, names in partitions.items():
         loc = declared[name]
@@ -104,19 +142,25 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
                 add(loc, f"partitions must be disjoint: case {case!r} is also in partition {owner[case]!r}")
             owner.setdefault(case, name)
 
-    if not any(i.loc.startswith("cases") for i in issues):
-        try:
-            available = discover_cases(cases)
-        except SpecError as exc:
-            issues.extend(exc.issues)
-        else:
-            for name, names in partitions.items():
-                missing = [c for c in names if c not in available]
-                if missing:
-                    where = cases.path or cases.dataset
-                    add(declared[name], f"case {missing[0]!r} is not a Harbor task in {where}")
 
-    # access, selection, targets
+def _check_cases_exist(spec: OptimizationSpec, partitions: dict[str, list[str]], declared: dict[str, str],
+                       add: Add, issues: list[SpecIssue]) -> None:
+    """Every listed case is a Harbor task of the case source (read from disk or the registry)."""
+    cases = spec.cases
+    try:
+        available = discover_cases(cases)
+    except SpecError as exc:
+        issues.extend(exc.issues)
+        return
+    for name, names in partitions.items():
+        missing = [c for c in names if c not in available]
+        if missing:
+            where = cases.path or cases.dataset
+            add(declared[name], f"case {missing[0]!r} is not a Harbor task in {where}")
+
+
+def _check_access_and_targets(spec: OptimizationSpec, partitions: dict[str, list[str]], add: Add,
+                              issues: list[SpecIssue]) -> None:
     for name, access in spec.agent_access.items():
         if name not in partitions:
             add(f"agent_access.{name}", f"unknown partition {name!r}")
@@ -136,16 +180,18 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if len(set(keys.values())) != len(keys):
         add("targets", "reward_key values must be unique")
 
+
+def _check_selection_and_scoring(spec: OptimizationSpec, add: Add) -> None:
     selection = spec.selection
     if selection.partition is not None and selection.partition not in spec.agent_access:
         add("selection.partition", "expected a partition listed in agent_access")
     if selection.partition is None and (selection.mode == "auto_best" or selection.baseline_floor):
         add("selection.partition", "required when mode is auto_best or baseline_floor is set")
-
     if spec.scoring.direction == "minimize" and spec.scoring.failure_value is None:
         add("scoring.failure_value", "required when direction is minimize (a value no real measurement beats)")
 
-    # harbor
+
+def _check_harbor(spec: OptimizationSpec, add: Add) -> None:
     pinned = _PINNED_HARBOR.match(spec.harbor.requirement.replace(" ", ""))
     if not pinned:
         add("harbor.requirement", "expected an exactly pinned requirement like harbor==0.26.0 or harbor[modal]==0.26.0")
@@ -154,12 +200,11 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if not re.match(r"^[A-Za-z0-9_.:-]+$", spec.harbor.environment):
         add("harbor.environment", "expected a Harbor environment name (docker, modal, ...) or module:Class")
 
-    _check_inference(spec, add)
 
+def _check_names_and_images(spec: OptimizationSpec, add: Add) -> None:
+    """The task name, secret names and images: all end up in compiled files (names and references only)."""
     if ".." in spec.name:
         add("name", "must not contain '..' (the compiled task is named vero/<name>, a Harbor package name)")
-
-    # secrets and images (both end up in compiled files: names only, references only)
     for index, name in enumerate(spec.secrets):
         if name in _RESERVED_SECRET_NAMES or name.startswith(_RESERVED_SECRET_PREFIXES):
             add(f"secrets[{index}]", f"{name} is reserved for the compiled containers; choose another name")
@@ -167,12 +212,8 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
         if not _IMAGE.match(getattr(spec.images, role)):
             add(f"images.{role}", "expected a Docker image reference like python:3.13-slim or registry/name@sha256:...")
 
-    if issues:
-        raise SpecError(issues, source)
-    return spec.model_copy(update={"cases": cases.model_copy(update={"partitions": partitions, "partition_files": {}})})
 
-
-def _check_inference(spec: OptimizationSpec, add) -> None:
+def _check_inference(spec: OptimizationSpec, add: Add) -> None:
     """The gateway's rules: keys are declared secrets, models name known providers and have a price,
     and no partition has an inference budget without a gateway."""
     from vero.inference.pricing import PriceUnknown, price_of
