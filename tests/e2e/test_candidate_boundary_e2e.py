@@ -234,7 +234,9 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             config, root / "export" / "session.tar.gz", backend=backend,
             cases_dir=copy_cases(HIDDEN, root / "verifier-cases"), baseline_dir=harness.baseline_dir,
             reward_path=root / "verifier" / "reward.json", artifacts_dir=root / "verifier" / "artifacts",
-            work_dir=work, env={}, run_as=None))
+            # Nested Harbor runs as this test's user; the agent candidate itself runs in its own host
+            # (a throw-away uid), which is the boundary under test.
+            work_dir=work, env={}, run_as=None, allow_root_runs=True))
         assert final.rewards == {"reward": 0.0} and final.chosen.candidate == hostile, final
         (measurement,) = final.measurements
         assert measurement.score == 0.0 and measurement.inference is not None

@@ -13,6 +13,7 @@ import pytest
 
 from vero.core.archive import safe_extract, write_canonical_tar
 from vero.core.session import read_session
+from vero.verifier import verify
 from vero.verifier.selection import rank_recorded
 
 from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
@@ -81,6 +82,25 @@ def test_several_targets_get_one_key_each_and_an_unmeasured_one_its_failure_valu
     assert by_key["hidden"].measured and not by_key["hidden-b"].measured
     assert "InfrastructureFailure" in by_key["hidden-b"].error
     assert any(e.startswith("target hidden-b:") for e in final.errors)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal applies to a root verifier (CI runs as root)")
+def test_a_root_verifier_without_a_runner_user_runs_no_candidate_by_default(bench: Workbench) -> None:
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    backend = TableBackend({("hidden", bench.tree(a)): 0.75})
+    out = bench.root / "default"
+
+    # No `run_as` and no `allow_root_runs`: the library fails closed, as the CLI does.
+    final = asyncio.run(verify(
+        bench.config(target_failure=-1.0), bench.seal(), backend=backend, cases_dir=bench.cases_dir,
+        baseline_dir=bench.baseline_files, reward_path=out / "reward.json", artifacts_dir=out / "artifacts",
+        work_dir=out / "work"))
+
+    assert backend.calls == []
+    assert json.loads((out / "reward.json").read_text()) == {"reward": -1.0}
+    assert any(e.startswith("refused: the verifier is root") for e in final.errors)
+    assert not final.targets[0].measured
 
 
 # -- auto_best ----------------------------------------------------------------------------------------

@@ -72,6 +72,8 @@ def test_verify_scores_the_submission_or_the_baseline_with_nested_harbor_runs(
         _config(baseline), archive, backend=HarborBackend(), cases_dir=MINIMAL / "cases",
         baseline_dir=MINIMAL / "target", reward_path=out / "verifier" / "reward.json",
         artifacts_dir=out / "verifier" / "artifacts", work_dir=tmp_path / "work",
+        # The candidates are the example's own baseline and fix: trusted code, run as whoever runs the test.
+        allow_root_runs=True,
     ))
     assert final.status == "scored", final.errors
     assert final.chosen.candidate == (fixed if submit else baseline)

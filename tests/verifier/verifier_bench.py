@@ -247,7 +247,7 @@ class Workbench:
             config, archive, backend=backend, cases_dir=self.cases_dir, baseline_dir=self.baseline_files,
             reward_path=out / "logs" / "verifier" / "reward.json",
             artifacts_dir=out / "logs" / "verifier" / "artifacts", mirror_dirs=[out / "logs" / "artifacts"],
-            work_dir=out / "work", env=env,
+            work_dir=out / "work", env=env, allow_root_runs=True,  # the table backend runs no candidate code
         ))
 
     def reward_path(self, tag: str = "run") -> Path:

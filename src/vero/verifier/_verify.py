@@ -114,7 +114,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
                  cases_dir: str | Path, baseline_dir: str | Path, reward_path: str | Path,
                  artifacts_dir: str | Path, work_dir: str | Path, mirror_dirs: Sequence[str | Path] = (),
                  env: Mapping[str, str] | None = None, run_as: RunAs | None = None,
-                 allow_root_runs: bool = True, inference_keys: Mapping[str, str] | None = None) -> Finalization:
+                 allow_root_runs: bool = False, inference_keys: Mapping[str, str] | None = None) -> Finalization:
     """Verify a sealed session: check it, pick the candidate, score it, write reward and artifacts.
 
     Order: `reward.json` is first written with every target's failure value (a verifier killed
@@ -140,10 +140,11 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
         inference_keys: provider keys by secret name for the inference gateway served during the
             verification when `config.inference` is set (default: this process's environment).
-        allow_root_runs: when False and this process is root with `run_as` None, no nested run is
-            started (candidate code never runs as root, DESIGN §2): every measurement fails, so
-            the targets get their failure values and the finalization says why. The CLI passes
-            False; True suits callers that are not root or that contain the runs otherwise.
+        allow_root_runs: when False (the default, as in the CLI) and this process is root with
+            `run_as` None, no nested run is started (candidate code never runs as root,
+            docs/design.md §2): every measurement fails, so the targets get their failure values
+            and the finalization says why. True (runs as root, with a warning) suits callers that
+            contain the runs otherwise.
 
     Returns:
         The `Finalization` also written to `finalization.json`. A refused session gives status
