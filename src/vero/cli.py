@@ -1,13 +1,18 @@
 """The `vero` command line: `vero harbor build|run|serve|seal|verify|eval|status|result|submit`, `vero report`.
 
-Commands live in `vero.commands.*` modules and register themselves on `harbor_app` (or `app`); each
-parses options, imports what it needs lazily, calls one library function, prints, and exits through
-`vero.commands.exit_codes`. Importing this module stays cheap so `vero --help` is instant.
+Every command is registered here, in the order of `vero harbor --help` (as Harbor's `cli/main.py`
+does); the `vero.commands.*` modules define plain functions and never import this module. Each
+command parses options, imports what it needs lazily, calls one library function, prints, and exits
+through `vero.commands.exit_codes`. Importing this module stays cheap so `vero --help` is instant.
 """
 
 from __future__ import annotations
 
 import typer
+
+from vero.commands import agent, build, run, sidecar, verify
+
+__all__ = ["app", "harbor_app", "main"]
 
 app = typer.Typer(
     name="vero",
@@ -23,12 +28,17 @@ harbor_app = typer.Typer(
 )
 app.add_typer(harbor_app, name="harbor")
 
+harbor_app.command("build")(build.build)
+harbor_app.command("run")(run.run)
+harbor_app.command("serve")(sidecar.serve_command)
+harbor_app.command("seal")(sidecar.seal_command)
+for _name in agent.FORWARDED:
+    _callback, _options = agent.forwarder(_name)
+    harbor_app.command(_name, **_options)(_callback)
+harbor_app.command("verify", help=verify.VERIFY_HELP)(verify.verify_command)
+app.command("report", help=verify.REPORT_HELP)(verify.report_command)
+
 
 def main() -> None:
     """Console-script entry point."""
     app()
-
-
-# Each command module registers its commands on the apps above, so it is imported after them; the
-# import order is the order of `vero harbor --help`.
-from vero.commands import build, run, sidecar, agent, verify  # noqa: E402, F401, I001

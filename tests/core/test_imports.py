@@ -132,6 +132,42 @@ def test_only_the_harbor_adapter_and_the_task_check_import_harbor():
     assert found == []
 
 
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of `graph` with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while (member := stack.pop()) != node:
+                component.append(member)
+            if component:
+                found.append(sorted([*component, node]))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_module_takes_part_in_an_import_cycle():
+    graph = {m: {t for t, _ in _imports(m, import_time_only=True) if t in MODULES and t != m} for m in MODULES}
+    # The check itself finds a cycle when there is one.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(graph) == []
+
+
 def test_every_imported_package_is_declared():
     project = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]

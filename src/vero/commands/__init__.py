@@ -1,4 +1,4 @@
-"""Command modules of the `vero` CLI; each registers its commands on `vero.cli.app`/`harbor_app`.
+"""Command modules of the `vero` CLI: plain functions that `vero.cli` registers on `app`/`harbor_app`.
 
 | module | commands |
 |---|---|

@@ -8,24 +8,30 @@ typer application is invoked directly (`python -m vero.cli`, tests).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from vero.agent_cli import EPILOG, HELP
-from vero.cli import harbor_app
+
+__all__ = ["FORWARDED", "forwarder"]
+
+FORWARDED = ("status", "eval", "result", "submit", "evaluations")
+"""The agent's commands, in the order of `vero harbor --help`."""
 
 _FORWARD = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 
 
-def _forward(name: str) -> None:
+def forwarder(name: str) -> tuple[Callable[[typer.Context], None], dict[str, Any]]:
+    """The typer callback of `vero harbor <name>` and the options to register it with."""
+
     def command(ctx: typer.Context) -> None:
         from vero.agent_cli import main
 
         raise typer.Exit(main([name, *ctx.args]))
 
     command.__doc__ = HELP[name]
-    harbor_app.command(name, help=HELP[name] + " (`vero harbor " + name + " --help` lists the options.)",
-                       epilog=EPILOG, context_settings=_FORWARD, add_help_option=False)(command)
-
-
-for _name in ("status", "eval", "result", "submit", "evaluations"):
-    _forward(_name)
+    options = dict(help=HELP[name] + " (`vero harbor " + name + " --help` lists the options.)",
+                   epilog=EPILOG, context_settings=_FORWARD, add_help_option=False)
+    return command, options

@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 
-from vero.cli import harbor_app
 from vero.commands.exit_codes import EXIT_FAILED, fail, run_command
 
 
-@harbor_app.command("build")
 def build(
     config: Annotated[Path, typer.Option(
         "--config", "-c",

@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 
-from vero.cli import harbor_app
 from vero.commands.exit_codes import EXIT_FAILED, run_command
 
 
-@harbor_app.command("run")
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
     agent: Annotated[str, typer.Option(

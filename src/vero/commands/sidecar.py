@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from vero.cli import harbor_app
 from vero.commands.exit_codes import run_command
 from vero.sidecar.seal import ADMIN_TOKEN_FILE, DEFAULT_ADMIN_URL, DEFAULT_SEAL_TIMEOUT_SEC
 from vero.spec.compiled import CONTAINER_PATHS
@@ -24,7 +23,6 @@ the collect hook's own margin (`vero.compiler.build.SEAL_MARGIN_SEC`), so the co
 timeout itself before Harbor kills the hook."""
 
 
-@harbor_app.command("serve")
 def serve_command(
     config: Annotated[Path, typer.Option("--config", help="The served config (SidecarConfig JSON).")] = Path(
         str(CONTAINER_PATHS.config)),
@@ -68,7 +66,6 @@ def serve_command(
     run_command(call)
 
 
-@harbor_app.command("seal")
 def seal_command(
     output: Annotated[Path, typer.Option("--output", help="Directory receiving session.tar.gz and .sha256.")] = Path(
         str(CONTAINER_PATHS.export)),

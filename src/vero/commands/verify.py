@@ -18,17 +18,14 @@ from typing import Annotated
 
 import typer
 
-from vero.cli import app, harbor_app
 from vero.commands.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_CODES, run_command
 from vero.errors import SessionInvalid
 from vero.spec.compiled import CONTAINER_PATHS
 
 _P = CONTAINER_PATHS
 
-
-@harbor_app.command(
-    "verify",
-    help="Verify a sealed session: check its digests, pick the candidate, score it on the hidden "
+VERIFY_HELP = (
+    "Verify a sealed session: check its digests, pick the candidate, score it on the hidden "
     "partitions with nested Harbor runs, write Harbor's reward.json and the operator artifacts "
     "(finalization.json, status.json, the session copy, experiment.html).\n\n"
     "The compiled task's verifier runs this (tests/test.sh), so every default is a path inside that "
@@ -37,8 +34,17 @@ _P = CONTAINER_PATHS
     "--artifacts-dir and --mirror-dir.\n\n"
     "Exit codes: 0 every target measured; 1 a target got its failure value or nothing was shipped; "
     "10 the session archive was refused; 2 the config cannot be read (then no reward.json is "
-    "written; in every other case it is).",
+    "written; in every other case it is)."
 )
+
+REPORT_HELP = (
+    "Render experiment.html from a sealed session archive: candidates, scores per partition over "
+    "time, budget burn and, when a matching finalization.json is found, the final rewards.\n\n"
+    "The archive is checked first (its .sha256, the manifest's file digests, the candidate bundle). "
+    "Exit codes: 0 written; 10 the archive, or a finalization named with --finalization, fails its checks."
+)
+
+
 def verify_command(
     config: Annotated[Path, typer.Option("--config", help="The verifier's compiled config.")] = Path(_P.config),
     session: Annotated[
@@ -111,13 +117,6 @@ def verify_command(
     raise typer.Exit(code)
 
 
-@app.command(
-    "report",
-    help="Render experiment.html from a sealed session archive: candidates, scores per partition over "
-    "time, budget burn and, when a matching finalization.json is found, the final rewards.\n\n"
-    "The archive is checked first (its .sha256, the manifest's file digests, the candidate bundle). "
-    "Exit codes: 0 written; 10 the archive, or a finalization named with --finalization, fails its checks.",
-)
 def report_command(
     session: Annotated[Path, typer.Argument(help="The sealed session archive (its .sha256 beside it).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("experiment.html"),
