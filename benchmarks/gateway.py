@@ -22,10 +22,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from inference.fake_upstream import FakeUpstream  # noqa: E402
+from inference.fake_upstream import FakeUpstream
 
-from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway  # noqa: E402
-from vero.spec.models import InferenceSpec  # noqa: E402
+from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+from vero.spec.models import InferenceSpec
 
 KEY = "sk-bench-0123456789"
 

@@ -24,7 +24,6 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys

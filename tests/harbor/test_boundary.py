@@ -251,7 +251,7 @@ def test_an_unimportable_class_fails_setup_as_the_candidate(world):
 def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypatch):
     root, python = world
     monkeypatch.setenv("VERO_TEST_RUNNER_SECRET", "runner-only-value")
-    (root / "cand" / "whoami_agent.py").write_text(textwrap.dedent(f'''
+    (root / "cand" / "whoami_agent.py").write_text(textwrap.dedent('''
         import json, os
         from harbor.agents.base import BaseAgent
         class Who(BaseAgent):
@@ -263,8 +263,8 @@ def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypa
             async def setup(self, environment):
                 return None
             async def run(self, instruction, environment, context):
-                (self.logs_dir / "who.json").write_text(json.dumps({{"uid": os.getuid(), "gid": os.getgid(),
-                    "groups": os.getgroups(), "env": sorted(os.environ)}}))
+                (self.logs_dir / "who.json").write_text(json.dumps({"uid": os.getuid(), "gid": os.getgid(),
+                    "groups": os.getgroups(), "env": sorted(os.environ)}))
         '''))
 
     async def scenario():

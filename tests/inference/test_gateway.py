@@ -100,7 +100,7 @@ def test_metered_calls_in_every_format_streaming_and_not(upstream):
     assert all(r["headers"].get("x-api-key") == KEY_ANTHROPIC for r in sent[4:])
     assert not any("vero-ev-" in json.dumps(r["headers"]) for r in sent)
     # Holds are all released: the pool was charged exactly the metered cost.
-    (evaluation_pool, partition_pool) = grant.pools
+    (_evaluation_pool, partition_pool) = grant.pools
     assert partition_pool.held == 0 and partition_pool.spent == usage.charged_micro_usd
 
 
@@ -185,8 +185,8 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     assert usage.failed_calls == 4
     # Only the answered calls cost anything: the 400 nothing, the usage-less answer its worst case.
     assert usage.unmetered_calls == 1 and usage.calls == 1
-    held = to_micro_usd(-(-(len(json.dumps(chat("up/fake-nousage", max_tokens=10))) // 3)) * PRICE_IN
-                        + 10 * PRICE_OUT)
+    prompt_tokens = -(len(json.dumps(chat("up/fake-nousage", max_tokens=10))) // -3)  # rounded up
+    held = to_micro_usd(prompt_tokens * PRICE_IN + 10 * PRICE_OUT)
     assert 0 < usage.charged_micro_usd == partition.spent <= held + 2
     everything = "".join(a.text for a in answers.values()) + caplog.text + usage.model_dump_json()
     assert KEY_OPENAI not in everything and KEY_ANTHROPIC not in everything

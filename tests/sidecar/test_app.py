@@ -131,9 +131,11 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         val_done = wait_for_state(client, val["id"], {"complete"})
         blind_done = wait_for_state(client, blind["id"], {"complete"})
         assert val_done["result"] == {"disclosure": "aggregate", "score": 0.5, "n_cases": 3, "n_attempts": 3,
-                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
+                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None,
+                                      "inference": None}
         assert blind_done["result"] == {"disclosure": "none", "score": None, "n_cases": None, "n_attempts": None,
-                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
+                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None,
+                                        "inference": None}
         # the status listing discloses the same
         listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
         assert listed[val["id"]]["result"] == val_done["result"]
@@ -534,7 +536,7 @@ def test_terminal_state_and_settle_or_refund_are_never_seen_apart(tmp_path):
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
             while not stop.is_set():
                 reservations, jobs = reservations_and_jobs(client)
-                for job_id, job in jobs.items():
+                for job in jobs.values():
                     closed = reservations[job["reservation_id"]]["state"]
                     if (job["state"] in ("complete", "failed", "cancelled")) != (closed != "reserved") or \
                             (job["state"] == "complete") != (closed == "settled"):

@@ -54,7 +54,8 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
         assert holdout["ladder"] == {"margin": 0.05, "precision": 0.01} and holdout["blocks"] == BLOCKS
         first = evaluate(harness, client, 0.5037)
         assert first["result"] == {"disclosure": "aggregate", "score": 0.5, "improved": True, "n_cases": 6,
-                                   "n_attempts": None, "n_dead": None, "cases": None, "artifacts_path": None, "inference": None}
+                                   "n_attempts": None, "n_dead": None, "cases": None, "artifacts_path": None,
+                                   "inference": None}
         assert answer(evaluate(harness, client, 0.52)) == (0.5, False)      # +0.0163: the previous best again
         assert answer(evaluate(harness, client, 0.5612)) == (0.56, True)
         assert answer(evaluate(harness, client, 0.41)) == (0.56, False)     # worse: never disclosed

@@ -10,13 +10,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 from vero.core.archive import safe_extract, write_canonical_tar
 from vero.core.session import read_session
 from vero.verifier import verify
 from vero.verifier.selection import rank_recorded
-
-from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 pytestmark = pytest.mark.timeout(240)
 
