@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -39,9 +40,11 @@ def _docker(*args: str, timeout_sec: float = 300) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def busybox_image():
-    """The busybox image, tagged by its Dockerfile's digest; removed (that tag only) afterwards."""
+    """The busybox image, tagged by its Dockerfile's digest and this test process; removed (that tag
+    only) afterwards. The process id keeps two suites on one engine from removing each other's tag
+    while a nested run builds `FROM` it."""
     digest = hashlib.sha256((BUSYBOX_CONTEXT / "Dockerfile").read_bytes()).hexdigest()[:12]
-    tag = f"vero-test-kit-busybox:{digest}"
+    tag = f"vero-test-kit-busybox:{digest}-{os.getpid()}"
     built = _docker("build", "-q", "--label", "org.vero.test=case-kit", "-t", tag, str(BUSYBOX_CONTEXT),
                     timeout_sec=600)
     assert built.returncode == 0, built.stderr
