@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 
 import httpx
 import pytest
@@ -57,6 +58,23 @@ async def with_gateway(url: str, body, **spec_overrides):
     async with GatewayServer(gateway):
         async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
             return await body(gateway, client)
+
+
+def test_the_gateway_leaves_the_process_signal_handlers_alone(upstream):
+    # It serves inside the sidecar's or the verifier's process, whose own SIGTERM/SIGINT handling must stay.
+    def mark(signum, frame):
+        raise AssertionError("not called")
+
+    previous = {sig: signal.signal(sig, mark) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        async def body(gateway, client):
+            return {sig: signal.getsignal(sig) for sig in previous}
+
+        assert run(with_gateway(upstream.url, body)) == {signal.SIGTERM: mark, signal.SIGINT: mark}
+        assert signal.getsignal(signal.SIGTERM) is mark
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def chat(model: str, **extra) -> dict:

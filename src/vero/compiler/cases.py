@@ -55,6 +55,7 @@ class CaseStore:
         return dest
 
     def _clone(self, source: CaseSource, dest: Path) -> None:
+        assert source.git_url is not None, "only git tasks are cloned"
         if not source.git_commit_id:
             raise SpecError.at(self._loc, f"case {source.name!r} is a git task without a pinned git_commit_id")
         rel = PurePosixPath(source.path.as_posix())
@@ -62,7 +63,7 @@ class CaseStore:
             raise SpecError.at(self._loc, f"case {source.name!r} has an unsafe path inside its repository")
         with tempfile.TemporaryDirectory(dir=self._staging, prefix=".clone-") as tmp:
             repo = Path(tmp) / "repo"
-            steps = [
+            steps: list[list[str]] = [
                 ["git", "init", "-q", str(repo)],
                 ["git", "-C", str(repo), "fetch", "-q", "--depth", "1", source.git_url, source.git_commit_id],
                 ["git", "-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", "FETCH_HEAD"],

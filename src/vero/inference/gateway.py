@@ -30,15 +30,17 @@ every body passed back, and never logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from fastapi import FastAPI, Request
@@ -47,6 +49,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from vero.core.usage import InferenceUsage, ModelUsage
 from vero.inference.pricing import ModelPrice, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["BudgetPool", "GatewayServer", "InferenceGateway", "InferenceGrant", "create_gateway_app",
            "gateway_environment"]
@@ -350,7 +355,8 @@ class InferenceGateway:
         payload["model"] = route.upstream_model
         stream = payload.get("stream") is True
         if stream and api == "openai" and path == "/chat/completions":
-            options = payload.get("stream_options") if isinstance(payload.get("stream_options"), dict) else {}
+            requested = payload.get("stream_options")
+            options = requested if isinstance(requested, dict) else {}
             payload["stream_options"] = {**options, "include_usage": True}
         call = _Call(route, held)
         grant.open_calls.add(call)
@@ -578,6 +584,25 @@ def create_gateway_app(gateway: InferenceGateway) -> FastAPI:
     return app
 
 
+@functools.cache
+def _embedded_server_class() -> type[uvicorn.Server]:
+    import uvicorn
+
+    class EmbeddedServer(uvicorn.Server):
+        """A uvicorn server that leaves the process's signal handlers alone.
+
+        `uvicorn.Server.serve` replaces the SIGINT/SIGTERM handlers while it runs in the main thread
+        (uvicorn `server.py`, `capture_signals`); the gateway lives inside the sidecar's or the
+        verifier's process, whose own handlers must keep receiving them.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return EmbeddedServer
+
+
 class GatewayServer:
     """Serves a gateway with uvicorn on this event loop; `async with` starts and stops it.
 
@@ -593,8 +618,7 @@ class GatewayServer:
         self.gateway = gateway
         self._config = uvicorn.Config(create_gateway_app(gateway), host=host, port=port, log_level="warning",
                                       access_log=False, lifespan="off")
-        self._server = uvicorn.Server(self._config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server = _embedded_server_class()(self._config)
         self._task: asyncio.Task[None] | None = None
         self.host = host
 

@@ -3,7 +3,7 @@
 The file mirrors these models one to one; unknown keys are rejected everywhere. Cross-field rules
 (partitions disjoint, targets hidden, selection visible, pinned Harbor, ...) live in
 `vero.spec.validation` so that every problem is reported with its YAML path in one pass.
-DESIGN §4 gives the meaning of each field.
+docs/design.md §4 gives the meaning of each field.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class TargetPartition(_Model):
 
 
 class HarborSpec(_Model):
-    """Nested `harbor run` settings (DESIGN §8)."""
+    """Nested `harbor run` settings (docs/design.md §8)."""
 
     requirement: str = "harbor==0.26.0"
     """Pinned requirement installed in the sidecar and verifier images (`harbor==X` or `harbor[modal]==X`)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import tarfile
 import tempfile
@@ -214,7 +215,7 @@ class CandidateAgent(BaseAgent):
                     await slots.acquire()
                     task = asyncio.create_task(self._answer(header, payload, environment))
                     calls.add(task)
-                    task.add_done_callback(lambda t: (calls.discard(t), slots.release()))
+                    task.add_done_callback(functools.partial(_call_finished, calls, slots))
                 elif op == "done" and header.get("phase") == phase:
                     return
                 elif op == "error" and header.get("phase") == phase:
@@ -293,3 +294,9 @@ class CandidateAgent(BaseAgent):
             return {}, await asyncio.to_thread(pack_dir, target, self._max_transfer_bytes)
         raise NotImplementedError(f"environment method {str(method)[:50]!r} is not available to candidates")
 
+
+
+def _call_finished(calls: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    """Done callback of one answered call: forget the task and free its slot."""
+    calls.discard(task)
+    slots.release()

@@ -184,10 +184,10 @@ def _remote_environment_class() -> type:
             self.task_env_config = EnvironmentConfig.model_validate(info.get("task_env_config") or {})
             self.trial_paths = TrialPaths(trial_dir=self._scratch / "trial")
             self.default_user = info.get("default_user")
-            self.extra_docker_compose_paths = []
+            self.extra_docker_compose_paths: list[Path] = []
             self.options = None
             self.logger = logging.getLogger("vero.candidate.environment")
-            self._persistent_env = {}
+            self._persistent_env: dict[str, str] = {}
             self._output_callbacks = contextvars.ContextVar("output_callbacks", default=())
             self._exec_env_overlays = contextvars.ContextVar("exec_env_overlays", default=())
             self._stream = False
