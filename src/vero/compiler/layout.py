@@ -40,13 +40,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# The unprivileged user baked into the sidecar and verifier images, whom nested `harbor run`s run as.
+from vero.harbor.process import RUNNER_USER
+
 __all__ = ["RUNNER_USER", "SIDECAR_SERVICE", "TaskLayout"]
 
 SIDECAR_SERVICE = "eval-sidecar"
 """Compose service name of the trusted sidecar (the agent reaches it at `http://eval-sidecar:8000`)."""
 
-RUNNER_USER = "vero-runner"
-"""Unprivileged user baked into the sidecar and verifier images for nested `harbor run`s."""
 
 
 @dataclass(frozen=True)
