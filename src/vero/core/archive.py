@@ -26,10 +26,13 @@ __all__ = [
     "MAX_SYMLINK_HOPS",
     "ArchiveError",
     "canonical_tar_bytes",
+    "digest_file_path",
     "file_digest",
+    "read_digest_file",
     "safe_extract",
     "symlink_escapes",
     "write_canonical_tar",
+    "write_digest_file",
 ]
 
 
@@ -159,6 +162,39 @@ def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "") ->
     data = canonical_tar_bytes(root, prefix)
     atomic_write_bytes(dest, data, mode=0o644)
     return hashlib.sha256(data).hexdigest()
+
+
+def digest_file_path(path: str | Path) -> Path:
+    """`<path>.sha256`: where the digest of the file `path` is kept."""
+    return Path(f"{path}.sha256")
+
+
+def write_digest_file(path: str | Path, digest: str) -> Path:
+    """Write `<path>.sha256` atomically, in `sha256sum`'s format (`<hex>  <name>\\n`), and return it.
+
+    Args:
+        path: the file the digest is of (only its name is written).
+        digest: its sha256 hex digest.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    target = digest_file_path(path)
+    atomic_write_bytes(target, f"{digest}  {Path(path).name}\n".encode(), mode=0o644)
+    return target
+
+
+def read_digest_file(path: str | Path) -> str:
+    """The hex digest recorded in `<path>.sha256` (its first word).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is empty.
+    """
+    words = digest_file_path(path).read_text(encoding="utf-8").split()
+    if not words:
+        raise ValueError(f"{digest_file_path(path)} is empty")
+    return words[0]
 
 
 def safe_extract(archive: str | Path, dest: str | Path) -> None:

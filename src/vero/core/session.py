@@ -29,12 +29,18 @@ import git
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from vero.core._git import IsolatedGit, private_git_env
-from vero.core.archive import ArchiveError, file_digest, safe_extract, write_canonical_tar
+from vero.core.archive import (
+    ArchiveError,
+    file_digest,
+    read_digest_file,
+    safe_extract,
+    write_canonical_tar,
+    write_digest_file,
+)
 from vero.core.candidates import CANDIDATE_REF_PREFIX, CandidateRecord
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob
 from vero.core.ledger import BudgetBalance, BudgetFigures, Reservation, balances_of, check_ledger_invariants
 from vero.core.state import STATE_FILE, StateStore, canonical_json
-from vero.core.storage import atomic_write_bytes
 from vero.core.submission import Submission
 from vero.errors import SessionInvalid
 
@@ -177,7 +183,7 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
                                 sealed_at=sealed_at, files=files)
         (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json")))
         digest = write_canonical_tar(stage, dest)
-    atomic_write_bytes(Path(f"{dest}.sha256"), f"{digest}  {dest.name}\n".encode(), mode=0o644)
+    write_digest_file(dest, digest)
     return digest
 
 
@@ -202,8 +208,8 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
     archive = Path(archive)
     dest = Path(dest)
     try:
-        recorded = Path(f"{archive}.sha256").read_text(encoding="utf-8").split()[0]
-    except (OSError, IndexError):
+        recorded = read_digest_file(archive)
+    except (OSError, ValueError):
         raise SessionInvalid("the session archive has no readable .sha256 beside it") from None
     try:
         actual = file_digest(archive).removeprefix("sha256:")
