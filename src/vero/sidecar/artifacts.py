@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vero.core.evaluation import EvaluationResult
 from vero.core.storage import atomic_write_bytes, fsync_dir
+from vero.harbor.job_names import job_dirs_of
 
 __all__ = ["ArtifactLimits", "copy_trial_artifacts"]
 
@@ -145,12 +146,6 @@ def _open_trial(job_dir: Path, trial_name: str) -> int | None:
         os.close(job_fd)
 
 
-def _job_dirs(job_dir: Path) -> list[Path]:
-    """The first round's job dir and its infrastructure retries (`<job>.retry-<n>`, `vero.harbor.runner`)."""
-    retries = sorted(job_dir.parent.glob(f"{job_dir.name}.retry-*")) if job_dir.parent.is_dir() else []
-    return [job_dir, *(d for d in retries if not d.is_symlink())]
-
-
 def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, *,
                          secret_values: list[str] | tuple[str, ...] = (),
                          limits: ArtifactLimits = ArtifactLimits()) -> Path:
@@ -187,7 +182,7 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
     staging.mkdir(mode=0o755)
     os.chmod(staging, 0o755)
     trials: dict[str, list[str]] = {}
-    job_dirs = _job_dirs(Path(result.job_dir)) if result.job_dir else []
+    job_dirs = job_dirs_of(Path(result.job_dir)) if result.job_dir else []
     for case in result.cases:
         trials[case.case] = []
         for attempt in case.attempts:
