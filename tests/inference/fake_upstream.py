@@ -3,6 +3,7 @@
 Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model name:
 `fake-ok` answers with usage; `fake-500` answers 500; `fake-slow` sleeps past any test timeout;
 `fake-401` answers 401 with a body that echoes the key it was sent (as real providers do in part);
+`fake-delay` answers like `fake-ok` after a second;
 `fake-nousage` answers without usage; `fake-stall` streams its first events, then stalls (never
 finishes); any other model answers `responder(body)` (default "hi"), the
 stand-in for a model's reply. Streaming (`"stream": true`) sends SSE in each wire format.
@@ -52,6 +53,8 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
             return JSONResponse({"error": {"message": "bad parameter"}}, status_code=400)
         if model.endswith("fake-slow"):
             await asyncio.sleep(30)
+        if model.endswith("fake-delay"):
+            await asyncio.sleep(1)
         usage_ok = not model.endswith("fake-nousage")
         text = responder(body) if responder is not None else "hi"
         stream = body.get("stream") is True

@@ -32,7 +32,7 @@ def spec_for(url: str, **overrides) -> InferenceSpec:
     priced = dict(input_cost_per_token=PRICE_IN, output_cost_per_token=PRICE_OUT, max_output_tokens=100)
     models = {name: InferenceModel(provider="oai", upstream_model=f"up/{name}", **priced)
               for name in ("fake-ok", "fake-500", "fake-401", "fake-400", "fake-slow", "fake-nousage",
-                                                                 "fake-stall")}
+                                                                 "fake-stall", "fake-delay")}
     models["claude-fake"] = InferenceModel(provider="ant", upstream_model="fake-ok", **priced)
     models["claude-fake-500"] = InferenceModel(provider="ant", upstream_model="fake-500", **priced)
     models["claude-fake-stall"] = InferenceModel(provider="ant", upstream_model="fake-stall", **priced)
@@ -274,6 +274,54 @@ def test_evaluation_limit_caps_one_evaluation(upstream):
     codes, usage = run(with_gateway(upstream.url, body))
     assert codes[0] == 200 and codes[-1] == 402
     assert usage.charged_micro_usd <= to_micro_usd(1.5 * CALL_USD)
+
+
+async def _started(upstream, n: int) -> None:
+    """Wait until the provider has received `n` requests (the first call holds its money by then)."""
+    while len(upstream.requests) < n:
+        await asyncio.sleep(0.01)
+
+
+def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
+    # 1.5 calls' money, less than one call's worst case: the first call holds all of it. A second
+    # call made meanwhile waits for the first to settle and gets what is left; only a call made
+    # when the money is spent is refused. Whether a call is refused never depends on timing.
+    async def body(gateway, client):
+        token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        auth = {"authorization": f"Bearer {token}"}
+        first = asyncio.create_task(client.post("/openai/v1/chat/completions",
+                                                json=chat("fake-delay", max_tokens=7), headers=auth))
+        await _started(upstream, 1)
+        second = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
+                                   headers=auth)
+        first_done_before_second_sent = len(upstream.requests) == 2 and first.done()
+        third = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
+                                  headers=auth)
+        return (await first), second, third, first_done_before_second_sent, await gateway.revoke(token)
+
+    first, second, third, ordered, usage = run(with_gateway(upstream.url, body))
+    assert (first.status_code, second.status_code, third.status_code) == (200, 200, 402), second.text
+    assert ordered
+    assert usage.calls == 2 and usage.refused_calls == {"budget_exhausted": 1}
+    assert usage.charged_micro_usd == to_micro_usd(1.5 * CALL_USD)
+
+
+def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):
+    async def body(gateway, client):
+        token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        auth = {"authorization": f"Bearer {token}"}
+        first = asyncio.create_task(client.post("/openai/v1/chat/completions",
+                                                json=chat("fake-delay", max_tokens=7), headers=auth))
+        await _started(upstream, 1)
+        waiting = asyncio.create_task(client.post("/openai/v1/chat/completions",
+                                                  json=chat("fake-ok", max_tokens=7), headers=auth))
+        await asyncio.sleep(0.2)
+        usage = await gateway.revoke(token)
+        return await first, await waiting, usage
+
+    first, waiting, usage = run(with_gateway(upstream.url, body))
+    assert first.status_code == 200 and waiting.status_code == 401
+    assert usage.calls == 1 and len(upstream.requests) == 1
 
 
 def test_prices_come_from_litellms_cost_map_or_the_spec():

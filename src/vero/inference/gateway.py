@@ -13,6 +13,9 @@ A call is checked in this order: size (413) -> JSON (400) -> token (401: `Author
 or `x-api-key`, one per evaluation, minted by `grant`) -> model on the allow-list and served by this
 endpoint's wire format (403 `model_not_allowed`) -> budget hold (402 `budget_exhausted`) -> upstream
 call with the provider key only the gateway holds (the caller's headers are never forwarded).
+A budget whose free money is all held by calls in flight is busy, not exhausted: the call waits
+until they settle and is refused only if nothing is free then (so whether a call of an agent that
+calls concurrently is refused never depends on timing, and `budget_exhausted` means spent).
 
 Metering: the hold is the call's worst case (request bytes / 3 input tokens plus the request's
 output limit, or the model's), at most what is left of the evaluation's limit and the partition's
@@ -245,6 +248,7 @@ class InferenceGateway:
         self._secret_values = sorted({r.key for r in routes.values() if r.key and len(r.key) >= 4},
                                      key=len, reverse=True)
         self._grants: dict[str, InferenceGrant] = {}
+        self._freed = asyncio.Event()  # set (and replaced) whenever held money is settled or released
         self._client = httpx.AsyncClient(
             transport=transport, timeout=httpx.Timeout(spec.timeout_sec, connect=min(30.0, spec.timeout_sec)),
             follow_redirects=False, trust_env=False)
@@ -274,6 +278,7 @@ class InferenceGateway:
         if grant is None:
             return InferenceUsage()
         grant.closed = True
+        self._budget_freed()  # calls waiting for money see the token closed
         try:
             await asyncio.wait_for(grant.idle.wait(), timeout=_IDLE_WAIT_SEC)
         except TimeoutError:
@@ -348,7 +353,13 @@ class InferenceGateway:
             return _error(api, 403, "permission_error" if api == "anthropic" else "model_not_allowed",
                           "this model is not on the evaluation's allow-list")
         estimate = _estimate_micro_usd(route, payload, len(body))
-        held = grant.hold(estimate)
+        held = await self._hold(grant, estimate)
+        if grant.closed:
+            if held is not None:
+                grant.release(held)
+                self._budget_freed()
+            return _error(api, 401, "authentication_error" if api == "anthropic" else "invalid_api_key",
+                          "a valid evaluation token is required")
         if held is None:
             self._refuse(grant, "budget_exhausted")
             return _error(api, 402, "budget_exhausted", "the evaluation's inference budget is exhausted")
@@ -458,6 +469,26 @@ class InferenceGateway:
             # cut-off answer for a whole one.
             yield _stream_error(api, failure)
 
+    async def _hold(self, grant: InferenceGrant, estimate_micro_usd: int) -> int | None:
+        """Hold money for one call (`InferenceGrant.hold`), waiting while what is missing is only
+        held by calls in flight (of this evaluation or of others sharing its partition's budget).
+
+        Returns the amount held, or None when the budget is spent (nothing free, nothing held) or
+        the token was closed meanwhile. The wait is bounded: every hold is settled or released when
+        its call ends, at the latest by `revoke` or the upstream timeout.
+        """
+        while True:
+            freed = self._freed  # taken before the check: a settlement after it wakes this wait
+            held = grant.hold(estimate_micro_usd)
+            spent = any(pool.total is not None and pool.total - pool.spent <= 0 for pool in grant.pools)
+            if held is not None or grant.closed or spent:
+                return held
+            await freed.wait()
+
+    def _budget_freed(self) -> None:
+        self._freed.set()
+        self._freed = asyncio.Event()
+
     def _close_call(self, grant: InferenceGrant, call: _Call) -> bool:
         """Mark `call` done; False if it already was (each call is settled exactly once)."""
         if call.done:
@@ -472,11 +503,13 @@ class InferenceGateway:
         """Release the hold: the call cost nothing (the provider refused it, 4xx)."""
         if self._close_call(grant, call):
             grant.release(call.held)
+            self._budget_freed()
 
     def _fail(self, grant: InferenceGrant, call: _Call) -> None:
         """The provider failed the call (5xx, timeout, connection): released, counted as failed."""
         if self._close_call(grant, call):
             grant.release(call.held)
+            self._budget_freed()
             grant.usage.failed_calls += 1
 
     def _meter(self, grant: InferenceGrant, call: _Call, count: _Count) -> None:
@@ -493,6 +526,7 @@ class InferenceGateway:
             cost_micro = held
             cost = held / 1_000_000
         charged = grant.settle(held, cost_micro)
+        self._budget_freed()
         usage.calls += 1
         usage.input_tokens += count.input_tokens
         usage.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
