@@ -13,6 +13,8 @@ VeroError
 ├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
 ├── InfrastructureFailure     the evaluation could not measure anything (build, engine, timeout); refunded
 ├── LedgerCorrupt             the state database (ledger, jobs, ...) cannot be read or breaks an invariant
+├── StorageFull (+ OSError)   a write found its file system full (state dir, jobs dir, seal output);
+│                             nothing was recorded by it
 ├── SessionInvalid            a sealed session archive fails its digest or spec-digest check
 └── SidecarUnavailable        the agent-side client could not reach the sidecar
 ```
@@ -38,6 +40,7 @@ __all__ = [
     "SidecarUnavailable",
     "SpecError",
     "SpecIssue",
+    "StorageFull",
     "UnknownJob",
     "VeroError",
     "error_for_status",
@@ -212,6 +215,16 @@ class LedgerCorrupt(VeroError):
     """The state database (budget ledger, jobs, candidate records) cannot be read, or breaks an invariant."""
 
 
+class StorageFull(VeroError, OSError):
+    """A write failed because its file system is full (`ENOSPC`, `EDQUOT`, SQLite's `SQLITE_FULL`).
+
+    Raised by the state store, the candidate store and the sidecar's own writes; the write that
+    failed changed nothing (a transaction rolled back, a temp file never renamed), so everything
+    recorded before stays. Also an `OSError`, for callers that handle file-system errors as such.
+    The sidecar answers HTTP 507 (`storage_full`).
+    """
+
+
 class SessionInvalid(VeroError):
     """A sealed session archive fails its digest, spec-digest or structure checks."""
 
@@ -229,6 +242,7 @@ HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
     413: RequestInvalid,
     422: RequestInvalid,
     502: InfrastructureFailure,
+    507: StorageFull,
 }
 """The class a sidecar status code stands for (the inverse of `vero.sidecar.errors`' table)."""
 

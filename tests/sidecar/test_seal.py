@@ -123,7 +123,8 @@ def test_serve_and_seal_commands(tmp_path):
         [VERO, "harbor", "serve", "--allow-local-agent-calls", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
          "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
          str(harness.context_dir), "--cases-dir", str(harness.cases_dir), "--baseline-dir",
-         str(harness.baseline_dir), "--work-dir", str(harness.work_dir), "--runner-user", "nobody"],
+         str(harness.baseline_dir), "--work-dir", str(harness.work_dir), "--runner-user", "nobody",
+         "--seal-root", str(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60

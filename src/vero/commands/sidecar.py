@@ -46,6 +46,9 @@ def serve_command(
     allow_local_agent_calls: Annotated[bool, typer.Option(
         "--allow-local-agent-calls", help="Answer the agent surface to callers on this host too (by default "
         "only other hosts, i.e. `main`, may use it: candidate agents run beside the sidecar).")] = False,
+    seal_root: Annotated[Path, typer.Option(
+        "--seal-root", help="`POST /admin/seal` writes its archive only below this directory.")] = Path(
+        str(CONTAINER_PATHS.export.parent)),
 ) -> None:
     """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped.
 
@@ -61,7 +64,7 @@ def serve_command(
         serve(config, state_dir=state_dir, host=host, port=port, agent_repo=agent_repo,
               context_dir=context_dir, cases_dir=cases_dir, baseline_dir=baseline_dir,
               work_dir=work_dir or DEFAULT_WORK_DIR, runner_user=runner_user,
-              allow_local_agent_calls=allow_local_agent_calls)
+              allow_local_agent_calls=allow_local_agent_calls, seal_root=seal_root)
 
     run_command(call)
 

@@ -63,8 +63,8 @@ from vero.core._offloop import run_to_completion
 from vero.core.archive import symlink_escapes
 from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.state import StateStore, iso
-from vero.core.storage import atomic_write_bytes
-from vero.errors import CandidateRejected
+from vero.core.storage import atomic_write_bytes, is_out_of_space
+from vero.errors import CandidateRejected, StorageFull
 from vero.spec.models import CandidateLimits
 
 __all__ = ["CandidateRecord", "CandidateStore", "MAX_VERSION_CHARS", "REPACK_EVERY_IMPORTS", "RESERVED_PATHS",
@@ -325,6 +325,8 @@ class CandidateStore:
                 commit, fetched id mismatch, a tree with a reserved or unsafe path or an unsupported
                 mode, or a symlink pointing outside the tree. No ref or record is added (objects
                 already fetched stay in the store, unreferenced).
+            StorageFull: the store's file system (or the state database's) is full; nothing was
+                recorded, and the same version imports once there is room.
         """
         abort = threading.Event()
         return await run_to_completion(lambda: self._import_version(source_repo, version, abort),
@@ -411,6 +413,10 @@ class CandidateStore:
                                     None if base is None else (base.tree, base.size))
                 self._check_abort(abort)
                 record = self._publish(store, records, record, symlinks, size)
+            except (git.GitCommandError, OSError) as exc:
+                if is_out_of_space(exc) and not isinstance(exc, StorageFull):
+                    raise self._full() from None
+                raise
             finally:
                 self._delete_ref(store, temporary)
         self._maybe_repack(store)
@@ -430,6 +436,9 @@ class CandidateStore:
         except git.GitCommandError:
             raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
+    def _full(self) -> StorageFull:
+        return StorageFull(f"the candidate store's file system ({self.root}) is full: the version was not imported")
+
     @staticmethod
     def _check_abort(abort: threading.Event | None) -> None:
         if abort is not None and abort.is_set():
@@ -440,7 +449,9 @@ class CandidateStore:
             store.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
                         *(f"--negotiation-tip={tip}" for tip in tips),
                         "--end-of-options", str(source_git_dir), f"{oid}:{temporary}")
-        except git.GitCommandError:
+        except git.GitCommandError as exc:
+            if is_out_of_space(exc):
+                raise self._full() from None
             raise CandidateRejected(
                 f"commit {oid} could not be fetched (unknown, incomplete or malformed objects)"
             ) from None

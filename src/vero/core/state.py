@@ -62,7 +62,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from vero.core._offloop import SerialCommits
-from vero.errors import LedgerCorrupt
+from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = ["SCHEMA_VERSION", "STATE_FILE", "StateStore", "TERMINAL_JOB_STATES", "canonical_json", "iso"]
 
@@ -356,7 +356,8 @@ class StateStore:
 
         Raises:
             Exception: whatever `change` raised (nothing was written).
-            OSError: SQLite failed to write (disk full, I/O error); nothing was written.
+            StorageFull: the file system is full (`SQLITE_FULL`); nothing was written.
+            OSError: SQLite failed to write otherwise (I/O error); nothing was written.
         """
         return await self._commits.run(lambda: self._transaction(change))
 
@@ -369,7 +370,7 @@ class StateStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise OSError(f"state database {self.path}: cannot begin a write ({_sqlite_reason(exc)})") from None
+            raise self._write_error("cannot begin a write", exc) from None
         try:
             value = change(conn)
             conn.execute("COMMIT")
@@ -377,9 +378,15 @@ class StateStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.OperationalError):
-                raise OSError(f"state database {self.path}: write failed ({_sqlite_reason(exc)})") from None
+                raise self._write_error("write failed", exc) from None
             raise
         return value
+
+    def _write_error(self, what: str, exc: sqlite3.Error) -> OSError:
+        reason = _sqlite_reason(exc)
+        if reason == "SQLITE_FULL":
+            return StorageFull(f"state database {self.path}: the file system is full; nothing was written")
+        return OSError(f"state database {self.path}: {what} ({reason})")
 
     # -- reading ------------------------------------------------------------------------------------
 

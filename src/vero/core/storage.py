@@ -10,6 +10,7 @@ write completes (however often the caller is cancelled meanwhile), then the canc
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -23,7 +24,30 @@ from pydantic import BaseModel
 
 from vero.core._offloop import run_to_completion
 
-__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "fsync_dir"]
+from vero.errors import StorageFull
+
+__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "fsync_dir",
+           "is_out_of_space"]
+
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+"""strerror(ENOSPC) and strerror(EDQUOT) as git prints them (vero runs git with `LC_ALL=C`: `vero.core._git`)."""
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    """Whether a failed write failed because its file system is full.
+
+    True for `StorageFull`, an `OSError` with errno ENOSPC or EDQUOT, and a failed git command
+    (anything with a `stderr`, e.g. `git.GitCommandError`) whose error output names either.
+    """
+    if isinstance(exc, StorageFull):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in _NO_SPACE_ERRNOS
+    stderr = getattr(exc, "stderr", None)
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    return isinstance(stderr, str) and any(text in stderr for text in _NO_SPACE_TEXT)
 
 
 def fsync_dir(path: Path) -> None:

@@ -123,6 +123,7 @@ def create_app(
     artifact_limits: ArtifactLimits | None = None,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     refuse_local_agent_calls: bool = False,
+    seal_root: str | Path | None = None,
 ) -> FastAPI:
     """Build the sidecar app; its lifespan starts and stops the service.
 
@@ -144,6 +145,8 @@ def create_app(
         max_request_bytes: larger request bodies are answered 413.
         refuse_local_agent_calls: answer 403 to agent-surface calls from inside this container
             (`LocalCallerGuard`; `serve` sets it: only `main` may use that surface).
+        seal_root: `POST /admin/seal` writes only below this directory (None: anywhere outside the
+            sidecar's own directories).
 
     Returns:
         The app; `app.state.service` is its `SidecarService`. If startup fails, the exception is
@@ -167,6 +170,7 @@ def create_app(
         nested_env=nested_env,
         context_path_in_main=context_path_in_main,
         artifact_limits=artifact_limits,
+        seal_root=Path(seal_root) if seal_root is not None else None,
     )
 
     @asynccontextmanager
@@ -216,6 +220,7 @@ def serve(
     work_dir: Path = DEFAULT_WORK_DIR,
     runner_user: str = RUNNER_USER,
     allow_local_agent_calls: bool = False,
+    seal_root: Path | None = None,
 ) -> None:
     """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
 
@@ -238,7 +243,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
                      cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
-                     run_as=runner_identity(runner_user),
+                     run_as=runner_identity(runner_user), seal_root=seal_root,
                      refuse_local_agent_calls=not allow_local_agent_calls)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
                                            server_header=False, log_level="info"))

@@ -15,6 +15,7 @@ Speaks the wire shapes of `vero.sidecar.models` over httpx and turns every failu
 | 409 | `Conflict` |
 | 413, 422 | `RequestInvalid` (body too large, schema) |
 | 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job that failed for infrastructure reasons) |
+| 507 (the sidecar's disk is full; nothing was recorded), after retries where retried | `StorageFull` |
 | other 5xx, after retries | `SidecarUnavailable` |
 | any other status, or a 2xx body that is not the expected shape | `VeroError` |
 

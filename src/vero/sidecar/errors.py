@@ -3,9 +3,11 @@
 | raised | status | `code` | detail |
 |---|---|---|---|
 | request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values or unknown keys) |
-| `RequestInvalid` | 422 | `invalid` | generic |
+| `RequestInvalid` | 422 | `invalid` | its message (written for the caller) or generic |
+| body that is not JSON (undecodable bytes) | 400 | `bad_request` | generic |
 | body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
 | `CandidateTooLarge` | 413 | `candidate_too_large` | the limit, the candidate's figure (its own files) |
+| method the path does not serve | 405 | `bad_request` | generic, with `Allow` listing every method of the path |
 | `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
 | `BudgetExhausted` | 402 | `payment_required` | figures only when budget disclosure is on |
 | `PolicyDenied` | 403 | `denied` | the policy's message (generic by contract: `vero.core.policy`) |
@@ -13,7 +15,11 @@
 | `UnknownJob`, unknown route | 404 | `not_found` | generic |
 | `Conflict` | 409 | `conflict` | the service's own message |
 | `InfrastructureFailure` | 502 | `infrastructure` | generic (never Harbor's text) |
+| `StorageFull`, `OSError` ENOSPC/EDQUOT | 507 | `storage_full` | generic: nothing was recorded, retry later |
 | anything else | 500 | `internal` | generic; the exception is logged, never sent |
+
+Every status a route can answer is in its OpenAPI `responses` (the shared ones here, the route's
+own in its router); a test fuzzes every route against that document (`tests/sidecar/test_api_fuzz.py`).
 
 402 is used for an exhausted budget, not 429: HTTP clients retry 429 (DESIGN §6). Bodies never
 carry hidden partition names, paths, secret values or exception text from git or Harbor.
@@ -21,6 +27,7 @@ carry hidden partition names, paths, secret values or exception text from git or
 
 from __future__ import annotations
 
+import errno
 import logging
 from http import HTTPStatus
 
@@ -28,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from vero.errors import (
     BudgetExhausted,
@@ -37,6 +45,7 @@ from vero.errors import (
     InfrastructureFailure,
     PolicyDenied,
     RequestInvalid,
+    StorageFull,
     UnknownJob,
     VeroError,
 )
@@ -45,6 +54,7 @@ from vero.sidecar.models import Problem
 __all__ = [
     "PROBLEM_JSON",
     "PROBLEM_RESPONSES",
+    "STORAGE_FULL_RESPONSE",
     "install_error_handlers",
     "problem_doc",
     "problem_response",
@@ -67,7 +77,11 @@ _CODES: dict[int, str] = {
     422: "invalid",
     500: "internal",
     502: "infrastructure",
+    507: "storage_full",
 }
+
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def problem_doc(description: str) -> dict:
@@ -76,10 +90,17 @@ def problem_doc(description: str) -> dict:
 
 
 PROBLEM_RESPONSES: dict[int | str, dict] = {
+    413: problem_doc("The request body is larger than the sidecar accepts (RFC 9457 problem)."),
     422: problem_doc("The request does not match the schema (RFC 9457 problem)."),
     500: problem_doc("Unexpected error; the body is generic (RFC 9457 problem)."),
 }
 """`responses=` for every router: the shared error shapes, so OpenAPI documents them."""
+
+STORAGE_FULL_RESPONSE: dict[int | str, dict] = {
+    507: problem_doc("The sidecar's disk is full: nothing was recorded by this request; retry later "
+                     "(RFC 9457 problem, code `storage_full`)."),
+}
+"""`responses=` entry of every route that writes durable state."""
 
 
 def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
@@ -96,7 +117,7 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
     Returns:
         A `application/problem+json` response whose body validates as `Problem`.
     """
-    if status >= 500 and status != 502:
+    if status >= 500 and status not in (502, 507):
         status, detail, instance = 500, "an unexpected error occurred", None
     try:
         title = HTTPStatus(status).phrase
@@ -137,7 +158,7 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
         case RequestValidationError():
             return problem_response(422, _validation_detail(exc))
         case RequestInvalid():
-            return problem_response(422, "invalid request")
+            return problem_response(422, str(exc)[:500] or "invalid request")
         case CandidateTooLarge():
             return problem_response(413, str(exc)[:500], code="candidate_too_large")
         case CandidateRejected():
@@ -152,18 +173,38 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
             return problem_response(404, "no evaluation job with this id")
         case Conflict():
             return problem_response(409, str(exc)[:500] or "the request conflicts with the session state")
+        case StorageFull():
+            return _storage_full(request)
+        case OSError() if exc.errno in _OUT_OF_SPACE:
+            return _storage_full(request)
         case InfrastructureFailure():
             return problem_response(502, "the evaluation failed for infrastructure reasons; its budget "
                                          "was refunded", instance=request.url.path)
         case StarletteHTTPException() if exc.status_code < 500:
-            detail = {401: "a valid admin bearer token is required", 404: "no such resource",
-                      405: "method not allowed", 413: "the request body is too large"}.get(
-                exc.status_code, "the request was refused")
-            return problem_response(exc.status_code, detail, headers=exc.headers)
+            detail = {400: "the request body is not valid JSON", 401: "a valid admin bearer token is required",
+                      404: "no such resource", 405: "method not allowed",
+                      413: "the request body is too large"}.get(exc.status_code, "the request was refused")
+            headers = exc.headers
+            if exc.status_code == 405:
+                headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+            return problem_response(exc.status_code, detail, headers=headers)
         case _:
             _logger.error("unexpected error while serving %s %s (%s)", request.method, request.url.path,
                           type(exc).__name__, exc_info=exc)
             return problem_response(500)
+
+
+def _storage_full(request: Request) -> JSONResponse:
+    _logger.error("%s %s: the file system is full; nothing was recorded", request.method, request.url.path)
+    return problem_response(507, "the sidecar's disk is full: nothing was recorded; retry later")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's own 405 names only the
+    first route that matched the path, e.g. `POST` for `/evaluations`, which also serves `GET`)."""
+    return [method for method in _METHODS
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+                   for route in request.app.router.routes)]
 
 
 def install_error_handlers(app: FastAPI) -> None:

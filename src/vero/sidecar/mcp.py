@@ -77,7 +77,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "version is not a commit of "
         f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `candidate_too_large` (the "
         "version has too many files or too large files: the message names the limit; remove them, "
-        "e.g. build outputs or data, and commit again), `invalid` (arguments do not match the schema)."
+        "e.g. build outputs or data, and commit again), `invalid` (arguments do not match the schema), "
+        "`storage_full` (the sidecar's disk is full: nothing was recorded or spent; try again later)."
     ),
     "list_evaluations": (
         "Your past evaluation jobs, newest first, `limit` (1 to 100, default 20) per page; costs nothing "
@@ -118,7 +119,7 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + "`conflict` (submissions are not used in this task, see `submit_enabled` in status: the best "
         "evaluated version is chosen instead; or the session is sealed), `bad_request` (not a commit "
         "of the repository: commit first), `candidate_too_large` (over a size limit, named in the "
-        "message)."
+        "message), `storage_full` (the sidecar's disk is full: nothing was recorded; try again later)."
     ),
 }
 """MCP tool name (the route's `operation_id`) -> the description a model reads."""

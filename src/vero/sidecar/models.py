@@ -7,9 +7,9 @@ Shared by the FastAPI app and the agent-side client; separate from the durable r
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from vero.core.usage import InferenceUsage
 from vero.spec.models import Disclosure
@@ -215,9 +215,10 @@ class Problem(_Wire):
     detail: str | None = None
     code: str = Field(
         description="Stable machine-readable code: bad_request, payment_required, denied, not_found, "
-        "conflict, invalid, infrastructure, internal (also unauthorized and too_large on the admin "
-        "surface and for oversized bodies; candidate_too_large for a version over the spec's size "
-        "limits, whose detail names the limit)."
+        "conflict, invalid, infrastructure, storage_full (the sidecar's disk is full; nothing was "
+        "recorded), internal (also unauthorized and too_large on the admin surface and for oversized "
+        "bodies; candidate_too_large for a version over the spec's size limits, whose detail names the "
+        "limit)."
     )
     instance: str | None = Field(
         default=None,
@@ -226,14 +227,44 @@ class Problem(_Wire):
     )
 
 
+MAX_PATH_BYTES = 4095
+"""Longest path accepted, in UTF-8 bytes (Linux's `PATH_MAX` less the terminating NUL)."""
+
+MAX_NAME_BYTES = 255
+"""Longest path component accepted, in UTF-8 bytes (Linux's `NAME_MAX`)."""
+
+
+def check_container_path(value: str) -> str:
+    """A path the sidecar may create: absolute, normalized, printable, within the kernel's limits.
+
+    Refused (`ValueError`, answered 422 with the field's name): a relative path, `/` itself, empty,
+    `.` or `..` components, a trailing `/`, control characters, more than `MAX_PATH_BYTES` bytes or
+    a component of more than `MAX_NAME_BYTES` bytes. Where the path may lie is the service's check.
+    """
+    if not value.startswith("/") or value == "/":
+        raise ValueError("must be an absolute path below /")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain control characters")
+    if len(value.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"must be at most {MAX_PATH_BYTES} bytes long")
+    parts = value[1:].split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError("must be normalized: no empty, `.` or `..` components and no trailing `/`")
+    if any(len(part.encode()) > MAX_NAME_BYTES for part in parts):
+        raise ValueError(f"each path component must be at most {MAX_NAME_BYTES} bytes long")
+    return value
+
+
 class SealRequest(_Wire):
     """`POST /admin/seal` (admin only)."""
 
-    output_dir: str = Field(
-        min_length=1,
-        max_length=4096,
-        pattern=r"^/[^\x00]*$",
-        description="Absolute directory in the sidecar container receiving `session.tar.gz` and its `.sha256`.",
+    output_dir: Annotated[str, AfterValidator(check_container_path)] = Field(
+        min_length=2,
+        max_length=MAX_PATH_BYTES,
+        pattern=r"^(/[^/\x00-\x1f\x7f]{1,255})+$",
+        description="Absolute, normalized directory in the sidecar container receiving `session.tar.gz` and its "
+        "`.sha256` (created if missing); at most 4095 bytes, components at most 255 bytes, no control "
+        "characters, not inside the sidecar's own directories (state, work, context, cases, agent repository).",
     )
 
 

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+import git
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core.candidates import CandidateRecord, CandidateStore
@@ -49,14 +50,16 @@ from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Re
 from vero.core.policy import AccessPolicy
 from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
-from vero.core.storage import atomic_write_model
+from vero.core.storage import atomic_write_model, is_out_of_space
 from vero.core.submission import Submission, read_submission, record_submission
 from vero.errors import (
     Conflict,
     InfrastructureFailure,
     LedgerCorrupt,
     PolicyDenied,
+    RequestInvalid,
     SpecError,
+    StorageFull,
     UnknownJob,
 )
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
@@ -196,6 +199,8 @@ class SidecarService:
         principal: the principal of the agent surface.
         gateway_host: interface of the inference gateway (with `config.inference`): loopback, so
             only processes of this container (candidate hosts) reach it.
+        seal_root: sealing writes only below this directory (None: anywhere outside the sidecar's
+            own directories).
     """
 
     def __init__(
@@ -216,6 +221,7 @@ class SidecarService:
         artifact_limits: ArtifactLimits | None = None,
         principal: str = AGENT_PRINCIPAL,
         gateway_host: str = "127.0.0.1",
+        seal_root: Path | None = None,
     ) -> None:
         if max_concurrent_evaluations < 1:
             raise ValueError("max_concurrent_evaluations must be at least 1")
@@ -234,6 +240,7 @@ class SidecarService:
         self.context_path_in_main = PurePosixPath(context_path_in_main)
         self.artifact_limits = artifact_limits or ArtifactLimits()
         self.principal = principal
+        self.seal_root = seal_root
         self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
 
         self.state: StateStore
@@ -818,11 +825,16 @@ class SidecarService:
         `sealed_at` is reused and nothing changes after the first seal).
 
         Raises:
-            OSError / git.GitCommandError: the archive cannot be written or the candidate store
-                cannot be bundled (`write_session_archive`); the session stays sealed and retrying
-                writes it.
+            RequestInvalid: `output_dir` lies outside `seal_root` or inside one of the sidecar's own
+                directories (checked before anything changes), or the archive cannot be written there (permissions, a
+                read-only file system, a file in the way); the session stays sealed and a retry with
+                another directory writes it.
+            StorageFull: a file system is full (the seal record, the staging dir or `output_dir`);
+                a retry once there is room writes the archive.
+            git.GitCommandError: git could not bundle the candidate store.
         """
         assert self._seal_lock is not None and self._admissions_idle is not None
+        self._check_seal_output(Path(output_dir))
         async with self._seal_lock:
             n_cancelled = 0
             if self.sealed_at is None:
@@ -845,13 +857,37 @@ class SidecarService:
                 self.sealed_at = sealed_at
                 _logger.info("session sealed (%d job(s) cancelled and refunded)", n_cancelled)
             archive = Path(output_dir) / "session.tar.gz"
-            digest = await asyncio.to_thread(
-                write_session_archive, self.state_dir, archive, name=self.config.name,
-                spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
-                sealed_at=self.sealed_at, state=self.state,
-            )
+            try:
+                digest = await asyncio.to_thread(
+                    write_session_archive, self.state_dir, archive, name=self.config.name,
+                    spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
+                    sealed_at=self.sealed_at, state=self.state,
+                )
+            except (OSError, git.GitCommandError) as exc:
+                if is_out_of_space(exc):
+                    raise StorageFull("the session archive could not be written: a file system is full") from None
+                if isinstance(exc, OSError):
+                    raise RequestInvalid("invalid request: output_dir: the session archive cannot be written "
+                                         f"there ({exc.strerror or type(exc).__name__})") from None
+                raise
             return SealResponse(archive=str(archive), sha256=digest, sealed_at=self.sealed_at,
                                 n_cancelled=n_cancelled)
+
+    def _check_seal_output(self, output_dir: Path) -> None:
+        """Refuse an `output_dir` outside `seal_root` or inside the sidecar's own directories
+        (symlinks resolved): the
+        archive holds every trusted record and must never land where the agent or a candidate
+        reads (context dir, agent repository, work dir) or inside the state it describes."""
+        target = Path(os.path.realpath(output_dir))
+        if self.seal_root is not None and not target.is_relative_to(os.path.realpath(self.seal_root)):
+            raise RequestInvalid(f"invalid request: output_dir: must be inside {self.seal_root}")
+        own = [self.state_dir, self.work_dir, self.context_dir, self.agent_repo, self.cases_dir]
+        if self.baseline_dir is not None:
+            own.append(self.baseline_dir)
+        for directory in own:
+            if target.is_relative_to(os.path.realpath(directory)):
+                raise RequestInvalid("invalid request: output_dir: must not be inside the sidecar's own "
+                                     "directories (state, work, context, cases, agent repository)")
 
     def export(self) -> ExportResponse:
         """Every trusted record, for operators, from one snapshot of the state store."""

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from vero.sidecar.auth import require_admin
 from vero.sidecar.deps import Service
-from vero.sidecar.errors import PROBLEM_RESPONSES, problem_doc
+from vero.sidecar.errors import PROBLEM_RESPONSES, STORAGE_FULL_RESPONSE, problem_doc
 from vero.sidecar.models import SealRequest, SealResponse
 from vero.sidecar.service import ExportResponse
 
@@ -18,7 +18,17 @@ router = APIRouter(
 )
 
 
-@router.post("/seal", operation_id="seal", summary="Seal the session and write its archive")
+@router.post(
+    "/seal",
+    operation_id="seal",
+    summary="Seal the session and write its archive",
+    responses={
+        400: problem_doc("The body is not valid JSON."),
+        422: problem_doc("The body does not match the schema, `output_dir` lies inside the sidecar's own "
+                         "directories, or the archive cannot be written there (RFC 9457 problem)."),
+        **STORAGE_FULL_RESPONSE,
+    },
+)
 async def seal(body: SealRequest, service: Service) -> SealResponse:
     """Closes the agent entrance, waits for in-flight jobs up to the drain timeout, cancels and
     refunds the rest, and writes `session.tar.gz` (+ `.sha256`) into `output_dir`. Idempotent."""

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query, Response
 
 from vero.sidecar.deps import Principal, Service
-from vero.sidecar.errors import PROBLEM_RESPONSES, problem_doc
+from vero.sidecar.errors import PROBLEM_RESPONSES, STORAGE_FULL_RESPONSE, problem_doc
 from vero.sidecar.models import EvaluationPage, EvaluationRequest, JobView
 from vero.sidecar.service import MAX_PAGE_SIZE
 
@@ -29,12 +29,17 @@ WaitSec = Annotated[float, Query(ge=0, le=60, description=(
     summary="Start an evaluation of a version on a partition",
     status_code=202,
     responses={
-        400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree)."),
+        202: {"links": {"GetEvaluation": {
+            "operationId": "get_evaluation", "parameters": {"job_id": "$response.body#/id"},
+            "description": "The job's state and, once finished, its disclosed result."}}},
+        400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree), or the body is "
+                         "not valid JSON."),
         413: problem_doc("The version's tree is over a size limit of the spec (`code` "
                          "`candidate_too_large`; the detail names the limit and the figure)."),
         402: problem_doc("The partition's budget (runs or cases) is exhausted."),
         403: problem_doc("Denied by the policy (partition; a case or block selection that is not a union of "
                          "whole blocks of an `aggregate` partition) or the entrance is closed."),
+        **STORAGE_FULL_RESPONSE,
     },
 )
 async def start_evaluation(body: EvaluationRequest, service: Service, principal: Principal,

@@ -3,7 +3,7 @@
 from fastapi import APIRouter, Response
 
 from vero.sidecar.deps import Principal, Service
-from vero.sidecar.errors import PROBLEM_RESPONSES, problem_doc
+from vero.sidecar.errors import PROBLEM_RESPONSES, STORAGE_FULL_RESPONSE, problem_doc
 from vero.sidecar.models import SubmissionRequest, SubmissionView
 
 router = APIRouter(prefix="/submissions", tags=["agent"], responses=PROBLEM_RESPONSES)
@@ -16,10 +16,12 @@ router = APIRouter(prefix="/submissions", tags=["agent"], responses=PROBLEM_RESP
     status_code=201,
     responses={
         200: {"model": SubmissionView, "description": "The same candidate was already submitted."},
-        400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree)."),
+        400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree), or the body is "
+                         "not valid JSON."),
         413: problem_doc("The version's tree is over a size limit of the spec (`code` "
                          "`candidate_too_large`; the detail names the limit and the figure)."),
         409: problem_doc("Submissions are disabled (`auto_best` selection) or the session is sealed."),
+        **STORAGE_FULL_RESPONSE,
     },
 )
 async def submit(body: SubmissionRequest, service: Service, principal: Principal,
