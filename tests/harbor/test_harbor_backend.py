@@ -19,7 +19,7 @@ from harbor_cases import RUN_AS_UID, docker_objects, make_run, run_as_identity
 from vero.core.evaluation import AttemptOutcome
 from vero.errors import InfrastructureFailure
 from vero.harbor import HarborBackend
-from vero.harbor.process import compose_project_prefix
+from vero.harbor.leftovers import compose_project_prefix
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 
 FAST = dict(infra_wait=tenacity.wait_none(), kill_grace_sec=5.0)
@@ -294,7 +294,7 @@ def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared
 def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
     import docker
 
-    from vero.harbor.process import remove_docker_leftovers
+    from vero.harbor.leftovers import remove_docker_leftovers
 
     job_dir = tmp_path / "job"
     (job_dir / "My.Case__AbC1234").mkdir(parents=True)
@@ -308,7 +308,7 @@ def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
         client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: mine},
                               network=network.name, volumes={volume.name: {"bind": "/data"}})
         keep = client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: other})
-        removed = asyncio.run(remove_docker_leftovers(job_dir, {}, settle_sec=0.1))
+        removed = asyncio.run(remove_docker_leftovers({}, job_dirs=[job_dir], settle_sec=0.1))
         assert removed == 3
         assert docker_objects(mine) == []
         assert docker_objects(other) == [f"container {keep.name}"]

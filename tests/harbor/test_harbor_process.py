@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vero.harbor.backend import RunAs
-from vero.harbor.process import compose_project_prefix, finish_uncancellable, run_process_group
+from vero.harbor.process import finish_uncancellable, run_process_group
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
@@ -76,6 +76,28 @@ def test_cancellation_kills_the_group_and_propagates(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_hurried_kill_does_not_wait_for_the_grace(tmp_path):
+    """Once `hurry` says the caller is stopping, a group that ignores SIGTERM is SIGKILLed at once:
+    with a 600 s grace this test would otherwise hit its own timeout."""
+    pidfile = tmp_path / "child.pid"
+    stopping = []
+
+    async def scenario():
+        task = asyncio.create_task(run_process_group(
+            ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait; sleep 300"], env=ENV,
+            cwd=tmp_path, kill_grace_sec=600.0, hurry=lambda: bool(stopping)))
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await asyncio.sleep(0.05)
+        stopping.append(True)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert wait_gone(int(pidfile.read_text()))
+
+
+@pytest.mark.timeout(60)
 def test_children_do_not_outlive_a_normal_exit(tmp_path):
     pidfile = tmp_path / "child.pid"
     started = time.monotonic()
@@ -129,18 +151,6 @@ def test_finish_uncancellable_completes_cleanup_then_reraises():
 
     asyncio.run(scenario())
     assert done == [True]
-
-
-@pytest.mark.parametrize("trial", ["prog-pass__AbC1234", "a.b-c__XyZ9876", "_odd.Name__Q1w2E3r", "UPPER__abcdefg"])
-def test_compose_project_prefix_matches_harbor(trial):
-    from harbor.environments.docker.docker import _sanitize_docker_compose_project_name
-
-    prefix = compose_project_prefix(trial)
-    assert _sanitize_docker_compose_project_name(f"{trial}__env").startswith(prefix)
-    assert _sanitize_docker_compose_project_name(f"{trial}__verifier__trial").startswith(prefix)
-    other = "prog-pass__AbC1235"
-    if other != trial:
-        assert not _sanitize_docker_compose_project_name(f"{other}__env").startswith(prefix)
 
 
 @pytest.mark.timeout(60)

@@ -208,8 +208,12 @@ class ServerThread:
 
     def __init__(self, app, *, startup_timeout_sec: float = 60.0) -> None:
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
-                                                    log_level="warning", timeout_graceful_shutdown=30))
+        from vero.sidecar.app import SidecarServer
+
+        # The production server class: it interrupts jobs before waiting for open connections.
+        self.server = SidecarServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
+                                                   log_level="warning", timeout_graceful_shutdown=30),
+                                    app.state.service)
         self.startup_timeout_sec = startup_timeout_sec
         self.thread: threading.Thread | None = None
         self.url = ""
@@ -277,12 +281,13 @@ class SidecarHarness:
         token = (self.state_dir / "admin-token").read_text().strip()
         return {"authorization": f"Bearer {token}"}
 
-    def write_spec(self, path: Path) -> Path:
-        """Write a JSON description of this harness for `serve_child`."""
+    def write_spec(self, path: Path, **backend: Any) -> Path:
+        """Write a JSON description of this harness for `serve_child` (`backend`: its backend options)."""
         path.write_text(json.dumps({
             "config": self.config.model_dump(mode="json"),
             "dirs": {name: str(getattr(self, name)) for name in
                      ("baseline_dir", "agent_repo", "state_dir", "context_dir", "work_dir", "cases_dir")},
+            **backend,
         }))
         return path
 
@@ -334,14 +339,34 @@ def wait_for_state(client: httpx.Client, job_id: str, states: set[str], timeout_
 
 
 def serve_child(spec_path: Path, port_file: Path) -> None:
-    """Serve a harness described by `SidecarHarness.write_spec` with a backend that never finishes
-    (so the parent can kill this process mid-evaluation); writes the port to `port_file`."""
+    """Serve a harness described by `SidecarHarness.write_spec` the way `vero harbor serve` does
+    (`SidecarServer`, its graceful-shutdown limit, signal handling); writes the port to `port_file`.
+
+    The backend never finishes (so the parent can kill or stop this process mid-evaluation): the
+    stub, or with `"harbor_executable"` in the spec the real `HarborBackend` running that
+    executable (and `"kill_grace_sec"`, `"harbor_env"` for its process group and environment).
+    """
+    from vero.sidecar.app import GRACEFUL_SHUTDOWN_SEC, SidecarServer
+
     spec = json.loads(spec_path.read_text())
+    if spec.get("debug_log"):
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("vero.sidecar").setLevel(logging.DEBUG)
+    if spec.get("harbor_executable"):
+        from vero.harbor import HarborBackend
+
+        backend = HarborBackend(harbor_executable=Path(spec["harbor_executable"]),
+                                kill_grace_sec=spec.get("kill_grace_sec", 15.0),
+                                base_env={**os.environ, **spec.get("harbor_env", {})})
+    else:
+        backend = StubBackend(block=threading.Event())
     harness = SidecarHarness(root=spec_path.parent, config=SidecarConfig.model_validate(spec["config"]),
-                             backend=StubBackend(block=threading.Event()),
-                             **{name: Path(value) for name, value in spec["dirs"].items()})
+                             backend=backend, **{name: Path(value) for name, value in spec["dirs"].items()})
     app = harness.create_app()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning"))
+    server = SidecarServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
+                                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC), app.state.service)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())

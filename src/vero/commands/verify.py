@@ -11,10 +11,13 @@ measurement loses to either.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,7 +25,11 @@ from vero.commands.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_CODES, run_comma
 from vero.errors import SessionInvalid
 from vero.spec.compiled import CONTAINER_PATHS
 
+if TYPE_CHECKING:
+    from vero.harbor import HarborBackend
+
 _P = CONTAINER_PATHS
+logger = logging.getLogger("vero.verifier")
 
 VERIFY_HELP = (
     "Verify a sealed session: check its digests, pick the candidate, score it on the hidden "
@@ -81,7 +88,6 @@ def verify_command(
     ] = False,
 ) -> None:
     """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
-    import asyncio
     import tempfile
 
     from vero.spec.compiled import VerifierConfig, load_config
@@ -92,6 +98,7 @@ def verify_command(
 
     def call():
         from vero.harbor import HarborBackend
+        from vero.harbor.leftovers import new_session_id
 
         loaded = load_config(config, VerifierConfig)
         mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
@@ -100,11 +107,19 @@ def verify_command(
         gateway_keys = ({p.api_key_secret for p in loaded.inference.providers.values() if p.api_key_secret}
                         if loaded.inference is not None else set())
         env = secret_env(loaded.secrets, exclude=gateway_keys)
-        return asyncio.run(verify(
-            loaded, session, backend=HarborBackend(), cases_dir=cases_dir, baseline_dir=baseline_dir,
+        backend = HarborBackend(session=new_session_id("verify"))
+        verification = verify(
+            loaded, session, backend=backend, cases_dir=cases_dir, baseline_dir=baseline_dir,
             reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,
             env=env, run_as=resolve_run_as(runner_user), allow_root_runs=allow_root_runs,
-        ))
+        )
+        try:
+            return asyncio.run(_until_terminated(verification, backend))
+        except asyncio.CancelledError:
+            # Stopped (SIGTERM): the reward file holds the failure values written first; the nested
+            # runs were killed and their leftovers removed on the way out.
+            typer.echo("error: the verification was stopped (SIGTERM); failure values stand", err=True)
+            raise typer.Exit(128 + signal.SIGTERM) from None
 
     finalization = run_command(call)
     typer.echo(json.dumps({
@@ -156,6 +171,25 @@ def report_command(
 
     path = run_command(call)
     typer.echo(json.dumps({"output": str(path)}))
+
+
+async def _until_terminated[T](work: Coroutine[Any, Any, T], backend: HarborBackend) -> T:
+    """Await `work`; on SIGTERM (Docker stopping the verifier's container, Harbor's verifier
+    timeout) interrupt the backend (no kill grace) and cancel `work`, so its nested runs are killed
+    and their containers removed inside the stop grace instead of outliving the verifier."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+
+    def terminate() -> None:
+        logger.warning("SIGTERM: stopping the verification")
+        backend.interrupt()
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _configure_logging() -> None:

@@ -10,7 +10,7 @@ that owns it) does so or does not change at all.
 Tables (DDL in `_SCHEMA`; `PRAGMA user_version` is `SCHEMA_VERSION`):
 
 ```
-meta               key -> value (the store's identity)
+meta               key -> value (the store's identity: `format`, and the `session` id)
 budgets            (partition, principal, resource) -> total, settled, reserved
 reservations       id, partition, principal, state, created_at, closed_at, reason (creation order: seq)
 reservation_costs  (reservation id, resource) -> amount
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -314,9 +315,18 @@ class StateStore:
                 writer.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
                 writer.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 writer.execute("INSERT INTO meta (key, value) VALUES ('format', 'vero-state')")
+                writer.execute("INSERT INTO meta (key, value) VALUES ('session', ?)", (_new_session(),))
                 writer.execute("COMMIT")
             _verify(writer, path)
-        except LedgerCorrupt:
+            if writer.execute("SELECT 1 FROM meta WHERE key = 'session'").fetchone() is None:
+                # A store written before sessions were recorded gets its own, once.
+                try:
+                    writer.execute("INSERT INTO meta (key, value) VALUES ('session', ?)", (_new_session(),))
+                except sqlite3.OperationalError as exc:
+                    if _sqlite_reason(exc) == "SQLITE_FULL":
+                        raise StorageFull(f"state database {path}: the file system is full") from None
+                    raise
+        except (LedgerCorrupt, StorageFull):
             writer.close()
             raise
         except sqlite3.Error as exc:
@@ -388,6 +398,12 @@ class StateStore:
             return StorageFull(f"state database {self.path}: the file system is full; nothing was written")
         return OSError(f"state database {self.path}: {what} ({reason})")
 
+    @property
+    def session_id(self) -> str:
+        """This state's session: `ses-<16 hex>`, written when the store was first opened and never
+        changed (nested runs label their environments with it: `vero.harbor.leftovers`)."""
+        return self.rows("SELECT value FROM meta WHERE key = 'session'")[0][0]
+
     # -- reading ------------------------------------------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
@@ -457,6 +473,10 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
     submission = None if row is None else {"candidate": row[0], "version": row[1], "submitted_at": row[2]}
     return {"schema_version": SCHEMA_VERSION, "budgets": budgets, "reservations": reservations, "jobs": jobs,
             "candidates": candidates, "submission": submission}
+
+
+def _new_session() -> str:
+    return f"ses-{secrets.token_hex(8)}"
 
 
 def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
@@ -547,7 +567,10 @@ def _verify(conn: sqlite3.Connection, path: Path) -> None:
               OR json_extract(record, '$.state') IS NOT state OR json_extract(record, '$.principal') IS NOT principal
               OR json_extract(record, '$.partition') IS NOT partition
               OR json_extract(record, '$.reservation_id') IS NOT reservation_id LIMIT 1"""),
-        ("has more than one identity record", "SELECT 1 FROM meta WHERE key != 'format' OR value != 'vero-state'"),
+        ("has an unknown or malformed identity record",
+         """SELECT 1 FROM meta WHERE NOT ((key = 'format' AND value = 'vero-state')
+              OR (key = 'session' AND length(value) = 20 AND value GLOB 'ses-[0-9a-f]*'
+                  AND substr(value, 5) NOT GLOB '*[^0-9a-f]*'))"""),
     )
     for problem, sql in checks:
         if conn.execute(sql).fetchone() is not None:

@@ -55,13 +55,22 @@ class NestedRun(BaseModel):
     env: dict[str, str] = {}
     """Extra environment for the `harbor` process (secret values by name; never logged or recorded)."""
     run_as: RunAs | None = None
+    session: str | None = None
+    """The session owning the run (`vero.harbor.leftovers`: `ses-<16 hex>` for a sidecar,
+    `verify-<16 hex>` for a verifier); labels its environments with `evaluation_id` so an
+    interrupted run's leftovers can be found and removed. None: the backend's own session."""
     candidate_env: dict[str, str] = {}
     """`kind: agent`: extra environment of the candidate host processes only (the inference
     gateway's base URLs and this evaluation's token); never given to the `harbor` process."""
 
 
 class EvaluationBackend(Protocol):
-    """Measures a candidate. Implementations: `vero.harbor.HarborBackend` (real), test stubs."""
+    """Measures a candidate. Implementations: `vero.harbor.HarborBackend` (real), test stubs.
+
+    A backend may also offer `interrupt() -> None`: the calling process is stopping, so every
+    cancellation from then on must end fast (the sidecar calls it on SIGTERM before cancelling its
+    jobs; `HarborBackend` then kills process groups without a grace period).
+    """
 
     async def evaluate(self, run: NestedRun) -> EvaluationResult:
         """Run the selected cases and return their scores.

@@ -43,6 +43,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
@@ -58,6 +61,7 @@ __all__ = [
     "find_harbor_executable",
     "nested_env",
     "plan_agent_timeout",
+    "render_compose_override",
     "scrub",
 ]
 
@@ -123,14 +127,31 @@ class HarborCommand:
         return [f for f in (self.config_file, self.compose_file) if f is not None]
 
 
-FAST_STOP_COMPOSE = """\
-# Written by vero for nested runs on Docker. Harbor keeps each case's main container alive with
-# `sleep infinity`, which as PID 1 ignores SIGTERM, so every trial's teardown waited Docker's 10 s
-# stop grace. An init process (docker-init) forwards the signal and the container stops at once.
-services:
-  main:
-    init: true
+COMPOSE_OVERRIDE_HEADER = """\
+# Written by vero for nested runs on Docker, merged after each case's own compose file.
+# - init: Harbor keeps each case's main container alive with `sleep infinity`, which as PID 1
+#   ignores SIGTERM, so every trial's teardown waited Docker's 10 s stop grace. An init process
+#   (docker-init) forwards the signal and the container stops at once.
+# - labels: the session and job owning these environments; vero removes what an interrupted job
+#   left by them (`vero.harbor.leftovers`).
 """
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated values in full (no `&id001` anchors): the file is read by people too."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render_compose_override(labels: Mapping[str, Any] | None = None) -> str:
+    """The `--extra-docker-compose` file: `init` for `main`, plus `labels` (`vero.harbor.leftovers.compose_labels`)."""
+    document: dict[str, Any] = {"services": {"main": {"init": True}}}
+    for section, entries in (labels or {}).items():
+        target = document.setdefault(section, {})
+        for name, value in entries.items():
+            target.setdefault(name, {}).update(value)
+    return COMPOSE_OVERRIDE_HEADER + yaml.dump(document, Dumper=_PlainDumper, sort_keys=True)
 
 
 def find_harbor_executable() -> Path:
@@ -250,6 +271,8 @@ def build_command(
     base_env: Mapping[str, str] | None = None,
     launcher_socket: Path | None = None,
     kit_path: Path | None = None,
+    compose_labels: Mapping[str, Any] | None = None,
+    environment_options: Mapping[str, Any] | None = None,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -263,6 +286,10 @@ def build_command(
         launcher_socket: `kind: agent`: the `CandidateLauncher` socket `CandidateAgent` connects to.
         kit_path: `kind: program`: the static case kit the install agent uploads (`--ak kit_path`;
             without it the install agent finds one itself, `vero.harbor.casekit.kit_binary`).
+        compose_labels: Docker: the labelling part of the compose override
+            (`vero.harbor.leftovers.compose_labels`).
+        environment_options: `--ek` options of the environment (JSON-encoded, as Harbor parses
+            them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.leftovers.modal_options`.
 
     Raises:
         ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
@@ -307,8 +334,10 @@ def build_command(
     if run.harbor.environment == "docker":
         # Only Docker takes extra compose files (Harbor refuses them where the environment has no
         # compose capability); it merges them after the case's own compose file.
-        compose_file = (jobs_dir / f"{job_name}.compose.yaml", FAST_STOP_COMPOSE)
+        compose_file = (jobs_dir / f"{job_name}.compose.yaml", render_compose_override(compose_labels))
         argv += ["--extra-docker-compose", str(compose_file[0])]
+    for key, value in (environment_options or {}).items():
+        argv += ["--ek", f"{key}={json.dumps(value, sort_keys=True)}"]
     return HarborCommand(argv=tuple(argv), env=nested_env(run, base_env), cwd=jobs_dir,
                          job_dir=jobs_dir / job_name, config_file=config_file, compose_file=compose_file)
 

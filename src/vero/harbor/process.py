@@ -1,5 +1,5 @@
-"""Running a nested `harbor` process: own process group, optional unprivileged user, group kill,
-and removal of the Docker resources a killed run left behind.
+"""Running a nested `harbor` process: own process group, optional unprivileged user, group kill.
+What a killed run leaves in Docker or Modal is `vero.harbor.leftovers`' to remove.
 
 - `runner_identity` resolves the unprivileged user nested runs take when the caller is root
   (the sidecar's and the verifier's `vero-runner`, with the Docker socket's group).
@@ -10,7 +10,8 @@ and removal of the Docker resources a killed run left behind.
   `user=`/`group=`/`extra_groups=`; when the caller is not root it cannot switch and runs as itself.
 - On timeout or cancellation the group gets SIGTERM (Harbor turns it into `KeyboardInterrupt` and
   starts tearing its trials down, `cli/jobs.py` `_handle_sigterm`), then SIGKILL after a grace
-  period, and SIGKILL again once the leader is gone so no straggler survives.
+  period (at once when the caller is stopping: `hurry`), and SIGKILL again once the leader is gone
+  so no straggler survives.
 - Only the last `tail_bytes` of the merged stdout/stderr are kept, with secret values scrubbed.
 """
 
@@ -20,7 +21,6 @@ import asyncio
 import logging
 import os
 import pwd
-import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,9 +35,7 @@ __all__ = [
     "DOCKER_SOCKET",
     "RUNNER_USER",
     "ProcessOutcome",
-    "compose_project_prefix",
     "finish_uncancellable",
-    "remove_docker_leftovers",
     "run_process_group",
     "runner_identity",
 ]
@@ -131,13 +129,22 @@ def _signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-async def _kill_group(process: asyncio.subprocess.Process, pgid: int, grace_sec: float) -> None:
+_HURRY_POLL_SEC = 0.1
+
+
+async def _kill_group(process: asyncio.subprocess.Process, pgid: int, grace_sec: float,
+                      hurry: Callable[[], bool] | None = None) -> None:
     if process.returncode is None:
         _signal_group(pgid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=grace_sec)
-        except TimeoutError:
-            pass
+        deadline = time.monotonic() + grace_sec
+        while process.returncode is None and not (hurry is not None and hurry()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(process.wait(), timeout=min(remaining, _HURRY_POLL_SEC))
+            except TimeoutError:
+                pass
     # Whatever of the group is still alive (the leader or children it left) goes now.
     _signal_group(pgid, signal.SIGKILL)
     if process.returncode is None:
@@ -180,6 +187,7 @@ async def run_process_group(
     kill_grace_sec: float = 15.0,
     tail_bytes: int = 4096,
     secrets: Sequence[str] = (),
+    hurry: Callable[[], bool] | None = None,
 ) -> ProcessOutcome:
     """Run `argv` in its own process group and wait for it, at most `timeout_sec` seconds.
 
@@ -192,6 +200,8 @@ async def run_process_group(
         kill_grace_sec: seconds between SIGTERM and SIGKILL.
         tail_bytes: how much of the merged output to keep.
         secrets: values scrubbed from the kept output.
+        hurry: once it returns True (the caller's process is stopping), a kill waits no longer for
+            the grace: SIGKILL follows SIGTERM at once (checked every 0.1 s).
 
     Returns:
         How the process ended.
@@ -231,12 +241,12 @@ async def run_process_group(
             await asyncio.wait_for(process.wait(), timeout=timeout_sec)
         except TimeoutError:
             timed_out = True
-            await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec))
+            await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec, hurry))
         else:
             # The leader exited; children it left in the group must not outlive the run.
             _signal_group(pgid, signal.SIGKILL)
     except asyncio.CancelledError:
-        await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec))
+        await finish_uncancellable(_kill_group(process, pgid, kill_grace_sec, hurry))
         drain.cancel()
         transport.close()
         raise
@@ -249,99 +259,3 @@ async def run_process_group(
         transport.close()
     return ProcessOutcome(returncode=process.returncode, timed_out=timed_out, output_tail=tail.text(),
                           duration_sec=time.monotonic() - started)
-
-
-def compose_project_prefix(trial_name: str) -> str:
-    """The Compose project-name prefix of a trial's environments.
-
-    Harbor 0.26 names a trial's environment project `<trial_name>__env` and a separate verifier's
-    `<trial_name>__verifier__<key>`, lowercased, a leading non-alphanumeric prefixed with `0`, and
-    every character outside `[a-z0-9_-]` replaced by `-`
-    (`environments/docker/docker.py` `_sanitize_docker_compose_project_name`).
-    """
-    name = (trial_name + "__").lower()
-    if not re.match(r"^[a-z0-9]", name):
-        name = "0" + name
-    return re.sub(r"[^a-z0-9_-]", "-", name)
-
-
-_PROJECT_LABEL = "com.docker.compose.project"
-
-
-def _remove_leftovers_sync(prefixes: Sequence[str], env: Mapping[str, str]) -> int:
-    import docker
-    from docker.errors import APIError, DockerException, NotFound
-
-    def ours(labels: Mapping[str, str] | None) -> bool:
-        project = (labels or {}).get(_PROJECT_LABEL)
-        return bool(project) and project.startswith(tuple(prefixes))
-
-    def remove(kind: str, name: str, call: Callable[[], object], level: int = logging.WARNING) -> int:
-        try:
-            call()
-            return 1
-        except NotFound:
-            return 0
-        except APIError as exc:
-            logger.log(level, "could not remove %s %s: %s", kind, name, type(exc).__name__)
-            return 0
-
-    removed = 0
-    try:
-        client = docker.from_env(environment=dict(env), timeout=60)
-    except DockerException as exc:
-        logger.warning("docker cleanup skipped: engine unreachable (%s)", type(exc).__name__)
-        return 0
-    try:
-        label = {"label": _PROJECT_LABEL}
-        # Containers first: a network or volume still in use cannot be removed. Other runs'
-        # containers come and go meanwhile: one gone between list and inspect is skipped, not fatal.
-        for container in client.containers.list(all=True, filters=label, ignore_removed=True):
-            if ours(container.labels):
-                removed += remove("container", container.short_id,
-                                  lambda c=container: c.remove(force=True, v=True))
-        for network in client.networks.list(filters=label):
-            if ours(network.attrs.get("Labels")):
-                removed += remove("network", network.short_id, network.remove)
-        for volume in client.volumes.list(filters=label):
-            if ours(volume.attrs.get("Labels")):
-                removed += remove("volume", volume.short_id, lambda v=volume: v.remove(force=True))
-        # Images Compose built for these projects are tagged `<project>-<service>` (Harbor's own
-        # teardown removes them with `down --rmi local`).
-        for image in client.images.list():
-            for tag in image.tags:
-                if tag.split(":", 1)[0].startswith(tuple(prefixes)):
-                    removed += remove("image", tag, lambda t=tag: client.images.remove(t, noprune=False),
-                                      level=logging.DEBUG)
-    except DockerException as exc:
-        logger.warning("docker cleanup incomplete: %s", type(exc).__name__)
-    finally:
-        client.close()
-    return removed
-
-
-async def remove_docker_leftovers(job_dir: Path, env: Mapping[str, str], *, settle_sec: float = 1.0) -> int:
-    """Remove containers, networks, volumes and built images of every trial of a killed job.
-
-    Trials are the sub-directories of `job_dir` (their names are the trial names); their Compose
-    projects are found by label (`com.docker.compose.project`) with `compose_project_prefix`, so
-    no compose file is needed. Runs twice, `settle_sec` apart, to catch a container the engine was
-    still creating when the run was killed. Engine errors are logged, never raised.
-
-    Args:
-        job_dir: the killed run's job directory.
-        env: the nested run's environment (for `DOCKER_HOST` and friends).
-        settle_sec: pause between the two passes.
-
-    Returns:
-        How many Docker objects were removed.
-    """
-    if not job_dir.is_dir():
-        return 0
-    prefixes = sorted({compose_project_prefix(p.name) for p in job_dir.iterdir() if p.is_dir()})
-    if not prefixes:
-        return 0
-    removed = await asyncio.to_thread(_remove_leftovers_sync, prefixes, env)
-    await asyncio.sleep(settle_sec)
-    removed += await asyncio.to_thread(_remove_leftovers_sync, prefixes, env)
-    return removed

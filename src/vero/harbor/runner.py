@@ -33,6 +33,9 @@ measurement. Only a case whose trials this round were all shown to be infrastruc
 evaluation an `InfrastructureFailure` (no retry: the wall clock is spent). So a candidate that hangs
 gets a complete, charged result; the caller cannot tell "hung" from "slow" by a refund.
 Cancellation kills the group, removes the leftovers, and propagates.
+Leftovers are found by the labels every round puts on its environments (`vero.session`,
+`vero.job`: `vero.harbor.leftovers`) and by the trial dirs of its job dir. After `interrupt()` (the
+process is stopping) the group is killed without a grace period and the removal is one quick pass.
 
 Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret values scrubbed,
 go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
@@ -61,14 +64,14 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import tenacity
 
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
-from vero.core.storage import atomic_write_bytes
+from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.harbor.boundary import CandidateLauncher
@@ -83,12 +86,14 @@ from vero.harbor.command import (
     plan_agent_timeout,
     scrub,
 )
-from vero.harbor.process import (
-    ProcessOutcome,
-    finish_uncancellable,
+from vero.harbor.leftovers import (
+    compose_labels,
+    modal_options,
+    new_session_id,
     remove_docker_leftovers,
-    run_process_group,
+    terminate_modal_sandboxes,
 )
+from vero.harbor.process import ProcessOutcome, finish_uncancellable, run_process_group
 from vero.harbor.results import JobCollation, collate_job, merge_outcomes
 
 __all__ = ["EVALUATION_TIMEOUT_EXCEPTION", "HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
@@ -143,6 +148,8 @@ class HarborBackend:
         base_env: environment the allow-listed variables are inherited from (default `os.environ`).
         case_kit: the static case kit uploaded into program cases; default found or built on the
             first program evaluation (`vero.harbor.casekit.kit_binary`). Must be readable by `run_as`.
+        session: labels the runs that name no `NestedRun.session` (default: a fresh `ses-` id;
+            the verifier passes a `verify-` id).
     """
 
     def __init__(
@@ -156,6 +163,7 @@ class HarborBackend:
         tail_bytes: int = 4096,
         base_env: Mapping[str, str] | None = None,
         case_kit: Path | None = None,
+        session: str | None = None,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -166,6 +174,44 @@ class HarborBackend:
         self.tail_bytes = tail_bytes
         self._base_env = base_env
         self._case_kit = case_kit
+        self.session = session or new_session_id()
+        self._interrupted = False
+
+    async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
+                               jobs: Iterable[str] | None = None) -> int:
+        """Remove what interrupted nested runs of `session` (of `jobs` only, if given) left: Docker
+        containers, networks, volumes and built images, or Modal sandboxes (`vero.harbor.leftovers`).
+        Call it when none of those runs can still be running (e.g. at a sidecar's start). Other
+        environments have nothing vero can find; errors are logged, never raised.
+
+        Args:
+            environment: the nested runs' Harbor environment (`docker`, `modal`, ...).
+            env: extra environment of the Docker client (e.g. `DOCKER_HOST`).
+            session: the session the runs were labelled with.
+            jobs: their evaluation ids (None: every run of the session).
+
+        Returns:
+            How many objects were removed.
+        """
+        if environment == "docker":
+            base = os.environ if self._base_env is None else self._base_env
+            return await remove_docker_leftovers({**base, **env}, session=session, jobs=jobs, settle_sec=None)
+        if environment == "modal":
+            if jobs is None:
+                return await terminate_modal_sandboxes(session=session)
+            return sum([await terminate_modal_sandboxes(session=session, job=job) for job in jobs])
+        return 0
+
+    def interrupt(self) -> None:
+        """The calling process is stopping: from now on a cancelled or timed-out run's process group
+        is killed at once (no grace period) and its leftovers are removed in one quick pass; what
+        remains is the next start's to remove (`vero.harbor.leftovers`)."""
+        self._interrupted = True
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether `interrupt` was called."""
+        return self._interrupted
 
     @property
     def harbor_executable(self) -> Path:
@@ -318,16 +364,30 @@ class HarborBackend:
                          plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
                          reward_key: str, launcher: CandidateLauncher | None,
                          kit: Path | None) -> tuple[JobCollation, bool]:
+        session = run.session or self.session
+        labels = options = None
+        if run.harbor.environment == "docker":
+            labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
+        elif run.harbor.environment == "modal":
+            options = modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
         command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
                                 harbor_executable=self.harbor_executable, base_env=self._base_env,
                                 launcher_socket=launcher.socket_path if launcher is not None else None,
-                                kit_path=kit)
-        await asyncio.to_thread(self._prepare_job_dir, command)
+                                kit_path=kit, compose_labels=labels,
+                                environment_options=options)
+        try:
+            await asyncio.to_thread(self._prepare_job_dir, command)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                logger.error("evaluation %s: the jobs dir %s is full (no space left on device)",
+                             run.evaluation_id, run.jobs_dir)
+                raise InfrastructureFailure("the nested run's jobs dir is full (no space left on device)") from None
+            raise
         try:
             outcome = await run_process_group(
                 command.argv, env=command.env, cwd=command.cwd, run_as=run.run_as,
                 timeout_sec=run.harbor.evaluation_timeout_sec, kill_grace_sec=self.kill_grace_sec,
-                tail_bytes=self.tail_bytes, secrets=secrets)
+                tail_bytes=self.tail_bytes, secrets=secrets, hurry=lambda: self._interrupted)
         except asyncio.CancelledError:
             logger.warning("evaluation %s: cancelled; nested run killed", run.evaluation_id)
             await finish_uncancellable(self._cleanup(run, command.job_dir, env))
@@ -371,12 +431,21 @@ class HarborBackend:
         logger.debug("harbor output tail (%s):\n%s", path.name, outcome.output_tail)
 
     async def _cleanup(self, run: NestedRun, job_dir: Path, env: Mapping[str, str]) -> None:
-        if run.harbor.environment != "docker":
+        """Remove what the run's environments left (`vero.harbor.leftovers`): by the run's labels
+        and its trial dirs on Docker, by tags on Modal; one quick pass once interrupted."""
+        session = run.session or self.session
+        if run.harbor.environment == "docker":
+            removed = await remove_docker_leftovers(
+                env, session=session, jobs=[run.evaluation_id], job_dirs=[job_dir],
+                settle_sec=0.2 if self._interrupted else 1.0, timeout_sec=5 if self._interrupted else 60)
+            kind = "docker object(s)"
+        elif run.harbor.environment == "modal":
+            removed = await terminate_modal_sandboxes(session=session, job=run.evaluation_id)
+            kind = "modal sandbox(es)"
+        else:
             return
-        removed = await remove_docker_leftovers(job_dir, env)
         if removed:
-            logger.info("evaluation %s: removed %d docker object(s) left by %s", run.evaluation_id,
-                        removed, job_dir.name)
+            logger.info("evaluation %s: removed %d %s left by %s", run.evaluation_id, removed, kind, job_dir.name)
 
     async def _check_access(self, run: NestedRun, env: Mapping[str, str], kit: Path | None) -> None:
         """Fail as infrastructure, not as the candidate, when `run_as` cannot use the run's paths.

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+import uvicorn
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -39,12 +40,38 @@ from vero.sidecar.routes import ROUTERS
 from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarService
 from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig
 
-__all__ = ["MAX_REQUEST_BYTES", "create_app", "serve"]
+__all__ = ["GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
 
 _logger = logging.getLogger("vero.sidecar")
 
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
 """Largest request body accepted, in bytes (a full case list of 10 000 names fits)."""
+
+GRACEFUL_SHUTDOWN_SEC = 3.0
+"""How long a stopping sidecar waits for requests still being answered (long polls are answered at
+once), in seconds; well inside Docker's 10 s stop grace together with the jobs' cleanup."""
+
+
+class SidecarServer(uvicorn.Server):
+    """uvicorn's server that interrupts the sidecar's jobs the moment it is told to stop.
+
+    uvicorn's own order on SIGTERM is: stop accepting, wait for open connections (a long poll holds
+    one for up to 60 s), then run the lifespan shutdown. This server first calls
+    `SidecarService.begin_stop` (jobs killed, failed `interrupted` and refunded; held long polls
+    answered), so the wait for connections is short and the lifespan's `stop` only waits for
+    cleanup. Docker's 10 s grace is then enough for the whole stop.
+    """
+
+    def __init__(self, config: uvicorn.Config, service: SidecarService) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets=None) -> None:
+        try:
+            await self.service.begin_stop()
+        except Exception as exc:  # noqa: BLE001 - stopping must go on; the lifespan's stop retries
+            _logger.error("interrupting jobs at shutdown failed (%s)", type(exc).__name__)
+        await super().shutdown(sockets)
 
 
 class LocalCallerGuard:
@@ -226,7 +253,10 @@ def serve(
 
     Nested runs execute as `runner_user` when this process is root (`runner_identity`). The agent
     surface refuses callers inside this container (`LocalCallerGuard`) unless
-    `allow_local_agent_calls` (for running the sidecar outside a container, e.g. in tests).
+    `allow_local_agent_calls` (for running the sidecar outside a container, e.g. in tests). On
+    SIGTERM (`SidecarServer`): running jobs are interrupted at once (process groups killed, failed
+    `interrupted`, refunded), held long polls are answered, their leftovers removed, then the
+    process exits, within a few seconds.
 
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
@@ -234,8 +264,6 @@ def serve(
         InfrastructureFailure: running as root without the runner user, a directory cannot be
             prepared, or the port cannot be bound.
     """
-    import uvicorn
-
     from vero.errors import InfrastructureFailure
     from vero.spec.compiled import load_config
 
@@ -245,8 +273,10 @@ def serve(
                      cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
                      run_as=runner_identity(runner_user), seal_root=seal_root,
                      refuse_local_agent_calls=not allow_local_agent_calls)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
-                                           server_header=False, log_level="info"))
+    server = SidecarServer(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
+                                          server_header=False, log_level="info",
+                                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC),
+                           app.state.service)
     try:
         server.run()
     except SystemExit:

@@ -252,6 +252,8 @@ class SidecarService:
         self.sealed_at: datetime | None = None
         self.entrance_open = True
 
+        self.session_id: str | None = None
+        self._stopping: asyncio.Event | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._views: dict[str, tuple[EvaluationJob, JobView]] = {}  # job id -> (snapshot, its view)
         self._cancel_reasons: dict[str, str] = {}
@@ -308,11 +310,14 @@ class SidecarService:
         self._ladder_lock = asyncio.Lock()
         self._admissions_idle = asyncio.Event()
         self._admissions_idle.set()
+        self._stopping = asyncio.Event()
         self.run_as = runner_identity() if self._run_as_setting == "auto" else self._run_as_setting
         await asyncio.to_thread(self._open_state)
+        self.session_id = self.state.session_id
         recovered = await recover_interrupted(self.jobs)
         for job in recovered:
             _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
+        await self._remove_leftovers()
         if self.baseline_dir is not None:
             await asyncio.to_thread(self._import_baseline)
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
@@ -396,6 +401,19 @@ class SidecarService:
         self.gateway = gateway
         _logger.info("inference gateway listening on %s", gateway.base_url)
 
+    async def _remove_leftovers(self) -> None:
+        """Remove whatever nested runs of this session left behind (containers, networks, volumes,
+        sandboxes): nothing of the session runs yet, so everything labelled with it is a leftover of
+        a job an earlier process did not finish (killed, or stopped before its cleanup ended)."""
+        remove = getattr(self.backend, "remove_leftovers", None)
+        if remove is None:
+            return
+        assert self.session_id is not None
+        removed = await remove(environment=self.config.harbor.environment, env=self._nested_env(),
+                               session=self.session_id)
+        if removed:
+            _logger.warning("removed %d leftover(s) of earlier nested runs of this session", removed)
+
     def _import_baseline(self) -> None:
         from vero.core.baseline import commit_baseline
 
@@ -418,14 +436,45 @@ class SidecarService:
             self.candidates.import_commit_from_store(work_tree / ".git", commit)
         _logger.info("baseline %s imported", commit)
 
-    async def stop(self) -> None:
-        """Cancel unfinished jobs (failed `interrupted`, refunded), wait for their cleanup, close the store."""
-        pending = {job_id: task for job_id, task in self._tasks.items() if not task.done()}
-        for job_id, task in pending.items():
-            self._cancel_reasons.setdefault(job_id, "interrupted")
-            task.cancel()
+    async def begin_stop(self) -> None:
+        """The process is stopping (SIGTERM): interrupt every unfinished job at once. Idempotent.
+
+        In this order: the backend is told (`interrupt`: no kill grace from now on), every job task
+        is cancelled (its nested run is killed and its leftovers removed), every unfinished job is
+        failed `interrupted` and refunded in one transaction, and then held long polls are
+        answered (they see the job failed). `vero.sidecar.app.serve` calls it as soon as uvicorn
+        begins to shut down, before it waits for open connections.
+        """
+        if self._stopping is None or self._stopping.is_set():
+            return
+        interrupt = getattr(self.backend, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
+        for job_id, task in self._tasks.items():
+            if not task.done():
+                self._cancel_reasons.setdefault(job_id, "interrupted")
+                task.cancel()
+        try:
+            # Only jobs: an open reservation without a job is not this method's to close.
+            recovered = await recover_interrupted(self.jobs, reconcile_reservations=False)
+            if recovered:
+                _logger.warning("stopping: %d job(s) failed as interrupted and refunded", len(recovered))
+        except OSError as exc:
+            _logger.error("stopping: interrupted jobs not recorded (%s); the next start refunds them",
+                          type(exc).__name__)
+        finally:
+            self._stopping.set()
+
+    async def stop(self, cleanup_timeout_sec: float = 30.0) -> None:
+        """`begin_stop`, then wait for the job tasks' cleanup (at most `cleanup_timeout_sec`), then
+        close the store. What a cleanup cut short leaves, the next start removes."""
+        await self.begin_stop()
+        pending = [task for task in self._tasks.values() if not task.done()]
         if pending:
-            await asyncio.gather(*pending.values(), return_exceptions=True)
+            _, late = await asyncio.wait(pending, timeout=cleanup_timeout_sec)
+            if late:
+                _logger.warning("stopping: %d job(s) still cleaning up; the next start removes what they leave",
+                                len(late))
         if self._gateway_server is not None:
             await self._gateway_server.__aexit__(None, None, None)
             self._gateway_server = None
@@ -584,15 +633,22 @@ class SidecarService:
     async def wait_evaluation(self, principal: str, job_id: str, wait_sec: float) -> JobView:
         """`GET /evaluations/{id}?wait_sec=N`: like `evaluation`, after waiting up to `wait_sec`
         seconds for the job to finish (a long poll: the agent learns of completion at once
-        instead of at its next poll). The job itself is never affected by the wait ending.
+        instead of at its next poll), or until the sidecar stops. The job itself is never affected
+        by the wait ending.
 
         Raises:
             UnknownJob, InfrastructureFailure: as `evaluation` (checked before and after waiting).
         """
         self._answerable_job(principal, job_id)
         task = self._tasks.get(job_id)
-        if task is not None and wait_sec > 0:
-            await asyncio.wait({task}, timeout=wait_sec)
+        if task is not None and wait_sec > 0 and self._stopping is not None and not self._stopping.is_set():
+            # Answered at once when the sidecar stops (the job is then failed `interrupted`).
+            _logger.debug("job %s: long poll for up to %g s", job_id, wait_sec)
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({task, stopping}, timeout=wait_sec, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
         return self.evaluation(principal, job_id)
 
     # -- evaluations -----------------------------------------------------------------------------
@@ -690,7 +746,7 @@ class SidecarService:
                     candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
                     jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
                     harbor=self.config.harbor, scoring=self.config.scoring,
-                    env=self._nested_env(token), run_as=self.run_as,
+                    env=self._nested_env(token), run_as=self.run_as, session=self.session_id,
                     candidate_env=self.gateway.environment(token) if self.gateway and token else {},
                 )
                 result = await self.backend.evaluate(run)
