@@ -12,18 +12,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import tenacity
 
+from vero.core.state import StateStore
 from vero.harbor import HarborBackend
+from vero.harbor.leftovers import LABEL_JOB, LABEL_SESSION
 from vero.spec.models import CandidateRuntime, HarborSpec, PartitionAccess
 
 from ._server import commit_file, make_harness, wait_for_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 BASE_IMAGE = "python:3.13-slim"
 
@@ -170,3 +179,120 @@ def test_unreachable_engine_is_a_refunded_infrastructure_failure(shared_root):
         export = client.get("/admin/export", headers=harness.admin_headers()).json()
         (reservation,) = export["reservations"]
         assert reservation["state"] == "refunded" and reservation["reason"] == "infrastructure"
+
+
+def labelled(label: str) -> list[str]:
+    """Containers and networks carrying `label` (`key=value`), as `kind name (status)`."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        containers = [f"container {c.name} ({c.status})"
+                      for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True)]
+        return containers + [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
+    finally:
+        client.close()
+
+
+def verifier_started(label: str, marker: str) -> bool:
+    """Whether a running container labelled `label` has `marker` (its case's test is running)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        for container in client.containers.list(filters={"label": label, "status": "running"}):
+            try:
+                if container.exec_run(["test", "-e", marker]).exit_code == 0:
+                    return True
+            except docker.errors.APIError:
+                continue  # stopped or removed between listing and exec
+        return False
+    finally:
+        client.close()
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process below it (from /proc), whatever its process group or session."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo += children.get(current, [])
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and all it started, as a container kill does: every process group at once
+    (the nested `harbor` runs in a session of its own)."""
+    groups = set()
+    for member in descendants(pid):
+        try:
+            groups.add(os.getpgid(member))
+        except ProcessLookupError:
+            pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_killed_sidecar_leaves_labelled_environments_that_its_restart_removes(shared_root):
+    """The sidecar and its nested `harbor` are killed (SIGKILL, as a container kill) while a case's
+    container runs: the container and its network stay up, labelled with the session and job. The
+    restarted sidecar fails the job `interrupted`, refunds it, and removes them before it answers:
+    listing by label afterwards finds nothing."""
+    harness = make_harness(
+        shared_root / "h", baseline_files={"answer.txt": "42\n"},
+        runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        partitions={"train": ["slow"]},
+        access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=2, total_cases=2)},
+        harbor=HarborSpec(n_concurrent=1, infra_retries=0, evaluation_timeout_sec=600),
+    )
+    started = "/logs/verifier/started"
+    write_case(harness.cases_dir, "slow", f"touch {started}\nsleep 300\n" + reward_if("true"))
+    spec = harness.write_spec(shared_root / "harness.json", harbor_executable=str(Path(sys.executable).parent / "harbor"))
+    port_file = shared_root / "port"
+    log = shared_root / "sidecar.log"
+    with log.open("wb") as sink:
+        child = subprocess.Popen([sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
+                                 cwd=REPO_ROOT, start_new_session=True, stderr=sink)
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists() or not port_file.read_text():
+            assert child.poll() is None, f"the child sidecar exited: {log.read_text(errors='replace')}"
+            assert time.monotonic() < deadline, "the child sidecar did not start"
+            time.sleep(0.1)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port_file.read_text()}", timeout=60, trust_env=False) as client:
+            job = client.post("/evaluations", json={"partition": "train"}).json()
+        deadline = time.monotonic() + 600
+        while not verifier_started(f"{LABEL_JOB}={job['id']}", started):
+            assert child.poll() is None, "the child sidecar exited"
+            assert time.monotonic() < deadline, "the nested run's verifier never started"
+            time.sleep(0.5)
+    finally:
+        kill_tree(child.pid)
+        child.wait(30)
+
+    with StateStore.open(harness.state_dir / "state.db") as state:
+        session = state.session_id
+    left = labelled(f"{LABEL_SESSION}={session}")
+    assert any(entry.startswith("container") and "(running)" in entry for entry in left), left
+    assert any(entry.startswith("network") for entry in left), left
+    assert left == labelled(f"{LABEL_JOB}={job['id']}")
+
+    harness.backend = backend()
+    with harness.serve(run_as=None) as (_, client):
+        assert labelled(f"{LABEL_SESSION}={session}") == []
+        assert labelled(f"{LABEL_JOB}={job['id']}") == []
+        after = client.get(f"/evaluations/{job['id']}").json()
+        assert (after["state"], after["error"]) == ("failed", "interrupted")
+        assert budget(client, "train") == {"total_runs": 2, "total_cases": 2, "remaining_runs": 2,
+                                           "remaining_cases": 2}

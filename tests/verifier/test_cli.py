@@ -108,3 +108,72 @@ def test_verify_command_as_root_without_a_runner_user_measures_nothing(bench: Wo
     assert any("no unprivileged user" in e for e in final["errors"])
     assert final["measurements"][0]["error"].startswith("refused")
     assert not (out / "work" / "runs").exists()  # no checkout, no nested run
+
+
+STUBBORN_HARBOR = """#!/bin/bash
+# Stands in for `harbor run`: never finishes, ignores SIGTERM, leaves a child that ignores it too.
+trap '' TERM
+sleep 600 &
+echo "$$ $!" > "$PWD/stubborn-harbor.pids"
+wait
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_verification_and_kills_its_nested_runs_at_once(tmp_path: Path) -> None:
+    """`vero harbor verify` on SIGTERM (Docker stopping the verifier, Harbor's verifier timeout):
+    the nested run's whole process group is killed without its grace period (600 s here, beyond
+    this test's timeout) and the verification is cancelled."""
+    import asyncio
+    import signal
+    import time
+
+    from vero.commands.verify import _until_terminated
+    from vero.harbor import HarborBackend
+    from vero.harbor.backend import NestedRun
+    from vero.harbor.leftovers import new_session_id
+    from vero.spec.models import CandidateRuntime, ScoringSpec
+
+    harbor = tmp_path / "stubborn-harbor"
+    harbor.write_text(STUBBORN_HARBOR)
+    harbor.chmod(0o755)
+    case = tmp_path / "cases" / "c1"
+    (case / "environment").mkdir(parents=True)
+    (case / "tests").mkdir()
+    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60\n')
+    (case / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\n")
+    (case / "instruction.md").write_text("A case.\n")
+    (case / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (tmp_path / "candidate").mkdir()
+    jobs = tmp_path / "jobs"
+    backend = HarborBackend(harbor_executable=harbor, kill_grace_sec=600.0, session=new_session_id("verify"))
+    run = NestedRun(evaluation_id="verify-target-0", partition="hidden", candidate="0" * 40,
+                    candidate_dir=tmp_path / "candidate", cases_dir=tmp_path / "cases", case_names=("c1",),
+                    jobs_dir=jobs, runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+                    harbor=HarborSpec(environment="stand-in", infra_retries=0, evaluation_timeout_sec=3600),
+                    scoring=ScoringSpec())
+    pids_file = jobs / "stubborn-harbor.pids"
+
+    async def scenario() -> None:
+        verification = asyncio.ensure_future(_until_terminated(backend.evaluate(run), backend))
+        while not pids_file.exists() or len(pids_file.read_text().split()) < 2:
+            assert not verification.done(), verification
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(asyncio.CancelledError):
+            await verification
+
+    asyncio.run(scenario())
+    assert backend.interrupted
+    for pid in (int(p) for p in pids_file.read_text().split()):
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "\nState:\tZ" not in _status(pid):
+            assert time.monotonic() < deadline, f"nested process {pid} survived the stop"
+            time.sleep(0.05)
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return "\nState:\tZ"

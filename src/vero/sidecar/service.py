@@ -469,6 +469,11 @@ class SidecarService:
         """`begin_stop`, then wait for the job tasks' cleanup (at most `cleanup_timeout_sec`), then
         close the store. What a cleanup cut short leaves, the next start removes."""
         await self.begin_stop()
+        # A request already being answered when the stop began may have admitted a job since.
+        for job_id, task in self._tasks.items():
+            if not task.done():
+                self._cancel_reasons.setdefault(job_id, "interrupted")
+                task.cancel()
         pending = [task for task in self._tasks.values() if not task.done()]
         if pending:
             _, late = await asyncio.wait(pending, timeout=cleanup_timeout_sec)
