@@ -45,6 +45,8 @@ def images_tagged(prefix: str) -> list[str]:
 
 
 def processes_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains `text`. Pass something unique to this test run (its
+    own jobs dir): other runs of the same test on the machine use the same evaluation ids."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -196,7 +198,7 @@ def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_c
 
     caplog.set_level("INFO", logger="vero.harbor")
     prefixes = asyncio.run(scenario())
-    assert not processes_mentioning("ev-cancel-7f3a")
+    assert not processes_mentioning(str(jobs_dir))
     assert any("docker object(s) left by" in r.getMessage() for r in caplog.records)
     for prefix in prefixes:
         assert docker_objects(prefix) == []
@@ -221,7 +223,7 @@ def test_evaluation_timeout_is_charged_to_the_candidate_and_cleans_up(cases_dir,
     # The cancelled install agent still closed the sandbox: it killed the hanging install command.
     assert result.flag_counts() == {"install_leftover_processes_killed": 1, "timed_out": 1}
     assert not (jobs_dir / "ev-timeout-2b9c.retry-1").exists()
-    assert not processes_mentioning("ev-timeout-2b9c")
+    assert not processes_mentioning(str(jobs_dir))
     for trial in trial_dirs(jobs_dir / "ev-timeout-2b9c"):
         assert docker_objects(compose_project_prefix(trial.name)) == []
 

@@ -210,10 +210,12 @@ class ServerThread:
         self.app = app
         from vero.sidecar.app import SidecarServer
 
-        # The production server class: it interrupts jobs before waiting for open connections.
-        self.server = SidecarServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on",
-                                                   log_level="warning", timeout_graceful_shutdown=30),
-                                    app.state.service)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
+                                timeout_graceful_shutdown=30)
+        service = getattr(app.state, "service", None)
+        # A sidecar gets the production server class (it interrupts jobs before waiting for open
+        # connections); other apps served in tests (a scripted model) a plain one.
+        self.server = SidecarServer(config, service) if service is not None else uvicorn.Server(config)
         self.startup_timeout_sec = startup_timeout_sec
         self.thread: threading.Thread | None = None
         self.url = ""
