@@ -83,7 +83,8 @@ def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir)
     log = (jobs_dir / "ev-program.harbor.log").read_text()
     assert "returncode: 0" in log
     assert "s3cr3t-value-123" not in result.model_dump_json()
-    assert not docker_objects("prog-")
+    for trial in trial_dirs(jobs_dir / "ev-program"):  # this run's own: others may run the same cases
+        assert not docker_objects(compose_project_prefix(trial.name))
 
 
 @pytest.mark.docker
@@ -422,4 +423,8 @@ services:
     result = asyncio.run(HarborBackend(**FAST).evaluate(run))
     (only,) = result.cases
     assert only.score == 1.0, (jobs_dir / "ev-compose.harbor.log").read_text()
-    assert not docker_objects("with-service")
+    # By this run's own trials: other runs of this test on the machine use the same case name.
+    trials = trial_dirs(jobs_dir / "ev-compose")
+    assert trials
+    for trial in trials:
+        assert not docker_objects(compose_project_prefix(trial.name))
