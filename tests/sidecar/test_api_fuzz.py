@@ -136,9 +136,10 @@ def test_the_document_lists_the_statuses_found_by_hand(sidecar):
     assert not (harness.root / "elsewhere").exists()
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-                     max_leaves=12)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12)
 _TOOLS = ("health", "status", "start_evaluation", "list_evaluations", "get_evaluation", "submit", "seal", "nope")
 _ARGUMENT_NAMES = ("partition", "version", "cases", "blocks", "job_id", "wait_sec", "limit", "before", "state",
                    "output_dir")

@@ -23,7 +23,6 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel
 
 from vero.core._offloop import run_to_completion
-
 from vero.errors import StorageFull
 
 __all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "fsync_dir",

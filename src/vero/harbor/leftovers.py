@@ -36,6 +36,7 @@ API errors are logged, never raised: cleanup must not turn an interruption into 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import secrets
@@ -130,9 +131,9 @@ def compose_labels(session: str | None, job: str, cases_dir: Path, case_names: S
     services = set.intersection(*(set(_declared(d, "services")) for d in documents)) if documents else set()
     declared: dict[str, set[str]] = {"networks": {"default"}, "volumes": set()}
     external: dict[str, set[str]] = {"networks": set(), "volumes": set()}
-    for document in documents:
+    for case_document in documents:
         for section in ("networks", "volumes"):
-            for name, definition in _declared(document, section).items():
+            for name, definition in _declared(case_document, section).items():
                 (declared if _labellable(definition) else external)[section].add(name)
     networks = {name: {"labels": labels} for name in sorted(declared["networks"] - external["networks"])}
     volumes = {name: {"labels": labels} for name in sorted(declared["volumes"] - external["volumes"])}
@@ -186,7 +187,7 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
         # 1. The projects that are ours: named after a trial dir, or holding an object with our labels
         #    (a trial's projects share the prefix of its `__env` project).
         by_label = session is not None or jobs is not None
-        projects = set()
+        projects: set[str] = set()
         if by_label:
             owner = {"label": LABEL_JOB if session is None else f"{LABEL_SESSION}={session}"}
             for labels in (*(c.labels for c in client.containers.list(all=True, filters=owner, ignore_removed=True)),
@@ -208,20 +209,21 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
         # 2. Containers first: a network or volume still in use cannot be removed.
         for container in client.containers.list(all=True, filters=any_label, ignore_removed=True):
             if ours(container.labels):
-                removed += remove("container", container.short_id, lambda c=container: c.remove(force=True, v=True))
+                removed += remove("container", container.short_id,
+                                  functools.partial(container.remove, force=True, v=True))
         for network in client.networks.list(filters=any_label):
             if ours(network.attrs.get("Labels")):
                 removed += remove("network", network.short_id, network.remove)
         for volume in client.volumes.list(filters=any_label):
             if ours(volume.attrs.get("Labels")):
-                removed += remove("volume", volume.short_id, lambda v=volume: v.remove(force=True))
+                removed += remove("volume", volume.short_id, functools.partial(volume.remove, force=True))
         # 3. Images Compose built for these projects are tagged `<project>-<service>` (Harbor's own
         #    teardown removes them with `down --rmi local`).
         if starts:
             for image in client.images.list():
                 for tag in image.tags:
                     if tag.split(":", 1)[0].startswith(starts):
-                        removed += remove("image", tag, lambda t=tag: client.images.remove(t, noprune=False),
+                        removed += remove("image", tag, functools.partial(client.images.remove, tag, noprune=False),
                                           level=logging.DEBUG)
     except Exception as exc:  # noqa: BLE001 - engine gone mid-way (requests errors too): logged, never raised
         logger.warning("docker cleanup incomplete: %s", type(exc).__name__)
@@ -231,7 +233,7 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
 
 
 def _trial_prefixes(job_dirs: Iterable[Path]) -> frozenset[str]:
-    prefixes = set()
+    prefixes: set[str] = set()
     for job_dir in job_dirs:
         try:
             prefixes.update(compose_project_prefix(p.name) for p in job_dir.iterdir() if p.is_dir())
