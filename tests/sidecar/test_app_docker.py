@@ -149,7 +149,8 @@ class EchoAgent(BaseAgent):
         job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert job["state"] == "complete", job
         assert job["result"] == {"disclosure": "aggregate", "score": 1.0, "n_cases": 1, "n_attempts": 1,
-                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None, "inference": None}
+                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None,
+                                 "inference": None}
         assert budget(client, "train")["remaining_runs"] == 1
     assert not (harness.context_dir / job["id"]).exists()
 
@@ -258,7 +259,8 @@ def test_a_killed_sidecar_leaves_labelled_environments_that_its_restart_removes(
     )
     started = "/logs/verifier/started"
     write_case(harness.cases_dir, "slow", f"touch {started}\nsleep 300\n" + reward_if("true"))
-    spec = harness.write_spec(shared_root / "harness.json", harbor_executable=str(Path(sys.executable).parent / "harbor"))
+    spec = harness.write_spec(shared_root / "harness.json",
+                              harbor_executable=str(Path(sys.executable).parent / "harbor"))
     port_file = shared_root / "port"
     log = shared_root / "sidecar.log"
     with log.open("wb") as sink:

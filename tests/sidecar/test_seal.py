@@ -120,7 +120,8 @@ def test_serve_and_seal_commands(tmp_path):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     serve = subprocess.Popen(
-        [VERO, "harbor", "serve", "--allow-local-agent-calls", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+        [VERO, "harbor", "serve", "--allow-local-agent-calls",
+         "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
          "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
          str(harness.context_dir), "--cases-dir", str(harness.cases_dir), "--baseline-dir",
          str(harness.baseline_dir), "--work-dir", str(harness.work_dir), "--runner-user", "nobody",
@@ -177,7 +178,8 @@ def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(harness.config.model_dump_json())
     result = subprocess.run(
-        [VERO, "harbor", "serve", "--allow-local-agent-calls", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+        [VERO, "harbor", "serve", "--allow-local-agent-calls",
+         "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
          "127.0.0.1", "--port", str(_free_port()), "--agent-repo", str(harness.agent_repo), "--context-dir",
          str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
          str(harness.work_dir), "--runner-user", "nobody"],
@@ -195,7 +197,8 @@ def test_serve_on_a_taken_port_exits_5_with_a_clear_message(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [VERO, "harbor", "serve", "--allow-local-agent-calls", "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
+            [VERO, "harbor", "serve", "--allow-local-agent-calls",
+             "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
              "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
              str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
              str(harness.work_dir), "--runner-user", "nobody"],

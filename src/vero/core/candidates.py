@@ -49,7 +49,7 @@ import tempfile
 import threading
 import unicodedata
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,8 +67,14 @@ from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CandidateRejected, StorageFull
 from vero.spec.models import CandidateLimits
 
-__all__ = ["CandidateRecord", "CandidateStore", "MAX_VERSION_CHARS", "REPACK_EVERY_IMPORTS", "RESERVED_PATHS",
-           "WorktreeUpdate"]
+__all__ = [
+    "MAX_VERSION_CHARS",
+    "REPACK_EVERY_IMPORTS",
+    "RESERVED_PATHS",
+    "CandidateRecord",
+    "CandidateStore",
+    "WorktreeUpdate",
+]
 
 RESERVED_PATHS: tuple[str, ...] = (".vero",)
 """Top-level paths a candidate tree may not track."""
@@ -237,7 +243,7 @@ class CandidateStore:
 
     @classmethod
     def open(cls, root: str | Path, state: StateStore | None = None, *,
-             git_timeout_sec: float = 600.0, limits: CandidateLimits | None = None) -> "CandidateStore":
+             git_timeout_sec: float = 600.0, limits: CandidateLimits | None = None) -> CandidateStore:
         """Open or create the store under `root`.
 
         Args:
@@ -475,7 +481,7 @@ class CandidateStore:
         if kind != "commit":
             raise CandidateRejected(f"object {oid} is a {kind}, not a commit")
 
-    def _inspect_tree(self, store: IsolatedGit, tree: str, base: "_CheckedTree | None") -> dict[bytes, bytes]:
+    def _inspect_tree(self, store: IsolatedGit, tree: str, base: _CheckedTree | None) -> dict[bytes, bytes]:
         """Reject a tree with reserved paths, unsafe names, odd modes or escaping symlinks.
 
         Reads only what differs from `base`, the nearest checked first-parent ancestor's tree (or
@@ -492,7 +498,7 @@ class CandidateStore:
         if base is None:
             listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree,
                                     stdout_as_string=False)
-            entries = _ls_tree_entries(listing)
+            entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
             diff = store.diff_tree("-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options",
@@ -523,7 +529,7 @@ class CandidateStore:
                     )
         return links
 
-    def _checked_base(self, repo: IsolatedGit, records: StateStore, oid: str) -> "_CheckedTree | None":
+    def _checked_base(self, repo: IsolatedGit, records: StateStore, oid: str) -> _CheckedTree | None:
         """The nearest tree on `oid`'s first-parent line (as `repo` tells it) that an earlier import
         checked, with its symlinks and figures. `repo` may be the agent's: a false history only
         picks another checked tree to compare with, and the comparison itself is exact."""
@@ -669,7 +675,7 @@ class CandidateStore:
             raise
         return dest
 
-    def update_worktree(self, candidate_id: str, work_tree: str | Path, index_file: str | Path) -> "WorktreeUpdate":
+    def update_worktree(self, candidate_id: str, work_tree: str | Path, index_file: str | Path) -> WorktreeUpdate:
         """Bring the persistent work tree `work_tree` to a candidate's files, writing only what changed.
 
         `index_file` (private to the caller, e.g. under the state dir) is git's index of what

@@ -65,7 +65,7 @@ from pydantic import TypeAdapter
 from vero.core._offloop import SerialCommits
 from vero.errors import LedgerCorrupt, StorageFull
 
-__all__ = ["SCHEMA_VERSION", "STATE_FILE", "StateStore", "TERMINAL_JOB_STATES", "canonical_json", "iso"]
+__all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]
 
 SCHEMA_VERSION = 1
 """`PRAGMA user_version` of a state database this module writes and reads."""
@@ -80,6 +80,9 @@ TERMINAL_JOB_STATES: tuple[str, ...] = ("complete", "failed", "cancelled")
 _DATETIME = TypeAdapter(datetime)
 
 _TERMINAL_SQL = "('complete', 'failed', 'cancelled')"
+
+_JOB_ID_GLOB = "ev-" + "[0-9a-f]" * 16
+"""An evaluation id: `ev-` and 16 lowercase hex digits (the schema text is the same as when spelled out)."""
 
 _SCHEMA = f"""
 CREATE TABLE meta (
@@ -124,7 +127,7 @@ CREATE TABLE reservation_costs (
 
 CREATE TABLE jobs (
     seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE CHECK (id GLOB 'ev-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]'),
+    id TEXT NOT NULL UNIQUE CHECK (id GLOB '{_JOB_ID_GLOB}'),
     principal TEXT NOT NULL,
     partition TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'complete', 'failed', 'cancelled')),
@@ -283,7 +286,7 @@ class StateStore:
     # -- opening ------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path) -> "StateStore":
+    def open(cls, path: str | Path) -> StateStore:
         """Open the database at `path`, creating it (mode 0600, with its directory) when missing.
 
         Synchronous: call it at startup, or through `asyncio.to_thread` from a running loop.
@@ -335,7 +338,7 @@ class StateStore:
                                 f"refusing to start rather than reset it") from None
         return cls(path, writer)
 
-    def __enter__(self) -> "StateStore":
+    def __enter__(self) -> StateStore:
         return self
 
     def __exit__(self, *_exc: object) -> None:

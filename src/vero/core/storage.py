@@ -61,7 +61,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int) -> None:
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object], mode: int) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

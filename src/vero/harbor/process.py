@@ -210,9 +210,11 @@ async def run_process_group(
         OSError: the executable could not be started (missing, not executable for `run_as`).
         asyncio.CancelledError: the caller was cancelled; the group was killed first.
     """
-    identity: dict[str, object] = {}
+    user: int | None = None
+    group: int | None = None
+    extra_groups: list[int] | None = None
     if run_as is not None and os.geteuid() == 0:
-        identity = {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.extra_groups)}
+        user, group, extra_groups = run_as.uid, run_as.gid, list(run_as.extra_groups)
     elif run_as is not None:
         logger.debug("not root: the nested run keeps the caller's identity")
     started = time.monotonic()
@@ -222,7 +224,8 @@ async def run_process_group(
     try:
         process = await asyncio.create_subprocess_exec(
             *argv, env=dict(env), cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-            stdout=write_fd, stderr=asyncio.subprocess.STDOUT, start_new_session=True, **identity)
+            stdout=write_fd, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            user=user, group=group, extra_groups=extra_groups)
     except BaseException:
         os.close(read_fd)
         raise

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Literal
 
 import uvicorn
@@ -47,7 +47,7 @@ _logger = logging.getLogger("vero.sidecar")
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
 """Largest request body accepted, in bytes (a full case list of 10 000 names fits)."""
 
-GRACEFUL_SHUTDOWN_SEC = 3.0
+GRACEFUL_SHUTDOWN_SEC = 3  # uvicorn types its timeout_graceful_shutdown as int
 """How long a stopping sidecar waits for requests still being answered (long polls are answered at
 once), in seconds; well inside Docker's 10 s stop grace together with the jobs' cleanup."""
 
@@ -140,10 +140,10 @@ def create_app(
     agent_repo: str | Path,
     context_dir: str | Path,
     backend: EvaluationBackend | None = None,
-    cases_dir: str | Path = CONTAINER_PATHS.cases,
+    cases_dir: str | PurePath = CONTAINER_PATHS.cases,
     baseline_dir: str | Path | None = None,
     work_dir: str | Path = DEFAULT_WORK_DIR,
-    run_as: RunAs | None | Literal["auto"] = "auto",
+    run_as: RunAs | Literal["auto"] | None = "auto",
     max_concurrent_evaluations: int = 2,
     nested_env: Mapping[str, str] | None = None,
     context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
