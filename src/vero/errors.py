@@ -8,6 +8,8 @@ VeroError
 ├── BudgetExhausted           a reservation would exceed a (partition, principal) total
 ├── UnknownJob                no evaluation job with that id
 ├── Conflict                  the request conflicts with state (submit disabled, session sealed, ...)
+│   └── ReservationConflict   (+ ValueError) a reservation id reused, or closed the other way
+├── UnknownReservation        (+ KeyError) no budget reservation with that id
 ├── CandidateRejected         a version cannot be imported (malformed, unknown, unsafe tree)
 │   └── CandidateTooLarge     its tree is over a size limit (`target.limits`; HTTP 413)
 ├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
@@ -16,7 +18,8 @@ VeroError
 ├── StorageFull (+ OSError)   a write found its file system full (state dir, jobs dir, seal output);
 │                             nothing was recorded by it
 ├── SessionInvalid            a sealed session archive fails its digest or spec-digest check
-└── SidecarUnavailable        the agent-side client could not reach the sidecar
+├── SidecarUnavailable        the agent-side client could not reach the sidecar
+└── GitFailed                 a git command vero ran failed (GitPython's errors never cross core)
 ```
 
 Core code raises these and nothing HTTP-shaped; `vero.sidecar.errors` alone maps them to status
@@ -32,16 +35,19 @@ __all__ = [
     "CandidateRejected",
     "CandidateTooLarge",
     "Conflict",
+    "GitFailed",
     "InfrastructureFailure",
     "LedgerCorrupt",
     "PolicyDenied",
     "RequestInvalid",
+    "ReservationConflict",
     "SessionInvalid",
     "SidecarUnavailable",
     "SpecError",
     "SpecIssue",
     "StorageFull",
     "UnknownJob",
+    "UnknownReservation",
     "VeroError",
     "error_for_status",
 ]
@@ -174,6 +180,18 @@ class Conflict(VeroError):
     """The request conflicts with the current state (e.g. submissions disabled, session sealed)."""
 
 
+class ReservationConflict(Conflict, ValueError):
+    """A ledger change conflicts with the reservation's state: its id is already used, it was
+    closed the other way (settled vs refunded), or its job has not finished. Also a `ValueError`."""
+
+
+class UnknownReservation(VeroError, KeyError):
+    """No budget reservation with the given id exists. Also a `KeyError`."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class CandidateRejected(VeroError):
     """A version cannot become a candidate: malformed, unknown, or its tree is unsafe."""
 
@@ -231,6 +249,24 @@ class SessionInvalid(VeroError):
 
 class SidecarUnavailable(VeroError):
     """The agent-side client could not reach the sidecar (connection refused, DNS, timeouts)."""
+
+
+class GitFailed(VeroError):
+    """A git command vero ran failed or could not start (`vero.core._git.IsolatedGit` maps
+    GitPython's `CommandError`s to this at its one boundary).
+
+    Attributes:
+        command: the git subcommand (e.g. `fetch`).
+        status: git's exit status; None when git could not be started or was killed on timeout.
+        stderr: the end of git's error output (at most 2,000 characters), for operator logs only:
+            it can name paths and URLs, so it is never shown to an agent.
+    """
+
+    def __init__(self, command: str, status: int | None, stderr: str = "") -> None:
+        super().__init__(f"git {command} failed" + (f" (exit {status})" if status is not None else ""))
+        self.command = command
+        self.status = status
+        self.stderr = stderr[-2000:]
 
 
 HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {

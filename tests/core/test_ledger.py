@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.core.state import StateStore
-from vero.errors import BudgetExhausted, LedgerCorrupt, PolicyDenied
+from vero.errors import (
+    BudgetExhausted,
+    Conflict,
+    LedgerCorrupt,
+    PolicyDenied,
+    ReservationConflict,
+    UnknownReservation,
+    VeroError,
+)
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 
@@ -114,16 +122,20 @@ async def test_settle_and_refund_are_idempotent_and_exclusive(ledger):
     await ledger.refund(b.id, "cancelled")
     await ledger.refund(b.id, "interrupted")
     assert ledger.reservation(b.id).reason == "cancelled"
-    with pytest.raises(ValueError):
+    with pytest.raises(ReservationConflict):
         await ledger.refund(a.id, "cancelled")
-    with pytest.raises(ValueError):
+    with pytest.raises(ReservationConflict):
         await ledger.settle(b.id)
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownReservation):
         await ledger.settle("rs-unknown")
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownReservation):
         await ledger.refund("rs-unknown", "cancelled")
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownReservation) as raised:
         ledger.reservation("rs-unknown")
+    # Vero's errors, and still the built-ins callers of a mapping expect.
+    assert isinstance(raised.value, KeyError) and isinstance(raised.value, VeroError)
+    assert str(raised.value) == "no budget reservation 'rs-unknown'"
+    assert issubclass(ReservationConflict, ValueError) and issubclass(ReservationConflict, Conflict)
     b_figures = ledger.balance("train", "agent")
     assert (b_figures.settled_runs, b_figures.settled_cases, b_figures.reserved_runs) == (1, 2, 0)
     assert_consistent(ledger)
@@ -171,7 +183,7 @@ async def test_exhaustion_checks_runs_first_and_changes_nothing(ledger, ledger_p
 
 async def test_duplicate_reservation_id_is_refused(ledger):
     await ledger.reserve("train", "agent", Cost.of_evaluation(1), reservation_id="ev-x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ReservationConflict):
         await ledger.reserve("val", "agent", Cost.of_evaluation(1), reservation_id="ev-x")
     assert ledger.balance("val", "agent").reserved_runs == 0
 
@@ -196,7 +208,7 @@ async def test_a_failed_transaction_changes_nothing(ledger):
     with pytest.raises(OSError):
         await ledger.state.commit(reserve_then_fail)
     assert ledger.state.export_bytes() == before
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownReservation):
         ledger.reservation("rs-lost")
     await ledger.reserve("train", "agent", Cost.of_evaluation(2))
     assert ledger.balance("train", "agent").reserved_runs == 2

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from vero.compiler.cases import CaseStore
 from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME, CodingAgentSupport, coding_agent_support
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
 from vero.compiler.render import render
-from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, git_env, tree_digest
+from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, run_git, tree_digest
 from vero.compiler.wheel import build_wheel, client_requirements, runtime_requirements
 from vero.core.archive import write_canonical_tar
 from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
@@ -184,12 +183,7 @@ def _normalize_modes(root: Path) -> None:
 
 
 def _check_reference_patch(patch: Path, baseline_repo: Path) -> None:
-    done = subprocess.run(
-        ["git", "-c", f"safe.directory={baseline_repo}", "-C", str(baseline_repo), "apply", "--check",
-         "--whitespace=nowarn", str(patch)],
-        env=git_env(), stdin=subprocess.DEVNULL, capture_output=True, check=False,
-    )
-    if done.returncode != 0:
+    if run_git(baseline_repo, "apply", "--check", "--whitespace=nowarn", str(patch))[0] != 0:
         raise SpecError.at("target.reference", f"the patch {patch} does not apply to the baseline (git apply --check)")
 
 

@@ -9,15 +9,17 @@ is absolute or leaves it, no special file) and copied with normalized modes.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from vero.compiler.target import check_tree, copy_tree, git_env, tree_digest
+from vero.compiler.target import check_tree, copy_tree, run_git, tree_digest
 from vero.errors import SpecError
 from vero.spec.cases import CaseSource
 
 __all__ = ["CaseStore"]
+
+FETCH_TIMEOUT_SEC = 600.0
+"""Longest one git step of fetching a case's repository may take (then the build fails naming the case)."""
 
 
 class CaseStore:
@@ -63,15 +65,14 @@ class CaseStore:
             raise SpecError.at(self._loc, f"case {source.name!r} has an unsafe path inside its repository")
         with tempfile.TemporaryDirectory(dir=self._staging, prefix=".clone-") as tmp:
             repo = Path(tmp) / "repo"
-            steps: list[list[str]] = [
-                ["git", "init", "-q", str(repo)],
-                ["git", "-C", str(repo), "fetch", "-q", "--depth", "1", source.git_url, source.git_commit_id],
-                ["git", "-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", "FETCH_HEAD"],
+            repo.mkdir()
+            steps: list[tuple[str, ...]] = [
+                ("init", "-q", "--template=", "."),
+                ("fetch", "-q", "--depth", "1", "--end-of-options", source.git_url, source.git_commit_id),
+                ("checkout", "-q", "FETCH_HEAD"),
             ]
             for argv in steps:
-                done = subprocess.run(argv, env=git_env(), stdin=subprocess.DEVNULL,
-                                      capture_output=True, check=False)
-                if done.returncode != 0:
+                if run_git(repo, *argv, network=True, timeout_sec=FETCH_TIMEOUT_SEC)[0] != 0:
                     # git's stderr may echo credentials embedded in the URL: never shown.
                     raise SpecError.at(
                         self._loc, f"case {source.name!r}: cannot fetch its git repository at the pinned commit"

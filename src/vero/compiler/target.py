@@ -17,16 +17,16 @@ import io
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from vero.core._git import IsolatedGit, network_config, network_env, private_git_env
 from vero.core.archive import file_digest, symlink_escapes
 from vero.core.candidates import RESERVED_PATHS
-from vero.errors import SpecError
+from vero.errors import GitFailed, SpecError
 from vero.spec.compiled import digest_json
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "copy_tree",
     "export_baseline",
     "file_digest",
-    "git_env",
+    "run_git",
     "tree_digest",
     "walk_tree",
 ]
@@ -58,17 +58,34 @@ class BaselineExport:
     notes: tuple[str, ...] = ()
 
 
-def git_env() -> dict[str, str]:
-    """The environment for git commands the compiler runs: no user or system config, no GIT_* overrides.
+def run_git(repo: Path, *args: str, network: bool = False,
+            timeout_sec: float | None = None) -> tuple[int, bytes]:
+    """Run one git command of the compiler in `repo` with vero's hardened git (`vero.core._git`).
 
-    Git reads `GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE` and friends from the environment; an
-    inherited one would point a command at another repository. User and system config could change
-    what `git archive` writes (`tar.umask`, filters), so neither is read.
+    The environment is exact (no user or system config, no inherited `GIT_*` variable: those
+    could point a command at another repository or change what `git archive` writes), hooks and
+    filters of the repository's config are overridden, and only local paths are fetchable unless
+    `network` (a case's pinned `git_url`: `NETWORK_PROTOCOLS`, with the caller's proxy, CA and
+    ssh-agent variables).
+
+    Args:
+        repo: the working directory (a work tree, trusted as a safe directory).
+        args: git's arguments after `git`.
+        network: allow fetching over the network.
+        timeout_sec: kill git after this long (then the status is non-zero).
+
+    Returns:
+        `(exit status, stdout bytes)`; stderr is dropped (it may echo credentials in a URL).
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
-                "LC_ALL": "C"})
-    return env
+    with private_git_env(safe_directories=[repo, repo / ".git"],
+                         extra=network_env() if network else None) as (env, _):
+        runner = IsolatedGit(repo, env=env, config=network_config() if network else (), timeout_sec=timeout_sec)
+        try:
+            status, out, _err = runner.execute(["git", *args], with_extended_output=True, with_exceptions=False,
+                                               stdout_as_string=False, strip_newline_in_stdout=False)
+        except GitFailed as exc:  # git could not start, or was killed on timeout
+            return (exc.status or -1), b""
+        return int(status), out
 
 
 _BYTECODE_DIRS = frozenset({"__pycache__"})
@@ -162,22 +179,15 @@ def tree_digest(root: Path) -> str:
     return digest_json(entries)
 
 
-def _git(repo: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        ["git", "-c", f"safe.directory={repo}", "-c", "core.autocrlf=false", "-C", str(repo), *args],
-        env=git_env(), stdout=stdout, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False,
-    )
-
-
 def _export_git(repo: Path, dest: Path) -> BaselineExport:
-    if _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}").returncode != 0:
+    if run_git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")[0] != 0:
         raise SpecError.at("target.path", f"the Git repository {repo} has no commit at HEAD")
-    archive = _git(repo, "archive", "--format=tar", "HEAD")
-    if archive.returncode != 0:
+    status, archive = run_git(repo, "archive", "--format=tar", "HEAD")
+    if status != 0:
         raise SpecError.at("target.path", f"git archive HEAD failed in {repo}")
     dest.mkdir(parents=True)
     count = 0
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
         for member in tar:
             rel = PurePosixPath(member.name.rstrip("/"))
             if rel.is_absolute() or ".." in rel.parts or not rel.parts:
@@ -200,8 +210,8 @@ def _export_git(repo: Path, dest: Path) -> BaselineExport:
     # Links (and reserved paths) are checked once the whole tree exists (a link may point at a later entry).
     check_tree(dest, "target.path", what="the target's HEAD", repository=True)
     notes: list[str] = []
-    status = _git(repo, "status", "--porcelain", "--untracked-files=normal")
-    if status.returncode == 0 and status.stdout.strip():
+    status, changes = run_git(repo, "status", "--porcelain", "--untracked-files=normal")
+    if status == 0 and changes.strip():
         notes.append(
             "target.path: the baseline is the committed HEAD of the Git repository; its uncommitted "
             "and untracked changes are not part of the compiled task"

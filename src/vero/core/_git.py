@@ -30,8 +30,19 @@ from typing import Any
 import git
 
 from vero.core.storage import atomic_write_bytes
+from vero.errors import GitFailed
 
-__all__ = ["HARDENING_CONFIG", "IsolatedGit", "minimal_env", "private_git_env", "write_global_config"]
+__all__ = [
+    "HARDENING_CONFIG",
+    "NETWORK_PROTOCOLS",
+    "IsolatedGit",
+    "commit_trees",
+    "minimal_env",
+    "network_config",
+    "network_env",
+    "private_git_env",
+    "write_global_config",
+]
 
 HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
     # No hook and no fsmonitor daemon of any repository runs (docs/design.md §6: hooks off).
@@ -164,7 +175,9 @@ class IsolatedGit(git.Git):
         timeout_sec: kill a command (and its children) that runs longer than this; `None` waits.
 
     Commands must be given as argument lists (GitPython's `git.<cmd>(*args)`); a shell string is
-    refused with TypeError.
+    refused with TypeError. This is the one place git's failures are mapped: GitPython's
+    `CommandError`s (a non-zero exit, a timeout, git not found) leave as `vero.errors.GitFailed`,
+    the way httpx maps httpcore's exceptions, so no caller handles a foreign exception type.
     """
 
     def __init__(self, working_dir: str | Path, *, env: Mapping[str, str],
@@ -192,4 +205,50 @@ class IsolatedGit(git.Git):
         if self._vero_timeout_sec is not None and not kwargs.get("as_process"):
             kwargs.setdefault("kill_after_timeout", self._vero_timeout_sec)
         kwargs["shell"] = False
-        return super().execute(argv, *args, **kwargs)
+        try:
+            return super().execute(argv, *args, **kwargs)
+        except git.CommandError as exc:
+            status = exc.status if isinstance(exc.status, int) else None
+            stderr = exc.stderr if isinstance(exc.stderr, str) else ""
+            raise GitFailed(str(command[1]) if len(command) > 1 else "", status, stderr) from exc
+
+
+NETWORK_PROTOCOLS: tuple[str, ...] = ("https", "http", "ssh", "git")
+"""Transports a network fetch may use (`network_config`): what a spec's `git_url` can name."""
+
+_NETWORK_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
+                      "all_proxy", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "SSH_AUTH_SOCK")
+
+
+def network_config() -> tuple[tuple[str, str], ...]:
+    """`-c` options that open `NETWORK_PROTOCOLS` (after `HARDENING_CONFIG`, which allows only
+    local paths), for the compiler's fetch of a case's pinned repository; the store never uses them."""
+    return tuple((f"protocol.{name}.allow", "always") for name in NETWORK_PROTOCOLS)
+
+
+def network_env() -> dict[str, str]:
+    """The caller's proxy, CA-bundle and ssh-agent variables, the only ones a network fetch keeps
+    beyond `minimal_env` (a proxy or a private CA is how many networks reach a git host)."""
+    return {name: os.environ[name] for name in _NETWORK_VARIABLES if name in os.environ}
+
+
+def commit_trees(repo: Path, commits: Sequence[str], *, bare: bool = False) -> dict[str, str]:
+    """Tree id of each commit in `repo` that names a commit there (others are left out).
+
+    Args:
+        repo: a work tree, or with `bare` a git dir (e.g. an extracted session's `candidates.git`).
+        commits: commit ids (40 hex).
+
+    Raises:
+        GitFailed: git cannot read the repository at all.
+    """
+    safe = [repo] if bare else [repo, repo / ".git"]
+    with private_git_env(safe_directories=safe) as (env, _):
+        runner = IsolatedGit(repo, env=env, git_dir=repo if bare else repo / ".git")
+        trees: dict[str, str] = {}
+        for commit in commits:
+            out = runner.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
+                                  f"{commit}^{{tree}}"], with_exceptions=False)
+            if isinstance(out, str) and len(out.strip()) in (40, 64):
+                trees[commit] = out.strip()
+        return trees

@@ -68,7 +68,7 @@ def commit_baseline(work_tree: str | Path) -> str:
         ValueError: `work_tree` is not a directory, already has `.git`, tracks a reserved path
             (`.vero` at the top level), or holds a nested `.git` (git would record an empty gitlink
             instead of the files).
-        git.GitCommandError: git failed.
+        GitFailed: git failed.
     """
     root = Path(os.path.abspath(work_tree))
     if not root.is_dir():

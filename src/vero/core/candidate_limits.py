@@ -68,7 +68,7 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits,
     Raises:
         CandidateTooLarge: a limit is exceeded (the error names the limit, the figure and the
             path of an oversized file).
-        git.GitCommandError: git could not read the objects.
+        GitFailed: git could not read the objects.
     """
     if base is None:
         files, total, grown = _whole(git, tree)
@@ -88,7 +88,7 @@ def measure_commit(work_tree: Path, limits: CandidateLimits, rev: str = "HEAD") 
 
     Raises:
         CandidateTooLarge: over a limit.
-        git.GitCommandError: `rev` cannot be read.
+        GitFailed: `rev` cannot be read.
     """
     with private_git_env(safe_directories=[work_tree, work_tree / ".git"]) as (env, _template):
         repo = IsolatedGit(work_tree, env=env)

@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import git
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core._git import IsolatedGit, minimal_env, write_global_config
@@ -64,7 +63,7 @@ from vero.core.archive import symlink_escapes
 from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space
-from vero.errors import CandidateRejected, StorageFull
+from vero.errors import CandidateRejected, GitFailed, StorageFull
 from vero.spec.models import CandidateLimits
 
 __all__ = [
@@ -254,7 +253,7 @@ class CandidateStore:
 
         Raises:
             OSError: `root` cannot be created or written.
-            git.GitCommandError: the bare repository cannot be initialized.
+            GitFailed: the bare repository cannot be initialized.
         """
         root = Path(os.path.abspath(root))
         store = cls(root, state, git_timeout_sec=git_timeout_sec, limits=limits)
@@ -353,7 +352,7 @@ class CandidateStore:
         agent = self._git(self._home, git_dir=source_git_dir, safe_directories=safe)
         try:
             oid = agent.rev_parse("--verify", "--quiet", "--end-of-options", f"{version}^{{commit}}")
-        except git.GitCommandError:
+        except GitFailed:
             raise CandidateRejected(f"version {version!r} does not name a commit in the repository") from None
         oid = oid.strip()
         if not _OID.fullmatch(oid):
@@ -367,7 +366,7 @@ class CandidateStore:
         wrong one costs a larger fetch, never a wrong import."""
         try:
             ancestors = agent.rev_list(f"--max-count={_BASE_SEARCH_COMMITS}", "--end-of-options", oid).split()
-        except git.GitCommandError:
+        except GitFailed:
             return []
         ancestors = [a for a in ancestors if _OID.fullmatch(a) and a != oid]
         if not ancestors or self.state is None:
@@ -419,7 +418,7 @@ class CandidateStore:
                                     None if base is None else (base.tree, base.size))
                 self._check_abort(abort)
                 record = self._publish(store, records, record, symlinks, size)
-            except (git.GitCommandError, OSError) as exc:
+            except (GitFailed, OSError) as exc:
                 if is_out_of_space(exc) and not isinstance(exc, StorageFull):
                     raise self._full() from None
                 raise
@@ -439,7 +438,7 @@ class CandidateStore:
             tree = _parse_commit(oid, agent.cat_file("commit", oid, stdout_as_string=False)).tree
             base = self._checked_base(agent, records, oid)
             measure_tree(agent, tree, self.limits, None if base is None else (base.tree, base.size))
-        except git.GitCommandError:
+        except GitFailed:
             raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
     def _full(self) -> StorageFull:
@@ -455,7 +454,7 @@ class CandidateStore:
             store.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
                         *(f"--negotiation-tip={tip}" for tip in tips),
                         "--end-of-options", str(source_git_dir), f"{oid}:{temporary}")
-        except git.GitCommandError as exc:
+        except GitFailed as exc:
             if is_out_of_space(exc):
                 raise self._full() from None
             raise CandidateRejected(
@@ -474,7 +473,7 @@ class CandidateStore:
         try:
             fetched = store.rev_parse("--verify", "--quiet", "--end-of-options", temporary).strip()
             kind = store.cat_file("-t", oid).strip()
-        except git.GitCommandError:
+        except GitFailed:
             raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
         if fetched != oid:
             raise CandidateRejected(f"fetched object id does not match the requested commit {oid}")
@@ -613,7 +612,7 @@ class CandidateStore:
         # `update-ref -d` of an absent ref succeeds; a failure here must not hide the real error.
         try:
             store.update_ref("-d", ref)
-        except git.GitCommandError:
+        except GitFailed:
             pass
 
     # -- reading --------------------------------------------------------------------------------
@@ -661,7 +660,7 @@ class CandidateStore:
         Raises:
             KeyError: unknown id (no `refs/vero/candidates/<id>`).
             FileExistsError: `dest` exists.
-            git.GitCommandError: git failed (then `dest` is removed).
+            GitFailed: git failed (then `dest` is removed).
         """
         dest = Path(os.path.abspath(dest))
         tree = self._commit_tree(self._store_git(), candidate_id)
@@ -689,7 +688,7 @@ class CandidateStore:
 
         Raises:
             KeyError: unknown candidate.
-            git.GitCommandError: git failed (the index is then removed, so the next call starts over).
+            GitFailed: git failed (the index is then removed, so the next call starts over).
         """
         work_tree = Path(os.path.abspath(work_tree))
         index_file = Path(os.path.abspath(index_file))

@@ -40,7 +40,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vero.core.state import StateStore, iso
-from vero.errors import BudgetExhausted, PolicyDenied
+from vero.errors import BudgetExhausted, PolicyDenied, ReservationConflict, UnknownReservation
 
 __all__ = [
     "RESOURCES",
@@ -312,7 +312,7 @@ class BudgetLedger:
         if not remaining:
             raise _no_entry()
         if conn.execute("SELECT 1 FROM reservations WHERE id = ?", (reservation_id,)).fetchone():
-            raise ValueError("reservation id already used")
+            raise ReservationConflict("reservation id already used")
         amounts = cost.amounts()
         for resource, amount in amounts.items():
             if resource not in remaining:
@@ -336,21 +336,22 @@ class BudgetLedger:
         """`settle` or `refund` inside the caller's transaction `conn`.
 
         Raises:
-            KeyError: unknown reservation. ValueError: it was already closed the other way, or it
-                belongs to a job that has not finished (close it with `JobStore.finish`).
+            UnknownReservation (a KeyError): unknown reservation. ReservationConflict (a
+                ValueError): it was already closed the other way, or it belongs to a job that has
+                not finished (close it with `JobStore.finish`).
         """
         row = conn.execute(f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?",
                            (reservation_id,)).fetchone()
         if row is None:
-            raise KeyError(reservation_id)
+            raise UnknownReservation(f"no budget reservation {reservation_id!r}")
         current = _reservation(row)
         if current.state == target:
             return current
         if current.state != "reserved":
-            raise ValueError(f"reservation is already {current.state}")
+            raise ReservationConflict(f"reservation is already {current.state}")
         owner = conn.execute("SELECT state FROM jobs WHERE reservation_id = ?", (reservation_id,)).fetchone()
         if owner is not None and owner[0] not in ("complete", "failed", "cancelled"):
-            raise ValueError("the reservation belongs to a job that has not finished")
+            raise ReservationConflict("the reservation belongs to a job that has not finished")
         closed_at = datetime.now(UTC)
         closed = current.model_copy(update={"state": target, "closed_at": closed_at, "reason": reason})
         conn.execute("UPDATE reservations SET state = ?, closed_at = ?, reason = ? WHERE id = ?",
@@ -374,7 +375,7 @@ class BudgetLedger:
         Raises:
             PolicyDenied: no entry for (partition, principal) (fail closed).
             BudgetExhausted: a resource would go past its total (checked in `RESOURCES` order).
-            ValueError: `reservation_id` is already used.
+            ReservationConflict (a ValueError): `reservation_id` is already used.
         """
         rid = reservation_id if reservation_id is not None else "rs-" + secrets.token_hex(8)
         return await self.state.commit(lambda conn: self.reserve_in(conn, partition, principal, cost, rid))
@@ -385,8 +386,8 @@ class BudgetLedger:
         Settling an already settled reservation returns it unchanged (its first reason is kept).
 
         Raises:
-            KeyError: unknown reservation. ValueError: it was already refunded, or its job has not
-                finished.
+            UnknownReservation (a KeyError): unknown reservation. ReservationConflict (a
+                ValueError): it was already refunded, or its job has not finished.
         """
         return await self.state.commit(lambda conn: self.close_in(conn, reservation_id, "settled", reason))
 
@@ -396,8 +397,8 @@ class BudgetLedger:
         Refunding an already refunded reservation returns it unchanged (its first reason is kept).
 
         Raises:
-            KeyError: unknown reservation. ValueError: it was already settled, or its job has not
-                finished.
+            UnknownReservation (a KeyError): unknown reservation. ReservationConflict (a
+                ValueError): it was already settled, or its job has not finished.
         """
         return await self.state.commit(lambda conn: self.close_in(conn, reservation_id, "refunded", reason))
 
@@ -420,11 +421,11 @@ class BudgetLedger:
         return self.state.read(_figures)
 
     def reservation(self, reservation_id: str) -> Reservation:
-        """One reservation. Raises KeyError for an unknown id."""
+        """One reservation. Raises UnknownReservation (a KeyError) for an unknown id."""
         row = self.state.read(lambda conn: conn.execute(
             f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?", (reservation_id,)).fetchone())
         if row is None:
-            raise KeyError(reservation_id)
+            raise UnknownReservation(f"no budget reservation {reservation_id!r}")
         return _reservation(row)
 
     def reservations(self) -> list[Reservation]:

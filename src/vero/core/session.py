@@ -25,7 +25,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal, Self
 
-import git
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from vero.core._git import IsolatedGit, private_git_env
@@ -42,7 +41,7 @@ from vero.core.jobs import TERMINAL_STATES, EvaluationJob
 from vero.core.ledger import BudgetBalance, BudgetFigures, Reservation, balances_of, check_ledger_invariants
 from vero.core.state import STATE_FILE, StateStore, canonical_json
 from vero.core.submission import Submission
-from vero.errors import SessionInvalid
+from vero.errors import GitFailed, SessionInvalid
 
 __all__ = [
     "SESSION_SCHEMA_VERSION",
@@ -152,7 +151,7 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
     Raises:
         LedgerCorrupt: `state` is None and the database is refused.
         OSError: a state file cannot be read or the archive cannot be written.
-        git.GitCommandError: git could not bundle the candidate store.
+        GitFailed: git could not bundle the candidate store.
     """
     state_path = Path(state_dir)
     dest = Path(dest)
@@ -261,7 +260,7 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
                 session_git.fetch("-q", "--no-tags", "--end-of-options", str(bundle),
                                   f"{CANDIDATE_REF_PREFIX}*:{CANDIDATE_REF_PREFIX}*")
             known = set(session_git.for_each_ref("--format=%(objectname)", CANDIDATE_REF_PREFIX).split())
-        except git.GitCommandError:
+        except GitFailed:
             raise SessionInvalid("the session's candidate bundle is invalid") from None
 
     try:

@@ -39,7 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
-import git
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core.candidates import CandidateRecord, CandidateStore
@@ -54,6 +53,7 @@ from vero.core.storage import atomic_write_model, is_out_of_space
 from vero.core.submission import Submission, read_submission, record_submission
 from vero.errors import (
     Conflict,
+    GitFailed,
     InfrastructureFailure,
     LedgerCorrupt,
     PolicyDenied,
@@ -892,7 +892,7 @@ class SidecarService:
                 another directory writes it.
             StorageFull: a file system is full (the seal record, the staging dir or `output_dir`);
                 a retry once there is room writes the archive.
-            git.GitCommandError: git could not bundle the candidate store.
+            GitFailed: git could not bundle the candidate store.
         """
         assert self._seal_lock is not None and self._admissions_idle is not None
         self._check_seal_output(Path(output_dir))
@@ -924,7 +924,7 @@ class SidecarService:
                     spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
                     sealed_at=self.sealed_at, state=self.state,
                 )
-            except (OSError, git.GitCommandError) as exc:
+            except (OSError, GitFailed) as exc:
                 if is_out_of_space(exc):
                     raise StorageFull("the session archive could not be written: a file system is full") from None
                 if isinstance(exc, OSError):

@@ -67,8 +67,7 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
     `baseline_commit`); anything else means the verifier image's baseline is not the one the task was
     compiled with, and the baseline is reported unavailable rather than scored.
     """
-    import git
-
+    from vero.core._git import commit_trees
     from vero.core.baseline import commit_baseline
 
     if not files.is_dir():
@@ -76,7 +75,7 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
     try:
         shutil.copytree(files, dest, symlinks=True)
         commit = commit_baseline(dest)
-        tree = git.Repo(dest).commit(commit).tree.hexsha
+        tree = commit_trees(dest, [commit])[commit]
     except Exception as exc:  # noqa: BLE001 - any failure makes the baseline unavailable, reported
         logger.exception("rebuilding the baseline failed")
         return RebuiltBaseline(None, None, f"the baseline could not be rebuilt ({type(exc).__name__})")
@@ -96,17 +95,12 @@ def _sha256(path: Path) -> str | None:
 
 def _trees(session: Session) -> dict[str, str]:
     """Candidate id -> tree id: from the records, else from the session's Git objects."""
-    import git
+    from vero.core._git import commit_trees
 
     trees = {record.id: record.tree for record in session.candidates}
     missing = {job.candidate for job in session.jobs} - trees.keys()
     if missing:
-        repo = git.Repo(session.git_dir)
-        for commit in sorted(missing):
-            try:
-                trees[commit] = repo.commit(commit).tree.hexsha
-            except (ValueError, git.BadName, git.GitCommandError):
-                continue
+        trees.update(commit_trees(session.git_dir, sorted(missing), bare=True))
     return trees
 
 

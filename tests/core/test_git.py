@@ -1,0 +1,39 @@
+"""`vero.core._git`: the one boundary where git's failures become vero's."""
+
+from __future__ import annotations
+
+import subprocess
+
+import git
+import pytest
+
+from vero.core._git import IsolatedGit, commit_trees, private_git_env
+from vero.errors import GitFailed, VeroError
+
+
+def test_git_failures_leave_as_gitfailed_never_as_gitpythons(tmp_path):
+    with private_git_env(safe_directories=[tmp_path]) as (env, _):
+        runner = IsolatedGit(tmp_path, env=env, git_dir=tmp_path / "absent.git")
+        with pytest.raises(GitFailed) as raised:
+            runner.rev_parse("--verify", "HEAD")
+    error = raised.value
+    assert isinstance(error, VeroError) and not isinstance(error, git.GitCommandError)
+    assert (error.command, error.status) == ("rev-parse", 128)
+    assert "not a git repository" in error.stderr
+    assert str(error) == "git rev-parse failed (exit 128)"  # no path or output in the message
+
+
+def test_commit_trees_reads_known_commits_and_leaves_out_the_rest(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.txt").write_text("a\n")
+    subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
+                    "commit", "-qm", "a"], check=True)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    tree = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD^{tree}"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    assert commit_trees(repo, [commit, "f" * 40, "--output=x"]) == {commit: tree}
+    assert commit_trees(repo / ".git", [commit], bare=True) == {commit: tree}
+    assert not (repo / "x").exists()
