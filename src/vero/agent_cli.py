@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, NoReturn
 
+from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.errors import (
     BudgetExhausted,
     CandidateRejected,
@@ -52,7 +53,6 @@ AGENT_COMMANDS = frozenset({"status", "eval", "result", "submit", "evaluations"}
 
 SIDECAR_URL_ENV = "VERO_SIDECAR_URL"
 DEFAULT_SIDECAR_URL = "http://eval-sidecar:8000"
-JOB_TERMINAL_STATES = frozenset({"complete", "failed", "cancelled"})
 MAX_WAIT_SEC = 60.0
 LONG_POLL_SEC = 20.0
 RETRY_ATTEMPTS = 6
@@ -325,7 +325,7 @@ def _wait(sidecar: Sidecar, job: dict[str, Any], poll_interval_sec: float, timeo
     deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
     last, wait_sec = job["state"], 0.0
     try:
-        while job["state"] not in JOB_TERMINAL_STATES:
+        while job["state"] not in TERMINAL_JOB_STATES:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 print(f"{head}: still {job['state']} after {timeout_sec:g}s; the job keeps running: "

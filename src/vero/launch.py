@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
@@ -25,7 +23,7 @@ from pathlib import Path
 from vero.errors import InfrastructureFailure, SpecError
 from vero.spec.models import OptimizationSpec
 
-__all__ = ["PreparedTask", "TaskRunOutcome", "check_agent_name", "check_execution_target", "harbor_executable", "prepare_task", "run_task"]
+__all__ = ["PreparedTask", "TaskRunOutcome", "check_agent_name", "check_execution_target", "prepare_task", "run_task"]
 
 
 @dataclass
@@ -54,21 +52,6 @@ class TaskRunOutcome:
     def ok(self) -> bool:
         """True when the trial finished without an exception and produced a reward."""
         return self.trial_dir is not None and self.exception_type is None and bool(self.rewards)
-
-
-def harbor_executable() -> str:
-    """The `harbor` console script of this environment (next to the interpreter), else from PATH.
-
-    Raises:
-        InfrastructureFailure: no `harbor` executable is found.
-    """
-    beside = Path(sys.executable).with_name("harbor")
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("harbor")
-    if found:
-        return found
-    raise InfrastructureFailure("the `harbor` command is not installed in this environment")
 
 
 def load_env_file(path: Path) -> dict[str, str]:
@@ -244,7 +227,9 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
             reachable (both checked before compiling), or Harbor could not start.
     """
     check_agent_name(agent)
-    harbor = harbor_executable()
+    from vero.harbor.command import find_harbor_executable
+
+    harbor = str(find_harbor_executable())
     prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"

@@ -343,3 +343,13 @@ async def _admit_many(jobs: JobStore, make_job, n: int) -> list[str]:
     admitted = await asyncio.gather(*(jobs.admit(new_job(make_job, cases=["c1"]), Cost.of_evaluation(1))
                                       for _ in range(n)))
     return [job.id for job, _ in admitted]
+
+
+def test_the_job_state_literal_is_the_one_list_of_states():
+    from typing import get_args
+
+    from vero.core.job_states import JOB_STATES, TERMINAL_JOB_STATES
+    from vero.core.jobs import JobState
+
+    assert get_args(JobState) == JOB_STATES
+    assert set(TERMINAL_JOB_STATES) < set(JOB_STATES)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-__all__ = ["LoopLocalLock", "SerialCommits", "run_to_completion"]
+__all__ = ["LoopLocalLock", "SerialCommits", "finish_uncancellable", "run_to_completion"]
 
 
 class LoopLocalLock:
@@ -46,30 +46,34 @@ class LoopLocalLock:
             return lock
 
 
-async def run_to_completion[T](func: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-    """Run `func` in a worker thread and wait for it even if the caller is cancelled.
+async def finish_uncancellable[T](awaitable: Awaitable[T], on_cancel: Callable[[], None] | None = None) -> T:
+    """Await `awaitable` to completion even if the caller is cancelled meanwhile, any number of times.
+
+    Cleanup and commits that must happen (killing a process group, removing containers, a state
+    transaction) go through here, so a cancellation cannot cut them short (docs/design.md §2
+    "cleanup survives cancellation").
 
     Args:
-        func: the work; it runs to completion in the thread whatever happens to the caller.
-        on_cancel: called once, on the loop, when the caller is first cancelled (e.g. to ask
-            `func` to stop early at its next step); the wait for `func` goes on afterwards.
+        awaitable: the work; it runs to completion whatever happens to the caller.
+        on_cancel: called once, on the loop, when the caller is first cancelled (e.g. to ask the
+            work to stop early at its next step); the wait goes on afterwards.
 
     Returns:
-        What `func` returned.
+        What `awaitable` returned.
 
     Raises:
-        asyncio.CancelledError: the caller was cancelled; `func` has finished by then (its own result
-            or exception is discarded, so callers must make `func` leave consistent state).
-        Exception: whatever `func` raised, when the caller was not cancelled.
+        asyncio.CancelledError: the caller was cancelled; the work has finished by then (its own
+            result or exception is discarded, so the work must leave consistent state).
+        Exception: whatever the work raised, when the caller was not cancelled.
     """
-    task = asyncio.ensure_future(asyncio.to_thread(func))
+    task = asyncio.ensure_future(awaitable)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if on_cancel is not None:
+        if on_cancel is not None and not task.done():
             on_cancel()
-        # Repeated cancellations must not cut the wait short: leaving early would release the
-        # caller's asyncio lock while the commit is still running.
+        # Repeated cancellations must not cut the wait short: leaving early would, e.g., release
+        # the caller's asyncio lock while a commit is still running.
         while not task.done():
             try:
                 await asyncio.wait([task])
@@ -78,6 +82,12 @@ async def run_to_completion[T](func: Callable[[], T], on_cancel: Callable[[], No
         if not task.cancelled():
             task.exception()  # mark retrieved; the caller's cancellation wins
         raise
+
+
+async def run_to_completion[T](func: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
+    """Run `func` in a worker thread and wait for it even if the caller is cancelled
+    (`finish_uncancellable` of `asyncio.to_thread(func)`; same arguments and errors)."""
+    return await finish_uncancellable(asyncio.to_thread(func), on_cancel)
 
 
 class SerialCommits:

@@ -31,9 +31,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core.evaluation import EvaluationResult
+from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.core.ladder import LadderDisclosure
 from vero.core.ledger import BudgetLedger, Cost, Reservation
-from vero.core.state import TERMINAL_JOB_STATES
 from vero.errors import Conflict, LedgerCorrupt, UnknownJob
 from vero.spec.models import Disclosure
 

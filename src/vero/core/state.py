@@ -63,6 +63,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from vero.core._offloop import SerialCommits
+from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]
@@ -75,7 +76,6 @@ STATE_FILE = "state.db"
 
 _APPLICATION_ID = 0x7665726F  # "vero": marks the file as ours (`PRAGMA application_id`)
 
-TERMINAL_JOB_STATES: tuple[str, ...] = ("complete", "failed", "cancelled")
 
 _DATETIME = TypeAdapter(datetime)
 

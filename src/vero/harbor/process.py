@@ -23,10 +23,11 @@ import os
 import pwd
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vero.core._offloop import finish_uncancellable
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import RunAs
 from vero.harbor.command import scrub
@@ -95,27 +96,6 @@ class ProcessOutcome:
     timed_out: bool
     output_tail: str
     duration_sec: float
-
-
-async def finish_uncancellable[T](awaitable: Awaitable[T]) -> T:
-    """Await `awaitable` to completion even if the caller is cancelled meanwhile; then re-raise.
-
-    Cleanup that must happen (killing a process group, removing containers) goes through here, so
-    a second cancellation cannot cut it short (DESIGN §2 "cleanup survives cancellation").
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
 
 
 def _signal_group(pgid: int, signum: int) -> bool:

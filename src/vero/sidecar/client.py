@@ -44,6 +44,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.errors import RequestInvalid, SidecarUnavailable, VeroError, error_for_status
 from vero.sidecar.models import (
     EvaluationPage,
@@ -70,7 +71,7 @@ SIDECAR_URL_ENV = "VERO_SIDECAR_URL"
 DEFAULT_SIDECAR_URL = "http://eval-sidecar:8000"
 """The `eval-sidecar` Compose service as `main` reaches it."""
 
-JOB_TERMINAL_STATES: frozenset[str] = frozenset({"complete", "failed", "cancelled"})
+JOB_TERMINAL_STATES: frozenset[str] = frozenset(TERMINAL_JOB_STATES)
 """Job states after which a job never changes again."""
 
 MAX_WAIT_SEC = 60.0

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from vero.core.jobs import JobState
 from vero.core.usage import InferenceUsage
 from vero.spec.models import Disclosure
 
@@ -152,7 +153,7 @@ class JobView(_Wire):
     """An evaluation job as the agent sees it."""
 
     id: str = Field(description="The job id (`ev-` and 16 hex digits).")
-    state: Literal["queued", "running", "complete", "failed", "cancelled"] = Field(description=(
+    state: JobState = Field(description=(
         "queued or running until the measurement ends; then complete (see `result`), failed (see "
         "`error`) or cancelled."))
     partition: str
