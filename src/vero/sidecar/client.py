@@ -122,7 +122,7 @@ def _is_transient(response: httpx.Response) -> bool:
     return True
 
 
-def error_from_response(response: httpx.Response) -> VeroError:
+def error_from_response(response: httpx.Response, context: str | None = None) -> VeroError:
     """The `vero.errors` instance for a non-2xx sidecar answer (see the module table).
 
     The message is the problem body's `detail` (or `title`); the server keeps both generic. A body
@@ -130,15 +130,18 @@ def error_from_response(response: httpx.Response) -> VeroError:
 
     Args:
         response: a response with a status code of 300 or more.
+        context: put before the message with the status code (`"<context> (HTTP 401): <detail>"`),
+            for an operator's command such as `vero harbor seal`.
 
     Returns:
         The error to raise; `SidecarUnavailable` for a 5xx other than 502, `VeroError` for a status
         with no vero meaning.
     """
     problem = _problem_of(response)
-    if problem is None:
-        return error_for_status(response.status_code, None)
-    return error_for_status(response.status_code, problem.detail or problem.title, problem.code)
+    detail = None if problem is None else (problem.detail or problem.title)
+    if context is not None:
+        detail = f"{context} (HTTP {response.status_code})" + (f": {detail}" if detail else "")
+    return error_for_status(response.status_code, detail, None if problem is None else problem.code)
 
 
 class SidecarClient:

@@ -20,7 +20,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vero.errors import SidecarUnavailable, VeroError
-from vero.sidecar.models import Problem, SealRequest, SealResponse
+from vero.sidecar.client import error_from_response
+from vero.sidecar.models import SealRequest, SealResponse
 
 __all__ = [
     "ADMIN_TOKEN_FILE",
@@ -69,8 +70,9 @@ def request_seal(output_dir: Path, *, token_file: Path, base_url: str = DEFAULT_
 
     Raises:
         SidecarUnavailable: the token cannot be read, or the service cannot be reached or answered
-            with a server error.
-        VeroError: the service refused the request (e.g. a wrong token: HTTP 401).
+            with a server error (a full disk: 507).
+        VeroError: the service refused the request, as `vero.sidecar.client.error_from_response`
+            maps its problem body (e.g. `Conflict` for 409; a plain `VeroError` for a wrong token, 401).
     """
     import httpx
 
@@ -95,11 +97,5 @@ def request_seal(output_dir: Path, *, token_file: Path, base_url: str = DEFAULT_
             return SealResponse.model_validate_json(response.content)
         except ValidationError:
             raise VeroError(f"the sidecar at {base_url} answered the seal with an unexpected body") from None
-    try:
-        detail = Problem.model_validate_json(response.content).detail or ""
-    except ValidationError:
-        detail = ""
-    message = f"the sidecar refused to seal (HTTP {response.status_code})" + (f": {detail}" if detail else "")
-    if response.status_code >= 500:
-        raise SidecarUnavailable(message)
-    raise VeroError(message)
+    # The agent-side client's mapping, so a problem body means the same class everywhere.
+    raise error_from_response(response, context="the sidecar refused to seal")
