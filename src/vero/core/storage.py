@@ -37,7 +37,7 @@ def is_out_of_space(exc: BaseException) -> bool:
     """Whether a failed write failed because its file system is full.
 
     True for `StorageFull`, an `OSError` with errno ENOSPC or EDQUOT, and a failed git command
-    (anything with a `stderr`, e.g. `git.GitCommandError`) whose error output names either.
+    (anything with a `stderr`, e.g. `vero.errors.GitFailed`) whose error output names either.
     """
     if isinstance(exc, StorageFull):
         return True
