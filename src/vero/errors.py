@@ -14,6 +14,8 @@ VeroError
 │   └── CandidateTooLarge     its tree is over a size limit (`target.limits`; HTTP 413)
 ├── RequestInvalid            the sidecar refused a request's shape (HTTP 422): a usage error
 ├── InfrastructureFailure     the evaluation could not measure anything (build, engine, timeout); refunded
+│   └── CaseMisconfigured     a case cannot be measured whatever the candidate (invalid task, missing
+│                             variables, setup rejected, reward key missing); refunded, `code` says which
 ├── LedgerCorrupt             the state database (ledger, jobs, ...) cannot be read or breaks an invariant
 ├── StorageFull (+ OSError)   a write found its file system full (state dir, jobs dir, seal output);
 │                             nothing was recorded by it
@@ -34,6 +36,7 @@ __all__ = [
     "BudgetExhausted",
     "CandidateRejected",
     "CandidateTooLarge",
+    "CaseMisconfigured",
     "Conflict",
     "GitFailed",
     "InfrastructureFailure",
@@ -226,7 +229,36 @@ class RequestInvalid(VeroError):
 
 
 class InfrastructureFailure(VeroError):
-    """The evaluation produced no measurement for infrastructure reasons; its budget is refunded."""
+    """The evaluation produced no measurement for infrastructure reasons; its budget is refunded.
+
+    Attributes:
+        diagnostics: what the nested runs said (`vero.core.diagnostics.RunDiagnostics`), for the
+            operator only; None when nothing ran or the error was rebuilt from a message.
+    """
+
+    def __init__(self, message: str = "", *, diagnostics: object | None = None):
+        super().__init__(message)
+        self.diagnostics = diagnostics
+
+
+class CaseMisconfigured(InfrastructureFailure):
+    """A selected case cannot be measured, whatever the candidate: the case is broken, not the
+    candidate (`vero.core.diagnostics` lists the codes). Refunded like any infrastructure failure.
+
+    Attributes:
+        code: the first problem's code (`case_invalid`, `missing_variables`, `setup_rejected`,
+            `reward_key_missing`); what the agent is told.
+        problems: every `CaseProblem` (case names and details: operator only); empty when rebuilt
+            by the agent-side client from a problem body.
+        cases: the cases concerned, when the agent may know them (empty otherwise).
+    """
+
+    def __init__(self, message: str = "", *, code: str, problems: list | tuple = (),
+                 cases: list[str] | tuple[str, ...] = (), diagnostics: object | None = None):
+        super().__init__(message, diagnostics=diagnostics)
+        self.code = code
+        self.problems = list(problems)
+        self.cases = list(cases)
 
 
 class LedgerCorrupt(VeroError):

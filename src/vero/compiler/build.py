@@ -207,6 +207,36 @@ def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str
                     )
 
 
+def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
+    """Refuse cases Harbor cannot run for the nested runs (`vero.harbor.case_checks`).
+
+    What the nested runs will have is the spec's secrets plus the few variables they inherit
+    (`vero.harbor.command.INHERITED_ENV_NAMES`): a case variable set on the build machine but not
+    declared never reaches the sidecar or the verifier. Required variables missing from
+    `os.environ` (e.g. secrets from an env file) are stood in for while Harbor's constructors run.
+
+    Raises:
+        SpecError: one issue per problem, naming the case (and the variable, and where it is required).
+    """
+    from vero.harbor.case_checks import check_cases
+    from vero.harbor.command import FORCED_ENV, INHERITED_ENV_NAMES
+
+    declared = set(spec.effective_secrets())
+    available = declared | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
+    owner = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
+    issues: list[SpecIssue] = []
+    for problem in check_cases(case_dirs, environment=spec.harbor.environment, available=available):
+        if problem.code == "missing_variables":
+            issues.append(SpecIssue("secrets", f"case {problem.case!r}: {problem.detail}; declare each in "
+                                               "`secrets` (names only, set at build and run time) or give "
+                                               "it a default in the case (${NAME:-value})"))
+        else:
+            issues.append(SpecIssue(f"cases.partitions.{owner.get(problem.case, '?')}",
+                                    f"case {problem.case!r} ({problem.code}): {problem.detail}"))
+    if issues:
+        raise SpecError(issues)
+
+
 def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tarball: str | Path | None = None,
                  force: bool = False, env: Mapping[str, str] | None = None,
                  agent: str | None = None) -> CompileResult:
@@ -307,6 +337,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             case_digests = {case: store.digest(case) for case in sorted(
                 {c for names in (*sidecar_partitions.values(), *verifier_partitions.values()) for c in names})}
             case_dirs = {case: store.path(case) for case in case_digests}
+            _check_cases(spec, case_dirs)
             scopes = {**sidecar_partitions, **verifier_partitions}
             check_evaluation_time(spec, case_dirs, scopes)
             warnings = kit_warnings(spec, case_dirs, scopes)

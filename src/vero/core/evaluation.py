@@ -16,6 +16,7 @@ from statistics import fmean
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.core.diagnostics import RunDiagnostics
 from vero.core.usage import InferenceUsage
 
 __all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult"]
@@ -121,6 +122,8 @@ class EvaluationResult(_Record):
     """How many times the nested run was retried for infrastructure reasons before this result."""
     inference: InferenceUsage | None = None
     """Model calls of the evaluation, metered by the inference gateway (None without a gateway)."""
+    diagnostics: RunDiagnostics | None = None
+    """What the nested runs said about failed trials (trusted side only; never disclosed)."""
 
     @property
     def n_cases(self) -> int:

@@ -3,10 +3,13 @@
 One evaluation is one or more *rounds*; each round is one `harbor run` (job `<evaluation_id>` for
 the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
 
-0. Checks that cannot be the candidate's fault: every selected case is a valid Harbor task dir,
-   the evaluation id is a portable job name, and (when switching users) `run_as` can read the
-   checkout and the cases and write the jobs dir and its home. A failure is `InfrastructureFailure`
-   (or `ValueError` for a bad id), so that a sidecar mistake is never charged to the candidate.
+0. Checks that cannot be the candidate's fault: the evaluation id is a portable job name, (when
+   switching users) `run_as` can read the checkout and the cases and write the jobs dir and its
+   home, and every selected case can be run here (`vero.harbor.case_checks`, in a fresh process
+   as `run_as` with the nested run's environment, once per case and process: a valid Harbor task,
+   every host variable it requires available, its setup accepted by the environment). A failure
+   is `InfrastructureFailure` (or `ValueError` for a bad id), or `CaseMisconfigured` naming the
+   problem's code, so that a sidecar or case mistake is never charged to the candidate.
 1. `kind: agent` only: a **pre-flight** starts a candidate host (`vero.harbor.boundary`: a child
    process as a throw-away user, with none of this process's environment) that imports and
    constructs the candidate's agent class the way Harbor's `AgentFactory.create_agent_from_config`
@@ -39,7 +42,9 @@ process is stopping) the group is killed without a grace period and the removal 
 
 Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret values scrubbed,
 go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
-never into results or exception messages. After each round every text file of the job dir is
+never into exception messages. The same tails, the case problems and each failed trial's exception
+(`vero.harbor.causes`) travel as `RunDiagnostics` on the result (`EvaluationResult.diagnostics`)
+or on the raised `InfrastructureFailure.diagnostics`: trusted records, never disclosed. After each round every text file of the job dir is
 scrubbed of the values of `NestedRun.env` too (Harbor only scrubs variables whose *name* looks
 sensitive). The environment itself is never logged. Messages name no case, partition or secret.
 The jobs dir is writable by `run_as`, so every file written there by this (possibly root) process
@@ -58,6 +63,7 @@ reaches the hosts only.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -71,11 +77,14 @@ from pathlib import Path
 import tenacity
 
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.core.diagnostics import CaseProblem
 from vero.core.storage import atomic_write_bytes, is_out_of_space
-from vero.errors import InfrastructureFailure
+from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.harbor.boundary import CandidateLauncher
 from vero.harbor.boundary.preflight import preflight_in_host
+from vero.harbor.case_checks import CASE_CHECKS_MARK
+from vero.harbor.causes import CauseLog
 from vero.harbor.command import (
     AgentTimeoutPlan,
     HarborCommand,
@@ -107,6 +116,10 @@ pre-flight limit to import and construct."""
 EVALUATION_TIMEOUT_EXCEPTION = "EvaluationTimeoutError"
 """Exception type recorded on the `timed_out` attempts vero adds for trials that never finished
 before `harbor.evaluation_timeout_sec` ran out."""
+
+_CASE_CHECKS: dict[tuple, tuple[CaseProblem, ...]] = {}
+"""Per process: (cases dir, case, environment, available names, uid) -> that case's problems.
+Cases do not change under a running sidecar or verifier, so each is checked once."""
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SCRUB_MAX_BYTES = 16 * 1024 * 1024
@@ -150,6 +163,7 @@ class HarborBackend:
             first program evaluation (`vero.harbor.casekit.kit_binary`). Must be readable by `run_as`.
         session: labels the runs that name no `NestedRun.session` (default: a fresh `ses-` id;
             the verifier passes a `verify-` id).
+        case_check_timeout_sec: limit of the case check process (`vero.harbor.case_checks`).
     """
 
     def __init__(
@@ -164,6 +178,7 @@ class HarborBackend:
         base_env: Mapping[str, str] | None = None,
         case_kit: Path | None = None,
         session: str | None = None,
+        case_check_timeout_sec: float = 180.0,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -176,6 +191,7 @@ class HarborBackend:
         self._case_kit = case_kit
         self.session = session or new_session_id()
         self._interrupted = False
+        self.case_check_timeout_sec = case_check_timeout_sec
 
     async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
                                jobs: Iterable[str] | None = None) -> int:
@@ -254,6 +270,9 @@ class HarborBackend:
         volumes, and propagates `CancelledError`.
 
         Raises:
+            CaseMisconfigured: a selected case cannot be measured whatever the candidate (invalid
+                task, missing host variables, setup rejected, no value under the reward key);
+                its `problems` name the cases and causes (refunded like any infrastructure failure).
             InfrastructureFailure: some case got no measurement for infrastructure reasons even after
                 `harbor.infra_retries` retries with back-off (or, in a round cut by
                 `harbor.evaluation_timeout_sec`, its only trials were infrastructure), the candidate
@@ -281,8 +300,6 @@ class HarborBackend:
                          else run.scoring.effective_failure_value())
         if not run.candidate_dir.is_dir():
             raise InfrastructureFailure("the candidate checkout is missing")
-        declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
-        plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
         kit = await self.case_kit() if run.runtime.kind == "program" else None
@@ -292,6 +309,10 @@ class HarborBackend:
             # of `kind: agent` targets run as other uids and must not even read them.
             await asyncio.to_thread(os.chmod, run.jobs_dir, 0o700)
         await self._check_access(run, env, kit)
+        causes = CauseLog(secrets)
+        await self._check_cases(run, case_names, causes)
+        declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
+        plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
 
         def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
                    retries: int) -> EvaluationResult:
@@ -299,7 +320,8 @@ class HarborBackend:
             return EvaluationResult.from_cases(
                 partition=run.partition, candidate=run.candidate, reward_key=reward_key, cases=cases,
                 started_at=started_at, finished_at=_now(),
-                job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries)
+                job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries,
+                diagnostics=causes.build())
 
         if launcher is not None:
             failure_type = await self._preflight(run, launcher)
@@ -321,7 +343,7 @@ class HarborBackend:
             job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
             rounds += 1
             collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
-                                                         reward_key, launcher, kit)
+                                                         reward_key, launcher, kit, causes)
             before = {name: len(attempts[name]) for name in pending}
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
             n_timed_out = 0
@@ -334,7 +356,8 @@ class HarborBackend:
             if pending and timed_out:
                 raise InfrastructureFailure(
                     f"nested evaluation hit its wall clock ({run.harbor.evaluation_timeout_sec:g} s) with "
-                    f"{len(pending)} of {len(case_names)} case(s) measured by infrastructure failures only")
+                    f"{len(pending)} of {len(case_names)} case(s) measured by infrastructure failures only",
+                    diagnostics=causes.build())
             if pending:
                 reason = ("no trial result" if not collation.trials
                           else "only infrastructure failures")
@@ -357,13 +380,13 @@ class HarborBackend:
         except _Unmeasured as exc:
             raise InfrastructureFailure(
                 f"nested evaluation measured nothing for {exc.n_unmeasured} of {len(case_names)} case(s) "
-                f"after {rounds} attempt(s): {exc.reason}") from None
+                f"after {rounds} attempt(s): {exc.reason}", diagnostics=causes.build()) from None
         return result(attempts, first_job_dir, rounds - 1)
 
     async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str],
                          plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
                          reward_key: str, launcher: CandidateLauncher | None,
-                         kit: Path | None) -> tuple[JobCollation, bool]:
+                         kit: Path | None, causes: CauseLog) -> tuple[JobCollation, bool]:
         session = run.session or self.session
         labels = options = None
         if run.harbor.environment == "docker":
@@ -395,11 +418,16 @@ class HarborBackend:
         except OSError as exc:
             logger.warning("evaluation %s: harbor could not be started (%s)", run.evaluation_id,
                            type(exc).__name__)
+            causes.add_round(job_name, returncode=None, output_tail=f"harbor could not be started "
+                                                                    f"({type(exc).__name__})")
             raise _Unmeasured(len(case_names), "harbor could not be started") from None
         await asyncio.to_thread(self._write_trusted_log, command.cwd / f"{job_name}.harbor.log", outcome)
+        causes.add_round(job_name, returncode=outcome.returncode, timed_out=outcome.timed_out,
+                         duration_sec=outcome.duration_sec, output_tail=outcome.output_tail)
         if secrets:
             await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
         collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key, run.scoring.reward_range)
+        await asyncio.to_thread(causes.add_trials, command.job_dir, collation.trials)
         if outcome.timed_out or not collation.job_finished:
             # Harbor tears its environments down itself when it finishes; after a kill or a crash
             # the job's Compose projects may still be up.
@@ -446,6 +474,59 @@ class HarborBackend:
             return
         if removed:
             logger.info("evaluation %s: removed %d %s left by %s", run.evaluation_id, removed, kind, job_dir.name)
+
+    async def _check_cases(self, run: NestedRun, case_names: Sequence[str], causes: CauseLog) -> None:
+        """Refuse cases that cannot be measured whatever the candidate (`vero.harbor.case_checks`).
+
+        Runs `python -I -m vero.harbor.case_checks` with the nested run's interpreter, user and
+        environment (isolated mode: a `kind: agent` checkout on `PYTHONPATH` never shadows the
+        checker), once per case and process. If the check itself cannot run, it is skipped with a
+        warning (the run then reports what Harbor says).
+
+        Raises:
+            CaseMisconfigured: the problems of the selected cases (first problem's code).
+        """
+        env = dict(nested_env(run, self._base_env))
+        uid = run.run_as.uid if run.run_as is not None else os.geteuid()
+        cases_dir = str(run.cases_dir.resolve())
+        available = frozenset(env)
+        keys = {name: (cases_dir, name, run.harbor.environment, available, uid) for name in case_names}
+        unchecked = [name for name in case_names if keys[name] not in _CASE_CHECKS]
+        if unchecked:
+            found = await self._run_case_checks(run, unchecked, env)
+            if found is not None:
+                for name in unchecked:
+                    _CASE_CHECKS[keys[name]] = tuple(p for p in found if p.case == name)
+        problems = [p for name in case_names for p in _CASE_CHECKS.get(keys[name], ())]
+        if problems:
+            causes.add_problems(problems)
+            logger.warning("evaluation %s: %d case problem(s): %s", run.evaluation_id, len(problems),
+                           "; ".join(f"{p.case}: {p.code}" for p in problems))
+            raise CaseMisconfigured(
+                "; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
+                code=problems[0].code, problems=problems, diagnostics=causes.build())
+
+    async def _run_case_checks(self, run: NestedRun, case_names: Sequence[str],
+                               env: Mapping[str, str]) -> list[CaseProblem] | None:
+        argv = [str(self.python_executable), "-I", "-m", "vero.harbor.case_checks", run.harbor.environment,
+                str(run.cases_dir.absolute()), *case_names]
+        try:
+            outcome = await run_process_group(argv, env=env, cwd=run.jobs_dir.absolute(), run_as=run.run_as,
+                                              timeout_sec=self.case_check_timeout_sec, kill_grace_sec=2.0,
+                                              tail_bytes=256 * 1024)
+        except OSError as exc:
+            logger.warning("evaluation %s: the case check could not be started (%s); skipped",
+                           run.evaluation_id, type(exc).__name__)
+            return None
+        answers = [line for line in outcome.output_tail.splitlines() if line.startswith(CASE_CHECKS_MARK)]
+        try:
+            if outcome.returncode != 0 or outcome.timed_out or not answers:
+                raise ValueError("no answer")
+            return [CaseProblem.model_validate(item) for item in json.loads(answers[-1][len(CASE_CHECKS_MARK):])]
+        except ValueError:
+            logger.warning("evaluation %s: the case check failed (exit %s); skipped; output tail:\n%s",
+                           run.evaluation_id, outcome.returncode, outcome.output_tail[-2000:])
+            return None
 
     async def _check_access(self, run: NestedRun, env: Mapping[str, str], kit: Path | None) -> None:
         """Fail as infrastructure, not as the candidate, when `run_as` cannot use the run's paths.

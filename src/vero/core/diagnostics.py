@@ -1,0 +1,124 @@
+"""Why a measurement failed or is suspect: case problems, nested-run logs and trial exceptions.
+
+These records are the operator's (trusted side only). They travel with an evaluation job
+(`EvaluationJob.diagnostics`), a verifier measurement (`finalization.json`) and onto
+`experiment.html`; the agent only ever sees a problem's `code` (and, on a `full` partition, the
+case names), never a detail, a log or an exception text (docs/architecture.md "Failures").
+
+Problem codes (`ProblemCode`), each with its own CLI exit code (`vero.commands.exit_codes`):
+
+| code | what | whose | budget |
+|---|---|---|---|
+| `case_invalid` | the case is not a valid Harbor task (Harbor's `Task` refuses it, e.g. no `tests/test.sh`) | the case's | refunded; the case is quarantined |
+| `missing_variables` | a host variable the case requires (`${VAR}` in `[environment.env]`, `[verifier.env]`, `[solution.env]`, a compose file) is not available to the nested run | the operator's | refunded; quarantined |
+| `setup_rejected` | Harbor refuses the case's setup in this environment (e.g. `network_mode = "no-network"` or `allow_internet = false` where the environment cannot enforce it, GPUs on an environment without them) | the operator's | refunded; quarantined |
+| `reward_key_missing` | the case's verifier wrote rewards without `scoring.reward_key` (the keys found are kept) | the case's or the spec's | refunded; quarantined |
+
+A case problem is decided by the same checks every time (they do not depend on the candidate, or
+do so only for a hostile candidate, who gains nothing: see `reward_key_missing` in
+`vero.harbor.results`), so retrying cannot help: a quarantined case makes every later evaluation
+that selects it fail at admission with the same code, charged nothing and run never.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "MAX_DETAIL_CHARS",
+    "MAX_TRIAL_FAILURES",
+    "PROBLEM_CODES",
+    "CaseProblem",
+    "ProblemCode",
+    "RoundLog",
+    "RunDiagnostics",
+    "TrialFailure",
+    "clip",
+]
+
+ProblemCode = Literal["case_invalid", "missing_variables", "setup_rejected", "reward_key_missing"]
+"""A case that cannot be measured, whatever the candidate (see the module table)."""
+
+PROBLEM_CODES: tuple[str, ...] = ("case_invalid", "missing_variables", "setup_rejected", "reward_key_missing")
+
+MAX_DETAIL_CHARS = 2000
+"""Longest detail, exception message or traceback tail kept per record (characters)."""
+
+MAX_TRIAL_FAILURES = 50
+"""Most trial failures kept per evaluation (the first ones, in trial order)."""
+
+
+def clip(text: str | None, limit: int = MAX_DETAIL_CHARS) -> str | None:
+    """`text` cut to its last `limit` characters (the end of a log or traceback says most)."""
+    if text is None or len(text) <= limit:
+        return text
+    return "..." + text[-(limit - 3):]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CaseProblem(_Record):
+    """One case that cannot be measured, and why (for the operator)."""
+
+    case: str
+    code: ProblemCode
+    detail: str
+    """What is wrong, in the operator's terms: Harbor's reason, the variables and where they are
+    required, the reward keys found. Never a secret value."""
+
+
+class RoundLog(_Record):
+    """One nested `harbor run` (a round of an evaluation): how it ended and what it printed."""
+
+    job_name: str
+    returncode: int | None = None
+    """None when the process could not be started."""
+    timed_out: bool = False
+    duration_sec: float = 0.0
+    output_tail: str = ""
+    """The last bytes of Harbor's merged output, secret values scrubbed."""
+
+
+class TrialFailure(_Record):
+    """One trial that recorded an exception or was not scored."""
+
+    job_name: str
+    trial_name: str
+    case: str
+    outcome: str
+    """How vero classified the trial (`vero.harbor.results`)."""
+    exception_type: str | None = None
+    message: str | None = None
+    """Harbor's exception message, scrubbed and clipped."""
+    traceback_tail: str | None = None
+    """The end of Harbor's traceback, scrubbed and clipped."""
+    reward_keys: list[str] | None = None
+    """For `reward_key_missing`: the keys the case's verifier wrote."""
+
+
+class RunDiagnostics(_Record):
+    """Everything an evaluation's nested runs said about failures (trusted side only)."""
+
+    rounds: list[RoundLog] = Field(default_factory=list)
+    problems: list[CaseProblem] = Field(default_factory=list)
+    trial_failures: list[TrialFailure] = Field(default_factory=list)
+    n_trial_failures: int = 0
+    """All trial failures, including those beyond `MAX_TRIAL_FAILURES` not kept."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rounds or self.problems or self.trial_failures)
+
+    def summary(self) -> list[str]:
+        """One line per case problem, then one per distinct trial exception type (with its count)."""
+        lines = [f"case {p.case!r}: {p.code}: {p.detail}" for p in self.problems]
+        counts: dict[str, int] = {}
+        for failure in self.trial_failures:
+            key = f"{failure.outcome}" + (f" ({failure.exception_type})" if failure.exception_type else "")
+            counts[key] = counts.get(key, 0) + 1
+        lines += [f"{n} trial(s) {key}" for key, n in counts.items()]
+        return lines

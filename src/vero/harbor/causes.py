@@ -1,0 +1,128 @@
+"""What a nested evaluation's failures were, kept for the operator (`vero.core.diagnostics`).
+
+`CauseLog` collects, over the rounds of one evaluation, the tail of each `harbor run`'s output
+(already scrubbed of secret values by `vero.harbor.process`), each case problem found, and every
+trial that recorded an exception or was not scored, with Harbor's exception type, message and the
+end of its traceback, read from the trial's `result.json` (`exception_info`, then each step's)
+after the runner scrubbed the job dir, and scrubbed again here. Texts are clipped
+(`MAX_DETAIL_CHARS`), at most `MAX_TRIAL_FAILURES` trials are kept (all are counted).
+
+These go into the trusted records only (the job record in the sidecar's state, the verifier's
+`finalization.json`, `experiment.html`); nothing here is ever disclosed to the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from vero.core.diagnostics import (
+    MAX_TRIAL_FAILURES,
+    CaseProblem,
+    RoundLog,
+    RunDiagnostics,
+    TrialFailure,
+    clip,
+)
+from vero.harbor.command import scrub
+
+__all__ = ["CauseLog", "trial_label"]
+
+logger = logging.getLogger(__name__)
+
+_RESULT_MAX_BYTES = 16 * 1024 * 1024
+
+
+def trial_label(trial) -> str:
+    """How vero classified a `TrialOutcome`: its `outcome` kind when it has one, else
+    `infrastructure`, `scored` or `dead`."""
+    outcome = getattr(trial, "outcome", None)
+    if outcome is not None:
+        return str(getattr(outcome, "value", outcome))
+    if trial.infrastructure:
+        return "infrastructure"
+    return "scored" if trial.reward is not None else "dead"
+
+
+def _exception_info(result: dict) -> dict | None:
+    info = result.get("exception_info")
+    if isinstance(info, dict):
+        return info
+    for step in result.get("step_results") or []:
+        if isinstance(step, dict) and isinstance(step.get("exception_info"), dict):
+            return step["exception_info"]
+    return None
+
+
+class CauseLog:
+    """Causes of one evaluation, accumulated round by round (not thread-safe; one per evaluation).
+
+    Args:
+        secrets: values scrubbed from every kept text (as `vero.harbor.command.scrub` does).
+    """
+
+    def __init__(self, secrets: Sequence[str] = ()):
+        self._secrets = list(secrets)
+        self._rounds: list[RoundLog] = []
+        self._problems: list[CaseProblem] = []
+        self._failures: list[TrialFailure] = []
+        self._n_failures = 0
+
+    def _clean(self, text: str | None) -> str | None:
+        return clip(scrub(text, self._secrets)) if text else text
+
+    def add_round(self, job_name: str, *, returncode: int | None, timed_out: bool = False,
+                  duration_sec: float = 0.0, output_tail: str = "") -> None:
+        """One `harbor run` (its output tail is scrubbed again and clipped)."""
+        self._rounds.append(RoundLog(job_name=job_name, returncode=returncode, timed_out=timed_out,
+                                     duration_sec=round(duration_sec, 1),
+                                     output_tail=self._clean(output_tail) or ""))
+
+    def add_problems(self, problems: Iterable[CaseProblem]) -> None:
+        self._problems.extend(problems)
+
+    def add_trials(self, job_dir: Path, trials: Iterable, reward_keys: dict[str, list[str]] | None = None) -> None:
+        """Every trial of `trials` (`TrialOutcome`s of `job_dir`) that failed: an exception
+        recorded, or no reward. `reward_keys`: trial name -> keys found (`reward_key_missing`)."""
+        for trial in trials:
+            label = trial_label(trial)
+            if trial.exception_type is None and label == "scored":
+                continue
+            self._n_failures += 1
+            if len(self._failures) >= MAX_TRIAL_FAILURES:
+                continue
+            info = self._read_exception(job_dir / trial.trial_name)
+            self._failures.append(TrialFailure(
+                job_name=job_dir.name, trial_name=trial.trial_name, case=trial.case, outcome=label,
+                exception_type=trial.exception_type,
+                message=self._clean(info.get("exception_message")) if info else None,
+                traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
+                reward_keys=(reward_keys or {}).get(trial.trial_name)))
+
+    @staticmethod
+    def _read_exception(trial_dir: Path) -> dict | None:
+        path = trial_dir / "result.json"
+        try:
+            if path.is_symlink() or path.stat().st_size > _RESULT_MAX_BYTES:
+                return None
+            result = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(result, dict):
+            return None
+        info = _exception_info(result)
+        if info is None:
+            return None
+        return {key: value for key, value in info.items()
+                if key in ("exception_message", "exception_traceback") and isinstance(value, str)}
+
+    @property
+    def problems(self) -> list[CaseProblem]:
+        return list(self._problems)
+
+    def build(self) -> RunDiagnostics:
+        """The diagnostics so far."""
+        return RunDiagnostics(rounds=list(self._rounds), problems=list(self._problems),
+                              trial_failures=list(self._failures), n_trial_failures=self._n_failures)
