@@ -57,8 +57,9 @@ def test_verify_command_refuses_a_tampered_session(bench: Workbench) -> None:
 
 
 def test_verify_command_gives_failure_values_when_the_real_backend_measures_nothing(bench: Workbench) -> None:
-    """The cases here are not runnable Harbor tasks: the real backend reports an infrastructure
-    failure, and the submission gets the failure value instead of a score."""
+    """The cases here are not valid Harbor tasks (no instruction.md): the real backend refuses them
+    as misconfigured before running Harbor, the submission gets the failure value instead of a
+    score, and the finalization names each case and Harbor's reason."""
     a = bench.candidate("a\n")
     bench.submit(a)
     archive = bench.seal()
@@ -71,7 +72,10 @@ def test_verify_command_gives_failure_values_when_the_real_backend_measures_noth
     assert summary["chosen"]["candidate"] == a
     final = json.loads((out / "verifier" / "artifacts" / "finalization.json").read_text())
     assert final["targets"][0]["measured"] is False
-    assert final["targets"][0]["error"].startswith("InfrastructureFailure")
+    assert final["targets"][0]["error"].startswith("CaseMisconfigured (case_invalid)")
+    assert {(p["case"], p["code"]) for p in final["problems"]} == {("hidden-1", "case_invalid"),
+                                                                 ("hidden-2", "case_invalid")}
+    assert all("missing instruction.md" in p["detail"] for p in final["problems"])
     assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 0.0}
 
 

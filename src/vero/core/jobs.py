@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import EvaluationResult
 from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.core.ladder import LadderDisclosure
@@ -70,6 +71,10 @@ class EvaluationJob(BaseModel):
     """Generic reason for `failed`/`cancelled`: `interrupted`, `infrastructure`, `cancelled`, `sealed`."""
     result: EvaluationResult | None = None
     """The full trusted result (never sent to the agent as is)."""
+    diagnostics: RunDiagnostics | None = None
+    """Why a `failed` job measured nothing: case problems, each nested run's output tail, each
+    failed trial's exception (trusted, in the session archive, never disclosed). A `complete`
+    job's are in `result.diagnostics`."""
     ladder: LadderDisclosure | None = None
     """On a partition in Ladder mode: what was disclosed, recorded in the same write as `complete`
     (`vero.core.ladder`); the agent is shown this, never `result.score`."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vero.core.usage import InferenceUsage
 from vero.core.archive import file_digest
+from vero.core.diagnostics import CaseProblem
 from vero.core.session import Session, read_session
 from vero.errors import SessionInvalid
 from vero.harbor.backend import EvaluationBackend, RunAs
@@ -34,7 +35,7 @@ from vero.verifier.artifacts import (
 from vero.verifier.report import REPORT_FILE, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import Scorer
-from vero.verifier.selection import Selection, select_candidate
+from vero.verifier.selection import Measurement, Selection, select_candidate
 
 __all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]
 
@@ -280,6 +281,8 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             tree=record.tree if record else (baseline.tree if selection.shipped == config.baseline_commit else None),
             subject=record.subject if record else None, is_baseline=selection.shipped_is_baseline,
         )
+    measurements = scorer.measurements if scorer is not None else []
+    errors.extend(_cause_lines(measurements))
     floor_baseline = selection.floor.baseline if selection is not None else None
     finalization = Finalization(
         status=status, name=config.name, spec_digest=config.spec_digest, session_sha256=session_sha256,
@@ -291,9 +294,8 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             rewards={t.reward_key: t.reward for t in targets if t.measured}
             if chosen is not None and chosen.is_baseline else None,
         ),
-        measurements=scorer.measurements if scorer is not None else [], run_as=run_as_label,
-        inference=_inference_total(scorer.measurements if scorer is not None else [], config),
-        errors=errors, warnings=warnings,
+        measurements=measurements, run_as=run_as_label, inference=_inference_total(measurements, config),
+        errors=errors, warnings=warnings, problems=_problems(measurements),
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
@@ -319,6 +321,34 @@ def _inference_total(measurements: list, config: VerifierConfig) -> InferenceUsa
     if config.inference is None:
         return None
     return InferenceUsage.combine([m.inference for m in measurements if m.inference is not None])
+
+
+def _problems(measurements: Sequence[Measurement]) -> list[CaseProblem]:
+    """Every case problem the measurements met, once per (case, code), in the order met."""
+    seen: dict[tuple[str, str], CaseProblem] = {}
+    for measurement in measurements:
+        for problem in measurement.diagnostics.problems if measurement.diagnostics else ():
+            seen.setdefault((problem.case, problem.code), problem)
+    return list(seen.values())
+
+
+def _cause_lines(measurements: Sequence[Measurement]) -> list[str]:
+    """For `finalization.errors`: per measurement, its failed trials by kind and the last line of
+    each nested run that exited non-zero (details stay in `measurements[].diagnostics`)."""
+    lines: list[str] = []
+    for m in measurements:
+        if m.diagnostics is None:
+            continue
+        where = f"{m.purpose} {m.partition} ({m.evaluation_id})"
+        lines += [f"{where}: {line}" for line in m.diagnostics.summary()
+                  if not line.startswith("case ") or m.measured]  # unmeasured: the error names them
+        for round_ in m.diagnostics.rounds:
+            if round_.returncode != 0 or round_.timed_out:
+                tail = [line for line in round_.output_tail.splitlines() if line.strip()]
+                last = tail[-1].strip()[:300] if tail else "(no output)"
+                state = "timed out" if round_.timed_out else f"exited {round_.returncode}"
+                lines.append(f"{where}: harbor job {round_.job_name} {state}: {last}")
+    return lines
 
 
 def _user_label(uid: int) -> str:

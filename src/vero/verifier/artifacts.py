@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.usage import InferenceUsage
+from vero.core.diagnostics import CaseProblem
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.verifier.selection import Measurement, Selection
@@ -122,7 +123,12 @@ class Finalization(_Model):
     """Who ran the nested evaluations: `vero-runner (uid N)` (the account's name), `uid N` (a uid with
     no account), or `current user (uid N)` (no switch)."""
     errors: list[str] = []
-    """What went wrong (the session refused, a target not measured, the baseline unavailable, ...)."""
+    """What went wrong (the session refused, a target not measured, the baseline unavailable, ...),
+    each case problem and each kind of failed trial of the verifier's own runs (details, output
+    tails and exceptions in `measurements[].diagnostics`)."""
+    problems: list[CaseProblem] = []
+    """Every case the verifier's runs found unmeasurable whatever the candidate (once per case and
+    code): the case is broken, not the candidate (`vero.core.diagnostics`)."""
     warnings: list[str] = []
     """What the operator should know that did not change the outcome (e.g. nested runs as root)."""
     inference: InferenceUsage | None = None

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from vero.core.archive import file_digest
+from vero.core.diagnostics import RunDiagnostics
 from vero.core.jobs import EvaluationJob
 from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
@@ -260,6 +261,20 @@ def _candidate_rows(session: Session, finalization: Finalization | None) -> list
     return rows
 
 
+def _jobs_with_causes(jobs: list[EvaluationJob]) -> list[tuple[EvaluationJob, RunDiagnostics]]:
+    """(job, its diagnostics) for each evaluation that failed with a recorded cause or completed
+    with failed trials, in job order."""
+    found = []
+    for job in jobs:
+        diagnostics = job.diagnostics
+        if diagnostics is None and job.result is not None:
+            kept = job.result.diagnostics
+            diagnostics = kept if kept is not None and (kept.trial_failures or kept.problems) else None
+        if diagnostics is not None and not diagnostics.empty:
+            found.append((job, diagnostics))
+    return found
+
+
 def render_report(session: Session | None, finalization: Finalization | None = None) -> str:
     """Render `experiment.html`.
 
@@ -297,10 +312,12 @@ def render_report(session: Session | None, finalization: Finalization | None = N
             plots=[_score_plot(session, finalization, colors), _burn_plot(session, colors)],
             candidates=_candidate_rows(session, finalization),
             jobs=session.jobs,
+            failed_jobs=_jobs_with_causes(session.jobs),
             colors=colors,
         )
     else:
-        context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], colors={})
+        context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], failed_jobs=[],
+                       colors={})
     return env.get_template(REPORT_TEMPLATE).render(**context)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from vero.core.diagnostics import RunDiagnostics
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
@@ -151,9 +152,9 @@ class Scorer:
         return measurement
 
     async def _measure(self, evaluation_id: str, candidate: str, partition: str, purpose: str) -> Measurement:
-        def failed(error: str) -> Measurement:
+        def failed(error: str, diagnostics: RunDiagnostics | None = None) -> Measurement:
             return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
-                               purpose=purpose, error=error)
+                               purpose=purpose, error=error, diagnostics=diagnostics)
 
         if self.refusal is not None:
             return failed(self.refusal)
@@ -189,7 +190,10 @@ class Scorer:
         try:
             result = await self.backend.evaluate(run)
         except VeroError as exc:  # InfrastructureFailure above all: the run measured nothing
-            return failed(f"{type(exc).__name__}: {exc}")
+            diagnostics = getattr(exc, "diagnostics", None)
+            code = getattr(exc, "code", None)
+            return failed(f"{type(exc).__name__}{f' ({code})' if code else ''}: {exc}",
+                          diagnostics if isinstance(diagnostics, RunDiagnostics) else None)
         except Exception as exc:  # noqa: BLE001 - a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
@@ -207,10 +211,13 @@ class Scorer:
             return failed("the backend reported a non-finite score")
         n_dead = sum(by_case[name].n_dead for name in case_names if name in by_case)
         n_missing = sum(1 for name in case_names if name not in by_case)
+        kept = result.diagnostics
+        if kept is not None and not (kept.problems or kept.trial_failures or result.infra_retries):
+            kept = None  # a clean run: its output tails say nothing the operator needs
         return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
                            purpose=purpose, score=score, n_cases=len(case_names),
                            n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir,
-                           inference=usage)
+                           inference=usage, diagnostics=kept)
 
     def discard_checkouts(self) -> None:
         """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""

@@ -39,6 +39,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.usage import InferenceUsage
+from vero.core.diagnostics import RunDiagnostics
 from vero.core.jobs import EvaluationJob
 from vero.spec.models import Direction
 
@@ -85,6 +86,9 @@ class Measurement(_Model):
     """The nested Harbor job directory, for operators."""
     inference: InferenceUsage | None = None
     """Model calls of the run, metered by the verifier's inference gateway (None without one)."""
+    diagnostics: RunDiagnostics | None = None
+    """Why it failed, or which trials failed inside it: case problems, each nested run's output
+    tail, each failed trial's exception (scrubbed; `vero.core.diagnostics`). None for a clean run."""
 
     @property
     def measured(self) -> bool:
