@@ -1,4 +1,4 @@
-"""The `vero` command line: `vero harbor build|run|serve|seal|verify|eval|status|result|submit`, `vero report`.
+"""The `vero` command line: `vero harbor build|check|run|serve|seal|verify|eval|status|result|submit`, `vero report`.
 
 Every command is registered here, in the order of `vero harbor --help` (as Harbor's `cli/main.py`
 does); the `vero.commands.*` modules define plain functions and never import this module. Each
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from vero.commands import agent, build, run, sidecar, verify
+from vero.commands import agent, build, check, run, sidecar, verify
 
 __all__ = ["app", "harbor_app", "main"]
 
@@ -29,6 +29,7 @@ harbor_app = typer.Typer(
 app.add_typer(harbor_app, name="harbor")
 
 harbor_app.command("build")(build.build)
+harbor_app.command("check")(check.check)
 harbor_app.command("run")(run.run)
 harbor_app.command("serve")(sidecar.serve_command)
 harbor_app.command("seal")(sidecar.seal_command)

@@ -23,7 +23,15 @@ from pathlib import Path
 from vero.errors import InfrastructureFailure, SpecError
 from vero.spec.models import OptimizationSpec
 
-__all__ = ["PreparedTask", "TaskRunOutcome", "check_agent_name", "check_execution_target", "prepare_task", "run_task"]
+__all__ = [
+    "PreparedTask",
+    "TaskRunOutcome",
+    "check_agent_name",
+    "check_execution_target",
+    "load_run_spec",
+    "prepare_task",
+    "run_task",
+]
 
 
 @dataclass
@@ -162,6 +170,42 @@ def check_agent_name(agent: str) -> None:
                                       "or a module:Class path")
 
 
+def load_run_spec(config: Path, *, environment: str | None = None,
+                  env_file: Path | None = None) -> tuple[OptimizationSpec, dict[str, str]]:
+    """The spec and the environment Harbor will run with, the execution target checked.
+
+    Args:
+        config: the spec (`build.yaml`).
+        environment: overrides `harbor.environment` (switching to `modal` also adds Harbor's
+            `modal` extra to an exact `harbor==X` requirement).
+        env_file: dotenv file whose variables (secrets, provider keys) join the environment.
+
+    Returns:
+        `(spec, env)`: `env` is this process's environment plus the env file, with Harbor's
+        telemetry off and LiteLLM's local cost map on unless set (it holds secrets: never log it).
+
+    Raises:
+        SpecError: the spec is invalid or the env file is missing.
+        InfrastructureFailure: the execution target is not reachable.
+    """
+    from vero.spec import load_spec
+    from vero.spec.validation import check_spec
+
+    env = dict(os.environ)
+    if env_file is not None:
+        env.update(load_env_file(env_file))
+    env.setdefault("HARBOR_TELEMETRY", "0")
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    spec = load_spec(config, env=env)
+    if environment is not None and environment != spec.harbor.environment:
+        harbor = spec.harbor.model_copy(update={"environment": environment})
+        if environment == "modal" and harbor.requirement.startswith("harbor=="):
+            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor"):]})
+        spec = check_spec(spec.model_copy(update={"harbor": harbor}), source=str(config))
+    check_execution_target(spec.harbor.environment, env)
+    return spec, env
+
+
 def prepare_task(config: Path, *, environment: str | None = None, env_file: Path | None = None,
                  work_dir: Path | None = None, agent: str | None = None) -> PreparedTask:
     """Load the spec, check the execution target, and compile the task into a fresh directory.
@@ -180,21 +224,8 @@ def prepare_task(config: Path, *, environment: str | None = None, env_file: Path
         InfrastructureFailure: the execution target is not reachable (checked before compiling).
     """
     from vero.compiler import compile_task
-    from vero.spec import load_spec
-    from vero.spec.validation import check_spec
 
-    env = dict(os.environ)
-    if env_file is not None:
-        env.update(load_env_file(env_file))
-    env.setdefault("HARBOR_TELEMETRY", "0")
-    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    spec = load_spec(config, env=env)
-    if environment is not None and environment != spec.harbor.environment:
-        harbor = spec.harbor.model_copy(update={"environment": environment})
-        if environment == "modal" and harbor.requirement.startswith("harbor=="):
-            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor"):]})
-        spec = check_spec(spec.model_copy(update={"harbor": harbor}), source=str(config))
-    check_execution_target(spec.harbor.environment, env)
+    spec, env = load_run_spec(config, environment=environment, env_file=env_file)
     work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
     task_dir = work / spec.name
     # Secrets are checked in `env` at build time; only their names are written.

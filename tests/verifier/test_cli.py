@@ -66,7 +66,7 @@ def test_verify_command_gives_failure_values_when_the_real_backend_measures_noth
 
     result, out = invoke(bench, write_config(bench), archive, "--allow-root-runs")
 
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 17, result.output  # status failed
     summary = json.loads(result.stdout)
     assert summary["status"] == "failed" and summary["rewards"] == {"reward": 0.0}
     assert summary["chosen"]["candidate"] == a
@@ -106,7 +106,7 @@ def test_verify_command_as_root_without_a_runner_user_measures_nothing(bench: Wo
     result, out = invoke(bench, write_config(bench, direction="minimize", failure_value=7e3), bench.seal(),
                          "--runner-user", user)
 
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 17, result.output  # status failed
     assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 7e3}
     final = json.loads((out / "verifier" / "artifacts" / "finalization.json").read_text())
     assert any("no unprivileged user" in e for e in final["errors"])

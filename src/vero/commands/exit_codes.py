@@ -12,8 +12,18 @@
 | 7 | unknown job (`UnknownJob`, HTTP 404) |
 | 8 | sidecar unreachable (`SidecarUnavailable`) |
 | 9 | version rejected (`CandidateRejected`, HTTP 400; `CandidateTooLarge`, HTTP 413: over `target.limits`) |
-| 10 | session archive invalid (`SessionInvalid`) |
+| 10 | session archive invalid (`SessionInvalid`); `vero harbor verify`/`run`: the verifier refused the session |
 | 11 | durable state corrupt (`LedgerCorrupt`) |
+| 12 | a case is not a valid Harbor task (`CaseMisconfigured`, code `case_invalid`); refunded |
+| 13 | a case needs host variables the nested run lacks (`missing_variables`); refunded |
+| 14 | Harbor refuses a case's setup in this environment (`setup_rejected`); refunded |
+| 15 | a case's rewards lack the reward key (`reward_key_missing`); refunded |
+| 16 | `vero harbor verify`/`run`: the verifier's status is `partial` (some targets at their failure value) |
+| 17 | `vero harbor verify`/`run`: the verifier's status is `failed` (no target measured, or nothing shipped) |
+| 18 | `vero harbor check`: some case has a problem (see its table) |
+
+Codes 12-15 tell the agent "the case is broken, not your candidate": nothing was charged, and the
+operator has the cause (`vero.core.diagnostics`).
 
 Messages are printed to stderr without tracebacks; exception text from parsers or subprocesses is
 never echoed (it may carry secrets): only vero's own messages are.
@@ -30,6 +40,7 @@ import typer
 from vero.errors import (
     BudgetExhausted,
     CandidateRejected,
+    CaseMisconfigured,
     Conflict,
     InfrastructureFailure,
     LedgerCorrupt,
@@ -42,7 +53,18 @@ from vero.errors import (
     VeroError,
 )
 
-__all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "exit_code_for", "fail", "run_command"]
+__all__ = [
+    "EXIT_CHECK_PROBLEMS",
+    "EXIT_CODES",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "PROBLEM_EXIT_CODES",
+    "VERIFIER_STATUS_EXIT_CODES",
+    "exit_code_for",
+    "fail",
+    "run_command",
+]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -62,11 +84,28 @@ EXIT_CODES: dict[type[VeroError], int] = {
     LedgerCorrupt: 11,
 }
 
+PROBLEM_EXIT_CODES: dict[str, int] = {
+    "case_invalid": 12,
+    "missing_variables": 13,
+    "setup_rejected": 14,
+    "reward_key_missing": 15,
+}
+"""`CaseMisconfigured.code` -> exit code (`vero.core.diagnostics.ProblemCode`)."""
+
+VERIFIER_STATUS_EXIT_CODES: dict[str, int] = {"scored": EXIT_OK, "refused": 10, "partial": 16, "failed": 17}
+"""`finalization.json` status -> exit code of `vero harbor verify` and `vero harbor run`."""
+
+EXIT_CHECK_PROBLEMS = 18
+"""`vero harbor check` found a problem in some case."""
+
 T = TypeVar("T")
 
 
 def exit_code_for(error: VeroError) -> int:
-    """The exit code of an error class (most specific match), 1 for other `VeroError`s."""
+    """The exit code of an error class (most specific match; a `CaseMisconfigured` by its code),
+    1 for other `VeroError`s."""
+    if isinstance(error, CaseMisconfigured) and error.code in PROBLEM_EXIT_CODES:
+        return PROBLEM_EXIT_CODES[error.code]
     for cls in type(error).__mro__:
         if cls in EXIT_CODES:
             return EXIT_CODES[cls]

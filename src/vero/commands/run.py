@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vero.commands.exit_codes import EXIT_FAILED, run_command
+from vero.commands.exit_codes import EXIT_FAILED, VERIFIER_STATUS_EXIT_CODES, run_command
 
 
 def run(
@@ -28,9 +28,9 @@ def run(
 ) -> None:
     """Compile the spec to a temporary task, run it with Harbor and print the reward(s).
 
-    Checks the agent name and Docker (or Modal credentials) before building anything, streams Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, the artifacts and the compiled task are.
+    Checks the agent name and Docker (or Modal credentials) before building anything, streams Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, the artifacts and the compiled task are. When the verifier did not score every target, the causes (finalization.json errors and case problems) are printed too.
 
-    Exits 1 when the trial errored or produced no reward.
+    Exit codes: 0 the verifier's status is scored; 16 partial (some target at its failure value); 17 failed (no target measured, or nothing shipped); 10 the verifier refused the session; 1 the trial errored, produced no reward or no finalization.json; 2 bad usage or invalid spec; 5 Docker or Harbor unavailable.
     """
     from rich.console import Console
     from rich.table import Table
@@ -70,5 +70,21 @@ def run(
     if outcome.artifacts_dir:
         typer.echo(f"artifacts:     {outcome.artifacts_dir}")
     typer.echo(f"compiled task: {outcome.task_dir}")
+    status = final.get("status")
+    causes = [f"case {p.get('case')!r}: {p.get('code')}: {p.get('detail')}" for p in final.get("problems") or []
+              if isinstance(p, dict)]
+    causes += [str(e) for e in final.get("errors") or []]
+    if outcome.ok and status != "scored" and causes:
+        for line in causes[:_MAX_CAUSE_LINES]:
+            typer.echo(f"cause: {line}", err=True)
+        if len(causes) > _MAX_CAUSE_LINES:
+            typer.echo(f"cause: ... {len(causes) - _MAX_CAUSE_LINES} more in finalization.json", err=True)
     if not outcome.ok:
         raise typer.Exit(EXIT_FAILED)
+    if not final:
+        typer.echo("error: the verifier left no finalization.json", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    raise typer.Exit(VERIFIER_STATUS_EXIT_CODES.get(str(status), EXIT_FAILED))
+
+
+_MAX_CAUSE_LINES = 20

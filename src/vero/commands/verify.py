@@ -1,8 +1,8 @@
 """`vero harbor verify` (the verifier's `tests/test.sh`) and `vero report` (operators).
 
 Both are thin: parse options, call `vero.verifier`, print one JSON document on stdout, exit by
-outcome. `verify` exits 0 when every target was measured, 1 when some target got its failure value
-or nothing was shipped, 10 when the session archive was refused, 2 for an unreadable config.
+outcome. `verify` exits by the finalization's status (`VERIFIER_STATUS_EXIT_CODES`): 0 `scored`,
+16 `partial`, 17 `failed`, 10 `refused`; 2 for an unreadable config.
 Harbor ignores the verifier's exit code (HARBOR-NOTES §1): the reward file is what counts, and
 `verify` writes it in every case but one: a config it cannot read names no reward keys, so no file
 is written and Harbor marks the reward invalid (`RewardFileNotFoundError`), which no real
@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vero.commands.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_CODES, run_command
-from vero.errors import SessionInvalid
+from vero.commands.exit_codes import EXIT_FAILED, VERIFIER_STATUS_EXIT_CODES, run_command
 from vero.spec.compiled import CONTAINER_PATHS
 
 if TYPE_CHECKING:
@@ -39,9 +38,10 @@ VERIFY_HELP = (
     "container. Elsewhere, point --config, --cases-dir and --baseline-dir at the compiled task's "
     "tests/config.json, tests/cases and tests/baseline, and choose --session, --reward-path, "
     "--artifacts-dir and --mirror-dir.\n\n"
-    "Exit codes: 0 every target measured; 1 a target got its failure value or nothing was shipped; "
-    "10 the session archive was refused; 2 the config cannot be read (then no reward.json is "
-    "written; in every other case it is)."
+    "Exit codes: 0 every target measured (status scored); 16 some target got its failure value "
+    "(partial); 17 no target was measured or nothing was shipped (failed); 10 the session archive "
+    "was refused; 2 the config cannot be read (then no reward.json is written; in every other case "
+    "it is). finalization.json's errors and problems say why."
 )
 
 REPORT_HELP = (
@@ -128,8 +128,7 @@ def verify_command(
         "chosen": finalization.chosen.model_dump(mode="json") if finalization.chosen else None,
         "errors": finalization.errors,
     }, indent=2, sort_keys=True))
-    code = {"scored": EXIT_OK, "refused": EXIT_CODES[SessionInvalid]}.get(finalization.status, EXIT_FAILED)
-    raise typer.Exit(code)
+    raise typer.Exit(VERIFIER_STATUS_EXIT_CODES.get(finalization.status, EXIT_FAILED))
 
 
 def report_command(

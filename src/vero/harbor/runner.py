@@ -164,6 +164,8 @@ class HarborBackend:
         session: labels the runs that name no `NestedRun.session` (default: a fresh `ses-` id;
             the verifier passes a `verify-` id).
         case_check_timeout_sec: limit of the case check process (`vero.harbor.case_checks`).
+        check_cases: run that check before each evaluation (`vero harbor check` turns it off: it
+            has checked the cases itself).
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class HarborBackend:
         case_kit: Path | None = None,
         session: str | None = None,
         case_check_timeout_sec: float = 180.0,
+        check_cases: bool = True,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -192,6 +195,7 @@ class HarborBackend:
         self.session = session or new_session_id()
         self._interrupted = False
         self.case_check_timeout_sec = case_check_timeout_sec
+        self.check_cases = check_cases
 
     async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
                                jobs: Iterable[str] | None = None) -> int:
@@ -310,7 +314,8 @@ class HarborBackend:
             await asyncio.to_thread(os.chmod, run.jobs_dir, 0o700)
         await self._check_access(run, env, kit)
         causes = CauseLog(secrets)
-        await self._check_cases(run, case_names, causes)
+        if self.check_cases:
+            await self._check_cases(run, case_names, causes)
         declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
         plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
 

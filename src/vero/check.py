@@ -1,0 +1,311 @@
+"""`vero harbor check`: every case run directly with Harbor against the baseline and the reference.
+
+Before an agent run is spent, `check_spec` answers "will these cases measure candidates?":
+
+1. every case of every partition is fetched as the build fetches it (`vero.compiler.cases`) and
+   checked with Harbor's own code (`vero.harbor.case_checks`: a valid task, every host variable it
+   requires declared as a secret, its setup accepted by the spec's environment);
+2. the baseline (the target's committed files) and, when the spec has one, the reference (the
+   baseline with `target.reference` applied, as the oracle's `solve.sh` does) are each evaluated
+   on every case that passed, one nested `harbor run` per case and candidate
+   (`vero.harbor.HarborBackend`, the sidecar's own backend, in the spec's environment, one attempt,
+   no infrastructure retry), `concurrency` at a time;
+3. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
+   "the reference beats the baseline on no case".
+
+Each case's row holds its partition, the baseline's and the reference's reward (or why there is
+none), the time both runs took and its problems; `CheckReport.ok` is False when any problem was
+found. Secrets reach the runs by name from `env`, never in a report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets as _secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vero.errors import CaseMisconfigured, InfrastructureFailure, SpecError
+from vero.spec.models import OptimizationSpec
+
+__all__ = [
+    "CHECK_CODES",
+    "CandidateLabel",
+    "CandidateRun",
+    "CaseCheck",
+    "CheckProblem",
+    "CheckProgress",
+    "CheckReport",
+    "check_spec",
+    "prepare_candidates",
+]
+
+logger = logging.getLogger(__name__)
+
+CandidateLabel = Literal["baseline", "reference"]
+
+CHECK_CODES: dict[str, str] = {
+    "case_invalid": "not a valid Harbor task (Harbor's own check)",
+    "missing_variables": "host variables the case requires are not declared secrets",
+    "setup_rejected": "Harbor refuses the case's setup in the spec's environment",
+    "reward_key_missing": "the case's rewards lack scoring.reward_key (the keys found are listed)",
+    "infrastructure": "the case's environment could not be built or started",
+    "no_reward": "a run produced no reward (the case's test wrote none or crashed)",
+    "reference_not_better": "the reference beats the baseline on no case",
+}
+"""Every problem `vero harbor check` reports, by code (the README's table)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckProblem(_Model):
+    """One problem found, with the operator's explanation."""
+
+    code: str
+    detail: str
+
+
+class CandidateRun(_Model):
+    """One candidate's nested run on one case."""
+
+    candidate: CandidateLabel
+    reward: float | None = None
+    """The case's reward under `scoring.reward_key`; None when there is none."""
+    outcome: str
+    """`scored`, `dead` (no reward), `infrastructure`, or a case problem's code."""
+    exception_type: str | None = None
+    seconds: float = 0.0
+    """Wall time of the nested run (seconds)."""
+    detail: str | None = None
+    """Why there is no reward (operator text)."""
+
+
+class CaseCheck(_Model):
+    """One row of the report."""
+
+    case: str
+    partition: str
+    baseline: CandidateRun | None = None
+    reference: CandidateRun | None = None
+    problems: list[CheckProblem] = Field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(run.seconds for run in (self.baseline, self.reference) if run is not None)
+
+
+class CheckReport(_Model):
+    """What `check_spec` found (`vero harbor check --json` prints it)."""
+
+    name: str
+    environment: str
+    reward_key: str
+    direction: str
+    has_reference: bool
+    cases: list[CaseCheck]
+    problems: list[CheckProblem] = Field(default_factory=list)
+    """Problems of the spec as a whole (e.g. `reference_not_better`)."""
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(case.problems for case in self.cases)
+
+
+class CheckProgress(Protocol):
+    """Told when each nested run starts and ends (the CLI draws its progress display from it)."""
+
+    def started(self, case: str, candidate: CandidateLabel) -> None: ...
+
+    def finished(self, case: str, candidate: CandidateLabel, run: CandidateRun) -> None: ...
+
+
+def prepare_candidates(spec: OptimizationSpec, dest: Path) -> tuple[Path, Path | None]:
+    """Write the baseline and, if the spec has one, the reference candidate under `dest`.
+
+    The baseline is the target's committed files (`vero.compiler.target.export_baseline`); the
+    reference is the baseline with `target.reference` applied the way the oracle does (`git apply`
+    of a patch, or a directory copied over the checkout).
+
+    Raises:
+        SpecError: the target cannot be exported or the reference patch does not apply.
+    """
+    from vero.compiler.target import copy_tree, export_baseline, git_env
+    from vero.core.baseline import commit_baseline
+
+    baseline = dest / "baseline"
+    export_baseline(spec.target.path, baseline)
+    reference_src = spec.target.reference
+    if reference_src is None:
+        return baseline, None
+    reference = dest / "reference"
+    copy_tree(baseline, reference)
+    if reference_src.is_dir():
+        shutil.copytree(reference_src, reference, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".git"))
+    else:
+        commit_baseline(reference)
+        done = subprocess.run(["git", "-c", f"safe.directory={reference}", "-C", str(reference), "apply",
+                               "--whitespace=nowarn", str(reference_src.absolute())],
+                              env=git_env(), stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SpecError.at("target.reference", f"the patch {reference_src} does not apply to the baseline")
+    return baseline, reference
+
+
+def _fetch_cases(spec: OptimizationSpec, dest: Path) -> dict[str, Path]:
+    """Every case of every partition, fetched and checked as the build does, into `dest`."""
+    from vero.compiler.cases import CaseStore
+    from vero.spec.cases import discover_cases
+
+    sources = discover_cases(spec.cases)
+    store = CaseStore(dest, "cases.path" if spec.cases.path is not None else "cases.dataset")
+    return {case: store.fetch(sources[case]) for names in spec.cases.partitions.values() for case in names}
+
+
+def _better(a: float, b: float, direction: str) -> bool:
+    return a > b if direction == "maximize" else a < b
+
+
+def _last_line(exc: InfrastructureFailure) -> str:
+    rounds = getattr(exc.diagnostics, "rounds", None) or []
+    for round_ in reversed(rounds):
+        lines = [line.strip() for line in round_.output_tail.splitlines() if line.strip()]
+        if lines:
+            return f"; harbor said: {lines[-1][:300]}"
+    return ""
+
+
+async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel,
+                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]
+                   ) -> tuple[CandidateRun, list[CheckProblem]]:
+    from vero.harbor.backend import NestedRun
+
+    run = NestedRun(
+        evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}", partition=partition,
+        candidate=label, candidate_dir=candidate_dir, cases_dir=cases_dir, case_names=(case,),
+        jobs_dir=jobs_dir, runtime=spec.target.runtime(),
+        harbor=spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
+        scoring=spec.scoring, env=dict(env))
+    started = time.monotonic()
+    try:
+        result = await backend.evaluate(run)
+    except CaseMisconfigured as exc:
+        details = [p.detail for p in exc.problems if p.case == case] or [str(exc)]
+        seconds = time.monotonic() - started
+        return (CandidateRun(candidate=label, outcome=exc.code, seconds=seconds, detail=details[0]),
+                [CheckProblem(code=exc.code, detail=details[0])])
+    except InfrastructureFailure as exc:
+        detail = f"{exc}{_last_line(exc)}"
+        return (CandidateRun(candidate=label, outcome="infrastructure", seconds=time.monotonic() - started,
+                             detail=detail),
+                [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")])
+    seconds = time.monotonic() - started
+    attempts = result.cases[0].attempts if result.cases else []
+    attempt = attempts[0] if attempts else None
+    if attempt is None or attempt.reward is None:
+        exception_type = attempt.exception_type if attempt is not None else None
+        detail = f"no reward for the {label} ({exception_type or 'no reward file'})"
+        return (CandidateRun(candidate=label, outcome="dead", exception_type=exception_type, seconds=seconds,
+                             detail=detail), [CheckProblem(code="no_reward", detail=detail)])
+    return CandidateRun(candidate=label, reward=attempt.reward, outcome="scored",
+                        exception_type=attempt.exception_type, seconds=seconds), []
+
+
+async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir: Path,
+                     concurrency: int = 4, backend=None, progress: CheckProgress | None = None,
+                     cases: list[str] | None = None) -> CheckReport:
+    """Check every case of `spec` (see the module docstring).
+
+    Args:
+        spec: a validated spec.
+        env: the environment holding the spec's secrets (their values reach the nested runs only).
+        work_dir: scratch space (fetched cases, candidates, Harbor job dirs); created.
+        concurrency: nested runs at a time.
+        backend: the evaluation backend (default a `HarborBackend` without its per-run case check,
+            done here once).
+        progress: told when each run starts and ends.
+        cases: only these cases (default every case of every partition).
+
+    Raises:
+        SpecError: the target, a case or the reference cannot be prepared, or `cases` names an
+            unknown case.
+        InfrastructureFailure: Harbor cannot be found.
+    """
+    from vero.harbor.case_checks import check_cases
+    from vero.harbor.command import FORCED_ENV, INHERITED_ENV_NAMES
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    partition_of = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
+    if cases:
+        unknown = [c for c in cases if c not in partition_of]
+        if unknown:
+            raise SpecError.at("--case", f"case {unknown[0]!r} is in no partition of the spec")
+    fetched = await asyncio.to_thread(_fetch_cases, spec, work_dir / "cases")
+    selected = [c for c in sorted(partition_of, key=lambda c: (partition_of[c], c)) if not cases or c in cases]
+    baseline_dir, reference_dir = await asyncio.to_thread(prepare_candidates, spec, work_dir / "candidates")
+    declared = set(spec.effective_secrets())
+    available = declared | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
+    static = await asyncio.to_thread(check_cases, {c: fetched[c] for c in selected},
+                                     environment=spec.harbor.environment, available=available)
+    problems: dict[str, list[CheckProblem]] = {case: [] for case in selected}
+    for problem in static:
+        problems[problem.case].append(CheckProblem(code=problem.code, detail=problem.detail))
+    cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
+    secret_values = {name: env[name] for name in declared if name in env}
+
+    if backend is None:
+        from vero.harbor import HarborBackend
+
+        backend = HarborBackend(check_cases=False)
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    candidates: list[tuple[CandidateLabel, Path]] = [("baseline", baseline_dir)]
+    if reference_dir is not None:
+        candidates.append(("reference", reference_dir))
+    runs: dict[tuple[str, str], CandidateRun] = {}
+
+    async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
+        async with semaphore:
+            if progress is not None:
+                progress.started(case, label)
+            run, found = await _run_one(backend, spec, case, partition_of[case], label, candidate_dir, cases_dir,
+                                        work_dir / "jobs" / label, secret_values)
+            runs[case, label] = run
+            for problem in found:
+                if all(p.code != problem.code for p in problems[case]):
+                    problems[case].append(problem)
+            if progress is not None:
+                progress.finished(case, label, run)
+
+    await asyncio.gather(*(one(case, label, path) for case in selected if not problems[case]
+                           for label, path in candidates))
+
+    rows = [CaseCheck(case=case, partition=partition_of[case], baseline=runs.get((case, "baseline")),
+                      reference=runs.get((case, "reference")), problems=problems[case]) for case in selected]
+    overall: list[CheckProblem] = []
+    warnings: list[str] = []
+    if reference_dir is None:
+        warnings.append("target.reference is not set: the oracle submits the baseline, and there is no "
+                        "reference to compare the baseline with")
+    else:
+        compared = [row for row in rows if row.baseline and row.reference
+                    and row.baseline.reward is not None and row.reference.reward is not None]
+        if compared and not any(_better(row.reference.reward, row.baseline.reward, spec.scoring.direction)
+                                for row in compared):
+            overall.append(CheckProblem(
+                code="reference_not_better",
+                detail=f"the reference is not better than the baseline ({spec.scoring.direction}) on any of "
+                       f"the {len(compared)} case(s) both were scored on: the cases cannot tell a better "
+                       "candidate from the baseline"))
+    return CheckReport(name=spec.name, environment=spec.harbor.environment, reward_key=spec.scoring.reward_key,
+                       direction=spec.scoring.direction, has_reference=reference_dir is not None, cases=rows,
+                       problems=overall, warnings=warnings)

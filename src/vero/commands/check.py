@@ -1,0 +1,130 @@
+"""`vero harbor check`: run every case with Harbor against the baseline and the reference, print a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vero.commands.exit_codes import EXIT_CHECK_PROBLEMS, EXIT_OK, run_command
+
+
+def check(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
+    environment: Annotated[str | None, typer.Option(
+        "--environment", "-e", help="Execution target; overrides harbor.environment of the spec (docker, modal).",
+    )] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", help="Dotenv file with the spec's secrets; loaded into the environment, never put on a command line.",
+    )] = None,
+    case: Annotated[list[str] | None, typer.Option(
+        "--case", help="Check only this case (repeatable). Default: every case of every partition.",
+    )] = None,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "-n", min=1, help="Nested runs at a time.",
+    )] = 4,
+    work_dir: Annotated[Path | None, typer.Option(
+        "--work-dir", help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary directory, kept).",
+    )] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON (no table, no progress display).")] = False,
+) -> None:
+    """Run every case directly with Harbor against the baseline and the reference, before an agent run is spent.
+
+    Each case is first checked with Harbor's own code (a valid task; every host variable it requires a declared secret; its setup accepted by the environment), then evaluated once with the baseline and once with the reference (target.reference applied as the oracle does) in the spec's environment, one nested harbor run per case and candidate. The table shows each case's partition, both rewards, the time both runs took and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys found), infrastructure, no_reward, and reference_not_better for the spec as a whole.
+
+    Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor unavailable.
+    """
+    import asyncio
+    import json
+    import tempfile
+
+    from vero.check import check_spec
+    from vero.launch import load_run_spec
+
+    def call():
+        spec, env = load_run_spec(config, environment=environment, env_file=env_file)
+        work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-check-{spec.name}-"))
+        progress = None if json_output else _Progress()
+        try:
+            if progress is not None:
+                progress.start()
+            report = asyncio.run(check_spec(spec, env, work_dir=work, concurrency=concurrency,
+                                            progress=progress, cases=case or None))
+        finally:
+            if progress is not None:
+                progress.stop()
+        return report, work
+
+    report, work = run_command(call)
+    if json_output:
+        typer.echo(json.dumps({**report.model_dump(mode="json"), "ok": report.ok, "work_dir": str(work)}, indent=2))
+    else:
+        _print_report(report, work)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_CHECK_PROBLEMS)
+
+
+class _Progress:
+    """A rich progress display on stderr: one line per running nested run, a bar for all of them."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                  console=Console(stderr=True), transient=True)
+        self._overall = None
+        self._tasks: dict[tuple[str, str], object] = {}
+
+    def start(self) -> None:
+        self._progress.start()
+        self._overall = self._progress.add_task("nested runs", total=None)
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def started(self, case: str, candidate: str) -> None:
+        self._tasks[case, candidate] = self._progress.add_task(f"{case} ({candidate})", total=1)
+        self._progress.update(self._overall, total=(self._progress.tasks[0].total or 0) + 1)
+
+    def finished(self, case: str, candidate: str, run) -> None:
+        task = self._tasks.pop((case, candidate), None)
+        if task is not None:
+            self._progress.remove_task(task)
+        self._progress.advance(self._overall)
+        outcome = f"{run.reward:g}" if run.reward is not None else run.outcome
+        self._progress.console.print(f"{case} ({candidate}): {outcome} in {run.seconds:.1f} s")
+
+
+def _reward_cell(run) -> str:
+    if run is None:
+        return "-"
+    if run.reward is not None:
+        return f"{run.reward:g}"
+    return run.outcome
+
+
+def _print_report(report, work: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if Console().is_terminal else 160)
+    table = Table(title=f"vero harbor check: {report.name} on {report.environment} "
+                        f"(reward key {report.reward_key!r}, {report.direction})", show_lines=True)
+    for column in ("case", "partition", "baseline reward", "reference reward", "time", "problems"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("time",) else "left")
+    for row in report.cases:
+        problems = "\n".join(f"{p.code}: {p.detail}" for p in row.problems) or "ok"
+        reference = _reward_cell(row.reference) if report.has_reference else "(no reference)"
+        table.add_row(row.case, row.partition, _reward_cell(row.baseline), reference,
+                      f"{row.seconds:.1f} s" if row.seconds else "-", problems,
+                      style="red" if row.problems else None)
+    console.print(table)
+    for problem in report.problems:
+        console.print(f"[red]problem[/red] {problem.code}: {problem.detail}")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning[/yellow] {warning}")
+    n_bad = sum(1 for row in report.cases if row.problems) + len(report.problems)
+    console.print("no problem found" if report.ok else f"{n_bad} problem(s) found", style="green" if report.ok else "red")
+    typer.echo(f"work dir: {work}")
