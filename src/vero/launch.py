@@ -16,7 +16,7 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,11 +143,13 @@ class PreparedTask:
         spec: the validated spec, with the environment override applied.
         task_dir: the compiled task directory (kept after the run, for inspection).
         env: the environment Harbor runs with (this process's plus the env file; holds secrets).
+        warnings: the build's warnings (`CompileResult.warnings`).
     """
 
     spec: OptimizationSpec
     task_dir: Path
     env: dict[str, str] = field(repr=False)
+    warnings: tuple[str, ...] = ()
 
 
 def check_agent_name(agent: str) -> None:
@@ -229,14 +231,15 @@ def prepare_task(config: Path, *, environment: str | None = None, env_file: Path
     work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
     task_dir = work / spec.name
     # Secrets are checked in `env` at build time; only their names are written.
-    compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env, agent=agent)
-    return PreparedTask(spec=spec, task_dir=task_dir, env=env)
+    compiled = compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env, agent=agent)
+    return PreparedTask(spec=spec, task_dir=task_dir, env=env, warnings=compiled.warnings)
 
 
 def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
              environment: str | None = None, env_file: Path | None = None,
              jobs_dir: Path = Path("jobs"), job_name: str | None = None,
-             extra_args: list[str] | None = None) -> TaskRunOutcome:
+             extra_args: list[str] | None = None,
+             on_warning: Callable[[str], None] | None = None) -> TaskRunOutcome:
     """Compile `config` and run it with Harbor; return what the trial produced.
 
     Args:
@@ -250,6 +253,7 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
         jobs_dir: Harbor's jobs directory on the host.
         job_name: Harbor job name (default: `vero-<spec name>-<random>`).
         extra_args: further `harbor run` arguments, passed through.
+        on_warning: called with each build warning, before Harbor starts.
 
     Raises:
         SpecError: the agent name is unknown, the spec is invalid, a secret is missing, or
@@ -262,6 +266,8 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
 
     harbor = str(find_harbor_executable())
     prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
+    for warning in prepared.warnings if on_warning is not None else ():
+        on_warning(warning)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
     argv = [harbor, "run", "-y", "-p", str(prepared.task_dir), "-a", agent,

@@ -38,7 +38,8 @@ def run(
     from vero.launch import run_task
 
     outcome = run_command(lambda: run_task(config, agent=agent, model=model, environment=environment,
-                                           env_file=env_file, jobs_dir=jobs_dir, job_name=job_name))
+                                           env_file=env_file, jobs_dir=jobs_dir, job_name=job_name,
+                                           on_warning=lambda w: typer.echo(f"warning: {w}", err=True)))
     console = Console()
     table = Table(title="vero harbor run", show_header=True)
     table.add_column("what")

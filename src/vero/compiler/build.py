@@ -79,7 +79,8 @@ class CompileResult:
         baseline_commit: the 40-hex baseline commit id (`/app` in main starts there).
         notes: messages for the operator (e.g. uncommitted target changes left out); never secret.
         warnings: what weakens the task's measurements (e.g. program cases whose tests never call
-            the case kit); also in the verifier config, so `finalization.json` repeats them.
+            the case kit, no reference change: the oracle submits the baseline); also in the verifier
+            config, so `finalization.json` repeats them.
     """
 
     task_dir: Path
@@ -237,6 +238,14 @@ def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
         raise SpecError(issues)
 
 
+def _reference_warnings(spec: OptimizationSpec) -> list[str]:
+    """A spec without `target.reference`: the oracle path measures and submits the baseline."""
+    if spec.target.reference is not None:
+        return []
+    return ["target.reference is not set: the oracle (solution/solve.sh) evaluates and submits the "
+            "baseline unchanged, so an oracle run measures the baseline, not a better candidate"]
+
+
 def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tarball: str | Path | None = None,
                  force: bool = False, env: Mapping[str, str] | None = None,
                  agent: str | None = None) -> CompileResult:
@@ -340,7 +349,7 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             _check_cases(spec, case_dirs)
             scopes = {**sidecar_partitions, **verifier_partitions}
             check_evaluation_time(spec, case_dirs, scopes)
-            warnings = kit_warnings(spec, case_dirs, scopes)
+            warnings = [*kit_warnings(spec, case_dirs, scopes), *_reference_warnings(spec)]
 
             spec_digest = digest_json({
                 "spec": portable_spec(spec, reference_digest),

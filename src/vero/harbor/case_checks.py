@@ -54,6 +54,7 @@ from vero.core.diagnostics import CaseProblem, clip
 __all__ = [
     "CASE_CHECKS_MARK",
     "RequiredVariable",
+    "SetupUncheckable",
     "check_case",
     "check_cases",
     "compose_variables",
@@ -233,14 +234,26 @@ def _placeholders(names: Collection[str]) -> Iterator[None]:
                 os.environ.pop(name, None)
 
 
+class SetupUncheckable(Exception):
+    """The setup cannot be judged on this machine (the environment's provider is not installed
+    here, or the name is no Harbor environment type this Harbor knows)."""
+
+
 def _environment_config(environment: str, trials_dir: Path):
-    """The trial's `EnvironmentConfig`, as `harbor run -e <environment>` and vero's nested runs build it."""
+    """The trial's `EnvironmentConfig`, as `harbor run -e <environment>` and vero's nested runs build it.
+
+    Raises:
+        SetupUncheckable: `environment` is neither `module:Class` nor one of Harbor's environment types.
+    """
+    from harbor.models.environment_type import EnvironmentType
     from harbor.models.trial.config import EnvironmentConfig
 
     from vero.harbor.command import FAST_STOP_COMPOSE
 
     if ":" in environment:
         return EnvironmentConfig(import_path=environment)
+    if environment not in {e.value for e in EnvironmentType}:
+        raise SetupUncheckable(f"{environment!r} is not one of Harbor's environment types")
     extra = []
     if environment == "docker":
         compose = trials_dir / "fast-stop.compose.yaml"
@@ -276,8 +289,10 @@ async def _setup_problem(case_dir: Path, environment: str) -> str | None:
                     trial_paths=trial.paths, task_env_config=definition.config, logger=trial.logger,
                     network_policy=plan.verifier_env_baseline, phase_network_policies=[plan.verifier_phase])
                 trial._validate_separate_verifier_env_policies(verifier_env, plan=plan)
-        except (ImportError, ModuleNotFoundError):
+        except SetupUncheckable:
             raise
+        except ImportError as exc:
+            raise SetupUncheckable(f"its provider cannot be imported here ({type(exc).__name__})") from None
         except Exception as exc:  # noqa: BLE001 - any refusal of Harbor's setup is the answer
             return clip(f"{type(exc).__name__}: {_relative(str(exc), case_dir)}", 800)
         finally:
@@ -319,8 +334,8 @@ def setup_problem(case_dir: Path, environment: str, variables: Collection[str] =
             templates (their values are never needed to judge the setup).
 
     Raises:
-        ImportError: the environment's provider is not installed here (e.g. Harbor's modal extra):
-            the setup cannot be judged on this machine.
+        SetupUncheckable: the environment's provider is not installed here (e.g. Harbor's modal
+            extra), or the name is no Harbor environment type: the setup cannot be judged here.
     """
     with _placeholders(variables):
         return _run(_setup_problem(case_dir, environment))
@@ -353,9 +368,9 @@ def check_case(name: str, case_dir: Path, *, environment: str, available: Collec
     if setup:
         try:
             rejected = setup_problem(case_dir, environment, [v.name for v in required_variables(case_dir)])
-        except ImportError as exc:
-            logger.warning("case %s: the setup on %s cannot be checked here (%s)", name, environment,
-                           type(exc).__name__)
+        except SetupUncheckable as exc:
+            logger.warning("case %s: its setup on environment %s cannot be checked here: %s", name,
+                           environment, exc)
             rejected = None
         if rejected is not None:
             problems.append(CaseProblem(case=name, code="setup_rejected",

@@ -141,7 +141,7 @@ class VerifierConfig(_Config):
     """Target partition -> reward written when it cannot be measured."""
     build_warnings: list[str] = Field(default_factory=list)
     """What `vero harbor build` warned about (e.g. program cases whose tests never call the case
-    kit); repeated in `finalization.json`."""
+    kit, no reference change: the oracle submits the baseline); repeated in `finalization.json`."""
 
 
 def load_config[T: _Config](path: str | Path, model: type[T]) -> T:

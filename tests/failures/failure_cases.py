@@ -1,0 +1,140 @@
+"""Small case fixtures for the misconfigurations of issue 11, and a spec tree that uses them.
+
+Every case is a real Harbor task dir on `python:3.13-slim` (a local tag here) whose test reads the
+candidate's `/opt/candidate/answer.txt` (the program target below) and writes a reward. The
+shared Dockerfile is identical across cases, so Docker builds one image for all of them.
+
+| case | what is wrong |
+|---|---|
+| `good` | nothing: reward = the number in answer.txt (baseline 0, reference 1) |
+| `same` | nothing Harbor can see, but it rewards 1 whatever the candidate (no case tells better from worse) |
+| `no-tests` | no `tests/test.sh`: Harbor's own check says it is no task (`case_invalid`) |
+| `needs-key` | `[environment.env] KEY = "${ZQ_T11_UNSET_KEY}"`, never declared (`missing_variables`) |
+| `compose-key` | its compose file reads `${ZQ_T11_COMPOSE_KEY}` (`missing_variables` unless declared) |
+| `key-default` | `${ZQ_T11_UNSET_KEY:-fallback}`: needs nothing |
+| `no-internet` | `[verifier.environment] allow_internet = false` (`setup_rejected` where Docker has no egress control) |
+| `tpu` | asks for a TPU slice, which Docker never has (`setup_rejected`, on every machine) |
+| `multi-key` | writes `{"correctness": ..., "performance": ...}`, no `reward` (`reward_key_missing`) |
+| `no-reward` | its test writes no reward at all (a dead attempt: `no_reward` for `vero harbor check`) |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+BASE_IMAGE = "python:3.13-slim"
+UNSET_KEY = "ZQ_T11_UNSET_KEY"
+COMPOSE_KEY = "ZQ_T11_COMPOSE_KEY"
+
+DOCKERFILE = f"""\
+FROM {BASE_IMAGE}
+STOPSIGNAL SIGKILL
+RUN mkdir -p /opt/candidate
+WORKDIR /opt/candidate
+"""
+
+_READ_ANSWER = 'answer="$(cat /opt/candidate/answer.txt 2>/dev/null || echo 0)"\n'
+
+TEST_SCRIPTS: dict[str, str] = {
+    "good": _READ_ANSWER + 'echo "$answer" > /logs/verifier/reward.txt\n',
+    "same": "echo 1 > /logs/verifier/reward.txt\n",
+    "multi-key": _READ_ANSWER + 'echo "{\\"correctness\\": $answer, \\"performance\\": 2}" > /logs/verifier/reward.json\n',
+    "no-reward": 'echo "this test forgot to write a reward"\n',
+}
+
+EXTRA_TOML: dict[str, str] = {
+    "needs-key": f'\n[environment.env]\nKEY = "${{{UNSET_KEY}}}"\n',
+    "key-default": f'\n[environment.env]\nKEY = "${{{UNSET_KEY}:-fallback}}"\n',
+    "no-internet": "\n[verifier.environment]\nallow_internet = false\n",
+    "tpu": '\n[environment.tpu]\ntype = "v5litepod"\ntopology = "2x2"\n',
+}
+
+COMPOSE: dict[str, str] = {
+    "compose-key": f"services:\n  main:\n    environment:\n      - TOKEN=${{{COMPOSE_KEY}}}\n      - CTX=${{CONTEXT_DIR}}\n",
+}
+
+ALL_CASES = ("good", "same", "no-tests", "needs-key", "compose-key", "key-default", "no-internet", "tpu",
+             "multi-key", "no-reward")
+
+
+def write_case(root: Path, name: str) -> Path:
+    """Write the case `name` (see the module table) under `root` and return its dir."""
+    case = root / name
+    (case / "environment").mkdir(parents=True)
+    (case / "environment" / "Dockerfile").write_text(DOCKERFILE)
+    if name in COMPOSE:
+        (case / "environment" / "docker-compose.yaml").write_text(COMPOSE[name])
+    (case / "instruction.md").write_text(f"Case {name}.\n")
+    (case / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
+        '[environment]\nbuild_timeout_sec = 300.0\n' + EXTRA_TOML.get(name, ""))
+    if name != "no-tests":
+        (case / "tests").mkdir()
+        script = TEST_SCRIPTS.get(name, TEST_SCRIPTS["good"])
+        test = case / "tests" / "test.sh"
+        test.write_text("#!/bin/bash\nmkdir -p /logs/verifier\n" + script)
+        test.chmod(0o755)
+    return case
+
+
+def write_spec(root: Path, partitions: dict[str, list[str]], *, targets: list[str], reference: bool = True,
+               secrets: list[str] | None = None, agent_access: dict | None = None,
+               extra: dict | None = None) -> Path:
+    """A spec tree under `root` (program target `answer.txt` = 0, reference = 1) over the named cases.
+
+    Args:
+        root: created; holds `build.yaml`, `target/`, `reference/`, `cases/`.
+        partitions: partition -> case names (each written once).
+        targets: the hidden target partitions (the others are agent-accessible, `full`).
+        reference: give `target.reference` (the oracle's change: answer.txt = 1).
+        secrets: the spec's `secrets`.
+        agent_access: overrides the default access (`full`, 10 runs, 10 cases per partition).
+        extra: top-level keys merged into the document last (e.g. `scoring`).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "target").mkdir()
+    (root / "target" / "answer.txt").write_text("0\n")
+    (root / "reference").mkdir()
+    (root / "reference" / "answer.txt").write_text("1\n")
+    for names in partitions.values():
+        for name in names:
+            write_case(root / "cases", name)
+    access = agent_access if agent_access is not None else {
+        p: {"disclosure": "full", "total_runs": 10, "total_cases": 10} for p in partitions if p not in targets}
+    visible = [p for p in partitions if p not in targets]
+    document = {
+        "schema_version": 1,
+        "name": "issue11",
+        "description": "Write the right answer to answer.txt.",
+        "target": {"kind": "program", "path": "target", "install_path": "/opt/candidate",
+                   **({"reference": "reference"} if reference else {})},
+        "cases": {"path": "cases", "partitions": partitions},
+        "agent_access": access,
+        "selection": {"mode": "submit", **({"partition": visible[0]} if visible else {})},
+        "targets": {p: {} for p in targets},
+        "harbor": {"requirement": "harbor==0.26.0", "environment": "docker", "n_concurrent": 2,
+                   "case_timeout_sec": 60, "evaluation_timeout_sec": 600, "drain_timeout_sec": 120,
+                   "infra_retries": 0, "agent_timeout_sec": 600, "verifier_timeout_sec": 900,
+                   "build_timeout_sec": 900},
+    }
+    if secrets:
+        document["secrets"] = secrets
+    document.update(extra or {})
+    path = root / "build.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def docker_egress_supported() -> bool:
+    """Whether Harbor's Docker environment can enforce `no-network` on this engine (its own probe)."""
+    from harbor.environments.docker.docker import DockerEnvironment
+
+    return DockerEnvironment._egress_control_kernel_support()
+
+
+def without(names: tuple[str, ...]) -> dict[str, str]:
+    """`os.environ` without `names` (for subprocesses that must not see them)."""
+    return {k: v for k, v in os.environ.items() if k not in names}

@@ -1,0 +1,108 @@
+"""Build-time checks (issue 11, situations 1-3 and 5): `vero harbor build` refuses a case Harbor
+cannot run, naming the case (and the variable), before anything is written; a spec without a
+reference change builds with a warning that the oracle submits the baseline.
+
+The checks use Harbor's own code (`vero.harbor.case_checks`): whether `no-network` is refused on
+Docker is Harbor's decision for this engine (its egress-control probe), so that row asks the probe.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from failure_cases import COMPOSE_KEY, UNSET_KEY, docker_egress_supported, write_spec
+from typer.testing import CliRunner
+
+from vero.cli import app
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def build(spec: Path, out: Path, env: dict[str, str] | None = None):
+    result = CliRunner().invoke(app, ["harbor", "build", "-c", str(spec), "-o", str(out)], env=env)
+    return result
+
+
+def one_case_spec(tmp_path: Path, case: str, **kwargs) -> Path:
+    return write_spec(tmp_path / "spec", {"train": ["good"], "hidden": [case]}, targets=["hidden"], **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _unset_keys(monkeypatch):
+    for name in (UNSET_KEY, COMPOSE_KEY):
+        monkeypatch.delenv(name, raising=False)
+
+
+def assert_refused(result, out: Path, loc: str, *needles: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert f"- {loc}:" in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+    assert "Traceback" not in result.output
+    assert not out.exists() and not out.with_name(out.name + ".tar.gz").exists()
+
+
+def test_a_case_without_tests_is_refused_with_harbors_reason(tmp_path):
+    out = tmp_path / "out" / "task"
+    result = build(one_case_spec(tmp_path, "no-tests"), out)
+    assert_refused(result, out, "cases.partitions.hidden", "case 'no-tests' (case_invalid)",
+                   "does not contain tests/test.sh")
+
+
+def test_an_undeclared_host_variable_is_refused_naming_case_and_variable(tmp_path):
+    out = tmp_path / "out" / "task"
+    # Set on the build machine: still refused, it would never reach the sidecar or the verifier.
+    result = build(one_case_spec(tmp_path, "needs-key"), out, env={UNSET_KEY: "set-here-only"})
+    assert_refused(result, out, "secrets", "case 'needs-key'", UNSET_KEY, "[environment.env]")
+    assert "set-here-only" not in result.output
+
+
+def test_a_compose_variable_is_a_host_variable_too(tmp_path):
+    out = tmp_path / "out" / "task"
+    result = build(one_case_spec(tmp_path, "compose-key"), out)
+    assert_refused(result, out, "secrets", "case 'compose-key'", COMPOSE_KEY, "environment/docker-compose.yaml")
+    assert "CONTEXT_DIR" not in result.stderr  # Harbor supplies it to Compose itself
+
+
+def test_declared_secrets_and_defaults_build(tmp_path):
+    spec = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["needs-key", "compose-key", "key-default"]},
+                      targets=["hidden"], secrets=[UNSET_KEY, COMPOSE_KEY])
+    result = build(spec, tmp_path / "out" / "task", env={UNSET_KEY: "value-1234", COMPOSE_KEY: "value-5678"})
+    assert result.exit_code == 0, result.output
+
+
+def test_a_setup_docker_never_runs_is_refused_naming_the_case(tmp_path):
+    out = tmp_path / "out" / "task"
+    result = build(one_case_spec(tmp_path, "tpu"), out)
+    assert_refused(result, out, "cases.partitions.hidden", "case 'tpu' (setup_rejected)", "TPU")
+
+
+def test_no_network_is_refused_exactly_where_harbor_refuses_it(tmp_path):
+    """`[verifier.environment] allow_internet = false` (deprecated, read as no-network): refused at
+    build when this Docker engine cannot enforce it, as the nested run would refuse it."""
+    out = tmp_path / "out" / "task"
+    result = build(one_case_spec(tmp_path, "no-internet"), out)
+    if docker_egress_supported():
+        assert result.exit_code == 0, result.output
+    else:
+        assert_refused(result, out, "cases.partitions.hidden", "case 'no-internet' (setup_rejected)",
+                       "network_mode='no-network' is not supported")
+
+
+def test_every_case_problem_is_reported_in_one_pass(tmp_path):
+    spec = write_spec(tmp_path / "spec", {"train": ["no-tests"], "hidden": ["needs-key", "tpu"]}, targets=["hidden"])
+    result = build(spec, tmp_path / "out" / "task")
+    assert result.exit_code == 2
+    for needle in ("'no-tests'", "'needs-key'", "'tpu'"):
+        assert needle in result.stderr, result.stderr
+
+
+def test_a_spec_without_reference_warns_that_the_oracle_submits_the_baseline(tmp_path):
+    result = build(one_case_spec(tmp_path, "same", reference=False), tmp_path / "out" / "task")
+    assert result.exit_code == 0, result.output
+    assert "warning: target.reference is not set: the oracle" in result.stderr
+    assert "submits the baseline" in result.stderr
+    with_reference = build(one_case_spec(tmp_path / "b", "same"), tmp_path / "out2" / "task")
+    assert "target.reference" not in with_reference.stderr
