@@ -1,21 +1,15 @@
-"""Helpers of the example tests (`tasks/c-matmul`, `tasks/puzzle-agent`): load the examples, apply
-their reference change the way the oracle does, and run real `harbor run` jobs over their cases.
-The end-to-end tests (`tests/e2e/_examples.py`) take the example list, paths and process helpers
-from here too.
-
-Rewards come from each trial's `result.json` (`verifier_result.rewards`), never from Harbor's exit
-code or output (HARBOR-NOTES §2: the exit code is 0 even when every trial errored).
+"""Helpers of the example tests (`tasks/c-matmul`, `tasks/puzzle-agent`): load the examples and
+apply their reference change the way the oracle does. The end-to-end tests
+(`tests/e2e/_examples.py`) take the example list, paths and process helpers from here too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from vero.spec import load_spec
@@ -93,65 +87,3 @@ def apply_reference(spec: OptimizationSpec, dest: Path, *, check_only: bool = Fa
         assert result.returncode == 0, f"git {' '.join(args)} failed: {result.stderr}"
     shutil.rmtree(dest / ".git")
     return dest
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """One trial of a job, read from its `result.json`.
-
-    Attributes:
-        reward: `verifier_result.rewards["reward"]`, or None when the trial has no valid reward.
-        exception_type: `exception_info.exception_type`, or None.
-        trial_dir: the trial directory (for diagnostics).
-    """
-
-    reward: float | None
-    exception_type: str | None
-    trial_dir: Path
-
-
-def read_job(job_dir: Path) -> dict[str, TrialOutcome]:
-    """Task name -> outcome for every trial directory of a finished job."""
-    outcomes: dict[str, TrialOutcome] = {}
-    for result_path in sorted(job_dir.glob("*/result.json")):
-        result = json.loads(result_path.read_text(encoding="utf-8"))
-        rewards = (result.get("verifier_result") or {}).get("rewards") or {}
-        exception = result.get("exception_info") or {}
-        outcomes[result["task_name"]] = TrialOutcome(
-            rewards.get("reward"), exception.get("exception_type"), result_path.parent
-        )
-    return outcomes
-
-
-def start_harbor(cases: Path, agent: str, jobs_dir: Path, job_name: str, *,
-                 pythonpath: Path | None = None, n_concurrent: int = 2) -> subprocess.Popen[bytes]:
-    """Start `harbor run -y -q` over every task dir in `cases` on Docker, in its own process group.
-
-    Args:
-        cases: a task dir or a folder of task dirs (`-p`).
-        agent: `oracle` or a `module:Class` import path (`-a`).
-        pythonpath: put on `PYTHONPATH` so that Harbor can import a custom agent.
-    """
-    env = harbor_env({"PYTHONPATH": str(pythonpath)} if pythonpath is not None else None)
-    command = [HARBOR, "run", "-y", "-q", "-p", str(cases), "-a", agent, "-e", "docker",
-               "-n", str(n_concurrent), "-o", str(jobs_dir), "--job-name", job_name]
-    jobs_dir.mkdir(parents=True, exist_ok=True)
-    # The child keeps its own copy of the descriptor; the parent's closes with the block.
-    with open(jobs_dir / f"{job_name}.log", "wb") as log:
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_harbor(process: subprocess.Popen[bytes], jobs_dir: Path, job_name: str, *,
-                timeout_sec: float) -> dict[str, TrialOutcome]:
-    """Wait for a job started by `start_harbor` and read its trials.
-
-    Raises:
-        AssertionError: the job did not finish within `timeout_sec` (its process group is killed).
-    """
-    try:
-        process.wait(timeout=timeout_sec)
-    except subprocess.TimeoutExpired:
-        kill_group(process)
-        raise AssertionError(f"harbor job {job_name} did not finish in {timeout_sec} s") from None
-    return read_job(jobs_dir / job_name)

@@ -4,7 +4,9 @@ Non-Docker tests check the content: each spec loads and validates, every case is
 (`Task.is_valid_dir`, `TaskConfig.model_validate_toml`), hidden cases leak into nothing the agent
 sees, the reference change applies to the target, the c-matmul harness catches wrong results and the
 puzzle answers match their generated data. Docker tests run the cases with real `harbor run`: the
-reference must strictly beat the baseline on the hidden partition.
+reference must strictly beat the baseline on the hidden partition, and `vero harbor check` (which
+runs every case of every example, `tasks/minimal` too, with the baseline and the reference) must
+pass with its table.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from harbor.models.task.task import Task
 
 from .conftest import (
     EXAMPLES,
+    TASKS_DIR,
     apply_reference,
     case_dir,
+    harbor_env,
+    kill_group,
     load_example,
-    start_harbor,
     visible_partitions,
-    wait_harbor,
 )
+
+VERO = str(Path(sys.executable).with_name("vero"))
 
 ALL_CASES = [
     (example, case)
@@ -297,75 +302,81 @@ def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_p
 # Real Harbor on Docker
 
 
-def _copy_cases(example: str, cases: list[str], dest: Path) -> Path:
+CHECKED_EXAMPLES = ("minimal", *EXAMPLES)
+
+
+@pytest.fixture(scope="module")
+def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """`vero harbor check` of every example (table printed, JSON report written), all at once.
+
+    Each check runs every case of the example with the baseline and with the reference, one nested
+    `harbor run` per case and candidate; example -> {returncode, stdout, stderr, report}.
+    """
+    runs = {}
+    for example in CHECKED_EXAMPLES:
+        work = tmp_path_factory.mktemp(f"check-{example}")
+        # c-matmul's rewards are timings: fewer of its runs at once.
+        concurrency = "2" if example == "c-matmul" else "3"
+        command = [VERO, "harbor", "check", "-c", str(TASKS_DIR / example / "build.yaml"), "--concurrency", concurrency,
+                   "--work-dir", str(work / "work"), "--report", str(work / "report.json")]
+        runs[example] = (work, subprocess.Popen(command, env=harbor_env(), stdin=subprocess.DEVNULL,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                start_new_session=True))
+    results = {}
+    try:
+        for example, (work, process) in runs.items():
+            stdout, stderr = process.communicate(timeout=1500)
+            report_file = work / "report.json"
+            report = json.loads(report_file.read_text()) if report_file.is_file() else None
+            results[example] = {"returncode": process.returncode, "stdout": stdout, "stderr": stderr,
+                                "report": report}
+    finally:
+        for _, process in runs.values():
+            kill_group(process)
+    return results
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("example", CHECKED_EXAMPLES)
+def test_vero_harbor_check_passes_on_every_example_with_its_table(example: str, example_checks) -> None:
+    run = example_checks[example]
+    assert run["returncode"] == 0, run["stdout"][-4000:] + run["stderr"][-4000:]
+    report = run["report"]
+    assert report["ok"] and not report["problems"]
     spec = load_example(example)
-    dest.mkdir(parents=True)
-    for case in cases:
-        shutil.copytree(case_dir(spec, case), dest / case)
-    return dest
+    every_case = sorted(c for names in spec.cases.partitions.values() for c in names)
+    assert sorted(row["case"] for row in report["cases"]) == every_case
+    for row in report["cases"]:
+        assert row["baseline"]["outcome"] == "scored" and row["reference"]["outcome"] == "scored", row
+    for column in ("case", "partition", "baseline reward", "reference reward", "time", "problems"):
+        assert column in run["stdout"]
+    for case in every_case:
+        assert case in run["stdout"]
+    assert "no problem found" in run["stdout"]
+
+
+def _check_rewards(example_checks, example: str, candidate: str) -> dict[str, float]:
+    return {row["case"]: row[candidate]["reward"] for row in example_checks[example]["report"]["cases"]}
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(900)
-def test_puzzle_reference_beats_baseline_on_hidden_cases(tmp_path: Path) -> None:
-    spec = load_example("puzzle-agent")
+@pytest.mark.timeout(1800)
+def test_puzzle_reference_beats_baseline_on_hidden_cases(example_checks) -> None:
     hidden = _hidden_cases("puzzle-agent")
-    cases = _copy_cases("puzzle-agent", hidden, tmp_path / "cases")
-    reference = apply_reference(spec, tmp_path / "reference")
-    jobs = tmp_path / "jobs"
-    agent = spec.target.agent_import_path
-    # Both jobs at once: each is a separate Harbor process with its own agent code on PYTHONPATH.
-    runs = {
-        "baseline": start_harbor(cases, agent, jobs, "baseline", pythonpath=spec.target.path),
-        "reference": start_harbor(cases, agent, jobs, "reference", pythonpath=reference),
-    }
-    outcomes = {name: wait_harbor(process, jobs, name, timeout_sec=800) for name, process in runs.items()}
-    for name, trials in outcomes.items():
-        assert sorted(trials) == sorted(hidden), f"{name}: trials {sorted(trials)} (see {jobs}/{name}.log)"
-        for case, trial in trials.items():
-            assert trial.exception_type is None and trial.reward is not None, (name, case, trial)
-    assert {c: t.reward for c, t in outcomes["reference"].items()} == dict.fromkeys(hidden, 1)
-    assert {c: t.reward for c, t in outcomes["baseline"].items()} == {
-        c: int(_kind(c) in BASELINE_KINDS) for c in hidden
-    }
-    mean = lambda trials: sum(t.reward for t in trials.values()) / len(trials)  # noqa: E731
-    assert mean(outcomes["reference"]) > mean(outcomes["baseline"])
+    reference = _check_rewards(example_checks, "puzzle-agent", "reference")
+    baseline = _check_rewards(example_checks, "puzzle-agent", "baseline")
+    assert {c: reference[c] for c in hidden} == dict.fromkeys(hidden, 1)
+    assert {c: baseline[c] for c in hidden} == {c: int(_kind(c) in BASELINE_KINDS) for c in hidden}
+    assert sum(reference[c] for c in hidden) > sum(baseline[c] for c in hidden)
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(900)
-def test_matmul_reference_is_at_least_twice_as_fast_on_hidden_sizes(tmp_path: Path) -> None:
-    """Both candidates installed and scored the way the sidecar and the verifier do it: vero's install
-    agent, the case kit, the cases' own test.sh (CPU-time speed-up over the naive loop)."""
-    import asyncio
-
-    import tenacity
-
-    from vero.harbor import HarborBackend, NestedRun
-
-    spec = load_example("c-matmul")
-    reference = apply_reference(spec, tmp_path / "reference")
-    hidden = _hidden_cases("c-matmul")
-    backend = HarborBackend(infra_wait=tenacity.wait_none())
-    harbor = spec.harbor.model_copy(update={"n_concurrent": 1, "infra_retries": 0})
-
-    def run(name: str, candidate: Path) -> NestedRun:
-        return NestedRun(evaluation_id=name, partition="hidden", candidate="0" * 40, candidate_dir=candidate,
-                         cases_dir=spec.cases.path, case_names=tuple(hidden), jobs_dir=tmp_path / "jobs",
-                         runtime=spec.target.runtime(), harbor=harbor, scoring=spec.scoring)
-
-    async def both():
-        return await asyncio.gather(backend.evaluate(run("baseline", spec.target.path)),
-                                    backend.evaluate(run("reference", reference)))
-
-    results = asyncio.run(both())
-    trials = {f"{name}-{case.case}": case.attempts[0]
-              for name, result in zip(("baseline", "reference"), results, strict=True) for case in result.cases}
-    assert sorted(trials) == sorted(f"{v}-{c}" for v in ("baseline", "reference") for c in hidden)
-    for name, trial in trials.items():
-        assert trial.exception_type is None and trial.reward is not None, (name, trial)
-    for case in hidden:
-        baseline, improved = trials[f"baseline-{case}"].reward, trials[f"reference-{case}"].reward
+@pytest.mark.timeout(1800)
+def test_matmul_reference_is_at_least_twice_as_fast_on_hidden_sizes(example_checks) -> None:
+    reference = _check_rewards(example_checks, "c-matmul", "reference")
+    baseline = _check_rewards(example_checks, "c-matmul", "baseline")
+    for case in _hidden_cases("c-matmul"):
         # The baseline is the naive loop itself: its speed-up is 1 up to timing noise.
-        assert 0.75 <= baseline <= 1.33, (case, baseline)
-        assert improved >= 2.0, (case, improved)
+        assert 0.75 <= baseline[case] <= 1.33, (case, baseline[case])
+        assert reference[case] >= 2.0, (case, reference[case])

@@ -61,8 +61,12 @@ ALL_CASES = ("good", "same", "no-tests", "needs-key", "compose-key", "key-defaul
 
 
 def write_case(root: Path, name: str) -> Path:
-    """Write the case `name` (see the module table) under `root` and return its dir."""
-    case = root / name
+    """Write the case `name` (see the module table) under `root` and return its dir.
+
+    A name with a `@` suffix (`same@2`) is another case of the same kind (dir `same-2`)."""
+    kind, _, copy = name.partition("@")
+    case = root / (f"{kind}-{copy}" if copy else kind)
+    name = kind
     (case / "environment").mkdir(parents=True)
     (case / "environment" / "Dockerfile").write_text(DOCKERFILE)
     if name in COMPOSE:
@@ -87,7 +91,7 @@ def write_spec(root: Path, partitions: dict[str, list[str]], *, targets: list[st
 
     Args:
         root: created; holds `build.yaml`, `target/`, `reference/`, `cases/`.
-        partitions: partition -> case names (each written once).
+        partitions: partition -> case names (each written once; `kind@n` for a second case of a kind).
         targets: the hidden target partitions (the others are agent-accessible, `full`).
         reference: give `target.reference` (the oracle's change: answer.txt = 1).
         secrets: the spec's `secrets`.
@@ -102,6 +106,7 @@ def write_spec(root: Path, partitions: dict[str, list[str]], *, targets: list[st
     for names in partitions.values():
         for name in names:
             write_case(root / "cases", name)
+    partitions = {p: [n.replace("@", "-") for n in names] for p, names in partitions.items()}
     access = agent_access if agent_access is not None else {
         p: {"disclosure": "full", "total_runs": 10, "total_cases": 10} for p in partitions if p not in targets}
     visible = [p for p in partitions if p not in targets]

@@ -8,7 +8,6 @@ Docker is Harbor's decision for this engine (its egress-control probe), so that 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -28,6 +28,9 @@ def check(
         "--work-dir", help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary directory, kept).",
     )] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON (no table, no progress display).")] = False,
+    report_path: Annotated[Path | None, typer.Option(
+        "--report", help="Also write the JSON report to this file (the table is still printed).",
+    )] = None,
 ) -> None:
     """Run every case directly with Harbor against the baseline and the reference, before an agent run is spent.
 
@@ -57,8 +60,11 @@ def check(
         return report, work
 
     report, work = run_command(call)
+    document = json.dumps({**report.model_dump(mode="json"), "ok": report.ok, "work_dir": str(work)}, indent=2)
+    if report_path is not None:
+        report_path.write_text(document + "\n")
     if json_output:
-        typer.echo(json.dumps({**report.model_dump(mode="json"), "ok": report.ok, "work_dir": str(work)}, indent=2))
+        typer.echo(document)
     else:
         _print_report(report, work)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_CHECK_PROBLEMS)

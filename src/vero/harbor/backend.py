@@ -11,7 +11,6 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from vero.core.evaluation import EvaluationResult
-from vero.errors import InfrastructureFailure
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 
 __all__ = ["EvaluationBackend", "NestedRun", "RunAs"]
