@@ -516,7 +516,7 @@ class HarborBackend:
         argv = [str(self.python_executable), "-I", "-m", "vero.harbor.case_checks", run.harbor.environment,
                 str(run.cases_dir.absolute()), *case_names]
         try:
-            outcome = await run_process_group(argv, env=env, cwd=run.jobs_dir.absolute(), run_as=run.run_as,
+            outcome = await run_process_group(argv, env=env, cwd=Path("/"), run_as=run.run_as,
                                               timeout_sec=self.case_check_timeout_sec, kill_grace_sec=2.0,
                                               tail_bytes=256 * 1024)
         except OSError as exc:
