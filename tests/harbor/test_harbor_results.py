@@ -72,16 +72,20 @@ def test_dead_attempts_score_the_failure_value_and_infrastructure_is_not_a_score
 
 
 def test_multi_key_rewards_and_missing_key():
-    results, _, _ = scores(MIXED, "speed", 0.0, ["multi.key", "agent-timeout"])
+    results, attempts, _ = scores(MIXED, "speed", 0.0, ["multi.key", "agent-timeout"])
     assert results["multi.key"].score == 2.5
-    # The key is absent from that trial's rewards: a dead attempt, not a dropped one.
-    assert results["agent-timeout"].n_dead == 1
-    assert results["agent-timeout"].attempts[0].exception_type == "AgentTimeoutError"
-    assert results["agent-timeout"].score == 0.0
+    # Valid rewards without the key: a misconfigured case, never a dead attempt or a 0 (the
+    # backend raises CaseMisconfigured for it); the keys found are kept for the operator.
+    (timeout,) = by_case(collate_job(MIXED, "speed"))["agent-timeout"]
+    assert timeout.reward_key_missing and timeout.reward_keys == ("reward",)
+    assert not timeout.infrastructure
+    assert "agent-timeout" not in attempts
 
-    results, _, _ = scores(MIXED, "no-such-key", 3.0, ["multi.key"])
-    assert results["multi.key"].attempts[0].reward is None
-    assert results["multi.key"].score == 3.0
+    (multi,) = by_case(collate_job(MIXED, "no-such-key"))["multi.key"]
+    assert multi.reward is None and multi.reward_keys == ("reward", "speed")
+    # A trial without any valid reward is no misconfiguration: it stays a dead attempt.
+    (missing,) = by_case(collate_job(MIXED, "no-such-key"))["no-reward"]
+    assert not missing.reward_key_missing
 
 
 def test_install_failure_is_graded_like_nonzero_agent_exit():

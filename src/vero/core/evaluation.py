@@ -25,9 +25,9 @@ __all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult"]
 class AttemptOutcome(StrEnum):
     """How one trial ended, as vero scores it (classified in `vero.harbor.results`).
 
-    Everything but `scored` and `infrastructure` is a dead attempt charged to the candidate at the
-    failure value. Only `infrastructure` is refunded (the evaluation is re-run, or fails as
-    infrastructure when it cannot be).
+    Everything but `scored`, `reward_key_missing` and `infrastructure` is a dead attempt charged to
+    the candidate at the failure value. Only `infrastructure` (the evaluation is re-run, or fails as
+    infrastructure when it cannot be) and `reward_key_missing` (a case problem) are refunded.
     """
 
     SCORED = "scored"
@@ -42,6 +42,10 @@ class AttemptOutcome(StrEnum):
     """A NaN or infinite reward (always invalid)."""
     SANDBOX_ERROR = "sandbox_error"
     """The candidate sandbox could not be closed after the install (`CandidateSandboxError`)."""
+    REWARD_KEY_MISSING = "reward_key_missing"
+    """The case's verifier wrote valid rewards without `scoring.reward_key`: the case (or the spec)
+    is misconfigured, not the candidate. Never kept as an attempt: the backend raises
+    `CaseMisconfigured` (refunded)."""
     INFRASTRUCTURE = "infrastructure"
     """Shown not to be the candidate's (environment build/start, Harbor setup before the candidate
     ran, the case kit could not be set up): no measurement, refunded."""
@@ -49,7 +53,7 @@ class AttemptOutcome(StrEnum):
     @property
     def charged(self) -> bool:
         """Whether the attempt is a measurement the candidate pays for."""
-        return self is not AttemptOutcome.INFRASTRUCTURE
+        return self not in (AttemptOutcome.INFRASTRUCTURE, AttemptOutcome.REWARD_KEY_MISSING)
 
 
 class _Record(BaseModel):

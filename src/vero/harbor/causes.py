@@ -41,6 +41,8 @@ def trial_label(trial) -> str:
     outcome = getattr(trial, "outcome", None)
     if outcome is not None:
         return str(getattr(outcome, "value", outcome))
+    if getattr(trial, "reward_key_missing", False):
+        return "reward_key_missing"
     if trial.infrastructure:
         return "infrastructure"
     return "scored" if trial.reward is not None else "dead"
@@ -83,9 +85,9 @@ class CauseLog:
     def add_problems(self, problems: Iterable[CaseProblem]) -> None:
         self._problems.extend(problems)
 
-    def add_trials(self, job_dir: Path, trials: Iterable, reward_keys: dict[str, list[str]] | None = None) -> None:
+    def add_trials(self, job_dir: Path, trials: Iterable) -> None:
         """Every trial of `trials` (`TrialOutcome`s of `job_dir`) that failed: an exception
-        recorded, or no reward. `reward_keys`: trial name -> keys found (`reward_key_missing`)."""
+        recorded, or no reward (with the keys found, for `reward_key_missing`)."""
         for trial in trials:
             label = trial_label(trial)
             if trial.exception_type is None and label == "scored":
@@ -99,7 +101,7 @@ class CauseLog:
                 exception_type=trial.exception_type,
                 message=self._clean(info.get("exception_message")) if info else None,
                 traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
-                reward_keys=(reward_keys or {}).get(trial.trial_name)))
+                reward_keys=list(trial.reward_keys) if getattr(trial, "reward_keys", None) is not None else None))
 
     @staticmethod
     def _read_exception(trial_dir: Path) -> dict | None:

@@ -22,13 +22,20 @@ decided by `classify_trial`, in this order:
    exception keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`):
    **reward_not_finite** (NaN, infinity), **reward_out_of_range** (outside
    `scoring.reward_range`), else **scored**;
-4. **timed_out** — the trial was cancelled after the candidate started (only the wall-clock kill of
+4. **reward_key_missing** — the verifier wrote valid rewards, but none under the reward key (e.g.
+   `{"correctness": ..., "performance": ...}` with `scoring.reward_key: reward`): the case (or the
+   spec) is misconfigured, not the candidate. The keys found are kept (`reward_keys`); such a trial
+   is no attempt, and the backend raises `CaseMisconfigured` (`reward_key_missing`) for its case.
+   A candidate can cause it only in a case whose tests let it write the reward files (no case
+   kit), and then gains nothing: the evaluation fails without a score (in the verifier, the target
+   gets its failure value);
+5. **timed_out** — the trial was cancelled after the candidate started (only the wall-clock kill of
    the nested run cancels trials: `harbor.evaluation_timeout_sec` ran out);
-5. **dead** — no valid reward for any other reason (verifier crashed or timed out, no reward file,
-   the key missing, the candidate's agent raised before the verifier ran, ...).
+6. **dead** — no valid reward for any other reason (verifier crashed or timed out, no reward file,
+   the candidate's agent raised before the verifier ran, ...).
 
-Every outcome but infrastructure is charged; every one but scored counts at the failure value.
-New kinds (e.g. a case that is misconfigured) slot in as further steps of `classify_trial`.
+Every outcome but infrastructure and reward_key_missing is charged; every charged one but scored
+counts at the failure value. New kinds slot in as further steps of `classify_trial`.
 
 A trial dir without a readable `result.json` (the run was killed mid-trial) yields no outcome; the
 backend decides what a case left without one means.
@@ -105,6 +112,7 @@ class TrialOutcome:
         exception_type: the first recorded exception's type (trial level, then steps), if any.
         rejected_reward: the finite out-of-range value of a `reward_out_of_range` trial.
         flags: what the case kit and the install agent noticed, sorted.
+        reward_keys: the keys of a `reward_key_missing` trial's rewards (sorted), else None.
     """
 
     case: str
@@ -114,10 +122,15 @@ class TrialOutcome:
     exception_type: str | None
     rejected_reward: float | None = None
     flags: tuple[str, ...] = ()
+    reward_keys: tuple[str, ...] | None = None
 
     @property
     def infrastructure(self) -> bool:
         return self.outcome is AttemptOutcome.INFRASTRUCTURE
+
+    @property
+    def reward_key_missing(self) -> bool:
+        return self.outcome is AttemptOutcome.REWARD_KEY_MISSING
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,16 @@ def _raw_reward(result, reward_key: str) -> float | None:
     return float(value)
 
 
+def _keys_without(result, reward_key: str) -> tuple[str, ...] | None:
+    """The keys of a valid, non-empty reward dict that lacks `reward_key`, else None."""
+    if not result.reward_valid or result.verifier_result is None:
+        return None
+    rewards = result.verifier_result.rewards or {}
+    if not rewards or reward_key in rewards:
+        return None
+    return tuple(sorted(str(key) for key in rewards))
+
+
 def _before_candidate(result) -> bool:
     """An exception while the environment came up, before the agent's setup began."""
     return (result.exception_info is not None and result.environment_setup is not None
@@ -178,6 +201,8 @@ def classify_trial(result, reward_key: str, reward_range: tuple[float, float] | 
         if reward_range is not None and not reward_range[0] <= value <= reward_range[1]:
             return AttemptOutcome.REWARD_OUT_OF_RANGE, None, value
         return AttemptOutcome.SCORED, value, None
+    if _keys_without(result, reward_key) is not None:
+        return AttemptOutcome.REWARD_KEY_MISSING, None, None
     if _before_candidate(result):
         return AttemptOutcome.INFRASTRUCTURE, None, None
     if "CancelledError" in types:
@@ -248,6 +273,7 @@ def read_trial(trial_dir: Path, reward_key: str,
         exception_type=exceptions[0].exception_type if exceptions else None,
         rejected_reward=rejected,
         flags=read_kit_flags(trial_dir, metadata),
+        reward_keys=_keys_without(result, reward_key) if outcome is AttemptOutcome.REWARD_KEY_MISSING else None,
     )
 
 
@@ -286,12 +312,13 @@ def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: I
                    cases: Collection[str]) -> int:
     """Append the charged outcomes of `cases` to `attempts` (case -> attempts, in trial order).
 
-    Infrastructure outcomes are dropped (they are no measurement); outcomes of other cases are
-    ignored. Returns how many infrastructure outcomes were dropped.
+    Infrastructure outcomes are dropped (they are no measurement); so are trials whose rewards
+    lack the key (a case problem the caller raises); outcomes of other cases are ignored. Returns
+    how many infrastructure outcomes were dropped.
     """
     dropped = 0
     for trial in trials:
-        if trial.case not in cases:
+        if trial.case not in cases or trial.reward_key_missing:
             continue
         if trial.infrastructure:
             dropped += 1

@@ -349,6 +349,7 @@ class HarborBackend:
             rounds += 1
             collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
                                                          reward_key, launcher, kit, causes)
+            _raise_reward_key_missing(collation, set(pending), reward_key, causes)
             before = {name: len(attempts[name]) for name in pending}
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
             n_timed_out = 0
@@ -599,6 +600,25 @@ def _charge_unfinished(attempts: dict[str, list[AttemptResult]], collation: JobC
                                                 exception_type=EVALUATION_TIMEOUT_EXCEPTION))
             added += 1
     return added
+
+
+def _raise_reward_key_missing(collation: JobCollation, cases: set[str], reward_key: str, causes: CauseLog) -> None:
+    """Raise `CaseMisconfigured` (`reward_key_missing`) when a trial of `cases` wrote rewards
+    without `reward_key`: its case cannot be scored whatever the candidate (one problem per case,
+    with the keys found)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for trial in collation.trials:
+        if trial.case in cases and trial.reward_key_missing:
+            found.setdefault(trial.case, trial.reward_keys or ())
+    if not found:
+        return
+    problems = [CaseProblem(case=case, code="reward_key_missing",
+                            detail=f"its verifier wrote rewards with the keys {', '.join(keys) or '(none)'} "
+                                   f"but not {reward_key!r} (scoring.reward_key)")
+                for case, keys in sorted(found.items())]
+    causes.add_problems(problems)
+    raise CaseMisconfigured("; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
+                            code="reward_key_missing", problems=problems, diagnostics=causes.build())
 
 
 def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:
