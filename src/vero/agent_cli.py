@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.errors import (
+    CASE_PROBLEM_CODES,
     BudgetExhausted,
     CandidateRejected,
+    CaseMisconfigured,
     Conflict,
     InfrastructureFailure,
     PolicyDenied,
@@ -66,6 +68,10 @@ _EXIT_CODES: dict[type[VeroError], int] = {
     RequestInvalid: 2, PolicyDenied: 3, BudgetExhausted: 4, InfrastructureFailure: 5, Conflict: 6,
     UnknownJob: 7, SidecarUnavailable: 8, CandidateRejected: 9,
 }
+# `CaseMisconfigured` by its code (`vero.commands.exit_codes.PROBLEM_EXIT_CODES`, kept equal by a test).
+_PROBLEM_EXIT_CODES: dict[str, int] = {"case_invalid": 12, "missing_variables": 13, "setup_rejected": 14,
+                                       "reward_key_missing": 15}
+_FINAL_502_CODES = frozenset({"infrastructure", *CASE_PROBLEM_CODES})
 _STATES = ("queued", "running", "complete", "failed", "cancelled")
 
 EPILOG = (
@@ -74,7 +80,9 @@ EPILOG = (
     "Exit codes: 0 ok; 1 the job failed or was cancelled, or is still running when --timeout-sec "
     "elapses; 2 bad usage (HTTP 422); 3 denied by policy or entrance closed (403); 4 out of budget "
     "(402); 5 infrastructure failure, budget refunded (502); 6 conflict (409); 7 unknown job (404); "
-    "8 sidecar unreachable; 9 version rejected (400), or over a size limit (413)."
+    "8 sidecar unreachable; 9 version rejected (400), or over a size limit (413); 12-15 a case is broken, "
+    "not your candidate, nothing charged (502 with code case_invalid, missing_variables, setup_rejected, "
+    "reward_key_missing: leave the case out or stop; evaluations selecting it are refused)."
 )
 
 HELP = {
@@ -298,7 +306,7 @@ def _transient(status: int, data: bytes) -> bool:
     if status == 502:
         problem = _problem(data)
         # The sidecar's own 502 says the evaluation failed for infrastructure reasons: final.
-        return problem is None or problem.get("code") != "infrastructure"
+        return problem is None or problem.get("code") not in _FINAL_502_CODES
     return True
 
 
@@ -307,7 +315,9 @@ def error_from_answer(status: int, data: bytes) -> VeroError:
     problem = _problem(data)
     if problem is None:
         return error_for_status(status, None)
-    return error_for_status(status, str(problem.get("detail") or problem["title"]), str(problem.get("code")))
+    cases = problem.get("cases")
+    return error_for_status(status, str(problem.get("detail") or problem["title"]), problem.get("code"),
+                            cases if isinstance(cases, list) else None)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -591,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fail(error: VeroError, as_json: bool) -> NoReturn:
     code = next((_EXIT_CODES[cls] for cls in type(error).__mro__ if cls in _EXIT_CODES), 1)
+    if isinstance(error, CaseMisconfigured):
+        code = _PROBLEM_EXIT_CODES.get(error.code, code)
     if as_json:
         print(json.dumps({"error": {"type": type(error).__name__, "exit_code": code, "message": str(error)}},
                          indent=2))

@@ -32,6 +32,7 @@ never by message text. Messages never carry secret values or hidden partition na
 from __future__ import annotations
 
 __all__ = [
+    "CASE_PROBLEM_CODES",
     "HTTP_STATUS_ERRORS",
     "BudgetExhausted",
     "CandidateRejected",
@@ -241,6 +242,10 @@ class InfrastructureFailure(VeroError):
         self.diagnostics = diagnostics
 
 
+CASE_PROBLEM_CODES: tuple[str, ...] = ("case_invalid", "missing_variables", "setup_rejected", "reward_key_missing")
+"""Codes of `CaseMisconfigured` (what each means: `vero.core.diagnostics`)."""
+
+
 class CaseMisconfigured(InfrastructureFailure):
     """A selected case cannot be measured, whatever the candidate: the case is broken, not the
     candidate (`vero.core.diagnostics` lists the codes). Refunded like any infrastructure failure.
@@ -315,7 +320,8 @@ HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
 """The class a sidecar status code stands for (the inverse of `vero.sidecar.errors`' table)."""
 
 
-def error_for_status(status: int, message: str | None, code: str | None = None) -> VeroError:
+def error_for_status(status: int, message: str | None, code: str | None = None,
+                     cases: list[str] | None = None) -> VeroError:
     """The error both agent-side clients raise for a non-2xx sidecar answer.
 
     Args:
@@ -323,7 +329,9 @@ def error_for_status(status: int, message: str | None, code: str | None = None) 
         message: the problem body's `detail` (or `title`); None when the body was no vero problem,
             which is then never echoed: only the status code is named.
         code: the problem body's `code`: a 413 with `candidate_too_large` is a `CandidateTooLarge`
-            (another 413, a request body over the size limit, is a `RequestInvalid`).
+            (another 413, a request body over the size limit, is a `RequestInvalid`); a 502 with a
+            `CASE_PROBLEM_CODES` code is a `CaseMisconfigured` with that code.
+        cases: the problem body's `cases` (the broken cases the agent may know), if any.
 
     Returns:
         The class of `HTTP_STATUS_ERRORS`; `SidecarUnavailable` for another 5xx; `VeroError` otherwise.
@@ -331,6 +339,8 @@ def error_for_status(status: int, message: str | None, code: str | None = None) 
     text = message if message is not None else f"the sidecar answered HTTP {status}"
     if status == 413 and code == "candidate_too_large":
         return CandidateTooLarge(message=text)
+    if status == 502 and message is not None and code in CASE_PROBLEM_CODES:
+        return CaseMisconfigured(text, code=code, cases=[c for c in cases or () if isinstance(c, str)])
     cls = HTTP_STATUS_ERRORS.get(status)
     if cls is BudgetExhausted:
         return BudgetExhausted.from_message(text)

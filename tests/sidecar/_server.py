@@ -31,7 +31,8 @@ import uvicorn
 
 from vero.core.baseline import commit_baseline
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
-from vero.errors import InfrastructureFailure
+from vero.core.diagnostics import CaseProblem, RoundLog, RunDiagnostics
+from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig
 from vero.spec.models import (
@@ -130,6 +131,8 @@ class StubBackend:
         block: while set to a `threading.Event`, `evaluate` waits until it is set (cancellable).
         fail_with_infrastructure: raise `InfrastructureFailure` instead of returning.
         infrastructure_cases: raise `InfrastructureFailure` for a run that selects any of these cases.
+        broken_cases: case -> problem code: a run selecting any raises `CaseMisconfigured` (with
+            the problems and the causes, as the real backend does).
         write_job_dir: write a Harbor-like job dir (trial dirs with agent/verifier files, the
             trial's own config/result files and an oversized file).
         outside_secret_file: also plant links to this file outside the job dir in every trial: a
@@ -142,6 +145,7 @@ class StubBackend:
     block: threading.Event | None = None
     fail_with_infrastructure: bool = False
     infrastructure_cases: frozenset[str] = frozenset()
+    broken_cases: dict[str, str] = field(default_factory=dict)
     write_job_dir: bool = True
     outside_secret_file: Path | None = None
     unmeasured: set[str] = field(default_factory=set)
@@ -164,6 +168,14 @@ class StubBackend:
                 await asyncio.sleep(0.02)
             if self.fail_with_infrastructure or self.infrastructure_cases.intersection(run.case_names):
                 raise InfrastructureFailure("docker daemon at /secret/path/docker.sock is unreachable")
+            broken = [CaseProblem(case=case, code=self.broken_cases[case],
+                                  detail=f"/secret/path: {case} needs ZQ_SECRET_NAME in [environment.env]")
+                      for case in run.case_names if case in self.broken_cases]
+            if broken:
+                diagnostics = RunDiagnostics(problems=broken, rounds=[RoundLog(
+                    job_name=run.evaluation_id, returncode=1, output_tail="harbor: Missing Environment Variables")])
+                raise CaseMisconfigured("; ".join(p.detail for p in broken), code=broken[0].code, problems=broken,
+                                        diagnostics=diagnostics)
             job_dir = run.jobs_dir / run.evaluation_id
             cases = []
             for case in run.case_names:

@@ -196,10 +196,11 @@ def test_unreachable_sidecar_exits_8_with_a_clear_message() -> None:
 
 
 def test_every_option_of_the_agent_commands_is_documented_and_exit_codes_agree() -> None:
-    from vero.agent_cli import _EXIT_CODES, build_parser
-    from vero.commands.exit_codes import EXIT_CODES
+    from vero.agent_cli import _EXIT_CODES, _PROBLEM_EXIT_CODES, build_parser
+    from vero.commands.exit_codes import EXIT_CODES, PROBLEM_EXIT_CODES
 
     assert all(EXIT_CODES[cls] == code for cls, code in _EXIT_CODES.items())
+    assert _PROBLEM_EXIT_CODES == PROBLEM_EXIT_CODES
     parser = build_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices
     assert set(subcommands) == {"status", "eval", "result", "submit", "evaluations"}

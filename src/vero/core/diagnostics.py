@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.errors import CASE_PROBLEM_CODES
+
 __all__ = [
     "MAX_DETAIL_CHARS",
     "MAX_TRIAL_FAILURES",
@@ -41,7 +43,7 @@ __all__ = [
 ProblemCode = Literal["case_invalid", "missing_variables", "setup_rejected", "reward_key_missing"]
 """A case that cannot be measured, whatever the candidate (see the module table)."""
 
-PROBLEM_CODES: tuple[str, ...] = ("case_invalid", "missing_variables", "setup_rejected", "reward_key_missing")
+PROBLEM_CODES: tuple[str, ...] = CASE_PROBLEM_CODES
 
 MAX_DETAIL_CHARS = 2000
 """Longest detail, exception message or traceback tail kept per record (characters)."""
@@ -112,6 +114,12 @@ class RunDiagnostics(_Record):
     @property
     def empty(self) -> bool:
         return not (self.rounds or self.problems or self.trial_failures)
+
+    @property
+    def has_failures(self) -> bool:
+        """A case problem, a failed trial, or a Harbor job that exited non-zero or timed out."""
+        return bool(self.problems or self.trial_failures
+                    or any(r.returncode != 0 or r.timed_out for r in self.rounds))
 
     def summary(self) -> list[str]:
         """One line per case problem, then one per distinct trial exception type (with its count)."""

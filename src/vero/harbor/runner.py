@@ -322,11 +322,12 @@ class HarborBackend:
         def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
                    retries: int) -> EvaluationResult:
             cases = [CaseResult.from_attempts(name, attempts[name], failure_value) for name in case_names]
+            diagnostics = causes.build()  # kept only when something failed: clean runs stay small
             return EvaluationResult.from_cases(
                 partition=run.partition, candidate=run.candidate, reward_key=reward_key, cases=cases,
                 started_at=started_at, finished_at=_now(),
                 job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries,
-                diagnostics=causes.build())
+                diagnostics=diagnostics if diagnostics.has_failures or retries else None)
 
         if launcher is not None:
             failure_type = await self._preflight(run, launcher)

@@ -14,14 +14,14 @@ Speaks the wire shapes of `vero.sidecar.models` over httpx and turns every failu
 | 404 | `UnknownJob` |
 | 409 | `Conflict` |
 | 413, 422 | `RequestInvalid` (body too large, schema) |
-| 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job that failed for infrastructure reasons) |
+| 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job that failed for infrastructure reasons); with a case problem code (`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`) `CaseMisconfigured` with that `code` (and the problem's `cases`) |
 | 507 (the sidecar's disk is full; nothing was recorded), after retries where retried | `StorageFull` |
 | other 5xx, after retries | `SidecarUnavailable` |
 | any other status, or a 2xx body that is not the expected shape | `VeroError` |
 
 Retries (tenacity, exponential back-off with jitter): reads (`GET`) are retried on every transport
-error and on 5xx answers, except a 502 whose problem code is `infrastructure` (a definite
-outcome, not a passing fault); so is `POST /submissions`, which the sidecar makes idempotent (the
+error and on 5xx answers, except a 502 whose problem code is `infrastructure` or a case problem
+code (a definite outcome, not a passing fault); so is `POST /submissions`, which the sidecar makes idempotent (the
 last submission wins; the same candidate again answers 200 and changes nothing).
 `POST /evaluations` is retried **only when the request surely never reached the server** (connect
 errors, connect and pool timeouts): once the request may have been received, the sidecar may have
@@ -45,7 +45,7 @@ from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from vero.core.job_states import TERMINAL_JOB_STATES
-from vero.errors import RequestInvalid, SidecarUnavailable, VeroError, error_for_status
+from vero.errors import CASE_PROBLEM_CODES, RequestInvalid, SidecarUnavailable, VeroError, error_for_status
 from vero.sidecar.models import (
     EvaluationPage,
     EvaluationRequest,
@@ -104,6 +104,10 @@ class _TransientStatus(Exception):
         self.response = response
 
 
+_FINAL_502_CODES = frozenset({"infrastructure", *CASE_PROBLEM_CODES})
+"""A sidecar 502 with one of these codes is a definite answer, never retried."""
+
+
 def _problem_of(response: httpx.Response) -> Problem | None:
     try:
         return Problem.model_validate_json(response.content)
@@ -118,7 +122,7 @@ def _is_transient(response: httpx.Response) -> bool:
         problem = _problem_of(response)
         # The sidecar's own 502 says the evaluation failed for infrastructure reasons: final.
         # A 502 without a vero problem body comes from something in between and may pass.
-        return problem is None or problem.code != "infrastructure"
+        return problem is None or problem.code not in _FINAL_502_CODES
     return True
 
 
@@ -141,7 +145,9 @@ def error_from_response(response: httpx.Response, context: str | None = None) ->
     detail = None if problem is None else (problem.detail or problem.title)
     if context is not None:
         detail = f"{context} (HTTP {response.status_code})" + (f": {detail}" if detail else "")
-    return error_for_status(response.status_code, detail, None if problem is None else problem.code)
+    if problem is None:
+        return error_for_status(response.status_code, detail)
+    return error_for_status(response.status_code, detail, problem.code, problem.cases)
 
 
 class SidecarClient:

@@ -14,6 +14,7 @@
 | missing or wrong admin token | 401 | `unauthorized` | generic, with `WWW-Authenticate: Bearer` |
 | `UnknownJob`, unknown route | 404 | `not_found` | generic |
 | `Conflict` | 409 | `conflict` | the service's own message |
+| `CaseMisconfigured` | 502 | the case problem's code (`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`) | generic per code; `cases` only on a `full` partition |
 | `InfrastructureFailure` | 502 | `infrastructure` | generic (never Harbor's text) |
 | `StorageFull`, `OSError` ENOSPC/EDQUOT | 507 | `storage_full` | generic: nothing was recorded, retry later |
 | anything else | 500 | `internal` | generic; the exception is logged, never sent |
@@ -41,6 +42,7 @@ from vero.errors import (
     BudgetExhausted,
     CandidateRejected,
     CandidateTooLarge,
+    CaseMisconfigured,
     Conflict,
     InfrastructureFailure,
     PolicyDenied,
@@ -53,6 +55,7 @@ from vero.sidecar.models import Problem
 
 __all__ = [
     "PROBLEM_JSON",
+    "case_problem_detail",
     "PROBLEM_RESPONSES",
     "STORAGE_FULL_RESPONSE",
     "install_error_handlers",
@@ -103,8 +106,24 @@ STORAGE_FULL_RESPONSE: dict[int | str, dict] = {
 """`responses=` entry of every route that writes durable state."""
 
 
+_CASE_PROBLEM_DETAILS: dict[str, str] = {
+    "case_invalid": "a case of this evaluation is not a valid Harbor task",
+    "missing_variables": "a case of this evaluation needs host variables the evaluator does not have",
+    "setup_rejected": "a case of this evaluation asks for a setup its environment cannot run",
+    "reward_key_missing": "a case of this evaluation reports its rewards without the expected key",
+}
+
+
+def case_problem_detail(code: str) -> str:
+    """The agent's text for a case problem: what kind, whose, and that nothing was charged."""
+    what = _CASE_PROBLEM_DETAILS.get(code, "a case of this evaluation cannot be measured")
+    return (f"{what}: the case is broken, not your candidate; nothing was charged, and evaluations "
+            "selecting it are refused until the operator fixes the task")
+
+
 def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
-                     headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
+                     headers: dict[str, str] | None = None, code: str | None = None,
+                     cases: list[str] | None = None) -> JSONResponse:
     """Render one problem body.
 
     Args:
@@ -112,7 +131,9 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
         detail: a message already known to be safe for the agent.
         instance: the resource concerned (e.g. `/evaluations/<id>`).
         headers: extra response headers.
-        code: the problem's `code` when it is not the status's usual one.
+        code: the problem code (default: the status's, `_CODES`), e.g. `candidate_too_large` or a
+            case problem's.
+        cases: case names the caller may know (a case problem on a `full` partition).
 
     Returns:
         A `application/problem+json` response whose body validates as `Problem`.
@@ -124,7 +145,7 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
     except ValueError:
         title = "Error"
     problem = Problem(title=title, status=status, detail=detail, code=code or _CODES.get(status, "bad_request"),
-                      instance=instance)
+                      instance=instance, cases=cases or None)
     return JSONResponse(status_code=status, content=problem.model_dump(mode="json", exclude_none=True),
                         media_type=PROBLEM_JSON, headers=headers)
 
@@ -177,6 +198,9 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
             return _storage_full(request)
         case OSError() if exc.errno in _OUT_OF_SPACE:
             return _storage_full(request)
+        case CaseMisconfigured():
+            return problem_response(502, case_problem_detail(exc.code), instance=request.url.path,
+                                    code=exc.code, cases=exc.cases)
         case InfrastructureFailure():
             return problem_response(502, "the evaluation failed for infrastructure reasons; its budget "
                                          "was refunded", instance=request.url.path)

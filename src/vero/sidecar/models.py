@@ -162,7 +162,14 @@ class JobView(_Wire):
     candidate: str = Field(description="The commit id evaluated (resolved from `version` when the job was created).")
     created_at: datetime
     finished_at: datetime | None = None
-    error: str | None = Field(default=None, description="Generic reason when failed or cancelled.")
+    error: str | None = Field(default=None, description=(
+        "Generic reason when failed or cancelled: `infrastructure` (refunded; try again), one of the "
+        "case problem codes `case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing` "
+        "(a case is broken, not your candidate: refunded, and evaluations selecting that case are "
+        "refused until the operator fixes it), `interrupted`, `cancelled`, `sealed`."))
+    broken_cases: list[str] | None = Field(default=None, description=(
+        "On a `full` partition, when `error` is a case problem code: the cases that cannot be measured "
+        "(leave them out of your selection). Never set on other tiers."))
     result: DisclosedResult | None = Field(default=None, description="What the tier discloses, once complete.")
 
 
@@ -219,7 +226,12 @@ class Problem(_Wire):
         "conflict, invalid, infrastructure, storage_full (the sidecar's disk is full; nothing was "
         "recorded), internal (also unauthorized and too_large on the admin surface and for oversized "
         "bodies; candidate_too_large for a version over the spec's size limits, whose detail names the "
-        "limit)."
+        "limit); with status 502 also a case problem: case_invalid, missing_variables, setup_rejected, "
+        "reward_key_missing (a case is broken, not the candidate; nothing was charged)."
+    )
+    cases: list[str] | None = Field(
+        default=None,
+        description="For a case problem on a `full` partition: the broken cases of the request or job.",
     )
     instance: str | None = Field(
         default=None,

@@ -4,14 +4,22 @@ Route handlers and MCP tools call one method each; every check lives here, in th
 (DESIGN §6):
 
 ```
-POST /evaluations: entrance open -> policy (partition, cases, blocks) -> candidate import
-                   -> entrance still open -> budget reservation + job record (one transaction) -> 202
+POST /evaluations: entrance open -> policy (partition, cases, blocks) -> no quarantined case
+                   -> candidate import -> entrance still open
+                   -> budget reservation + job record (one transaction) -> 202
 job task:          wait for an evaluation slot -> running -> slot's work tree to the candidate
                    -> nested run -> complete + settle (one transaction; zero scores and dead
                    attempts stay charged; in Ladder mode the Ladder answer is decided under one lock
                    and recorded in that transaction) | failed/infrastructure + refund |
+                   failed/<case problem code> + refund + the case quarantined |
                    cancelled/sealed or failed/interrupted + refund (each one transaction)
 ```
+
+A case an evaluation found broken whatever the candidate (`CaseMisconfigured`: invalid task,
+missing variables, setup rejected, reward key missing) is quarantined: every later request that
+selects it is refused (502 with the problem's code) before anything is charged or run, so a broken
+case is never refunded without end. The quarantine is rebuilt from the failed jobs' recorded
+problems at start. Failed jobs keep their causes (`EvaluationJob.diagnostics`).
 
 State changes go through the state store (`vero.core.state`): a job's terminal state and its
 settle or refund commit together, so no reader ever sees one without the other, and a crash leaves
@@ -51,7 +59,10 @@ from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
 from vero.core.storage import atomic_write_model, is_out_of_space
 from vero.core.submission import Submission, read_submission, record_submission
+from vero.core.diagnostics import CaseProblem, RunDiagnostics
 from vero.errors import (
+    CASE_PROBLEM_CODES,
+    CaseMisconfigured,
     Conflict,
     GitFailed,
     InfrastructureFailure,
@@ -270,6 +281,8 @@ class SidecarService:
         self.inference_pools: dict[str, BudgetPool] = {}
         """Partition -> the agent's inference budget (micro-dollars); spent = complete jobs' charges
         (durable through the job records) plus what running evaluations have been charged."""
+        self._broken_cases: dict[str, str] = {}
+        """Quarantined cases: case -> the problem code that broke it (rebuilt from the job records)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -346,6 +359,11 @@ class SidecarService:
             ((_ladder_key(job), job.ladder) for job in self.jobs.with_field("ladder")),
             self.config.scoring.direction,
         )
+        # A broken case stays quarantined across restarts: its failed jobs carry the problems.
+        self._broken_cases = {}
+        for job in self.jobs.with_field("diagnostics"):
+            if job.state == "failed" and job.error in CASE_PROBLEM_CODES and job.diagnostics is not None:
+                self._quarantine(job.diagnostics.problems)
         self.candidates = CandidateStore.open(self.state_dir, self.state, limits=self.config.candidate_limits)
         # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
         stale = self.candidates.remove_stale_temporary_refs()
@@ -532,6 +550,24 @@ class SidecarService:
             if (artifacts / "result.json").is_file() else None,
         )
 
+    def _quarantine(self, problems: list[CaseProblem]) -> None:
+        for problem in problems:
+            self._broken_cases.setdefault(problem.case, problem.code)
+
+    def _case_problem(self, principal: str, partition: str, granted: str, code: str,
+                      cases: list[str]) -> CaseMisconfigured:
+        """The error the agent gets for broken `cases`: the code always, the case names only where
+        the tier discloses per-case results (`full`)."""
+        tier = self.policy.disclosure_for(granted, principal, partition)
+        return CaseMisconfigured(f"{code}: a selected case cannot be measured; nothing was charged", code=code,
+                                 cases=sorted(cases) if tier == "full" else [])
+
+    @staticmethod
+    def _job_broken_cases(job: EvaluationJob) -> list[str]:
+        if job.diagnostics is None:
+            return []
+        return sorted({p.case for p in job.diagnostics.problems if p.case in job.cases})
+
     def view(self, job: EvaluationJob) -> JobView:
         """The agent's view of a job (no job dirs, no host paths, no trusted-only fields).
 
@@ -542,9 +578,14 @@ class SidecarService:
         cached = self._views.get(job.id)
         if cached is not None and cached[0] is job:
             return cached[1]
+        broken = None
+        if job.state == "failed" and job.error in CASE_PROBLEM_CODES and \
+                self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full":
+            broken = self._job_broken_cases(job)
         view = JobView(id=job.id, state=job.state, partition=job.partition, n_cases=len(job.cases),
                        version=job.version, candidate=job.candidate, created_at=job.created_at,
-                       finished_at=job.finished_at, error=job.error, result=self.disclose(job))
+                       finished_at=job.finished_at, error=job.error, broken_cases=broken,
+                       result=self.disclose(job))
         self._views[job.id] = (job, view)
         while len(self._views) > _VIEW_CACHE_SIZE:
             del self._views[next(iter(self._views))]
@@ -624,6 +665,7 @@ class SidecarService:
             UnknownJob: no such job, or another principal's.
             InfrastructureFailure: the job failed for infrastructure reasons (refunded); the route
                 answers 502 so the client raises the same class.
+            CaseMisconfigured: the job failed on a broken case (refunded; 502 with the problem's code).
         """
         return self.view(self._answerable_job(principal, job_id))
 
@@ -633,6 +675,8 @@ class SidecarService:
             raise UnknownJob("no evaluation job with this id")
         if job.state == "failed" and job.error == _INFRA_ERROR:
             raise InfrastructureFailure("the evaluation failed for infrastructure reasons; refunded")
+        if job.state == "failed" and job.error in CASE_PROBLEM_CODES:
+            raise self._case_problem(principal, job.partition, job.disclosure, job.error, self._job_broken_cases(job))
         return job
 
     async def wait_evaluation(self, principal: str, job_id: str, wait_sec: float) -> JobView:
@@ -671,11 +715,17 @@ class SidecarService:
         Raises:
             PolicyDenied: entrance closed; unknown, hidden or non-accessible partition; bad case
                 or block selection; an `aggregate` selection that is not a union of whole blocks.
+            CaseMisconfigured: the selection holds a quarantined case (a case an earlier evaluation
+                found broken whatever the candidate): refused before anything is charged or run.
             CandidateRejected: the version cannot be imported.
             BudgetExhausted: the partition's runs or cases are used up.
         """
         self._check_entrance()
         grant = self.policy.authorize(principal, request.partition, request.cases, request.blocks)
+        broken = [case for case in grant.cases if case in self._broken_cases]
+        if broken:
+            raise self._case_problem(principal, grant.partition, grant.disclosure, self._broken_cases[broken[0]],
+                                     broken)
         assert self._admissions_idle is not None
         self._admissions += 1
         self._admissions_idle.clear()
@@ -774,10 +824,17 @@ class SidecarService:
                 await give_back_inference()
                 await self._close_unmeasured(job_id, state, reason)
             raise
-        except InfrastructureFailure:
+        except CaseMisconfigured as exc:
+            # Broken whatever the candidate: refunded, and quarantined so it is not refunded without end.
+            self._quarantine(exc.problems)
+            _logger.warning("job %s: case problem %s (%s); refunded and quarantined", job_id, exc.code,
+                            ", ".join(sorted({p.case for p in exc.problems})))
+            await give_back_inference()
+            await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc))
+        except InfrastructureFailure as exc:
             _logger.warning("job %s: infrastructure failure; refunded", job_id)
             await give_back_inference()
-            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
+            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, _diagnostics_of(exc))
         except Exception as exc:
             # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
             _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
@@ -841,10 +898,13 @@ class SidecarService:
         except OSError as exc:
             _logger.error("job %s: trial artifacts not copied (%s)", job.id, type(exc).__name__)
 
-    async def _close_unmeasured(self, job_id: str, state: Literal["failed", "cancelled"], error: str) -> None:
-        """End a job that measured nothing and refund it, in one transaction (no-op if already ended)."""
+    async def _close_unmeasured(self, job_id: str, state: Literal["failed", "cancelled"], error: str,
+                                diagnostics: RunDiagnostics | None = None) -> None:
+        """End a job that measured nothing and refund it, in one transaction (no-op if already ended);
+        `diagnostics` (the causes, for the operator) are recorded with the end."""
         try:
-            await self.jobs.finish(job_id, state, error=error)
+            fields = {"diagnostics": diagnostics} if diagnostics is not None else {}
+            await self.jobs.finish(job_id, state, error=error, **fields)
         except Conflict:
             _logger.info("job %s had already finished", job_id)
 
@@ -959,3 +1019,8 @@ class SidecarService:
             sealed_at=self.sealed_at, jobs=state.jobs, balances=balances_of(state.budgets),
             reservations=state.reservations, candidates=state.candidates, submission=state.submission,
         )
+
+
+def _diagnostics_of(error: InfrastructureFailure) -> RunDiagnostics | None:
+    """The causes an `InfrastructureFailure` carries (`vero.harbor.causes`), if any."""
+    return error.diagnostics if isinstance(error.diagnostics, RunDiagnostics) else None

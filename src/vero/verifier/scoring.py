@@ -211,13 +211,10 @@ class Scorer:
             return failed("the backend reported a non-finite score")
         n_dead = sum(by_case[name].n_dead for name in case_names if name in by_case)
         n_missing = sum(1 for name in case_names if name not in by_case)
-        kept = result.diagnostics
-        if kept is not None and not (kept.problems or kept.trial_failures or result.infra_retries):
-            kept = None  # a clean run: its output tails say nothing the operator needs
         return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
                            purpose=purpose, score=score, n_cases=len(case_names),
                            n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir,
-                           inference=usage, diagnostics=kept)
+                           inference=usage, diagnostics=result.diagnostics)
 
     def discard_checkouts(self) -> None:
         """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""

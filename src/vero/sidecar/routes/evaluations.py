@@ -40,6 +40,9 @@ WaitSec = Annotated[float, Query(ge=0, le=60, description=(
         403: problem_doc("Denied by the policy (partition; a case or block selection that is not a union of "
                          "whole blocks of an `aggregate` partition) or the entrance is closed."),
         **STORAGE_FULL_RESPONSE,
+        502: problem_doc("The selection holds a case an earlier evaluation found broken (problem code "
+                         "`case_invalid`, `missing_variables`, `setup_rejected` or `reward_key_missing`): "
+                         "refused, nothing charged."),
     },
 )
 async def start_evaluation(body: EvaluationRequest, service: Service, principal: Principal,
@@ -73,7 +76,8 @@ async def list_evaluations(service: Service, principal: Principal, limit: Limit 
     summary="State and disclosed result of an evaluation",
     responses={
         404: problem_doc("No evaluation job with this id."),
-        502: problem_doc("The evaluation failed for infrastructure reasons; its budget was refunded."),
+        502: problem_doc("The evaluation failed for infrastructure reasons (code `infrastructure`) or on a "
+                         "broken case (a case problem code); its budget was refunded."),
     },
 )
 async def get_evaluation(job_id: JobId, service: Service, principal: Principal, wait_sec: WaitSec = 0) -> JobView:
@@ -81,6 +85,8 @@ async def get_evaluation(job_id: JobId, service: Service, principal: Principal, 
     per-case results, `artifacts_path`), `aggregate` (score and counts; in Ladder mode the score
     only when it beat the best disclosed before by the margin, else that best with `improved: false`),
     `none` (state only).
-    A job that failed for infrastructure reasons answers 502 (problem code `infrastructure`).
+    A job that failed for infrastructure reasons answers 502 (problem code `infrastructure`); one
+    that failed on a broken case answers 502 with the case problem's code (the case is broken, not
+    the candidate; on a `full` partition the problem's `cases` name it).
     With `wait_sec`, answers as soon as the job finishes, or after `wait_sec` seconds."""
     return await service.wait_evaluation(principal, job_id, wait_sec)
