@@ -4,18 +4,25 @@ Before an agent run is spent, `check_spec` answers "will these cases measure can
 
 1. every case of every partition is fetched as the build fetches it (`vero.compiler.cases`) and
    checked with Harbor's own code (`vero.harbor.case_checks`: a valid task, every host variable it
-   requires declared as a secret, its setup accepted by the spec's environment);
+   requires declared as a secret, its setup accepted by the spec's environment); for a `kind:
+   program` target, a case whose tests never call the case kit is `kit_missing`
+   (`vero.compiler.case_audit.case_uses_kit`, the build's own warning), though it is still run;
 2. the baseline (the target's committed files) and, when the spec has one, the reference (the
    baseline with `target.reference` applied, as the oracle's `solve.sh` does) are each evaluated
    on every case that passed, one nested `harbor run` per case and candidate
    (`vero.harbor.HarborBackend`, the sidecar's own backend, in the spec's environment, one attempt,
    no infrastructure retry), `concurrency` at a time;
-3. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
+3. with `probe` (`kind: program` only), the baseline is run once more per case under the probe
+   agent (`vero.harbor.probe`): a process planted as the candidate user, the moment the tests first
+   open a file of the installed candidate, tries to write the reward files and to read `/tests`;
+   the case is `forgeable` when it manages either, `probe_not_exercised` when the tests never
+   opened the candidate's files;
+4. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
    "the reference beats the baseline on no case".
 
 Each case's row holds its partition, the baseline's and the reference's reward (or why there is
-none), the time both runs took and its problems; `CheckReport.ok` is False when any problem was
-found. Secrets reach the runs by name from `env`, never in a report.
+none), the probe's verdict, the time its runs took and its problems; `CheckReport.ok` is False when
+any problem was found. Secrets reach the runs by name from `env`, never in a report.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vero.core.evaluation import AttemptOutcome
 from vero.errors import CaseMisconfigured, InfrastructureFailure, SpecError
-from vero.spec.models import OptimizationSpec
+from vero.spec.models import OptimizationSpec, ProgramTarget
 
 __all__ = [
     "CHECK_CODES",
@@ -43,21 +51,28 @@ __all__ = [
     "CheckProblem",
     "CheckProgress",
     "CheckReport",
+    "ProbeRun",
     "check_spec",
     "prepare_candidates",
 ]
 
 logger = logging.getLogger(__name__)
 
-CandidateLabel = Literal["baseline", "reference"]
+CandidateLabel = Literal["baseline", "reference", "probe"]
+"""Which run of a case: the baseline, the reference, or the baseline under the probe."""
 
 CHECK_CODES: dict[str, str] = {
     "case_invalid": "not a valid Harbor task (Harbor's own check)",
     "missing_variables": "host variables the case requires are not declared secrets",
     "setup_rejected": "Harbor refuses the case's setup in the spec's environment",
     "reward_key_missing": "the case's rewards lack scoring.reward_key (the keys found are listed)",
-    "infrastructure": "the case's environment could not be built or started",
-    "no_reward": "a run produced no reward (the case's test wrote none or crashed)",
+    "kit_missing": "kind: program: the case's tests never call vero-kit, so candidate code they run can forge "
+                   "the reward or read /tests",
+    "infrastructure": "the case's environment (or the case kit's sandbox, or the probe) could not be set up",
+    "no_reward": "a run produced no valid reward (no reward file, a crash, a timeout, a non-finite reward)",
+    "reward_out_of_range": "an honest candidate's reward is outside scoring.reward_range",
+    "forgeable": "--probe: a process of the candidate user wrote the reward files or read /tests during the tests",
+    "probe_not_exercised": "--probe: the tests never opened a file of the installed candidate",
     "reference_not_better": "the reference beats the baseline on no case",
 }
 """Every problem `vero harbor check` reports, by code (the README's table)."""
@@ -81,12 +96,28 @@ class CandidateRun(_Model):
     reward: float | None = None
     """The case's reward under `scoring.reward_key`; None when there is none."""
     outcome: str
-    """`scored`, `dead` (no reward), `infrastructure`, or a case problem's code."""
+    """The attempt's outcome (`vero.core.evaluation.AttemptOutcome`: `scored`, `dead`, `timed_out`,
+    `reward_out_of_range`, ...), `infrastructure`, or a case problem's code."""
     exception_type: str | None = None
     seconds: float = 0.0
     """Wall time of the nested run (seconds)."""
     detail: str | None = None
     """Why there is no reward (operator text)."""
+    flags: list[str] = Field(default_factory=list)
+    """What the case kit noticed in the trial (`AttemptResult.flags`)."""
+
+
+class ProbeRun(_Model):
+    """The probe's run on one case (`vero.harbor.probe`)."""
+
+    verdict: Literal["forgeable", "held", "not_exercised", "error"]
+    findings: list[str] = Field(default_factory=list)
+    """What the planted process managed (forgeable only)."""
+    attempted: bool = False
+    """It got through a whole round of attempts before it was killed."""
+    seconds: float = 0.0
+    detail: str | None = None
+    """Why there is no verdict (`error`)."""
 
 
 class CaseCheck(_Model):
@@ -96,11 +127,12 @@ class CaseCheck(_Model):
     partition: str
     baseline: CandidateRun | None = None
     reference: CandidateRun | None = None
+    probe: ProbeRun | None = None
     problems: list[CheckProblem] = Field(default_factory=list)
 
     @property
     def seconds(self) -> float:
-        return sum(run.seconds for run in (self.baseline, self.reference) if run is not None)
+        return sum(run.seconds for run in (self.baseline, self.reference, self.probe) if run is not None)
 
 
 class CheckReport(_Model):
@@ -111,6 +143,8 @@ class CheckReport(_Model):
     reward_key: str
     direction: str
     has_reference: bool
+    probed: bool = False
+    """Whether `--probe` ran."""
     cases: list[CaseCheck]
     problems: list[CheckProblem] = Field(default_factory=list)
     """Problems of the spec as a whole (e.g. `reference_not_better`)."""
@@ -177,6 +211,12 @@ def _better(a: float, b: float, direction: str) -> bool:
 
 
 def _last_line(exc: InfrastructureFailure) -> str:
+    """The telling part of a failed run's diagnostics: the first failed trial's exception (e.g. the
+    case kit's `CaseKitSetupError` and its message), else the last line Harbor printed."""
+    for failure in getattr(exc.diagnostics, "trial_failures", None) or []:
+        if failure.exception_type:
+            lines = [line.strip() for line in (failure.message or "").splitlines() if line.strip()]
+            return f"; trial {failure.exception_type}" + (f": {lines[-1][:300]}" if lines else "")
     rounds = getattr(exc.diagnostics, "rounds", None) or []
     for round_ in reversed(rounds):
         lines = [line.strip() for line in round_.output_tail.splitlines() if line.strip()]
@@ -185,17 +225,22 @@ def _last_line(exc: InfrastructureFailure) -> str:
     return ""
 
 
-async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel,
-                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]
-                   ) -> tuple[CandidateRun, list[CheckProblem]]:
+def _nested_run(spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel, candidate_dir: Path,
+                cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]):
     from vero.harbor.backend import NestedRun
 
-    run = NestedRun(
+    return NestedRun(
         evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}", partition=partition,
         candidate=label, candidate_dir=candidate_dir, cases_dir=cases_dir, case_names=(case,),
         jobs_dir=jobs_dir, runtime=spec.target.runtime(),
         harbor=spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
         scoring=spec.scoring, env=dict(env))
+
+
+async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel,
+                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]
+                   ) -> tuple[CandidateRun, list[CheckProblem]]:
+    run = _nested_run(spec, case, partition, label, candidate_dir, cases_dir, jobs_dir, env)
     started = time.monotonic()
     try:
         result = await backend.evaluate(run)
@@ -212,18 +257,64 @@ async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, l
     seconds = time.monotonic() - started
     attempts = result.cases[0].attempts if result.cases else []
     attempt = attempts[0] if attempts else None
-    if attempt is None or attempt.reward is None:
-        exception_type = attempt.exception_type if attempt is not None else None
-        detail = f"no reward for the {label} ({exception_type or 'no reward file'})"
-        return (CandidateRun(candidate=label, outcome="dead", exception_type=exception_type, seconds=seconds,
-                             detail=detail), [CheckProblem(code="no_reward", detail=detail)])
-    return CandidateRun(candidate=label, reward=attempt.reward, outcome="scored",
-                        exception_type=attempt.exception_type, seconds=seconds), []
+    if attempt is None:
+        detail = f"no attempt of the {label} was kept"
+        return (CandidateRun(candidate=label, outcome="dead", seconds=seconds, detail=detail),
+                [CheckProblem(code="no_reward", detail=detail)])
+    kind, flags = attempt.kind, list(attempt.flags)
+    if kind is AttemptOutcome.REWARD_OUT_OF_RANGE:
+        detail = (f"the {label} got {attempt.rejected_reward:g}, outside scoring.reward_range "
+                  f"{list(spec.scoring.reward_range or ())}")
+        return (CandidateRun(candidate=label, outcome=kind.value, exception_type=attempt.exception_type,
+                             seconds=seconds, detail=detail, flags=flags),
+                [CheckProblem(code="reward_out_of_range", detail=detail)])
+    if attempt.reward is None:
+        why = attempt.exception_type or ("no reward file" if kind is AttemptOutcome.DEAD else kind.value)
+        detail = f"no valid reward for the {label} ({kind.value}: {why})"
+        return (CandidateRun(candidate=label, outcome=kind.value, exception_type=attempt.exception_type,
+                             seconds=seconds, detail=detail, flags=flags),
+                [CheckProblem(code="no_reward", detail=detail)])
+    return CandidateRun(candidate=label, reward=attempt.reward, outcome=kind.value,
+                        exception_type=attempt.exception_type, seconds=seconds, flags=flags), []
+
+
+async def _probe_one(backend, spec: OptimizationSpec, case: str, partition: str, candidate_dir: Path,
+                     cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]) -> tuple[ProbeRun, list[CheckProblem]]:
+    """The baseline under the probe agent on one case, and the problem its verdict makes."""
+    from vero.harbor.probe import probe_verdict
+
+    run = _nested_run(spec, case, partition, "probe", candidate_dir, cases_dir, jobs_dir, env)
+    started = time.monotonic()
+    try:
+        result = await backend.evaluate(run)
+    except InfrastructureFailure as exc:  # a case problem too: the baseline's run names it
+        detail = f"probe: {exc}{_last_line(exc)}"
+        return (ProbeRun(verdict="error", seconds=time.monotonic() - started, detail=detail),
+                [] if isinstance(exc, CaseMisconfigured) else [CheckProblem(code="infrastructure", detail=detail)])
+    seconds = time.monotonic() - started
+    attempts = result.cases[0].attempts if result.cases else []
+    attempt = attempts[0] if attempts else None
+    if attempt is None or attempt.exception_type == "ProbeSetupError":
+        detail = "probe: the probe could not be started in the case container"
+        return ProbeRun(verdict="error", seconds=seconds, detail=detail), [CheckProblem(code="infrastructure",
+                                                                                        detail=detail)]
+    found = probe_verdict(attempt.flags, attempt.reward if attempt.reward is not None else attempt.rejected_reward)
+    probe = ProbeRun(verdict=found.verdict, findings=list(found.findings), attempted=found.attempted, seconds=seconds)
+    if found.verdict == "forgeable":
+        return probe, [CheckProblem(code="forgeable", detail=(
+            "a process of the candidate user, planted when the tests first opened a file of the installed "
+            f"candidate, {'; '.join(found.findings)}: run candidate code only through vero-kit run and write "
+            "the reward with vero-kit reward (README \"Writing program cases\")"))]
+    if found.verdict == "not_exercised":
+        return probe, [CheckProblem(code="probe_not_exercised", detail=(
+            "the tests never opened a file of the installed candidate, so nothing was probed (does the case "
+            "run the candidate at all?)"))]
+    return probe, []
 
 
 async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir: Path,
                      concurrency: int = 4, backend=None, progress: CheckProgress | None = None,
-                     cases: list[str] | None = None) -> CheckReport:
+                     cases: list[str] | None = None, probe: bool = False, probe_backend=None) -> CheckReport:
     """Check every case of `spec` (see the module docstring).
 
     Args:
@@ -235,15 +326,23 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             done here once).
         progress: told when each run starts and ends.
         cases: only these cases (default every case of every partition).
+        probe: also run the baseline under the probe agent on every case (`kind: program` only).
+        probe_backend: the backend of the probe's runs (default a `HarborBackend` with the probe
+            agent, `vero.harbor.probe`).
 
     Raises:
-        SpecError: the target, a case or the reference cannot be prepared, or `cases` names an
-            unknown case.
-        InfrastructureFailure: Harbor cannot be found.
+        SpecError: the target, a case or the reference cannot be prepared, `cases` names an
+            unknown case, or `probe` is asked for a `kind: agent` target.
+        InfrastructureFailure: Harbor cannot be found, or the probe cannot be built.
     """
+    from vero.compiler.case_audit import case_uses_kit
     from vero.harbor.case_checks import check_cases
     from vero.harbor.command import FORCED_ENV, INHERITED_ENV_NAMES
 
+    program = isinstance(spec.target, ProgramTarget)
+    if probe and not program:
+        raise SpecError.at("--probe", "the probe plants a process as the candidate user of a kind: program "
+                                      "target; this spec's target is kind: agent")
     work_dir.mkdir(parents=True, exist_ok=True)
     partition_of = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
     if cases:
@@ -260,6 +359,13 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
     problems: dict[str, list[CheckProblem]] = {case: [] for case in selected}
     for problem in static:
         problems[problem.case].append(CheckProblem(code=problem.code, detail=problem.detail))
+    runnable = [case for case in selected if not problems[case]]  # Harbor can run them
+    for case in runnable if program else ():
+        if not case_uses_kit(fetched[case]):
+            problems[case].append(CheckProblem(code="kit_missing", detail=(
+                "its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
+                "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
+                "scoring.reward_range; README \"Writing program cases\")")))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     secret_values = {name: env[name] for name in declared if name in env}
 
@@ -267,11 +373,25 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
         from vero.harbor import HarborBackend
 
         backend = HarborBackend(check_cases=False)
+    if probe and probe_backend is None:
+        from vero.harbor import HarborBackend
+        from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary
+
+        probe_path = await asyncio.to_thread(probe_binary)
+        probe_backend = HarborBackend(check_cases=False, program_agent=PROBE_AGENT_IMPORT_PATH,
+                                      program_agent_kwargs={"probe_path": str(probe_path),
+                                                            "reward_key": spec.scoring.reward_key})
     semaphore = asyncio.Semaphore(max(1, concurrency))
     candidates: list[tuple[CandidateLabel, Path]] = [("baseline", baseline_dir)]
     if reference_dir is not None:
         candidates.append(("reference", reference_dir))
     runs: dict[tuple[str, str], CandidateRun] = {}
+    probes: dict[str, ProbeRun] = {}
+
+    def note(case: str, found: list[CheckProblem]) -> None:
+        for problem in found:
+            if all(p.code != problem.code for p in problems[case]):
+                problems[case].append(problem)
 
     async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
         async with semaphore:
@@ -280,17 +400,28 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             run, found = await _run_one(backend, spec, case, partition_of[case], label, candidate_dir, cases_dir,
                                         work_dir / "jobs" / label, secret_values)
             runs[case, label] = run
-            for problem in found:
-                if all(p.code != problem.code for p in problems[case]):
-                    problems[case].append(problem)
+            note(case, found)
             if progress is not None:
                 progress.finished(case, label, run)
 
-    await asyncio.gather(*(one(case, label, path) for case in selected if not problems[case]
-                           for label, path in candidates))
+    async def probe_one(case: str) -> None:
+        async with semaphore:
+            if progress is not None:
+                progress.started(case, "probe")
+            run, found = await _probe_one(probe_backend, spec, case, partition_of[case], baseline_dir, cases_dir,
+                                          work_dir / "jobs" / "probe", secret_values)
+            probes[case] = run
+            note(case, found)
+            if progress is not None:
+                progress.finished(case, "probe", CandidateRun(candidate="probe", outcome=run.verdict,
+                                                              seconds=run.seconds))
+
+    await asyncio.gather(*(one(case, label, path) for case in runnable for label, path in candidates),
+                         *(probe_one(case) for case in (runnable if probe else ())))
 
     rows = [CaseCheck(case=case, partition=partition_of[case], baseline=runs.get((case, "baseline")),
-                      reference=runs.get((case, "reference")), problems=problems[case]) for case in selected]
+                      reference=runs.get((case, "reference")), probe=probes.get(case), problems=problems[case])
+            for case in selected]
     overall: list[CheckProblem] = []
     warnings: list[str] = []
     if reference_dir is None:
@@ -307,5 +438,6 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
                        f"the {len(compared)} case(s) both were scored on: the cases cannot tell a better "
                        "candidate from the baseline"))
     return CheckReport(name=spec.name, environment=spec.harbor.environment, reward_key=spec.scoring.reward_key,
-                       direction=spec.scoring.direction, has_reference=reference_dir is not None, cases=rows,
+                       direction=spec.scoring.direction, has_reference=reference_dir is not None, probed=probe,
+                       cases=rows,
                        problems=overall, warnings=warnings)

@@ -27,6 +27,9 @@ def check(
     work_dir: Annotated[Path | None, typer.Option(
         "--work-dir", help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary directory, kept).",
     )] = None,
+    probe: Annotated[bool, typer.Option(
+        "--probe", help="kind: program: also run the baseline once more per case with a process planted as the candidate user that tries to rewrite the reward files and read /tests; a case where it succeeds is forgeable.",
+    )] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON (no table, no progress display).")] = False,
     report_path: Annotated[Path | None, typer.Option(
         "--report", help="Also write the JSON report to this file (the table is still printed).",
@@ -34,7 +37,7 @@ def check(
 ) -> None:
     """Run every case directly with Harbor against the baseline and the reference, before an agent run is spent.
 
-    Each case is first checked with Harbor's own code (a valid task; every host variable it requires a declared secret; its setup accepted by the environment), then evaluated once with the baseline and once with the reference (target.reference applied as the oracle does) in the spec's environment, one nested harbor run per case and candidate. The table shows each case's partition, both rewards, the time both runs took and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys found), infrastructure, no_reward, and reference_not_better for the spec as a whole.
+    Each case is first checked with Harbor's own code (a valid task; every host variable it requires a declared secret; its setup accepted by the environment), then evaluated once with the baseline and once with the reference (target.reference applied as the oracle does) in the spec's environment, one nested harbor run per case and candidate. With --probe, the baseline runs once more per case under a probe: the first time the case's tests open a file of the installed candidate, a process is planted as the candidate user that keeps trying to write the reward files and read /tests. The table shows each case's partition, both rewards, the probe's verdict, the time the runs took and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys found), kit_missing (program cases whose tests never call vero-kit), infrastructure, no_reward, reward_out_of_range, forgeable and probe_not_exercised (--probe), and reference_not_better for the spec as a whole.
 
     Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor unavailable.
     """
@@ -53,7 +56,7 @@ def check(
             if progress is not None:
                 progress.start()
             report = asyncio.run(check_spec(spec, env, work_dir=work, concurrency=concurrency,
-                                            progress=progress, cases=case or None))
+                                            progress=progress, cases=case or None, probe=probe))
         finally:
             if progress is not None:
                 progress.stop()
@@ -111,6 +114,12 @@ def _reward_cell(run) -> str:
     return run.outcome
 
 
+def _probe_cell(probe) -> str:
+    if probe is None:
+        return "-"
+    return probe.verdict.replace("_", " ")
+
+
 def _print_report(report, work: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -118,12 +127,15 @@ def _print_report(report, work: Path) -> None:
     console = Console(width=None if Console().is_terminal else 160)
     table = Table(title=f"vero harbor check: {report.name} on {report.environment} "
                         f"(reward key {report.reward_key!r}, {report.direction})", show_lines=True)
-    for column in ("case", "partition", "baseline reward", "reference reward", "time", "problems"):
+    columns = ["case", "partition", "baseline reward", "reference reward", *(["probe"] if report.probed else []),
+               "time", "problems"]
+    for column in columns:
         table.add_column(column, overflow="fold", justify="right" if column in ("time",) else "left")
     for row in report.cases:
         problems = "\n".join(f"{p.code}: {p.detail}" for p in row.problems) or "ok"
         reference = _reward_cell(row.reference) if report.has_reference else "(no reference)"
-        table.add_row(row.case, row.partition, _reward_cell(row.baseline), reference,
+        probe = [_probe_cell(row.probe)] if report.probed else []
+        table.add_row(row.case, row.partition, _reward_cell(row.baseline), reference, *probe,
                       f"{row.seconds:.1f} s" if row.seconds else "-", problems,
                       style="red" if row.problems else None)
     console.print(table)

@@ -25,7 +25,8 @@ from vero.errors import SpecError, SpecIssue
 from vero.harbor.casekit import KIT_NAME, mentions_kit
 from vero.spec.models import OptimizationSpec, ProgramTarget
 
-__all__ = ["EVALUATION_SETUP_MARGIN_SEC", "CaseTime", "case_time", "check_evaluation_time", "kit_warnings"]
+__all__ = ["EVALUATION_SETUP_MARGIN_SEC", "CaseTime", "case_time", "case_uses_kit", "check_evaluation_time",
+           "kit_warnings"]
 
 EVALUATION_SETUP_MARGIN_SEC = 120.0
 """Time an evaluation needs beyond its cases' own agent and verifier limits (image builds, start,
@@ -35,6 +36,15 @@ teardown)."""
 def _test_dirs(case_dir: Path) -> list[Path]:
     steps = case_dir / "steps"
     return [case_dir / "tests", *(sorted(p / "tests" for p in steps.iterdir() if p.is_dir()) if steps.is_dir() else [])]
+
+
+def case_uses_kit(case_dir: Path) -> bool:
+    """Whether the tests of the case at `case_dir` (its `tests/`, or a step's) name `vero-kit`.
+
+    A test that never names the kit cannot run candidate code through it (`kit_warnings`;
+    `vero harbor check` reports such a case as `kit_missing`).
+    """
+    return any(mentions_kit(d) for d in _test_dirs(case_dir))
 
 
 def kit_warnings(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
@@ -53,7 +63,7 @@ def kit_warnings(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
     warnings = []
     for partition, names in sorted(partitions.items()):
         for case in sorted(names):
-            if not any(mentions_kit(d) for d in _test_dirs(case_dirs[case])):
+            if not case_uses_kit(case_dirs[case]):
                 warnings.append(
                     f"case {case!r} (partition {partition}): its tests never call {KIT_NAME}, so candidate code "
                     f"they run can forge the reward or read /tests ({guard}; README \"Writing program cases\")")

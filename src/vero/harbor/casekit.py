@@ -36,6 +36,7 @@ __all__ = [
     "KIT_NAME",
     "KIT_PATH_IN_CASE",
     "build_kit",
+    "cached_build",
     "kit_binary",
     "kit_source",
     "mentions_kit",
@@ -70,7 +71,8 @@ def _cache_root(env: Mapping[str, str]) -> Path:
 
 
 def build_kit(dest: Path, *, source: Path | None = None, compiler: str | None = None) -> Path:
-    """Compile the kit statically to `dest` (written atomically, mode 0755) and return `dest`.
+    """Compile the kit (or another program of `casekit/`, `source`) statically to `dest` (written
+    atomically, mode 0755) and return `dest`.
 
     Raises:
         InfrastructureFailure: no C compiler, or the static build failed (e.g. no static libc:
@@ -114,9 +116,21 @@ def kit_binary(env: Mapping[str, str] | None = None) -> Path:
         return path
     if KIT_IMAGE_PATH.is_file():
         return KIT_IMAGE_PATH
-    source = kit_source()
+    return cached_build(kit_source(), KIT_NAME, env)
+
+
+def cached_build(source: Path, name: str, env: Mapping[str, str] | None = None) -> Path:
+    """A static build of the C program `source` as `name`, from the per-user cache (built on first use).
+
+    The cache key is the source's digest, so an edited source is rebuilt. Used for the kit and for
+    `vero harbor check --probe`'s probe (`vero.harbor.probe`).
+
+    Raises:
+        InfrastructureFailure: no C compiler, or the static build failed.
+    """
+    env = os.environ if env is None else env
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cached = _cache_root(env) / f"case-kit-{digest}" / KIT_NAME
+    cached = _cache_root(env) / f"case-{name.removeprefix('vero-')}-{digest}" / name
     if cached.is_file():
         return cached
     return build_kit(cached, source=source)

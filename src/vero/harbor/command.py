@@ -242,11 +242,12 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
     return env
 
 
-def _agent_kwargs(run: NestedRun, launcher_socket: Path | None, kit_path: Path | None) -> dict[str, object]:
+def _agent_kwargs(run: NestedRun, launcher_socket: Path | None, kit_path: Path | None,
+                  extra: Mapping[str, object] | None) -> dict[str, object]:
     if run.runtime.kind == "agent":
         return {"launcher": str(launcher_socket), "agent_import_path": run.runtime.agent_import_path,
                 "candidate_dir": str(run.candidate_dir.absolute())}
-    kwargs: dict[str, object] = {"candidate_dir": str(run.candidate_dir),
+    kwargs: dict[str, object] = {**(extra or {}), "candidate_dir": str(run.candidate_dir),
                                  "install_path": run.runtime.install_path}
     if kit_path is not None:
         kwargs["kit_path"] = str(kit_path)
@@ -273,6 +274,8 @@ def build_command(
     kit_path: Path | None = None,
     compose_labels: Mapping[str, Any] | None = None,
     environment_options: Mapping[str, Any] | None = None,
+    program_agent: str = INSTALL_AGENT_IMPORT_PATH,
+    program_agent_kwargs: Mapping[str, object] | None = None,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -290,6 +293,9 @@ def build_command(
             (`vero.harbor.leftovers.compose_labels`).
         environment_options: `--ek` options of the environment (JSON-encoded, as Harbor parses
             them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.leftovers.modal_options`.
+        program_agent: `kind: program`: the agent class (`module:Class`), vero's install agent unless
+            `vero harbor check --probe` runs its probe agent (`vero.harbor.probe`).
+        program_agent_kwargs: `kind: program`: further `--ak` arguments of that agent.
 
     Raises:
         ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
@@ -307,7 +313,7 @@ def build_command(
     else:
         if not runtime.install_path:
             raise ValueError("runtime.install_path is required for kind 'program'")
-        agent = INSTALL_AGENT_IMPORT_PATH
+        agent = program_agent
     jobs_dir = run.jobs_dir.absolute()
     argv: list[str] = [str(harbor_executable), "run", "-y", "-q", "-p", str(run.cases_dir.absolute())]
     for name in case_names:
@@ -324,7 +330,7 @@ def build_command(
         argv += ["-c", str(path)]
     else:
         argv += ["-a", agent]
-    for key, value in _agent_kwargs(run, launcher_socket, kit_path).items():
+    for key, value in _agent_kwargs(run, launcher_socket, kit_path, program_agent_kwargs).items():
         argv += ["--ak", f"{key}={json.dumps(value)}"]
     if timeout_plan.agent_timeout_multiplier is not None:
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):

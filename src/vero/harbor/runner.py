@@ -86,6 +86,7 @@ from vero.harbor.boundary.preflight import preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
 from vero.harbor.causes import CauseLog
 from vero.harbor.command import (
+    INSTALL_AGENT_IMPORT_PATH,
     AgentTimeoutPlan,
     HarborCommand,
     build_command,
@@ -166,6 +167,9 @@ class HarborBackend:
         case_check_timeout_sec: limit of the case check process (`vero.harbor.case_checks`).
         check_cases: run that check before each evaluation (`vero harbor check` turns it off: it
             has checked the cases itself).
+        program_agent: the Harbor agent of `kind: program` runs (`module:Class`): vero's install agent,
+            or `vero harbor check --probe`'s probe agent (`vero.harbor.probe`).
+        program_agent_kwargs: further `--ak` arguments of `program_agent`.
     """
 
     def __init__(
@@ -182,6 +186,8 @@ class HarborBackend:
         session: str | None = None,
         case_check_timeout_sec: float = 180.0,
         check_cases: bool = True,
+        program_agent: str = INSTALL_AGENT_IMPORT_PATH,
+        program_agent_kwargs: Mapping[str, object] | None = None,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -196,6 +202,8 @@ class HarborBackend:
         self._interrupted = False
         self.case_check_timeout_sec = case_check_timeout_sec
         self.check_cases = check_cases
+        self.program_agent = program_agent
+        self.program_agent_kwargs = dict(program_agent_kwargs or {})
 
     async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
                                jobs: Iterable[str] | None = None) -> int:
@@ -404,7 +412,8 @@ class HarborBackend:
                                 harbor_executable=self.harbor_executable, base_env=self._base_env,
                                 launcher_socket=launcher.socket_path if launcher is not None else None,
                                 kit_path=kit, compose_labels=labels,
-                                environment_options=options)
+                                environment_options=options, program_agent=self.program_agent,
+                                program_agent_kwargs=self.program_agent_kwargs)
         try:
             await asyncio.to_thread(self._prepare_job_dir, command)
         except OSError as exc:
