@@ -303,6 +303,8 @@ def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_p
 
 
 CHECKED_EXAMPLES = ("minimal", *EXAMPLES)
+PROBED_EXAMPLES = ("minimal", "c-matmul")
+"""The program examples: their checks run with `--probe` too (the probe is for program targets)."""
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +312,8 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """`vero harbor check` of every example (table printed, JSON report written), all at once.
 
     Each check runs every case of the example with the baseline and with the reference, one nested
-    `harbor run` per case and candidate; example -> {returncode, stdout, stderr, report}.
+    `harbor run` per case and candidate, and for the program examples once more under `--probe`;
+    example -> {returncode, stdout, stderr, report}.
     """
     runs = {}
     for example in CHECKED_EXAMPLES:
@@ -318,7 +321,8 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         # c-matmul's rewards are timings: fewer of its runs at once.
         concurrency = "2" if example == "c-matmul" else "3"
         command = [VERO, "harbor", "check", "-c", str(TASKS_DIR / example / "build.yaml"), "--concurrency", concurrency,
-                   "--work-dir", str(work / "work"), "--report", str(work / "report.json")]
+                   "--work-dir", str(work / "work"), "--report", str(work / "report.json"),
+                   *(["--probe"] if example in PROBED_EXAMPLES else [])]
         runs[example] = (work, subprocess.Popen(command, env=harbor_env(), stdin=subprocess.DEVNULL,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                                 start_new_session=True))
@@ -349,7 +353,15 @@ def test_vero_harbor_check_passes_on_every_example_with_its_table(example: str, 
     assert sorted(row["case"] for row in report["cases"]) == every_case
     for row in report["cases"]:
         assert row["baseline"]["outcome"] == "scored" and row["reference"]["outcome"] == "scored", row
-    for column in ("case", "partition", "baseline reward", "reference reward", "time", "problems"):
+        # Their tests run candidate code through the kit only: the planted process reached nothing.
+        if example in PROBED_EXAMPLES:
+            assert row["probe"]["verdict"] == "held" and not row["probe"]["findings"], row
+        else:
+            assert row["probe"] is None
+    assert report["probed"] is (example in PROBED_EXAMPLES)
+    columns = ("case", "partition", "baseline reward", "reference reward", "time", "problems",
+               *(("probe",) if example in PROBED_EXAMPLES else ()))
+    for column in columns:
         assert column in run["stdout"]
     for case in every_case:
         assert case in run["stdout"]

@@ -16,6 +16,9 @@ shared Dockerfile is identical across cases, so Docker builds one image for all 
 | `tpu` | asks for a TPU slice, which Docker never has (`setup_rejected`, on every machine) |
 | `multi-key` | writes `{"correctness": ..., "performance": ...}`, no `reward` (`reward_key_missing`) |
 | `no-reward` | its test writes no reward at all (a dead attempt: `no_reward` for `vero harbor check`) |
+| `peek` | reads the candidate's answer as root, then rewards 1 whatever it says: `forgeable` under `--probe` |
+
+No case calls the case kit, so `vero harbor check` reports every case it runs as `kit_missing` too.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ TEST_SCRIPTS: dict[str, str] = {
     "same": "echo 1 > /logs/verifier/reward.txt\n",
     "multi-key": _READ_ANSWER + 'echo "{\\"correctness\\": $answer, \\"performance\\": 2}" > /logs/verifier/reward.json\n',
     "no-reward": 'echo "this test forgot to write a reward"\n',
+    # A checker that takes a moment: the probe acts within milliseconds, but not within none.
+    "peek": _READ_ANSWER + 'sleep 1\necho "read: $answer"\necho 1 > /logs/verifier/reward.txt\n',
 }
 
 EXTRA_TOML: dict[str, str] = {
@@ -57,7 +62,7 @@ COMPOSE: dict[str, str] = {
 }
 
 ALL_CASES = ("good", "same", "no-tests", "needs-key", "compose-key", "key-default", "no-internet", "tpu",
-             "multi-key", "no-reward")
+             "multi-key", "no-reward", "peek")
 
 
 def write_case(root: Path, name: str) -> Path:

@@ -90,6 +90,18 @@ def case_kit(shared_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def case_probe(shared_root) -> Path:
+    """A static build of `vero harbor check --probe`'s probe (`casekit/vero-probe.c`)."""
+    from vero._assets import asset_dir
+    from vero.harbor.casekit import build_kit
+
+    probe_dir = shared_root / "probe"
+    probe_dir.mkdir()
+    probe_dir.chmod(0o755)
+    return build_kit(probe_dir / "vero-probe", source=asset_dir("casekit") / "vero-probe.c")
+
+
+@pytest.fixture(scope="session")
 def program_candidate(shared_root) -> Path:
     """A candidate checkout with `data.txt` and a `.git` dir (which must not be uploaded)."""
     root = shared_root / "program-candidate"

@@ -5,7 +5,8 @@
   setpriv/su/sudo, no passwd tools), built offline here.
 
 `kit_scenario.sh` drives the static kit in a plain container of each image and prints what it
-observed; the same observations must hold on both. Then a real nested `harbor run` installs a
+observed; the same observations must hold on both. `probe_scenario.sh` does the same for the probe
+of `vero harbor check --probe` (`casekit/vero-probe.c`). Then a real nested `harbor run` installs a
 program candidate into a case built on the busybox image and scores it through the kit.
 """
 
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.docker]
 HERE = Path(__file__).resolve().parent
 BUSYBOX_CONTEXT = HERE / "images" / "busybox-bash"
 SCENARIO = HERE / "kit_scenario.sh"
+PROBE_SCENARIO = HERE / "probe_scenario.sh"
 DEBIAN_IMAGE = "python:3.13-slim"
 
 
@@ -101,6 +103,32 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
         events = seen["events"].split()
         assert {"leftover_processes_killed", "reward_file_removed:reward.json", "reward_file_removed:reward.txt",
                 "run_timeout:0.5"} <= set(events), (image, events)
+
+
+@pytest.mark.timeout(600)
+def test_probe_is_held_by_the_kit_and_forges_a_case_that_runs_the_candidate_as_root(case_kit, case_probe,
+                                                                                   busybox_image):
+    """`vero harbor check --probe`'s probe (`probe_scenario.sh`): planted only once the tests open a
+    file of the installed candidate, as the candidate user; through the kit it reaches nothing, in a
+    case that reads the candidate as root it writes the reward and reads /tests."""
+    for image in (DEBIAN_IMAGE, busybox_image):
+        runs = {}
+        for mode in ("kit", "bare"):
+            done = _docker("run", "--rm", "--label", "org.vero.test=case-kit",
+                           "-v", f"{case_kit}:/usr/local/bin/vero-kit:ro",
+                           "-v", f"{case_probe}:/usr/local/bin/vero-probe:ro",
+                           "-v", f"{PROBE_SCENARIO}:/scenario.sh:ro", image, "bash", "/scenario.sh", mode,
+                           timeout_sec=180)
+            assert done.returncode == 0, done.stdout + done.stderr
+            runs[mode] = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+        # Listings and stats of the candidate plant nothing; the first file opened does.
+        assert runs["kit"] == {"start": "0", "before": "", "start_as_candidate": "125", "run_exit": "0",
+                               "planted": "0", "events": "probe_attempted probe_planted ",
+                               "reward_json": '{"reward": 1}'}, image
+        assert runs["bare"] == {"start": "0", "before": "", "written": "0", "tests_read": "0",
+                                "events": "probe_attempted probe_planted probe_reward_written "
+                                          "probe_tests_listed probe_tests_read ",
+                                "reward_json": '{"reward": 918273.645}'}, image
 
 
 def failed_fd(seen: dict[str, str]) -> str:

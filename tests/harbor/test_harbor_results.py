@@ -7,7 +7,7 @@ import shutil
 import pytest
 from harbor_cases import FIXTURE_JOBS
 
-from vero.core.evaluation import CaseResult
+from vero.core.evaluation import AttemptOutcome, CaseResult
 from vero.harbor.results import collate_job, merge_outcomes, read_trial
 
 MIXED = FIXTURE_JOBS / "oracle-mixed"
@@ -78,6 +78,7 @@ def test_multi_key_rewards_and_missing_key():
     # backend raises CaseMisconfigured for it); the keys found are kept for the operator.
     (timeout,) = by_case(collate_job(MIXED, "speed"))["agent-timeout"]
     assert timeout.reward_key_missing and timeout.reward_keys == ("reward",)
+    assert timeout.outcome is AttemptOutcome.REWARD_KEY_MISSING and not timeout.outcome.charged
     assert not timeout.infrastructure
     assert "agent-timeout" not in attempts
 

@@ -1,0 +1,122 @@
+"""`vero.check.check_spec` from the outcomes of its nested runs to problems (no Docker: the runs are
+answered by a stand-in backend; the real runs are in `test_check_docker.py` and the examples' tests).
+
+What is real here: the spec, the fetched cases, Harbor's own case checks and the kit detection the
+build uses. What the stand-in gives: per (case, run) the attempt a nested run would have produced,
+or the error it would have raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from failure_cases import write_spec
+
+from vero.check import check_spec
+from vero.core.diagnostics import RunDiagnostics, TrialFailure
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.errors import InfrastructureFailure, SpecError
+from vero.harbor.probe import PROBE_REWARD, probe_verdict
+from vero.spec.loading import load_spec
+from vero.spec.models import AgentTarget
+
+KIT_TEST = "#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/out\nvero-kit reward \"$(cat /tmp/out)\"\n"
+
+
+class Runs:
+    """A backend whose `evaluate` answers from a table: (case, run label) -> attempt or error."""
+
+    def __init__(self, table: dict[tuple[str, str], AttemptResult | Exception]):
+        self.table = table
+        self.asked: list[tuple[str, str]] = []
+
+    async def evaluate(self, run):
+        (case,) = run.case_names
+        self.asked.append((case, run.candidate))
+        answer = self.table[case, run.candidate]
+        if isinstance(answer, Exception):
+            raise answer
+        now = datetime.now(UTC)
+        return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate, reward_key="reward",
+                                           cases=[CaseResult.from_attempts(case, [answer], 0.0)], started_at=now,
+                                           finished_at=now)
+
+
+def scored(reward: float, *flags: str) -> AttemptResult:
+    return AttemptResult(trial_name="t", reward=reward, outcome=AttemptOutcome.SCORED, flags=sorted(flags))
+
+
+def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
+    path = write_spec(tmp_path / "spec", {"train": ["good", "same"], "hidden": ["multi-key", "no-reward", "tpu"]},
+                      targets=["hidden"], extra={"scoring": {"reward_range": [0, 1]}})
+    (tmp_path / "spec" / "cases" / "good" / "tests" / "test.sh").write_text(KIT_TEST)
+    spec = load_spec(path)
+    kit_failure = InfrastructureFailure("nested evaluation measured nothing", diagnostics=RunDiagnostics(
+        trial_failures=[TrialFailure(job_name="j", trial_name="t", case="no-reward", outcome="infrastructure",
+                                     exception_type="CaseKitSetupError",
+                                     message="the case kit could not set up the candidate user (exit 125)")]))
+    runs = Runs({
+        ("good", "baseline"): scored(0.0), ("good", "reference"): scored(1.0),
+        ("same", "baseline"): scored(1.0), ("same", "reference"): scored(1.0),
+        ("multi-key", "baseline"): AttemptResult(trial_name="t", outcome=AttemptOutcome.REWARD_OUT_OF_RANGE,
+                                                 rejected_reward=7.0),
+        ("multi-key", "reference"): scored(1.0),
+        ("no-reward", "baseline"): AttemptResult(trial_name="t", outcome=AttemptOutcome.TIMED_OUT,
+                                                 exception_type="EvaluationTimeoutError"),
+        ("no-reward", "reference"): kit_failure,
+    })
+    probes = Runs({
+        ("good", "probe"): scored(0.0, "probe_planted", "probe_attempted", "leftover_processes_killed"),
+        ("same", "probe"): scored(1.0, "probe_planted", "probe_tests_listed", "probe_tests_read"),
+        ("multi-key", "probe"): scored(0.0),
+        ("no-reward", "probe"): AttemptResult(trial_name="t", outcome=AttemptOutcome.DEAD,
+                                              exception_type="ProbeSetupError"),
+    })
+    report = asyncio.run(check_spec(spec, {}, work_dir=tmp_path / "work", backend=runs, probe=True,
+                                    probe_backend=probes))
+    rows = {row.case: row for row in report.cases}
+    codes = {case: sorted(p.code for p in row.problems) for case, row in rows.items()}
+    assert codes == {
+        "good": [],  # its test calls the kit; the probe was planted and reached nothing
+        "same": ["forgeable", "kit_missing"],
+        "multi-key": ["kit_missing", "probe_not_exercised", "reward_out_of_range"],
+        "no-reward": ["infrastructure", "kit_missing", "no_reward"],
+        "tpu": ["setup_rejected"],  # never run: Harbor's own check refused it
+    }
+    assert not report.ok and report.probed and report.problems == []  # the reference beat the baseline on good
+    assert ("tpu", "baseline") not in runs.asked and ("tpu", "probe") not in probes.asked
+    assert rows["good"].probe.verdict == "held" and rows["good"].probe.attempted
+    assert rows["good"].baseline.flags == [] and rows["same"].probe.findings == ["listed /tests",
+                                                                                "read a file of /tests"]
+    assert rows["multi-key"].baseline.outcome == "reward_out_of_range"
+    detail = {case: " | ".join(p.detail for p in row.problems) for case, row in rows.items()}
+    assert "got 7, outside scoring.reward_range [0.0, 1.0]" in detail["multi-key"]
+    assert "timed_out: EvaluationTimeoutError" in detail["no-reward"]
+    # The cause of an infrastructure failure is the trial's exception (the case kit's here).
+    assert "trial CaseKitSetupError: the case kit could not set up the candidate user" in detail["no-reward"]
+    assert rows["no-reward"].probe.verdict == "error"
+
+
+def test_probe_needs_a_program_target(tmp_path):
+    path = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"])
+    spec = load_spec(path)
+    agent = spec.model_copy(update={"target": AgentTarget(kind="agent", path=spec.target.path,
+                                                          agent_import_path="agent_mod:Agent")})
+    with pytest.raises(SpecError, match="--probe"):
+        asyncio.run(check_spec(agent, {}, work_dir=tmp_path / "work", backend=Runs({}), probe=True,
+                               probe_backend=Runs({})))
+
+
+@pytest.mark.parametrize(("flags", "reward", "verdict", "n_findings"), [
+    ((), None, "not_exercised", 0),
+    (("probe_planted",), 1.0, "held", 0),  # killed before its first round: still held
+    (("probe_planted", "probe_attempted", "leftover_processes_killed"), 0.5, "held", 0),
+    (("probe_planted", "probe_attempted", "probe_reward_written"), 0.5, "forgeable", 1),
+    (("probe_planted", "probe_attempted"), PROBE_REWARD, "forgeable", 1),  # the final reward is the probe's
+    (("probe_tests_listed", "probe_tests_read", "probe_reward_written"), PROBE_REWARD, "forgeable", 4),
+])
+def test_probe_verdict(flags, reward, verdict, n_findings):
+    found = probe_verdict(flags, reward)
+    assert (found.verdict, len(found.findings)) == (verdict, n_findings)
