@@ -75,7 +75,11 @@ CHECK_CODES: dict[str, str] = {
     "probe_not_exercised": "--probe: the tests never opened a file of the installed candidate",
     "reference_not_better": "the reference beats the baseline on no case",
 }
-"""Every problem `vero harbor check` reports, by code (the README's table)."""
+"""Every problem `vero harbor check` reports, by code (the README's table), in the order a row lists them."""
+
+_KIT_MISSING = ("its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
+                "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
+                "scoring.reward_range; README \"Writing program cases\")")
 
 
 class _Model(BaseModel):
@@ -362,10 +366,7 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
     runnable = [case for case in selected if not problems[case]]  # Harbor can run them
     for case in runnable if program else ():
         if not case_uses_kit(fetched[case]):
-            problems[case].append(CheckProblem(code="kit_missing", detail=(
-                "its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
-                "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
-                "scoring.reward_range; README \"Writing program cases\")")))
+            problems[case].append(CheckProblem(code="kit_missing", detail=_KIT_MISSING))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     secret_values = {name: env[name] for name in declared if name in env}
 
@@ -419,8 +420,10 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
     await asyncio.gather(*(one(case, label, path) for case in runnable for label, path in candidates),
                          *(probe_one(case) for case in (runnable if probe else ())))
 
+    order = list(CHECK_CODES)
     rows = [CaseCheck(case=case, partition=partition_of[case], baseline=runs.get((case, "baseline")),
-                      reference=runs.get((case, "reference")), probe=probes.get(case), problems=problems[case])
+                      reference=runs.get((case, "reference")), probe=probes.get(case),
+                      problems=sorted(problems[case], key=lambda p: order.index(p.code)))
             for case in selected]
     overall: list[CheckProblem] = []
     warnings: list[str] = []

@@ -27,6 +27,7 @@ from vero.core.diagnostics import (
     clip,
 )
 from vero.harbor.command import scrub
+from vero.harbor.results import TrialOutcome
 
 __all__ = ["CauseLog", "trial_label"]
 
@@ -35,17 +36,9 @@ logger = logging.getLogger(__name__)
 _RESULT_MAX_BYTES = 16 * 1024 * 1024
 
 
-def trial_label(trial) -> str:
-    """How vero classified a `TrialOutcome`: its `outcome` kind when it has one, else
-    `infrastructure`, `scored` or `dead`."""
-    outcome = getattr(trial, "outcome", None)
-    if outcome is not None:
-        return str(getattr(outcome, "value", outcome))
-    if getattr(trial, "reward_key_missing", False):
-        return "reward_key_missing"
-    if trial.infrastructure:
-        return "infrastructure"
-    return "scored" if trial.reward is not None else "dead"
+def trial_label(trial: TrialOutcome) -> str:
+    """How vero classified a trial: its `AttemptOutcome` (`vero.harbor.results.classify_trial`)."""
+    return trial.outcome.value
 
 
 def _exception_info(result: dict) -> dict | None:
@@ -85,7 +78,7 @@ class CauseLog:
     def add_problems(self, problems: Iterable[CaseProblem]) -> None:
         self._problems.extend(problems)
 
-    def add_trials(self, job_dir: Path, trials: Iterable) -> None:
+    def add_trials(self, job_dir: Path, trials: Iterable[TrialOutcome]) -> None:
         """Every trial of `trials` (`TrialOutcome`s of `job_dir`) that failed: an exception
         recorded, or no reward (with the keys found, for `reward_key_missing`)."""
         for trial in trials:
@@ -101,7 +94,7 @@ class CauseLog:
                 exception_type=trial.exception_type,
                 message=self._clean(info.get("exception_message")) if info else None,
                 traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
-                reward_keys=list(trial.reward_keys) if getattr(trial, "reward_keys", None) is not None else None))
+                reward_keys=list(trial.reward_keys) if trial.reward_keys is not None else None))
 
     @staticmethod
     def _read_exception(trial_dir: Path) -> dict | None:
