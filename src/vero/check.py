@@ -327,7 +327,7 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
         work_dir: scratch space (fetched cases, candidates, Harbor job dirs); created.
         concurrency: nested runs at a time.
         backend: the evaluation backend (default a `HarborBackend` without its per-run case check,
-            done here once).
+            done here once, and with `kind: agent` candidate hosts as the caller's user).
         progress: told when each run starts and ends.
         cases: only these cases (default every case of every partition).
         probe: also run the baseline under the probe agent on every case (`kind: program` only).
@@ -373,7 +373,9 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
     if backend is None:
         from vero.harbor import HarborBackend
 
-        backend = HarborBackend(check_cases=False)
+        # The candidates are the operator's own baseline and reference: `kind: agent` hosts need no
+        # throw-away uid here, so the caller's interpreter need not be runnable by other users.
+        backend = HarborBackend(check_cases=False, isolate_candidates=False)
     if probe and probe_backend is None:
         from vero.harbor import HarborBackend
         from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary

@@ -170,6 +170,10 @@ class HarborBackend:
         program_agent: the Harbor agent of `kind: program` runs (`module:Class`): vero's install agent,
             or `vero harbor check --probe`'s probe agent (`vero.harbor.probe`).
         program_agent_kwargs: further `--ak` arguments of `program_agent`.
+        isolate_candidates: `kind: agent`: run candidate hosts as throw-away uids (default: when this
+            process is root; `vero.harbor.boundary.CandidateLauncher`). `vero harbor check` turns it
+            off: it runs the operator's own baseline and reference, and the operator's interpreter
+            need not be runnable by other users (one under `/root` is not).
     """
 
     def __init__(
@@ -188,6 +192,7 @@ class HarborBackend:
         check_cases: bool = True,
         program_agent: str = INSTALL_AGENT_IMPORT_PATH,
         program_agent_kwargs: Mapping[str, object] | None = None,
+        isolate_candidates: bool | None = None,
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
@@ -204,6 +209,7 @@ class HarborBackend:
         self.check_cases = check_cases
         self.program_agent = program_agent
         self.program_agent_kwargs = dict(program_agent_kwargs or {})
+        self.isolate_candidates = isolate_candidates
 
     async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
                                jobs: Iterable[str] | None = None) -> int:
@@ -296,8 +302,8 @@ class HarborBackend:
         if run.runtime.kind != "agent":
             return await self._evaluate(run, None)
         agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
-        async with CandidateLauncher(self.python_executable, agent_uid=agent_uid,
-                                     env=run.candidate_env) as launcher:
+        async with CandidateLauncher(self.python_executable, agent_uid=agent_uid, env=run.candidate_env,
+                                     isolate=self.isolate_candidates) as launcher:
             return await self._evaluate(run, launcher)
 
     async def _evaluate(self, run: NestedRun, launcher: CandidateLauncher | None) -> EvaluationResult:

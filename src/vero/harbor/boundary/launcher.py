@@ -166,7 +166,8 @@ class CandidateLauncher:
         python: the interpreter of the hosts (must be executable by any uid and see Harbor and vero).
         agent_uid: the uid allowed to connect (the nested `harbor` process's); root may always.
         env: extra variables of every host (gateway URLs and token); never the caller's environment.
-        isolate: switch to a fresh uid per host; default: when this process is root.
+        isolate: switch to a fresh uid per host; default: when this process is root (without root and
+            without being asked not to, a warning says the file boundary does not hold).
         max_hosts: hosts alive at once (further requests wait), bounding what a round can start.
     """
 
@@ -176,6 +177,7 @@ class CandidateLauncher:
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
         self.env = dict(env or {})
         self.isolated = os.geteuid() == 0 if isolate is None else isolate
+        self._asked_not_to_isolate = isolate is False
         if self.isolated and os.geteuid() != 0:
             raise PermissionError("isolating candidate hosts needs root")
         self._slots = asyncio.Semaphore(max_hosts)
@@ -192,7 +194,7 @@ class CandidateLauncher:
         return self._root / "sock" / "launcher"
 
     async def __aenter__(self) -> CandidateLauncher:
-        if not self.isolated:
+        if not self.isolated and not self._asked_not_to_isolate:
             logger.warning("candidate hosts run as this process's user (not root): the file boundary "
                            "between a candidate agent and the harness does not hold")
         self._root = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-cand-"))
