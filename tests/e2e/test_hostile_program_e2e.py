@@ -263,8 +263,11 @@ def workspace():
 def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace: Path) -> None:
     compiled = compile_task(_write_spec(workspace / "spec"), workspace / "task")
     layout = compiled.layout
-    # The build names every no-kit case, and only those.
-    assert sorted(w.split("'")[1] for w in compiled.warnings) == ["nokit-hidden", "nokit-train"]
+    # The build names every no-kit case, and only those (beside the missing reference's warning).
+    kit = [w for w in compiled.warnings if "vero-kit" in w]
+    assert sorted(w.split("'")[1] for w in kit) == ["nokit-hidden", "nokit-train"]
+    assert [w for w in compiled.warnings if w not in kit] == [
+        w for w in compiled.warnings if w.startswith("target.reference is not set")]
 
     agent_repo = workspace / "app"
     shutil.copytree(layout.main.baseline_dir, agent_repo)
