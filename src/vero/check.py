@@ -429,6 +429,9 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             for case in selected]
     overall: list[CheckProblem] = []
     warnings: list[str] = []
+    if spec.inference is not None:
+        warnings.append("the spec's inference gateway is not served here: the candidates' model calls fail, so "
+                        "their rewards are what they score without a model")
     if reference_dir is None:
         warnings.append("target.reference is not set: the oracle submits the baseline, and there is no "
                         "reference to compare the baseline with")
