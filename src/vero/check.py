@@ -210,6 +210,13 @@ def _fetch_cases(spec: OptimizationSpec, dest: Path) -> dict[str, Path]:
     return {case: store.fetch(sources[case]) for names in spec.cases.partitions.values() for case in names}
 
 
+def _rewards(row: CaseCheck) -> tuple[float, float] | None:
+    """`(baseline, reference)` rewards of a row where both were scored, else None."""
+    if row.baseline is None or row.reference is None or row.baseline.reward is None or row.reference.reward is None:
+        return None
+    return row.baseline.reward, row.reference.reward
+
+
 def _better(a: float, b: float, direction: str) -> bool:
     return a > b if direction == "maximize" else a < b
 
@@ -436,10 +443,9 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
         warnings.append("target.reference is not set: the oracle submits the baseline, and there is no "
                         "reference to compare the baseline with")
     else:
-        compared = [row for row in rows if row.baseline and row.reference
-                    and row.baseline.reward is not None and row.reference.reward is not None]
-        if compared and not any(_better(row.reference.reward, row.baseline.reward, spec.scoring.direction)
-                                for row in compared):
+        compared = [pair for pair in map(_rewards, rows) if pair is not None]
+        if compared and not any(_better(reference, baseline, spec.scoring.direction)
+                                for baseline, reference in compared):
             overall.append(CheckProblem(
                 code="reference_not_better",
                 detail=f"the reference is not better than the baseline ({spec.scoring.direction}) on any of "

@@ -29,7 +29,7 @@ harbor_app = typer.Typer(
 app.add_typer(harbor_app, name="harbor")
 
 harbor_app.command("build")(build.build)
-harbor_app.command("check")(check.check)
+harbor_app.command("check", help=check.CHECK_HELP)(check.check)
 harbor_app.command("run")(run.run)
 harbor_app.command("serve")(sidecar.serve_command)
 harbor_app.command("seal")(sidecar.seal_command)

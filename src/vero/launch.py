@@ -266,8 +266,9 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
 
     harbor = str(find_harbor_executable())
     prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
-    for warning in prepared.warnings if on_warning is not None else ():
-        on_warning(warning)
+    if on_warning is not None:
+        for warning in prepared.warnings:
+            on_warning(warning)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
     argv = [harbor, "run", "-y", "-p", str(prepared.task_dir), "-a", agent,

@@ -12,7 +12,7 @@ shared Dockerfile is identical across cases, so Docker builds one image for all 
 | `needs-key` | `[environment.env] KEY = "${ZQ_T11_UNSET_KEY}"`, never declared (`missing_variables`) |
 | `compose-key` | its compose file reads `${ZQ_T11_COMPOSE_KEY}` (`missing_variables` unless declared) |
 | `key-default` | `${ZQ_T11_UNSET_KEY:-fallback}`: needs nothing |
-| `no-internet` | `[verifier.environment] allow_internet = false` (`setup_rejected` where Docker has no egress control) |
+| `no-internet` | `[verifier.environment] allow_internet = false` (`setup_rejected` without egress control) |
 | `tpu` | asks for a TPU slice, which Docker never has (`setup_rejected`, on every machine) |
 | `multi-key` | writes `{"correctness": ..., "performance": ...}`, no `reward` (`reward_key_missing`) |
 | `no-reward` | its test writes no reward at all (a dead attempt: `no_reward` for `vero harbor check`) |
@@ -44,7 +44,8 @@ _READ_ANSWER = 'answer="$(cat /opt/candidate/answer.txt 2>/dev/null || echo 0)"\
 TEST_SCRIPTS: dict[str, str] = {
     "good": _READ_ANSWER + 'echo "$answer" > /logs/verifier/reward.txt\n',
     "same": "echo 1 > /logs/verifier/reward.txt\n",
-    "multi-key": _READ_ANSWER + 'echo "{\\"correctness\\": $answer, \\"performance\\": 2}" > /logs/verifier/reward.json\n',
+    "multi-key": _READ_ANSWER
+    + 'echo "{\\"correctness\\": $answer, \\"performance\\": 2}" > /logs/verifier/reward.json\n',
     "no-reward": 'echo "this test forgot to write a reward"\n',
     # A checker that takes a moment: the probe acts within milliseconds, but not within none.
     "peek": _READ_ANSWER + 'sleep 1\necho "read: $answer"\necho 1 > /logs/verifier/reward.txt\n',
@@ -58,7 +59,8 @@ EXTRA_TOML: dict[str, str] = {
 }
 
 COMPOSE: dict[str, str] = {
-    "compose-key": f"services:\n  main:\n    environment:\n      - TOKEN=${{{COMPOSE_KEY}}}\n      - CTX=${{CONTEXT_DIR}}\n",
+    "compose-key": (f"services:\n  main:\n    environment:\n      - TOKEN=${{{COMPOSE_KEY}}}\n"
+                    "      - CTX=${CONTEXT_DIR}\n"),
 }
 
 ALL_CASES = ("good", "same", "no-tests", "needs-key", "compose-key", "key-default", "no-internet", "tpu",

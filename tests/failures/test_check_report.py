@@ -22,7 +22,8 @@ from vero.harbor.probe import PROBE_REWARD, probe_verdict
 from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget
 
-KIT_TEST = "#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/out\nvero-kit reward \"$(cat /tmp/out)\"\n"
+KIT_TEST = ("#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/out\n"
+            "vero-kit reward \"$(cat /tmp/out)\"\n")
 
 
 class Runs:

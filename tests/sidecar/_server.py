@@ -30,8 +30,8 @@ import httpx
 import uvicorn
 
 from vero.core.baseline import commit_baseline
-from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.core.diagnostics import CaseProblem, RoundLog, RunDiagnostics
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig

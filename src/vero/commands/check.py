@@ -3,20 +3,44 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vero.commands.exit_codes import EXIT_CHECK_PROBLEMS, EXIT_OK, run_command
 
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+CHECK_HELP = (
+    "Run every case directly with Harbor against the baseline and the reference, before an agent run "
+    "is spent.\n\n"
+    "Each case is first checked with Harbor's own code (a valid task; every host variable it requires "
+    "a declared secret; its setup accepted by the environment), then evaluated once with the baseline "
+    "and once with the reference (target.reference applied as the oracle does) in the spec's "
+    "environment, one nested harbor run per case and candidate. With --probe, the baseline runs once "
+    "more per case under a probe: the first time the case's tests open a file of the installed "
+    "candidate, a process is planted as the candidate user that keeps trying to write the reward files "
+    "and read /tests.\n\n"
+    "The table shows each case's partition, both rewards, the probe's verdict, the time the runs took "
+    "and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys "
+    "found), kit_missing (program cases whose tests never call vero-kit), infrastructure, no_reward, "
+    "reward_out_of_range, forgeable and probe_not_exercised (--probe), and reference_not_better for the "
+    "spec as a whole.\n\n"
+    "Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor "
+    "unavailable."
+)
+
 
 def check(
     config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
     environment: Annotated[str | None, typer.Option(
-        "--environment", "-e", help="Execution target; overrides harbor.environment of the spec (docker, modal).",
+        "--environment", "-e",
+        help="Execution target; overrides harbor.environment of the spec (docker, modal).",
     )] = None,
     env_file: Annotated[Path | None, typer.Option(
-        "--env-file", help="Dotenv file with the spec's secrets; loaded into the environment, never put on a command line.",
+        "--env-file",
+        help="Dotenv file with the spec's secrets; loaded into the environment, never put on a command line.",
     )] = None,
     case: Annotated[list[str] | None, typer.Option(
         "--case", help="Check only this case (repeatable). Default: every case of every partition.",
@@ -25,22 +49,24 @@ def check(
         "--concurrency", "-n", min=1, help="Nested runs at a time.",
     )] = 4,
     work_dir: Annotated[Path | None, typer.Option(
-        "--work-dir", help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary directory, kept).",
+        "--work-dir",
+        help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary "
+             "directory, kept).",
     )] = None,
     probe: Annotated[bool, typer.Option(
-        "--probe", help="kind: program: also run the baseline once more per case with a process planted as the candidate user that tries to rewrite the reward files and read /tests; a case where it succeeds is forgeable.",
+        "--probe",
+        help="kind: program: also run the baseline once more per case with a process planted as the "
+             "candidate user that tries to rewrite the reward files and read /tests; a case where it "
+             "succeeds is forgeable.",
     )] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON (no table, no progress display).")] = False,
+    json_output: Annotated[bool, typer.Option(
+        "--json", help="Print the report as JSON (no table, no progress display).",
+    )] = False,
     report_path: Annotated[Path | None, typer.Option(
         "--report", help="Also write the JSON report to this file (the table is still printed).",
     )] = None,
 ) -> None:
-    """Run every case directly with Harbor against the baseline and the reference, before an agent run is spent.
-
-    Each case is first checked with Harbor's own code (a valid task; every host variable it requires a declared secret; its setup accepted by the environment), then evaluated once with the baseline and once with the reference (target.reference applied as the oracle does) in the spec's environment, one nested harbor run per case and candidate. With --probe, the baseline runs once more per case under a probe: the first time the case's tests open a file of the installed candidate, a process is planted as the candidate user that keeps trying to write the reward files and read /tests. The table shows each case's partition, both rewards, the probe's verdict, the time the runs took and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys found), kit_missing (program cases whose tests never call vero-kit), infrastructure, no_reward, reward_out_of_range, forgeable and probe_not_exercised (--probe), and reference_not_better for the spec as a whole.
-
-    Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor unavailable.
-    """
+    """`vero harbor check` (its help: `CHECK_HELP`): parse, call `vero.check.check_spec`, print, exit."""
     import asyncio
     import json
     import tempfile
@@ -83,8 +109,8 @@ class _Progress:
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                                   console=Console(stderr=True), transient=True)
-        self._overall = None
-        self._tasks: dict[tuple[str, str], object] = {}
+        self._overall: TaskID | None = None
+        self._tasks: dict[tuple[str, str], TaskID] = {}
 
     def start(self) -> None:
         self._progress.start()
@@ -95,13 +121,15 @@ class _Progress:
 
     def started(self, case: str, candidate: str) -> None:
         self._tasks[case, candidate] = self._progress.add_task(f"{case} ({candidate})", total=1)
-        self._progress.update(self._overall, total=(self._progress.tasks[0].total or 0) + 1)
+        if self._overall is not None:
+            self._progress.update(self._overall, total=(self._progress.tasks[0].total or 0) + 1)
 
     def finished(self, case: str, candidate: str, run) -> None:
         task = self._tasks.pop((case, candidate), None)
         if task is not None:
             self._progress.remove_task(task)
-        self._progress.advance(self._overall)
+        if self._overall is not None:
+            self._progress.advance(self._overall)
         outcome = f"{run.reward:g}" if run.reward is not None else run.outcome
         self._progress.console.print(f"{case} ({candidate}): {outcome} in {run.seconds:.1f} s")
 
@@ -144,5 +172,6 @@ def _print_report(report, work: Path) -> None:
     for warning in report.warnings:
         console.print(f"[yellow]warning[/yellow] {warning}")
     n_bad = sum(1 for row in report.cases if row.problems) + len(report.problems)
-    console.print("no problem found" if report.ok else f"{n_bad} problem(s) found", style="green" if report.ok else "red")
+    console.print("no problem found" if report.ok else f"{n_bad} problem(s) found",
+                  style="green" if report.ok else "red")
     typer.echo(f"work dir: {work}")

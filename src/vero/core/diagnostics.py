@@ -7,12 +7,18 @@ case names), never a detail, a log or an exception text (docs/architecture.md "F
 
 Problem codes (`ProblemCode`), each with its own CLI exit code (`vero.commands.exit_codes`):
 
-| code | what | whose | budget |
-|---|---|---|---|
-| `case_invalid` | the case is not a valid Harbor task (Harbor's `Task` refuses it, e.g. no `tests/test.sh`) | the case's | refunded; the case is quarantined |
-| `missing_variables` | a host variable the case requires (`${VAR}` in `[environment.env]`, `[verifier.env]`, `[solution.env]`, a compose file) is not available to the nested run | the operator's | refunded; quarantined |
-| `setup_rejected` | Harbor refuses the case's setup in this environment (e.g. `network_mode = "no-network"` or `allow_internet = false` where the environment cannot enforce it, GPUs on an environment without them) | the operator's | refunded; quarantined |
-| `reward_key_missing` | the case's verifier wrote rewards without `scoring.reward_key` (the keys found are kept) | the case's or the spec's | refunded; quarantined |
+- `case_invalid`: the case is not a valid Harbor task (Harbor's `Task` refuses it, e.g. no
+  `tests/test.sh`). The case's fault.
+- `missing_variables`: a host variable the case requires (`${VAR}` in `[environment.env]`,
+  `[verifier.env]`, `[solution.env]`, a compose file) is not available to the nested run. The
+  operator's.
+- `setup_rejected`: Harbor refuses the case's setup in this environment (e.g. `network_mode =
+  "no-network"` or `allow_internet = false` where the environment cannot enforce it, GPUs on an
+  environment without them). The operator's.
+- `reward_key_missing`: the case's verifier wrote rewards without `scoring.reward_key` (the keys
+  found are kept). The case's or the spec's.
+
+Every one is refunded and its case quarantined.
 
 A case problem is decided by the same checks every time (they do not depend on the candidate, or
 do so only for a hostile candidate, who gains nothing: see `reward_key_missing` in

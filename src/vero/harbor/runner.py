@@ -44,9 +44,10 @@ Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret
 go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
 never into exception messages. The same tails, the case problems and each failed trial's exception
 (`vero.harbor.causes`) travel as `RunDiagnostics` on the result (`EvaluationResult.diagnostics`)
-or on the raised `InfrastructureFailure.diagnostics`: trusted records, never disclosed. After each round every text file of the job dir is
-scrubbed of the values of `NestedRun.env` too (Harbor only scrubs variables whose *name* looks
-sensitive). The environment itself is never logged. Messages name no case, partition or secret.
+or on the raised `InfrastructureFailure.diagnostics`: trusted records, never disclosed. After each
+round every text file of the job dir is scrubbed of the values of `NestedRun.env` too (Harbor only
+scrubs variables whose *name* looks sensitive). The environment itself is never logged. Messages
+name no case, partition or secret.
 The jobs dir is writable by `run_as`, so every file written there by this (possibly root) process
 (job config, compose file, trusted log, scrubbed trial files) replaces whatever sits at its path
 (`vero.core.storage.atomic_write_bytes`): a link planted by candidate code is never written through.
@@ -76,8 +77,8 @@ from pathlib import Path
 
 import tenacity
 
-from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.core.diagnostics import CaseProblem
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.backend import NestedRun

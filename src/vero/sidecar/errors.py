@@ -55,9 +55,9 @@ from vero.sidecar.models import Problem
 
 __all__ = [
     "PROBLEM_JSON",
-    "case_problem_detail",
     "PROBLEM_RESPONSES",
     "STORAGE_FULL_RESPONSE",
+    "case_problem_detail",
     "install_error_handlers",
     "problem_doc",
     "problem_response",

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vero.core.candidates import CandidateRecord, CandidateStore
+from vero.core.diagnostics import CaseProblem, RunDiagnostics
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob, JobStore, recover_interrupted
 from vero.core.ladder import LadderBoard, LadderKey
@@ -59,7 +60,6 @@ from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
 from vero.core.storage import atomic_write_model, is_out_of_space
 from vero.core.submission import Submission, read_submission, record_submission
-from vero.core.diagnostics import CaseProblem, RunDiagnostics
 from vero.errors import (
     CASE_PROBLEM_CODES,
     CaseMisconfigured,
