@@ -20,6 +20,12 @@ Before an agent run is spent, `check_spec` answers "will these cases measure can
 4. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
    "the reference beats the baseline on no case".
 
+A spec with `inference` gets its gateway (`vero.inference.gateway`) served on loopback for the
+check, as the sidecar and the verifier serve it: each run has its own token, capped at
+`inference.evaluation_limit_usd` (default the verifier's cap), the candidate finds the gateway in
+its environment (and the cases' services too, with `inference.route_case_services`), the provider
+keys stay with the gateway, and each run's model calls and cost are in its row.
+
 Each case's row holds its partition, the baseline's and the reference's reward (or why there is
 none), the probe's verdict, the time its runs took and its problems; `CheckReport.ok` is False when
 any problem was found. Secrets reach the runs by name from `env`, never in a report.
@@ -28,6 +34,7 @@ any problem was found. Secrets reach the runs by name from `env`, never in a rep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets as _secrets
 import shutil
@@ -40,6 +47,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.evaluation import AttemptOutcome
+from vero.core.usage import InferenceUsage
 from vero.errors import CaseMisconfigured, InfrastructureFailure, SpecError
 from vero.spec.models import OptimizationSpec, ProgramTarget
 
@@ -109,6 +117,8 @@ class CandidateRun(_Model):
     """Why there is no reward (operator text)."""
     flags: list[str] = Field(default_factory=list)
     """What the case kit noticed in the trial (`AttemptResult.flags`)."""
+    inference: InferenceUsage | None = None
+    """The run's model calls through the gateway (a spec with `inference` only)."""
 
 
 class ProbeRun(_Model):
@@ -236,22 +246,72 @@ def _last_line(exc: InfrastructureFailure) -> str:
     return ""
 
 
+class _Gateway:
+    """The spec's inference gateway for the check: one token per nested run (see the module docstring).
+
+    Args:
+        gateway: a listening `vero.inference.gateway.InferenceGateway`, or None (no `inference`).
+        spec: the spec (its `inference` caps and routing).
+    """
+
+    def __init__(self, gateway, spec: OptimizationSpec) -> None:
+        self.gateway = gateway
+        self.spec = spec
+
+    @contextlib.asynccontextmanager
+    async def token(self, evaluation_id: str, partition: str, env: Mapping[str, str]):
+        """Yield `(env, candidate_env, usage)` for one run: the run's environment and the candidate's
+        with the gateway's variables, and a list the run's `InferenceUsage` is appended to once the
+        token is revoked (on leaving the block)."""
+        usage: list[InferenceUsage] = []
+        if self.gateway is None or self.spec.inference is None:
+            yield dict(env), {}, usage
+            return
+        from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD
+
+        limit = self.spec.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
+        token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
+        candidate_env = self.gateway.environment(token)
+        run_env = {**env, **(candidate_env if self.spec.inference.route_case_services else {})}
+        try:
+            yield run_env, candidate_env, usage
+        finally:
+            usage.append(await self.gateway.revoke(token))
+
+
 def _nested_run(spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel, candidate_dir: Path,
-                cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]):
+                cases_dir: Path, jobs_dir: Path, env: Mapping[str, str], *, evaluation_id: str,
+                candidate_env: Mapping[str, str]):
     from vero.harbor.backend import NestedRun
 
     return NestedRun(
-        evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}", partition=partition,
+        evaluation_id=evaluation_id, partition=partition,
         candidate=label, candidate_dir=candidate_dir, cases_dir=cases_dir, case_names=(case,),
         jobs_dir=jobs_dir, runtime=spec.target.runtime(),
         harbor=spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
-        scoring=spec.scoring, env=dict(env))
+        scoring=spec.scoring, env=dict(env), candidate_env=dict(candidate_env))
+
+
+def _evaluation_id(label: CandidateLabel, case: str) -> str:
+    return f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}"
 
 
 async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel,
-                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]
-                   ) -> tuple[CandidateRun, list[CheckProblem]]:
-    run = _nested_run(spec, case, partition, label, candidate_dir, cases_dir, jobs_dir, env)
+                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str],
+                   gateway: _Gateway | None = None) -> tuple[CandidateRun, list[CheckProblem]]:
+    gateway = gateway or _Gateway(None, spec)
+    evaluation_id = _evaluation_id(label, case)
+    async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, usage):
+        run, found = await _measure_one(backend, spec, case, label, _nested_run(
+            spec, case, partition, label, candidate_dir, cases_dir, jobs_dir, run_env,
+            evaluation_id=evaluation_id, candidate_env=candidate_env))
+    if usage:
+        run = run.model_copy(update={"inference": usage[0]})
+    return run, found
+
+
+async def _measure_one(backend, spec: OptimizationSpec, case: str, label: CandidateLabel, run
+                       ) -> tuple[CandidateRun, list[CheckProblem]]:
     started = time.monotonic()
     try:
         result = await backend.evaluate(run)
@@ -290,14 +350,19 @@ async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, l
 
 
 async def _probe_one(backend, spec: OptimizationSpec, case: str, partition: str, candidate_dir: Path,
-                     cases_dir: Path, jobs_dir: Path, env: Mapping[str, str]) -> tuple[ProbeRun, list[CheckProblem]]:
+                     cases_dir: Path, jobs_dir: Path, env: Mapping[str, str],
+                     gateway: _Gateway | None = None) -> tuple[ProbeRun, list[CheckProblem]]:
     """The baseline under the probe agent on one case, and the problem its verdict makes."""
     from vero.harbor.probe import probe_verdict
 
-    run = _nested_run(spec, case, partition, "probe", candidate_dir, cases_dir, jobs_dir, env)
+    gateway = gateway or _Gateway(None, spec)
+    evaluation_id = _evaluation_id("probe", case)
     started = time.monotonic()
     try:
-        result = await backend.evaluate(run)
+        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, _):
+            result = await backend.evaluate(_nested_run(spec, case, partition, "probe", candidate_dir, cases_dir,
+                                                        jobs_dir, run_env, evaluation_id=evaluation_id,
+                                                        candidate_env=candidate_env))
     except InfrastructureFailure as exc:  # a case problem too: the baseline's run names it
         detail = f"probe: {exc}{_last_line(exc)}"
         return (ProbeRun(verdict="error", seconds=time.monotonic() - started, detail=detail),
@@ -330,7 +395,8 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
 
     Args:
         spec: a validated spec.
-        env: the environment holding the spec's secrets (their values reach the nested runs only).
+        env: the environment holding the spec's secrets (their values reach the nested runs only; the
+            inference providers' keys reach the gateway only).
         work_dir: scratch space (fetched cases, candidates, Harbor job dirs); created.
         concurrency: nested runs at a time.
         backend: the evaluation backend (default a `HarborBackend` without its per-run case check,
@@ -375,7 +441,11 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
         if not case_uses_kit(fetched[case]):
             problems[case].append(CheckProblem(code="kit_missing", detail=_KIT_MISSING))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
-    secret_values = {name: env[name] for name in declared if name in env}
+    # The providers' keys reach the gateway only, never a nested run (as in the sidecar and the verifier).
+    provider_keys = {p.api_key_secret for p in spec.inference.providers.values() if p.api_key_secret} \
+        if spec.inference is not None else set()
+    secret_values = {name: env[name] for name in declared if name in env and name not in provider_keys}
+    warnings: list[str] = []
 
     if backend is None:
         from vero.harbor import HarborBackend
@@ -403,31 +473,44 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             if all(p.code != problem.code for p in problems[case]):
                 problems[case].append(problem)
 
-    async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
-        async with semaphore:
-            if progress is not None:
-                progress.started(case, label)
-            run, found = await _run_one(backend, spec, case, partition_of[case], label, candidate_dir, cases_dir,
-                                        work_dir / "jobs" / label, secret_values)
-            runs[case, label] = run
-            note(case, found)
-            if progress is not None:
-                progress.finished(case, label, run)
+    async with contextlib.AsyncExitStack() as stack:
+        gateway = _Gateway(None, spec)
+        if spec.inference is not None and runnable:
+            from vero.inference.gateway import GatewayServer, InferenceGateway
 
-    async def probe_one(case: str) -> None:
-        async with semaphore:
-            if progress is not None:
-                progress.started(case, "probe")
-            run, found = await _probe_one(probe_backend, spec, case, partition_of[case], baseline_dir, cases_dir,
-                                          work_dir / "jobs" / "probe", secret_values)
-            probes[case] = run
-            note(case, found)
-            if progress is not None:
-                progress.finished(case, "probe", CandidateRun(candidate="probe", outcome=run.verdict,
-                                                              seconds=run.seconds))
+            unset = sorted(name for name in provider_keys if not env.get(name))
+            if unset:
+                warnings.append(f"the provider key(s) {', '.join(unset)} are not set (environment or --env-file): "
+                                "the gateway cannot call those providers, so the candidates' model calls fail")
+            served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
+            await stack.enter_async_context(GatewayServer(served))
+            gateway = _Gateway(served, spec)
 
-    await asyncio.gather(*(one(case, label, path) for case in runnable for label, path in candidates),
-                         *(probe_one(case) for case in (runnable if probe else ())))
+        async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
+            async with semaphore:
+                if progress is not None:
+                    progress.started(case, label)
+                run, found = await _run_one(backend, spec, case, partition_of[case], label, candidate_dir,
+                                            cases_dir, work_dir / "jobs" / label, secret_values, gateway)
+                runs[case, label] = run
+                note(case, found)
+                if progress is not None:
+                    progress.finished(case, label, run)
+
+        async def probe_one(case: str) -> None:
+            async with semaphore:
+                if progress is not None:
+                    progress.started(case, "probe")
+                run, found = await _probe_one(probe_backend, spec, case, partition_of[case], baseline_dir,
+                                              cases_dir, work_dir / "jobs" / "probe", secret_values, gateway)
+                probes[case] = run
+                note(case, found)
+                if progress is not None:
+                    progress.finished(case, "probe", CandidateRun(candidate="probe", outcome=run.verdict,
+                                                                  seconds=run.seconds))
+
+        await asyncio.gather(*(one(case, label, path) for case in runnable for label, path in candidates),
+                             *(probe_one(case) for case in (runnable if probe else ())))
 
     order = list(CHECK_CODES)
     rows = [CaseCheck(case=case, partition=partition_of[case], baseline=runs.get((case, "baseline")),
@@ -435,10 +518,6 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
                       problems=sorted(problems[case], key=lambda p: order.index(p.code)))
             for case in selected]
     overall: list[CheckProblem] = []
-    warnings: list[str] = []
-    if spec.inference is not None:
-        warnings.append("the spec's inference gateway is not served here: the candidates' model calls fail, so "
-                        "their rewards are what they score without a model")
     if reference_dir is None:
         warnings.append("target.reference is not set: the oracle submits the baseline, and there is no "
                         "reference to compare the baseline with")

@@ -21,19 +21,18 @@ the real code: candidate hosts as throw-away uids, the environment proxy, the ga
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
 import tenacity
-from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
+from examples.conftest import puzzle_model, reference_puzzle_solver  # tests/ is on sys.path
+from inference.fake_upstream import FakeUpstream
 from sidecar._server import commit_file, git, make_harness, wait_for_state
 
 from vero.harbor import HarborBackend
@@ -61,27 +60,6 @@ TRAIN = ["count-lines-1", "reverse-string-1"]
 HIDDEN = ["sort-words-1", "find-file-1"]
 IMPORT_PATH = "llm_puzzle_agent.agent:LlmPuzzleAgent"
 PRICE_IN, PRICE_OUT = 1e-6, 2e-6
-
-
-def reference_puzzle_solver(root: Path):
-    """`parse_puzzle` of the puzzle-agent example with its reference change applied."""
-    target = root / "puzzle-reference"
-    shutil.copytree(PUZZLE / "target", target)
-    subprocess.run(["git", "apply", str(PUZZLE / "reference.patch")], cwd=target, check=True)
-    spec = importlib.util.spec_from_file_location("reference_puzzle_agent", target / "puzzle_agent" / "agent.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module.parse_puzzle
-
-
-def puzzle_model(parse_puzzle):
-    def reply(body: dict) -> str:
-        prompt = body["messages"][-1]["content"]
-        puzzle = parse_puzzle(prompt)
-        command = puzzle.strategy.command(puzzle) if puzzle else "true"
-        return f"```bash\n{command}\n```"
-    return reply
 
 
 def copy_cases(names: list[str], dest: Path) -> Path:

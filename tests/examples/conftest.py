@@ -5,6 +5,7 @@ apply their reference change the way the oracle does. The end-to-end tests
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -87,3 +88,28 @@ def apply_reference(spec: OptimizationSpec, dest: Path, *, check_only: bool = Fa
         assert result.returncode == 0, f"git {' '.join(args)} failed: {result.stderr}"
     shutil.rmtree(dest / ".git")
     return dest
+
+
+def reference_puzzle_solver(root: Path):
+    """`parse_puzzle` of the puzzle-agent example with its reference change applied (copied under `root`)."""
+    target = root / "puzzle-reference"
+    shutil.copytree(TASKS_DIR / "puzzle-agent" / "target", target)
+    subprocess.run(["git", "apply", str(TASKS_DIR / "puzzle-agent" / "reference.patch")], cwd=target, check=True,
+                   timeout=60)
+    spec = importlib.util.spec_from_file_location("reference_puzzle_agent", target / "puzzle_agent" / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module.parse_puzzle
+
+
+def puzzle_model(parse_puzzle):
+    """A fake provider's responder (`tests/inference/fake_upstream.py`) for `tasks/llm-puzzle-agent`:
+    answers like a model would, the solving command (the puzzle-agent reference's) in a fenced block."""
+    def reply(body: dict) -> str:
+        prompt = body["messages"][-1]["content"]
+        puzzle = parse_puzzle(prompt)
+        command = puzzle.strategy.command(puzzle) if puzzle else "true"
+        return f"```bash\n{command}\n```"
+    return reply

@@ -12,6 +12,7 @@ pass with its table.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -302,9 +303,10 @@ def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_p
 # Real Harbor on Docker
 
 
-CHECKED_EXAMPLES = ("minimal", *EXAMPLES)
+CHECKED_EXAMPLES = ("minimal", *EXAMPLES, "llm-puzzle-agent")
 PROBED_EXAMPLES = ("minimal", "c-matmul")
 """The program examples: their checks run with `--probe` too (the probe is for program targets)."""
+PROVIDER_KEY = "sk-check-provider-key-never-shown-7731"
 
 
 @pytest.fixture(scope="module")
@@ -312,31 +314,44 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """`vero harbor check` of every example (table printed, JSON report written), all at once.
 
     Each check runs every case of the example with the baseline and with the reference, one nested
-    `harbor run` per case and candidate, and for the program examples once more under `--probe`;
-    example -> {returncode, stdout, stderr, report}.
+    `harbor run` per case and candidate, and for the program examples once more under `--probe`.
+    `tasks/llm-puzzle-agent` is checked as an operator would, with its provider's key set: the
+    check's gateway forwards to a fake OpenAI-compatible provider on loopback (its
+    `VERO_EXAMPLE_OPENAI_BASE_URL`) that answers like a model, the puzzle-agent reference's command in
+    a fenced block. example -> {returncode, stdout, stderr, report}; "provider" -> the fake's requests.
     """
+    from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
+
+    from .conftest import puzzle_model, reference_puzzle_solver
+
     runs = {}
-    for example in CHECKED_EXAMPLES:
-        work = tmp_path_factory.mktemp(f"check-{example}")
-        # c-matmul's rewards are timings: fewer of its runs at once.
-        concurrency = "2" if example == "c-matmul" else "3"
-        command = [VERO, "harbor", "check", "-c", str(TASKS_DIR / example / "build.yaml"), "--concurrency", concurrency,
-                   "--work-dir", str(work / "work"), "--report", str(work / "report.json"),
-                   *(["--probe"] if example in PROBED_EXAMPLES else [])]
-        runs[example] = (work, subprocess.Popen(command, env=harbor_env(), stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                start_new_session=True))
-    results = {}
-    try:
-        for example, (work, process) in runs.items():
-            stdout, stderr = process.communicate(timeout=1500)
-            report_file = work / "report.json"
-            report = json.loads(report_file.read_text()) if report_file.is_file() else None
-            results[example] = {"returncode": process.returncode, "stdout": stdout, "stderr": stderr,
-                                "report": report}
-    finally:
-        for _, process in runs.values():
-            kill_group(process)
+    results: dict[str, dict] = {}
+    with contextlib.ExitStack() as stack:
+        fake = stack.enter_context(FakeUpstream(
+            responder=puzzle_model(reference_puzzle_solver(tmp_path_factory.mktemp("puzzle-solver")))))
+        for example in CHECKED_EXAMPLES:
+            work = tmp_path_factory.mktemp(f"check-{example}")
+            # c-matmul's rewards are timings: fewer of its runs at once.
+            concurrency = "2" if example == "c-matmul" else "3"
+            command = [VERO, "harbor", "check", "-c", str(TASKS_DIR / example / "build.yaml"), "--concurrency",
+                       concurrency, "--work-dir", str(work / "work"), "--report", str(work / "report.json"),
+                       *(["--probe"] if example in PROBED_EXAMPLES else [])]
+            extra = {"OPENAI_API_KEY": PROVIDER_KEY, "VERO_EXAMPLE_OPENAI_BASE_URL": f"{fake.url}/v1"} \
+                if example == "llm-puzzle-agent" else {}
+            runs[example] = (work, subprocess.Popen(command, env=harbor_env(extra), stdin=subprocess.DEVNULL,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                    start_new_session=True))
+        try:
+            for example, (work, process) in runs.items():
+                stdout, stderr = process.communicate(timeout=1500)
+                report_file = work / "report.json"
+                report = json.loads(report_file.read_text()) if report_file.is_file() else None
+                results[example] = {"returncode": process.returncode, "stdout": stdout, "stderr": stderr,
+                                    "report": report, "report_text": report_file.read_text() if report else ""}
+        finally:
+            for _, process in runs.values():
+                kill_group(process)
+        results["provider"] = {"requests": list(fake.requests)}
     return results
 
 
@@ -366,6 +381,29 @@ def test_vero_harbor_check_passes_on_every_example_with_its_table(example: str, 
     for case in every_case:
         assert case in run["stdout"]
     assert "no problem found" in run["stdout"]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_the_llm_examples_check_serves_its_gateway(example_checks) -> None:
+    """The candidates reach the model through the check's gateway (each run its own token, metered);
+    the provider key reaches the provider and nothing the operator reads."""
+    run, provider = example_checks["llm-puzzle-agent"], example_checks["provider"]
+    rows = run["report"]["cases"]
+    # The baseline runs the reply's fence line; the reference takes the command out of the block.
+    assert {row["case"]: (row["baseline"]["reward"], row["reference"]["reward"]) for row in rows} == \
+        {row["case"]: (0, 1) for row in rows}
+    for row in rows:
+        for candidate in ("baseline", "reference"):
+            usage = row[candidate]["inference"]
+            assert usage["calls"] >= 1 and usage["cost_usd"] > 0 and not usage["refused_calls"], row
+    assert len(provider["requests"]) == sum(row[c]["inference"]["calls"] for row in rows
+                                            for c in ("baseline", "reference"))
+    assert all(r["headers"]["authorization"] == f"Bearer {PROVIDER_KEY}" for r in provider["requests"])
+    assert "model call(s)" in run["stdout"]
+    for text in (run["stdout"], run["stderr"], run["report_text"]):
+        assert PROVIDER_KEY not in text
+    assert not run["report"]["warnings"], run["report"]["warnings"]
 
 
 def _check_rewards(example_checks, example: str, candidate: str) -> dict[str, float]:

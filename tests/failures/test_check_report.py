@@ -121,3 +121,59 @@ def test_probe_needs_a_program_target(tmp_path):
 def test_probe_verdict(flags, reward, verdict, n_findings):
     found = probe_verdict(flags, reward)
     assert (found.verdict, len(found.findings)) == (verdict, n_findings)
+
+
+def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
+    """Each run's candidate finds the check's gateway (its own token) and reaches the provider
+    through it; the provider key is in no nested run's environment and no report."""
+    import httpx
+    from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
+
+    key = "sk-provider-key-for-the-check-9917"
+    tokens: list[str] = []
+
+    class CallsTheModel(Runs):
+        async def evaluate(self, run):
+            assert key not in run.env.values() and key not in run.candidate_env.values()
+            tokens.append(run.candidate_env["OPENAI_API_KEY"])
+            async with httpx.AsyncClient(timeout=30) as client:
+                reply = await client.post(f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",
+                                          headers={"Authorization": f"Bearer {tokens[-1]}"},
+                                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            assert reply.status_code == 200, reply.text
+            return await super().evaluate(run)
+
+    with FakeUpstream() as fake:
+        path = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"],
+                          secrets=["ZQ_PROVIDER_KEY"], extra={"inference": {
+                              "providers": {"p": {"api": "openai", "base_url": f"{fake.url}/v1",
+                                                  "api_key_secret": "ZQ_PROVIDER_KEY"}},
+                              "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6,
+                                               "output_cost_per_token": 2e-6}}}})
+        runs = CallsTheModel({("good", "baseline"): scored(0.0), ("good", "reference"): scored(1.0),
+                              ("same", "baseline"): scored(1.0), ("same", "reference"): scored(1.0)})
+        report = asyncio.run(check_spec(load_spec(path), {"ZQ_PROVIDER_KEY": key}, work_dir=tmp_path / "work",
+                                        backend=runs))
+        requests = list(fake.requests)
+    assert len(tokens) == len(set(tokens)) == 4  # a token per run
+    assert len(requests) == 4 and all(r["headers"]["authorization"] == f"Bearer {key}" for r in requests)
+    for row in report.cases:
+        for run in (row.baseline, row.reference):
+            assert run.inference is not None and run.inference.calls == 1 and run.inference.cost_usd > 0
+    assert not report.warnings
+    assert key not in report.model_dump_json()
+    # Without the key: warned, and the provider is never called with anything.
+    with FakeUpstream() as fake:
+        path = write_spec(tmp_path / "spec2", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"],
+                          secrets=["ZQ_PROVIDER_KEY"],
+                          extra={"inference": {"providers": {"p": {"api": "openai", "base_url": f"{fake.url}/v1",
+                                                                   "api_key_secret": "ZQ_PROVIDER_KEY"}},
+                                               "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6,
+                                                                "output_cost_per_token": 2e-6}}}})
+        report = asyncio.run(check_spec(load_spec(path), {}, work_dir=tmp_path / "work2",
+                                        backend=Runs({("good", "baseline"): scored(0.0),
+                                                      ("good", "reference"): scored(1.0),
+                                                      ("same", "baseline"): scored(1.0),
+                                                      ("same", "reference"): scored(1.0)})))
+        assert not fake.requests
+    assert any("ZQ_PROVIDER_KEY" in w and "not set" in w for w in report.warnings), report.warnings

@@ -18,7 +18,8 @@ CHECK_HELP = (
     "Each case is first checked with Harbor's own code (a valid task; every host variable it requires "
     "a declared secret; its setup accepted by the environment), then evaluated once with the baseline "
     "and once with the reference (target.reference applied as the oracle does) in the spec's "
-    "environment, one nested harbor run per case and candidate. With --probe, the baseline runs once "
+    "environment, one nested harbor run per case and candidate (a spec with inference gets its gateway, "
+    "with the provider keys from the environment or --env-file). With --probe, the baseline runs once "
     "more per case under a probe: the first time the case's tests open a file of the installed "
     "candidate, a process is planted as the candidate user that keeps trying to write the reward files "
     "and read /tests.\n\n"
@@ -137,9 +138,13 @@ class _Progress:
 def _reward_cell(run) -> str:
     if run is None:
         return "-"
-    if run.reward is not None:
-        return f"{run.reward:g}"
-    return run.outcome
+    cell = f"{run.reward:g}" if run.reward is not None else run.outcome
+    usage = run.inference
+    if usage is not None and (usage.calls or usage.n_refused or usage.failed_calls):
+        cell += f"\n{usage.calls} model call(s), ${usage.cost_usd:.6f}"
+        if usage.n_refused or usage.failed_calls:
+            cell += f" ({usage.n_refused} refused, {usage.failed_calls} failed)"
+    return cell
 
 
 def _probe_cell(probe) -> str:

@@ -56,7 +56,9 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
             raise InfrastructureFailure(f"the candidate host cannot run: {str(header.get('reason'))[:100]}")
         if header.get("op") != "hello":
             raise InfrastructureFailure("the candidate host did not start")
-        if header.get("exposed"):
+        # Only a host of its own uid can be kept out of the harness paths; one running as the caller
+        # (not isolated: the launcher has said so, unless isolation was asked off) reads them anyway.
+        if header.get("exposed") and launcher.isolated:
             logger.warning("evaluation %s: candidate hosts can read %d harness path(s) (the cases or the jobs "
                            "dir): make them unreadable to other users, or the file boundary does not hold",
                            run.evaluation_id, len(header["exposed"]))
