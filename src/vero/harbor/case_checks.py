@@ -248,7 +248,7 @@ def _environment_config(environment: str, trials_dir: Path):
     from harbor.models.environment_type import EnvironmentType
     from harbor.models.trial.config import EnvironmentConfig
 
-    from vero.harbor.command import FAST_STOP_COMPOSE
+    from vero.harbor.command import render_compose_override
 
     if ":" in environment:
         return EnvironmentConfig(import_path=environment)
@@ -256,8 +256,8 @@ def _environment_config(environment: str, trials_dir: Path):
         raise SetupUncheckable(f"{environment!r} is not one of Harbor's environment types")
     extra = []
     if environment == "docker":
-        compose = trials_dir / "fast-stop.compose.yaml"
-        compose.write_text(FAST_STOP_COMPOSE)
+        compose = trials_dir / "vero.compose.yaml"
+        compose.write_text(render_compose_override())
         extra = [compose]
     return EnvironmentConfig(type=environment, extra_docker_compose=extra)
 
