@@ -11,11 +11,12 @@ go to stderr, and the exit code says what happened (the table of `vero.commands.
 `--text` prints a short human summary instead.
 
 HTTP is a minimal HTTP/1.1 exchange over a socket (`Connection: close`, one request per connection):
-`http.client` and `urllib` would double the start-up. Requests follow the rules of the library client (`vero.sidecar.client.SidecarClient`): reads and
-`POST /submissions` (idempotent on the sidecar) are retried after transport errors and 5xx answers
-other than the sidecar's own 502; `POST /evaluations` is retried only when the request surely never
-reached the sidecar (connection refused, name not resolved, connect timeout), since once received
-it may have reserved budget; 4xx answers are never retried.
+`http.client` and `urllib` would double the start-up. Requests follow the rules of the library
+client (`vero.sidecar.client.SidecarClient`): reads and `POST /submissions` (idempotent on the
+sidecar) are retried after transport errors and 5xx answers other than the sidecar's own 502;
+`POST /evaluations` is retried only when the request surely never reached the sidecar (connection
+refused, name not resolved, connect timeout), since once received it may have reserved budget; 4xx
+answers are never retried.
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ import os
 import socket
 import sys
 import time
-
-TYPE_CHECKING = False  # `typing` itself costs start-up time; only type checkers read these imports
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, NoReturn
 
 from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.errors import (
@@ -47,6 +43,11 @@ from vero.errors import (
     VeroError,
     error_for_status,
 )
+
+TYPE_CHECKING = False  # `typing` itself costs start-up time; only type checkers read these imports
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
 __all__ = ["AGENT_COMMANDS", "main"]
 
@@ -258,7 +259,8 @@ def _parse_response(raw: bytes) -> tuple[int, bytes]:
 
 
 def _dechunk(data: bytes) -> bytes:
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = 0
     while True:
         end = data.find(b"\r\n", pos)
         if end < 0:
@@ -330,7 +332,8 @@ def _job_path(job_id: str, wait_sec: float = 0.0) -> str:
 
 def _wait(sidecar: Sidecar, job: dict[str, Any], poll_interval_sec: float, timeout_sec: float | None) -> dict[str, Any]:
     """Long-poll the job until it ends or `timeout_sec` passes; state changes are printed on stderr."""
-    head = f"job {job['id']} ({job.get('partition')}, {job.get('n_cases')} case{'s' if job.get('n_cases') != 1 else ''})"
+    n_cases = job.get("n_cases")
+    head = f"job {job['id']} ({job.get('partition')}, {n_cases} case{'s' if n_cases != 1 else ''})"
     print(f"{head}: {job['state']}", file=sys.stderr, flush=True)
     deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
     last, wait_sec = job["state"], 0.0

@@ -30,7 +30,7 @@ app.add_typer(harbor_app, name="harbor")
 
 harbor_app.command("build")(build.build)
 harbor_app.command("check", help=check.CHECK_HELP)(check.check)
-harbor_app.command("run")(run.run)
+harbor_app.command("run", help=run.RUN_HELP)(run.run)
 harbor_app.command("serve")(sidecar.serve_command)
 harbor_app.command("seal")(sidecar.seal_command)
 for _name in agent.FORWARDED:

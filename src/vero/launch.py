@@ -100,7 +100,8 @@ def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
         try:
             import modal  # noqa: F401
         except ImportError:
-            raise InfrastructureFailure("environment modal needs Harbor's modal extra: pip install 'vero[modal]'") from None
+            raise InfrastructureFailure(
+                "environment modal needs Harbor's modal extra: pip install 'vero[modal]'") from None
         has_tokens = env.get("MODAL_TOKEN_ID") and env.get("MODAL_TOKEN_SECRET")
         if not has_tokens and not (Path.home() / ".modal.toml").is_file():
             raise InfrastructureFailure(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harbor_cases import BASE_IMAGE, ECHO_AGENT, RUN_AS_UID, reward_script, write_case  # noqa: E402
+from harbor_cases import BASE_IMAGE, ECHO_AGENT, RUN_AS_UID, reward_script, write_case
+
 
 @pytest.fixture(scope="session")
 def shared_root():

@@ -166,7 +166,8 @@ def variant(tmp_path, name, *, rewards="keep", exception=None, phases=None, meta
     """
     import json
 
-    trial = tmp_path / "job" / f"{name}__{len(list((tmp_path / 'job').glob('*'))) if (tmp_path / 'job').exists() else 0}"
+    job = tmp_path / "job"
+    trial = job / f"{name}__{len(list(job.glob('*'))) if job.exists() else 0}"
     trial.mkdir(parents=True)
     data = json.loads((SCORED_TRIAL / "result.json").read_text())
     data["trial_name"] = trial.name
@@ -284,7 +285,7 @@ def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_pa
     assert collation.n_unfinished == 1
     cases = ["multi.key", "multi.key.b", "never-started"]
     attempts: dict[str, list] = {name: [] for name in cases}
-    before = {name: 0 for name in cases}
+    before = dict.fromkeys(cases, 0)
     # The variants all read as case `multi.key` (their task path); relabel the infrastructure one.
     trials = tuple(t if not t.infrastructure else type(t)(**{**t.__dict__, "case": "multi.key.b"})
                    for t in collation.trials)

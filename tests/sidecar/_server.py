@@ -71,8 +71,8 @@ DEFAULT_PARTITIONS = {
 }
 DEFAULT_ACCESS = {
     "train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=30),
-    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, blocks=[["v1", "v2", "v3"], ["v4", "v5", "v6"]],
-                           total_runs=3, total_cases=18),
+    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3,
+                           blocks=[["v1", "v2", "v3"], ["v4", "v5", "v6"]], total_runs=3, total_cases=18),
     "blind": PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6),
 }
 

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from verifier_bench import Workbench
 
 from vero.cli import app
 from vero.spec.models import HarborSpec
-
-from verifier_bench import Workbench
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 import typer
 
@@ -98,8 +98,6 @@ VERIFIER_STATUS_EXIT_CODES: dict[str, int] = {"scored": EXIT_OK, "refused": 10, 
 EXIT_CHECK_PROBLEMS = 18
 """`vero harbor check` found a problem in some case."""
 
-T = TypeVar("T")
-
 
 def exit_code_for(error: VeroError) -> int:
     """The exit code of an error class (most specific match; a `CaseMisconfigured` by its code),
@@ -118,7 +116,7 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise typer.Exit(code)
 
 
-def run_command(func: Callable[[], T]) -> T:
+def run_command[T](func: Callable[[], T]) -> T:
     """Call `func`; turn a `VeroError` into its message on stderr and its exit code.
 
     KeyboardInterrupt exits 130. Any other exception propagates (a bug, shown with a traceback).

@@ -9,6 +9,18 @@ import typer
 
 from vero.commands.exit_codes import EXIT_FAILED, VERIFIER_STATUS_EXIT_CODES, run_command
 
+RUN_HELP = (
+    "Compile the spec to a temporary task, run it with Harbor and print the reward(s).\n\n"
+    "Checks the agent name and Docker (or Modal credentials) before building anything, streams "
+    "Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, "
+    "the artifacts and the compiled task are. When the verifier did not score every target, the causes "
+    "(finalization.json errors and case problems) are printed too.\n\n"
+    "Exit codes: 0 the verifier's status is scored; 16 partial (some target at its failure value); 17 "
+    "failed (no target measured, or nothing shipped); 10 the verifier refused the session; 1 the trial "
+    "errored, produced no reward or no finalization.json; 2 bad usage or invalid spec; 5 Docker or "
+    "Harbor unavailable."
+)
+
 
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
@@ -16,22 +28,26 @@ def run(
         "--agent", "-a",
         help="Harbor agent working in `main`: a name (oracle, nop, claude-code, codex, ...) or module:Class.",
     )] = "oracle",
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.",
+    )] = None,
     environment: Annotated[str | None, typer.Option(
-        "--environment", "-e", help="Execution target; overrides harbor.environment of the spec (docker, modal).",
+        "--environment", "-e",
+        help="Execution target; overrides harbor.environment of the spec (docker, modal).",
     )] = None,
     env_file: Annotated[Path | None, typer.Option(
-        "--env-file", help="Dotenv file with secrets and provider keys; loaded into the environment, never put on a command line.",
+        "--env-file",
+        help="Dotenv file with secrets and provider keys; loaded into the environment, never put on a "
+             "command line.",
     )] = None,
-    jobs_dir: Annotated[Path, typer.Option("--jobs-dir", "-o", help="Harbor jobs directory on this machine.")] = Path("jobs"),
-    job_name: Annotated[str | None, typer.Option("--job-name", help="Harbor job name (default: vero-<spec name>-<random>).")] = None,
+    jobs_dir: Annotated[Path, typer.Option(
+        "--jobs-dir", "-o", help="Harbor jobs directory on this machine.",
+    )] = Path("jobs"),
+    job_name: Annotated[str | None, typer.Option(
+        "--job-name", help="Harbor job name (default: vero-<spec name>-<random>).",
+    )] = None,
 ) -> None:
-    """Compile the spec to a temporary task, run it with Harbor and print the reward(s).
-
-    Checks the agent name and Docker (or Modal credentials) before building anything, streams Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, the artifacts and the compiled task are. When the verifier did not score every target, the causes (finalization.json errors and case problems) are printed too.
-
-    Exit codes: 0 the verifier's status is scored; 16 partial (some target at its failure value); 17 failed (no target measured, or nothing shipped); 10 the verifier refused the session; 1 the trial errored, produced no reward or no finalization.json; 2 bad usage or invalid spec; 5 Docker or Harbor unavailable.
-    """
+    """`vero harbor run` (its help: `RUN_HELP`): run the spec's task with Harbor, print the outcome, exit by it."""
     from rich.console import Console
     from rich.table import Table
 

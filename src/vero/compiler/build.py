@@ -38,10 +38,10 @@ from vero.core.candidate_limits import measure_commit
 from vero.core.storage import atomic_write_bytes
 from vero.errors import CandidateTooLarge, SpecError, SpecIssue
 from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
+from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
 from vero.spec.loading import load_spec
-from vero.spec.blocks import resolve_blocks
 from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess
 from vero.spec.validation import check_build_secrets
 
@@ -376,10 +376,10 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
 
             # The wheel and the pins, and the baseline files, in each build context.
             wheel = build_wheel()
-            for context in layout.contexts():
-                context.dist_dir.mkdir(parents=True, exist_ok=True)
-                (context.dist_dir / wheel.filename).write_bytes(wheel.data)
-                copy_tree(baseline, context.baseline_dir)
+            for build_context in layout.contexts():
+                build_context.dist_dir.mkdir(parents=True, exist_ok=True)
+                (build_context.dist_dir / wheel.filename).write_bytes(wheel.data)
+                copy_tree(baseline, build_context.baseline_dir)
             for trusted in (layout.sidecar, layout.verifier):
                 trusted.kit_source_path.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(kit_source(), trusted.kit_source_path)

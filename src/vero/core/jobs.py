@@ -21,6 +21,7 @@ and refunds their reservations, one transaction for all.
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import sqlite3
 import threading
@@ -38,7 +39,7 @@ from vero.core.ledger import BudgetLedger, Cost, Reservation
 from vero.errors import Conflict, LedgerCorrupt, UnknownJob
 from vero.spec.models import Disclosure
 
-__all__ = ["EvaluationJob", "JobPage", "JobState", "JobStore", "TERMINAL_STATES", "recover_interrupted"]
+__all__ = ["TERMINAL_STATES", "EvaluationJob", "JobPage", "JobState", "JobStore", "recover_interrupted"]
 
 JobState = Literal["queued", "running", "complete", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset(TERMINAL_JOB_STATES)
@@ -296,7 +297,7 @@ class JobStore:
             rows = self.state.rows("SELECT id, record FROM jobs WHERE principal = ? ORDER BY seq", (principal,))
         return [self._cached(*row) for row in rows]
 
-    def with_field(self, name: str) -> list[EvaluationJob]:
+    def with_field(self, name: str) -> builtins.list[EvaluationJob]:  # `list` is a method here
         """Jobs whose record has the field `name` set (not null), in creation order (e.g. the jobs the
         Ladder judged). Reads only those records.
 
@@ -309,7 +310,7 @@ class JobStore:
                                "ORDER BY seq")
         return [self._cached(*row) for row in rows]
 
-    def unfinished(self) -> list[EvaluationJob]:
+    def unfinished(self) -> builtins.list[EvaluationJob]:
         """Jobs in `queued` or `running`, in creation order."""
         rows = self.state.rows(f"SELECT id, record FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")
         return [self._cached(*row) for row in rows]

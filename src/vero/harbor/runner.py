@@ -107,7 +107,7 @@ from vero.harbor.leftovers import (
 from vero.harbor.process import ProcessOutcome, finish_uncancellable, run_process_group
 from vero.harbor.results import JobCollation, collate_job, merge_outcomes
 
-__all__ = ["EVALUATION_TIMEOUT_EXCEPTION", "HarborBackend", "PREFLIGHT_TIMEOUT_EXCEPTION"]
+__all__ = ["EVALUATION_TIMEOUT_EXCEPTION", "PREFLIGHT_TIMEOUT_EXCEPTION", "HarborBackend"]
 
 logger = logging.getLogger("vero.harbor")
 

@@ -14,15 +14,16 @@ Speaks the wire shapes of `vero.sidecar.models` over httpx and turns every failu
 | 404 | `UnknownJob` |
 | 409 | `Conflict` |
 | 413, 422 | `RequestInvalid` (body too large, schema) |
-| 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job that failed for infrastructure reasons); with a case problem code (`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`) `CaseMisconfigured` with that `code` (and the problem's `cases`) |
+| 502 | `InfrastructureFailure` (also how `GET /evaluations/{id}` reports a job failed for infrastructure reasons) |
+| 502 with a case problem code (`vero.errors.CASE_PROBLEM_CODES`) | `CaseMisconfigured` with that `code` and `cases` |
 | 507 (the sidecar's disk is full; nothing was recorded), after retries where retried | `StorageFull` |
 | other 5xx, after retries | `SidecarUnavailable` |
 | any other status, or a 2xx body that is not the expected shape | `VeroError` |
 
 Retries (tenacity, exponential back-off with jitter): reads (`GET`) are retried on every transport
 error and on 5xx answers, except a 502 whose problem code is `infrastructure` or a case problem
-code (a definite outcome, not a passing fault); so is `POST /submissions`, which the sidecar makes idempotent (the
-last submission wins; the same candidate again answers 200 and changes nothing).
+code (a definite outcome, not a passing fault); so is `POST /submissions`, which the sidecar makes
+idempotent (the last submission wins; the same candidate again answers 200 and changes nothing).
 `POST /evaluations` is retried **only when the request surely never reached the server** (connect
 errors, connect and pool timeouts): once the request may have been received, the sidecar may have
 admitted a job and reserved budget for it, so it is never re-sent blindly. 4xx answers are never

@@ -2,7 +2,7 @@
 
 | raised | status | `code` | detail |
 |---|---|---|---|
-| request body or parameters fail the wire schema | 422 | `invalid` | field locations and pydantic's messages (never the input values or unknown keys) |
+| body or parameters fail the schema | 422 | `invalid` | field locations, pydantic's messages (no values, no keys) |
 | `RequestInvalid` | 422 | `invalid` | its message (written for the caller) or generic |
 | body that is not JSON (undecodable bytes) | 400 | `bad_request` | generic |
 | body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
@@ -14,7 +14,7 @@
 | missing or wrong admin token | 401 | `unauthorized` | generic, with `WWW-Authenticate: Bearer` |
 | `UnknownJob`, unknown route | 404 | `not_found` | generic |
 | `Conflict` | 409 | `conflict` | the service's own message |
-| `CaseMisconfigured` | 502 | the case problem's code (`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`) | generic per code; `cases` only on a `full` partition |
+| `CaseMisconfigured` | 502 | its case problem code (`CASE_PROBLEM_CODES`) | generic per code; `cases` on `full` only |
 | `InfrastructureFailure` | 502 | `infrastructure` | generic (never Harbor's text) |
 | `StorageFull`, `OSError` ENOSPC/EDQUOT | 507 | `storage_full` | generic: nothing was recorded, retry later |
 | anything else | 500 | `internal` | generic; the exception is logged, never sent |
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -122,7 +123,7 @@ def case_problem_detail(code: str) -> str:
 
 
 def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
-                     headers: dict[str, str] | None = None, code: str | None = None,
+                     headers: Mapping[str, str] | None = None, code: str | None = None,
                      cases: list[str] | None = None) -> JSONResponse:
     """Render one problem body.
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vero.sidecar.errors import problem_response
 from vero.spec.compiled import CONTAINER_PATHS
@@ -149,7 +149,7 @@ class SidecarMCP:
 
     def __init__(self, app: FastAPI) -> None:
         self.api_app = app
-        self._mcp_app = None
+        self._mcp_app: ASGIApp | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -123,7 +123,8 @@ class AttemptView(_Wire):
 
 class CaseView(_Wire):
     case: str
-    score: float = Field(description="The case's score: mean over its attempts, a dead attempt counting as the failure value.")
+    score: float = Field(
+        description="The case's score: mean over its attempts, a dead attempt counting as the failure value.")
     attempts: list[AttemptView]
 
 
@@ -131,7 +132,8 @@ class DisclosedResult(_Wire):
     """What the granted tier lets the agent see of a finished evaluation."""
 
     disclosure: Disclosure
-    score: float | None = Field(default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode).")
+    score: float | None = Field(
+        default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode).")
     n_cases: int | None = Field(default=None, description="Cases measured.")
     n_attempts: int | None = Field(default=None, description="Trials run (not in Ladder mode).")
     n_dead: int | None = Field(default=None, description="Attempts without a valid reward (not in Ladder mode).")

@@ -45,7 +45,7 @@ import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -93,6 +93,7 @@ from vero.sidecar.models import (
 )
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
+from vero.spec.models import Disclosure
 
 if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
@@ -225,7 +226,7 @@ class SidecarService:
         backend: EvaluationBackend,
         baseline_dir: Path | None = None,
         work_dir: Path = DEFAULT_WORK_DIR,
-        run_as: RunAs | None | Literal["auto"] = "auto",
+        run_as: RunAs | Literal["auto"] | None = "auto",
         max_concurrent_evaluations: int = 2,
         nested_env: Mapping[str, str] | None = None,
         context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
@@ -356,7 +357,7 @@ class SidecarService:
         self.jobs = JobStore(self.ledger)
         # What the Ladder disclosed is on the job records: a restart restores every best, never resets it.
         self.ladders = LadderBoard.rebuild(
-            ((_ladder_key(job), job.ladder) for job in self.jobs.with_field("ladder")),
+            ((_ladder_key(job), job.ladder) for job in self.jobs.with_field("ladder") if job.ladder is not None),
             self.config.scoring.direction,
         )
         # A broken case stays quarantined across restarts: its failed jobs carry the problems.
@@ -554,7 +555,7 @@ class SidecarService:
         for problem in problems:
             self._broken_cases.setdefault(problem.case, problem.code)
 
-    def _case_problem(self, principal: str, partition: str, granted: str, code: str,
+    def _case_problem(self, principal: str, partition: str, granted: Disclosure, code: str,
                       cases: list[str]) -> CaseMisconfigured:
         """The error the agent gets for broken `cases`: the code always, the case names only where
         the tier discloses per-case results (`full`)."""
@@ -820,7 +821,8 @@ class SidecarService:
             if state_now == "complete":
                 unsettled = None
             elif state_now not in TERMINAL_STATES:
-                state = "cancelled" if reason in ("sealed", "cancelled") else "failed"
+                state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") \
+                    else "failed"
                 await give_back_inference()
                 await self._close_unmeasured(job_id, state, reason)
             raise
@@ -903,7 +905,7 @@ class SidecarService:
         """End a job that measured nothing and refund it, in one transaction (no-op if already ended);
         `diagnostics` (the causes, for the operator) are recorded with the end."""
         try:
-            fields = {"diagnostics": diagnostics} if diagnostics is not None else {}
+            fields: dict[str, Any] = {"diagnostics": diagnostics} if diagnostics is not None else {}
             await self.jobs.finish(job_id, state, error=error, **fields)
         except Conflict:
             _logger.info("job %s had already finished", job_id)

@@ -144,8 +144,8 @@ class VerifierConfig(_Config):
     kit, no reference change: the oracle submits the baseline); repeated in `finalization.json`."""
 
 
-def load_config[T: _Config](path: str | Path, model: type[T]) -> T:
-    """Read a compiled role config.
+def load_config[T: BaseModel](path: str | Path, model: type[T]) -> T:
+    """Read a compiled role config (`SidecarConfig`, `VerifierConfig`, or a model of some of their fields).
 
     Raises:
         vero.errors.SpecError: the file is missing or does not match `model` (naming the field).

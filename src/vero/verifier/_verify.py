@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from vero.core.usage import InferenceUsage
 from vero.core.archive import file_digest
 from vero.core.diagnostics import CaseProblem
 from vero.core.session import Session, read_session
+from vero.core.usage import InferenceUsage
 from vero.errors import SessionInvalid
 from vero.harbor.backend import EvaluationBackend, RunAs
 from vero.harbor.process import RUNNER_USER
@@ -77,7 +77,7 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
         shutil.copytree(files, dest, symlinks=True)
         commit = commit_baseline(dest)
         tree = commit_trees(dest, [commit])[commit]
-    except Exception as exc:  # noqa: BLE001 - any failure makes the baseline unavailable, reported
+    except Exception as exc:  # any failure makes the baseline unavailable, reported
         logger.exception("rebuilding the baseline failed")
         return RebuiltBaseline(None, None, f"the baseline could not be rebuilt ({type(exc).__name__})")
     if commit != expected_commit:
@@ -256,7 +256,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
                     errors.append(f"target {partition}: {measurement.error}")
                 warnings.extend(_flag_warnings(config, partition, measurement.flags))
             rewards = reward_values(config, scores)
-    except Exception as exc:  # noqa: BLE001 - the reward keeps its failure values; the operator is told
+    except Exception as exc:  # the reward keeps its failure values; the operator is told
         logger.exception("verification failed")
         errors.append(f"verification failed: {type(exc).__name__}")
         rewards = failure_rewards(config)
@@ -378,5 +378,5 @@ def _write_artifacts(finalization: Finalization, status: SessionStatus, session:
         write_model(status, STATUS_FILE, dirs)
         for directory in dirs:
             write_report(directory / REPORT_FILE, session, finalization)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("writing the operator artifacts failed")

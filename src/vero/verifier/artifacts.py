@@ -21,10 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vero.core.usage import InferenceUsage
 from vero.core.diagnostics import CaseProblem
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
+from vero.core.usage import InferenceUsage
 from vero.verifier.selection import Measurement, Selection
 
 __all__ = [

@@ -106,7 +106,8 @@ class _Scale:
     def ticks(self, n: int = 5) -> list[float]:
         step = _nice_step((self.hi - self.lo) / max(n - 1, 1))
         first = math.ceil(self.lo / step - 1e-9) * step
-        values, value = [], first
+        values: list[float] = []
+        value = first
         while value <= self.hi + step * 1e-9 and len(values) < 20:
             values.append(round(value, 12))
             value += step
@@ -162,13 +163,14 @@ def _time_axis(plot: Plot, session: Session, jobs: list[EvaluationJob]) -> Calla
 
 def _score_plot(session: Session, finalization: Finalization | None, colors: dict[str, str]) -> Plot:
     plot = Plot(id="score-plot", title="Scores per partition over time", y_label="score")
-    jobs = [j for j in session.jobs if j.state == "complete" and j.result is not None]
-    verifier = [m for m in (finalization.measurements if finalization else []) if m.score is not None]
+    scores = {j.id: j.result.score for j in session.jobs if j.state == "complete" and j.result is not None}
+    jobs = [j for j in session.jobs if j.id in scores]
+    verifier = [(m, m.score) for m in (finalization.measurements if finalization else []) if m.score is not None]
     if not jobs and not verifier:
         plot.empty_message = "No completed evaluation in this session."
         return plot
     x = _time_axis(plot, session, jobs)
-    values = [j.result.score for j in jobs] + [m.score for m in verifier]
+    values = [*scores.values(), *(score for _, score in verifier)]
     pad = (max(values) - min(values)) * 0.05
     y = _Scale(min(values) - pad, max(values) + pad, plot.top + plot.inner_height, plot.top)
     plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
@@ -176,22 +178,22 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
         mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (_ended_at(j), j.id))
         plot.series.append(Series(
             name=partition, color=colors[partition],
-            points=" ".join(f"{x(_ended_at(j))},{y(j.result.score)}" for j in mine if j.full_partition),
+            points=" ".join(f"{x(_ended_at(j))},{y(scores[j.id])}" for j in mine if j.full_partition),
         ))
         for job in mine:
             plot.markers.append(Marker(
-                x=x(_ended_at(job)), y=y(job.result.score), color=colors[partition],
+                x=x(_ended_at(job)), y=y(scores[job.id]), color=colors[partition],
                 shape="dot" if job.full_partition else "ring",
-                title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(job.result.score)} "
+                title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(scores[job.id])} "
                       f"({'full partition' if job.full_partition else f'{len(job.cases)} cases'})",
             ))
         plot.legend.append((partition, colors[partition], "dot"))
-    for measurement in verifier:
+    for measurement, score in verifier:
         color = colors.get(measurement.partition, PALETTE[-1])
         plot.markers.append(Marker(
-            x=x(session.manifest.sealed_at), y=y(measurement.score), color=color, shape="diamond",
+            x=x(session.manifest.sealed_at), y=y(score), color=color, shape="diamond",
             title=f"verifier {measurement.purpose} {measurement.partition} {measurement.candidate[:12]} "
-                  f"score {_fmt(measurement.score)}",
+                  f"score {_fmt(score)}",
         ))
         if not any(label == measurement.partition for label, _, _ in plot.legend):
             plot.legend.append((measurement.partition, color, "diamond"))
@@ -216,7 +218,7 @@ def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
     for partition in sorted(totals):
         total, color = totals[partition], colors.get(partition, PALETTE[-1])
 
-        def share(spent: int) -> float:
+        def share(spent: int, total: int = total) -> float:
             return min(100.0, 100.0 * spent / total) if total else 0.0
 
         spent, points = 0, [f"{float(plot.left)},{y(0.0)}"]  # nothing spent at the axis origin
@@ -241,8 +243,8 @@ def _candidate_rows(session: Session, finalization: Finalization | None) -> list
         mine = [j for j in session.jobs if j.candidate == record.id and j.state == "complete" and j.result]
         per_partition = {}
         for partition in sorted({j.partition for j in mine}):
-            full = [j.result.score for j in mine if j.partition == partition and j.full_partition]
-            subset = [j.result.score for j in mine if j.partition == partition and not j.full_partition]
+            full = [j.result.score for j in mine if j.result and j.partition == partition and j.full_partition]
+            subset = [j.result.score for j in mine if j.result and j.partition == partition and not j.full_partition]
             per_partition[partition] = {
                 "full_mean": _fmt(sum(full) / len(full)) if full else "",
                 "n_full": len(full),
@@ -316,6 +318,7 @@ def render_report(session: Session | None, finalization: Finalization | None = N
             colors=colors,
         )
     else:
+        assert finalization is not None  # one of the two is set (checked above)
         context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], failed_jobs=[],
                        colors={})
     return env.get_template(REPORT_TEMPLATE).render(**context)

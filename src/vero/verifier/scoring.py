@@ -169,7 +169,7 @@ class Scorer:
             await asyncio.to_thread(hand_over, run_dir, self.run_as)
         except KeyError:
             return failed("the candidate is not in the session's candidate store")
-        except Exception as exc:  # noqa: BLE001 - any checkout failure leaves the candidate unmeasured
+        except Exception as exc:  # any checkout failure leaves the candidate unmeasured
             logger.exception("checkout of %s failed", candidate[:12])
             return failed(f"checkout failed ({type(exc).__name__})")
 
@@ -194,7 +194,7 @@ class Scorer:
             code = getattr(exc, "code", None)
             return failed(f"{type(exc).__name__}{f' ({code})' if code else ''}: {exc}",
                           diagnostics if isinstance(diagnostics, RunDiagnostics) else None)
-        except Exception as exc:  # noqa: BLE001 - a backend bug must not lose the reward file
+        except Exception as exc:  # a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
         finally:

@@ -31,16 +31,16 @@ never outrank a measured one in either direction.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from statistics import fmean
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vero.core.usage import InferenceUsage
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.jobs import EvaluationJob
+from vero.core.usage import InferenceUsage
 from vero.spec.models import Direction
 
 __all__ = [
@@ -95,7 +95,7 @@ class Measurement(_Model):
         return self.score is not None
 
 
-Measure = Callable[[str, str, str], Awaitable[Measurement]]
+Measure = Callable[[str, str, str], Coroutine[Any, Any, Measurement]]
 """`await measure(candidate_id, partition, purpose)` -> a `Measurement` (never raises for a failed run)."""
 
 
@@ -218,7 +218,7 @@ def rank_recorded(jobs: Iterable[EvaluationJob], trees: Mapping[str, str], *, pa
             tree=tree,
             candidates=candidates,
             representative=candidates[0],
-            mean=fmean(job.result.score for job in group),
+            mean=fmean(job.result.score for job in group if job.result is not None),  # all: eligible
             evaluation_ids=[job.id for job in group],
             first_evaluated_at=group[0].created_at,
         ))
@@ -264,6 +264,7 @@ async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: s
             picked, method = baseline_commit, "baseline_no_submission"
             notes.append("no submission was recorded: the baseline is scored")
     else:
+        assert partition is not None  # auto_best without a partition was refused above
         ranking = rank_recorded(jobs, trees, partition=partition, direction=direction, case_names=case_names)
         if not ranking:
             picked, method = baseline_commit, "baseline_no_eligible_evaluation"
@@ -274,10 +275,11 @@ async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: s
                 rescores.append(Rescore(tree=entry.tree, candidate=entry.representative,
                                         recorded_mean=entry.mean, measurement=measurement))
             best: Rescore | None = None
+            best_score = 0.0
             for rescore in rescores:
                 score = rescore.measurement.score
-                if score is not None and (best is None or better(score, best.measurement.score, direction)):
-                    best = rescore
+                if score is not None and (best is None or better(score, best_score, direction)):
+                    best, best_score = rescore, score
             if best is not None:
                 picked, method = best.candidate, "auto_best_rescored"
             else:
@@ -288,6 +290,7 @@ async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: s
     floor = FloorOutcome(applied=False)
     shipped: str | None = picked
     if baseline_floor and not is_baseline:
+        assert partition is not None  # a floor without a partition was refused above
         floor = await _apply_floor(picked, partition, direction, rescores, baseline_commit,
                                    baseline_available, measure)
         shipped = {"candidate": picked, "baseline": baseline_commit, "nothing": None}[floor.shipped]
