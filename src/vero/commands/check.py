@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vero.commands.exit_codes import EXIT_CHECK_PROBLEMS, EXIT_OK, run_command
+from vero.commands.options import ConfigOption, EnvFileOption, EnvironmentOption
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -34,15 +35,9 @@ CHECK_HELP = (
 
 
 def check(
-    config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
-    environment: Annotated[str | None, typer.Option(
-        "--environment", "-e",
-        help="Execution target; overrides harbor.environment of the spec (docker, modal).",
-    )] = None,
-    env_file: Annotated[Path | None, typer.Option(
-        "--env-file",
-        help="Dotenv file with the spec's secrets; loaded into the environment, never put on a command line.",
-    )] = None,
+    config: ConfigOption,
+    environment: EnvironmentOption = None,
+    env_file: EnvFileOption = None,
     case: Annotated[list[str] | None, typer.Option(
         "--case", help="Check only this case (repeatable). Default: every case of every partition.",
     )] = None,

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from vero.commands.exit_codes import EXIT_FAILED, VERIFIER_STATUS_EXIT_CODES, run_command
+from vero.commands.options import ConfigOption, EnvFileOption, EnvironmentOption
 
 RUN_HELP = (
     "Compile the spec to a temporary task, run it with Harbor and print the reward(s).\n\n"
@@ -23,7 +24,7 @@ RUN_HELP = (
 
 
 def run(
-    config: Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")],
+    config: ConfigOption,
     agent: Annotated[str, typer.Option(
         "--agent", "-a",
         help="Harbor agent working in `main`: a name (oracle, nop, claude-code, codex, ...) or module:Class.",
@@ -31,15 +32,8 @@ def run(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.",
     )] = None,
-    environment: Annotated[str | None, typer.Option(
-        "--environment", "-e",
-        help="Execution target; overrides harbor.environment of the spec (docker, modal).",
-    )] = None,
-    env_file: Annotated[Path | None, typer.Option(
-        "--env-file",
-        help="Dotenv file with secrets and provider keys; loaded into the environment, never put on a "
-             "command line.",
-    )] = None,
+    environment: EnvironmentOption = None,
+    env_file: EnvFileOption = None,
     jobs_dir: Annotated[Path, typer.Option(
         "--jobs-dir", "-o", help="Harbor jobs directory on this machine.",
     )] = Path("jobs"),
