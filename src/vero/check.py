@@ -38,7 +38,6 @@ import contextlib
 import logging
 import secrets as _secrets
 import shutil
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,7 +186,7 @@ def prepare_candidates(spec: OptimizationSpec, dest: Path) -> tuple[Path, Path |
     Raises:
         SpecError: the target cannot be exported or the reference patch does not apply.
     """
-    from vero.compiler.target import copy_tree, export_baseline, git_env
+    from vero.compiler.target import copy_tree, export_baseline, run_git
     from vero.core.baseline import commit_baseline
 
     baseline = dest / "baseline"
@@ -202,10 +201,7 @@ def prepare_candidates(spec: OptimizationSpec, dest: Path) -> tuple[Path, Path |
                         ignore=shutil.ignore_patterns(".git"))
     else:
         commit_baseline(reference)
-        done = subprocess.run(["git", "-c", f"safe.directory={reference}", "-C", str(reference), "apply",
-                               "--whitespace=nowarn", str(reference_src.absolute())],
-                              env=git_env(), stdin=subprocess.DEVNULL, capture_output=True, check=False)
-        if done.returncode != 0:
+        if run_git(reference, "apply", "--whitespace=nowarn", str(reference_src.absolute()))[0] != 0:
             raise SpecError.at("target.reference", f"the patch {reference_src} does not apply to the baseline")
     return baseline, reference
 
