@@ -44,6 +44,7 @@ from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
+from vero.sidecar.service import SidecarPaths, SidecarService
 from vero.spec.compiled import SidecarConfig, VerifierConfig, load_config
 from vero.verifier.scoring import Scorer
 
@@ -281,9 +282,10 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     # -- through the sidecar: every candidate on train (one kit and one no-kit case) ---------------
     config = load_config(layout.sidecar.config_path, SidecarConfig)
     state_dir, export_dir = workspace / "state", workspace / "export"
-    app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
-                     backend=HarborBackend(infra_wait=tenacity.wait_none()), cases_dir=layout.sidecar.cases_dir,
-                     baseline_dir=layout.sidecar.baseline_dir, work_dir=workspace / "work", run_as=None)
+    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
+                         cases_dir=layout.sidecar.cases_dir, baseline_dir=layout.sidecar.baseline_dir,
+                         work_dir=workspace / "work")
+    app = create_app(SidecarService(config, paths, HarborBackend(infra_wait=tenacity.wait_none()), run_as=None))
     train: dict[str, dict[str, dict]] = {}
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
         jobs = {}

@@ -41,6 +41,7 @@ from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
+from vero.sidecar.service import SidecarPaths, SidecarService
 from vero.spec.compiled import SidecarConfig, load_config
 
 from ._verifier import run_verifier_image
@@ -164,9 +165,10 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
 
     state_dir = workspace / "state"
     export_dir = workspace / "export"
-    app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
-                     backend=HarborBackend(infra_wait=tenacity.wait_none()), cases_dir=layout.sidecar.cases_dir,
-                     baseline_dir=layout.sidecar.baseline_dir, work_dir=workspace / "work", run_as=None)
+    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
+                         cases_dir=layout.sidecar.cases_dir, baseline_dir=layout.sidecar.baseline_dir,
+                         work_dir=workspace / "work")
+    app = create_app(SidecarService(config, paths, HarborBackend(infra_wait=tenacity.wait_none()), run_as=None))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
         admitted = {}
         for version in (compiled.baseline_commit, improved):

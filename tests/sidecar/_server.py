@@ -276,14 +276,24 @@ class SidecarHarness:
     nested_env: dict[str, str] = field(default_factory=dict)
 
     def create_app(self, **overrides):
-        from vero.sidecar.app import create_app
+        """The app around a service on this harness's dirs; `overrides` may name any field of
+        `SidecarPaths`, any option of `SidecarService` or of `create_app`."""
+        import dataclasses
 
-        kwargs = {"state_dir": self.state_dir, "agent_repo": self.agent_repo, "context_dir": self.context_dir,
-                  "backend": self.backend, "cases_dir": self.cases_dir, "baseline_dir": self.baseline_dir,
-                  "work_dir": self.work_dir, "run_as": None,
-                  "max_concurrent_evaluations": self.max_concurrent_evaluations, "nested_env": self.nested_env}
-        kwargs.update(overrides)
-        return create_app(self.config, **kwargs)
+        from vero.sidecar.app import create_app
+        from vero.sidecar.service import SidecarPaths, SidecarService
+
+        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls")
+                       if k in overrides}
+        path_fields = {f.name for f in dataclasses.fields(SidecarPaths)}
+        paths = {"state_dir": self.state_dir, "agent_repo": self.agent_repo, "context_dir": self.context_dir,
+                 "cases_dir": self.cases_dir, "baseline_dir": self.baseline_dir, "work_dir": self.work_dir}
+        paths.update({k: overrides.pop(k) for k in list(overrides) if k in path_fields})
+        options = {"run_as": None, "max_concurrent_evaluations": self.max_concurrent_evaluations,
+                   "nested_env": self.nested_env, **overrides}
+        backend = options.pop("backend", self.backend)
+        service = SidecarService(self.config, SidecarPaths(**paths), backend, **options)
+        return create_app(service, **app_options)
 
     @contextmanager
     def serve(self, **overrides) -> Iterator[tuple[ServerThread, httpx.Client]]:

@@ -62,12 +62,13 @@ def make_config_app():
     from pathlib import Path
 
     from vero.sidecar.app import create_app
+    from vero.sidecar.service import SidecarPaths, SidecarService
 
     from ._server import StubBackend, make_config
 
     nowhere = Path("/nonexistent/vero-fuzz")
-    return create_app(make_config("0" * 40), state_dir=nowhere, agent_repo=nowhere, context_dir=nowhere,
-                      backend=StubBackend(), run_as=None)
+    paths = SidecarPaths(state_dir=nowhere, agent_repo=nowhere, context_dir=nowhere)
+    return create_app(SidecarService(make_config("0" * 40), paths, StubBackend(), run_as=None))
 
 
 schema = schemathesis.openapi.from_dict(_document())

@@ -19,10 +19,8 @@ and stops it (unfinished jobs failed `interrupted` and refunded). Nothing is mod
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path, PurePath, PurePosixPath
-from typing import Literal
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -31,14 +29,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vero import __version__
-from vero.harbor.backend import EvaluationBackend, RunAs
 from vero.harbor.process import RUNNER_USER, runner_identity
-from vero.sidecar.artifacts import ArtifactLimits
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
-from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarService
-from vero.spec.compiled import CONTAINER_PATHS, SidecarConfig
+from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths, SidecarService
+from vero.spec.compiled import SidecarConfig
 
 __all__ = ["GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
 
@@ -134,71 +130,23 @@ class BodyLimitMiddleware:
 
 
 def create_app(
-    config: SidecarConfig,
+    service: SidecarService,
     *,
-    state_dir: str | Path,
-    agent_repo: str | Path,
-    context_dir: str | Path,
-    backend: EvaluationBackend | None = None,
-    cases_dir: str | PurePath = CONTAINER_PATHS.cases,
-    baseline_dir: str | Path | None = None,
-    work_dir: str | Path = DEFAULT_WORK_DIR,
-    run_as: RunAs | Literal["auto"] | None = "auto",
-    max_concurrent_evaluations: int = 2,
-    nested_env: Mapping[str, str] | None = None,
-    context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
-    artifact_limits: ArtifactLimits | None = None,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     refuse_local_agent_calls: bool = False,
-    seal_root: str | Path | None = None,
 ) -> FastAPI:
-    """Build the sidecar app; its lifespan starts and stops the service.
+    """The sidecar's app around a built service; the app's lifespan starts and stops it.
 
     Args:
-        config: the served config (`/opt/vero/config.json`).
-        state_dir: root-only durable state (`/var/lib/vero`).
-        agent_repo: the agent's checkout, read-only (`/workspace`).
-        context_dir: agent-readable disclosure dir (`/vero/context`).
-        backend: the evaluation backend; default `vero.harbor.HarborBackend()` (nested `harbor run`).
-        cases_dir: the case task dirs this sidecar may run (`/opt/vero/cases`).
-        baseline_dir: the baseline files (`/opt/vero/baseline`); None skips the baseline import.
-        work_dir: runner-writable scratch dir (checkouts, nested job dirs), outside `state_dir`.
-        run_as: identity of nested runs ("auto": `vero-runner` when root, see
-            `vero.harbor.process.runner_identity`; None: this process's identity).
-        max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
-        nested_env: extra trusted environment for nested runs.
-        context_path_in_main: where `context_dir` is mounted in `main` (for `artifacts_path`).
-        artifact_limits: caps on copied trial artifacts (`full` tier).
+        service: the service (`SidecarService(config, SidecarPaths(...), backend, ...)`), not started.
         max_request_bytes: larger request bodies are answered 413.
         refuse_local_agent_calls: answer 403 to agent-surface calls from inside this container
             (`LocalCallerGuard`; `serve` sets it: only `main` may use that surface).
-        seal_root: `POST /admin/seal` writes only below this directory (None: anywhere outside the
-            sidecar's own directories).
 
     Returns:
-        The app; `app.state.service` is its `SidecarService`. If startup fails, the exception is
-        kept in `app.state.startup_error` (uvicorn only logs it) and re-raised by the lifespan.
+        The app; `app.state.service` is `service`. If startup fails, the exception is kept in
+        `app.state.startup_error` (uvicorn only logs it) and re-raised by the lifespan.
     """
-    if backend is None:
-        from vero.harbor import HarborBackend
-
-        backend = HarborBackend()
-    service = SidecarService(
-        config,
-        state_dir=Path(state_dir),
-        agent_repo=Path(agent_repo),
-        context_dir=Path(context_dir),
-        cases_dir=Path(cases_dir),
-        backend=backend,
-        baseline_dir=Path(baseline_dir) if baseline_dir is not None else None,
-        work_dir=Path(work_dir),
-        run_as=run_as,
-        max_concurrent_evaluations=max_concurrent_evaluations,
-        nested_env=nested_env,
-        context_path_in_main=context_path_in_main,
-        artifact_limits=artifact_limits,
-        seal_root=Path(seal_root) if seal_root is not None else None,
-    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -269,10 +217,10 @@ def serve(
 
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(config, state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir,
-                     cases_dir=cases_dir, baseline_dir=baseline_dir, work_dir=work_dir,
-                     run_as=runner_identity(runner_user), seal_root=seal_root,
-                     refuse_local_agent_calls=not allow_local_agent_calls)
+    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir, cases_dir=cases_dir,
+                         baseline_dir=baseline_dir, work_dir=work_dir, seal_root=seal_root)
+    service = SidecarService(config, paths, run_as=runner_identity(runner_user))
+    app = create_app(service, refuse_local_agent_calls=not allow_local_agent_calls)
     server = SidecarServer(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
                                           server_header=False, log_level="info",
                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC),

@@ -43,6 +43,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
@@ -99,7 +100,7 @@ if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
     from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
 
-__all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarService"]
+__all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarPaths", "SidecarService"]
 
 _logger = logging.getLogger("vero.sidecar")
 
@@ -188,71 +189,91 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class SidecarService:
-    """State and actions of one sidecar process.
+@dataclass(frozen=True)
+class SidecarPaths:
+    """Where one sidecar reads and writes (the container's paths: `vero.spec.compiled.CONTAINER_PATHS`).
 
-    Create it, `await start()` (in the app's lifespan), serve, `await stop()`.
-
-    Args:
-        config: the served config.
+    Attributes:
         state_dir: root-only durable state (ledger, jobs, candidate store, submission, seal, token).
         agent_repo: the agent's checkout (read-only), where versions are resolved.
         context_dir: agent-readable dir receiving `full`-tier artifacts, `<context_dir>/<job id>/`.
         cases_dir: directory of the case task dirs this sidecar may run.
-        backend: runs nested evaluations.
         baseline_dir: the baseline files; None skips rebuilding and importing the baseline.
-        work_dir: runner-writable scratch dir for checkouts and nested job dirs.
+        work_dir: runner-writable scratch dir for checkouts and nested job dirs, outside `state_dir`.
+        seal_root: sealing writes only below this directory (None: anywhere outside the sidecar's
+            own directories).
+        context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
+    """
+
+    state_dir: Path
+    agent_repo: Path
+    context_dir: Path
+    cases_dir: Path = Path(CONTAINER_PATHS.cases)
+    baseline_dir: Path | None = None
+    work_dir: Path = DEFAULT_WORK_DIR
+    seal_root: Path | None = None
+    context_path_in_main: PurePosixPath = CONTAINER_PATHS.context
+
+
+class SidecarService:
+    """State and actions of one sidecar process.
+
+    Create it, `await start()` (in the app's lifespan, `vero.sidecar.app.create_app`), serve,
+    `await stop()`.
+
+    Args:
+        config: the served config.
+        paths: where it reads and writes.
+        backend: runs nested evaluations; default `vero.harbor.HarborBackend()` (nested `harbor run`).
         run_as: identity of nested runs; "auto" resolves `vero-runner` when root (see
             `vero.harbor.process.runner_identity`), None runs as this process.
         max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
         nested_env: extra trusted environment for every nested run (e.g. `DOCKER_HOST`).
-        context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
         artifact_limits: caps on copied trial artifacts.
         principal: the principal of the agent surface.
         gateway_host: interface of the inference gateway (with `config.inference`): loopback, so
             only processes of this container (candidate hosts) reach it.
-        seal_root: sealing writes only below this directory (None: anywhere outside the sidecar's
-            own directories).
+
+    Raises:
+        ValueError: `max_concurrent_evaluations` is below 1.
     """
 
     def __init__(
         self,
         config: SidecarConfig,
+        paths: SidecarPaths,
+        backend: EvaluationBackend | None = None,
         *,
-        state_dir: Path,
-        agent_repo: Path,
-        context_dir: Path,
-        cases_dir: Path,
-        backend: EvaluationBackend,
-        baseline_dir: Path | None = None,
-        work_dir: Path = DEFAULT_WORK_DIR,
         run_as: RunAs | Literal["auto"] | None = "auto",
         max_concurrent_evaluations: int = 2,
         nested_env: Mapping[str, str] | None = None,
-        context_path_in_main: PurePosixPath = CONTAINER_PATHS.context,
         artifact_limits: ArtifactLimits | None = None,
         principal: str = AGENT_PRINCIPAL,
         gateway_host: str = "127.0.0.1",
-        seal_root: Path | None = None,
     ) -> None:
         if max_concurrent_evaluations < 1:
             raise ValueError("max_concurrent_evaluations must be at least 1")
+        if backend is None:
+            from vero.harbor import HarborBackend
+
+            backend = HarborBackend()
         self.config = config
-        self.state_dir = Path(state_dir)
-        self.agent_repo = Path(agent_repo)
-        self.context_dir = Path(context_dir)
-        self.cases_dir = Path(cases_dir)
+        self.paths = paths
+        self.state_dir = Path(paths.state_dir)
+        self.agent_repo = Path(paths.agent_repo)
+        self.context_dir = Path(paths.context_dir)
+        self.cases_dir = Path(paths.cases_dir)
         self.backend = backend
-        self.baseline_dir = Path(baseline_dir) if baseline_dir is not None else None
-        self.work_dir = Path(work_dir)
+        self.baseline_dir = Path(paths.baseline_dir) if paths.baseline_dir is not None else None
+        self.work_dir = Path(paths.work_dir)
         self._run_as_setting = run_as
         self.run_as: RunAs | None = None
         self.max_concurrent_evaluations = max_concurrent_evaluations
         self.nested_env = dict(nested_env or {})
-        self.context_path_in_main = PurePosixPath(context_path_in_main)
+        self.context_path_in_main = PurePosixPath(paths.context_path_in_main)
         self.artifact_limits = artifact_limits or ArtifactLimits()
         self.principal = principal
-        self.seal_root = seal_root
+        self.seal_root = Path(paths.seal_root) if paths.seal_root is not None else None
         self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
 
         self.state: StateStore
