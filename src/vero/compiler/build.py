@@ -293,117 +293,31 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             scratch = Path(scratch_name)
             layout = TaskLayout(staging)
 
-            # Baseline: export, then commit a copy to learn the id every role must reproduce.
-            baseline = scratch / "baseline"
-            export = export_baseline(spec.target.path, baseline)
-            notes.extend(export.notes)
-            baseline_repo = scratch / "baseline-repo"
-            copy_tree(baseline, baseline_repo)
-            try:
-                baseline_commit = commit_baseline(baseline_repo)
-            except ValueError as exc:
-                raise SpecError.at("target.path", f"the baseline cannot be committed: {exc}") from None
-            try:
-                measure_commit(baseline_repo, spec.target.limits)
-            except CandidateTooLarge as exc:
-                raise SpecError.at(f"target.limits.{exc.limit}",
-                                   f"the baseline itself is over this limit ({exc.actual:,} against {exc.allowed:,}); "
-                                   "raise it so that candidates, which start from the baseline, can be admitted"
-                                   ) from None
-
-            # Reference change (oracle only).
-            reference = spec.target.reference
-            reference_kind: str | None = None
-            reference_digest: str | None = None
-            if reference is not None:
-                if reference.is_dir():
-                    check_tree(reference, "target.reference", what="the reference directory", repository=True)
-                    copy_tree(reference, layout.reference_dir)
-                    reference_kind, reference_digest = "directory", tree_digest(reference)
-                elif reference.is_file():
-                    _check_reference_patch(reference, baseline_repo)
-                    layout.solution_dir.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(reference, layout.reference_patch_path)
-                    reference_kind, reference_digest = "patch", file_digest(reference)
-                else:
-                    raise SpecError.at("target.reference", f"expected a patch file or a directory: {reference}")
-
-            # Cases: each role gets only the partitions it may know.
-            partitions = spec.cases.partitions
-            sidecar_partitions = {p: list(partitions[p]) for p in spec.agent_access}
-            verifier_names = [*spec.targets]
-            if spec.selection.partition is not None and spec.selection.partition not in verifier_names:
-                verifier_names.append(spec.selection.partition)
-            verifier_partitions = {p: list(partitions[p]) for p in verifier_names}
-            sources = discover_cases(spec.cases)
-            store = CaseStore(scratch / "cases", "cases.path" if spec.cases.path is not None else "cases.dataset")
-            for role_partitions, context in ((sidecar_partitions, layout.sidecar),
-                                             (verifier_partitions, layout.verifier)):
-                context.cases_dir.mkdir(parents=True, exist_ok=True)
-                for case in sorted({c for names in role_partitions.values() for c in names}):
-                    store.fetch(sources[case])
-                    store.copy_into(case, context.case_dir(case))
-            case_digests = {case: store.digest(case) for case in sorted(
-                {c for names in (*sidecar_partitions.values(), *verifier_partitions.values()) for c in names})}
-            case_dirs = {case: store.path(case) for case in case_digests}
+            baseline, baseline_repo, baseline_commit = _export_baseline(spec, scratch, notes)
+            reference_kind, reference_digest = _copy_reference(spec, layout, baseline_repo)
+            roles = _copy_cases(spec, layout, scratch / "cases")
+            case_dirs = roles.case_dirs
             _check_cases(spec, case_dirs)
-            scopes = {**sidecar_partitions, **verifier_partitions}
+            scopes = {**roles.sidecar, **roles.verifier}
             check_evaluation_time(spec, case_dirs, scopes)
             warnings = [*kit_warnings(spec, case_dirs, scopes), *_reference_warnings(spec)]
 
             spec_digest = digest_json({
                 "spec": portable_spec(spec, reference_digest),
                 "baseline_commit": baseline_commit,
-                "cases": case_digests,
+                "cases": roles.case_digests,
             })
-
-            common: dict[str, Any] = dict(
-                name=spec.name, spec_digest=spec_digest, baseline_commit=baseline_commit,
-                runtime=spec.target.runtime(), scoring=spec.scoring, harbor=spec.harbor,
-                secrets=spec.effective_secrets(), inference=spec.inference,
-            )
-            _write_json(layout.sidecar.config_path, SidecarConfig(
-                **common, partitions=sidecar_partitions, agent_access=dict(spec.agent_access),
-                disclose_budget=spec.disclose_budget, submit_enabled=spec.selection.mode == "submit",
-                candidate_limits=spec.target.limits,
-            ))
-            _write_json(layout.verifier.config_path, VerifierConfig(
-                **common, partitions=verifier_partitions, selection=spec.selection, targets=dict(spec.targets),
-                reward_keys=spec.target_reward_keys(),
-                failure_values={p: spec.target_failure_value(p) for p in spec.targets},
-                build_warnings=warnings,
-            ))
-
-            # The wheel and the pins, and the baseline files, in each build context.
-            wheel = build_wheel()
-            for build_context in layout.contexts():
-                build_context.dist_dir.mkdir(parents=True, exist_ok=True)
-                (build_context.dist_dir / wheel.filename).write_bytes(wheel.data)
-                copy_tree(baseline, build_context.baseline_dir)
-            for trusted in (layout.sidecar, layout.verifier):
-                trusted.kit_source_path.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(kit_source(), trusted.kit_source_path)
-            _write(layout.main.requirements_path, "".join(f"{r}\n" for r in client_requirements()))
-            runtime_pins = "".join(f"{r}\n" for r in runtime_requirements(spec.harbor.requirement))
-            _write(layout.sidecar.requirements_path, runtime_pins)
-            _write(layout.verifier.requirements_path, runtime_pins)
-
-            _render_files(layout, spec, wheel_filename=wheel.filename, baseline_commit=baseline_commit,
+            _write_configs(spec, layout, roles, spec_digest=spec_digest, baseline_commit=baseline_commit,
+                           warnings=warnings)
+            wheel_filename = _copy_runtime(spec, layout, baseline)
+            _render_files(layout, spec, wheel_filename=wheel_filename, baseline_commit=baseline_commit,
                           spec_digest=spec_digest, reference_kind=reference_kind,
-                          n_cases={p: len(c) for p, c in sidecar_partitions.items()}, support=support)
+                          n_cases={p: len(c) for p, c in roles.sidecar.items()}, support=support)
 
         _normalize_modes(staging)
         _check_task_config(layout)
         _scan_for_secret_values(staging, spec, env)
-
-        # Swap the finished tree into place; a previous build is removed only after that.
-        previous = None
-        if output.exists():
-            previous = Path(tempfile.mkdtemp(prefix=f".{output.name}.previous-", dir=output.parent))
-            os.replace(output, previous / "task")
-        os.replace(staging, output)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
+        _swap_into_place(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -413,6 +327,128 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
                            tuple(notes), tuple(warnings))
     atomic_write_bytes(result.sha256_path, f"{result.sha256}  {tarball.name}\n".encode(), mode=0o644)
     return result
+
+
+def _export_baseline(spec: OptimizationSpec, scratch: Path, notes: list[str]) -> tuple[Path, Path, str]:
+    """Export the target's baseline files, then commit a copy to learn the id every role must
+    reproduce. Returns `(files, committed copy, commit id)`; export notes go to `notes`."""
+    baseline = scratch / "baseline"
+    export = export_baseline(spec.target.path, baseline)
+    notes.extend(export.notes)
+    baseline_repo = scratch / "baseline-repo"
+    copy_tree(baseline, baseline_repo)
+    try:
+        baseline_commit = commit_baseline(baseline_repo)
+    except ValueError as exc:
+        raise SpecError.at("target.path", f"the baseline cannot be committed: {exc}") from None
+    try:
+        measure_commit(baseline_repo, spec.target.limits)
+    except CandidateTooLarge as exc:
+        raise SpecError.at(f"target.limits.{exc.limit}",
+                           f"the baseline itself is over this limit ({exc.actual:,} against {exc.allowed:,}); "
+                           "raise it so that candidates, which start from the baseline, can be admitted"
+                           ) from None
+    return baseline, baseline_repo, baseline_commit
+
+
+def _copy_reference(spec: OptimizationSpec, layout: TaskLayout, baseline_repo: Path) -> tuple[str | None, str | None]:
+    """The reference change (the oracle's only): copied where the solution reads it. Returns
+    `(kind, digest)`, both None without a reference."""
+    reference = spec.target.reference
+    if reference is None:
+        return None, None
+    if reference.is_dir():
+        check_tree(reference, "target.reference", what="the reference directory", repository=True)
+        copy_tree(reference, layout.reference_dir)
+        return "directory", tree_digest(reference)
+    if reference.is_file():
+        _check_reference_patch(reference, baseline_repo)
+        layout.solution_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(reference, layout.reference_patch_path)
+        return "patch", file_digest(reference)
+    raise SpecError.at("target.reference", f"expected a patch file or a directory: {reference}")
+
+
+@dataclass(frozen=True)
+class _RoleCases:
+    """Which partitions (and so which cases) each trusted role gets, and the fetched cases."""
+
+    sidecar: dict[str, list[str]]
+    verifier: dict[str, list[str]]
+    case_digests: dict[str, str]
+    case_dirs: dict[str, Path]
+
+
+def _copy_cases(spec: OptimizationSpec, layout: TaskLayout, staging: Path) -> _RoleCases:
+    """Fetch the cases and copy each into the roles that may know it (the split-visibility rule:
+    the sidecar gets the agent-accessible partitions, the verifier the targets and the selection
+    partition)."""
+    partitions = spec.cases.partitions
+    sidecar = {p: list(partitions[p]) for p in spec.agent_access}
+    verifier_names = [*spec.targets]
+    if spec.selection.partition is not None and spec.selection.partition not in verifier_names:
+        verifier_names.append(spec.selection.partition)
+    verifier = {p: list(partitions[p]) for p in verifier_names}
+    sources = discover_cases(spec.cases)
+    store = CaseStore(staging, "cases.path" if spec.cases.path is not None else "cases.dataset")
+    for role_partitions, context in ((sidecar, layout.sidecar), (verifier, layout.verifier)):
+        context.cases_dir.mkdir(parents=True, exist_ok=True)
+        for case in sorted({c for names in role_partitions.values() for c in names}):
+            store.fetch(sources[case])
+            store.copy_into(case, context.case_dir(case))
+    digests = {case: store.digest(case) for case in sorted(
+        {c for names in (*sidecar.values(), *verifier.values()) for c in names})}
+    return _RoleCases(sidecar, verifier, digests, {case: store.path(case) for case in digests})
+
+
+def _write_configs(spec: OptimizationSpec, layout: TaskLayout, roles: _RoleCases, *, spec_digest: str,
+                   baseline_commit: str, warnings: list[str]) -> None:
+    """The sidecar's and the verifier's compiled configs (`vero.spec.compiled`)."""
+    common: dict[str, Any] = dict(
+        name=spec.name, spec_digest=spec_digest, baseline_commit=baseline_commit,
+        runtime=spec.target.runtime(), scoring=spec.scoring, harbor=spec.harbor,
+        secrets=spec.effective_secrets(), inference=spec.inference,
+    )
+    _write_json(layout.sidecar.config_path, SidecarConfig(
+        **common, partitions=roles.sidecar, agent_access=dict(spec.agent_access),
+        disclose_budget=spec.disclose_budget, submit_enabled=spec.selection.mode == "submit",
+        candidate_limits=spec.target.limits,
+    ))
+    _write_json(layout.verifier.config_path, VerifierConfig(
+        **common, partitions=roles.verifier, selection=spec.selection, targets=dict(spec.targets),
+        reward_keys=spec.target_reward_keys(),
+        failure_values={p: spec.target_failure_value(p) for p in spec.targets},
+        build_warnings=warnings,
+    ))
+
+
+def _copy_runtime(spec: OptimizationSpec, layout: TaskLayout, baseline: Path) -> str:
+    """vero's wheel and the pins, and the baseline files, into each build context; the case kit's
+    source into the trusted ones. Returns the wheel's file name."""
+    wheel = build_wheel()
+    for build_context in layout.contexts():
+        build_context.dist_dir.mkdir(parents=True, exist_ok=True)
+        (build_context.dist_dir / wheel.filename).write_bytes(wheel.data)
+        copy_tree(baseline, build_context.baseline_dir)
+    for trusted in (layout.sidecar, layout.verifier):
+        trusted.kit_source_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kit_source(), trusted.kit_source_path)
+    _write(layout.main.requirements_path, "".join(f"{r}\n" for r in client_requirements()))
+    runtime_pins = "".join(f"{r}\n" for r in runtime_requirements(spec.harbor.requirement))
+    _write(layout.sidecar.requirements_path, runtime_pins)
+    _write(layout.verifier.requirements_path, runtime_pins)
+    return wheel.filename
+
+
+def _swap_into_place(staging: Path, output: Path) -> None:
+    """Move the finished tree to `output`; a previous build is removed only after that."""
+    previous = None
+    if output.exists():
+        previous = Path(tempfile.mkdtemp(prefix=f".{output.name}.previous-", dir=output.parent))
+        os.replace(output, previous / "task")
+    os.replace(staging, output)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
 
 
 def _check_task_config(layout: TaskLayout) -> None:

@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,19 +159,11 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
 
     errors: list[str] = []
     warnings: list[str] = [f"build: {w}" for w in config.build_warnings]
-    refusal = None
-    if run_as is None and os.geteuid() == 0:
-        if allow_root_runs:
-            warnings.append(f"nested evaluations ran as root: no unprivileged user ({RUNNER_USER}) was given")
-        else:
-            refusal = ("refused: the verifier is root and has no unprivileged user to run candidates as "
-                       f"(create {RUNNER_USER} or pass another runner user)")
-            errors.append(refusal)
+    refusal = _root_refusal(run_as, allow_root_runs, errors, warnings)
     run_as_label = _user_label(run_as.uid) if run_as is not None else f"current user (uid {os.geteuid()})"
     warnings.extend(copy_session(archive, dirs))
     session_sha256 = _sha256(archive)
 
-    session: Session | None = None
     gateway_server = None
     try:
         gateway = None
@@ -182,17 +174,10 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
             gateway = InferenceGateway(config.inference, {n: keys[n] for n in config.secrets if keys.get(n)})
             gateway_server = GatewayServer(gateway)
             await gateway_server.__aenter__()
-        work.mkdir(parents=True, exist_ok=True)
-        if run_as is not None:
-            # The runner must traverse the work dir to reach its own run dirs, nothing more.
-            os.chmod(work, 0o711)
-        # Fresh, private (0700) directories: a reused work dir never mixes two verifications.
-        if not archive.is_file():
-            raise SessionInvalid(f"the session archive {archive} does not exist")
-        session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
-        session = await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
-                                          baseline_commit=config.baseline_commit)
+        session = await _open_session(config, archive, work, private_runner=run_as is not None)
     except (SessionInvalid, OSError) as exc:
+        if gateway_server is not None:
+            await gateway_server.__aexit__(None, None, None)
         reason = str(exc) if isinstance(exc, SessionInvalid) else f"the session cannot be read ({type(exc).__name__})"
         logger.error("session refused: %s", reason)
         finalization = Finalization(
@@ -210,52 +195,19 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     scorer: Scorer | None = None
     targets: list[TargetOutcome] = []
     try:
-        from vero.core.candidates import CandidateStore
-
         baseline_dest = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "tree"
         baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), baseline_dest,
                                            config.baseline_commit)
         if baseline.error:
             errors.append(baseline.error)
-
-        store = CandidateStore.open(session.root)
-
-        def checkout(candidate: str, dest: Path) -> Path:
-            if candidate == config.baseline_commit and baseline.path is not None:
-                shutil.copytree(baseline.path, dest, symlinks=True)
-                return dest
-            return store.checkout(candidate, dest)
-
-        scorer = Scorer(backend=backend, config=config, checkout=checkout, cases_dir=Path(cases_dir),
-                        work_dir=work, env=env, run_as=run_as, refusal=refusal, gateway=gateway)
-        trees = _trees(session)
-        sel = config.selection
-        selection = await select_candidate(
-            mode=sel.mode, partition=sel.partition, direction=config.scoring.direction,
-            rescore_top_k=sel.rescore_top_k, baseline_floor=sel.baseline_floor, jobs=session.jobs,
-            trees=trees, submission=session.submission.candidate if session.submission else None,
-            baseline_commit=config.baseline_commit, baseline_tree=baseline.tree,
-            baseline_available=baseline.available, measure=scorer.measure,
-            case_names=config.partitions.get(sel.partition) if sel.partition else None,
-        )
+        scorer = Scorer(backend=backend, config=config, checkout=_checkout_from(session, baseline, config),
+                        cases_dir=Path(cases_dir), work_dir=work, env=env, run_as=run_as, refusal=refusal,
+                        gateway=gateway)
+        selection = await _select(config, session, baseline, scorer)
         if selection.shipped is None:
             errors.append("nothing was shipped: " + (selection.floor.reason or "; ".join(selection.notes)))
         else:
-            scores: dict[str, float | None] = {}
-            for partition in sorted(config.targets):
-                measurement = await scorer.measure(selection.shipped, partition, "target")
-                scores[partition] = measurement.score
-                targets.append(TargetOutcome(
-                    partition=partition, reward_key=config.reward_keys[partition],
-                    reward=reward_values(config, {partition: measurement.score})[config.reward_keys[partition]],
-                    measured=measurement.measured, score=measurement.score,
-                    evaluation_id=measurement.evaluation_id, n_cases=measurement.n_cases,
-                    n_dead=measurement.n_dead, flags=measurement.flags, error=measurement.error,
-                ))
-                if measurement.error:
-                    errors.append(f"target {partition}: {measurement.error}")
-                warnings.extend(_flag_warnings(config, partition, measurement.flags))
-            rewards = reward_values(config, scores)
+            targets, rewards = await _score_targets(config, scorer, selection.shipped, errors, warnings)
     except Exception as exc:  # the reward keeps its failure values; the operator is told
         logger.exception("verification failed")
         errors.append(f"verification failed: {type(exc).__name__}")
@@ -272,15 +224,7 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         targets = _failure_targets(config, reason="not scored: nothing was shipped")
     n_measured = sum(t.measured for t in targets)
     status = "scored" if n_measured == len(targets) else ("partial" if n_measured else "failed")
-
-    chosen = None
-    if selection is not None and selection.shipped is not None:
-        record = next((c for c in session.candidates if c.id == selection.shipped), None)
-        chosen = ChosenCandidate(
-            candidate=selection.shipped,
-            tree=record.tree if record else (baseline.tree if selection.shipped == config.baseline_commit else None),
-            subject=record.subject if record else None, is_baseline=selection.shipped_is_baseline,
-        )
+    chosen = _chosen(config, session, baseline, selection)
     measurements = scorer.measurements if scorer is not None else []
     errors.extend(_cause_lines(measurements))
     floor_baseline = selection.floor.baseline if selection is not None else None
@@ -299,6 +243,96 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
+
+
+def _root_refusal(run_as: RunAs | None, allow_root_runs: bool, errors: list[str], warnings: list[str]) -> str | None:
+    """The refusal every measurement gets when candidates would run as root (None: they may run);
+    notes it in `errors` (refused) or `warnings` (allowed as root)."""
+    if run_as is not None or os.geteuid() != 0:
+        return None
+    if allow_root_runs:
+        warnings.append(f"nested evaluations ran as root: no unprivileged user ({RUNNER_USER}) was given")
+        return None
+    refusal = ("refused: the verifier is root and has no unprivileged user to run candidates as "
+               f"(create {RUNNER_USER} or pass another runner user)")
+    errors.append(refusal)
+    return refusal
+
+
+async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, private_runner: bool) -> Session:
+    """Check and extract the archive into a fresh private (0700) dir under `work` (a reused work
+    dir never mixes two verifications). Raises SessionInvalid or OSError."""
+    work.mkdir(parents=True, exist_ok=True)
+    if private_runner:
+        # The runner must traverse the work dir to reach its own run dirs, nothing more.
+        os.chmod(work, 0o711)
+    if not archive.is_file():
+        raise SessionInvalid(f"the session archive {archive} does not exist")
+    session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
+    return await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
+                                   baseline_commit=config.baseline_commit)
+
+
+def _checkout_from(session: Session, baseline: RebuiltBaseline, config: VerifierConfig) -> Callable[[str, Path], Path]:
+    """How the scorer checks a candidate out: the rebuilt baseline's files for the baseline
+    commit (when rebuilt), else the session's candidate store."""
+    from vero.core.candidates import CandidateStore
+
+    store = CandidateStore.open(session.root)
+
+    def checkout(candidate: str, dest: Path) -> Path:
+        if candidate == config.baseline_commit and baseline.path is not None:
+            shutil.copytree(baseline.path, dest, symlinks=True)
+            return dest
+        return store.checkout(candidate, dest)
+
+    return checkout
+
+
+async def _select(config: VerifierConfig, session: Session, baseline: RebuiltBaseline, scorer: Scorer) -> Selection:
+    sel = config.selection
+    return await select_candidate(
+        mode=sel.mode, partition=sel.partition, direction=config.scoring.direction,
+        rescore_top_k=sel.rescore_top_k, baseline_floor=sel.baseline_floor, jobs=session.jobs,
+        trees=_trees(session), submission=session.submission.candidate if session.submission else None,
+        baseline_commit=config.baseline_commit, baseline_tree=baseline.tree,
+        baseline_available=baseline.available, measure=scorer.measure,
+        case_names=config.partitions.get(sel.partition) if sel.partition else None,
+    )
+
+
+async def _score_targets(config: VerifierConfig, scorer: Scorer, shipped: str, errors: list[str],
+                         warnings: list[str]) -> tuple[list[TargetOutcome], dict[str, float]]:
+    """Measure `shipped` on every target partition (sorted): the outcomes and the reward values;
+    each measurement's error and flags are added to `errors` and `warnings`."""
+    targets: list[TargetOutcome] = []
+    scores: dict[str, float | None] = {}
+    for partition in sorted(config.targets):
+        measurement = await scorer.measure(shipped, partition, "target")
+        scores[partition] = measurement.score
+        key = config.reward_keys[partition]
+        targets.append(TargetOutcome(
+            partition=partition, reward_key=key, reward=reward_values(config, {partition: measurement.score})[key],
+            measured=measurement.measured, score=measurement.score, evaluation_id=measurement.evaluation_id,
+            n_cases=measurement.n_cases, n_dead=measurement.n_dead, flags=measurement.flags,
+            error=measurement.error,
+        ))
+        if measurement.error:
+            errors.append(f"target {partition}: {measurement.error}")
+        warnings.extend(_flag_warnings(config, partition, measurement.flags))
+    return targets, reward_values(config, scores)
+
+
+def _chosen(config: VerifierConfig, session: Session, baseline: RebuiltBaseline,
+            selection: Selection | None) -> ChosenCandidate | None:
+    if selection is None or selection.shipped is None:
+        return None
+    record = next((c for c in session.candidates if c.id == selection.shipped), None)
+    return ChosenCandidate(
+        candidate=selection.shipped,
+        tree=record.tree if record else (baseline.tree if selection.shipped == config.baseline_commit else None),
+        subject=record.subject if record else None, is_baseline=selection.shipped_is_baseline,
+    )
 
 
 _FLAG_TEXT = {
