@@ -5,7 +5,7 @@ Harbor gets (secrets are needed at build time, and they reach Harbor by environm
 command line); load the spec and check the execution target (Docker engine reachable, or Modal
 credentials present); only then compile the spec to a temporary directory; run the pinned Harbor
 with its own progress output; then read the trial's `result.json` (never the exit code: Harbor
-exits 0 when every trial errored, HARBOR-NOTES §2) and the verifier's `finalization.json` from the
+exits 0 when every trial errored, docs/harbor-notes.md §2) and the verifier's `finalization.json` from the
 trial's collected artifacts.
 """
 
@@ -125,7 +125,7 @@ def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
     rewards = (result.get("verifier_result") or {}).get("rewards") or {}
     outcome.rewards = {k: float(v) for k, v in rewards.items() if isinstance(v, (int, float))}
     outcome.exception_type = (result.get("exception_info") or {}).get("exception_type")
-    # A separate verifier's /logs/verifier is downloaded to <trial>/verifier (HARBOR-NOTES §1).
+    # A separate verifier's /logs/verifier is downloaded to <trial>/verifier (docs/harbor-notes.md §1).
     final = trial / "verifier" / "artifacts" / "finalization.json"
     if final.is_file():
         outcome.artifacts_dir = final.parent

@@ -103,7 +103,7 @@ def test_case_is_a_valid_harbor_task(example: str, case: str) -> None:
     raw = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
     config = TaskConfig.model_validate_toml((path / "task.toml").read_text(encoding="utf-8"))
     assert config.schema_version == "1.4"
-    # Harbor ignores unknown keys silently (HARBOR-NOTES §1), so check the sections we rely on exist.
+    # Harbor ignores unknown keys silently (docs/harbor-notes.md §1), so check the sections we rely on exist.
     assert set(raw) <= {"schema_version", "metadata", "agent", "verifier", "environment"}
     assert raw["agent"]["timeout_sec"] == config.agent.timeout_sec > 0
     assert raw["verifier"]["timeout_sec"] == config.verifier.timeout_sec > 0

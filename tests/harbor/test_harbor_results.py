@@ -42,7 +42,7 @@ def test_mixed_job_classification():
     assert (missing.reward, missing.exception_type, missing.infrastructure) == \
         (None, "RewardFileNotFoundError", False)
 
-    # AgentTimeoutError keeps its verifier reward (HARBOR-NOTES §8 rows 4-5).
+    # AgentTimeoutError keeps its verifier reward (docs/harbor-notes.md §8 rows 4-5).
     (timeout,) = cases["agent-timeout"]
     assert (timeout.reward, timeout.exception_type, timeout.infrastructure) == (0.25, "AgentTimeoutError", False)
 

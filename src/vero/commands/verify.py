@@ -3,7 +3,7 @@
 Both are thin: parse options, call `vero.verifier`, print one JSON document on stdout, exit by
 outcome. `verify` exits by the finalization's status (`VERIFIER_STATUS_EXIT_CODES`): 0 `scored`,
 16 `partial`, 17 `failed`, 10 `refused`; 2 for an unreadable config.
-Harbor ignores the verifier's exit code (HARBOR-NOTES §1): the reward file is what counts, and
+Harbor ignores the verifier's exit code (docs/harbor-notes.md §1): the reward file is what counts, and
 `verify` writes it in every case but one: a config it cannot read names no reward keys, so no file
 is written and Harbor marks the reward invalid (`RewardFileNotFoundError`), which no real
 measurement loses to either.

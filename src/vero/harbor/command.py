@@ -13,7 +13,7 @@ harbor run -y -q -p <cases_dir> -i <case> [-i <case> ...] -e <environment> -n <n
 ```
 
 - `-y` because a task with `${VAR}` templates otherwise prompts and aborts with stdin closed;
-  `-q` because the progress display is useless in a pipe (HARBOR-NOTES §2).
+  `-q` because the progress display is useless in a pipe (docs/harbor-notes.md §2).
 - `-i` takes fnmatch globs matched against the task dir name (`models/job/config.py`
   `_filter_task_ids`), so every glob metacharacter of a case name is bracket-escaped: a case
   named `a.b-c` selects exactly that dir (`.`/`-` are literal in fnmatch anyway, `*?[` are escaped).
@@ -81,7 +81,7 @@ INHERITED_ENV_NAMES: tuple[str, ...] = (
 admin settings) stays out. Secrets reach the run only through `NestedRun.env`."""
 
 FORCED_ENV: Mapping[str, str] = {
-    # No network to telemetry or to LiteLLM's cost-map host (DESIGN §10).
+    # No network to telemetry or to LiteLLM's cost-map host (docs/design.md §10).
     "HARBOR_TELEMETRY": "0",
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     # Keep the (possibly read-only) candidate checkout free of __pycache__ dirs.

@@ -1,6 +1,6 @@
 """Reading a finished (or killed) Harbor job directory into per-trial outcomes.
 
-Results come only from the files Harbor writes (HARBOR-NOTES §2 "Job output layout"): the job's
+Results come only from the files Harbor writes (docs/harbor-notes.md §2 "Job output layout"): the job's
 `result.json` (`JobResult`) and one `result.json` (`TrialResult`) per trial dir, parsed with
 Harbor's own models, plus what the case kit wrote beside the reward (`verifier/vero-kit.jsonl`).
 Never from the exit code (0 even when every trial errored) or stdout.
@@ -15,7 +15,7 @@ decided by `classify_trial`, in this order:
    failed `docker compose build`/`up` is a plain `RuntimeError` in Harbor 0.26,
    `environments/docker/docker.py`, so the type alone cannot tell; a trial cancelled in that phase
    is here too). Such trials are not attempts: they are dropped, and a case left with no attempt is
-   re-run by the backend (HARBOR-NOTES §8 row 3: scoring them 0 made an optimizer chase noise);
+   re-run by the backend (docs/harbor-notes.md §8 row 3: scoring them 0 made an optimizer chase noise);
 2. **sandbox_error** — the install agent could not close the candidate sandbox after the install
    (`CandidateSandboxError`): dead, whatever the verifier reported;
 3. a value under the reward key with `reward_valid` (Harbor: a verifier result whose every recorded

@@ -1,4 +1,4 @@
-"""`HarborBackend`: measure a candidate with nested `harbor run`s (DESIGN §8).
+"""`HarborBackend`: measure a candidate with nested `harbor run`s (docs/design.md §8).
 
 One evaluation is one or more *rounds*; each round is one `harbor run` (job `<evaluation_id>` for
 the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):

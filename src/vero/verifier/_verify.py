@@ -1,4 +1,4 @@
-"""`verify`: from a sealed session to Harbor's reward and the operator artifacts (DESIGN §7)."""
+"""`verify`: from a sealed session to Harbor's reward and the operator artifacts (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ one nested evaluation (`vero.harbor.backend.EvaluationBackend`) and turns the ou
 and the reason, so the caller decides what an unmeasured candidate or target means (selection
 excludes it, the reward gets the failure value).
 
-When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (DESIGN §2:
+When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (docs/design.md §2:
 candidate code never runs as root); `kind: agent` candidates run in candidate hosts as throw-away
 uids (`vero.harbor.boundary`). The checkout and the Harbor jobs dir of each run are handed to that
 user; secrets reach the run by name from the verifier's environment (`config.secrets`), except the
@@ -90,7 +90,7 @@ def new_evaluation_id(purpose: str, partition: str) -> str:
     """A unique id for one verifier measurement, usable as a Harbor job name.
 
     Shape: `verify-<purpose>-<partition>-<8 hex>`; Harbor's default job name is a timestamp to the
-    second (HARBOR-NOTES §7), so the random suffix is what keeps runs apart.
+    second (docs/harbor-notes.md §7), so the random suffix is what keeps runs apart.
     """
     return f"verify-{purpose}-{partition[:64]}-{_secrets.token_hex(4)}"
 
