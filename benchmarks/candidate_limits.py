@@ -26,15 +26,24 @@ from vero.errors import CandidateTooLarge
 from vero.spec.models import CandidateLimits
 
 UNLIMITED = CandidateLimits(max_files=10**9, max_total_bytes=2**62, max_file_bytes=2**62)
-GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@example.com",
-           "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@example.com",
-           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+GIT_ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "agent",
+    "GIT_AUTHOR_EMAIL": "agent@example.com",
+    "GIT_COMMITTER_NAME": "agent",
+    "GIT_COMMITTER_EMAIL": "agent@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
 
 
 def git(repo: Path, *args: str) -> str:
     # gc.auto=0: no detached `git gc` of this repository still writing when it is removed.
-    return subprocess.run(["git", "-c", "gc.auto=0", "-C", str(repo), *args], check=True, capture_output=True,
-                          env=GIT_ENV).stdout.decode().strip()
+    return (
+        subprocess.run(["git", "-c", "gc.auto=0", "-C", str(repo), *args], check=True, capture_output=True, env=GIT_ENV)
+        .stdout.decode()
+        .strip()
+    )
 
 
 def du(path: Path) -> int:
@@ -79,16 +88,21 @@ def main() -> None:
                 (repo / "many" / str(i)).write_text(str(i))
 
         print(f"{'candidate':<22} {'limited':>16} {'unlimited':>18} {'ratio':>8} {'store growth':>24}")
-        for label, make in (("2 GiB sparse file", sparse), ("300 MB random file", random_file),
-                            ("100,000 files", many_files)):
+        for label, make in (
+            ("2 GiB sparse file", sparse),
+            ("300 MB random file", random_file),
+            ("100,000 files", many_files),
+        ):
             make()
             git(repo, "add", "-A")
             git(repo, "commit", "-qm", label)
             limited = import_once(base / "limited", repo, CandidateLimits())
             unlimited = import_once(base / "unlimited", repo, UNLIMITED)
-            print(f"{label:<22} {limited[0]:>7.2f} s {limited[1]:<9} {unlimited[0]:>7.2f} s {unlimited[1]:<9} "
-                  f"{unlimited[0] / limited[0]:>7.0f}x {limited[2] / 2**20:>8.1f} MiB "
-                  f"vs {unlimited[2] / 2**20:>7.1f} MiB")
+            print(
+                f"{label:<22} {limited[0]:>7.2f} s {limited[1]:<9} {unlimited[0]:>7.2f} s {unlimited[1]:<9} "
+                f"{unlimited[0] / limited[0]:>7.0f}x {limited[2] / 2**20:>8.1f} MiB "
+                f"vs {unlimited[2] / 2**20:>7.1f} MiB"
+            )
             git(repo, "reset", "-q", "--hard", "HEAD~1")
             subprocess.run(["git", "-C", str(repo), "clean", "-qfdx"], check=True)
 

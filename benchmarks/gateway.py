@@ -62,12 +62,23 @@ async def measure(client, url, body, headers, stream, calls, concurrency) -> lis
 
 async def main(calls: int) -> None:
     with FakeUpstream() as fake:
-        spec = InferenceSpec.model_validate({
-            "providers": {"oai": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": "K"},
-                          "ant": {"api": "anthropic", "base_url": fake.url, "api_key_secret": "K"}},
-            "models": {"fake-ok": {"provider": "oai", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6},
-                       "claude-fake": {"provider": "ant", "upstream_model": "fake-ok",
-                                       "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}}})
+        spec = InferenceSpec.model_validate(
+            {
+                "providers": {
+                    "oai": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": "K"},
+                    "ant": {"api": "anthropic", "base_url": fake.url, "api_key_secret": "K"},
+                },
+                "models": {
+                    "fake-ok": {"provider": "oai", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6},
+                    "claude-fake": {
+                        "provider": "ant",
+                        "upstream_model": "fake-ok",
+                        "input_cost_per_token": 1e-6,
+                        "output_cost_per_token": 2e-6,
+                    },
+                },
+            }
+        )
         gateway = InferenceGateway(spec, {"K": KEY})
         async with GatewayServer(gateway):
             token, _ = gateway.grant("bench", "train", partition_pool=BudgetPool(10**12), evaluation_limit_usd=None)
@@ -75,34 +86,69 @@ async def main(calls: int) -> None:
             message = {**chat, "model": "claude-fake"}
             cases = [
                 ("chat completions", "/openai/v1/chat/completions", "/v1/chat/completions", chat, False),
-                ("chat completions, streaming", "/openai/v1/chat/completions", "/v1/chat/completions",
-                 {**chat, "stream": True}, True),
+                (
+                    "chat completions, streaming",
+                    "/openai/v1/chat/completions",
+                    "/v1/chat/completions",
+                    {**chat, "stream": True},
+                    True,
+                ),
                 ("anthropic messages", "/anthropic/v1/messages", "/v1/messages", message, False),
             ]
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
             async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-                print(f"{'call':34} {'clients':>7} {'direct p50/p95 ms':>18} {'gateway p50/p95 ms':>19} "
-                      f"{'added p50 ms':>12} {'ratio p50':>9}")
+                print(
+                    f"{'call':34} {'clients':>7} {'direct p50/p95 ms':>18} {'gateway p50/p95 ms':>19} "
+                    f"{'added p50 ms':>12} {'ratio p50':>9}"
+                )
                 for name, gateway_path, direct_path, body, stream in cases:
                     for concurrency in (1, 16):
                         direct: list[float] = []
                         through: list[float] = []
                         # warm-up, then alternating rounds so drift hits both sides alike
-                        await measure(client, fake.url + direct_path, body, {"authorization": f"Bearer {KEY}"},
-                                      stream, 20, concurrency)
-                        await measure(client, gateway.base_url + gateway_path, body,
-                                      {"authorization": f"Bearer {token}"}, stream, 20, concurrency)
+                        await measure(
+                            client,
+                            fake.url + direct_path,
+                            body,
+                            {"authorization": f"Bearer {KEY}"},
+                            stream,
+                            20,
+                            concurrency,
+                        )
+                        await measure(
+                            client,
+                            gateway.base_url + gateway_path,
+                            body,
+                            {"authorization": f"Bearer {token}"},
+                            stream,
+                            20,
+                            concurrency,
+                        )
                         for _ in range(3):
-                            direct += await measure(client, fake.url + direct_path, body,
-                                                    {"authorization": f"Bearer {KEY}"}, stream, calls // 3,
-                                                    concurrency)
-                            through += await measure(client, gateway.base_url + gateway_path,
-                                                     body, {"authorization": f"Bearer {token}"}, stream,
-                                                     calls // 3, concurrency)
+                            direct += await measure(
+                                client,
+                                fake.url + direct_path,
+                                body,
+                                {"authorization": f"Bearer {KEY}"},
+                                stream,
+                                calls // 3,
+                                concurrency,
+                            )
+                            through += await measure(
+                                client,
+                                gateway.base_url + gateway_path,
+                                body,
+                                {"authorization": f"Bearer {token}"},
+                                stream,
+                                calls // 3,
+                                concurrency,
+                            )
                         d50, g50 = statistics.median(direct), statistics.median(through)
-                        print(f"{name:34} {concurrency:>7} {d50:>8.2f} / {percentile(direct, .95):<7.2f} "
-                              f"{g50:>9.2f} / {percentile(through, .95):<7.2f} {g50 - d50:>12.2f} "
-                              f"{g50 / d50:>9.2f}")
+                        print(
+                            f"{name:34} {concurrency:>7} {d50:>8.2f} / {percentile(direct, 0.95):<7.2f} "
+                            f"{g50:>9.2f} / {percentile(through, 0.95):<7.2f} {g50 - d50:>12.2f} "
+                            f"{g50 / d50:>9.2f}"
+                        )
             usage = await gateway.revoke(token)
             print(f"metered: {usage.calls} calls, {usage.input_tokens} in / {usage.output_tokens} out tokens")
 

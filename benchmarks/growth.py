@@ -84,13 +84,18 @@ def _serve(root: str, conn) -> None:
     from vero.spec.models import PartitionAccess
 
     logging.getLogger("vero").setLevel(logging.WARNING)
-    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=10_000_000,
-                                       total_cases=100_000_000)}
-    harness = make_harness(Path(root), backend=StubBackend(write_job_dir=False),
-                           partitions={"train": ["t1", "t2", "t3"]}, access=access)
+    access = {
+        "train": PartitionAccess(
+            disclosure="full", min_aggregate_cases=1, total_runs=10_000_000, total_cases=100_000_000
+        )
+    }
+    harness = make_harness(
+        Path(root), backend=StubBackend(write_job_dir=False), partitions={"train": ["t1", "t2", "t3"]}, access=access
+    )
     app = harness.create_app()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
+    )
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -194,24 +199,30 @@ def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
             status16 = [(_status_latency(grown.url, 16, 10), _status_latency(reference.url, 16, 10)) for _ in range(3)]
             status16_grown = statistics.median(g for g, _ in status16)
             status16_reference = statistics.median(r for _, r in status16)
-            rows.append({
-                "n": checkpoint,
-                "admission_ms": _median_ms([g[0] for g, _ in pairs]),
-                "admission_ref_ms": _median_ms([r[0] for _, r in pairs]),
-                "completion_ms": _median_ms([g[1] for g, _ in pairs]),
-                "completion_ref_ms": _median_ms([r[1] for _, r in pairs]),
-                "status_1_ms": statistics.median(status_grown),
-                "status_1_ref_ms": statistics.median(status_reference),
-                "status_16_ms": status16_grown,
-                "status_16_ref_ms": status16_reference,
-                "status_bytes": len(grown.client.get("/status").content),
-                "state_bytes": _tree_bytes(grown.state_dir),
-                "rss_bytes": _rss_bytes(grown.process.pid),
-                "evaluations": grown.n,
-            })
-            print(f"  {checkpoint} evaluations: admission {rows[-1]['admission_ms']:.0f} ms "
-                  f"(reference {rows[-1]['admission_ref_ms']:.0f}), status {rows[-1]['status_1_ms']:.1f} ms, "
-                  f"{rows[-1]['status_bytes']} bytes", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "n": checkpoint,
+                    "admission_ms": _median_ms([g[0] for g, _ in pairs]),
+                    "admission_ref_ms": _median_ms([r[0] for _, r in pairs]),
+                    "completion_ms": _median_ms([g[1] for g, _ in pairs]),
+                    "completion_ref_ms": _median_ms([r[1] for _, r in pairs]),
+                    "status_1_ms": statistics.median(status_grown),
+                    "status_1_ref_ms": statistics.median(status_reference),
+                    "status_16_ms": status16_grown,
+                    "status_16_ref_ms": status16_reference,
+                    "status_bytes": len(grown.client.get("/status").content),
+                    "state_bytes": _tree_bytes(grown.state_dir),
+                    "rss_bytes": _rss_bytes(grown.process.pid),
+                    "evaluations": grown.n,
+                }
+            )
+            print(
+                f"  {checkpoint} evaluations: admission {rows[-1]['admission_ms']:.0f} ms "
+                f"(reference {rows[-1]['admission_ref_ms']:.0f}), status {rows[-1]['status_1_ms']:.1f} ms, "
+                f"{rows[-1]['status_bytes']} bytes",
+                file=sys.stderr,
+                flush=True,
+            )
         cli = _cli_startup(grown.url)
     finally:
         grown.close()
@@ -226,9 +237,17 @@ def _service(harness):
     """A `SidecarService` over the harness's dirs (as `create_app` builds it), in this process."""
     from vero.sidecar.service import SidecarService
 
-    return SidecarService(harness.config, state_dir=harness.state_dir, agent_repo=harness.agent_repo,
-                          context_dir=harness.context_dir, cases_dir=harness.cases_dir, backend=harness.backend,
-                          baseline_dir=harness.baseline_dir, work_dir=harness.work_dir, run_as=None)
+    return SidecarService(
+        harness.config,
+        state_dir=harness.state_dir,
+        agent_repo=harness.agent_repo,
+        context_dir=harness.context_dir,
+        cases_dir=harness.cases_dir,
+        backend=harness.backend,
+        baseline_dir=harness.baseline_dir,
+        work_dir=harness.work_dir,
+        run_as=None,
+    )
 
 
 def _big_target(root: Path) -> dict:
@@ -239,9 +258,14 @@ def _big_target(root: Path) -> dict:
     files = {f"pkg{i // 500:03d}/mod{i % 500:03d}.py": f"VALUE = {i}\n" for i in range(BIG_TARGET_FILES)}
     access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=1000, total_cases=1000)}
     # A backend that never finishes: the jobs' own checkouts stay out of the timed calls.
-    harness = make_harness(root / "big", baseline_files=files, backend=StubBackend(block=threading.Event()),
-                           partitions={"train": ["t1"]}, access=access,
-                           candidate_limits=CandidateLimits(max_files=2 * BIG_TARGET_FILES))
+    harness = make_harness(
+        root / "big",
+        baseline_files=files,
+        backend=StubBackend(block=threading.Event()),
+        partitions={"train": ["t1"]},
+        access=access,
+        candidate_limits=CandidateLimits(max_files=2 * BIG_TARGET_FILES),
+    )
 
     async def run() -> dict:
         first = _service(harness)
@@ -273,9 +297,14 @@ def _big_target(root: Path) -> dict:
                 full.append(time.perf_counter() - started)
                 shutil.rmtree(dest)
         await again.stop()
-        return {"files": BIG_TARGET_FILES, "first_start_sec": first_start, "restart_sec": restart,
-                "admission_ms": _median_ms(admissions), "slot_checkout_ms": _median_ms(checkouts),
-                "full_checkout_ms": _median_ms(full)}
+        return {
+            "files": BIG_TARGET_FILES,
+            "first_start_sec": first_start,
+            "restart_sec": restart,
+            "admission_ms": _median_ms(admissions),
+            "slot_checkout_ms": _median_ms(checkouts),
+            "full_checkout_ms": _median_ms(full),
+        }
 
     return asyncio.run(run())
 
@@ -292,10 +321,14 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
     from vero.core.state import STATE_FILE, StateStore
     from vero.spec.models import PartitionAccess
 
-    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=10 * n_jobs,
-                                       total_cases=100 * n_jobs)}
-    harness = make_harness(root / "many", backend=StubBackend(), partitions={"train": ["t1", "t2", "t3"]},
-                           access=access)
+    access = {
+        "train": PartitionAccess(
+            disclosure="full", min_aggregate_cases=1, total_runs=10 * n_jobs, total_cases=100 * n_jobs
+        )
+    }
+    harness = make_harness(
+        root / "many", backend=StubBackend(), partitions={"train": ["t1", "t2", "t3"]}, access=access
+    )
 
     async def run() -> dict:
         empty = _service(harness)
@@ -306,13 +339,22 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
         state = StateStore.open(harness.state_dir / STATE_FILE)
         ledger = BudgetLedger.open(state, {("train", PRINCIPAL): BudgetTotals(runs=10 * n_jobs, cases=100 * n_jobs)})
         jobs = JobStore(ledger)
-        template = EvaluationJob(id="ev-0000000000000000", principal=PRINCIPAL, partition="train",
-                                 cases=["t1", "t2", "t3"], full_partition=True, version="HEAD",
-                                 candidate=harness.config.baseline_commit, disclosure="full",
-                                 reservation_id="ev-0000000000000000", created_at=datetime.now(UTC))
+        template = EvaluationJob(
+            id="ev-0000000000000000",
+            principal=PRINCIPAL,
+            partition="train",
+            cases=["t1", "t2", "t3"],
+            full_partition=True,
+            version="HEAD",
+            candidate=harness.config.baseline_commit,
+            disclosure="full",
+            reservation_id="ev-0000000000000000",
+            created_at=datetime.now(UTC),
+        )
         result = await asyncio.to_thread(_stub_result, harness.config.baseline_commit)
         batch = 500
         for first in range(0, n_jobs, batch):
+
             def fill(conn, first=first) -> None:
                 for _ in range(first, min(first + batch, n_jobs)):
                     job_id = JobStore.new_id()
@@ -320,6 +362,7 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
                     ledger.reserve_in(conn, "train", PRINCIPAL, Cost.of_evaluation(3), job_id)
                     jobs._insert(conn, job)
                     jobs.finish_in(conn, job_id, "complete", result=result)
+
             await state.commit(fill)
         state.close()
         full = _service(harness)
@@ -330,9 +373,14 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
         status = full.status(PRINCIPAL)
         status_ms = (time.perf_counter() - status_started) * 1e3
         await full.stop()
-        return {"jobs": n_jobs, "start_empty_sec": empty_start, "start_sec": full_start,
-                "status_ms": status_ms, "status_bytes": len(status.model_dump_json()),
-                "state_bytes": _tree_bytes(harness.state_dir)}
+        return {
+            "jobs": n_jobs,
+            "start_empty_sec": empty_start,
+            "start_sec": full_start,
+            "status_ms": status_ms,
+            "status_bytes": len(status.model_dump_json()),
+            "state_bytes": _tree_bytes(harness.state_dir),
+        }
 
     return asyncio.run(run())
 
@@ -344,10 +392,16 @@ def _stub_result(candidate: str):
 
     now = datetime.now(UTC)
     return EvaluationResult.from_cases(
-        partition="train", candidate=candidate, reward_key="reward",
-        cases=[CaseResult.from_attempts(c, [AttemptResult(trial_name=f"{c}__x", reward=0.5)], 0.0)
-               for c in ("t1", "t2", "t3")],
-        started_at=now, finished_at=now)
+        partition="train",
+        candidate=candidate,
+        reward_key="reward",
+        cases=[
+            CaseResult.from_attempts(c, [AttemptResult(trial_name=f"{c}__x", reward=0.5)], 0.0)
+            for c in ("t1", "t2", "t3")
+        ],
+        started_at=now,
+        finished_at=now,
+    )
 
 
 # -- 4. agent CLI start-up ----------------------------------------------------------------------
@@ -376,8 +430,11 @@ def _cli_startup(url: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["VERO_SIDECAR_URL"] = url
     figures = {}
-    for name, argv in (("python_pass", [sys.executable, "-c", "pass"]), ("status", [vero, "harbor", "status"]),
-                       ("typer_help", [vero, "--help"])):
+    for name, argv in (
+        ("python_pass", [sys.executable, "-c", "pass"]),
+        ("status", [vero, "harbor", "status"]),
+        ("typer_help", [vero, "--help"]),
+    ):
         figures[f"{name}_ms"], figures[f"{name}_cpu_ms"] = _runs(argv, env)
     return figures
 
@@ -390,8 +447,11 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="Go on to 10,000 evaluations (about an hour).")
     parser.add_argument("--json", type=Path, default=None, help="Also write every figure to this JSON file.")
     parser.add_argument("--cli-only", action="store_true", help="Measure only the agent CLI's start-up.")
-    parser.add_argument("--smoke", action="store_true",
-                        help="A quick run of the script itself (10 evaluations, small target): not the figures.")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="A quick run of the script itself (10 evaluations, small target): not the figures.",
+    )
     args = parser.parse_args()
     checkpoints = [1, 10, 100, 1000] + ([10_000] if args.long else [])
     global BIG_TARGET_FILES, BULK_JOBS, CLI_RUNS
@@ -427,38 +487,54 @@ def main() -> None:
         table.add_column(f"{row['n']:,}", justify="right")
     table.add_column("last / first", justify="right")
     for key, label, scale, unit in (
-        ("admission_ms", "admission p50", 1, "ms"), ("completion_ms", "completion p50", 1, "ms"),
-        ("status_1_ms", "GET /status p50, 1 client", 1, "ms"), ("status_16_ms", "GET /status p50, 16 clients", 1, "ms"),
-        ("status_bytes", "GET /status body", 1024, "KB"), ("state_bytes", "state dir", 1024 * 1024, "MB"),
+        ("admission_ms", "admission p50", 1, "ms"),
+        ("completion_ms", "completion p50", 1, "ms"),
+        ("status_1_ms", "GET /status p50, 1 client", 1, "ms"),
+        ("status_16_ms", "GET /status p50, 16 clients", 1, "ms"),
+        ("status_bytes", "GET /status body", 1024, "KB"),
+        ("state_bytes", "state dir", 1024 * 1024, "MB"),
         ("rss_bytes", "server RSS", 1024 * 1024, "MB"),
     ):
         values = [row[key] / scale for row in rows]
         table.add_row(f"{label} ({unit})", *(f"{v:.1f}" for v in values), f"{values[-1] / values[0]:.2f}")
-    for key, label in (("admission", "admission"), ("completion", "completion"), ("status_1", "GET /status, 1 client"),
-                       ("status_16", "GET /status, 16 clients")):
+    for key, label in (
+        ("admission", "admission"),
+        ("completion", "completion"),
+        ("status_1", "GET /status, 1 client"),
+        ("status_16", "GET /status, 16 clients"),
+    ):
         values = [row[f"{key}_ms"] / row[f"{key}_ref_ms"] for row in rows]
         table.add_row(f"{label}: grown / reference", *(f"{v:.2f}" for v in values), "")
     console.print(table)
-    console.print(f"{BIG_TARGET_FILES:,}-file target: first start {big['first_start_sec']:.1f} s (rebuilds and imports "
-                  f"the baseline), restart {big['restart_sec']:.2f} s; per one-file evaluation: admission "
-                  f"{big['admission_ms']:.0f} ms, slot checkout {big['slot_checkout_ms']:.0f} ms (a full files-only "
-                  f"checkout: {big['full_checkout_ms']:.0f} ms, "
-                  f"{big['full_checkout_ms'] / big['slot_checkout_ms']:.0f}x)")
-    console.print(f"sidecar start: {many['start_sec']:.2f} s with {many['jobs']:,} jobs "
-                  f"({many['start_empty_sec']:.2f} s with none; {many['start_sec'] / many['start_empty_sec']:.2f}x); "
-                  f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
-                  f"{many['state_bytes'] / 1024 / 1024:.1f} MB")
-    console.print(f"agent CLI: `vero harbor status` (start-up and the call) {cli['status_ms']:.0f} ms wall, "
-                  f"{cli['status_cpu_ms']:.0f} ms CPU, against `python -c pass` {cli['python_pass_ms']:.0f} ms wall, "
-                  f"{cli['python_pass_cpu_ms']:.0f} ms CPU ({cli['status_ms'] / cli['python_pass_ms']:.1f}x wall, "
-                  f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); the typer application "
-                  f"(`vero --help`) {cli['typer_help_ms']:.0f} ms wall")
+    console.print(
+        f"{BIG_TARGET_FILES:,}-file target: first start {big['first_start_sec']:.1f} s (rebuilds and imports "
+        f"the baseline), restart {big['restart_sec']:.2f} s; per one-file evaluation: admission "
+        f"{big['admission_ms']:.0f} ms, slot checkout {big['slot_checkout_ms']:.0f} ms (a full files-only "
+        f"checkout: {big['full_checkout_ms']:.0f} ms, "
+        f"{big['full_checkout_ms'] / big['slot_checkout_ms']:.0f}x)"
+    )
+    console.print(
+        f"sidecar start: {many['start_sec']:.2f} s with {many['jobs']:,} jobs "
+        f"({many['start_empty_sec']:.2f} s with none; {many['start_sec'] / many['start_empty_sec']:.2f}x); "
+        f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
+        f"{many['state_bytes'] / 1024 / 1024:.1f} MB"
+    )
+    console.print(
+        f"agent CLI: `vero harbor status` (start-up and the call) {cli['status_ms']:.0f} ms wall, "
+        f"{cli['status_cpu_ms']:.0f} ms CPU, against `python -c pass` {cli['python_pass_ms']:.0f} ms wall, "
+        f"{cli['python_pass_cpu_ms']:.0f} ms CPU ({cli['status_ms'] / cli['python_pass_ms']:.1f}x wall, "
+        f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); the typer application "
+        f"(`vero --help`) {cli['typer_help_ms']:.0f} ms wall"
+    )
     load = os.getloadavg()
-    console.print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
-                  f"{load[0]:.1f}; wall time {time.monotonic() - began:.0f} s")
+    console.print(
+        f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+        f"{load[0]:.1f}; wall time {time.monotonic() - began:.0f} s"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"growth": rows, "big_target": big, "start_with_jobs": many, "cli": cli},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"growth": rows, "big_target": big, "start_with_jobs": many, "cli": cli}, indent=2)
+        )
 
 
 if __name__ == "__main__":

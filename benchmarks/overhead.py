@@ -72,9 +72,12 @@ os.environ.setdefault("HARBOR_TELEMETRY", "0")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
-    "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@example.invalid",
-    "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "agent",
+    "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+    "GIT_COMMITTER_NAME": "agent",
+    "GIT_COMMITTER_EMAIL": "agent@example.invalid",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
 }
 PHASES = ("admission", "queue", "checkout", "backend", "harbor", "completion", "poll lag")
 EVALUATION_TIMEOUT_SEC = 1800.0
@@ -112,8 +115,9 @@ def _serve(config_json: str, dirs: dict[str, str], conn) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = SidecarConfig.model_validate_json(config_json)
     app = create_app(config, backend=HarborBackend(), run_as=None, **{k: Path(v) for k, v in dirs.items()})
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
+    )
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -132,8 +136,9 @@ def _serve(config_json: str, dirs: dict[str, str], conn) -> None:
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], env={**os.environ, **GIT_ENV}, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], env={**os.environ, **GIT_ENV}, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float:
@@ -175,13 +180,18 @@ def _trial_phases(job_dir: Path) -> dict[str, float]:
     totals = dict.fromkeys(TRIAL_PHASES, 0.0)
     for path in job_dir.glob("*/result.json"):
         trial = json.loads(path.read_text())
-        agent_end, verifier_start = ts(trial.get("agent_execution"), "finished_at"), ts(trial.get("verifier"),
-                                                                                          "started_at")
-        parts = {"environment setup": span(trial.get("environment_setup")),
-                 "agent": span(trial.get("agent_setup")) + span(trial.get("agent_execution")),
-                 "agent -> verifier": _seconds(agent_end, verifier_start)
-                 if agent_end is not None and verifier_start is not None else 0.0,
-                 "verifier": span(trial.get("verifier"))}
+        agent_end, verifier_start = (
+            ts(trial.get("agent_execution"), "finished_at"),
+            ts(trial.get("verifier"), "started_at"),
+        )
+        parts = {
+            "environment setup": span(trial.get("environment_setup")),
+            "agent": span(trial.get("agent_setup")) + span(trial.get("agent_execution")),
+            "agent -> verifier": _seconds(agent_end, verifier_start)
+            if agent_end is not None and verifier_start is not None
+            else 0.0,
+            "verifier": span(trial.get("verifier")),
+        }
         for name, value in parts.items():
             totals[name] += value
         totals["rest of trial"] += span(trial) - sum(parts.values())
@@ -205,10 +215,16 @@ def _machine() -> dict[str, object]:
         pass
     from importlib.metadata import version
 
-    return {"cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "docker": cmd("docker", "version", "--format", "{{.Server.Version}}"),
-            "compose": cmd("docker", "compose", "version", "--short"), "harbor": version("harbor"),
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "docker": cmd("docker", "version", "--format", "{{.Server.Version}}"),
+        "compose": cmd("docker", "compose", "version", "--short"),
+        "harbor": version("harbor"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 # -- the benchmark ------------------------------------------------------------------------------
@@ -229,11 +245,14 @@ class Bench:
         config = load_config(layout.sidecar.config_path, SidecarConfig)
         if partition is None:
             # The most cases; on a tie the `full` tier (it also copies trial artifacts), then the name.
-            partition = min(config.partitions, key=lambda p: (-len(config.partitions[p]),
-                                                              config.agent_access[p].disclosure != "full", p))
+            partition = min(
+                config.partitions,
+                key=lambda p: (-len(config.partitions[p]), config.agent_access[p].disclosure != "full", p),
+            )
         if partition not in config.partitions:
-            raise SystemExit(f"partition {partition!r} is not agent-accessible; choose one of "
-                             f"{sorted(config.partitions)}")
+            raise SystemExit(
+                f"partition {partition!r} is not agent-accessible; choose one of {sorted(config.partitions)}"
+            )
         self.partition = partition
         self.cases = tuple(config.partitions[partition])
         n_runs = repeats + 2
@@ -252,9 +271,14 @@ class Bench:
         self.candidate_dir = root / "direct" / "candidate"
         shutil.copytree(layout.sidecar.baseline_dir, self.candidate_dir)
         self.direct_jobs = root / "direct" / "jobs"
-        self.dirs = {"state_dir": root / "state", "agent_repo": self.agent_repo, "context_dir": root / "context",
-                     "cases_dir": self.cases_dir, "baseline_dir": layout.sidecar.baseline_dir,
-                     "work_dir": root / "work"}
+        self.dirs = {
+            "state_dir": root / "state",
+            "agent_repo": self.agent_repo,
+            "context_dir": root / "context",
+            "cases_dir": self.cases_dir,
+            "baseline_dir": layout.sidecar.baseline_dir,
+            "work_dir": root / "work",
+        }
         self._n_commits = 0
 
     # direct ---------------------------------------------------------------------------------
@@ -263,21 +287,42 @@ class Bench:
         from vero.harbor import NestedRun, build_command, collate_job
         from vero.harbor.command import declared_agent_timeouts, find_harbor_executable, plan_agent_timeout
 
-        run = NestedRun(evaluation_id=f"direct-{round_}", partition=self.partition,
-                        candidate=self.compiled.baseline_commit, candidate_dir=self.candidate_dir,
-                        cases_dir=self.cases_dir, case_names=self.cases, jobs_dir=self.direct_jobs,
-                        runtime=self.config.runtime, harbor=self.config.harbor, scoring=self.config.scoring)
+        run = NestedRun(
+            evaluation_id=f"direct-{round_}",
+            partition=self.partition,
+            candidate=self.compiled.baseline_commit,
+            candidate_dir=self.candidate_dir,
+            cases_dir=self.cases_dir,
+            case_names=self.cases,
+            jobs_dir=self.direct_jobs,
+            runtime=self.config.runtime,
+            harbor=self.config.harbor,
+            scoring=self.config.scoring,
+        )
         plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared_agent_timeouts(self.cases_dir, self.cases))
-        command = build_command(run, job_name=run.evaluation_id, case_names=self.cases, timeout_plan=plan,
-                                harbor_executable=find_harbor_executable())
+        command = build_command(
+            run,
+            job_name=run.evaluation_id,
+            case_names=self.cases,
+            timeout_plan=plan,
+            harbor_executable=find_harbor_executable(),
+        )
         self.direct_jobs.mkdir(parents=True, exist_ok=True)
         for path, text in command.files():
             path.write_text(text)
         with open(self.direct_jobs / f"{run.evaluation_id}.log", "wb") as log:
             started = time.perf_counter()
-            done = subprocess.run(command.argv, env=command.env, cwd=command.cwd, stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                  timeout=EVALUATION_TIMEOUT_SEC, check=False)
+            done = subprocess.run(
+                command.argv,
+                env=command.env,
+                cwd=command.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                timeout=EVALUATION_TIMEOUT_SEC,
+                check=False,
+            )
             seconds = time.perf_counter() - started
         if done.returncode != 0:
             tail = (self.direct_jobs / f"{run.evaluation_id}.log").read_text(errors="replace")[-3000:]
@@ -286,8 +331,7 @@ class Bench:
         scores = {t.case: t.reward for t in collation.trials}
         if set(scores) != set(self.cases) or any(v is None for v in scores.values()):
             raise SystemExit(f"the direct run did not score every case: {scores}")
-        return Run("direct", round_, seconds, scores, _harbor_job_sec(command.job_dir),
-                   _trial_phases(command.job_dir))
+        return Run("direct", round_, seconds, scores, _harbor_job_sec(command.job_dir), _trial_phases(command.job_dir))
 
     # sidecar --------------------------------------------------------------------------------
 
@@ -312,14 +356,21 @@ class Bench:
             seen_wall = started_wall + seconds
         if final.state != "complete":
             raise SystemExit(f"the sidecar evaluation ended {final.state} ({final.error})")
-        export = httpx.get(f"{url}/admin/export", headers={"authorization": f"Bearer {admin_token}"},
-                           timeout=60, trust_env=False).json()
+        export = httpx.get(
+            f"{url}/admin/export", headers={"authorization": f"Bearer {admin_token}"}, timeout=60, trust_env=False
+        ).json()
         job = next(j for j in export["jobs"] if j["id"] == view.id)
         result = job["result"]
-        t = {k: datetime.fromisoformat(v) if v else None
-             for k, v in (("created", job["created_at"]), ("started", job["started_at"]),
-                          ("finished", job["finished_at"]), ("backend_started", result["started_at"]),
-                          ("backend_finished", result["finished_at"]))}
+        t = {
+            k: datetime.fromisoformat(v) if v else None
+            for k, v in (
+                ("created", job["created_at"]),
+                ("started", job["started_at"]),
+                ("finished", job["finished_at"]),
+                ("backend_started", result["started_at"]),
+                ("backend_finished", result["finished_at"]),
+            )
+        }
         harbor_sec = _harbor_process_sec(Path(self.dirs["work_dir"]) / "jobs" / f"{view.id}.harbor.log")
         backend_sec = _seconds(t["backend_started"], t["backend_finished"])
         phases = {
@@ -340,15 +391,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Wall time of one evaluation through the sidecar versus a direct `harbor run` of the "
         "same cases (real Harbor on the local Docker engine); prints per-run times, medians, their ratio, "
-        "the sidecar's phases and the machine.")
-    parser.add_argument("--task", type=Path, default=TASKS / "minimal",
-                        help="An example directory with build.yaml (default: tasks/minimal).")
-    parser.add_argument("--partition", help="Agent-accessible partition to evaluate (default: the one with "
-                        "the most cases).")
+        "the sidecar's phases and the machine."
+    )
+    parser.add_argument(
+        "--task",
+        type=Path,
+        default=TASKS / "minimal",
+        help="An example directory with build.yaml (default: tasks/minimal).",
+    )
+    parser.add_argument(
+        "--partition", help="Agent-accessible partition to evaluate (default: the one with the most cases)."
+    )
     parser.add_argument("--repeats", type=int, default=3, help="Timed runs of each path (default 3).")
-    parser.add_argument("--poll-interval-sec", type=float, default=2.0,
-                        help="Pause between polls when a long poll comes back early (default 2.0, as "
-                        "`vero harbor eval --wait`).")
+    parser.add_argument(
+        "--poll-interval-sec",
+        type=float,
+        default=2.0,
+        help="Pause between polls when a long poll comes back early (default 2.0, as `vero harbor eval --wait`).",
+    )
     parser.add_argument("--json", type=Path, help="Also write the results as JSON to this file.")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -367,13 +427,17 @@ def main() -> None:
         root = Path(tmp)
         os.chmod(root, 0o755)
         bench = Bench(args.task.resolve(), args.partition, root, args.repeats, args.poll_interval_sec)
-        console.print(f"{args.task.name}: partition {bench.partition!r}, {len(bench.cases)} case(s) "
-                      f"{', '.join(bench.cases)}; n_concurrent {bench.config.harbor.n_concurrent}")
+        console.print(
+            f"{args.task.name}: partition {bench.partition!r}, {len(bench.cases)} case(s) "
+            f"{', '.join(bench.cases)}; n_concurrent {bench.config.harbor.n_concurrent}"
+        )
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
-        server = context.Process(target=_serve, name="vero-bench-sidecar",
-                                 args=(bench.config.model_dump_json(), {k: str(v) for k, v in bench.dirs.items()},
-                                       child_end))
+        server = context.Process(
+            target=_serve,
+            name="vero-bench-sidecar",
+            args=(bench.config.model_dump_json(), {k: str(v) for k, v in bench.dirs.items()}, child_end),
+        )
         server.start()
         try:
             if not parent_end.poll(120) or (port := parent_end.recv()) is None:
@@ -402,28 +466,50 @@ def main() -> None:
         table.add_column(column, justify="right")
     for d, s in zip(direct, sidecar, strict=True):
         assert s.phases is not None
-        table.add_row(str(d.round), f"{d.seconds:.2f}", f"{s.seconds:.2f}", f"{s.seconds / d.seconds:.2f}",
-                      f"{d.harbor_job_sec:.2f}", f"{s.harbor_job_sec:.2f}", *(f"{s.phases[p]:.2f}" for p in PHASES))
+        table.add_row(
+            str(d.round),
+            f"{d.seconds:.2f}",
+            f"{s.seconds:.2f}",
+            f"{s.seconds / d.seconds:.2f}",
+            f"{d.harbor_job_sec:.2f}",
+            f"{s.harbor_job_sec:.2f}",
+            *(f"{s.phases[p]:.2f}" for p in PHASES),
+        )
     med_direct = statistics.median(r.seconds for r in direct)
     med_sidecar = statistics.median(r.seconds for r in sidecar)
-    med_job = {path: statistics.median(r.harbor_job_sec for r in runs_) for path, runs_ in
-               (("direct", direct), ("sidecar", sidecar))}
+    med_job = {
+        path: statistics.median(r.harbor_job_sec for r in runs_)
+        for path, runs_ in (("direct", direct), ("sidecar", sidecar))
+    }
     med_phases = {p: statistics.median(r.phases[p] for r in sidecar) for p in PHASES}  # type: ignore[index]
-    table.add_row("median", f"{med_direct:.2f}", f"{med_sidecar:.2f}", f"{med_sidecar / med_direct:.2f}",
-                  f"{med_job['direct']:.2f}", f"{med_job['sidecar']:.2f}", *(f"{med_phases[p]:.2f}" for p in PHASES))
+    table.add_row(
+        "median",
+        f"{med_direct:.2f}",
+        f"{med_sidecar:.2f}",
+        f"{med_sidecar / med_direct:.2f}",
+        f"{med_job['direct']:.2f}",
+        f"{med_job['sidecar']:.2f}",
+        *(f"{med_phases[p]:.2f}" for p in PHASES),
+    )
     console.print(table)
-    console.print("direct/sidecar: wall time of the path; job direct/sidecar: Harbor's own job time (its "
-                  "result.json) inside it; the other columns split the sidecar's time (see the module docstring)")
+    console.print(
+        "direct/sidecar: wall time of the path; job direct/sidecar: Harbor's own job time (its "
+        "result.json) inside it; the other columns split the sidecar's time (see the module docstring)"
+    )
     overhead = med_sidecar - med_direct
     no_poll = med_sidecar - med_phases["poll lag"]
-    console.print(f"ratio sidecar / direct (medians): {med_sidecar / med_direct:.3f} ({overhead:+.2f} s); "
-                  f"without the poll lag {no_poll / med_direct:.3f} ({no_poll - med_direct:+.2f} s)")
+    console.print(
+        f"ratio sidecar / direct (medians): {med_sidecar / med_direct:.3f} ({overhead:+.2f} s); "
+        f"without the poll lag {no_poll / med_direct:.3f} ({no_poll - med_direct:+.2f} s)"
+    )
     others = {p: v for p, v in med_phases.items() if p != "harbor"}
     top = sorted(others.items(), key=lambda kv: kv[1], reverse=True)
-    console.print("sidecar time outside the nested harbor process (medians): "
-                  + ", ".join(f"{p} {v:.2f} s" for p, v in top)
-                  + f"; the harbor process {med_phases['harbor']:.2f} s in the sidecar vs {med_direct:.2f} s direct "
-                  f"(Harbor's job inside it: {med_job['sidecar']:.2f} s vs {med_job['direct']:.2f} s)")
+    console.print(
+        "sidecar time outside the nested harbor process (medians): "
+        + ", ".join(f"{p} {v:.2f} s" for p, v in top)
+        + f"; the harbor process {med_phases['harbor']:.2f} s in the sidecar vs {med_direct:.2f} s direct "
+        f"(Harbor's job inside it: {med_job['sidecar']:.2f} s vs {med_job['direct']:.2f} s)"
+    )
     trials = Table(title="Harbor's trial phases inside the nested job (s, summed over the trials, medians)")
     for column in ("path", *TRIAL_PHASES):
         trials.add_column(column, justify="right")
@@ -431,25 +517,45 @@ def main() -> None:
         trials.add_row(path, *(f"{statistics.median(r.trial_phases[p] for r in runs_):.2f}" for p in TRIAL_PHASES))
     console.print(trials)
     diffs = [abs(d.scores[c] - s.scores[c]) for d, s in zip(direct, sidecar, strict=True) for c in bench.cases]
-    console.print("scores: " + ("identical on both paths in every round" if not any(diffs) else
-                                f"largest per-case difference between the paths {max(diffs):.4g} "
-                                "(cases that time the candidate vary from run to run)"))
+    console.print(
+        "scores: "
+        + (
+            "identical on both paths in every round"
+            if not any(diffs)
+            else f"largest per-case difference between the paths {max(diffs):.4g} "
+            "(cases that time the candidate vary from run to run)"
+        )
+    )
     load = os.getloadavg()
-    console.print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other work on the machine "
-                  "shows up as noise in both paths)")
-    console.print(f"machine: {machine['cpu_count']} CPUs ({machine['usable_cpus']} usable) {machine['cpu_model']}, "
-                  f"Docker {machine['docker']}, Compose {machine['compose']}, Harbor {machine['harbor']}, "
-                  f"Python {machine['python']}, {machine['platform']}")
+    console.print(
+        f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other work on the machine "
+        "shows up as noise in both paths)"
+    )
+    console.print(
+        f"machine: {machine['cpu_count']} CPUs ({machine['usable_cpus']} usable) {machine['cpu_model']}, "
+        f"Docker {machine['docker']}, Compose {machine['compose']}, Harbor {machine['harbor']}, "
+        f"Python {machine['python']}, {machine['platform']}"
+    )
     console.print(f"wall time: {time.monotonic() - wall_started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": machine, "task": args.task.name, "partition": bench.partition, "cases": list(bench.cases),
-            "poll_interval_sec": args.poll_interval_sec, "runs": [asdict(r) for r in runs],
-            "warmup": [asdict(r) for r in warm],
-            "median_sec": {"direct": med_direct, "sidecar": med_sidecar}, "median_harbor_job_sec": med_job,
-            "median_phases_sec": med_phases,
-            "ratio": med_sidecar / med_direct,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "task": args.task.name,
+                    "partition": bench.partition,
+                    "cases": list(bench.cases),
+                    "poll_interval_sec": args.poll_interval_sec,
+                    "runs": [asdict(r) for r in runs],
+                    "warmup": [asdict(r) for r in warm],
+                    "median_sec": {"direct": med_direct, "sidecar": med_sidecar},
+                    "median_harbor_job_sec": med_job,
+                    "median_phases_sec": med_phases,
+                    "ratio": med_sidecar / med_direct,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -85,15 +85,22 @@ def _serve(root: str, conn) -> None:
     from vero.spec.models import PartitionAccess
 
     logging.getLogger("vero").setLevel(logging.WARNING)
-    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=1_000_000,
-                                       total_cases=100_000_000)}
-    harness = make_harness(Path(root), backend=StubBackend(write_job_dir=False),
-                           partitions={"train": DEFAULT_PARTITIONS["train"]}, access=access)
-    versions = [commit_file(harness.agent_repo, "solve.py", f"print({i})\n", f"version {i}")
-                for i in range(N_VERSIONS)]
+    access = {
+        "train": PartitionAccess(
+            disclosure="full", min_aggregate_cases=1, total_runs=1_000_000, total_cases=100_000_000
+        )
+    }
+    harness = make_harness(
+        Path(root),
+        backend=StubBackend(write_job_dir=False),
+        partitions={"train": DEFAULT_PARTITIONS["train"]},
+        access=access,
+    )
+    versions = [commit_file(harness.agent_repo, "solve.py", f"print({i})\n", f"version {i}") for i in range(N_VERSIONS)]
     app = harness.create_app()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
+    )
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -132,9 +139,12 @@ async def _load(url: str, clients: int, total: int, make_request) -> tuple[list[
                 errors += 1
 
     async with contextlib.AsyncExitStack() as stack:
-        pool = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, limits=limits, timeout=120,
-                                                                  trust_env=False))
-                for _ in range(clients)]
+        pool = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, limits=limits, timeout=120, trust_env=False)
+            )
+            for _ in range(clients)
+        ]
         await asyncio.gather(*(client.get("/health") for client in pool))  # connect outside the clock
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for client in pool))
@@ -145,8 +155,15 @@ async def _load(url: str, clients: int, total: int, make_request) -> tuple[list[
 def _measure(what: str, url: str, clients: int, total: int, make_request) -> Measurement:
     latencies, errors, elapsed = asyncio.run(_load(url, clients, total, make_request))
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
-    return Measurement(what=what, clients=clients, requests=total, errors=errors, p50_ms=cuts[49] * 1e3,
-                       p99_ms=cuts[98] * 1e3, per_sec=total / elapsed)
+    return Measurement(
+        what=what,
+        clients=clients,
+        requests=total,
+        errors=errors,
+        p50_ms=cuts[49] * 1e3,
+        p99_ms=cuts[98] * 1e3,
+        per_sec=total / elapsed,
+    )
 
 
 def _api(url: str, versions: list[str]) -> tuple[list[Measurement], float | None]:
@@ -248,10 +265,18 @@ def _admission_steps(root: Path) -> dict[str, float]:
             t = time.perf_counter()
             await ledger.reserve("train", PRINCIPAL, Cost.of_evaluation(6), reservation_id=job_id)
             reserve.append(time.perf_counter() - t)
-            job = EvaluationJob(id=JobStore.new_id(), principal=PRINCIPAL, partition="train",
-                                cases=[f"t{k}" for k in range(1, 7)], full_partition=True, version=version,
-                                candidate=record.id, disclosure="full", reservation_id="",
-                                created_at=datetime.now(UTC))
+            job = EvaluationJob(
+                id=JobStore.new_id(),
+                principal=PRINCIPAL,
+                partition="train",
+                cases=[f"t{k}" for k in range(1, 7)],
+                full_partition=True,
+                version=version,
+                candidate=record.id,
+                disclosure="full",
+                reservation_id="",
+                created_at=datetime.now(UTC),
+            )
             job = job.model_copy(update={"reservation_id": job.id})
             t = time.perf_counter()
             await jobs.admit(job, Cost.of_evaluation(6))
@@ -279,8 +304,13 @@ def _machine() -> dict:
     except OSError:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu_count": os.cpu_count(), "usable_cpus": usable, "cpu_model": model,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable,
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def main() -> None:
@@ -318,17 +348,32 @@ def main() -> None:
     for column in ("request", "clients", "requests", "errors", "p50 ms", "p99 ms", "req/s"):
         table.add_column(column, justify="left" if column == "request" else "right")
     for m in api:
-        table.add_row(m.what, str(m.clients), str(m.requests), str(m.errors), f"{m.p50_ms:.1f}",
-                      f"{m.p99_ms:.1f}", f"{m.per_sec:.0f}")
+        table.add_row(
+            m.what,
+            str(m.clients),
+            str(m.requests),
+            str(m.errors),
+            f"{m.p50_ms:.1f}",
+            f"{m.p99_ms:.1f}",
+            f"{m.per_sec:.0f}",
+        )
     console.print(table)
     n_jobs = N_VERSIONS + sum(ADMISSIONS.values())
-    console.print(f"background: the {n_jobs} admitted jobs (checkout, stub run, result and ledger writes; "
-                  f"2 at a time) finished " + (f"{drain_sec:.1f} s after the last admission" if drain_sec is not None
-                                              else "later than 90 s after the last admission"))
-    console.print(f"ledger: {ledger['reservations']} reservations, {ledger['per_sec']:.0f}/s "
-                  f"(first tenth {ledger['first_tenth_per_sec']:.0f}/s, last tenth "
-                  f"{ledger['last_tenth_per_sec']:.0f}/s; one fsynced transaction each, "
-                  f"{ledger['file_bytes']} bytes of database at the end)")
+    console.print(
+        f"background: the {n_jobs} admitted jobs (checkout, stub run, result and ledger writes; "
+        f"2 at a time) finished "
+        + (
+            f"{drain_sec:.1f} s after the last admission"
+            if drain_sec is not None
+            else "later than 90 s after the last admission"
+        )
+    )
+    console.print(
+        f"ledger: {ledger['reservations']} reservations, {ledger['per_sec']:.0f}/s "
+        f"(first tenth {ledger['first_tenth_per_sec']:.0f}/s, last tenth "
+        f"{ledger['last_tenth_per_sec']:.0f}/s; one fsynced transaction each, "
+        f"{ledger['file_bytes']} bytes of database at the end)"
+    )
     steps_table = Table(title="one admission, step by step (in-process, sequential, mean)")
     steps_table.add_column("step")
     steps_table.add_column("ms", justify="right")
@@ -337,16 +382,29 @@ def main() -> None:
     console.print(steps_table)
     git_ms = steps["candidate import, stored commit (resolve + lookup)"]
     durable_ms = steps["reservation + job record (one transaction, as admitted)"]
-    console.print(f"admission of a stored commit: git {git_ms:.1f} ms (subprocesses, run in threads, in "
-                  f"parallel) + one transaction {durable_ms:.1f} ms (fsync; transactions are serialized, so "
-                  f"they bound admissions at about {1e3 / durable_ms:.0f}/s under load)")
-    console.print(f"machine: {machine['cpu_count']} CPUs ({machine['usable_cpus']} usable) {machine['cpu_model']}, "
-                  f"Python {machine['python']}, {machine['platform']}")
+    console.print(
+        f"admission of a stored commit: git {git_ms:.1f} ms (subprocesses, run in threads, in "
+        f"parallel) + one transaction {durable_ms:.1f} ms (fsync; transactions are serialized, so "
+        f"they bound admissions at about {1e3 / durable_ms:.0f}/s under load)"
+    )
+    console.print(
+        f"machine: {machine['cpu_count']} CPUs ({machine['usable_cpus']} usable) {machine['cpu_model']}, "
+        f"Python {machine['python']}, {machine['platform']}"
+    )
     console.print(f"wall time: {time.monotonic() - started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "api": [asdict(m) for m in api],
-                                         "background_drain_sec": drain_sec, "ledger": ledger,
-                                         "admission_steps_ms": steps}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "api": [asdict(m) for m in api],
+                    "background_drain_sec": drain_sec,
+                    "ledger": ledger,
+                    "admission_steps_ms": steps,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

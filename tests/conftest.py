@@ -57,8 +57,9 @@ def portable_toolchain(tmp_path_factory):
         yield Path(sys.executable).parent / "harbor", Path(sys.executable)
         return
     try:
-        probe = subprocess.run([sys.executable, "-c", "pass"], user=PROBE_UID, group=PROBE_UID,
-                               capture_output=True).returncode
+        probe = subprocess.run(
+            [sys.executable, "-c", "pass"], user=PROBE_UID, group=PROBE_UID, capture_output=True
+        ).returncode
     except PermissionError:
         probe = -1
     if probe == 0:
@@ -73,8 +74,9 @@ def portable_toolchain(tmp_path_factory):
     subprocess.run(["cp", "-al", str(prefix), str(tool / "py")], check=True)
     lib = tool / "py" / "lib"
     env = {**os.environ, "LD_LIBRARY_PATH": str(lib)}
-    subprocess.run([str(tool / "py" / "bin" / real.name), "-m", "venv", "--without-pip", str(tool / "venv")],
-                   check=True, env=env)
+    subprocess.run(
+        [str(tool / "py" / "bin" / real.name), "-m", "venv", "--without-pip", str(tool / "venv")], check=True, env=env
+    )
     project_site = next((Path(sys.prefix) / "lib").glob("python3*/site-packages"))
     venv_site = next((tool / "venv" / "lib").glob("python3*/site-packages"))
     (venv_site / "vero-project-venv.pth").write_text(f"import site; site.addsitedir({str(project_site)!r})\n")
@@ -85,11 +87,17 @@ def portable_toolchain(tmp_path_factory):
     harbor = bin_dir / "harbor"
     harbor.write_text(
         f'#!/bin/sh\nexec "{python}" -c "import sys; from harbor.cli.main import app; '
-        f'sys.argv[0] = \'harbor\'; sys.exit(app())" "$@"\n')
+        f'sys.argv[0] = \'harbor\'; sys.exit(app())" "$@"\n'
+    )
     for script in (python, harbor):
         script.chmod(0o755)
-    check = subprocess.run([str(python), "-c", "import harbor, vero.harbor.install_agent"], user=PROBE_UID,
-                           group=PROBE_UID, capture_output=True, text=True)
+    check = subprocess.run(
+        [str(python), "-c", "import harbor, vero.harbor.install_agent"],
+        user=PROBE_UID,
+        group=PROBE_UID,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr
     yield harbor, python
     subprocess.run(["rm", "-rf", str(shared_root)], check=False)

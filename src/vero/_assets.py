@@ -43,7 +43,6 @@ def asset_dir(role: Role) -> Path:
     raise FileNotFoundError(f"assets of role {role!r} not found at {installed} or {checkout}")
 
 
-
 def template_environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Environment:
     """The Jinja environment every vero template renders in.
 
@@ -53,5 +52,11 @@ def template_environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinj
     """
     import jinja2
 
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=autoescape,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return jinja2.Environment(
+        loader=loader,
+        undefined=jinja2.StrictUndefined,
+        autoescape=autoescape,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )

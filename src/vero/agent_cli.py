@@ -66,12 +66,22 @@ CONNECT_TIMEOUT_SEC = 5.0
 
 # The exit codes of `vero.commands.exit_codes` (kept equal by a test; that module loads typer).
 _EXIT_CODES: dict[type[VeroError], int] = {
-    RequestInvalid: 2, PolicyDenied: 3, BudgetExhausted: 4, InfrastructureFailure: 5, Conflict: 6,
-    UnknownJob: 7, SidecarUnavailable: 8, CandidateRejected: 9,
+    RequestInvalid: 2,
+    PolicyDenied: 3,
+    BudgetExhausted: 4,
+    InfrastructureFailure: 5,
+    Conflict: 6,
+    UnknownJob: 7,
+    SidecarUnavailable: 8,
+    CandidateRejected: 9,
 }
 # `CaseMisconfigured` by its code (`vero.commands.exit_codes.PROBLEM_EXIT_CODES`, kept equal by a test).
-_PROBLEM_EXIT_CODES: dict[str, int] = {"case_invalid": 12, "missing_variables": 13, "setup_rejected": 14,
-                                       "reward_key_missing": 15}
+_PROBLEM_EXIT_CODES: dict[str, int] = {
+    "case_invalid": 12,
+    "missing_variables": 13,
+    "setup_rejected": 14,
+    "reward_key_missing": 15,
+}
 _FINAL_502_CODES = frozenset({"infrastructure", *CASE_PROBLEM_CODES})
 _STATES = ("queued", "running", "complete", "failed", "cancelled")
 
@@ -88,18 +98,18 @@ EPILOG = (
 
 HELP = {
     "status": "Show what you may evaluate: partitions, their cases and disclosure, remaining budgets, "
-              "how many evaluations you ran (per partition and state), the newest ones, and your submission.",
+    "how many evaluations you ran (per partition and state), the newest ones, and your submission.",
     "eval": "Start an evaluation of a version on a partition and print the job; use its `id` with "
-            "`vero harbor result`. The version is captured and the budget (1 run plus one case per selected "
-            "case) reserved before this returns: commit first, uncommitted changes are not evaluated. "
-            "Without --wait it returns at once, with the job queued or running.",
+    "`vero harbor result`. The version is captured and the budget (1 run plus one case per selected "
+    "case) reserved before this returns: commit first, uncommitted changes are not evaluated. "
+    "Without --wait it returns at once, with the job queued or running.",
     "result": "Show an evaluation job: its state and, once complete, the result its partition discloses "
-              "(per-case results where the partition discloses them).",
+    "(per-case results where the partition discloses them).",
     "submit": "Submit a version as your final candidate: the verifier scores it on the hidden partitions. "
-              "Commit first.",
+    "Commit first.",
     "evaluations": "List your past evaluations, newest first, a page at a time (no per-case results: "
-                   "`vero harbor result <id>` has them). Pass the printed `next_cursor` as --before for "
-                   "the next page, or use --all.",
+    "`vero harbor result <id>` has them). Pass the printed `next_cursor` as --before for "
+    "the next page, or use --all.",
 }
 
 
@@ -125,8 +135,10 @@ class Sidecar:
         url = url or os.environ.get(SIDECAR_URL_ENV) or DEFAULT_SIDECAR_URL
         parsed = _split_url(url)
         if parsed is None:
-            raise SidecarUnavailable(f"the sidecar URL {url!r} is not an absolute http URL like "
-                                     f"{DEFAULT_SIDECAR_URL} (check --url or {SIDECAR_URL_ENV})")
+            raise SidecarUnavailable(
+                f"the sidecar URL {url!r} is not an absolute http URL like "
+                f"{DEFAULT_SIDECAR_URL} (check --url or {SIDECAR_URL_ENV})"
+            )
         self.base_url = url.rstrip("/")
         self._host, self._port, self._prefix = parsed
 
@@ -141,8 +153,10 @@ class Sidecar:
         with sock:
             sock.settimeout(TIMEOUT_SEC)
             host = f"[{self._host}]" if ":" in self._host else self._host
-            head = (f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n"
-                    "Accept: application/json\r\nUser-Agent: vero-agent-cli\r\nConnection: close\r\n")
+            head = (
+                f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n"
+                "Accept: application/json\r\nUser-Agent: vero-agent-cli\r\nConnection: close\r\n"
+            )
             if body is not None:
                 head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             sock.sendall(head.encode("ascii") + b"\r\n" + (body or b""))
@@ -154,8 +168,9 @@ class Sidecar:
                 chunks.append(data)
         return _parse_response(b"".join(chunks))
 
-    def call(self, method: str, path: str, payload: dict[str, Any] | None = None, *,
-             idempotent: bool = True) -> dict[str, Any]:
+    def call(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, *, idempotent: bool = True
+    ) -> dict[str, Any]:
         """One request with the module's retry rules; the decoded JSON object of a 2xx answer.
 
         Raises:
@@ -181,8 +196,10 @@ class Sidecar:
                     break  # the last 5xx answer is reported below
                 raise self._unavailable(failure, method, path, idempotent, sent=not never_sent) from None
             pause = min(delay, RETRY_MAX_SEC) * (0.5 + int.from_bytes(os.urandom(2)) / 65535)
-            print(f"sidecar {method} {path}: {_reason(failure)}; retry {attempt}/{RETRY_ATTEMPTS - 1} in "
-                  f"{pause:.1f}s", file=sys.stderr)
+            print(
+                f"sidecar {method} {path}: {_reason(failure)}; retry {attempt}/{RETRY_ATTEMPTS - 1} in {pause:.1f}s",
+                file=sys.stderr,
+            )
             time.sleep(pause)
             delay *= 2
         if 200 <= status < 300:
@@ -191,13 +208,16 @@ class Sidecar:
             except ValueError:
                 value = None
             if not isinstance(value, dict):
-                raise VeroError(f"the sidecar at {self.base_url} answered {method} {path} with an unexpected "
-                                f"body (HTTP {status}); client and sidecar versions may differ")
+                raise VeroError(
+                    f"the sidecar at {self.base_url} answered {method} {path} with an unexpected "
+                    f"body (HTTP {status}); client and sidecar versions may differ"
+                )
             return value
         raise error_from_answer(status, data)
 
-    def _unavailable(self, exc: BaseException, method: str, path: str, idempotent: bool,
-                     sent: bool) -> SidecarUnavailable:
+    def _unavailable(
+        self, exc: BaseException, method: str, path: str, idempotent: bool, sent: bool
+    ) -> SidecarUnavailable:
         # Only the error's class is named: its text may quote request details.
         message = f"cannot reach the sidecar at {self.base_url} ({_reason(exc)}"
         if not sent:
@@ -205,8 +225,10 @@ class Sidecar:
         else:
             message += ")"
             if not idempotent:
-                message += (f"; the request {method} {path} may have been received: check `vero harbor "
-                            "evaluations` before sending it again")
+                message += (
+                    f"; the request {method} {path} may have been received: check `vero harbor "
+                    "evaluations` before sending it again"
+                )
         return SidecarUnavailable(message)
 
 
@@ -268,7 +290,7 @@ def _dechunk(data: bytes) -> bytes:
         size = int(data[pos:end].split(b";")[0], 16)
         if size == 0:
             return b"".join(out)
-        out.append(data[end + 2:end + 2 + size])
+        out.append(data[end + 2 : end + 2 + size])
         if len(out[-1]) < size:
             raise ConnectionError("the chunked HTTP response was cut short")
         pos = end + 2 + size + 2
@@ -318,8 +340,12 @@ def error_from_answer(status: int, data: bytes) -> VeroError:
     if problem is None:
         return error_for_status(status, None)
     cases = problem.get("cases")
-    return error_for_status(status, str(problem.get("detail") or problem["title"]), problem.get("code"),
-                            cases if isinstance(cases, list) else None)
+    return error_for_status(
+        status,
+        str(problem.get("detail") or problem["title"]),
+        problem.get("code"),
+        cases if isinstance(cases, list) else None,
+    )
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -341,8 +367,11 @@ def _wait(sidecar: Sidecar, job: dict[str, Any], poll_interval_sec: float, timeo
         while job["state"] not in TERMINAL_JOB_STATES:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                print(f"{head}: still {job['state']} after {timeout_sec:g}s; the job keeps running: "
-                      f"vero harbor result {job['id']} --wait", file=sys.stderr)
+                print(
+                    f"{head}: still {job['state']} after {timeout_sec:g}s; the job keeps running: "
+                    f"vero harbor result {job['id']} --wait",
+                    file=sys.stderr,
+                )
                 break
             wait_sec = LONG_POLL_SEC if left is None else max(min(LONG_POLL_SEC, left), 0.0)
             asked = time.monotonic()
@@ -426,8 +455,10 @@ def _evaluations(sidecar: Sidecar, args: argparse.Namespace) -> tuple[dict[str, 
 
 
 def _job_line(job: dict[str, Any]) -> str:
-    line = (f"job {job['id']}: {job['state']}, partition {job['partition']}, {job['n_cases']} cases, "
-            f"version {job['version']} ({job['candidate'][:12]})")
+    line = (
+        f"job {job['id']}: {job['state']}, partition {job['partition']}, {job['n_cases']} cases, "
+        f"version {job['version']} ({job['candidate'][:12]})"
+    )
     if job.get("error"):
         line += f", reason {job['error']}"
     result = job.get("result") or {}
@@ -445,12 +476,19 @@ def _job_text(job: dict[str, Any]) -> str:
         if r.get("score") is None:
             lines.append(f"result: disclosure {r['disclosure']} (no score disclosed)")
         elif r.get("improved") is not None:
-            lines.append(f"result: score {r['score']:g} over {r['n_cases']} cases, "
-                         + ("improved by at least the margin" if r["improved"]
-                            else "not improved: the best score disclosed before is repeated"))
+            lines.append(
+                f"result: score {r['score']:g} over {r['n_cases']} cases, "
+                + (
+                    "improved by at least the margin"
+                    if r["improved"]
+                    else "not improved: the best score disclosed before is repeated"
+                )
+            )
         else:
-            lines.append(f"result: score {r['score']:g} over {r['n_cases']} cases, {r['n_attempts']} attempts, "
-                         f"{r['n_dead']} without a reward")
+            lines.append(
+                f"result: score {r['score']:g} over {r['n_cases']} cases, {r['n_attempts']} attempts, "
+                f"{r['n_dead']} without a reward"
+            )
         for case in r.get("cases") or []:
             rewards = ", ".join("dead" if a["reward"] is None else f"{a['reward']:g}" for a in case["attempts"])
             lines.append(f"  case {case['case']}: score {case['score']:g} (attempts: {rewards})")
@@ -464,28 +502,40 @@ def _submission_text(view: dict[str, Any]) -> str:
 
 
 def _status_text(view: dict[str, Any]) -> str:
-    lines = [f"{view['name']}: entrance {'open' if view['entrance_open'] else 'closed'}, "
-             f"submissions {'enabled' if view['submit_enabled'] else 'disabled'}"]
+    lines = [
+        f"{view['name']}: entrance {'open' if view['entrance_open'] else 'closed'}, "
+        f"submissions {'enabled' if view['submit_enabled'] else 'disabled'}"
+    ]
     for p in view["partitions"]:
         line = f"partition {p['name']}: {len(p['cases'])} cases, disclosure {p['disclosure']}"
         blocks = p.get("blocks")
         if blocks is not None:
-            line += (" (the whole partition only)" if len(blocks) == 1
-                     else f" (the whole partition or unions of its {len(blocks)} blocks)")
+            line += (
+                " (the whole partition only)"
+                if len(blocks) == 1
+                else f" (the whole partition or unions of its {len(blocks)} blocks)"
+            )
         if p.get("ladder") is not None:
             line += f", ladder mode (margin {p['ladder']['margin']:g}, precision {p['ladder']['precision']:g})"
         if p.get("budget") is not None:
             b = p["budget"]
-            line += (f", runs left {b['remaining_runs']}/{b['total_runs']}, "
-                     f"cases left {b['remaining_cases']}/{b['total_cases']}")
+            line += (
+                f", runs left {b['remaining_runs']}/{b['total_runs']}, "
+                f"cases left {b['remaining_cases']}/{b['total_cases']}"
+            )
         lines.append(line)
         if blocks is not None and len(blocks) > 1:
             lines.extend(f"  block {index}: {', '.join(block)}" for index, block in enumerate(blocks))
     counts = view.get("job_counts") or {}
     if counts:
-        lines.append(f"evaluations: {view.get('n_jobs', 0)} (" + "; ".join(
-            f"{partition}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-            for partition, states in sorted(counts.items())) + ")")
+        lines.append(
+            f"evaluations: {view.get('n_jobs', 0)} ("
+            + "; ".join(
+                f"{partition}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+                for partition, states in sorted(counts.items())
+            )
+            + ")"
+        )
     lines.extend(_job_line(job) for job in view.get("jobs", []))
     if view.get("submission") is not None:
         lines.append(_submission_text(view["submission"]))
@@ -499,8 +549,9 @@ def _page_text(page: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_COMMANDS: dict[str, tuple[Callable[[Sidecar, argparse.Namespace], tuple[dict[str, Any], int]],
-                           Callable[[dict[str, Any]], str]]] = {
+_COMMANDS: dict[
+    str, tuple[Callable[[Sidecar, argparse.Namespace], tuple[dict[str, Any], int]], Callable[[dict[str, Any]], str]]
+] = {
     "status": (_status, _status_text),
     "eval": (_eval, _job_text),
     "result": (_result, _job_text),
@@ -541,25 +592,44 @@ def _limit(text: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=None,
-                        help=f"Base URL of the evaluation sidecar (default: ${SIDECAR_URL_ENV}, else "
-                             f"{DEFAULT_SIDECAR_URL}).")
-    parser.add_argument("--json", dest="as_json", action="store_true", default=True,
-                        help="Print the result as one JSON document on stdout (default).")
-    parser.add_argument("--text", dest="as_json", action="store_false",
-                        help="Print a short text summary instead of JSON.")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=f"Base URL of the evaluation sidecar (default: ${SIDECAR_URL_ENV}, else {DEFAULT_SIDECAR_URL}).",
+    )
+    parser.add_argument(
+        "--json",
+        dest="as_json",
+        action="store_true",
+        default=True,
+        help="Print the result as one JSON document on stdout (default).",
+    )
+    parser.add_argument(
+        "--text", dest="as_json", action="store_false", help="Print a short text summary instead of JSON."
+    )
 
 
 def _waiting(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", "-w", action="store_true",
-                        help="Wait until the job completes, fails or is cancelled (state changes on stderr); "
-                             "then print the final job.")
-    parser.add_argument("--poll-interval-sec", type=_poll, default=2.0,
-                        help="With --wait: pause between polls that come back early (each poll is a long poll "
-                             "the sidecar answers when the job finishes).")
-    parser.add_argument("--timeout-sec", type=_positive, default=None,
-                        help="With --wait: stop waiting after this many seconds (the job keeps running; exit 1). "
-                             "Default: wait until the job ends.")
+    parser.add_argument(
+        "--wait",
+        "-w",
+        action="store_true",
+        help="Wait until the job completes, fails or is cancelled (state changes on stderr); then print the final job.",
+    )
+    parser.add_argument(
+        "--poll-interval-sec",
+        type=_poll,
+        default=2.0,
+        help="With --wait: pause between polls that come back early (each poll is a long poll "
+        "the sidecar answers when the job finishes).",
+    )
+    parser.add_argument(
+        "--timeout-sec",
+        type=_positive,
+        default=None,
+        help="With --wait: stop waiting after this many seconds (the job keeps running; exit 1). "
+        "Default: wait until the job ends.",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -569,17 +639,32 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help=HELP["status"], description=HELP["status"], epilog=EPILOG)
     _common(status)
     evaluate = commands.add_parser("eval", help=HELP["eval"], description=HELP["eval"], epilog=EPILOG)
-    evaluate.add_argument("--partition", "-p", required=True,
-                          help="Partition to evaluate on (see `vero harbor status`).")
-    evaluate.add_argument("--version", "-v", default="HEAD",
-                          help="Commit-ish in your repository: HEAD, a branch, or a commit id.")
-    evaluate.add_argument("--case", "-c", dest="cases", action="append", default=None,
-                          help="Evaluate only this case of the partition; repeat for several. Default: every "
-                               "case. On an `aggregate` partition the cases must make up whole blocks (see "
-                               "`vero harbor status`).")
-    evaluate.add_argument("--block", "-b", dest="blocks", action="append", type=_block, default=None,
-                          help="`aggregate` partitions: evaluate this block (its position from 0, as listed by "
-                               "`vero harbor status`); repeat for several. Not together with --case.")
+    evaluate.add_argument(
+        "--partition", "-p", required=True, help="Partition to evaluate on (see `vero harbor status`)."
+    )
+    evaluate.add_argument(
+        "--version", "-v", default="HEAD", help="Commit-ish in your repository: HEAD, a branch, or a commit id."
+    )
+    evaluate.add_argument(
+        "--case",
+        "-c",
+        dest="cases",
+        action="append",
+        default=None,
+        help="Evaluate only this case of the partition; repeat for several. Default: every "
+        "case. On an `aggregate` partition the cases must make up whole blocks (see "
+        "`vero harbor status`).",
+    )
+    evaluate.add_argument(
+        "--block",
+        "-b",
+        dest="blocks",
+        action="append",
+        type=_block,
+        default=None,
+        help="`aggregate` partitions: evaluate this block (its position from 0, as listed by "
+        "`vero harbor status`); repeat for several. Not together with --case.",
+    )
     _waiting(evaluate)
     _common(evaluate)
     result = commands.add_parser("result", help=HELP["result"], description=HELP["result"], epilog=EPILOG)
@@ -587,14 +672,17 @@ def build_parser() -> argparse.ArgumentParser:
     _waiting(result)
     _common(result)
     submit = commands.add_parser("submit", help=HELP["submit"], description=HELP["submit"], epilog=EPILOG)
-    submit.add_argument("--version", "-v", default="HEAD",
-                        help="Commit-ish in your repository: HEAD, a branch, or a commit id.")
+    submit.add_argument(
+        "--version", "-v", default="HEAD", help="Commit-ish in your repository: HEAD, a branch, or a commit id."
+    )
     _common(submit)
-    listing = commands.add_parser("evaluations", help=HELP["evaluations"], description=HELP["evaluations"],
-                                  epilog=EPILOG)
+    listing = commands.add_parser(
+        "evaluations", help=HELP["evaluations"], description=HELP["evaluations"], epilog=EPILOG
+    )
     listing.add_argument("--limit", "-n", type=_limit, default=20, help="Evaluations per page, 1 to 100 (default 20).")
-    listing.add_argument("--before", default=None,
-                         help="Cursor: the `next_cursor` of the previous page (list older evaluations).")
+    listing.add_argument(
+        "--before", default=None, help="Cursor: the `next_cursor` of the previous page (list older evaluations)."
+    )
     listing.add_argument("--partition", "-p", default=None, help="Only evaluations of this partition.")
     listing.add_argument("--state", choices=_STATES, default=None, help="Only evaluations in this state.")
     listing.add_argument("--all", action="store_true", help="Follow every page and print them as one list.")
@@ -607,8 +695,7 @@ def _fail(error: VeroError, as_json: bool) -> NoReturn:
     if isinstance(error, CaseMisconfigured):
         code = _PROBLEM_EXIT_CODES.get(error.code, code)
     if as_json:
-        print(json.dumps({"error": {"type": type(error).__name__, "exit_code": code, "message": str(error)}},
-                         indent=2))
+        print(json.dumps({"error": {"type": type(error).__name__, "exit_code": code, "message": str(error)}}, indent=2))
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr)
     raise SystemExit(code)

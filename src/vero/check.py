@@ -74,7 +74,7 @@ CHECK_CODES: dict[str, str] = {
     "setup_rejected": "Harbor refuses the case's setup in the spec's environment",
     "reward_key_missing": "the case's rewards lack scoring.reward_key (the keys found are listed)",
     "kit_missing": "kind: program: the case's tests never call vero-kit, so candidate code they run can forge "
-                   "the reward or read /tests",
+    "the reward or read /tests",
     "infrastructure": "the case's environment (or the case kit's sandbox, or the probe) could not be set up",
     "no_reward": "a run produced no valid reward (no reward file, a crash, a timeout, a non-finite reward)",
     "reward_out_of_range": "an honest candidate's reward is outside scoring.reward_range",
@@ -84,9 +84,11 @@ CHECK_CODES: dict[str, str] = {
 }
 """Every problem `vero harbor check` reports, by code (the README's table), in the order a row lists them."""
 
-_KIT_MISSING = ("its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
-                "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
-                "scoring.reward_range; README \"Writing program cases\")")
+_KIT_MISSING = (
+    "its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
+    "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
+    'scoring.reward_range; README "Writing program cases")'
+)
 
 
 class _Model(BaseModel):
@@ -197,8 +199,9 @@ def prepare_candidates(spec: OptimizationSpec, dest: Path) -> tuple[Path, Path |
     reference = dest / "reference"
     copy_tree(baseline, reference)
     if reference_src.is_dir():
-        shutil.copytree(reference_src, reference, symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".git"))
+        shutil.copytree(
+            reference_src, reference, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git")
+        )
     else:
         commit_baseline(reference)
         if run_git(reference, "apply", "--whitespace=nowarn", str(reference_src.absolute()))[0] != 0:
@@ -275,79 +278,159 @@ class _Gateway:
             usage.append(await self.gateway.revoke(token))
 
 
-def _nested_run(spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel, candidate_dir: Path,
-                cases_dir: Path, jobs_dir: Path, env: Mapping[str, str], *, evaluation_id: str,
-                candidate_env: Mapping[str, str]):
+def _nested_run(
+    spec: OptimizationSpec,
+    case: str,
+    partition: str,
+    label: CandidateLabel,
+    candidate_dir: Path,
+    cases_dir: Path,
+    jobs_dir: Path,
+    env: Mapping[str, str],
+    *,
+    evaluation_id: str,
+    candidate_env: Mapping[str, str],
+):
     from vero.harbor.backend import NestedRun
 
     return NestedRun(
-        evaluation_id=evaluation_id, partition=partition,
-        candidate=label, candidate_dir=candidate_dir, cases_dir=cases_dir, case_names=(case,),
-        jobs_dir=jobs_dir, runtime=spec.target.runtime(),
+        evaluation_id=evaluation_id,
+        partition=partition,
+        candidate=label,
+        candidate_dir=candidate_dir,
+        cases_dir=cases_dir,
+        case_names=(case,),
+        jobs_dir=jobs_dir,
+        runtime=spec.target.runtime(),
         harbor=spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
-        scoring=spec.scoring, env=dict(env), candidate_env=dict(candidate_env))
+        scoring=spec.scoring,
+        env=dict(env),
+        candidate_env=dict(candidate_env),
+    )
 
 
 def _evaluation_id(label: CandidateLabel, case: str) -> str:
     return f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}"
 
 
-async def _run_one(backend, spec: OptimizationSpec, case: str, partition: str, label: CandidateLabel,
-                   candidate_dir: Path, cases_dir: Path, jobs_dir: Path, env: Mapping[str, str],
-                   gateway: _Gateway | None = None) -> tuple[CandidateRun, list[CheckProblem]]:
+async def _run_one(
+    backend,
+    spec: OptimizationSpec,
+    case: str,
+    partition: str,
+    label: CandidateLabel,
+    candidate_dir: Path,
+    cases_dir: Path,
+    jobs_dir: Path,
+    env: Mapping[str, str],
+    gateway: _Gateway | None = None,
+) -> tuple[CandidateRun, list[CheckProblem]]:
     gateway = gateway or _Gateway(None, spec)
     evaluation_id = _evaluation_id(label, case)
     async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, usage):
-        run, found = await _measure_one(backend, spec, case, label, _nested_run(
-            spec, case, partition, label, candidate_dir, cases_dir, jobs_dir, run_env,
-            evaluation_id=evaluation_id, candidate_env=candidate_env))
+        run, found = await _measure_one(
+            backend,
+            spec,
+            case,
+            label,
+            _nested_run(
+                spec,
+                case,
+                partition,
+                label,
+                candidate_dir,
+                cases_dir,
+                jobs_dir,
+                run_env,
+                evaluation_id=evaluation_id,
+                candidate_env=candidate_env,
+            ),
+        )
     if usage:
         run = run.model_copy(update={"inference": usage[0]})
     return run, found
 
 
-async def _measure_one(backend, spec: OptimizationSpec, case: str, label: CandidateLabel, run
-                       ) -> tuple[CandidateRun, list[CheckProblem]]:
+async def _measure_one(
+    backend, spec: OptimizationSpec, case: str, label: CandidateLabel, run
+) -> tuple[CandidateRun, list[CheckProblem]]:
     started = time.monotonic()
     try:
         result = await backend.evaluate(run)
     except CaseMisconfigured as exc:
         details = [p.detail for p in exc.problems if p.case == case] or [str(exc)]
         seconds = time.monotonic() - started
-        return (CandidateRun(candidate=label, outcome=exc.code, seconds=seconds, detail=details[0]),
-                [CheckProblem(code=exc.code, detail=details[0])])
+        return (
+            CandidateRun(candidate=label, outcome=exc.code, seconds=seconds, detail=details[0]),
+            [CheckProblem(code=exc.code, detail=details[0])],
+        )
     except InfrastructureFailure as exc:
         detail = f"{exc}{_last_line(exc)}"
-        return (CandidateRun(candidate=label, outcome="infrastructure", seconds=time.monotonic() - started,
-                             detail=detail),
-                [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")])
+        return (
+            CandidateRun(candidate=label, outcome="infrastructure", seconds=time.monotonic() - started, detail=detail),
+            [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")],
+        )
     seconds = time.monotonic() - started
     attempts = result.cases[0].attempts if result.cases else []
     attempt = attempts[0] if attempts else None
     if attempt is None:
         detail = f"no attempt of the {label} was kept"
-        return (CandidateRun(candidate=label, outcome="dead", seconds=seconds, detail=detail),
-                [CheckProblem(code="no_reward", detail=detail)])
+        return (
+            CandidateRun(candidate=label, outcome="dead", seconds=seconds, detail=detail),
+            [CheckProblem(code="no_reward", detail=detail)],
+        )
     kind, flags = attempt.kind, list(attempt.flags)
     if kind is AttemptOutcome.REWARD_OUT_OF_RANGE:
-        detail = (f"the {label} got {attempt.rejected_reward:g}, outside scoring.reward_range "
-                  f"{list(spec.scoring.reward_range or ())}")
-        return (CandidateRun(candidate=label, outcome=kind.value, exception_type=attempt.exception_type,
-                             seconds=seconds, detail=detail, flags=flags),
-                [CheckProblem(code="reward_out_of_range", detail=detail)])
+        detail = (
+            f"the {label} got {attempt.rejected_reward:g}, outside scoring.reward_range "
+            f"{list(spec.scoring.reward_range or ())}"
+        )
+        return (
+            CandidateRun(
+                candidate=label,
+                outcome=kind.value,
+                exception_type=attempt.exception_type,
+                seconds=seconds,
+                detail=detail,
+                flags=flags,
+            ),
+            [CheckProblem(code="reward_out_of_range", detail=detail)],
+        )
     if attempt.reward is None:
         why = attempt.exception_type or ("no reward file" if kind is AttemptOutcome.DEAD else kind.value)
         detail = f"no valid reward for the {label} ({kind.value}: {why})"
-        return (CandidateRun(candidate=label, outcome=kind.value, exception_type=attempt.exception_type,
-                             seconds=seconds, detail=detail, flags=flags),
-                [CheckProblem(code="no_reward", detail=detail)])
-    return CandidateRun(candidate=label, reward=attempt.reward, outcome=kind.value,
-                        exception_type=attempt.exception_type, seconds=seconds, flags=flags), []
+        return (
+            CandidateRun(
+                candidate=label,
+                outcome=kind.value,
+                exception_type=attempt.exception_type,
+                seconds=seconds,
+                detail=detail,
+                flags=flags,
+            ),
+            [CheckProblem(code="no_reward", detail=detail)],
+        )
+    return CandidateRun(
+        candidate=label,
+        reward=attempt.reward,
+        outcome=kind.value,
+        exception_type=attempt.exception_type,
+        seconds=seconds,
+        flags=flags,
+    ), []
 
 
-async def _probe_one(backend, spec: OptimizationSpec, case: str, partition: str, candidate_dir: Path,
-                     cases_dir: Path, jobs_dir: Path, env: Mapping[str, str],
-                     gateway: _Gateway | None = None) -> tuple[ProbeRun, list[CheckProblem]]:
+async def _probe_one(
+    backend,
+    spec: OptimizationSpec,
+    case: str,
+    partition: str,
+    candidate_dir: Path,
+    cases_dir: Path,
+    jobs_dir: Path,
+    env: Mapping[str, str],
+    gateway: _Gateway | None = None,
+) -> tuple[ProbeRun, list[CheckProblem]]:
     """The baseline under the probe agent on one case, and the problem its verdict makes."""
     from vero.harbor.probe import probe_verdict
 
@@ -356,37 +439,72 @@ async def _probe_one(backend, spec: OptimizationSpec, case: str, partition: str,
     started = time.monotonic()
     try:
         async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, _):
-            result = await backend.evaluate(_nested_run(spec, case, partition, "probe", candidate_dir, cases_dir,
-                                                        jobs_dir, run_env, evaluation_id=evaluation_id,
-                                                        candidate_env=candidate_env))
+            result = await backend.evaluate(
+                _nested_run(
+                    spec,
+                    case,
+                    partition,
+                    "probe",
+                    candidate_dir,
+                    cases_dir,
+                    jobs_dir,
+                    run_env,
+                    evaluation_id=evaluation_id,
+                    candidate_env=candidate_env,
+                )
+            )
     except InfrastructureFailure as exc:  # a case problem too: the baseline's run names it
         detail = f"probe: {exc}{_last_line(exc)}"
-        return (ProbeRun(verdict="error", seconds=time.monotonic() - started, detail=detail),
-                [] if isinstance(exc, CaseMisconfigured) else [CheckProblem(code="infrastructure", detail=detail)])
+        return (
+            ProbeRun(verdict="error", seconds=time.monotonic() - started, detail=detail),
+            [] if isinstance(exc, CaseMisconfigured) else [CheckProblem(code="infrastructure", detail=detail)],
+        )
     seconds = time.monotonic() - started
     attempts = result.cases[0].attempts if result.cases else []
     attempt = attempts[0] if attempts else None
     if attempt is None or attempt.exception_type == "ProbeSetupError":
         detail = "probe: the probe could not be started in the case container"
-        return ProbeRun(verdict="error", seconds=seconds, detail=detail), [CheckProblem(code="infrastructure",
-                                                                                        detail=detail)]
+        return ProbeRun(verdict="error", seconds=seconds, detail=detail), [
+            CheckProblem(code="infrastructure", detail=detail)
+        ]
     found = probe_verdict(attempt.flags, attempt.reward if attempt.reward is not None else attempt.rejected_reward)
     probe = ProbeRun(verdict=found.verdict, findings=list(found.findings), attempted=found.attempted, seconds=seconds)
     if found.verdict == "forgeable":
-        return probe, [CheckProblem(code="forgeable", detail=(
-            "a process of the candidate user, planted when the tests first opened a file of the installed "
-            f"candidate, {'; '.join(found.findings)}: run candidate code only through vero-kit run and write "
-            "the reward with vero-kit reward (README \"Writing program cases\")"))]
+        return probe, [
+            CheckProblem(
+                code="forgeable",
+                detail=(
+                    "a process of the candidate user, planted when the tests first opened a file of the installed "
+                    f"candidate, {'; '.join(found.findings)}: run candidate code only through vero-kit run and write "
+                    'the reward with vero-kit reward (README "Writing program cases")'
+                ),
+            )
+        ]
     if found.verdict == "not_exercised":
-        return probe, [CheckProblem(code="probe_not_exercised", detail=(
-            "the tests never opened a file of the installed candidate, so nothing was probed (does the case "
-            "run the candidate at all?)"))]
+        return probe, [
+            CheckProblem(
+                code="probe_not_exercised",
+                detail=(
+                    "the tests never opened a file of the installed candidate, so nothing was probed (does the case "
+                    "run the candidate at all?)"
+                ),
+            )
+        ]
     return probe, []
 
 
-async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir: Path,
-                     concurrency: int = 4, backend=None, progress: CheckProgress | None = None,
-                     cases: list[str] | None = None, probe: bool = False, probe_backend=None) -> CheckReport:
+async def check_spec(
+    spec: OptimizationSpec,
+    env: Mapping[str, str],
+    *,
+    work_dir: Path,
+    concurrency: int = 4,
+    backend=None,
+    progress: CheckProgress | None = None,
+    cases: list[str] | None = None,
+    probe: bool = False,
+    probe_backend=None,
+) -> CheckReport:
     """Check every case of `spec` (see the module docstring).
 
     Args:
@@ -414,8 +532,11 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
 
     program = isinstance(spec.target, ProgramTarget)
     if probe and not program:
-        raise SpecError.at("--probe", "the probe plants a process as the candidate user of a kind: program "
-                                      "target; this spec's target is kind: agent")
+        raise SpecError.at(
+            "--probe",
+            "the probe plants a process as the candidate user of a kind: program "
+            "target; this spec's target is kind: agent",
+        )
     work_dir.mkdir(parents=True, exist_ok=True)
     partition_of = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
     if cases:
@@ -427,8 +548,9 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
     baseline_dir, reference_dir = await asyncio.to_thread(prepare_candidates, spec, work_dir / "candidates")
     declared = set(spec.effective_secrets())
     available = declared | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
-    static = await asyncio.to_thread(check_cases, {c: fetched[c] for c in selected},
-                                     environment=spec.harbor.environment, available=available)
+    static = await asyncio.to_thread(
+        check_cases, {c: fetched[c] for c in selected}, environment=spec.harbor.environment, available=available
+    )
     problems: dict[str, list[CheckProblem]] = {case: [] for case in selected}
     for problem in static:
         problems[problem.case].append(CheckProblem(code=problem.code, detail=problem.detail))
@@ -438,8 +560,11 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             problems[case].append(CheckProblem(code="kit_missing", detail=_KIT_MISSING))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     # The providers' keys reach the gateway only, never a nested run (as in the sidecar and the verifier).
-    provider_keys = {p.api_key_secret for p in spec.inference.providers.values() if p.api_key_secret} \
-        if spec.inference is not None else set()
+    provider_keys = (
+        {p.api_key_secret for p in spec.inference.providers.values() if p.api_key_secret}
+        if spec.inference is not None
+        else set()
+    )
     secret_values = {name: env[name] for name in declared if name in env and name not in provider_keys}
     warnings: list[str] = []
 
@@ -454,9 +579,11 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
         from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary
 
         probe_path = await asyncio.to_thread(probe_binary)
-        probe_backend = HarborBackend(check_cases=False, program_agent=PROBE_AGENT_IMPORT_PATH,
-                                      program_agent_kwargs={"probe_path": str(probe_path),
-                                                            "reward_key": spec.scoring.reward_key})
+        probe_backend = HarborBackend(
+            check_cases=False,
+            program_agent=PROBE_AGENT_IMPORT_PATH,
+            program_agent_kwargs={"probe_path": str(probe_path), "reward_key": spec.scoring.reward_key},
+        )
     semaphore = asyncio.Semaphore(max(1, concurrency))
     candidates: list[tuple[CandidateLabel, Path]] = [("baseline", baseline_dir)]
     if reference_dir is not None:
@@ -476,8 +603,10 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
 
             unset = sorted(name for name in provider_keys if not env.get(name))
             if unset:
-                warnings.append(f"the provider key(s) {', '.join(unset)} are not set (environment or --env-file): "
-                                "the gateway cannot call those providers, so the candidates' model calls fail")
+                warnings.append(
+                    f"the provider key(s) {', '.join(unset)} are not set (environment or --env-file): "
+                    "the gateway cannot call those providers, so the candidates' model calls fail"
+                )
             served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
             await stack.enter_async_context(GatewayServer(served))
             gateway = _Gateway(served, spec)
@@ -486,8 +615,18 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             async with semaphore:
                 if progress is not None:
                     progress.started(case, label)
-                run, found = await _run_one(backend, spec, case, partition_of[case], label, candidate_dir,
-                                            cases_dir, work_dir / "jobs" / label, secret_values, gateway)
+                run, found = await _run_one(
+                    backend,
+                    spec,
+                    case,
+                    partition_of[case],
+                    label,
+                    candidate_dir,
+                    cases_dir,
+                    work_dir / "jobs" / label,
+                    secret_values,
+                    gateway,
+                )
                 runs[case, label] = run
                 note(case, found)
                 if progress is not None:
@@ -497,36 +636,68 @@ async def check_spec(spec: OptimizationSpec, env: Mapping[str, str], *, work_dir
             async with semaphore:
                 if progress is not None:
                     progress.started(case, "probe")
-                run, found = await _probe_one(probe_backend, spec, case, partition_of[case], baseline_dir,
-                                              cases_dir, work_dir / "jobs" / "probe", secret_values, gateway)
+                run, found = await _probe_one(
+                    probe_backend,
+                    spec,
+                    case,
+                    partition_of[case],
+                    baseline_dir,
+                    cases_dir,
+                    work_dir / "jobs" / "probe",
+                    secret_values,
+                    gateway,
+                )
                 probes[case] = run
                 note(case, found)
                 if progress is not None:
-                    progress.finished(case, "probe", CandidateRun(candidate="probe", outcome=run.verdict,
-                                                                  seconds=run.seconds))
+                    progress.finished(
+                        case, "probe", CandidateRun(candidate="probe", outcome=run.verdict, seconds=run.seconds)
+                    )
 
-        await asyncio.gather(*(one(case, label, path) for case in runnable for label, path in candidates),
-                             *(probe_one(case) for case in (runnable if probe else ())))
+        await asyncio.gather(
+            *(one(case, label, path) for case in runnable for label, path in candidates),
+            *(probe_one(case) for case in (runnable if probe else ())),
+        )
 
     order = list(CHECK_CODES)
-    rows = [CaseCheck(case=case, partition=partition_of[case], baseline=runs.get((case, "baseline")),
-                      reference=runs.get((case, "reference")), probe=probes.get(case),
-                      problems=sorted(problems[case], key=lambda p: order.index(p.code)))
-            for case in selected]
+    rows = [
+        CaseCheck(
+            case=case,
+            partition=partition_of[case],
+            baseline=runs.get((case, "baseline")),
+            reference=runs.get((case, "reference")),
+            probe=probes.get(case),
+            problems=sorted(problems[case], key=lambda p: order.index(p.code)),
+        )
+        for case in selected
+    ]
     overall: list[CheckProblem] = []
     if reference_dir is None:
-        warnings.append("target.reference is not set: the oracle submits the baseline, and there is no "
-                        "reference to compare the baseline with")
+        warnings.append(
+            "target.reference is not set: the oracle submits the baseline, and there is no "
+            "reference to compare the baseline with"
+        )
     else:
         compared = [pair for pair in map(_rewards, rows) if pair is not None]
-        if compared and not any(_better(reference, baseline, spec.scoring.direction)
-                                for baseline, reference in compared):
-            overall.append(CheckProblem(
-                code="reference_not_better",
-                detail=f"the reference is not better than the baseline ({spec.scoring.direction}) on any of "
-                       f"the {len(compared)} case(s) both were scored on: the cases cannot tell a better "
-                       "candidate from the baseline"))
-    return CheckReport(name=spec.name, environment=spec.harbor.environment, reward_key=spec.scoring.reward_key,
-                       direction=spec.scoring.direction, has_reference=reference_dir is not None, probed=probe,
-                       cases=rows,
-                       problems=overall, warnings=warnings)
+        if compared and not any(
+            _better(reference, baseline, spec.scoring.direction) for baseline, reference in compared
+        ):
+            overall.append(
+                CheckProblem(
+                    code="reference_not_better",
+                    detail=f"the reference is not better than the baseline ({spec.scoring.direction}) on any of "
+                    f"the {len(compared)} case(s) both were scored on: the cases cannot tell a better "
+                    "candidate from the baseline",
+                )
+            )
+    return CheckReport(
+        name=spec.name,
+        environment=spec.harbor.environment,
+        reward_key=spec.scoring.reward_key,
+        direction=spec.scoring.direction,
+        has_reference=reference_dir is not None,
+        probed=probe,
+        cases=rows,
+        problems=overall,
+        warnings=warnings,
+    )

@@ -56,6 +56,7 @@ __all__ = [
     "error_for_status",
 ]
 
+
 class VeroError(Exception):
     """Root of every error vero raises on purpose."""
 
@@ -160,8 +161,7 @@ class BudgetExhausted(VeroError):
         self.requested = requested
         self.remaining = remaining
         super().__init__(
-            f"budget exhausted for partition {partition!r}: {resource} requested {requested}, "
-            f"remaining {remaining}"
+            f"budget exhausted for partition {partition!r}: {resource} requested {requested}, remaining {remaining}"
         )
 
     @classmethod
@@ -213,14 +213,23 @@ class CandidateTooLarge(CandidateRejected):
         path: the oversized file (`max_file_bytes` only).
     """
 
-    def __init__(self, limit: str | None = None, allowed: int = 0, actual: int = 0, *,
-                 path: str | None = None, message: str | None = None) -> None:
+    def __init__(
+        self,
+        limit: str | None = None,
+        allowed: int = 0,
+        actual: int = 0,
+        *,
+        path: str | None = None,
+        message: str | None = None,
+    ) -> None:
         self.limit, self.allowed, self.actual, self.path = limit, allowed, actual, path
         if message is None:
             unit = _LIMIT_UNITS.get(limit or "", "")
             where = f" ({path!r})" if path is not None else ""
-            message = (f"the candidate is over the size limit target.limits.{limit}: {actual:,} {unit}{where}, "
-                       f"the limit is {allowed:,}")
+            message = (
+                f"the candidate is over the size limit target.limits.{limit}: {actual:,} {unit}{where}, "
+                f"the limit is {allowed:,}"
+            )
         super().__init__(message)
 
 
@@ -258,8 +267,15 @@ class CaseMisconfigured(InfrastructureFailure):
         cases: the cases concerned, when the agent may know them (empty otherwise).
     """
 
-    def __init__(self, message: str = "", *, code: str, problems: list | tuple = (),
-                 cases: list[str] | tuple[str, ...] = (), diagnostics: object | None = None):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str,
+        problems: list | tuple = (),
+        cases: list[str] | tuple[str, ...] = (),
+        diagnostics: object | None = None,
+    ):
         super().__init__(message, diagnostics=diagnostics)
         self.code = code
         self.problems = list(problems)
@@ -320,8 +336,9 @@ HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
 """The class a sidecar status code stands for (the inverse of `vero.sidecar.errors`' table)."""
 
 
-def error_for_status(status: int, message: str | None, code: str | None = None,
-                     cases: list[str] | None = None) -> VeroError:
+def error_for_status(
+    status: int, message: str | None, code: str | None = None, cases: list[str] | None = None
+) -> VeroError:
     """The error both agent-side clients raise for a non-2xx sidecar answer.
 
     Args:

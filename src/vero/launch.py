@@ -85,8 +85,10 @@ def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
         InfrastructureFailure: with what is missing and how to fix it.
     """
     if environment == "docker":
-        for argv, what in ((["docker", "info"], "the Docker engine"),
-                           (["docker", "compose", "version"], "the Docker Compose v2 plugin")):
+        for argv, what in (
+            (["docker", "info"], "the Docker engine"),
+            (["docker", "compose", "version"], "the Docker Compose v2 plugin"),
+        ):
             try:
                 ok = subprocess.run(argv, capture_output=True, timeout=60, env=dict(env)).returncode == 0
             except (OSError, subprocess.TimeoutExpired):
@@ -101,7 +103,8 @@ def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
             import modal  # noqa: F401
         except ImportError:
             raise InfrastructureFailure(
-                "environment modal needs Harbor's modal extra: pip install 'vero[modal]'") from None
+                "environment modal needs Harbor's modal extra: pip install 'vero[modal]'"
+            ) from None
         has_tokens = env.get("MODAL_TOKEN_ID") and env.get("MODAL_TOKEN_SECRET")
         if not has_tokens and not (Path.home() / ".modal.toml").is_file():
             raise InfrastructureFailure(
@@ -169,12 +172,14 @@ def check_agent_name(agent: str) -> None:
     names = agent_names()
     if agent not in names:
         close = [n for n in names if n[:3] == agent[:3]] or ["oracle", "nop", "claude-code", "codex"]
-        raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}; e.g. {', '.join(close[:6])}, "
-                                      "or a module:Class path")
+        raise SpecError.at(
+            "--agent", f"unknown Harbor agent {agent!r}; e.g. {', '.join(close[:6])}, or a module:Class path"
+        )
 
 
-def load_run_spec(config: Path, *, environment: str | None = None,
-                  env_file: Path | None = None) -> tuple[OptimizationSpec, dict[str, str]]:
+def load_run_spec(
+    config: Path, *, environment: str | None = None, env_file: Path | None = None
+) -> tuple[OptimizationSpec, dict[str, str]]:
     """The spec and the environment Harbor will run with, the execution target checked.
 
     Args:
@@ -203,14 +208,20 @@ def load_run_spec(config: Path, *, environment: str | None = None,
     if environment is not None and environment != spec.harbor.environment:
         harbor = spec.harbor.model_copy(update={"environment": environment})
         if environment == "modal" and harbor.requirement.startswith("harbor=="):
-            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor"):]})
+            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor") :]})
         spec = check_spec(spec.model_copy(update={"harbor": harbor}), source=str(config))
     check_execution_target(spec.harbor.environment, env)
     return spec, env
 
 
-def prepare_task(config: Path, *, environment: str | None = None, env_file: Path | None = None,
-                 work_dir: Path | None = None, agent: str | None = None) -> PreparedTask:
+def prepare_task(
+    config: Path,
+    *,
+    environment: str | None = None,
+    env_file: Path | None = None,
+    work_dir: Path | None = None,
+    agent: str | None = None,
+) -> PreparedTask:
     """Load the spec, check the execution target, and compile the task into a fresh directory.
 
     Args:
@@ -236,11 +247,18 @@ def prepare_task(config: Path, *, environment: str | None = None, env_file: Path
     return PreparedTask(spec=spec, task_dir=task_dir, env=env, warnings=compiled.warnings)
 
 
-def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
-             environment: str | None = None, env_file: Path | None = None,
-             jobs_dir: Path = Path("jobs"), job_name: str | None = None,
-             extra_args: list[str] | None = None,
-             on_warning: Callable[[str], None] | None = None) -> TaskRunOutcome:
+def run_task(
+    config: Path,
+    *,
+    agent: str = "oracle",
+    model: str | None = None,
+    environment: str | None = None,
+    env_file: Path | None = None,
+    jobs_dir: Path = Path("jobs"),
+    job_name: str | None = None,
+    extra_args: list[str] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> TaskRunOutcome:
     """Compile `config` and run it with Harbor; return what the trial produced.
 
     Args:
@@ -272,8 +290,21 @@ def run_task(config: Path, *, agent: str = "oracle", model: str | None = None,
             on_warning(warning)
     spec = prepared.spec
     job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
-    argv = [harbor, "run", "-y", "-p", str(prepared.task_dir), "-a", agent,
-            "-e", spec.harbor.environment, "-o", str(jobs_dir), "--job-name", job_name]
+    argv = [
+        harbor,
+        "run",
+        "-y",
+        "-p",
+        str(prepared.task_dir),
+        "-a",
+        agent,
+        "-e",
+        spec.harbor.environment,
+        "-o",
+        str(jobs_dir),
+        "--job-name",
+        job_name,
+    ]
     if model:
         argv += ["-m", model]
     argv += list(extra_args or [])

@@ -57,7 +57,8 @@ def write_case(root: Path, name: str, marker: str = "") -> Path:
     (case / "environment").mkdir(parents=True)
     (case / "tests").mkdir()
     (case / "task.toml").write_text(
-        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n')
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n'
+    )
     (case / "instruction.md").write_text(f"Case {name}. {marker}\n")
     (case / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\nWORKDIR /opt/candidate\n")
     test = case / "tests" / "test.sh"
@@ -120,13 +121,27 @@ def spec_tree(tmp_path: Path) -> SpecTree:
     return make_spec_tree(tmp_path / "spec")
 
 
-def run_vero(*args: str, env: Mapping[str, str] | None = None, umask: int | None = None,
-             cwd: Path | None = None, timeout_sec: float = 300) -> subprocess.CompletedProcess[str]:
+def run_vero(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    umask: int | None = None,
+    cwd: Path | None = None,
+    timeout_sec: float = 300,
+) -> subprocess.CompletedProcess[str]:
     """Run the real `vero` console script; `env` entries are added to this process's environment."""
     full_env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
     preexec = (lambda: os.umask(umask)) if umask is not None else None
-    return subprocess.run([VERO, *args], env=full_env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_sec, preexec_fn=preexec, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        [VERO, *args],
+        env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_sec,
+        preexec_fn=preexec,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def all_files(root: Path) -> list[Path]:

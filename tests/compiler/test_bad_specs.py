@@ -50,6 +50,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         for key in parents:
             node = node.setdefault(key, {})
         node[last] = value
+
     return edit
 
 
@@ -60,6 +61,7 @@ def _delete(path: str) -> Callable[[dict[str, Any]], None]:
         for key in parents:
             node = node[key]
         del node[last]
+
     return edit
 
 
@@ -67,6 +69,7 @@ def _all(*edits: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], 
     def edit(document: dict[str, Any]) -> None:
         for one in edits:
             one(document)
+
     return edit
 
 
@@ -80,6 +83,7 @@ def _write(rel: str, text: str) -> Callable[[SpecTree], None]:
         path = tree.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
     return setup
 
 
@@ -97,6 +101,7 @@ def _loop(tree: SpecTree) -> None:
 def _symlink(rel: str, target: str) -> Callable[[SpecTree], None]:
     def setup(tree: SpecTree) -> None:
         (tree.root / rel).symlink_to(target)
+
     return setup
 
 
@@ -117,21 +122,32 @@ BAD: dict[str, Bad] = {
     "bad disclosure tier": Bad("agent_access.train.disclosure", _set("agent_access.train.disclosure", "partial")),
     "negative budget": Bad("agent_access.train.total_runs", _set("agent_access.train.total_runs", -1)),
     "aggregate partition below its floor": Bad(
-        "agent_access.holdout.min_aggregate_cases", _set("agent_access.holdout.min_aggregate_cases", 2)),
+        "agent_access.holdout.min_aggregate_cases", _set("agent_access.holdout.min_aggregate_cases", 2)
+    ),
     "more blocks than the floor allows": Bad(
-        "agent_access.train.blocks", _all(_set("agent_access.train.disclosure", "aggregate"),
-                                          _set("agent_access.train.min_aggregate_cases", 2),
-                                          _set("agent_access.train.blocks", 2))),
+        "agent_access.train.blocks",
+        _all(
+            _set("agent_access.train.disclosure", "aggregate"),
+            _set("agent_access.train.min_aggregate_cases", 2),
+            _set("agent_access.train.blocks", 2),
+        ),
+    ),
     "overlapping blocks": Bad(
-        "agent_access.train.blocks[1]", _all(_set("agent_access.train.disclosure", "aggregate"),
-                                             _set("agent_access.train.min_aggregate_cases", 1),
-                                             _set("agent_access.train.blocks", [["case-1", "case-2"], ["case-2"]]))),
+        "agent_access.train.blocks[1]",
+        _all(
+            _set("agent_access.train.disclosure", "aggregate"),
+            _set("agent_access.train.min_aggregate_cases", 1),
+            _set("agent_access.train.blocks", [["case-1", "case-2"], ["case-2"]]),
+        ),
+    ),
     "blocks on a full partition": Bad("agent_access.train.blocks", _set("agent_access.train.blocks", 2)),
     "ladder precision above its margin": Bad(
-        "agent_access.holdout.ladder", _set("agent_access.holdout.ladder", {"margin": 0.01, "precision": 0.1})),
+        "agent_access.holdout.ladder", _set("agent_access.holdout.ladder", {"margin": 0.01, "precision": 0.1})
+    ),
     "ladder on a none partition": Bad(
-        "agent_access.train.ladder", _all(_set("agent_access.train.disclosure", "none"),
-                                          _set("agent_access.train.ladder", {"margin": 0.1}))),
+        "agent_access.train.ladder",
+        _all(_set("agent_access.train.disclosure", "none"), _set("agent_access.train.ladder", {"margin": 0.1})),
+    ),
     "overlapping partitions": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", ["case-3", "case-1"])),
     "empty partition": Bad("cases.partitions.holdout", _set("cases.partitions.holdout", [])),
     "unknown case": Bad("cases.partitions.train", _set("cases.partitions.train", ["case-1", "case-9"])),
@@ -141,39 +157,51 @@ BAD: dict[str, Bad] = {
     "missing partition file": Bad("cases.partition_files.extra", _set("cases.partition_files", {"extra": "nope.txt"})),
     "target partition agent-accessible": Bad(
         f"targets.{HIDDEN_PARTITION}",
-        _set(f"agent_access.{HIDDEN_PARTITION}", {"disclosure": "none", "total_runs": 1, "total_cases": 1})),
+        _set(f"agent_access.{HIDDEN_PARTITION}", {"disclosure": "none", "total_runs": 1, "total_cases": 1}),
+    ),
     "access to an unknown partition": Bad(
-        "agent_access.nope", _set("agent_access.nope", {"disclosure": "full", "total_runs": 1, "total_cases": 1})),
+        "agent_access.nope", _set("agent_access.nope", {"disclosure": "full", "total_runs": 1, "total_cases": 1})
+    ),
     "unknown target partition": Bad("targets.nope", _set("targets.nope", {})),
     "no target": Bad("targets", _set("targets", {})),
-    "duplicate reward keys": Bad("targets", _set("targets", {HIDDEN_PARTITION: {"reward_key": "r"},
-                                                             "holdout": {"reward_key": "r"}})),
+    "duplicate reward keys": Bad(
+        "targets", _set("targets", {HIDDEN_PARTITION: {"reward_key": "r"}, "holdout": {"reward_key": "r"}})
+    ),
     "selection partition not accessible": Bad("selection.partition", _set("selection.partition", HIDDEN_PARTITION)),
     "auto_best without selection partition": Bad(
-        "selection.partition", _all(_set("selection.mode", "auto_best"), _delete("selection.partition"))),
+        "selection.partition", _all(_set("selection.mode", "auto_best"), _delete("selection.partition"))
+    ),
     "minimize without failure_value": Bad("scoring.failure_value", _set("scoring", {"direction": "minimize"})),
     "reward_range reversed": Bad("scoring.reward_range", _set("scoring", {"reward_range": [1, 0]})),
     "reward_range of one number": Bad("scoring.reward_range[1]", _set("scoring", {"reward_range": [0]})),
     "reward_range unbounded": Bad("scoring.reward_range", _set("scoring", {"reward_range": [0, float("inf")]})),
     # train: 2 cases on 2 slots = 1 wave x (60 s agent + 60 s verifier) + 120 s margin = 240 s.
     "evaluation time too short": Bad("harbor.evaluation_timeout_sec", _set("harbor.evaluation_timeout_sec", 239)),
-    "case without an agent time limit": Bad("harbor.evaluation_timeout_sec",
-                                            setup=_write("cases/case-1/task.toml", 'schema_version = "1.4"\n')),
+    "case without an agent time limit": Bad(
+        "harbor.evaluation_timeout_sec", setup=_write("cases/case-1/task.toml", 'schema_version = "1.4"\n')
+    ),
     "unpinned harbor": Bad("harbor.requirement", _set("harbor.requirement", "harbor>=0.26")),
     "modal without the modal extra": Bad("harbor.requirement", _set("harbor.environment", "modal"), env=MODAL_TOKENS),
-    "modal tokens unset": Bad("harbor.environment", _all(_set("harbor.environment", "modal"),
-                                                         _set("harbor.requirement", "harbor[modal]==0.26.0"))),
+    "modal tokens unset": Bad(
+        "harbor.environment",
+        _all(_set("harbor.environment", "modal"), _set("harbor.requirement", "harbor[modal]==0.26.0")),
+    ),
     "bad secret name": Bad("secrets", _set("secrets", ["lower_case"])),
     "reserved secret name": Bad("secrets[0]", _set("secrets", ["PATH"])),
     "unset secret": Bad("secrets[0]", _set("secrets", ["ZQ_UNSET_SECRET_NAME"])),
-    "secret substituted": Bad("description", _all(_set("secrets", ["ZQ_SUBST"]), _set("description", "${ZQ_SUBST}")),
-                              env={"ZQ_SUBST": "some-value"}),
+    "secret substituted": Bad(
+        "description",
+        _all(_set("secrets", ["ZQ_SUBST"]), _set("description", "${ZQ_SUBST}")),
+        env={"ZQ_SUBST": "some-value"},
+    ),
     "unset variable": Bad("description", _set("description", "uses ${ZQ_NOT_SET_ANYWHERE}")),
     "bad image reference": Bad("images.main", _set("images.main", "python:3.13-slim\nRUN echo injected")),
     "target path missing": Bad("target.path", _set("target.path", "no-such-dir")),
     "reserved install path": Bad("target.install_path", _set("target.install_path", "/tests/here")),
-    "agent module missing": Bad("target.agent_import_path", _set("target", {
-        "kind": "agent", "path": "target", "agent_import_path": "missing_module:Agent"})),
+    "agent module missing": Bad(
+        "target.agent_import_path",
+        _set("target", {"kind": "agent", "path": "target", "agent_import_path": "missing_module:Agent"}),
+    ),
     "reference missing": Bad("target.reference", _set("target.reference", "no-such-patch.diff")),
     "target link leaving the tree": Bad("target.path", setup=_symlink("target/escape", "../../outside.txt")),
     "target absolute link": Bad("target.path", setup=_symlink("target/abs", "/etc/hostname")),
@@ -188,27 +216,47 @@ BAD: dict[str, Bad] = {
     "case link leaving the tree": Bad("cases.path", setup=_symlink("cases/case-1/tests/leak", "/etc/passwd")),
     "output inside the target": Bad("target.path", output=lambda tree: tree.root / "target" / "build"),
     "output inside the cases": Bad("cases.path", output=lambda tree: tree.root / "cases" / "compiled"),
-    "force on a directory that is no task": Bad("--output", output=_fill_output,
-                                                extra_args=lambda tree: ["--force"]),
+    "force on a directory that is no task": Bad("--output", output=_fill_output, extra_args=lambda tree: ["--force"]),
     "inference budget without a gateway": Bad(
-        "agent_access.train.total_inference_usd", _set("agent_access.train.total_inference_usd", 1.0)),
+        "agent_access.train.total_inference_usd", _set("agent_access.train.total_inference_usd", 1.0)
+    ),
     "gateway key that is not a secret": Bad(
-        "inference.providers.p.api_key_secret", _set("inference", {
-            "providers": {"p": {"api": "openai", "base_url": "https://x.invalid/v1", "api_key_secret": "ZQ_KEY"}},
-            "models": {"gpt-4o-mini": {"provider": "p"}}})),
+        "inference.providers.p.api_key_secret",
+        _set(
+            "inference",
+            {
+                "providers": {"p": {"api": "openai", "base_url": "https://x.invalid/v1", "api_key_secret": "ZQ_KEY"}},
+                "models": {"gpt-4o-mini": {"provider": "p"}},
+            },
+        ),
+    ),
     "gateway model without a price": Bad(
-        "inference.models.my-local-model", _set("inference", {
-            "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
-            "models": {"my-local-model": {"provider": "p"}}})),
+        "inference.models.my-local-model",
+        _set(
+            "inference",
+            {
+                "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+                "models": {"my-local-model": {"provider": "p"}},
+            },
+        ),
+    ),
     "gateway model of an unknown provider": Bad(
-        "inference.models.gpt-4o-mini.provider", _set("inference", {
-            "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
-            "models": {"gpt-4o-mini": {"provider": "q"}}})),
+        "inference.models.gpt-4o-mini.provider",
+        _set(
+            "inference",
+            {
+                "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+                "models": {"gpt-4o-mini": {"provider": "q"}},
+            },
+        ),
+    ),
     "gateway provider with a bad api": Bad(
-        "inference.providers.p.api", _set("inference", {
-            "providers": {"p": {"api": "gemini", "base_url": "http://127.0.0.1:9/v1"}}, "models": {}})),
-    "tarball inside the output": Bad("--tarball", extra_args=lambda tree: [
-        "--tarball", str(tree.root.parent / "out" / "task" / "t.tar.gz")]),
+        "inference.providers.p.api",
+        _set("inference", {"providers": {"p": {"api": "gemini", "base_url": "http://127.0.0.1:9/v1"}}, "models": {}}),
+    ),
+    "tarball inside the output": Bad(
+        "--tarball", extra_args=lambda tree: ["--tarball", str(tree.root.parent / "out" / "task" / "t.tar.gz")]
+    ),
 }
 
 
@@ -236,14 +284,22 @@ def test_bad_input_exits_2_naming_the_field(case: Bad, tmp_path, monkeypatch):
         assert not output.exists()
     else:
         assert sorted(p.name for p in output.iterdir()) == before
-    assert not any(p.name.startswith(f".{output.name}.staging-") for p in output.parent.glob(".*")) \
-        if output.parent.exists() else True
+    assert (
+        not any(p.name.startswith(f".{output.name}.staging-") for p in output.parent.glob(".*"))
+        if output.parent.exists()
+        else True
+    )
 
 
 def test_every_problem_is_reported_in_one_pass(tmp_path):
-    tree = make_spec_tree(tmp_path / "spec", _all(
-        _set("harbor.requirement", "harbor"), _set("scoring", {"direction": "minimize"}),
-        _set("selection.partition", "nope")))
+    tree = make_spec_tree(
+        tmp_path / "spec",
+        _all(
+            _set("harbor.requirement", "harbor"),
+            _set("scoring", {"direction": "minimize"}),
+            _set("selection.partition", "nope"),
+        ),
+    )
     result = CliRunner().invoke(app, ["harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "o")])
     assert result.exit_code == 2
     for loc in ("harbor.requirement", "scoring.failure_value", "selection.partition"):
@@ -255,14 +311,20 @@ def test_registry_dataset_with_local_task_paths_builds(tmp_path):
 
     tree = make_spec_tree(tmp_path / "spec")
     tasks = [{"name": p.name, "path": f"cases/{p.name}"} for p in sorted((tree.root / "cases").iterdir())]
-    (tree.root / "registry.json").write_text(json.dumps([
-        {"name": "demo-cases", "version": "1.0", "description": "", "tasks": tasks, "metrics": [{"type": "mean"}]}
-    ]))
+    (tree.root / "registry.json").write_text(
+        json.dumps(
+            [{"name": "demo-cases", "version": "1.0", "description": "", "tasks": tasks, "metrics": [{"type": "mean"}]}]
+        )
+    )
     tree.write(_all(_dataset, _set("cases.dataset", "demo-cases@1.0")))
     out = tmp_path / "task"
-    result = CliRunner().invoke(app, ["harbor", "build", "-c", str(tree.path), "-o", str(out)],
-                                env={"HARBOR_TELEMETRY": "0"})
+    result = CliRunner().invoke(
+        app, ["harbor", "build", "-c", str(tree.path), "-o", str(out)], env={"HARBOR_TELEMETRY": "0"}
+    )
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in (out / "environment" / "sidecar" / "cases").iterdir()) == [
-        "case-1", "case-2", "case-3"]
+        "case-1",
+        "case-2",
+        "case-3",
+    ]
     assert os.path.isfile(out / "tests" / "cases" / "case-1" / "task.toml")

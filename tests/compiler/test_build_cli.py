@@ -32,9 +32,19 @@ def test_build_prints_tarball_and_sha256_and_writes_the_digest_file(spec_tree, t
     assert digest in done.stdout
     assert tarball.with_name("task.tar.gz.sha256").read_text() == f"{digest}  task.tar.gz\n"
     layout = TaskLayout(out)
-    for path in (layout.config_path, layout.instruction_path, layout.compose_path, layout.main.dockerfile,
-                 layout.sidecar.dockerfile, layout.sidecar.config_path, layout.verifier.dockerfile,
-                 layout.verifier.config_path, layout.test_path, layout.solve_path, layout.verifier_compose_path):
+    for path in (
+        layout.config_path,
+        layout.instruction_path,
+        layout.compose_path,
+        layout.main.dockerfile,
+        layout.sidecar.dockerfile,
+        layout.sidecar.config_path,
+        layout.verifier.dockerfile,
+        layout.verifier.config_path,
+        layout.test_path,
+        layout.solve_path,
+        layout.verifier_compose_path,
+    ):
         assert path.is_file(), path
     assert os.access(layout.test_path, os.X_OK) and os.access(layout.solve_path, os.X_OK)
     # The tarball holds exactly the directory's tree, relative to the task root.
@@ -52,8 +62,17 @@ def test_same_spec_gives_the_same_bytes_whatever_the_path_umask_and_mtimes(tmp_p
         if not path.is_symlink():
             os.utime(path, (86400 * 400, 86400 * 400 + 7))
     a = run_vero("harbor", "build", "-c", str(first.path), "-o", str(tmp_path / "out-a" / "task"))
-    b = run_vero("harbor", "build", "-c", str(second.path), "-o", str(tmp_path / "x" / "y" / "other-name"),
-                 "--tarball", str(tmp_path / "z" / "custom.tar.gz"), umask=0o077)
+    b = run_vero(
+        "harbor",
+        "build",
+        "-c",
+        str(second.path),
+        "-o",
+        str(tmp_path / "x" / "y" / "other-name"),
+        "--tarball",
+        str(tmp_path / "z" / "custom.tar.gz"),
+        umask=0o077,
+    )
     assert a.returncode == 0, a.stderr
     assert b.returncode == 0, b.stderr
     assert _sha256(tmp_path / "out-a" / "task.tar.gz") == _sha256(tmp_path / "z" / "custom.tar.gz")
@@ -61,7 +80,8 @@ def test_same_spec_gives_the_same_bytes_whatever_the_path_umask_and_mtimes(tmp_p
     tree_a, tree_b = tmp_path / "out-a" / "task", tmp_path / "x" / "y" / "other-name"
     listing = lambda root: sorted(  # noqa: E731
         (p.relative_to(root).as_posix(), p.lstat().st_mode, None if p.is_dir() or p.is_symlink() else p.read_bytes())
-        for p in root.rglob("*"))
+        for p in root.rglob("*")
+    )
     assert listing(tree_a) == listing(tree_b)
 
 
@@ -143,8 +163,15 @@ def test_git_target_uses_the_committed_head_and_says_so(tmp_path):
 
 
 def test_the_minimal_example_builds(tmp_path):
-    done = run_vero("harbor", "build", "-c", str(REPO / "tasks" / "minimal" / "build.yaml"),
-                    "-o", str(tmp_path / "minimal"), "--json")
+    done = run_vero(
+        "harbor",
+        "build",
+        "-c",
+        str(REPO / "tasks" / "minimal" / "build.yaml"),
+        "-o",
+        str(tmp_path / "minimal"),
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert '"sha256"' in done.stdout
 
@@ -167,7 +194,8 @@ def test_program_cases_whose_tests_never_call_the_kit_are_warned_about_and_final
     assert any("'case-1' (partition train)" in line for line in kit)
     # The only other warning: the spec has no reference change.
     assert [line for line in warned if line not in kit] == [
-        line for line in warned if line.startswith("warning: target.reference is not set")]
+        line for line in warned if line.startswith("warning: target.reference is not set")
+    ]
     config = load_config(TaskLayout(out).verifier.config_path, VerifierConfig)
     assert sorted(f"warning: {w}" for w in config.build_warnings) == warned
     # The sidecar's config names no hidden case: the warnings live in the verifier's only.

@@ -42,7 +42,11 @@ def test_a_pinned_commit_is_fetched_without_its_git_dir(tmp_path, task_repo, mon
     (tmp_path / "staging").mkdir()
     dest = store.fetch(CaseSource("hello", Path("tasks/hello"), f"file://{repo}", commit))
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
-        "instruction.md", "task.toml", "tests", "tests/test.sh"]
+        "instruction.md",
+        "task.toml",
+        "tests",
+        "tests/test.sh",
+    ]
     assert store.path("hello") == dest
 
 

@@ -44,8 +44,9 @@ def _trial(task_dir: Path, trials_dir: Path, agent: str, model: str | None = Non
     from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
-    config = TrialConfig(task=TaskConfig(path=task_dir), trials_dir=trials_dir,
-                         agent=AgentConfig(name=agent, model_name=model))
+    config = TrialConfig(
+        task=TaskConfig(path=task_dir), trials_dir=trials_dir, agent=AgentConfig(name=agent, model_name=model)
+    )
     trial = asyncio.run(Trial.create(config))
     trial._close_logger_handler()
     return trial
@@ -75,8 +76,14 @@ def test_harbor_gives_coding_agents_the_mcp_server_and_the_skill(spec_tree, tmp_
     assert 0 < len(front["description"]) <= 1024  # the Agent Skills limit
     # The skill teaches the loop with both interfaces: the MCP URL and every CLI step appear in it.
     text = skill_md.read_text()
-    for needle in (MCP_URL, "git commit", "vero harbor status", "vero harbor eval", "vero harbor result",
-                   "vero harbor submit"):
+    for needle in (
+        MCP_URL,
+        "git commit",
+        "vero harbor status",
+        "vero harbor eval",
+        "vero harbor result",
+        "vero harbor submit",
+    ):
         assert needle in text, needle
 
 
@@ -107,16 +114,17 @@ def test_a_custom_agent_class_is_compiled_for_by_its_capabilities(spec_tree, tmp
 
     agents = tmp_path / "agents"
     agents.mkdir()
-    (agents / "mcp_only_agent.py").write_text(textwrap.dedent("""
+    (agents / "mcp_only_agent.py").write_text(
+        textwrap.dedent("""
         from harbor.agents.capabilities import AgentCapabilities
         from harbor.agents.nop import NopAgent
 
         class McpOnly(NopAgent):
             capabilities = AgentCapabilities(mcp_servers=True)
-    """))
+    """)
+    )
     env = {"PYTHONPATH": str(agents)}
-    result = compile_task(spec_tree.path, tmp_path / "task", env={**os.environ, **env},
-                          agent="mcp_only_agent:McpOnly")
+    result = compile_task(spec_tree.path, tmp_path / "task", env={**os.environ, **env}, agent="mcp_only_agent:McpOnly")
     config = TaskConfig.model_validate_toml(result.layout.config_path.read_text())
     assert [s.url for s in config.environment.mcp_servers] == [MCP_URL]
     assert config.environment.skills_dir is None

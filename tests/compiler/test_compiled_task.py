@@ -73,8 +73,14 @@ def test_task_toml_loads_with_harbors_task_config(spec_tree, tmp_path):
 @pytest.mark.parametrize("agent", [None, "terminus-2"])  # any agent (MCP + skill), and with main's extra tools
 def test_harbor_lint_reports_only_the_justified_findings(spec_tree, tmp_path, agent):
     result = compile_task(spec_tree.path, tmp_path / "task", agent=agent)
-    done = subprocess.run([HARBOR, "lint", "--json", str(result.task_dir)], capture_output=True, text=True,
-                          env={**os.environ, "HARBOR_TELEMETRY": "0"}, timeout=120, check=False)
+    done = subprocess.run(
+        [HARBOR, "lint", "--json", str(result.task_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HARBOR_TELEMETRY": "0"},
+        timeout=120,
+        check=False,
+    )
     assert done.returncode in (0, 1), done.stderr
     findings = {
         (f["rule"], Path(f["path"]).relative_to(result.task_dir).as_posix(), f["message"].split(":", 1)[0])
@@ -86,9 +92,14 @@ def test_harbor_lint_reports_only_the_justified_findings(spec_tree, tmp_path, ag
 def test_harbor_lint_is_clean_for_modal(tmp_path):
     tree = make_spec_tree(tmp_path / "spec", _modal)
     result = _compile(tree, tmp_path / "task", env={"MODAL_TOKEN_ID": "id-1", "MODAL_TOKEN_SECRET": "secret-1"})
-    done = subprocess.run([HARBOR, "lint", "--json", str(result.task_dir)], capture_output=True, text=True,
-                          env={**os.environ, "HARBOR_TELEMETRY": "0", "MODAL_TOKEN_ID": "x", "MODAL_TOKEN_SECRET": "y"},
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [HARBOR, "lint", "--json", str(result.task_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HARBOR_TELEMETRY": "0", "MODAL_TOKEN_ID": "x", "MODAL_TOKEN_SECRET": "y"},
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout) == []
 
@@ -155,8 +166,9 @@ def test_no_secret_value_in_any_compiled_byte(tmp_path):
 def test_a_secret_value_inside_an_input_file_is_refused(tmp_path):
     tree = make_spec_tree(tmp_path / "spec", lambda d: d.update(secrets=[SECRET_NAME]))
     (tree.root / "target" / "config.txt").write_text(f"token={SECRET_VALUE}\n")
-    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "task"),
-                    env={SECRET_NAME: SECRET_VALUE})
+    done = run_vero(
+        "harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "task"), env={SECRET_NAME: SECRET_VALUE}
+    )
     assert done.returncode == 2
     assert "secrets" in done.stderr and SECRET_NAME in done.stderr
     assert SECRET_VALUE not in done.stderr + done.stdout
@@ -226,13 +238,14 @@ def test_instruction_names_only_accessible_partitions_and_hides_budgets_when_ask
 def test_instruction_and_sidecar_config_describe_blocks_and_the_ladder(tmp_path):
     def edit(document):
         document["cases"]["partitions"].update(train=["case-1"], holdout=["case-2", "case-3"])
-        document["agent_access"]["holdout"].update(blocks=2, ladder={"margin": 0.05, "precision": 0.01},
-                                                   total_cases=4)
+        document["agent_access"]["holdout"].update(blocks=2, ladder={"margin": 0.05, "precision": 0.01}, total_cases=4)
 
     layout = _compile(make_spec_tree(tmp_path / "spec", edit), tmp_path / "task").layout
     text = layout.instruction_path.read_text()
-    assert ("| `holdout` | 2 | aggregate in Ladder mode: score improvements only | the whole partition, or unions "
-            "of its 2 blocks of 1+ cases | 1 | 4 |") in text
+    assert (
+        "| `holdout` | 2 | aggregate in Ladder mode: score improvements only | the whole partition, or unions "
+        "of its 2 blocks of 1+ cases | 1 | 4 |"
+    ) in text
     assert "| `train` | 1 | full: score, per-case results and artifacts | any subset of cases |" in text
     assert "**Ladder mode** on `holdout`" in text and "by at least 0.05" in text and "multiple of 0.01" in text
     config = load_config(layout.sidecar.config_path, SidecarConfig)
@@ -254,15 +267,13 @@ def test_auto_best_has_no_submission_in_instruction_or_solution(tmp_path):
 def test_reference_patch_goes_to_solution_and_must_apply(tmp_path):
     tree = make_spec_tree(tmp_path / "spec")
     patch = tree.root / "fix.patch"
-    patch.write_text(
-        "--- a/prog.py\n+++ b/prog.py\n@@ -1 +1 @@\n-print(\"wrong\")\n+print(\"right\")\n"
-    )
+    patch.write_text('--- a/prog.py\n+++ b/prog.py\n@@ -1 +1 @@\n-print("wrong")\n+print("right")\n')
     tree.write(lambda d: d["target"].update(reference="fix.patch"))
     layout = _compile(tree, tmp_path / "task").layout
     assert layout.reference_patch_path.read_bytes() == patch.read_bytes()
     assert "git apply" in layout.solve_path.read_text()
 
-    patch.write_text("--- a/prog.py\n+++ b/prog.py\n@@ -1 +1 @@\n-print(\"other\")\n+print(\"right\")\n")
+    patch.write_text('--- a/prog.py\n+++ b/prog.py\n@@ -1 +1 @@\n-print("other")\n+print("right")\n')
     with pytest.raises(SpecError) as caught:
         _compile(tree, tmp_path / "task2")
     assert caught.value.issues[0].loc == "target.reference"

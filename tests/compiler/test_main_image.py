@@ -25,12 +25,20 @@ def test_main_image_holds_the_baseline_commit_and_runs_the_cli_as_agent(tmp_path
     try:
         built = _docker("build", "-q", "--force-rm", "-t", tag, str(result.layout.environment_dir), timeout_sec=840)
         assert built.returncode == 0, built.stdout + built.stderr
-        probe = _docker("run", "--rm", "--user", "agent", tag, "bash", "-c",
-                        "id -un; cd /app && git rev-parse HEAD && git status --porcelain | wc -l"
-                        " && git log --format=%an:%ae:%at:%s && stat -c %U .git && vero harbor --help >/dev/null"
-                        " && echo cli-ok && test -L util-link.py && test -x run.sh && echo files-ok"
-                        " && test ! -e /opt/vero/cases && test ! -e /opt/vero/config.json && echo no-trusted-files",
-                        timeout_sec=120)
+        probe = _docker(
+            "run",
+            "--rm",
+            "--user",
+            "agent",
+            tag,
+            "bash",
+            "-c",
+            "id -un; cd /app && git rev-parse HEAD && git status --porcelain | wc -l"
+            " && git log --format=%an:%ae:%at:%s && stat -c %U .git && vero harbor --help >/dev/null"
+            " && echo cli-ok && test -L util-link.py && test -x run.sh && echo files-ok"
+            " && test ! -e /opt/vero/cases && test ! -e /opt/vero/config.json && echo no-trusted-files",
+            timeout_sec=120,
+        )
         assert probe.returncode == 0, probe.stdout + probe.stderr
         lines = probe.stdout.splitlines()
         assert lines[0] == "agent"

@@ -66,8 +66,22 @@ def test_pip_installs_the_wheel_and_the_installed_vero_rebuilds_the_same_wheel(t
     path.write_bytes(wheel.data)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                          "--disable-pip-version-check", str(path)], capture_output=True, text=True, timeout=120)
+    pip = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert pip.returncode == 0, pip.stderr
     assert (venv / "bin" / "vero").is_file()
     # Run the installed copy (dependencies borrowed from this environment, after the venv's own vero).
@@ -85,6 +99,7 @@ def test_pip_installs_the_wheel_and_the_installed_vero_rebuilds_the_same_wheel(t
     assert first.decode().startswith(site) and second.decode().startswith(site)
     assert second.decode().endswith("vero/_assets/compiler")
     assert rebuilt == wheel.data
-    help_text = subprocess.run([str(venv / "bin" / "vero"), "harbor", "build", "--help"], env=env,
-                               capture_output=True, text=True, timeout=120)
+    help_text = subprocess.run(
+        [str(venv / "bin" / "vero"), "harbor", "build", "--help"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert help_text.returncode == 0 and "--tarball" in help_text.stdout

@@ -25,13 +25,30 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-def make_job(reservation_id: str, *, principal: str = "agent", partition: str = "train",
-             cases: list[str] | None = None, state: str = "queued", job_id: str | None = None) -> EvaluationJob:
+def make_job(
+    reservation_id: str,
+    *,
+    principal: str = "agent",
+    partition: str = "train",
+    cases: list[str] | None = None,
+    state: str = "queued",
+    job_id: str | None = None,
+) -> EvaluationJob:
     """A valid job record for tests (the candidate is a syntactically valid commit id)."""
     cases = cases or ["c1", "c2"]
-    return EvaluationJob(id=job_id or JobStore.new_id(), principal=principal, partition=partition, cases=cases,
-                         full_partition=False, version="HEAD", candidate="a" * 40, disclosure="aggregate",
-                         reservation_id=reservation_id, state=state, created_at=datetime.now(UTC))
+    return EvaluationJob(
+        id=job_id or JobStore.new_id(),
+        principal=principal,
+        partition=partition,
+        cases=cases,
+        full_partition=False,
+        version="HEAD",
+        candidate="a" * 40,
+        disclosure="aggregate",
+        reservation_id=reservation_id,
+        state=state,
+        created_at=datetime.now(UTC),
+    )
 
 
 @pytest.fixture(name="make_job")

@@ -38,8 +38,7 @@ async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_fligh
             in_flight.discard(rid)
             # Release a reservation left open (here or by an earlier, killed child) that no worker
             # of this process is about to close, so the small entry keeps moving.
-            open_ids = [r.id for r in ledger.open_reservations()
-                        if r.partition == partition and r.id not in in_flight]
+            open_ids = [r.id for r in ledger.open_reservations() if r.partition == partition and r.id not in in_flight]
             if open_ids:
                 victim = rng.choice(open_ids)
                 in_flight.add(victim)

@@ -20,14 +20,20 @@ def _tree(root: Path, links: dict[str, str]) -> Path:
     return root
 
 
-@pytest.mark.parametrize("links", [
-    {"out": "../x"},
-    {"abs": "/etc/passwd"},
-    {"deep/er/up": "../../..", },
-    # Each target alone stays inside; followed through `deep/er/up` (the root) it leaves the tree.
-    {"deep/er/up": "../..", "x": "deep/er/up/../y"},
-    {"a": "b/x", "b": "a/y"},  # a loop fails closed
-], ids=["dotdot", "absolute", "nested-dotdot", "chain", "loop"])
+@pytest.mark.parametrize(
+    "links",
+    [
+        {"out": "../x"},
+        {"abs": "/etc/passwd"},
+        {
+            "deep/er/up": "../../..",
+        },
+        # Each target alone stays inside; followed through `deep/er/up` (the root) it leaves the tree.
+        {"deep/er/up": "../..", "x": "deep/er/up/../y"},
+        {"a": "b/x", "b": "a/y"},  # a loop fails closed
+    ],
+    ids=["dotdot", "absolute", "nested-dotdot", "chain", "loop"],
+)
 def test_links_leaving_the_tree_are_refused(tmp_path, links):
     with pytest.raises(ArchiveError, match="link leaves the tree") as info:
         canonical_tar_bytes(_tree(tmp_path / "t", links))

@@ -16,10 +16,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {"PATH": os.environ["PATH"], "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": os.devnull}
-    return subprocess.run(["git", "-c", f"safe.directory={repo}", "-C", str(repo), *args], env=env,
-                          check=True, capture_output=True, text=True).stdout
+    env = {"PATH": os.environ["PATH"], "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(
+        ["git", "-c", f"safe.directory={repo}", "-C", str(repo), *args],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def _populate(root: Path, *, umask: int = 0o022, mtime: int | None = None) -> None:
@@ -122,8 +126,9 @@ def test_ignored_files_modes_symlinks_and_crlf_are_recorded(tmp_path):
     assert entries["README.md"][0] == "100644"
     assert entries["src/link.c"][0] == "120000"
     assert _git(root, "cat-file", "blob", entries["src/link.c"][1]) == "mm.c"
-    blob = subprocess.run(["git", "-C", str(root), "cat-file", "blob", entries["src/mm.c"][1]],
-                          capture_output=True, check=True).stdout
+    blob = subprocess.run(
+        ["git", "-C", str(root), "cat-file", "blob", entries["src/mm.c"][1]], capture_output=True, check=True
+    ).stdout
     assert blob == b"int main(void) {\r\n  return 0;\r\n}\r\n"
 
 

@@ -33,7 +33,7 @@ def objects_in(git_dir: Path) -> set[str]:
 
 
 def recorded_size(store: CandidateStore, tree: str) -> TreeSize:
-    (files, size), = store.state.rows("SELECT files, bytes FROM checked_trees WHERE tree = ?", (tree,))
+    ((files, size),) = store.state.rows("SELECT files, bytes FROM checked_trees WHERE tree = ?", (tree,))
     return TreeSize(files=files, bytes=size)
 
 
@@ -61,11 +61,14 @@ def store(tmp_path, repo) -> CandidateStore:
     return store
 
 
-@pytest.mark.parametrize(("files", "limit"), [
-    ({f"many/{i}.txt": "x" for i in range(25)}, "max_files"),
-    ({"big.bin": "y" * 5_000}, "max_file_bytes"),
-    ({f"part{i}.bin": "z" * 3_000 for i in range(4)}, "max_total_bytes"),
-])
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({f"many/{i}.txt": "x" for i in range(25)}, "max_files"),
+        ({"big.bin": "y" * 5_000}, "max_file_bytes"),
+        ({f"part{i}.bin": "z" * 3_000 for i in range(4)}, "max_total_bytes"),
+    ],
+)
 def test_a_tree_over_a_limit_is_refused_before_anything_reaches_the_store(store, repo, files, limit):
     before_objects, before_state = objects_in(store.git_dir), snapshot(store)
     head = commit_files(repo, files, message="too large")
@@ -177,8 +180,7 @@ def test_a_child_over_the_limit_of_an_accepted_parent_is_refused_from_the_differ
     parent_tree = git(repo, "rev-parse", "HEAD^{tree}")
     commit_files(repo, {f"m/{i}.txt": "m" for i in range(10)})
     with pytest.raises(CandidateTooLarge) as caught:
-        measure_tree(agent, git(repo, "rev-parse", "HEAD^{tree}"), LIMITS,
-                     (parent_tree, whole_size(repo, "HEAD~1")))
+        measure_tree(agent, git(repo, "rev-parse", "HEAD^{tree}"), LIMITS, (parent_tree, whole_size(repo, "HEAD~1")))
     assert caught.value.limit == "max_files" and caught.value.actual == whole_size(repo, "HEAD").files
     assert calls == []  # only the difference was read
     with pytest.raises(CandidateTooLarge):

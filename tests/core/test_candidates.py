@@ -23,12 +23,18 @@ AGENT_UID = 1001  # the `agent` user of the main container owns the workspace
 def git(repo: Path, *args: str, input: bytes | None = None) -> str:
     """Plain git as the test's own tool (the agent's side), with a clean identity and config."""
     env = {
-        "PATH": os.environ["PATH"], "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@example.com",
-        "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@example.com",
+        "PATH": os.environ["PATH"],
+        "HOME": str(repo),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": "agent",
+        "GIT_AUTHOR_EMAIL": "agent@example.com",
+        "GIT_COMMITTER_NAME": "agent",
+        "GIT_COMMITTER_EMAIL": "agent@example.com",
     }
-    result = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(repo), *args], env=env, input=input,
-                            check=True, capture_output=True)
+    result = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(repo), *args], env=env, input=input, check=True, capture_output=True
+    )
     return result.stdout.decode().strip()
 
 
@@ -68,8 +74,11 @@ def store_refs(store: CandidateStore) -> list[str]:
 @pytest.fixture
 def agent_repo(tmp_path) -> Path:
     repo = tmp_path / "workspace"
-    commit_files(repo, {"README.md": "baseline\n", "src/main.py": "print('hi')\n",
-                        "src/alias.py": ("link", "main.py")}, message="baseline")
+    commit_files(
+        repo,
+        {"README.md": "baseline\n", "src/main.py": "print('hi')\n", "src/alias.py": ("link", "main.py")},
+        message="baseline",
+    )
     commit_files(repo, {"src/main.py": "print('faster')\n"}, message="make it faster\n\nlong body")
     git(repo, "tag", "v1")
     git(repo, "branch", "feature")
@@ -91,10 +100,15 @@ def store(tmp_path) -> CandidateStore:
 
 def test_agent_repo_owned_by_another_uid_is_refused_by_plain_git(agent_repo, tmp_path):
     # The condition the store must handle is real: without `safe.directory`, git refuses the repo.
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": os.devnull}
-    result = subprocess.run(["git", "-C", str(agent_repo), "rev-parse", "HEAD"], env=env, capture_output=True,
-                            text=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+    }
+    result = subprocess.run(
+        ["git", "-C", str(agent_repo), "rev-parse", "HEAD"], env=env, capture_output=True, text=True
+    )
     assert result.returncode != 0 and "dubious ownership" in result.stderr
     assert os.stat(agent_repo / ".git").st_uid == AGENT_UID != os.getuid()
 
@@ -140,9 +154,11 @@ def test_several_candidates_listed_by_import_time_and_no_branch_or_tag(store, ag
 
 def test_concurrent_imports_of_one_commit_store_one_record(store, agent_repo):
     async def both():
-        return await asyncio.gather(store.import_version(agent_repo, "HEAD"),
-                                    store.import_version(agent_repo, "main"),
-                                    store.import_version(agent_repo, "v1"))
+        return await asyncio.gather(
+            store.import_version(agent_repo, "HEAD"),
+            store.import_version(agent_repo, "main"),
+            store.import_version(agent_repo, "v1"),
+        )
 
     results = asyncio.run(both())
     assert results[0] == results[1] == results[2]
@@ -195,7 +211,11 @@ def test_checkout_writes_the_files_only_independent_of_agent_repo_and_store(stor
     assert (dest / "src" / "main.py").read_text() == "print('faster')\n"
     assert os.readlink(dest / "src" / "alias.py") == "main.py"
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
-        "README.md", "src", "src/alias.py", "src/main.py"]  # no .git, no history, no index
+        "README.md",
+        "src",
+        "src/alias.py",
+        "src/main.py",
+    ]  # no .git, no history, no index
     shutil.rmtree(store.root)
     assert (dest / "src" / "main.py").read_text() == "print('faster')\n"
 
@@ -217,8 +237,11 @@ def test_objects_from_agent_alternates_are_copied_into_the_store(store, tmp_path
     upstream = tmp_path / "upstream"
     head = commit_files(upstream, {"data.txt": "only upstream has this object\n"})
     agent = tmp_path / "agent"
-    subprocess.run(["git", "clone", "-q", "--shared", str(upstream), str(agent)], check=True,
-                   env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"})
+    subprocess.run(
+        ["git", "clone", "-q", "--shared", str(upstream), str(agent)],
+        check=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"},
+    )
     assert (agent / ".git" / "objects" / "info" / "alternates").is_file()
     chown_agent(agent)
 
@@ -288,8 +311,11 @@ def _hostile_cases(repo: Path, tmp_path: Path) -> dict[str, tuple[str, str]]:
     branch("nested-link-dotdot", {"a/b/up": ("link", "../../..")}, "symlink 'a/b/up' points outside")
     branch("nested-link-absolute", {"a/b/passwd": ("link", "/etc/passwd")}, "symlink 'a/b/passwd' points")
     # Each target alone stays inside; followed through `deep/up` (-> the root) it leaves the tree.
-    branch("link-chain", {"deep/er/up": ("link", "../.."), "y": "y\n", "x": ("link", "deep/er/up/../y")},
-           "symlink 'x' points outside the tree")
+    branch(
+        "link-chain",
+        {"deep/er/up": ("link", "../.."), "y": "y\n", "x": ("link", "deep/er/up/../y")},
+        "symlink 'x' points outside the tree",
+    )
     branch("tracks-vero-dir", {".vero/state.json": "{}"}, "tracks the reserved path '.vero'")
     branch("tracks-vero-file", {".vero": "x"}, "reserved path '.vero'")
     return cases
@@ -311,7 +337,8 @@ def test_hostile_versions_and_trees_are_rejected_without_changing_the_store(stor
         assert snapshot(store) == before, name
         assert store.temporary_refs() == [], name
         assert not (store.git_dir / "refs" / "vero" / "tmp").exists() or not any(
-            (store.git_dir / "refs" / "vero" / "tmp").iterdir()), name
+            (store.git_dir / "refs" / "vero" / "tmp").iterdir()
+        ), name
 
     assert not (tmp_path / "pwned").exists()
     assert store.list() == [good]
@@ -330,14 +357,17 @@ def test_async_rejection_also_leaves_no_temporary_ref(store, tmp_path):
 
 def test_safe_symlinks_are_accepted(store, tmp_path):
     repo = tmp_path / "links"
-    head = commit_files(repo, {
-        "a/b/c/file": "x\n",
-        "a/b/c/up": ("link", "../../.."),          # resolves to the root itself
-        "a/b/sibling": ("link", "c/file"),
-        "a/b/loopfree": ("link", "./c/../c/file"),
-        "top": ("link", "a/b/c/up/a/b/c/file"),    # through a symlinked directory, still inside
-        "dangling": ("link", "not/there"),
-    })
+    head = commit_files(
+        repo,
+        {
+            "a/b/c/file": "x\n",
+            "a/b/c/up": ("link", "../../.."),  # resolves to the root itself
+            "a/b/sibling": ("link", "c/file"),
+            "a/b/loopfree": ("link", "./c/../c/file"),
+            "top": ("link", "a/b/c/up/a/b/c/file"),  # through a symlinked directory, still inside
+            "dangling": ("link", "not/there"),
+        },
+    )
     chown_agent(repo)
     assert store.import_version_sync(repo, "HEAD").id == head
 
@@ -418,7 +448,8 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     update = store.update_worktree(second, work, index)
     assert update.changed is None and not (work / "stray.txt").exists()
     assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == sorted(
-        [f"pkg/m{i}.py" for i in range(50)] + ["new/file.txt"])
+        [f"pkg/m{i}.py" for i in range(50)] + ["new/file.txt"]
+    )
     with pytest.raises(KeyError):
         store.update_worktree("f" * 40, work, index)
 
@@ -464,9 +495,18 @@ def test_no_hook_fsmonitor_or_config_command_of_the_agent_repo_runs(store, tmp_p
     repo = tmp_path / "hooked"
     head = commit_files(repo, {"f.txt": "x\n"})
     marker = tmp_path / "marker"
-    script = f"#!/bin/sh\necho \"$0 $*\" >> {marker}\ncat >/dev/null 2>&1\nexit 0\n"
-    hook_names = ("post-checkout", "reference-transaction", "pre-auto-gc", "post-index-change",
-                  "fsmonitor-watchman", "pre-push", "post-merge", "pre-commit", "push-to-checkout")
+    script = f'#!/bin/sh\necho "$0 $*" >> {marker}\ncat >/dev/null 2>&1\nexit 0\n'
+    hook_names = (
+        "post-checkout",
+        "reference-transaction",
+        "pre-auto-gc",
+        "post-index-change",
+        "fsmonitor-watchman",
+        "pre-push",
+        "post-merge",
+        "pre-commit",
+        "push-to-checkout",
+    )
     custom_hooks = tmp_path / "custom-hooks"
     custom_hooks.mkdir()
     for directory in (repo / ".git" / "hooks", custom_hooks):
@@ -477,10 +517,12 @@ def test_no_hook_fsmonitor_or_config_command_of_the_agent_repo_runs(store, tmp_p
     command.write_text(script)
     command.chmod(0o755)
     with (repo / ".git" / "config").open("a") as config:
-        config.write(f"[core]\n\tfsmonitor = {command}\n\thooksPath = {custom_hooks}\n"
-                     f"\talternateRefsCommand = {command}\n\tsshCommand = {command}\n"
-                     f"[uploadpack]\n\tpackObjectsHook = {command}\n"
-                     f"[protocol]\n\tallow = always\n")
+        config.write(
+            f"[core]\n\tfsmonitor = {command}\n\thooksPath = {custom_hooks}\n"
+            f"\talternateRefsCommand = {command}\n\tsshCommand = {command}\n"
+            f"[uploadpack]\n\tpackObjectsHook = {command}\n"
+            f"[protocol]\n\tallow = always\n"
+        )
     chown_agent(repo)
     # A hostile caller environment must not reach git either.
     monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.hookspath'='{custom_hooks}'")

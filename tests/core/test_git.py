@@ -28,12 +28,16 @@ def test_commit_trees_reads_known_commits_and_leaves_out_the_rest(tmp_path):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "a.txt").write_text("a\n")
     subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
-                    "commit", "-qm", "a"], check=True)
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    tree = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD^{tree}"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-qm", "a"],
+        check=True,
+    )
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    tree = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD^{tree}"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     assert commit_trees(repo, [commit, "f" * 40, "--output=x"]) == {commit: tree}
     assert commit_trees(repo / ".git", [commit], bare=True) == {commit: tree}
     assert not (repo / "x").exists()

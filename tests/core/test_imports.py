@@ -24,9 +24,18 @@ from packaging.utils import canonicalize_name
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FORBIDDEN = ("fastapi", "httpx", "typer", "harbor", "starlette", "uvicorn")
-CORE_MODULES = ("vero.core", "vero.core.policy", "vero.core.ledger", "vero.core.jobs", "vero.core.storage",
-                "vero.core.evaluation", "vero.core.archive", "vero.core.candidates", "vero.core.session",
-                "vero.core.baseline")
+CORE_MODULES = (
+    "vero.core",
+    "vero.core.policy",
+    "vero.core.ledger",
+    "vero.core.jobs",
+    "vero.core.storage",
+    "vero.core.evaluation",
+    "vero.core.archive",
+    "vero.core.candidates",
+    "vero.core.session",
+    "vero.core.baseline",
+)
 # Outside `vero.harbor`, these modules check compiled files against Harbor's own models.
 HARBOR_TASK_CHECK = {"vero.compiler.build", "vero.compiler.case_audit"}
 
@@ -45,7 +54,8 @@ MODULES = _module_names()
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(module: str, *, import_time_only: bool) -> Iterator[tuple[str, int]]:
@@ -107,7 +117,8 @@ def test_the_source_scan_sees_the_imports_it_judges():
     # The rules below are only as good as the scan: it must find lazy, relative and package imports.
     lazy = dict(_imports("vero.spec.cases", import_time_only=False))
     assert "vero.harbor.catalog" in lazy and "vero.harbor.catalog" not in dict(
-        _imports("vero.spec.cases", import_time_only=True))
+        _imports("vero.spec.cases", import_time_only=True)
+    )
     assert {"vero.errors", "vero.core", "vero.spec"} <= _loaded_with("vero.core.jobs")
     assert "harbor" in {_top(t) for t, _ in _imports("vero.harbor.catalog", import_time_only=False)}
 
@@ -115,20 +126,29 @@ def test_the_source_scan_sees_the_imports_it_judges():
 def test_core_modules_import_no_web_cli_or_harbor_code():
     found = []
     for module in (m for m in MODULES if m == "vero.core" or m.startswith("vero.core.")):
-        found += [f"{module}:{line} imports {target}" for target, line in _imports(module, import_time_only=False)
-                  if _top(target) in FORBIDDEN]
+        found += [
+            f"{module}:{line} imports {target}"
+            for target, line in _imports(module, import_time_only=False)
+            if _top(target) in FORBIDDEN
+        ]
     for module in (m for m in MODULES if m.startswith("vero.core")):
-        found += [f"loading {module} loads {other}, which imports {target}"
-                  for other in sorted(_loaded_with(module))
-                  for target, _ in _imports(other, import_time_only=True) if _top(target) in FORBIDDEN]
+        found += [
+            f"loading {module} loads {other}, which imports {target}"
+            for other in sorted(_loaded_with(module))
+            for target, _ in _imports(other, import_time_only=True)
+            if _top(target) in FORBIDDEN
+        ]
     assert found == []
 
 
 def test_only_the_harbor_adapter_and_the_task_check_import_harbor():
-    found = [f"{module}:{line} imports {target}"
-             for module in MODULES
-             if not (module == "vero.harbor" or module.startswith("vero.harbor.")) and module not in HARBOR_TASK_CHECK
-             for target, line in _imports(module, import_time_only=False) if _top(target) == "harbor"]
+    found = [
+        f"{module}:{line} imports {target}"
+        for module in MODULES
+        if not (module == "vero.harbor" or module.startswith("vero.harbor.")) and module not in HARBOR_TASK_CHECK
+        for target, line in _imports(module, import_time_only=False)
+        if _top(target) == "harbor"
+    ]
     assert found == []
 
 

@@ -21,8 +21,11 @@ from vero.errors import BudgetExhausted, Conflict, LedgerCorrupt, UnknownJob
 
 from .test_ledger import assert_consistent, tamper
 
-TOTALS = {("train", "agent"): BudgetTotals(runs=100, cases=400), ("val", "agent"): BudgetTotals(runs=3, cases=6),
-          ("train", "operator"): BudgetTotals(runs=10, cases=40)}
+TOTALS = {
+    ("train", "agent"): BudgetTotals(runs=100, cases=400),
+    ("val", "agent"): BudgetTotals(runs=3, cases=6),
+    ("train", "operator"): BudgetTotals(runs=10, cases=40),
+}
 
 
 @pytest.fixture
@@ -37,9 +40,14 @@ def new_job(make_job, **options) -> EvaluationJob:
 
 def result_for(job: EvaluationJob, score: float = 0.5) -> EvaluationResult:
     now = datetime.now(UTC)
-    return EvaluationResult.from_cases(partition=job.partition, candidate=job.candidate, reward_key="reward",
-                                       cases=[CaseResult.from_attempts(c, [], score) for c in job.cases],
-                                       started_at=now, finished_at=now + timedelta(seconds=1))
+    return EvaluationResult.from_cases(
+        partition=job.partition,
+        candidate=job.candidate,
+        reward_key="reward",
+        cases=[CaseResult.from_attempts(c, [], score) for c in job.cases],
+        started_at=now,
+        finished_at=now + timedelta(seconds=1),
+    )
 
 
 def reopen(store: JobStore) -> JobStore:
@@ -47,6 +55,7 @@ def reopen(store: JobStore) -> JobStore:
 
 
 # admit / update / finish / get / list -------------------------------------------------------------------
+
 
 async def test_admit_get_list_update_finish(jobs, make_job):
     assert jobs.list() == []
@@ -169,9 +178,12 @@ async def test_returned_jobs_are_immutable_snapshots_shared_while_unchanged(jobs
 async def test_concurrent_admissions_updates_and_finishes_are_all_recorded(jobs, make_job):
     admitted = await asyncio.gather(*(jobs.admit(new_job(make_job), Cost.of_evaluation(1)) for _ in range(50)))
     await asyncio.gather(*(jobs.update(j.id, state="running") for j, _ in admitted))
-    await asyncio.gather(*(
-        jobs.finish(j.id, "failed" if i % 2 else "complete", error="infrastructure" if i % 2 else None)
-        for i, (j, _) in enumerate(admitted)))
+    await asyncio.gather(
+        *(
+            jobs.finish(j.id, "failed" if i % 2 else "complete", error="infrastructure" if i % 2 else None)
+            for i, (j, _) in enumerate(admitted)
+        )
+    )
     again = reopen(jobs)
     assert [j.id for j in again.list()] == [j.id for j in jobs.list()]
     assert sorted(j.state for j in again.list()) == ["complete"] * 25 + ["failed"] * 25
@@ -190,6 +202,7 @@ def test_usable_from_several_event_loops(jobs, make_job):
 
 
 # pages and counts ----------------------------------------------------------------------------------------
+
 
 async def test_pages_are_newest_first_with_a_cursor_and_filters(jobs, make_job):
     created = []
@@ -220,6 +233,7 @@ async def test_pages_are_newest_first_with_a_cursor_and_filters(jobs, make_job):
 
 
 # restart and recovery ----------------------------------------------------------------------------------
+
 
 async def test_jobs_survive_reopen_in_creation_order(jobs, make_job):
     created = [(await jobs.admit(new_job(make_job), Cost.of_evaluation(1)))[0] for _ in range(5)]
@@ -267,14 +281,24 @@ async def test_recover_without_reconciliation_leaves_orphan_reservations(jobs, m
 
 # tampering ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("statements", [
-    ["UPDATE jobs SET state = 'complete', record = json_set(record, '$.state', 'complete')"],  # reservation open
-    ["UPDATE reservations SET state = 'refunded', closed_at = created_at"],  # job still queued
-    ["UPDATE jobs SET record = json_set(record, '$.principal', 'operator')"],  # record and row disagree
-    ["UPDATE jobs SET record = json_set(record, '$.cases', 7)"],  # the record is no EvaluationJob
-    ["UPDATE jobs SET reservation_id = 'rs-none', record = json_set(record, '$.reservation_id', 'rs-none')"],
-], ids=["terminal-with-open-reservation", "closed-reservation-of-queued-job", "record-disagrees", "bad-record",
-        "missing-reservation"])
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        ["UPDATE jobs SET state = 'complete', record = json_set(record, '$.state', 'complete')"],  # reservation open
+        ["UPDATE reservations SET state = 'refunded', closed_at = created_at"],  # job still queued
+        ["UPDATE jobs SET record = json_set(record, '$.principal', 'operator')"],  # record and row disagree
+        ["UPDATE jobs SET record = json_set(record, '$.cases', 7)"],  # the record is no EvaluationJob
+        ["UPDATE jobs SET reservation_id = 'rs-none', record = json_set(record, '$.reservation_id', 'rs-none')"],
+    ],
+    ids=[
+        "terminal-with-open-reservation",
+        "closed-reservation-of-queued-job",
+        "record-disagrees",
+        "bad-record",
+        "missing-reservation",
+    ],
+)
 async def test_a_tampered_job_table_refuses_to_open(jobs, make_job, statements):
     await jobs.admit(new_job(make_job), Cost.of_evaluation(1))
     path = jobs.state.path
@@ -286,6 +310,7 @@ async def test_a_tampered_job_table_refuses_to_open(jobs, make_job, statements):
 
 
 # the race the store removes ----------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(120)
 def test_concurrent_finishes_are_never_seen_half_done(jobs, make_job):
@@ -315,16 +340,21 @@ def test_concurrent_finishes_are_never_seen_half_done(jobs, make_job):
             looks[0] += 1
 
     async def finish_half(ids: list[str]) -> None:
-        await asyncio.gather(*(jobs.finish(job_id, "complete" if i % 2 else "failed",
-                                           error=None if i % 2 else "infrastructure")
-                               for i, job_id in enumerate(ids)))
+        await asyncio.gather(
+            *(
+                jobs.finish(job_id, "complete" if i % 2 else "failed", error=None if i % 2 else "infrastructure")
+                for i, job_id in enumerate(ids)
+            )
+        )
 
     observers = [threading.Thread(target=observe) for _ in range(3)]
     for thread in observers:
         thread.start()
     try:
-        finishers = [threading.Thread(target=lambda part=part: asyncio.run(finish_half(part)))
-                     for part in (admitted[0::2], admitted[1::2])]
+        finishers = [
+            threading.Thread(target=lambda part=part: asyncio.run(finish_half(part)))
+            for part in (admitted[0::2], admitted[1::2])
+        ]
         for thread in finishers:
             thread.start()
         for thread in finishers:
@@ -340,8 +370,9 @@ def test_concurrent_finishes_are_never_seen_half_done(jobs, make_job):
 
 
 async def _admit_many(jobs: JobStore, make_job, n: int) -> list[str]:
-    admitted = await asyncio.gather(*(jobs.admit(new_job(make_job, cases=["c1"]), Cost.of_evaluation(1))
-                                      for _ in range(n)))
+    admitted = await asyncio.gather(
+        *(jobs.admit(new_job(make_job, cases=["c1"]), Cost.of_evaluation(1)) for _ in range(n))
+    )
     return [job.id for job, _ in admitted]
 
 

@@ -31,14 +31,14 @@ def test_a_sequence_discloses_only_improvements_beyond_the_margin_rounded():
     rule = LadderSpec(margin=0.05, precision=0.01)
     scores = [0.5037, 0.52, 0.5612, 0.55, 0.6112, 0.6049, math.nan, math.inf, 0.7]
     assert run(scores, rule) == [
-        (0.5, True),     # the first score is disclosed, rounded
-        (0.5, False),    # +0.0163 < margin: the previous best again
-        (0.56, True),    # +0.0612 from the disclosed 0.50
+        (0.5, True),  # the first score is disclosed, rounded
+        (0.5, False),  # +0.0163 < margin: the previous best again
+        (0.56, True),  # +0.0612 from the disclosed 0.50
         (0.56, False),
-        (0.61, True),    # +0.0512
-        (0.61, False),   # -0.0051
-        (0.61, False),   # not a number never improves
-        (0.61, False),   # nor does infinity
+        (0.61, True),  # +0.0512
+        (0.61, False),  # -0.0051
+        (0.61, False),  # not a number never improves
+        (0.61, False),  # nor does infinity
         (0.7, True),
     ]
 
@@ -53,7 +53,12 @@ def test_the_margin_is_measured_from_the_disclosed_best_exactly():
 def test_minimize_improves_downwards():
     rule = LadderSpec(margin=1.0, precision=0.5)
     assert run([10.2, 9.6, 8.9, 11.0, 7.1], rule, "minimize") == [
-        (10.0, True), (10.0, False), (9.0, True), (9.0, False), (7.0, True)]
+        (10.0, True),
+        (10.0, False),
+        (9.0, True),
+        (9.0, False),
+        (7.0, True),
+    ]
 
 
 def test_a_first_non_finite_score_discloses_nothing():
@@ -71,9 +76,17 @@ def test_rounding():
         round_to_precision(math.nan, 0.1)
 
 
-@pytest.mark.parametrize("bad", [{"margin": 0}, {"margin": -0.1}, {"margin": math.inf},
-                                 {"margin": 0.1, "precision": 0.2}, {"margin": 0.1, "precision": 0},
-                                 {"margin": 0.1, "extra": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"margin": 0},
+        {"margin": -0.1},
+        {"margin": math.inf},
+        {"margin": 0.1, "precision": 0.2},
+        {"margin": 0.1, "precision": 0},
+        {"margin": 0.1, "extra": 1},
+    ],
+)
 def test_bad_ladder_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         LadderSpec.model_validate(bad)
@@ -86,10 +99,12 @@ def test_precision_defaults_to_the_margin():
 
 def test_rebuild_restores_the_best_in_any_order():
     rule = LadderSpec(margin=0.1)
-    decisions = [(KEY, LadderDisclosure(score=0.5, improved=True)),
-                 (KEY, LadderDisclosure(score=0.5, improved=False)),
-                 (KEY, LadderDisclosure(score=0.7, improved=True)),
-                 (("agent", "holdout", ("a",)), LadderDisclosure(score=0.9, improved=True))]
+    decisions = [
+        (KEY, LadderDisclosure(score=0.5, improved=True)),
+        (KEY, LadderDisclosure(score=0.5, improved=False)),
+        (KEY, LadderDisclosure(score=0.7, improved=True)),
+        (("agent", "holdout", ("a",)), LadderDisclosure(score=0.9, improved=True)),
+    ]
     for order in (decisions, list(reversed(decisions))):
         board = LadderBoard.rebuild(order, "maximize")
         assert board.best(KEY) == 0.7

@@ -46,11 +46,16 @@ def check_raw_invariants(path: Path) -> None:
         ids = [rid for (rid,) in conn.execute("SELECT id FROM reservations")]
         assert len(ids) == len(set(ids)), "a reservation is recorded twice"
         for partition, principal, resource, total, settled, reserved in conn.execute(
-                "SELECT partition, principal, resource, total, settled, reserved FROM budgets").fetchall():
-            sums = dict(conn.execute(
-                "SELECT r.state, sum(c.amount) FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id "
-                "WHERE r.partition = ? AND r.principal = ? AND c.resource = ? GROUP BY r.state",
-                (partition, principal, resource)))
+            "SELECT partition, principal, resource, total, settled, reserved FROM budgets"
+        ).fetchall():
+            sums = dict(
+                conn.execute(
+                    "SELECT r.state, sum(c.amount) FROM reservation_costs c "
+                    "JOIN reservations r ON r.id = c.reservation_id "
+                    "WHERE r.partition = ? AND r.principal = ? AND c.resource = ? GROUP BY r.state",
+                    (partition, principal, resource),
+                )
+            )
             assert settled == sums.get("settled", 0) and reserved == sums.get("reserved", 0)
             remaining = total - settled - reserved
             assert remaining >= 0 and settled + reserved + remaining == total
@@ -78,13 +83,18 @@ def tamper(path: Path, *statements: str) -> None:
 
 # basic life cycle -----------------------------------------------------------------------------------
 
+
 def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
     assert ledger_path.is_file()
     assert oct(ledger_path.stat().st_mode & 0o777) == "0o600"
     raw = ledger.state.export()
     assert raw["schema_version"] == 1 and raw["reservations"] == [] and raw["jobs"] == []
     assert [(b["partition"], b["resource"], b["total"]) for b in raw["budgets"]] == [
-        ("train", "cases", 40), ("train", "runs", 10), ("val", "cases", 6), ("val", "runs", 3)]
+        ("train", "cases", 40),
+        ("train", "runs", 10),
+        ("val", "cases", 6),
+        ("val", "runs", 3),
+    ]
     assert sqlite3.connect(ledger_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     balance = ledger.balance("train", "agent")
     figures = (balance.total_runs, balance.total_cases, balance.remaining_runs, balance.remaining_cases)
@@ -196,6 +206,7 @@ def test_cost_rejects_negative_figures():
 
 # durability and failure -----------------------------------------------------------------------------
 
+
 async def test_a_failed_transaction_changes_nothing(ledger):
     await ledger.reserve("train", "agent", Cost.of_evaluation(1), reservation_id="rs-kept")
     before = ledger.state.export_bytes()
@@ -220,8 +231,10 @@ async def test_the_database_refuses_an_overspend_the_caller_did_not_check(ledger
     await ledger.reserve("val", "agent", Cost(runs=3, cases=0))
 
     def unchecked(conn):
-        conn.execute("INSERT INTO reservations (id, partition, principal, state, created_at) "
-                     "VALUES ('rs-x', 'val', 'agent', 'reserved', '2026-01-01T00:00:00Z')")
+        conn.execute(
+            "INSERT INTO reservations (id, partition, principal, state, created_at) "
+            "VALUES ('rs-x', 'val', 'agent', 'reserved', '2026-01-01T00:00:00Z')"
+        )
         conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1)")
 
     with pytest.raises(sqlite3.IntegrityError):
@@ -256,8 +269,9 @@ def test_usable_from_several_event_loops(ledger):
     """Each `asyncio.run` is a new loop; contention forces the lock to bind to the running loop."""
 
     async def burst() -> None:
-        reservations = await asyncio.gather(*(ledger.reserve("train", "agent", Cost(runs=1, cases=1))
-                                              for _ in range(3)))
+        reservations = await asyncio.gather(
+            *(ledger.reserve("train", "agent", Cost(runs=1, cases=1)) for _ in range(3))
+        )
         await asyncio.gather(*(ledger.refund(r.id, "cancelled") for r in reservations))
 
     for _ in range(3):
@@ -269,11 +283,13 @@ def test_usable_from_several_event_loops(ledger):
 
 # concurrency ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(120)
 async def test_a_thousand_concurrent_reservations_grant_exactly_the_total(ledger_path):
     ledger = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=100, cases=100_000)})
     outcomes = await asyncio.gather(
-        *(ledger.reserve("train", "agent", Cost.of_evaluation(3)) for _ in range(1000)), return_exceptions=True)
+        *(ledger.reserve("train", "agent", Cost.of_evaluation(3)) for _ in range(1000)), return_exceptions=True
+    )
     granted = [o for o in outcomes if not isinstance(o, BaseException)]
     refused = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(granted) == 100
@@ -313,6 +329,7 @@ async def test_concurrent_mixed_operations_never_overspend_cases(ledger_path):
 
 
 # restart and configuration drift --------------------------------------------------------------------
+
 
 async def test_state_survives_reopen(ledger, ledger_path, small_totals):
     kept = await ledger.reserve("train", "agent", Cost.of_evaluation(4))
@@ -383,6 +400,7 @@ async def test_a_new_resource_of_a_known_budget_is_added_without_usage(ledger, l
 
 # tampering --------------------------------------------------------------------------------------------
 
+
 async def _ledger_with_history(ledger) -> None:
     a = await ledger.reserve("train", "agent", Cost.of_evaluation(3), reservation_id="rs-a")
     await ledger.settle(a.id)
@@ -397,8 +415,10 @@ _TAMPERINGS = {
     "figures_disagree": ["UPDATE budgets SET settled = settled + 1 WHERE partition = 'train' AND resource = 'cases'"],
     "raised_total_and_figures_hidden": ["UPDATE budgets SET settled = 0 WHERE partition = 'train'"],
     "refund_flipped_to_settled": ["UPDATE reservations SET state = 'settled' WHERE id = 'rs-b'"],
-    "settled_reservation_deleted": ["DELETE FROM reservation_costs WHERE reservation_id = 'rs-a'",
-                                    "DELETE FROM reservations WHERE id = 'rs-a'"],
+    "settled_reservation_deleted": [
+        "DELETE FROM reservation_costs WHERE reservation_id = 'rs-a'",
+        "DELETE FROM reservations WHERE id = 'rs-a'",
+    ],
     "cost_lowered": ["UPDATE reservation_costs SET amount = 0 WHERE reservation_id = 'rs-c'"],
     "reservation_moved": ["UPDATE reservations SET partition = 'val' WHERE id = 'rs-a'"],
     "open_but_closed": ["UPDATE reservations SET closed_at = created_at WHERE id = 'rs-c'"],
@@ -432,9 +452,11 @@ def test_an_empty_file_left_by_a_crash_during_creation_is_initialized(ledger_pat
     assert_consistent(ledger)
 
 
-@pytest.mark.parametrize("content", [b"\x00\xff\xfe garbage \x89PNG" * 300, b"SQLite format 3\x00" + b"\x00" * 80,
-                                     b"{\"schema_version\": 1}"],
-                         ids=["garbage", "truncated", "json"])
+@pytest.mark.parametrize(
+    "content",
+    [b"\x00\xff\xfe garbage \x89PNG" * 300, b"SQLite format 3\x00" + b"\x00" * 80, b'{"schema_version": 1}'],
+    ids=["garbage", "truncated", "json"],
+)
 def test_unreadable_content_refuses_to_start(ledger_path, small_totals, content):
     ledger_path.parent.mkdir(parents=True)
     ledger_path.write_bytes(content)
@@ -468,8 +490,12 @@ def test_unreadable_path_refuses_to_start(tmp_path, small_totals):
 
 # properties -------------------------------------------------------------------------------------------
 
-_op = st.tuples(st.sampled_from(["reserve", "settle", "refund"]), st.sampled_from(["train", "val"]),
-                st.integers(0, 6), st.integers(0, 50))
+_op = st.tuples(
+    st.sampled_from(["reserve", "settle", "refund"]),
+    st.sampled_from(["train", "val"]),
+    st.integers(0, 6),
+    st.integers(0, 50),
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -486,7 +512,7 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
             if name == "reserve":
                 cost = Cost.of_evaluation(n_cases)
                 s_runs, s_cases, r_runs, r_cases = model[key]
-                fits = (s_runs + r_runs + 1 <= totals[key].runs and s_cases + r_cases + n_cases <= totals[key].cases)
+                fits = s_runs + r_runs + 1 <= totals[key].runs and s_cases + r_cases + n_cases <= totals[key].cases
                 try:
                     await ledger.reserve(partition, "agent", cost)
                 except BudgetExhausted:
@@ -528,6 +554,7 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
 
 # crash safety -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     """Kill a reserving/settling/refunding child with SIGKILL 55 times; every reopen passes the
@@ -543,8 +570,9 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     in_flight_kills = 0  # kills that hit a transaction between its start and its acknowledgement
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     while kills < 55:
-        child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(kills)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, env=env)
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), str(path), str(kills)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         seen: list[bytes] = []
         try:
             if rng.random() < 0.15:

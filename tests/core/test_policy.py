@@ -21,8 +21,9 @@ HIDDEN = "holdout-secret-zz9"
 
 
 def access(disclosure: str, floor: int = 5, blocks=None) -> PartitionAccess:
-    return PartitionAccess(disclosure=disclosure, min_aggregate_cases=floor, blocks=blocks, total_runs=10,
-                           total_cases=100)
+    return PartitionAccess(
+        disclosure=disclosure, min_aggregate_cases=floor, blocks=blocks, total_runs=10, total_cases=100
+    )
 
 
 @pytest.fixture
@@ -36,13 +37,19 @@ def policy() -> AccessPolicy:
         HIDDEN: ["h1", "h2", "h3", "h4", "h5", "h6"],
     }
     return AccessPolicy(
-        {"train": access("aggregate", 5), "tiny": access("aggregate", 2), "open": access("full"),
-         "quiet": access("none"), "blocked": access("aggregate", 2, [["b1", "b4"], ["b2", "b3", "b6"], ["b5", "b7"]])},
+        {
+            "train": access("aggregate", 5),
+            "tiny": access("aggregate", 2),
+            "open": access("full"),
+            "quiet": access("none"),
+            "blocked": access("aggregate", 2, [["b1", "b4"], ["b2", "b3", "b6"], ["b5", "b7"]]),
+        },
         partitions,
     )
 
 
 # narrow ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("granted", "current"), list(itertools.product(TIERS, TIERS)))
 def test_narrow_takes_the_narrower_tier(granted, current):
@@ -80,6 +87,7 @@ def test_disclosure_for_uses_the_current_policy(policy):
 
 
 # fail closed ------------------------------------------------------------------------------------------
+
 
 def test_no_policy_denies_everything():
     empty = AccessPolicy({}, {"train": ["a"]})
@@ -126,7 +134,8 @@ def test_non_string_inputs_are_denied(policy):
 def test_per_principal_entries_are_independent():
     partitions = {"train": ["a", "b", "c"]}
     policy = AccessPolicy.per_principal(
-        {("train", "agent"): access("aggregate", 2), ("train", "auditor"): access("full")}, partitions)
+        {("train", "agent"): access("aggregate", 2), ("train", "auditor"): access("full")}, partitions
+    )
     assert policy.authorize("auditor", "train", ["a"]).disclosure == "full"
     with pytest.raises(PolicyDenied):
         policy.authorize("agent", "train", ["a"])
@@ -164,10 +173,16 @@ def test_partition_without_cases_is_denied():
 
 # case selections ------------------------------------------------------------------------------------
 
+
 def test_full_partition_request(policy):
     grant = policy.authorize("agent", "train")
-    assert grant == Grant(principal="agent", partition="train", disclosure="aggregate",
-                          cases=tuple(f"t{i}" for i in range(8)), full_partition=True)
+    assert grant == Grant(
+        principal="agent",
+        partition="train",
+        disclosure="aggregate",
+        cases=tuple(f"t{i}" for i in range(8)),
+        full_partition=True,
+    )
 
 
 def test_subset_listing_every_case_counts_as_full(policy):
@@ -251,8 +266,16 @@ def test_full_and_none_tiers_accept_any_subset(policy, partition):
     assert grant.cases == (first,) and not grant.full_partition
 
 
-@pytest.mark.parametrize("cases", [[], ["t0", "t0", "t1", "t2", "t3", "t4"], ["t0", "t1", "t2", "t3", "zz"],
-                                   ["t0", "t1", "t2", "t3", "x1"], ["h1", "h2", "h3", "h4", "h5"]])
+@pytest.mark.parametrize(
+    "cases",
+    [
+        [],
+        ["t0", "t0", "t1", "t2", "t3", "t4"],
+        ["t0", "t1", "t2", "t3", "zz"],
+        ["t0", "t1", "t2", "t3", "x1"],
+        ["h1", "h2", "h3", "h4", "h5"],
+    ],
+)
 def test_bad_subsets_denied(policy, cases):
     with pytest.raises(PolicyDenied) as info:
         policy.authorize("agent", "train", cases)
@@ -269,6 +292,7 @@ def test_duplicates_are_denied(policy):
 
 # block declarations ---------------------------------------------------------------------------------
 
+
 def test_split_into_blocks_is_deterministic_balanced_and_by_name():
     names = [f"case-{i:02d}" for i in range(11)]
     blocks = split_into_blocks(names, 3)
@@ -284,15 +308,23 @@ def test_split_into_blocks_is_deterministic_balanced_and_by_name():
         split_into_blocks(names, 12)
 
 
-@pytest.mark.parametrize(("blocks", "floor", "where", "what"), [
-    (3, 3, "agent_access.val.blocks", "use at most 2 block(s)"),
-    ([["a", "b", "c"], ["c", "d", "e", "f", "g"]], 3, "agent_access.val.blocks[1]", "disjoint: case 'c'"),
-    ([["a", "b", "c"], ["d", "e"], ["f", "g"]], 3, "agent_access.val.blocks[1]", "fewer than min_aggregate_cases"),
-    ([["a", "b", "c"], ["d", "e", "f"]], 3, "agent_access.val.blocks", "case 'g' is in no block"),
-    ([["a", "b", "c", "zz"], ["d", "e", "f", "g"]], 3, "agent_access.val.blocks[0]", "'zz' is not in the partition"),
-    ([["a", "a", "b", "c"], ["d", "e", "f", "g"]], 3, "agent_access.val.blocks[0]", "also in this block"),
-    (None, 8, "agent_access.val.min_aggregate_cases", "fewer than this floor of 8"),
-])
+@pytest.mark.parametrize(
+    ("blocks", "floor", "where", "what"),
+    [
+        (3, 3, "agent_access.val.blocks", "use at most 2 block(s)"),
+        ([["a", "b", "c"], ["c", "d", "e", "f", "g"]], 3, "agent_access.val.blocks[1]", "disjoint: case 'c'"),
+        ([["a", "b", "c"], ["d", "e"], ["f", "g"]], 3, "agent_access.val.blocks[1]", "fewer than min_aggregate_cases"),
+        ([["a", "b", "c"], ["d", "e", "f"]], 3, "agent_access.val.blocks", "case 'g' is in no block"),
+        (
+            [["a", "b", "c", "zz"], ["d", "e", "f", "g"]],
+            3,
+            "agent_access.val.blocks[0]",
+            "'zz' is not in the partition",
+        ),
+        ([["a", "a", "b", "c"], ["d", "e", "f", "g"]], 3, "agent_access.val.blocks[0]", "also in this block"),
+        (None, 8, "agent_access.val.min_aggregate_cases", "fewer than this floor of 8"),
+    ],
+)
 def test_bad_block_declarations_are_refused_with_their_path(blocks, floor, where, what):
     names = list("abcdefg")
     with pytest.raises(SpecError) as info:
@@ -313,6 +345,7 @@ def test_blocks_and_ladder_only_on_aggregate_partitions():
 
 
 # nothing admitted isolates a case ---------------------------------------------------------------------
+
 
 def _rank(rows: list[list[Fraction]]) -> int:
     """Rank over the rationals by exact Gaussian elimination."""
@@ -339,16 +372,18 @@ def isolated_cases(selections: list[tuple[str, ...]], names: list[str]) -> list[
     if not rows:
         return []
     base = _rank(rows)
-    return [name for i, name in enumerate(names)
-            if _rank([*rows, [Fraction(int(j == i)) for j in range(len(names))]]) == base]
+    return [
+        name
+        for i, name in enumerate(names)
+        if _rank([*rows, [Fraction(int(j == i)) for j in range(len(names))]]) == base
+    ]
 
 
 def test_the_rank_test_finds_the_old_attack():
     """The checker itself: the three answers of issue 10 isolate every case."""
     names = ["a", "b", "c", "d"]
     assert isolated_cases([("a", "b", "c", "d"), ("a", "b", "c"), ("b", "c", "d")], names) == ["a", "d"]
-    assert isolated_cases([("a", "b", "c", "d"), ("a", "b", "c"), ("b", "c", "d"), ("a", "c", "d")],
-                          names) == names
+    assert isolated_cases([("a", "b", "c", "d"), ("a", "b", "c"), ("b", "c", "d"), ("a", "c", "d")], names) == names
     assert isolated_cases([("a", "b", "c", "d"), ("a", "b")], names) == []
 
 
@@ -368,8 +403,7 @@ def declarations(draw):
         order = draw(st.permutations(names))
         k = draw(st.integers(min_value=1, max_value=n_cases // floor))
         sizes = [floor] * k
-        for extra in draw(st.lists(st.integers(0, k - 1), min_size=n_cases - k * floor,
-                                   max_size=n_cases - k * floor)):
+        for extra in draw(st.lists(st.integers(0, k - 1), min_size=n_cases - k * floor, max_size=n_cases - k * floor)):
             sizes[extra] += 1
         cuts = list(itertools.accumulate(sizes, initial=0))
         blocks = [list(order[a:b]) for a, b in itertools.pairwise(cuts)]
@@ -393,7 +427,7 @@ def _valid(names: list[str], floor: int, blocks) -> bool:
     if isinstance(blocks, int):
         return len(names) // blocks >= floor
     flat = [n for b in blocks for n in b]
-    return (all(len(b) >= floor for b in blocks) and len(flat) == len(set(flat)) and set(flat) == set(names))
+    return all(len(b) >= floor for b in blocks) and len(flat) == len(set(flat)) and set(flat) == set(names)
 
 
 @settings(max_examples=400, deadline=None)

@@ -28,10 +28,12 @@ SEALED_AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 def _commit(repo: Path, name: str, text: str) -> str:
     (repo / name).write_text(text)
     subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", name],
-                   check=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", name], check=True
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -52,10 +54,21 @@ def state(tmp_path: Path) -> tuple[Path, str, str]:
         ledger = BudgetLedger.open(state_store, {("train", "agent"): BudgetTotals(runs=5, cases=20)})
         job_id = JobStore.new_id()
         jobs = JobStore(ledger)
-        await jobs.admit(EvaluationJob(
-            id=job_id, principal="agent", partition="train", cases=["c1", "c2"], full_partition=True,
-            version="HEAD", candidate=second, disclosure="full", reservation_id=job_id,
-            created_at=SEALED_AT), Cost.of_evaluation(2))
+        await jobs.admit(
+            EvaluationJob(
+                id=job_id,
+                principal="agent",
+                partition="train",
+                cases=["c1", "c2"],
+                full_partition=True,
+                version="HEAD",
+                candidate=second,
+                disclosure="full",
+                reservation_id=job_id,
+                created_at=SEALED_AT,
+            ),
+            Cost.of_evaluation(2),
+        )
         await jobs.finish(job_id, "complete", finished_at=SEALED_AT)
         await record_submission(state_store, Submission(candidate=second, version="HEAD", submitted_at=SEALED_AT))
 
@@ -66,8 +79,9 @@ def state(tmp_path: Path) -> tuple[Path, str, str]:
 
 
 def _write(state_dir: Path, dest: Path) -> str:
-    return write_session_archive(state_dir, dest, name="demo", spec_digest=SPEC_DIGEST,
-                                 baseline_commit="f" * 40, sealed_at=SEALED_AT)
+    return write_session_archive(
+        state_dir, dest, name="demo", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40, sealed_at=SEALED_AT
+    )
 
 
 def test_sealing_twice_gives_identical_bytes(state, tmp_path: Path) -> None:
@@ -92,8 +106,12 @@ def test_read_session_round_trips_records_and_commits(state, tmp_path: Path) -> 
     assert [j.candidate for j in session.jobs] == [second]
     (balance,) = session.balances
     assert (balance.settled_runs, balance.settled_cases) == (1, 2)
-    refs = subprocess.run(["git", "--git-dir", str(session.git_dir), "for-each-ref", "--format=%(objectname)"],
-                          check=True, capture_output=True, text=True).stdout.split()
+    refs = subprocess.run(
+        ["git", "--git-dir", str(session.git_dir), "for-each-ref", "--format=%(objectname)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert sorted(refs) == sorted([first, second])
 
 
@@ -168,11 +186,13 @@ def test_tampered_archives_are_refused(state, tmp_path: Path, case: str) -> None
         data[len(data) // 2] ^= 0xFF
         archive.write_bytes(bytes(data))
     elif case == "edit-record":
+
         def edit(stage: Path) -> None:
             path = stage / "state.json"
             record = json.loads(path.read_text())
             record["submission"]["version"] = "evil"
             path.write_text(json.dumps(record))
+
         _rewrite(archive, edit)
     elif case == "extra-file":
         _rewrite(archive, lambda stage: (stage / "planted.json").write_text("{}"))

@@ -27,8 +27,21 @@ from examples.conftest import EXAMPLES, HARBOR, REPO_ROOT, TASKS_DIR, harbor_env
 from vero.spec import load_spec
 from vero.spec.compiled import VerifierConfig, load_config
 
-__all__ = ["EXAMPLES", "HARBOR", "ExampleRun", "compose_build", "harbor_env", "hidden_cases", "image_exists",
-           "kill_group", "list_image", "remove_images", "secret_env", "start_run", "wait_run"]
+__all__ = [
+    "EXAMPLES",
+    "HARBOR",
+    "ExampleRun",
+    "compose_build",
+    "harbor_env",
+    "hidden_cases",
+    "image_exists",
+    "kill_group",
+    "list_image",
+    "remove_images",
+    "secret_env",
+    "start_run",
+    "wait_run",
+]
 
 VERO = str(Path(sys.executable).with_name("vero"))
 """The installed console script (the venv's `bin/vero`), as a user would run it."""
@@ -84,7 +97,8 @@ class ExampleRun:
         """`verifier_result.rewards["reward"]` of the trial (the example's single target's key)."""
         rewards = (self.result.get("verifier_result") or {}).get("rewards") or {}
         assert "reward" in rewards, (
-            f"{self.describe()}: no reward in the trial result: {self.result.get('exception_info')}")
+            f"{self.describe()}: no reward in the trial result: {self.result.get('exception_info')}"
+        )
         return float(rewards["reward"])
 
     @property
@@ -116,8 +130,10 @@ class ExampleRun:
             span = datetime.fromisoformat(phase["finished_at"]) - datetime.fromisoformat(phase["started_at"])
             return f"{span.total_seconds():.0f} s"
 
-        return (f"{self.agent}: command {self.seconds:.0f} s (environment {seconds('environment_setup')}, "
-                f"agent {seconds('agent_execution')}, verifier {seconds('verifier')})")
+        return (
+            f"{self.agent}: command {self.seconds:.0f} s (environment {seconds('environment_setup')}, "
+            f"agent {seconds('agent_execution')}, verifier {seconds('verifier')})"
+        )
 
     def describe(self) -> str:
         return f"vero harbor run {self.example} --agent {self.agent} (trial {self.trial_dir})"
@@ -146,8 +162,13 @@ class _Started:
     """When the process exited (set by `watcher`), so concurrent runs are timed separately."""
 
 
-def start_run(example: str, agent: str, workdir: Path, extra_env: dict[str, str] | None = None,
-              extra_args: list[str] | None = None) -> _Started:
+def start_run(
+    example: str,
+    agent: str,
+    workdir: Path,
+    extra_env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+) -> _Started:
     """Start `vero harbor run` in its own process group; its compiled task goes to `<workdir>/tmp`.
 
     `extra_args` are further `vero harbor run` options (e.g. `--model`)."""
@@ -156,12 +177,31 @@ def start_run(example: str, agent: str, workdir: Path, extra_env: dict[str, str]
     jobs_dir = workdir / "jobs"
     job_name = f"e2e-{example}-{agent}-{uuid.uuid4().hex[:6]}"
     log = workdir / "vero-run.log"
-    argv = [VERO, "harbor", "run", "--config", str(build_spec_path(example)), "--agent", agent,
-            "--jobs-dir", str(jobs_dir), "--job-name", job_name, *(extra_args or [])]
+    argv = [
+        VERO,
+        "harbor",
+        "run",
+        "--config",
+        str(build_spec_path(example)),
+        "--agent",
+        agent,
+        "--jobs-dir",
+        str(jobs_dir),
+        "--job-name",
+        job_name,
+        *(extra_args or []),
+    ]
     env = harbor_env({"TMPDIR": str(tmp), **secret_env(example), **(extra_env or {})})
     with log.open("wb") as out:
-        process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     ended: list[float] = []
     watcher = threading.Thread(target=lambda: (process.wait(), ended.append(time.monotonic())), daemon=True)
     watcher.start()
@@ -179,8 +219,10 @@ def wait_run(started: _Started, timeout_sec: float = RUN_TIMEOUT_SEC) -> Example
         started.process.wait(timeout=remaining)
     except subprocess.TimeoutExpired:
         kill_group(started.process)
-        raise AssertionError(f"vero harbor run {started.example} --agent {started.agent} did not finish "
-                             f"in {timeout_sec} s:\n{started.log.read_text(errors='replace')[-3000:]}") from None
+        raise AssertionError(
+            f"vero harbor run {started.example} --agent {started.agent} did not finish "
+            f"in {timeout_sec} s:\n{started.log.read_text(errors='replace')[-3000:]}"
+        ) from None
     started.watcher.join(timeout=10)
     seconds = (started.ended[0] if started.ended else time.monotonic()) - started.started
     output = started.log.read_text(errors="replace")
@@ -190,9 +232,15 @@ def wait_run(started: _Started, timeout_sec: float = RUN_TIMEOUT_SEC) -> Example
     tasks = sorted(started.tmp.glob(f"vero-{started.example}-*/{started.example}"))
     assert len(tasks) == 1, f"expected one compiled task under {started.tmp}, found {tasks}"
     return ExampleRun(
-        example=started.example, agent=started.agent, returncode=started.process.returncode, output=output,
-        job_dir=job_dir, trial_dir=trials[0], result=json.loads((trials[0] / "result.json").read_text()),
-        task_dir=tasks[0], seconds=seconds,
+        example=started.example,
+        agent=started.agent,
+        returncode=started.process.returncode,
+        output=output,
+        job_dir=job_dir,
+        trial_dir=trials[0],
+        result=json.loads((trials[0] / "result.json").read_text()),
+        task_dir=tasks[0],
+        seconds=seconds,
     )
 
 
@@ -220,7 +268,8 @@ class HiddenCases:
 def _file_digests(root: Path) -> dict[str, str]:
     return {
         hashlib.sha256(path.read_bytes()).hexdigest(): path.relative_to(root).as_posix()
-        for path in sorted(root.rglob("*")) if path.is_file()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
     }
 
 
@@ -278,15 +327,15 @@ def list_image(image: str, sizes: Iterable[int] = ()) -> ImageListing:
         AssertionError: the container cannot be created or the export fails.
     """
     sizes = frozenset(sizes)
-    created = subprocess.run(["docker", "create", image, "/bin/true"], capture_output=True, text=True,
-                             timeout=120, check=False)
+    created = subprocess.run(
+        ["docker", "create", image, "/bin/true"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert created.returncode == 0, f"docker create {image}: {created.stderr}"
     container = created.stdout.strip()
     paths: set[str] = set()
     digests: dict[str, str] = {}
     try:
-        export = subprocess.Popen(["docker", "export", container], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+        export = subprocess.Popen(["docker", "export", container], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert export.stdout is not None
         try:
             with tarfile.open(fileobj=export.stdout, mode="r|") as stream:
@@ -309,15 +358,24 @@ def list_image(image: str, sizes: Iterable[int] = ()) -> ImageListing:
 
 def compose_build(compose_file: Path, project: str, env: dict[str, str], timeout_sec: float) -> None:
     """`docker compose -p <project> -f <file> build` (BuildKit's layer cache makes repeats cheap)."""
-    done = subprocess.run(["docker", "compose", "-p", project, "-f", str(compose_file), "build"],
-                          capture_output=True, text=True, env=env, timeout=timeout_sec, check=False)
+    done = subprocess.run(
+        ["docker", "compose", "-p", project, "-f", str(compose_file), "build"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_sec,
+        check=False,
+    )
     assert done.returncode == 0, (
-        f"docker compose build {compose_file} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        f"docker compose build {compose_file} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
 
 
 def image_exists(image: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60,
-                          check=False).returncode == 0
+    return (
+        subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60, check=False).returncode
+        == 0
+    )
 
 
 def remove_images(images: Iterable[str]) -> None:

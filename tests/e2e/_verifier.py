@@ -47,12 +47,14 @@ class VerifierRun:
 
 
 def _docker(*args: str, timeout_sec: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec,
-                          stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout_sec, stdin=subprocess.DEVNULL, check=False
+    )
 
 
-def run_verifier_image(layout: TaskLayout, export_dir: Path, logs: Path, *, name: str,
-                       timeout_sec: float = 1200) -> VerifierRun:
+def run_verifier_image(
+    layout: TaskLayout, export_dir: Path, logs: Path, *, name: str, timeout_sec: float = 1200
+) -> VerifierRun:
     """Build `layout.tests_dir`, run `/tests/test.sh` in it, remove the container and the image.
 
     Args:
@@ -71,10 +73,21 @@ def run_verifier_image(layout: TaskLayout, export_dir: Path, logs: Path, *, name
     try:
         built = _docker("build", "-q", "--force-rm", "-t", tag, str(layout.tests_dir), timeout_sec=timeout_sec)
         assert built.returncode == 0, built.stdout + built.stderr
-        run = _docker("run", "--name", container, "-v", f"{export_dir}:{CONTAINER_PATHS.export}:ro",
-                      *(arg for mount in mounts for arg in ("-v", mount)), "-v", f"{logs}:/logs/verifier",
-                      tag, "bash", "-c", "(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1",
-                      timeout_sec=timeout_sec)
+        run = _docker(
+            "run",
+            "--name",
+            container,
+            "-v",
+            f"{export_dir}:{CONTAINER_PATHS.export}:ro",
+            *(arg for mount in mounts for arg in ("-v", mount)),
+            "-v",
+            f"{logs}:/logs/verifier",
+            tag,
+            "bash",
+            "-c",
+            "(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1",
+            timeout_sec=timeout_sec,
+        )
         stdout_path = logs / "test-stdout.txt"
         diagnostics = run.stdout + run.stderr + (stdout_path.read_text() if stdout_path.is_file() else "")
         return VerifierRun(run.returncode, logs, diagnostics)

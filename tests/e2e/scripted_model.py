@@ -113,24 +113,28 @@ class ScriptedModel:
         shown = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
         with self._lock:
             reply = self._next(shown)
-            self.transcript.append({"n": len(self.transcript) + 1, "at": time.time(), "shown": shown,
-                                    "reply": reply})
+            self.transcript.append({"n": len(self.transcript) + 1, "at": time.time(), "shown": shown, "reply": reply})
         content = json.dumps(reply)
         return {
             "id": f"chatcmpl-scripted-{len(self.transcript)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", MODEL_NAME),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": len(shown) // 4, "completion_tokens": len(content) // 4,
-                      "total_tokens": (len(shown) + len(content)) // 4},
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {
+                "prompt_tokens": len(shown) // 4,
+                "completion_tokens": len(content) // 4,
+                "total_tokens": (len(shown) + len(content)) // 4,
+            },
         }
 
     def _reply(self, plan: str, commands: list[tuple[str, float]], *, complete: bool = False) -> dict[str, Any]:
-        return {"analysis": f"step {self._index + 1} of {len(self.steps)}", "plan": plan,
-                "commands": [{"keystrokes": keys, "duration": duration} for keys, duration in commands],
-                "task_complete": complete}
+        return {
+            "analysis": f"step {self._index + 1} of {len(self.steps)}",
+            "plan": plan,
+            "commands": [{"keystrokes": keys, "duration": duration} for keys, duration in commands],
+            "task_complete": complete,
+        }
 
     def _finish(self, outcome: str) -> dict[str, Any]:
         if self.outcome is None:

@@ -74,8 +74,9 @@ def _reference_commands(reference: Path) -> list[tuple[str, float]]:
     for path in sorted(p for p in reference.rglob("*") if p.is_file()):
         rel = path.relative_to(reference).as_posix()
         data = base64.b64encode(path.read_bytes()).decode()
-        commands.append((f"mkdir -p \"$(dirname {shlex.quote(rel)})\" && printf %s {data} | base64 -d > "
-                         f"{shlex.quote(rel)}\n", 0.3))
+        commands.append(
+            (f'mkdir -p "$(dirname {shlex.quote(rel)})" && printf %s {data} | base64 -d > {shlex.quote(rel)}\n', 0.3)
+        )
     return commands
 
 
@@ -84,15 +85,25 @@ def _steps(reference: Path, partition: str) -> list[Step]:
         skill = _available_skills(script.first_prompt).get("vero-optimize", "/nonexistent/SKILL.md")
         mcp = _mcp_url(script.first_prompt) or "http://nonexistent.invalid/mcp"
         tools_list = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
-        names = ("import json,sys; "
-                 "print('mcp tools:', sorted(t['name'] for t in json.load(sys.stdin)['result']['tools']))")
-        return [("cd /app && git log --oneline && ls && head -n 4 " + shlex.quote(skill)
-                 + " && vero harbor status > /tmp/status.json"
-                   " && python3 -c 'import json; s=json.load(open(\"/tmp/status.json\"));"
-                   " print(\"partitions:\", [(p[\"name\"], p[\"disclosure\"]) for p in s[\"partitions\"]])'"
-                 + f" && curl -fsS -X POST {shlex.quote(mcp)} -H 'content-type: application/json'"
-                   " -H 'accept: application/json, text/event-stream' -d " + shlex.quote(tools_list)
-                 + " | python3 -c " + shlex.quote(names) + "\n", 2.0)]
+        names = (
+            "import json,sys; print('mcp tools:', sorted(t['name'] for t in json.load(sys.stdin)['result']['tools']))"
+        )
+        return [
+            (
+                "cd /app && git log --oneline && ls && head -n 4 "
+                + shlex.quote(skill)
+                + " && vero harbor status > /tmp/status.json"
+                ' && python3 -c \'import json; s=json.load(open("/tmp/status.json"));'
+                ' print("partitions:", [(p["name"], p["disclosure"]) for p in s["partitions"]])\''
+                + f" && curl -fsS -X POST {shlex.quote(mcp)} -H 'content-type: application/json'"
+                " -H 'accept: application/json, text/event-stream' -d "
+                + shlex.quote(tools_list)
+                + " | python3 -c "
+                + shlex.quote(names)
+                + "\n",
+                2.0,
+            )
+        ]
 
     def apply(_: Script) -> list[tuple[str, float]]:
         return _reference_commands(reference)
@@ -101,14 +112,21 @@ def _steps(reference: Path, partition: str) -> list[Step]:
         return [("git add -A && git commit -qm 'apply the reference change' && git log --oneline -n 2\n", 0.5)]
 
     def evaluate(_: Script) -> list[tuple[str, float]]:
-        return [(f"vero harbor eval --partition {partition} --wait > /tmp/eval.json; rc=$?; "
-                 "cat /tmp/eval.json; echo; (exit $rc)\n", 20.0)]
+        return [
+            (
+                f"vero harbor eval --partition {partition} --wait > /tmp/eval.json; rc=$?; "
+                "cat /tmp/eval.json; echo; (exit $rc)\n",
+                20.0,
+            )
+        ]
 
     def read(script: Script) -> list[tuple[str, float]]:
         ids = _JOB_ID.findall(script.everything())
         job = ids[-1] if ids else "ev-0000000000000000"
-        show = ("import json,sys; j=json.load(sys.stdin); r=j['result']; "
-                "print('job', j['id'], j['state'], 'score', r['score'], 'cases', r['n_cases'])")
+        show = (
+            "import json,sys; j=json.load(sys.stdin); r=j['result']; "
+            "print('job', j['id'], j['state'], 'score', r['score'], 'cases', r['n_cases'])"
+        )
         return [(f"vero harbor result {job} | python3 -c {shlex.quote(show)}\n", 1.0)]
 
     def submit(_: Script) -> list[tuple[str, float]]:
@@ -129,8 +147,9 @@ def _keep_transcript(model: ScriptedModel, trial_dir: Path) -> Path:
     if ARTIFACTS.exists():
         shutil.rmtree(ARTIFACTS)
     ARTIFACTS.mkdir(parents=True)
-    (ARTIFACTS / "transcript.json").write_text(json.dumps(
-        {"outcome": model.outcome, "steps": model.step_results, "exchanges": model.transcript}, indent=2))
+    (ARTIFACTS / "transcript.json").write_text(
+        json.dumps({"outcome": model.outcome, "steps": model.step_results, "exchanges": model.transcript}, indent=2)
+    )
     lines = [f"# terminus-2 on tasks/{EXAMPLE}, scripted model\n", f"outcome: {model.outcome}\n"]
     for exchange in model.transcript:
         lines.append(f"## exchange {exchange['n']}\n\n### shown to the model\n\n```\n{exchange['shown']}\n```\n")
@@ -150,8 +169,13 @@ def test_terminus_2_finds_the_sidecar_and_matches_the_oracle(tmp_path: Path) -> 
     model = ScriptedModel(_steps(spec.target.reference, spec.selection.partition))
     with ServerThread(model.app) as server:
         env = {"OPENAI_BASE_URL": f"{server.url}/v1", "OPENAI_API_KEY": "scripted-no-key"}
-        agent_run = start_run(EXAMPLE, "terminus-2", tmp_path / "terminus-2", extra_env=env,
-                              extra_args=["--model", f"openai/{MODEL_NAME}"])
+        agent_run = start_run(
+            EXAMPLE,
+            "terminus-2",
+            tmp_path / "terminus-2",
+            extra_env=env,
+            extra_args=["--model", f"openai/{MODEL_NAME}"],
+        )
         oracle_run = start_run(EXAMPLE, "oracle", tmp_path / "oracle")
         agent = wait_run(agent_run)
         oracle = wait_run(oracle_run)

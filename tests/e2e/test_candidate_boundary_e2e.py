@@ -102,9 +102,19 @@ def attack_reports(job_dir: Path) -> list[dict]:
 
 def assert_attacks_failed(report: dict, *, expect_budget_stop: bool) -> None:
     assert report["found_harbor"] == "True", report  # it did find its target...
-    for attack in ("list_job_dir", "forge_results", "write_job_file", "list_cases", "read_case_tests",
-                   "read_harbor_environ", "read_state", "read_root_home", "docker_socket", "off_list_model",
-                   "exec_as_root"):
+    for attack in (
+        "list_job_dir",
+        "forge_results",
+        "write_job_file",
+        "list_cases",
+        "read_case_tests",
+        "read_harbor_environ",
+        "read_state",
+        "read_root_home",
+        "docker_socket",
+        "off_list_model",
+        "exec_as_root",
+    ):
         assert report[attack].startswith("denied"), (attack, report)
     assert "PermissionDenied" in report["off_list_model"], report
     assert report["secret_in_own_env"] == "False" and report["token_is_the_evaluations"] == "True", report
@@ -141,28 +151,46 @@ def test_candidate_boundary_and_gateway_on_docker(portable_toolchain, monkeypatc
 
 def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
     with FakeUpstream(responder=puzzle_model(reference_puzzle_solver(root))) as fake:
-        inference = InferenceSpec.model_validate({
-            "providers": {"openai": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": SECRET_NAME}},
-            "models": {"gpt-4o-mini": {"provider": "openai", "input_cost_per_token": PRICE_IN,
-                                       "output_cost_per_token": PRICE_OUT}},
-            "evaluation_limit_usd": 0.0004})
+        inference = InferenceSpec.model_validate(
+            {
+                "providers": {"openai": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": SECRET_NAME}},
+                "models": {
+                    "gpt-4o-mini": {
+                        "provider": "openai",
+                        "input_cost_per_token": PRICE_IN,
+                        "output_cost_per_token": PRICE_OUT,
+                    }
+                },
+                "evaluation_limit_usd": 0.0004,
+            }
+        )
         backend = HarborBackend(python_executable=python, infra_wait=tenacity.wait_none())
         runtime = CandidateRuntime(kind="agent", agent_import_path=IMPORT_PATH)
         harbor = HarborSpec(n_concurrent=2, infra_retries=0, evaluation_timeout_sec=1200, drain_timeout_sec=60)
-        baseline = {str(p.relative_to(EXAMPLE / "target")): p.read_text()
-                    for p in (EXAMPLE / "target").rglob("*.py")}
+        baseline = {str(p.relative_to(EXAMPLE / "target")): p.read_text() for p in (EXAMPLE / "target").rglob("*.py")}
         harness = make_harness(
-            root / "sidecar", backend=backend, baseline_files=baseline, runtime=runtime, harbor=harbor,
+            root / "sidecar",
+            backend=backend,
+            baseline_files=baseline,
+            runtime=runtime,
+            harbor=harbor,
             partitions={"train": TRAIN},
-            access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5,
-                                             total_cases=10, total_inference_usd=0.0005)},
-            secrets=[SECRET_NAME], inference=inference)
+            access={
+                "train": PartitionAccess(
+                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.0005
+                )
+            },
+            secrets=[SECRET_NAME],
+            inference=inference,
+        )
         copy_cases(TRAIN, harness.cases_dir)
         subprocess.run(["git", "apply", str(EXAMPLE / "reference.patch")], cwd=harness.agent_repo, check=True)
         git(harness.agent_repo, "commit", "-qam", "reference: take the command out of the fenced block")
         reference = git(harness.agent_repo, "rev-parse", "HEAD").strip()
-        hostile_source = (HOSTILE.read_text().replace("{state_dir}", str(harness.state_dir))
-                          .replace("{secret}", SECRET_NAME) + "\n\nLlmPuzzleAgent = HostileCandidate\n")
+        hostile_source = (
+            HOSTILE.read_text().replace("{state_dir}", str(harness.state_dir)).replace("{secret}", SECRET_NAME)
+            + "\n\nLlmPuzzleAgent = HostileCandidate\n"
+        )
         hostile = commit_file(harness.agent_repo, "llm_puzzle_agent/agent.py", hostile_source, "hostile")
 
         with harness.serve(run_as=None) as (_, client):
@@ -182,7 +210,8 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             assert bad["state"] == "complete", bad  # charged, never refunded as "infrastructure"
             assert bad["result"]["score"] == 0.0, bad
             assert {a["exception_type"] for c in bad["result"]["cases"] for a in c["attempts"]} == {
-                "CandidateAgentError"}
+                "CandidateAgentError"
+            }
             usage = bad["result"]["inference"]
             assert usage["refused_calls"]["model_not_allowed"] == len(TRAIN), usage
             assert usage["refused_calls"]["budget_exhausted"] >= 1, usage
@@ -191,8 +220,9 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             assert 0 <= budget["remaining_inference_usd"] < 0.0001, budget
             views = client.get("/status").text + json.dumps([good, bad])
             client.post("/submissions", json={"version": hostile}).raise_for_status()
-            sealed = client.post("/admin/seal", json={"output_dir": str(root / "export")},
-                                 headers=harness.admin_headers())
+            sealed = client.post(
+                "/admin/seal", json={"output_dir": str(root / "export")}, headers=harness.admin_headers()
+            )
             assert sealed.status_code == 200, sealed.text
         job_dir = harness.work_dir / "jobs" / bad["id"]
         for report in attack_reports(job_dir):
@@ -201,19 +231,38 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
 
         # 3. The verifier scores the (hostile) submission on the hidden cases, with its own gateway.
         config = VerifierConfig(
-            name=harness.config.name, spec_digest=harness.config.spec_digest,
-            baseline_commit=harness.config.baseline_commit, runtime=runtime, scoring=ScoringSpec(),
-            harbor=harbor, partitions={"train": TRAIN, "hidden": HIDDEN}, secrets=[SECRET_NAME],
-            inference=inference, selection=SelectionSpec(mode="submit", partition="train"),
-            targets={"hidden": TargetPartition()}, reward_keys={"hidden": "reward"}, failure_values={"hidden": 0.0})
+            name=harness.config.name,
+            spec_digest=harness.config.spec_digest,
+            baseline_commit=harness.config.baseline_commit,
+            runtime=runtime,
+            scoring=ScoringSpec(),
+            harbor=harbor,
+            partitions={"train": TRAIN, "hidden": HIDDEN},
+            secrets=[SECRET_NAME],
+            inference=inference,
+            selection=SelectionSpec(mode="submit", partition="train"),
+            targets={"hidden": TargetPartition()},
+            reward_keys={"hidden": "reward"},
+            failure_values={"hidden": 0.0},
+        )
         work = root / "verifier-work"
-        final = asyncio.run(verify(
-            config, root / "export" / "session.tar.gz", backend=backend,
-            cases_dir=copy_cases(HIDDEN, root / "verifier-cases"), baseline_dir=harness.baseline_dir,
-            reward_path=root / "verifier" / "reward.json", artifacts_dir=root / "verifier" / "artifacts",
-            # Nested Harbor runs as this test's user; the agent candidate itself runs in its own host
-            # (a throw-away uid), which is the boundary under test.
-            work_dir=work, env={}, run_as=None, allow_root_runs=True))
+        final = asyncio.run(
+            verify(
+                config,
+                root / "export" / "session.tar.gz",
+                backend=backend,
+                cases_dir=copy_cases(HIDDEN, root / "verifier-cases"),
+                baseline_dir=harness.baseline_dir,
+                reward_path=root / "verifier" / "reward.json",
+                artifacts_dir=root / "verifier" / "artifacts",
+                # Nested Harbor runs as this test's user; the agent candidate itself runs in its own host
+                # (a throw-away uid), which is the boundary under test.
+                work_dir=work,
+                env={},
+                run_as=None,
+                allow_root_runs=True,
+            )
+        )
         assert final.rewards == {"reward": 0.0} and final.chosen.candidate == hostile, final
         (measurement,) = final.measurements
         assert measurement.score == 0.0 and measurement.inference is not None

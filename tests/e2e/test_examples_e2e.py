@@ -73,13 +73,14 @@ def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 
     def get(example: str) -> dict[str, ExampleRun]:
         if example not in cache:
-            started = [start_run(example, agent, tmp_path_factory.mktemp(f"run-{example}-{agent}"))
-                       for agent in AGENTS]
+            started = [start_run(example, agent, tmp_path_factory.mktemp(f"run-{example}-{agent}")) for agent in AGENTS]
             running.extend(started)
             t0 = time.monotonic()
             runs = {s.agent: wait_run(s) for s in started}
-            print(f"\n[e2e] {example}: oracle and nop side by side in {time.monotonic() - t0:.0f} s; "
-                  + "; ".join(r.phases() for r in runs.values()))
+            print(
+                f"\n[e2e] {example}: oracle and nop side by side in {time.monotonic() - t0:.0f} s; "
+                + "; ".join(r.phases() for r in runs.values())
+            )
             cache[example] = runs
         return cache[example]
 
@@ -113,8 +114,12 @@ def test_finalization_names_the_submitted_candidate(example, example_runs, tmp_p
     oracle, nop = runs["oracle"], runs["nop"]
 
     config = oracle.verifier_config
-    session = read_session(oracle.session_archive, tmp_path / "oracle-session",
-                           spec_digest=config.spec_digest, baseline_commit=config.baseline_commit)
+    session = read_session(
+        oracle.session_archive,
+        tmp_path / "oracle-session",
+        spec_digest=config.spec_digest,
+        baseline_commit=config.baseline_commit,
+    )
     assert session.submission is not None, f"the oracle's session has no submission\n{oracle.diagnostics()}"
     submitted = session.submission.candidate
     assert submitted != config.baseline_commit
@@ -127,8 +132,12 @@ def test_finalization_names_the_submitted_candidate(example, example_runs, tmp_p
     assert oracle.finalization["selection"]["method"] == "submission"
 
     nop_config = nop.verifier_config
-    nop_session = read_session(nop.session_archive, tmp_path / "nop-session",
-                               spec_digest=nop_config.spec_digest, baseline_commit=nop_config.baseline_commit)
+    nop_session = read_session(
+        nop.session_archive,
+        tmp_path / "nop-session",
+        spec_digest=nop_config.spec_digest,
+        baseline_commit=nop_config.baseline_commit,
+    )
     assert nop_session.submission is None
     nop_chosen = nop.finalization["chosen"]
     assert nop_chosen is not None, nop.diagnostics()
@@ -144,8 +153,14 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
     host's engine, and the README ("`harbor lint` on compiled tasks") says why that mount is there.
     Any other finding, or the rule firing on any other mount, fails."""
     task_dir = example_runs(example)["oracle"].task_dir
-    done = subprocess.run([HARBOR, "lint", "--json", str(task_dir)], capture_output=True, text=True,
-                          env=harbor_env(secret_env(example)), timeout=300, check=False)
+    done = subprocess.run(
+        [HARBOR, "lint", "--json", str(task_dir)],
+        capture_output=True,
+        text=True,
+        env=harbor_env(secret_env(example)),
+        timeout=300,
+        check=False,
+    )
     assert done.returncode in (0, 1), f"harbor lint crashed: {done.stderr}"
     findings = json.loads(done.stdout)
     assert {f["rule"] for f in findings} == JUSTIFIED_LINT_RULES, findings
@@ -173,8 +188,11 @@ def test_hidden_cases_are_only_in_the_verifier_image(example, example_runs):
     hidden = hidden_cases(example, layout.root)
     env = harbor_env(secret_env(example))
     project = f"vero-e2e-{example}-{uuid.uuid4().hex[:8]}"
-    images = {"main": f"{project}-env-main", "eval-sidecar": f"{project}-env-eval-sidecar",
-              "verifier": f"{project}-verifier-main"}
+    images = {
+        "main": f"{project}-env-main",
+        "eval-sidecar": f"{project}-env-eval-sidecar",
+        "verifier": f"{project}-verifier-main",
+    }
     try:
         t0 = time.monotonic()
         compose_build(layout.compose_path, f"{project}-env", env, timeout_sec=1200)

@@ -122,32 +122,40 @@ images:
   verifier: %(image)s
 """
 
-WRONG = '''
+WRONG = """
 
 def word_count(text: str) -> int:
     return -1  # never right: the honest score of this candidate is 0
-'''
+"""
 
 # name -> (textstats.py, install.sh)
 CANDIDATES: dict[str, tuple[str, str]] = {
-    "honest": ('def word_count(text: str) -> int:\n    return len(text.split())\n', "true\n"),
-    "forge-files": ('''
+    "honest": ("def word_count(text: str) -> int:\n    return len(text.split())\n", "true\n"),
+    "forge-files": (
+        """
 for path, text in (("/logs/verifier/reward.json", '{"reward": 1000.0}'), ("/logs/verifier/reward.txt", "1000")):
     try:
         open(path, "w").write(text)
     except OSError:
         pass
-''' + WRONG, "true\n"),
-    "install-daemon": (WRONG, '''
+"""
+        + WRONG,
+        "true\n",
+    ),
+    "install-daemon": (
+        WRONG,
+        """
 ( while :; do
     echo '{"reward": 1000.0}' > /logs/verifier/reward.json; echo 1000 > /logs/verifier/reward.txt; sleep 0.1
   done ) >/dev/null 2>&1 &
 head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null
 exit 0
-'''),
+""",
+    ),
     # The daemon tells the candidate (through /tmp) once it has tried its first write, so that where
     # it can write, a forged reward is there when the test ends, whatever the machine's load.
-    "test-daemon": ('''
+    "test-daemon": (
+        '''
 import os, subprocess, sys, tempfile, time
 READY = tempfile.mktemp(prefix="daemon-ready-")
 LOOP = """
@@ -169,15 +177,22 @@ for _ in range(600):
     if os.path.exists(READY):
         break
     time.sleep(0.05)
-''' + WRONG, "true\n"),
-    "read-tests": ('''
+'''
+        + WRONG,
+        "true\n",
+    ),
+    "read-tests": (
+        """
 def word_count(text: str) -> int:
     try:
         return int(open("/tests/expected.txt").read())
     except OSError:
         return -1
-''', "true\n"),
-    "symlink": ('''
+""",
+        "true\n",
+    ),
+    "symlink": (
+        """
 import os
 try:
     open("/tmp/forged.json", "w").write('{"reward": 1000.0}')
@@ -188,8 +203,12 @@ try:
     os.symlink("/etc/passwd", "/logs/verifier/reward.txt")  # a root test writing reward.txt clobbers it
 except OSError:
     pass
-''' + WRONG, "ln -s /etc/passwd /logs/verifier/reward.txt 2>/dev/null; true\n"),
-    "fork-bomb": ('''
+"""
+        + WRONG,
+        "ln -s /etc/passwd /logs/verifier/reward.txt 2>/dev/null; true\n",
+    ),
+    "fork-bomb": (
+        """
 import os, time
 
 def word_count(text: str) -> int:
@@ -200,8 +219,11 @@ def word_count(text: str) -> int:
         except OSError:
             time.sleep(0.05)
     return -1
-''', "true\n"),
-    "fill-logs": ('''
+""",
+        "true\n",
+    ),
+    "fill-logs": (
+        """
 import sys
 
 def word_count(text: str) -> int:
@@ -220,7 +242,9 @@ def word_count(text: str) -> int:
     except OSError:
         pass
     return -1
-''', "head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null; true\n"),
+""",
+        "head -c 8000000 /dev/zero > /logs/agent/fill.bin 2>/dev/null; true\n",
+    ),
 }
 
 
@@ -232,10 +256,13 @@ def _write_spec(root: Path) -> Path:
         case = root / "cases" / name
         (case / "environment").mkdir(parents=True)
         (case / "tests").mkdir()
-        (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
-                                        "[verifier]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 300.0\n")
+        (case / "task.toml").write_text(
+            'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
+            "[verifier]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 300.0\n"
+        )
         (case / "environment" / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n")
+            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n"
+        )
         if not kit:
             # Only to keep the fork bomb (root here) from hurting the shared test machine.
             (case / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    pids_limit: 256\n")
@@ -268,7 +295,8 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     kit = [w for w in compiled.warnings if "vero-kit" in w]
     assert sorted(w.split("'")[1] for w in kit) == ["nokit-hidden", "nokit-train"]
     assert [w for w in compiled.warnings if w not in kit] == [
-        w for w in compiled.warnings if w.startswith("target.reference is not set")]
+        w for w in compiled.warnings if w.startswith("target.reference is not set")
+    ]
 
     agent_repo = workspace / "app"
     shutil.copytree(layout.main.baseline_dir, agent_repo)
@@ -282,9 +310,14 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     # -- through the sidecar: every candidate on train (one kit and one no-kit case) ---------------
     config = load_config(layout.sidecar.config_path, SidecarConfig)
     state_dir, export_dir = workspace / "state", workspace / "export"
-    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
-                         cases_dir=layout.sidecar.cases_dir, baseline_dir=layout.sidecar.baseline_dir,
-                         work_dir=workspace / "work")
+    paths = SidecarPaths(
+        state_dir=state_dir,
+        agent_repo=agent_repo,
+        context_dir=workspace / "context",
+        cases_dir=layout.sidecar.cases_dir,
+        baseline_dir=layout.sidecar.baseline_dir,
+        work_dir=workspace / "work",
+    )
     app = create_app(SidecarService(config, paths, HarborBackend(infra_wait=tenacity.wait_none()), run_as=None))
     train: dict[str, dict[str, dict]] = {}
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
@@ -299,8 +332,7 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
             train[name] = {c["case"]: c for c in job["result"]["cases"]}
         submitted = client.post("/submissions", json={"version": commits["test-daemon"]})
         assert submitted.status_code == 201, submitted.text
-        sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url,
-                              timeout_sec=120)
+        sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url, timeout_sec=120)
         records = {job.id: job for job in app.state.service.jobs.list()}
 
     def attempt(name: str, case: str) -> dict:
@@ -314,8 +346,9 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
         assert attempt(name, "kit-train")["outcome"] == "scored", (name, train[name])
     # ... and on the no-kit case, forged values outside [0, 1] are invalid attempts, flagged (a forged
     # reward.txt is simply overwritten by the test; the install-time daemon was killed by the sandbox).
-    nokit_train = {name: (train[name]["nokit-train"]["score"], attempt(name, "nokit-train")["outcome"])
-                   for name in CANDIDATES}
+    nokit_train = {
+        name: (train[name]["nokit-train"]["score"], attempt(name, "nokit-train")["outcome"]) for name in CANDIDATES
+    }
     assert nokit_train["forge-files"] == (0.0, "reward_out_of_range")
     assert nokit_train["test-daemon"] == (0.0, "reward_out_of_range")
     assert nokit_train["honest"] == (1.0, "scored")
@@ -323,8 +356,12 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     for name in ("install-daemon", "symlink", "fork-bomb", "fill-logs"):
         assert nokit_train[name][0] == 0.0, (name, nokit_train[name])
     # What the kit noticed is kept with the trusted result (flags are not disclosed).
-    flags = {name: {a.outcome: a.flags for c in records[jobs[name]].result.cases if c.case == "kit-train"
-                    for a in c.attempts} for name in CANDIDATES}
+    flags = {
+        name: {
+            a.outcome: a.flags for c in records[jobs[name]].result.cases if c.case == "kit-train" for a in c.attempts
+        }
+        for name in CANDIDATES
+    }
     assert "leftover_processes_killed" in flags["test-daemon"]["scored"], flags["test-daemon"]
     assert "install_leftover_processes_killed" in flags["install-daemon"]["scored"], flags["install-daemon"]
     # Filling /logs got nowhere in the kit case: its trial dirs stay small.
@@ -338,13 +375,19 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
 
     def checkout(candidate: str, dest: Path) -> Path:
         dest.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(agent_repo), "archive", candidate], capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(agent_repo), "archive", candidate], capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         return dest
 
-    scorer = Scorer(backend=HarborBackend(infra_wait=tenacity.wait_none()), config=verifier_config,
-                    checkout=checkout, cases_dir=layout.verifier.cases_dir, work_dir=workspace / "verify")
+    scorer = Scorer(
+        backend=HarborBackend(infra_wait=tenacity.wait_none()),
+        config=verifier_config,
+        checkout=checkout,
+        cases_dir=layout.verifier.cases_dir,
+        work_dir=workspace / "verify",
+    )
     slots = asyncio.Semaphore(2)
 
     async def measure(name: str):
@@ -359,8 +402,9 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
         assert measurement.measured, (name, measurement.error)
     # Mean of the two cases: 1 for the honest candidate, 0 for every attack but reading the no-kit
     # case's answers (0.5); the forged values are flagged.
-    assert {n: m.score for n, m in hidden.items()} == \
-        {name: {"honest": 1.0, "read-tests": 0.5}.get(name, 0.0) for name in CANDIDATES}, hidden
+    assert {n: m.score for n, m in hidden.items()} == {
+        name: {"honest": 1.0, "read-tests": 0.5}.get(name, 0.0) for name in CANDIDATES
+    }, hidden
     assert hidden["forge-files"].flags.get("reward_out_of_range") == 1
     assert hidden["test-daemon"].flags.get("reward_out_of_range") == 1
     assert hidden["test-daemon"].flags.get("leftover_processes_killed") == 1
@@ -378,5 +422,7 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     assert target["flags"].get("reward_out_of_range") == 1 and target["flags"].get("leftover_processes_killed") == 1
     assert "vero-runner" in final["run_as"]
     assert sum(w.startswith("build: case 'nokit-") for w in final["warnings"]) == 2, final["warnings"]
-    assert any(w.startswith("target hidden: 1 attempt(s) reported a reward outside scoring.reward_range")
-               for w in final["warnings"]), final["warnings"]
+    assert any(
+        w.startswith("target hidden: 1 attempt(s) reported a reward outside scoring.reward_range")
+        for w in final["warnings"]
+    ), final["warnings"]

@@ -18,8 +18,9 @@ SCRIPT = ROOT / "benchmarks" / "overhead.py"
 
 
 def _run(*args: str, timeout_sec: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_sec, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_sec, check=False
+    )
 
 
 @pytest.mark.timeout(60)

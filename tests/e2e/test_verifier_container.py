@@ -118,6 +118,7 @@ images:
   verifier: %(image)s
 """
 
+
 def _write_spec(root: Path) -> Path:
     """The spec tree: `build.yaml`, the baseline target and the four cases (same image for all)."""
     (root / "target").mkdir(parents=True)
@@ -126,10 +127,13 @@ def _write_spec(root: Path) -> Path:
         case = root / "cases" / name
         (case / "environment").mkdir(parents=True)
         (case / "tests").mkdir()
-        (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
-                                        "[verifier]\ntimeout_sec = 60.0\n\n[environment]\nbuild_timeout_sec = 300.0\n")
+        (case / "task.toml").write_text(
+            'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
+            "[verifier]\ntimeout_sec = 60.0\n\n[environment]\nbuild_timeout_sec = 300.0\n"
+        )
         (case / "environment" / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n")
+            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n"
+        )
         (case / "instruction.md").write_text(f"Case {name}.\n")
         (case / "tests" / "input.txt").write_text(text)
         (case / "tests" / "expected.txt").write_text(f"{expected}\n")
@@ -165,9 +169,14 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
 
     state_dir = workspace / "state"
     export_dir = workspace / "export"
-    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=workspace / "context",
-                         cases_dir=layout.sidecar.cases_dir, baseline_dir=layout.sidecar.baseline_dir,
-                         work_dir=workspace / "work")
+    paths = SidecarPaths(
+        state_dir=state_dir,
+        agent_repo=agent_repo,
+        context_dir=workspace / "context",
+        cases_dir=layout.sidecar.cases_dir,
+        baseline_dir=layout.sidecar.baseline_dir,
+        work_dir=workspace / "work",
+    )
     app = create_app(SidecarService(config, paths, HarborBackend(infra_wait=tenacity.wait_none()), run_as=None))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
         admitted = {}
@@ -181,13 +190,14 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
             assert job.get("state") == "complete", job
             assert job["candidate"] == version and job["result"]["n_dead"] == 0, job
             scores[version] = {c["case"]: c["score"] for c in job["result"]["cases"]}
-        assert scores == {compiled.baseline_commit: {"train-plain": 1.0, "train-runs": 0.0},
-                          improved: {"train-plain": 1.0, "train-runs": 1.0}}
+        assert scores == {
+            compiled.baseline_commit: {"train-plain": 1.0, "train-runs": 0.0},
+            improved: {"train-plain": 1.0, "train-runs": 1.0},
+        }
 
         submitted = client.post("/submissions", json={"version": improved})
         assert submitted.status_code == 201, submitted.text
-        sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url,
-                              timeout_sec=120)
+        sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url, timeout_sec=120)
         assert sealed.n_cancelled == 0
         assert client.post("/evaluations", json={"partition": "train"}).status_code == 403  # entrance closed
     archive = export_dir / "session.tar.gz"

@@ -26,8 +26,13 @@ HARBOR = str(Path(sys.executable).with_name("harbor"))
 def harbor_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a `harbor` (or `vero`) child: no telemetry, no cost-map fetch,
     no bytecode written into the cases; `extra` on top."""
-    return dict(os.environ, HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
-                PYTHONDONTWRITEBYTECODE="1", **(extra or {}))
+    return dict(
+        os.environ,
+        HARBOR_TELEMETRY="0",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        PYTHONDONTWRITEBYTECODE="1",
+        **(extra or {}),
+    )
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -94,8 +99,9 @@ def reference_puzzle_solver(root: Path):
     """`parse_puzzle` of the puzzle-agent example with its reference change applied (copied under `root`)."""
     target = root / "puzzle-reference"
     shutil.copytree(TASKS_DIR / "puzzle-agent" / "target", target)
-    subprocess.run(["git", "apply", str(TASKS_DIR / "puzzle-agent" / "reference.patch")], cwd=target, check=True,
-                   timeout=60)
+    subprocess.run(
+        ["git", "apply", str(TASKS_DIR / "puzzle-agent" / "reference.patch")], cwd=target, check=True, timeout=60
+    )
     spec = importlib.util.spec_from_file_location("reference_puzzle_agent", target / "puzzle_agent" / "agent.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -107,9 +113,11 @@ def reference_puzzle_solver(root: Path):
 def puzzle_model(parse_puzzle):
     """A fake provider's responder (`tests/inference/fake_upstream.py`) for `tasks/llm-puzzle-agent`:
     answers like a model would, the solving command (the puzzle-agent reference's) in a fenced block."""
+
     def reply(body: dict) -> str:
         prompt = body["messages"][-1]["content"]
         puzzle = parse_puzzle(prompt)
         command = puzzle.strategy.command(puzzle) if puzzle else "true"
         return f"```bash\n{command}\n```"
+
     return reply

@@ -132,6 +132,7 @@ def test_hidden_cases_are_not_referenced_by_anything_the_agent_sees(example: str
     """Hidden case names and hidden answers appear in no visible case, no target file, no description."""
     spec = load_example(example)
     hidden = _hidden_cases(example)
+
     def quoted(case: str) -> set[str]:
         """Literals (not paths) an instruction quotes in backticks."""
         text = (case_dir(spec, case) / "instruction.md").read_text(encoding="utf-8")
@@ -180,7 +181,7 @@ def test_matmul_cases_declare_their_size_and_share_the_harness() -> None:
             assert (path / "tests" / name).read_bytes() == (case_dir(spec, "mm-256") / "tests" / name).read_bytes()
     assert len(set(sizes)) == len(sizes)
     # The naive reference is the baseline's loop, so the baseline scores about 1.0.
-    body = lambda text: text[text.index("void matmul"):]  # noqa: E731
+    body = lambda text: text[text.index("void matmul") :]  # noqa: E731
     naive = (case_dir(spec, "mm-256") / "tests" / "naive.c").read_text()
     assert body(naive) == body((spec.target.path / "matmul.c").read_text())
 
@@ -200,8 +201,21 @@ def test_matmul_harness_accepts_correct_candidates_and_rejects_wrong_ones(tmp_pa
 
     def run(candidate: Path, n: int) -> subprocess.CompletedProcess[str]:
         binary = tmp_path / f"bench-{candidate.name}"
-        subprocess.run(["gcc", "-O2", "-std=c11", f"-I{candidate}", "-o", str(binary), str(bench),
-                        str(candidate / "matmul.c"), "-lm"], check=True, timeout=60)
+        subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-std=c11",
+                f"-I{candidate}",
+                "-o",
+                str(binary),
+                str(bench),
+                str(candidate / "matmul.c"),
+                "-lm",
+            ],
+            check=True,
+            timeout=60,
+        )
         return subprocess.run([str(binary), str(n), "2", "1"], capture_output=True, text=True, timeout=60)
 
     for n in (1, 3, 7, 64, 130):  # odd sizes exercise the reference's remainder loops
@@ -253,8 +267,7 @@ def test_puzzle_data_is_deterministic_and_matches_the_expected_answer(case: str,
     roots = [tmp_path / "a", tmp_path / "b"]
     for root in roots:
         root.mkdir()
-        subprocess.run([sys.executable, str(path / "environment" / "generate.py"), str(root)],
-                       check=True, timeout=30)
+        subprocess.run([sys.executable, str(path / "environment" / "generate.py"), str(root)], check=True, timeout=30)
     snapshot = lambda root: {p.relative_to(root): p.read_bytes() for p in _files(root)}  # noqa: E731
     assert snapshot(roots[0]) == snapshot(roots[1])
     expected = (path / "tests" / "expected.txt").read_text(encoding="utf-8").rstrip("\n")
@@ -275,8 +288,9 @@ def _recognized_kinds(target: Path) -> dict[str, str | None]:
     )
     args = [a for c in PUZZLE_CASES for a in (c, str(case_dir(spec, c) / "instruction.md"))]
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONDONTWRITEBYTECODE="1")
-    result = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                            text=True, timeout=60, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(result.stdout)
 
 
@@ -327,27 +341,56 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     runs = {}
     results: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
-        fake = stack.enter_context(FakeUpstream(
-            responder=puzzle_model(reference_puzzle_solver(tmp_path_factory.mktemp("puzzle-solver")))))
+        fake = stack.enter_context(
+            FakeUpstream(responder=puzzle_model(reference_puzzle_solver(tmp_path_factory.mktemp("puzzle-solver"))))
+        )
         for example in CHECKED_EXAMPLES:
             work = tmp_path_factory.mktemp(f"check-{example}")
             # c-matmul's rewards are timings: fewer of its runs at once.
             concurrency = "2" if example == "c-matmul" else "3"
-            command = [VERO, "harbor", "check", "-c", str(TASKS_DIR / example / "build.yaml"), "--concurrency",
-                       concurrency, "--work-dir", str(work / "work"), "--report", str(work / "report.json"),
-                       *(["--probe"] if example in PROBED_EXAMPLES else [])]
-            extra = {"OPENAI_API_KEY": PROVIDER_KEY, "VERO_EXAMPLE_OPENAI_BASE_URL": f"{fake.url}/v1"} \
-                if example == "llm-puzzle-agent" else {}
-            runs[example] = (work, subprocess.Popen(command, env=harbor_env(extra), stdin=subprocess.DEVNULL,
-                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                    start_new_session=True))
+            command = [
+                VERO,
+                "harbor",
+                "check",
+                "-c",
+                str(TASKS_DIR / example / "build.yaml"),
+                "--concurrency",
+                concurrency,
+                "--work-dir",
+                str(work / "work"),
+                "--report",
+                str(work / "report.json"),
+                *(["--probe"] if example in PROBED_EXAMPLES else []),
+            ]
+            extra = (
+                {"OPENAI_API_KEY": PROVIDER_KEY, "VERO_EXAMPLE_OPENAI_BASE_URL": f"{fake.url}/v1"}
+                if example == "llm-puzzle-agent"
+                else {}
+            )
+            runs[example] = (
+                work,
+                subprocess.Popen(
+                    command,
+                    env=harbor_env(extra),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                ),
+            )
         try:
             for example, (work, process) in runs.items():
                 stdout, stderr = process.communicate(timeout=1500)
                 report_file = work / "report.json"
                 report = json.loads(report_file.read_text()) if report_file.is_file() else None
-                results[example] = {"returncode": process.returncode, "stdout": stdout, "stderr": stderr,
-                                    "report": report, "report_text": report_file.read_text() if report else ""}
+                results[example] = {
+                    "returncode": process.returncode,
+                    "stdout": stdout,
+                    "stderr": stderr,
+                    "report": report,
+                    "report_text": report_file.read_text() if report else "",
+                }
         finally:
             for _, process in runs.values():
                 kill_group(process)
@@ -374,8 +417,15 @@ def test_vero_harbor_check_passes_on_every_example_with_its_table(example: str, 
         else:
             assert row["probe"] is None
     assert report["probed"] is (example in PROBED_EXAMPLES)
-    columns = ("case", "partition", "baseline reward", "reference reward", "time", "problems",
-               *(("probe",) if example in PROBED_EXAMPLES else ()))
+    columns = (
+        "case",
+        "partition",
+        "baseline reward",
+        "reference reward",
+        "time",
+        "problems",
+        *(("probe",) if example in PROBED_EXAMPLES else ()),
+    )
     for column in columns:
         assert column in run["stdout"]
     for case in every_case:
@@ -391,14 +441,16 @@ def test_the_llm_examples_check_serves_its_gateway(example_checks) -> None:
     run, provider = example_checks["llm-puzzle-agent"], example_checks["provider"]
     rows = run["report"]["cases"]
     # The baseline runs the reply's fence line; the reference takes the command out of the block.
-    assert {row["case"]: (row["baseline"]["reward"], row["reference"]["reward"]) for row in rows} == \
-        {row["case"]: (0, 1) for row in rows}
+    assert {row["case"]: (row["baseline"]["reward"], row["reference"]["reward"]) for row in rows} == {
+        row["case"]: (0, 1) for row in rows
+    }
     for row in rows:
         for candidate in ("baseline", "reference"):
             usage = row[candidate]["inference"]
             assert usage["calls"] >= 1 and usage["cost_usd"] > 0 and not usage["refused_calls"], row
-    assert len(provider["requests"]) == sum(row[c]["inference"]["calls"] for row in rows
-                                            for c in ("baseline", "reference"))
+    assert len(provider["requests"]) == sum(
+        row[c]["inference"]["calls"] for row in rows for c in ("baseline", "reference")
+    )
     assert all(r["headers"]["authorization"] == f"Bearer {PROVIDER_KEY}" for r in provider["requests"])
     assert "model call(s)" in run["stdout"]
     for text in (run["stdout"], run["stderr"], run["report_text"]):

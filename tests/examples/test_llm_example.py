@@ -48,8 +48,10 @@ def test_llm_example_reference_extracts_the_command_from_a_fenced_reply(tmp_path
     target = tmp_path / "target"
     subprocess.run(["cp", "-r", str(EXAMPLE / "target"), str(target)], check=True)
     subprocess.run(["git", "apply", str(EXAMPLE / "reference.patch")], cwd=target, check=True)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from llm_puzzle_agent.agent import extract_command; "
-            "print(repr(extract_command('```bash\\nwc -l < /app/data.txt > /app/answer.txt\\n```')))")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from llm_puzzle_agent.agent import extract_command; "
+        "print(repr(extract_command('```bash\\nwc -l < /app/data.txt > /app/answer.txt\\n```')))"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().replace("'", '"')) == "wc -l < /app/data.txt > /app/answer.txt"

@@ -59,12 +59,24 @@ EXTRA_TOML: dict[str, str] = {
 }
 
 COMPOSE: dict[str, str] = {
-    "compose-key": (f"services:\n  main:\n    environment:\n      - TOKEN=${{{COMPOSE_KEY}}}\n"
-                    "      - CTX=${CONTEXT_DIR}\n"),
+    "compose-key": (
+        f"services:\n  main:\n    environment:\n      - TOKEN=${{{COMPOSE_KEY}}}\n      - CTX=${{CONTEXT_DIR}}\n"
+    ),
 }
 
-ALL_CASES = ("good", "same", "no-tests", "needs-key", "compose-key", "key-default", "no-internet", "tpu",
-             "multi-key", "no-reward", "peek")
+ALL_CASES = (
+    "good",
+    "same",
+    "no-tests",
+    "needs-key",
+    "compose-key",
+    "key-default",
+    "no-internet",
+    "tpu",
+    "multi-key",
+    "no-reward",
+    "peek",
+)
 
 
 def write_case(root: Path, name: str) -> Path:
@@ -81,7 +93,8 @@ def write_case(root: Path, name: str) -> Path:
     (case / "instruction.md").write_text(f"Case {name}.\n")
     (case / "task.toml").write_text(
         'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
-        '[environment]\nbuild_timeout_sec = 300.0\n' + EXTRA_TOML.get(name, ""))
+        "[environment]\nbuild_timeout_sec = 300.0\n" + EXTRA_TOML.get(name, "")
+    )
     if name != "no-tests":
         (case / "tests").mkdir()
         script = TEST_SCRIPTS.get(name, TEST_SCRIPTS["good"])
@@ -91,9 +104,16 @@ def write_case(root: Path, name: str) -> Path:
     return case
 
 
-def write_spec(root: Path, partitions: dict[str, list[str]], *, targets: list[str], reference: bool = True,
-               secrets: list[str] | None = None, agent_access: dict | None = None,
-               extra: dict | None = None) -> Path:
+def write_spec(
+    root: Path,
+    partitions: dict[str, list[str]],
+    *,
+    targets: list[str],
+    reference: bool = True,
+    secrets: list[str] | None = None,
+    agent_access: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
     """A spec tree under `root` (program target `answer.txt` = 0, reference = 1) over the named cases.
 
     Args:
@@ -114,23 +134,38 @@ def write_spec(root: Path, partitions: dict[str, list[str]], *, targets: list[st
         for name in names:
             write_case(root / "cases", name)
     partitions = {p: [n.replace("@", "-") for n in names] for p, names in partitions.items()}
-    access = agent_access if agent_access is not None else {
-        p: {"disclosure": "full", "total_runs": 10, "total_cases": 10} for p in partitions if p not in targets}
+    access = (
+        agent_access
+        if agent_access is not None
+        else {p: {"disclosure": "full", "total_runs": 10, "total_cases": 10} for p in partitions if p not in targets}
+    )
     visible = [p for p in partitions if p not in targets]
     document = {
         "schema_version": 1,
         "name": "issue11",
         "description": "Write the right answer to answer.txt.",
-        "target": {"kind": "program", "path": "target", "install_path": "/opt/candidate",
-                   **({"reference": "reference"} if reference else {})},
+        "target": {
+            "kind": "program",
+            "path": "target",
+            "install_path": "/opt/candidate",
+            **({"reference": "reference"} if reference else {}),
+        },
         "cases": {"path": "cases", "partitions": partitions},
         "agent_access": access,
         "selection": {"mode": "submit", **({"partition": visible[0]} if visible else {})},
         "targets": {p: {} for p in targets},
-        "harbor": {"requirement": "harbor==0.26.0", "environment": "docker", "n_concurrent": 2,
-                   "case_timeout_sec": 60, "evaluation_timeout_sec": 600, "drain_timeout_sec": 120,
-                   "infra_retries": 0, "agent_timeout_sec": 600, "verifier_timeout_sec": 900,
-                   "build_timeout_sec": 900},
+        "harbor": {
+            "requirement": "harbor==0.26.0",
+            "environment": "docker",
+            "n_concurrent": 2,
+            "case_timeout_sec": 60,
+            "evaluation_timeout_sec": 600,
+            "drain_timeout_sec": 120,
+            "infra_retries": 0,
+            "agent_timeout_sec": 600,
+            "verifier_timeout_sec": 900,
+            "build_timeout_sec": 900,
+        },
     }
     if secrets:
         document["secrets"] = secrets

@@ -46,8 +46,9 @@ def assert_refused(result, out: Path, loc: str, *needles: str) -> None:
 def test_a_case_without_tests_is_refused_with_harbors_reason(tmp_path):
     out = tmp_path / "out" / "task"
     result = build(one_case_spec(tmp_path, "no-tests"), out)
-    assert_refused(result, out, "cases.partitions.hidden", "case 'no-tests' (case_invalid)",
-                   "does not contain tests/test.sh")
+    assert_refused(
+        result, out, "cases.partitions.hidden", "case 'no-tests' (case_invalid)", "does not contain tests/test.sh"
+    )
 
 
 def test_an_undeclared_host_variable_is_refused_naming_case_and_variable(tmp_path):
@@ -66,8 +67,12 @@ def test_a_compose_variable_is_a_host_variable_too(tmp_path):
 
 
 def test_declared_secrets_and_defaults_build(tmp_path):
-    spec = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["needs-key", "compose-key", "key-default"]},
-                      targets=["hidden"], secrets=[UNSET_KEY, COMPOSE_KEY])
+    spec = write_spec(
+        tmp_path / "spec",
+        {"train": ["good"], "hidden": ["needs-key", "compose-key", "key-default"]},
+        targets=["hidden"],
+        secrets=[UNSET_KEY, COMPOSE_KEY],
+    )
     result = build(spec, tmp_path / "out" / "task", env={UNSET_KEY: "value-1234", COMPOSE_KEY: "value-5678"})
     assert result.exit_code == 0, result.output
 
@@ -86,8 +91,13 @@ def test_no_network_is_refused_exactly_where_harbor_refuses_it(tmp_path):
     if docker_egress_supported():
         assert result.exit_code == 0, result.output
     else:
-        assert_refused(result, out, "cases.partitions.hidden", "case 'no-internet' (setup_rejected)",
-                       "network_mode='no-network' is not supported")
+        assert_refused(
+            result,
+            out,
+            "cases.partitions.hidden",
+            "case 'no-internet' (setup_rejected)",
+            "network_mode='no-network' is not supported",
+        )
 
 
 def test_every_case_problem_is_reported_in_one_pass(tmp_path):

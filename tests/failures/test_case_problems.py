@@ -34,15 +34,30 @@ def cases_dir(tmp_path_factory) -> Path:
     return root
 
 
-def make_run(cases_dir: Path, tmp_path: Path, case: str, *, env: dict[str, str] | None = None,
-             runtime: CandidateRuntime | None = None) -> NestedRun:
+def make_run(
+    cases_dir: Path,
+    tmp_path: Path,
+    case: str,
+    *,
+    env: dict[str, str] | None = None,
+    runtime: CandidateRuntime | None = None,
+) -> NestedRun:
     candidate = tmp_path / "candidate"
     candidate.mkdir(parents=True, exist_ok=True)
     (candidate / "answer.txt").write_text("1\n")
-    return NestedRun(evaluation_id=f"ev-{case}", partition="hidden", candidate="0" * 40, candidate_dir=candidate,
-                     cases_dir=cases_dir, case_names=(case,), jobs_dir=tmp_path / "jobs",
-                     runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
-                     harbor=HarborSpec(infra_retries=0), scoring=ScoringSpec(), env=env or {})
+    return NestedRun(
+        evaluation_id=f"ev-{case}",
+        partition="hidden",
+        candidate="0" * 40,
+        candidate_dir=candidate,
+        cases_dir=cases_dir,
+        case_names=(case,),
+        jobs_dir=tmp_path / "jobs",
+        runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        harbor=HarborSpec(infra_retries=0),
+        scoring=ScoringSpec(),
+        env=env or {},
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -99,8 +114,9 @@ def test_the_variables_the_nested_run_has_are_what_counts(cases_dir, tmp_path, m
         evaluate(make_run(cases_dir, tmp_path / "a", "needs-key"), backend)
     # Given to the run: the case passes its checks.
     run = make_run(cases_dir, tmp_path / "b", "needs-key", env={UNSET_KEY: "value-for-the-run"})
-    problems = asyncio.run(backend._run_case_checks(run, ["needs-key", "key-default", "good"],
-                                                    runner_module.nested_env(run)))
+    problems = asyncio.run(
+        backend._run_case_checks(run, ["needs-key", "key-default", "good"], runner_module.nested_env(run))
+    )
     assert problems == []
 
 
@@ -127,8 +143,9 @@ def test_an_agent_candidate_cannot_shadow_the_checks(cases_dir, tmp_path):
         (candidate / package).mkdir(parents=True)
         (candidate / package / "__init__.py").write_text("raise SystemExit('shadowed')\n")
     (candidate / "agent.py").write_text("class Agent: ...\n")
-    run = make_run(cases_dir, tmp_path, "no-tests",
-                   runtime=CandidateRuntime(kind="agent", agent_import_path="agent:Agent"))
+    run = make_run(
+        cases_dir, tmp_path, "no-tests", runtime=CandidateRuntime(kind="agent", agent_import_path="agent:Agent")
+    )
     assert run.candidate_dir == candidate
     with pytest.raises(CaseMisconfigured) as info:
         evaluate(run)

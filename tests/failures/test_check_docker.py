@@ -29,15 +29,23 @@ def run_check(spec: Path, *args: str, timeout_sec: float = 800) -> subprocess.Co
     from failure_cases import without
 
     env = {**without((UNSET_KEY,)), "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    return subprocess.run([VERO, "harbor", "check", "-c", str(spec), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout_sec, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        [VERO, "harbor", "check", "-c", str(spec), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_sec,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def test_check_names_every_problem_and_exits_non_zero(tmp_path):
-    spec = write_spec(tmp_path / "spec", {"train": ["same"],
-                                          "hidden": ["no-tests", "needs-key", "tpu", "multi-key", "no-reward",
-                                                     "peek"]},
-                      targets=["hidden"])
+    spec = write_spec(
+        tmp_path / "spec",
+        {"train": ["same"], "hidden": ["no-tests", "needs-key", "tpu", "multi-key", "no-reward", "peek"]},
+        targets=["hidden"],
+    )
     done = run_check(spec, "--json", "--probe", "--concurrency", "6", "--work-dir", str(tmp_path / "work"))
     assert done.returncode == EXIT_CHECK_PROBLEMS, done.stderr
     report = json.loads(done.stdout)
@@ -46,10 +54,14 @@ def test_check_names_every_problem_and_exits_non_zero(tmp_path):
     codes = {case: sorted(p["code"] for p in row["problems"]) for case, row in rows.items()}
     # multi-key's probe run races the test's own reward.json (a case problem, or forgeable): not compared.
     assert {"kit_missing", "reward_key_missing"} <= set(codes.pop("multi-key"))
-    assert codes == {"same": ["kit_missing", "probe_not_exercised"], "no-tests": ["case_invalid"],
-                     "needs-key": ["missing_variables"], "tpu": ["setup_rejected"],
-                     "no-reward": ["kit_missing", "no_reward", "probe_not_exercised"],
-                     "peek": ["forgeable", "kit_missing"]}
+    assert codes == {
+        "same": ["kit_missing", "probe_not_exercised"],
+        "no-tests": ["case_invalid"],
+        "needs-key": ["missing_variables"],
+        "tpu": ["setup_rejected"],
+        "no-reward": ["kit_missing", "no_reward", "probe_not_exercised"],
+        "peek": ["forgeable", "kit_missing"],
+    }
     assert [p["code"] for p in report["problems"]] == ["reference_not_better"]
     # Harbor's checks stop a case before any run; the others ran with both candidates.
     for case in ("no-tests", "needs-key", "tpu"):

@@ -22,8 +22,7 @@ from vero.harbor.probe import PROBE_REWARD, probe_verdict
 from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget
 
-KIT_TEST = ("#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/out\n"
-            "vero-kit reward \"$(cat /tmp/out)\"\n")
+KIT_TEST = '#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/out\nvero-kit reward "$(cat /tmp/out)"\n'
 
 
 class Runs:
@@ -40,9 +39,14 @@ class Runs:
         if isinstance(answer, Exception):
             raise answer
         now = datetime.now(UTC)
-        return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate, reward_key="reward",
-                                           cases=[CaseResult.from_attempts(case, [answer], 0.0)], started_at=now,
-                                           finished_at=now)
+        return EvaluationResult.from_cases(
+            partition=run.partition,
+            candidate=run.candidate,
+            reward_key="reward",
+            cases=[CaseResult.from_attempts(case, [answer], 0.0)],
+            started_at=now,
+            finished_at=now,
+        )
 
 
 def scored(reward: float, *flags: str) -> AttemptResult:
@@ -50,33 +54,58 @@ def scored(reward: float, *flags: str) -> AttemptResult:
 
 
 def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
-    path = write_spec(tmp_path / "spec", {"train": ["good", "same"], "hidden": ["multi-key", "no-reward", "tpu"]},
-                      targets=["hidden"], extra={"scoring": {"reward_range": [0, 1]}})
+    path = write_spec(
+        tmp_path / "spec",
+        {"train": ["good", "same"], "hidden": ["multi-key", "no-reward", "tpu"]},
+        targets=["hidden"],
+        extra={"scoring": {"reward_range": [0, 1]}},
+    )
     (tmp_path / "spec" / "cases" / "good" / "tests" / "test.sh").write_text(KIT_TEST)
     spec = load_spec(path)
-    kit_failure = InfrastructureFailure("nested evaluation measured nothing", diagnostics=RunDiagnostics(
-        trial_failures=[TrialFailure(job_name="j", trial_name="t", case="no-reward", outcome="infrastructure",
-                                     exception_type="CaseKitSetupError",
-                                     message="the case kit could not set up the candidate user (exit 125)")]))
-    runs = Runs({
-        ("good", "baseline"): scored(0.0), ("good", "reference"): scored(1.0),
-        ("same", "baseline"): scored(1.0), ("same", "reference"): scored(1.0),
-        ("multi-key", "baseline"): AttemptResult(trial_name="t", outcome=AttemptOutcome.REWARD_OUT_OF_RANGE,
-                                                 rejected_reward=7.0),
-        ("multi-key", "reference"): scored(1.0),
-        ("no-reward", "baseline"): AttemptResult(trial_name="t", outcome=AttemptOutcome.TIMED_OUT,
-                                                 exception_type="EvaluationTimeoutError"),
-        ("no-reward", "reference"): kit_failure,
-    })
-    probes = Runs({
-        ("good", "probe"): scored(0.0, "probe_planted", "probe_attempted", "leftover_processes_killed"),
-        ("same", "probe"): scored(1.0, "probe_planted", "probe_tests_listed", "probe_tests_read"),
-        ("multi-key", "probe"): scored(0.0),
-        ("no-reward", "probe"): AttemptResult(trial_name="t", outcome=AttemptOutcome.DEAD,
-                                              exception_type="ProbeSetupError"),
-    })
-    report = asyncio.run(check_spec(spec, {}, work_dir=tmp_path / "work", backend=runs, probe=True,
-                                    probe_backend=probes))
+    kit_failure = InfrastructureFailure(
+        "nested evaluation measured nothing",
+        diagnostics=RunDiagnostics(
+            trial_failures=[
+                TrialFailure(
+                    job_name="j",
+                    trial_name="t",
+                    case="no-reward",
+                    outcome="infrastructure",
+                    exception_type="CaseKitSetupError",
+                    message="the case kit could not set up the candidate user (exit 125)",
+                )
+            ]
+        ),
+    )
+    runs = Runs(
+        {
+            ("good", "baseline"): scored(0.0),
+            ("good", "reference"): scored(1.0),
+            ("same", "baseline"): scored(1.0),
+            ("same", "reference"): scored(1.0),
+            ("multi-key", "baseline"): AttemptResult(
+                trial_name="t", outcome=AttemptOutcome.REWARD_OUT_OF_RANGE, rejected_reward=7.0
+            ),
+            ("multi-key", "reference"): scored(1.0),
+            ("no-reward", "baseline"): AttemptResult(
+                trial_name="t", outcome=AttemptOutcome.TIMED_OUT, exception_type="EvaluationTimeoutError"
+            ),
+            ("no-reward", "reference"): kit_failure,
+        }
+    )
+    probes = Runs(
+        {
+            ("good", "probe"): scored(0.0, "probe_planted", "probe_attempted", "leftover_processes_killed"),
+            ("same", "probe"): scored(1.0, "probe_planted", "probe_tests_listed", "probe_tests_read"),
+            ("multi-key", "probe"): scored(0.0),
+            ("no-reward", "probe"): AttemptResult(
+                trial_name="t", outcome=AttemptOutcome.DEAD, exception_type="ProbeSetupError"
+            ),
+        }
+    )
+    report = asyncio.run(
+        check_spec(spec, {}, work_dir=tmp_path / "work", backend=runs, probe=True, probe_backend=probes)
+    )
     rows = {row.case: row for row in report.cases}
     codes = {case: sorted(p.code for p in row.problems) for case, row in rows.items()}
     assert codes == {
@@ -89,8 +118,10 @@ def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
     assert not report.ok and report.probed and report.problems == []  # the reference beat the baseline on good
     assert ("tpu", "baseline") not in runs.asked and ("tpu", "probe") not in probes.asked
     assert rows["good"].probe.verdict == "held" and rows["good"].probe.attempted
-    assert rows["good"].baseline.flags == [] and rows["same"].probe.findings == ["listed /tests",
-                                                                                "read a file of /tests"]
+    assert rows["good"].baseline.flags == [] and rows["same"].probe.findings == [
+        "listed /tests",
+        "read a file of /tests",
+    ]
     assert rows["multi-key"].baseline.outcome == "reward_out_of_range"
     detail = {case: " | ".join(p.detail for p in row.problems) for case, row in rows.items()}
     assert "got 7, outside scoring.reward_range [0.0, 1.0]" in detail["multi-key"]
@@ -103,21 +134,26 @@ def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
 def test_probe_needs_a_program_target(tmp_path):
     path = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"])
     spec = load_spec(path)
-    agent = spec.model_copy(update={"target": AgentTarget(kind="agent", path=spec.target.path,
-                                                          agent_import_path="agent_mod:Agent")})
+    agent = spec.model_copy(
+        update={"target": AgentTarget(kind="agent", path=spec.target.path, agent_import_path="agent_mod:Agent")}
+    )
     with pytest.raises(SpecError, match="--probe"):
-        asyncio.run(check_spec(agent, {}, work_dir=tmp_path / "work", backend=Runs({}), probe=True,
-                               probe_backend=Runs({})))
+        asyncio.run(
+            check_spec(agent, {}, work_dir=tmp_path / "work", backend=Runs({}), probe=True, probe_backend=Runs({}))
+        )
 
 
-@pytest.mark.parametrize(("flags", "reward", "verdict", "n_findings"), [
-    ((), None, "not_exercised", 0),
-    (("probe_planted",), 1.0, "held", 0),  # killed before its first round: still held
-    (("probe_planted", "probe_attempted", "leftover_processes_killed"), 0.5, "held", 0),
-    (("probe_planted", "probe_attempted", "probe_reward_written"), 0.5, "forgeable", 1),
-    (("probe_planted", "probe_attempted"), PROBE_REWARD, "forgeable", 1),  # the final reward is the probe's
-    (("probe_tests_listed", "probe_tests_read", "probe_reward_written"), PROBE_REWARD, "forgeable", 4),
-])
+@pytest.mark.parametrize(
+    ("flags", "reward", "verdict", "n_findings"),
+    [
+        ((), None, "not_exercised", 0),
+        (("probe_planted",), 1.0, "held", 0),  # killed before its first round: still held
+        (("probe_planted", "probe_attempted", "leftover_processes_killed"), 0.5, "held", 0),
+        (("probe_planted", "probe_attempted", "probe_reward_written"), 0.5, "forgeable", 1),
+        (("probe_planted", "probe_attempted"), PROBE_REWARD, "forgeable", 1),  # the final reward is the probe's
+        (("probe_tests_listed", "probe_tests_read", "probe_reward_written"), PROBE_REWARD, "forgeable", 4),
+    ],
+)
 def test_probe_verdict(flags, reward, verdict, n_findings):
     found = probe_verdict(flags, reward)
     assert (found.verdict, len(found.findings)) == (verdict, n_findings)
@@ -137,23 +173,40 @@ def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
             assert key not in run.env.values() and key not in run.candidate_env.values()
             tokens.append(run.candidate_env["OPENAI_API_KEY"])
             async with httpx.AsyncClient(timeout=30) as client:
-                reply = await client.post(f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",
-                                          headers={"Authorization": f"Bearer {tokens[-1]}"},
-                                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                reply = await client.post(
+                    f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",
+                    headers={"Authorization": f"Bearer {tokens[-1]}"},
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                )
             assert reply.status_code == 200, reply.text
             return await super().evaluate(run)
 
     with FakeUpstream() as fake:
-        path = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"],
-                          secrets=["ZQ_PROVIDER_KEY"], extra={"inference": {
-                              "providers": {"p": {"api": "openai", "base_url": f"{fake.url}/v1",
-                                                  "api_key_secret": "ZQ_PROVIDER_KEY"}},
-                              "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6,
-                                               "output_cost_per_token": 2e-6}}}})
-        runs = CallsTheModel({("good", "baseline"): scored(0.0), ("good", "reference"): scored(1.0),
-                              ("same", "baseline"): scored(1.0), ("same", "reference"): scored(1.0)})
-        report = asyncio.run(check_spec(load_spec(path), {"ZQ_PROVIDER_KEY": key}, work_dir=tmp_path / "work",
-                                        backend=runs))
+        path = write_spec(
+            tmp_path / "spec",
+            {"train": ["good"], "hidden": ["same"]},
+            targets=["hidden"],
+            secrets=["ZQ_PROVIDER_KEY"],
+            extra={
+                "inference": {
+                    "providers": {
+                        "p": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": "ZQ_PROVIDER_KEY"}
+                    },
+                    "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}},
+                }
+            },
+        )
+        runs = CallsTheModel(
+            {
+                ("good", "baseline"): scored(0.0),
+                ("good", "reference"): scored(1.0),
+                ("same", "baseline"): scored(1.0),
+                ("same", "reference"): scored(1.0),
+            }
+        )
+        report = asyncio.run(
+            check_spec(load_spec(path), {"ZQ_PROVIDER_KEY": key}, work_dir=tmp_path / "work", backend=runs)
+        )
         requests = list(fake.requests)
     assert len(tokens) == len(set(tokens)) == 4  # a token per run
     assert len(requests) == 4 and all(r["headers"]["authorization"] == f"Bearer {key}" for r in requests)
@@ -164,16 +217,34 @@ def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
     assert key not in report.model_dump_json()
     # Without the key: warned, and the provider is never called with anything.
     with FakeUpstream() as fake:
-        path = write_spec(tmp_path / "spec2", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"],
-                          secrets=["ZQ_PROVIDER_KEY"],
-                          extra={"inference": {"providers": {"p": {"api": "openai", "base_url": f"{fake.url}/v1",
-                                                                   "api_key_secret": "ZQ_PROVIDER_KEY"}},
-                                               "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6,
-                                                                "output_cost_per_token": 2e-6}}}})
-        report = asyncio.run(check_spec(load_spec(path), {}, work_dir=tmp_path / "work2",
-                                        backend=Runs({("good", "baseline"): scored(0.0),
-                                                      ("good", "reference"): scored(1.0),
-                                                      ("same", "baseline"): scored(1.0),
-                                                      ("same", "reference"): scored(1.0)})))
+        path = write_spec(
+            tmp_path / "spec2",
+            {"train": ["good"], "hidden": ["same"]},
+            targets=["hidden"],
+            secrets=["ZQ_PROVIDER_KEY"],
+            extra={
+                "inference": {
+                    "providers": {
+                        "p": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": "ZQ_PROVIDER_KEY"}
+                    },
+                    "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}},
+                }
+            },
+        )
+        report = asyncio.run(
+            check_spec(
+                load_spec(path),
+                {},
+                work_dir=tmp_path / "work2",
+                backend=Runs(
+                    {
+                        ("good", "baseline"): scored(0.0),
+                        ("good", "reference"): scored(1.0),
+                        ("same", "baseline"): scored(1.0),
+                        ("same", "reference"): scored(1.0),
+                    }
+                ),
+            )
+        )
         assert not fake.requests
     assert any("ZQ_PROVIDER_KEY" in w and "not set" in w for w in report.warnings), report.warnings

@@ -34,12 +34,31 @@ VERO = str(Path(sys.executable).with_name("vero"))
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("run-e2e")
-    spec = write_spec(root / "spec", {"train": ["multi-key@2"], "hidden": ["multi-key"]}, targets=["hidden"],
-                      reference=False)
+    spec = write_spec(
+        root / "spec", {"train": ["multi-key@2"], "hidden": ["multi-key"]}, targets=["hidden"], reference=False
+    )
     env = {**os.environ, "TMPDIR": str(root), "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    done = subprocess.run([VERO, "harbor", "run", "--config", str(spec), "--agent", "oracle",
-                           "--jobs-dir", str(root / "jobs"), "--job-name", "issue11"],
-                          env=env, cwd=root, capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [
+            VERO,
+            "harbor",
+            "run",
+            "--config",
+            str(spec),
+            "--agent",
+            "oracle",
+            "--jobs-dir",
+            str(root / "jobs"),
+            "--job-name",
+            "issue11",
+        ],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        stdin=subprocess.DEVNULL,
+    )
     trials = sorted((root / "jobs" / "issue11").glob("*/result.json"))
     assert len(trials) == 1, done.stdout[-3000:] + done.stderr[-3000:]
     return {"done": done, "trial": trials[0].parent, "root": root}

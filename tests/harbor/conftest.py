@@ -31,7 +31,8 @@ PROGRAM_PASS_TEST = reward_script(
     [ -f /opt/cand/installed.marker ] || ok=0
     [ ! -e /opt/cand/.git ] || ok=0
     echo "{\\"reward\\": $ok.0}" > /logs/verifier/reward.json
-    """)
+    """
+)
 PROGRAM_USER_TEST = reward_script(
     """
     # install_command ran as vero's candidate user (not the case's agent user `app`, not root), and
@@ -42,18 +43,21 @@ PROGRAM_USER_TEST = reward_script(
     [ "$(stat -c %U:%a /opt/cand/installed.marker 2>/dev/null)" = "root:644" ] || ok=0
     [ "$(stat -c %U:%a /opt/cand 2>/dev/null)" = "root:755" ] || ok=0
     vero-kit reward "$ok"
-    """)
+    """
+)
 PROGRAM_FAIL_TEST = reward_script(
     """
     if [ -f /opt/cand/solution-that-does-not-exist.txt ]; then r=1.0; else r=0.0; fi
     echo "{\\"reward\\": $r}" > /logs/verifier/reward.json
-    """)
+    """
+)
 AGENT_TEST = reward_script(
     """
     echo "leak=$LEAK"
     if [ "$(cat /app/out.txt 2>/dev/null)" = "hello from candidate" ]; then r=1.0; else r=0.0; fi
     echo "{\\"reward\\": $r, \\"bonus\\": 7}" > /logs/verifier/reward.json
-    """)
+    """
+)
 
 
 @pytest.fixture(scope="session")
@@ -64,17 +68,25 @@ def cases_dir(shared_root) -> Path:
     write_case(root, "prog-pass", test_sh=PROGRAM_PASS_TEST)
     write_case(root, "prog-fail.v2", test_sh=PROGRAM_FAIL_TEST)
     # Non-root agent user: the install agent hands the upload to `app` so the install can write.
-    write_case(root, "prog-user", test_sh=PROGRAM_USER_TEST,
-               dockerfile=f"FROM {BASE_IMAGE}\nRUN useradd -m app\nWORKDIR /app\n",
-               agent_user="app")
-    write_case(root, "agent-echo", test_sh=AGENT_TEST,
-               extra_toml='\n[environment.env]\nLEAK = "${VERO_TEST_SECRET:-unset}"\n')
+    write_case(
+        root,
+        "prog-user",
+        test_sh=PROGRAM_USER_TEST,
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN useradd -m app\nWORKDIR /app\n",
+        agent_user="app",
+    )
+    write_case(
+        root, "agent-echo", test_sh=AGENT_TEST, extra_toml='\n[environment.env]\nLEAK = "${VERO_TEST_SECRET:-unset}"\n'
+    )
     # `/hang` makes the install command of the timeout tests hang in this case only.
-    write_case(root, "slow", agent_timeout_sec=600,
-               dockerfile=f"FROM {BASE_IMAGE}\nRUN touch /hang\nWORKDIR /app\n",
-               test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""))
-    write_case(root, "build-fails", test_sh=reward_script("true"),
-               dockerfile="FROM python:3.13-slim\nRUN exit 3\n")
+    write_case(
+        root,
+        "slow",
+        agent_timeout_sec=600,
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN touch /hang\nWORKDIR /app\n",
+        test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""),
+    )
+    write_case(root, "build-fails", test_sh=reward_script("true"), dockerfile="FROM python:3.13-slim\nRUN exit 3\n")
     return root
 
 

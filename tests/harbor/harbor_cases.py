@@ -55,8 +55,10 @@ def write_case(
     agent = f"timeout_sec = {agent_timeout_sec}\n" if agent_timeout_sec is not None else ""
     if agent_user is not None:
         agent += f'user = "{agent_user}"\n'
-    toml = (f'schema_version = "1.4"\n\n[agent]\n{agent}\n[verifier]\ntimeout_sec = {verifier_timeout_sec}\n\n'
-            f"[environment]\nbuild_timeout_sec = {build_timeout_sec}\n")
+    toml = (
+        f'schema_version = "1.4"\n\n[agent]\n{agent}\n[verifier]\ntimeout_sec = {verifier_timeout_sec}\n\n'
+        f"[environment]\nbuild_timeout_sec = {build_timeout_sec}\n"
+    )
     if steps:
         for step in steps:
             toml += f'\n[[steps]]\nname = "{step}"\n'
@@ -160,5 +162,3 @@ def run_as_identity(shared_root) -> RunAs:
     home.mkdir(exist_ok=True)
     os.chown(home, RUN_AS_UID, RUN_AS_UID)
     return RunAs(uid=RUN_AS_UID, gid=RUN_AS_UID, extra_groups=(socket_gid(),), home=home)
-
-

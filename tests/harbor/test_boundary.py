@@ -68,8 +68,14 @@ class DirEnvironment(BaseEnvironment):
     async def exec(self, command, cwd=None, env=None, timeout_sec=None, user=None) -> ExecResult:
         self.exec_users.append(self._resolve_user(user))
         process = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, cwd=str(self.root), env={"PATH": os.environ["PATH"], **(env or {})},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "bash",
+            "-c",
+            command,
+            cwd=str(self.root),
+            env={"PATH": os.environ["PATH"], **(env or {})},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(process.communicate(), timeout_sec)
         return ExecResult(stdout=out.decode(), stderr=err.decode(), return_code=process.returncode)
 
@@ -94,7 +100,7 @@ class DirEnvironment(BaseEnvironment):
         return self._path(path).is_file()
 
 
-CANDIDATE = '''
+CANDIDATE = """
 import asyncio, json, os
 from pathlib import Path
 from harbor.agents.base import BaseAgent
@@ -148,7 +154,7 @@ class Probe(BaseAgent):
             await asyncio.sleep(600)
         if instruction == "raise":
             raise KeyError("candidate failure")
-'''
+"""
 
 
 @pytest.fixture
@@ -168,8 +174,13 @@ def world(portable_toolchain):
 
 
 def agent_for(root: Path, launcher: CandidateLauncher) -> CandidateAgent:
-    return CandidateAgent(root / "logs", launcher=str(launcher.socket_path), agent_import_path="probe_agent:Probe",
-                          candidate_dir=str(root / "cand"), max_transfer_bytes=8192)
+    return CandidateAgent(
+        root / "logs",
+        launcher=str(launcher.socket_path),
+        agent_import_path="probe_agent:Probe",
+        candidate_dir=str(root / "cand"),
+        max_transfer_bytes=8192,
+    )
 
 
 def test_every_environment_call_crosses_the_pipe_within_its_bounds(world):
@@ -186,8 +197,16 @@ def test_every_environment_call_crosses_the_pipe_within_its_bounds(world):
 
     context = asyncio.run(scenario())
     report = json.loads((root / "logs" / "candidate" / "report.json").read_text())
-    ok = ["upload_file", "upload_dir", "upload_own_source", "download_file", "download_dir", "is_dir", "is_file",
-          "exec"]
+    ok = [
+        "upload_file",
+        "upload_dir",
+        "upload_own_source",
+        "download_file",
+        "download_dir",
+        "is_dir",
+        "is_file",
+        "exec",
+    ]
     assert all(report[name].startswith("ok") for name in ok), report
     assert report["is_dir"] == "ok: True" and report["is_file"] == "ok: True"
     assert "uploaded" in report["exec"] and report["download_content"] == "in a tree"
@@ -239,8 +258,12 @@ def test_an_unimportable_class_fails_setup_as_the_candidate(world):
 
     async def scenario():
         async with CandidateLauncher(python) as launcher:
-            agent = CandidateAgent(root / "logs", launcher=str(launcher.socket_path),
-                                   agent_import_path="broken_agent:Agent", candidate_dir=str(root / "cand"))
+            agent = CandidateAgent(
+                root / "logs",
+                launcher=str(launcher.socket_path),
+                agent_import_path="broken_agent:Agent",
+                candidate_dir=str(root / "cand"),
+            )
             await agent.setup(DirEnvironment(root / "case"))
 
     with pytest.raises(CandidateAgentError, match="ModuleNotFoundError"):
@@ -251,7 +274,8 @@ def test_an_unimportable_class_fails_setup_as_the_candidate(world):
 def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypatch):
     root, python = world
     monkeypatch.setenv("VERO_TEST_RUNNER_SECRET", "runner-only-value")
-    (root / "cand" / "whoami_agent.py").write_text(textwrap.dedent('''
+    (root / "cand" / "whoami_agent.py").write_text(
+        textwrap.dedent("""
         import json, os
         from harbor.agents.base import BaseAgent
         class Who(BaseAgent):
@@ -265,12 +289,17 @@ def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypa
             async def run(self, instruction, environment, context):
                 (self.logs_dir / "who.json").write_text(json.dumps({"uid": os.getuid(), "gid": os.getgid(),
                     "groups": os.getgroups(), "env": sorted(os.environ)}))
-        '''))
+        """)
+    )
 
     async def scenario():
         async with CandidateLauncher(python, env={"VERO_INFERENCE_TOKEN": "tok"}) as launcher:
-            agent = CandidateAgent(root / "logs", launcher=str(launcher.socket_path),
-                                   agent_import_path="whoami_agent:Who", candidate_dir=str(root / "cand"))
+            agent = CandidateAgent(
+                root / "logs",
+                launcher=str(launcher.socket_path),
+                agent_import_path="whoami_agent:Who",
+                candidate_dir=str(root / "cand"),
+            )
             await agent.setup(DirEnvironment(root / "case"))
             await agent.run("x", DirEnvironment(root / "case"), AgentContext())
 

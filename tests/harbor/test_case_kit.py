@@ -36,8 +36,9 @@ DEBIAN_IMAGE = "python:3.13-slim"
 
 
 def _docker(*args: str, timeout_sec: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_sec,
-                          stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout_sec, stdin=subprocess.DEVNULL, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +48,29 @@ def busybox_image():
     while a nested run builds `FROM` it."""
     digest = hashlib.sha256((BUSYBOX_CONTEXT / "Dockerfile").read_bytes()).hexdigest()[:12]
     tag = f"vero-test-kit-busybox:{digest}-{os.getpid()}"
-    built = _docker("build", "-q", "--label", "org.vero.test=case-kit", "-t", tag, str(BUSYBOX_CONTEXT),
-                    timeout_sec=600)
+    built = _docker(
+        "build", "-q", "--label", "org.vero.test=case-kit", "-t", tag, str(BUSYBOX_CONTEXT), timeout_sec=600
+    )
     assert built.returncode == 0, built.stderr
     yield tag
     _docker("image", "rm", "-f", tag)
 
 
 def _observe(image: str, kit: Path) -> dict[str, str]:
-    done = _docker("run", "--rm", "--label", "org.vero.test=case-kit",
-                   "-v", f"{kit}:/usr/local/bin/vero-kit:ro", "-v", f"{SCENARIO}:/scenario.sh:ro",
-                   image, "bash", "/scenario.sh", timeout_sec=180)
+    done = _docker(
+        "run",
+        "--rm",
+        "--label",
+        "org.vero.test=case-kit",
+        "-v",
+        f"{kit}:/usr/local/bin/vero-kit:ro",
+        "-v",
+        f"{SCENARIO}:/scenario.sh:ro",
+        image,
+        "bash",
+        "/scenario.sh",
+        timeout_sec=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
@@ -71,64 +84,112 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
         expected = {
             # Without `setup` there is no candidate user: a kit error, never a run as root.
             "reward_without_user": "125",
-            "setup": "0", "setup_again": "0", "users": "1",
+            "setup": "0",
+            "setup_again": "0",
+            "users": "1",
             # The install ran as the candidate in the tree it was given; its status is kept.
-            "install_exit": "3", "who": "vero-candidate",
+            "install_exit": "3",
+            "who": "vero-candidate",
             "temp_state_kept": "1",  # what it left in /tmp is gone after the run
             # end-install killed the process left running and froze the tree and the home: root's,
             # read-only to the candidate, the set-uid bit gone; the log dirs as Harbor made them.
             "end_install": "leftover_processes_killed 1 leftover_files_removed 0 log_entries_removed 1 ",
-            "frozen": "root:755 root:755 root", "log_modes": "777 777",
+            "frozen": "root:755 root:755 root",
+            "log_modes": "777 777",
             # During a test: /tests and /logs/verifier are root's 0700, nothing inherited leaks.
-            "read_tests": " exit 1", "locked": "root:700 root:700 ",
-            "stdin": "piped", "inherited_fd": failed_fd(seen),
+            "read_tests": " exit 1",
+            "locked": "root:700 root:700 ",
+            "stdin": "piped",
+            "inherited_fd": failed_fd(seen),
             "identity": "unset /home/vero-candidate vero-candidate 1 /home/vero-candidate",
-            "env": "k v", "nnp": "NoNewPrivs: 1",
+            "env": "k v",
+            "nnp": "NoNewPrivs: 1",
             "limits": "cpu time 9 9;core file size 0;processes 7 7 processes;open files 50 50;"
-                      "address space 67108864 67108864;",
-            "exit_status": "42", "not_found": "127", "nested": "125",
-            "timeout_exit": "124", "fsize_exit": "153", "fsize_file_kept": "1",
+            "address space 67108864 67108864;",
+            "exit_status": "42",
+            "not_found": "127",
+            "nested": "125",
+            "timeout_exit": "124",
+            "fsize_exit": "153",
+            "fsize_file_kept": "1",
             # A fork bomb and background processes leave nothing behind (the bomb's own status is the
             # shell's business: busybox sh gives up with 2 when a fork fails, dash carries on).
-            "after_bomb": "killed 0", "background_exit": "0", "after_background": "killed 0",
+            "after_bomb": "killed 0",
+            "background_exit": "0",
+            "after_background": "killed 0",
             # The reward replaces a planted link and a directory, never follows them.
-            "reward": "0", "reward_json": '{"reward": 0.25}', "reward_is_file": "yes", "reward_txt_gone": "yes",
-            "victim": "untouched", "reward_keys": '{"speed": 2, "reward": 0.001}',
-            "reward_nan": "125", "reward_inf": "125", "reward_bad_key": "125",
-            "reward_after_bad": '{"speed": 2, "reward": 0.001}', "no_reward": "0", "no_reward_gone": "yes",
+            "reward": "0",
+            "reward_json": '{"reward": 0.25}',
+            "reward_is_file": "yes",
+            "reward_txt_gone": "yes",
+            "victim": "untouched",
+            "reward_keys": '{"speed": 2, "reward": 0.001}',
+            "reward_nan": "125",
+            "reward_inf": "125",
+            "reward_bad_key": "125",
+            "reward_after_bad": '{"speed": 2, "reward": 0.001}',
+            "no_reward": "0",
+            "no_reward_gone": "yes",
         }
         assert {k: seen.get(k) for k in expected} == expected, image
         assert int(seen["timeout_sec"]) <= 5, seen["timeout_sec"]
         assert seen["bomb_exit"] != "124", image  # contained by --nproc, not stopped by the timeout
         events = seen["events"].split()
-        assert {"leftover_processes_killed", "reward_file_removed:reward.json", "reward_file_removed:reward.txt",
-                "run_timeout:0.5"} <= set(events), (image, events)
+        assert {
+            "leftover_processes_killed",
+            "reward_file_removed:reward.json",
+            "reward_file_removed:reward.txt",
+            "run_timeout:0.5",
+        } <= set(events), (image, events)
 
 
 @pytest.mark.timeout(600)
-def test_probe_is_held_by_the_kit_and_forges_a_case_that_runs_the_candidate_as_root(case_kit, case_probe,
-                                                                                   busybox_image):
+def test_probe_is_held_by_the_kit_and_forges_a_case_that_runs_the_candidate_as_root(
+    case_kit, case_probe, busybox_image
+):
     """`vero harbor check --probe`'s probe (`probe_scenario.sh`): planted only once the tests open a
     file of the installed candidate, as the candidate user; through the kit it reaches nothing, in a
     case that reads the candidate as root it writes the reward and reads /tests."""
     for image in (DEBIAN_IMAGE, busybox_image):
         runs = {}
         for mode in ("kit", "bare"):
-            done = _docker("run", "--rm", "--label", "org.vero.test=case-kit",
-                           "-v", f"{case_kit}:/usr/local/bin/vero-kit:ro",
-                           "-v", f"{case_probe}:/usr/local/bin/vero-probe:ro",
-                           "-v", f"{PROBE_SCENARIO}:/scenario.sh:ro", image, "bash", "/scenario.sh", mode,
-                           timeout_sec=180)
+            done = _docker(
+                "run",
+                "--rm",
+                "--label",
+                "org.vero.test=case-kit",
+                "-v",
+                f"{case_kit}:/usr/local/bin/vero-kit:ro",
+                "-v",
+                f"{case_probe}:/usr/local/bin/vero-probe:ro",
+                "-v",
+                f"{PROBE_SCENARIO}:/scenario.sh:ro",
+                image,
+                "bash",
+                "/scenario.sh",
+                mode,
+                timeout_sec=180,
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             runs[mode] = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         # Listings and stats of the candidate plant nothing; the first file opened does.
-        assert runs["kit"] == {"start": "0", "before": "", "start_as_candidate": "125", "run_exit": "0",
-                               "planted": "0", "events": "probe_attempted probe_planted ",
-                               "reward_json": '{"reward": 1}'}, image
-        assert runs["bare"] == {"start": "0", "before": "", "written": "0", "tests_read": "0",
-                                "events": "probe_attempted probe_planted probe_reward_written "
-                                          "probe_tests_listed probe_tests_read ",
-                                "reward_json": '{"reward": 918273.645}'}, image
+        assert runs["kit"] == {
+            "start": "0",
+            "before": "",
+            "start_as_candidate": "125",
+            "run_exit": "0",
+            "planted": "0",
+            "events": "probe_attempted probe_planted ",
+            "reward_json": '{"reward": 1}',
+        }, image
+        assert runs["bare"] == {
+            "start": "0",
+            "before": "",
+            "written": "0",
+            "tests_read": "0",
+            "events": "probe_attempted probe_planted probe_reward_written probe_tests_listed probe_tests_read ",
+            "reward_json": '{"reward": 918273.645}',
+        }, image
 
 
 def failed_fd(seen: dict[str, str]) -> str:
@@ -148,21 +209,30 @@ ANSWER_TEST = reward_script(
     else
         vero-kit reward 0
     fi
-    """)
+    """
+)
 
 
 @pytest.mark.timeout(900)
 def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, case_kit, shared_root, jobs_dir):
     cases = shared_root / "busybox-cases"
-    case = write_case(cases, "answer-busybox", test_sh=ANSWER_TEST,
-                      dockerfile=f"FROM {busybox_image}\nWORKDIR /opt/cand\n")
+    case = write_case(
+        cases, "answer-busybox", test_sh=ANSWER_TEST, dockerfile=f"FROM {busybox_image}\nWORKDIR /opt/cand\n"
+    )
     (case / "tests" / "expected.txt").write_text("42\n")
     candidate = shared_root / "busybox-candidate"
     candidate.mkdir()
     (candidate / "answer.sh").write_text("echo 42\n")
     runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="touch built")
-    run = make_run(evaluation_id="ev-busybox", cases_dir=cases, candidate_dir=candidate, jobs_dir=jobs_dir,
-                   case_names=("answer-busybox",), runtime=runtime, harbor=HarborSpec(infra_retries=0))
+    run = make_run(
+        evaluation_id="ev-busybox",
+        cases_dir=cases,
+        candidate_dir=candidate,
+        jobs_dir=jobs_dir,
+        case_names=("answer-busybox",),
+        runtime=runtime,
+        harbor=HarborSpec(infra_retries=0),
+    )
     result = asyncio.run(HarborBackend(infra_wait=tenacity.wait_none(), case_kit=case_kit).evaluate(run))
     (scored,) = result.cases
     (attempt,) = scored.attempts

@@ -24,8 +24,11 @@ from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 
 FAST = dict(infra_wait=tenacity.wait_none(), kill_grace_sec=5.0)
 PROGRAM = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="id -un > installed.marker")
-HANGS_WHERE_MARKED = CandidateRuntime(kind="program", install_path="/opt/cand",
-                                      install_command="if [ -e /hang ]; then sleep 600; fi; id -un > installed.marker")
+HANGS_WHERE_MARKED = CandidateRuntime(
+    kind="program",
+    install_path="/opt/cand",
+    install_command="if [ -e /hang ]; then sleep 600; fi; id -un > installed.marker",
+)
 """Hangs in the `slow` case only (its image has `/hang`)."""
 AGENT = CandidateRuntime(kind="agent", agent_import_path="cand_agent:EchoAgent")
 
@@ -63,10 +66,16 @@ def processes_mentioning(text: str) -> list[int]:
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir):
-    run = make_run(evaluation_id="ev-program", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass", "prog-fail.v2", "prog-user"), runtime=PROGRAM,
-                   harbor=HarborSpec(n_concurrent=3, case_timeout_sec=120, infra_retries=0),
-                   env={"SOME_SECRET": "s3cr3t-value-123"})
+    run = make_run(
+        evaluation_id="ev-program",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass", "prog-fail.v2", "prog-user"),
+        runtime=PROGRAM,
+        harbor=HarborSpec(n_concurrent=3, case_timeout_sec=120, infra_retries=0),
+        env={"SOME_SECRET": "s3cr3t-value-123"},
+    )
     result = asyncio.run(HarborBackend(**FAST).evaluate(run))
     assert [c.case for c in result.cases] == ["prog-pass", "prog-fail.v2", "prog-user"]
     assert {c.case: c.score for c in result.cases} == {"prog-pass": 1.0, "prog-fail.v2": 0.0, "prog-user": 1.0}
@@ -90,9 +99,16 @@ def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir)
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_toolchain):
-    run = make_run(evaluation_id="ev-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
-                   jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
-                   harbor=HarborSpec(infra_retries=0), env={"VERO_TEST_SECRET": "zq-secret-4711"})
+    run = make_run(
+        evaluation_id="ev-agent",
+        cases_dir=cases_dir,
+        candidate_dir=agent_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("agent-echo",),
+        runtime=AGENT,
+        harbor=HarborSpec(infra_retries=0),
+        env={"VERO_TEST_SECRET": "zq-secret-4711"},
+    )
     backend = HarborBackend(python_executable=portable_toolchain[1], **FAST)
     result = asyncio.run(backend.evaluate(run))
     (case,) = result.cases
@@ -111,11 +127,17 @@ def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_t
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, program_candidate, jobs_dir,
-                                                                    caplog):
-    run = make_run(evaluation_id="ev-noengine", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
-                   harbor=HarborSpec(infra_retries=2), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, program_candidate, jobs_dir, caplog):
+    run = make_run(
+        evaluation_id="ev-noengine",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass",),
+        runtime=PROGRAM,
+        harbor=HarborSpec(infra_retries=2),
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+    )
     waits = []
     backend = HarborBackend(infra_wait=lambda state: waits.append(state.attempt_number) or 0.0)
     with pytest.raises(InfrastructureFailure) as info:
@@ -131,8 +153,9 @@ def test_unreachable_engine_is_infrastructure_failure_after_retries(cases_dir, p
 
 @pytest.mark.docker
 @pytest.mark.timeout(300)
-def test_links_planted_in_the_jobs_dir_are_replaced_not_written_through(cases_dir, program_candidate, jobs_dir,
-                                                                         tmp_path):
+def test_links_planted_in_the_jobs_dir_are_replaced_not_written_through(
+    cases_dir, program_candidate, jobs_dir, tmp_path
+):
     """Candidate code can write the jobs dir (it runs as `run_as`); the files vero writes there as the
     caller (compose file, trusted log) must not follow a link it planted at their names."""
     victims = {}
@@ -142,9 +165,16 @@ def test_links_planted_in_the_jobs_dir_are_replaced_not_written_through(cases_di
         victim.chmod(0o600)
         (jobs_dir / name).symlink_to(victim)
         victims[name] = victim
-    run = make_run(evaluation_id="ev-links", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
-                   harbor=HarborSpec(infra_retries=0), env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    run = make_run(
+        evaluation_id="ev-links",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass",),
+        runtime=PROGRAM,
+        harbor=HarborSpec(infra_retries=0),
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+    )
     with pytest.raises(InfrastructureFailure):
         asyncio.run(HarborBackend(**FAST).evaluate(run))
     for name, victim in victims.items():
@@ -158,9 +188,15 @@ def test_links_planted_in_the_jobs_dir_are_replaced_not_written_through(cases_di
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_partial_infrastructure_failure_reruns_only_unmeasured_cases(cases_dir, program_candidate, jobs_dir):
-    run = make_run(evaluation_id="ev-partial", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass", "build-fails"), runtime=PROGRAM,
-                   harbor=HarborSpec(infra_retries=1))
+    run = make_run(
+        evaluation_id="ev-partial",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass", "build-fails"),
+        runtime=PROGRAM,
+        harbor=HarborSpec(infra_retries=1),
+    )
     with pytest.raises(InfrastructureFailure) as info:
         asyncio.run(HarborBackend(**FAST).evaluate(run))
     assert "1 of 2 case(s)" in str(info.value)
@@ -175,8 +211,15 @@ def test_partial_infrastructure_failure_reruns_only_unmeasured_cases(cases_dir, 
 @pytest.mark.timeout(600)
 def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_candidate, jobs_dir, caplog):
     runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="sleep 600")
-    run = make_run(evaluation_id="ev-cancel-7f3a", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("slow",), runtime=runtime, harbor=HarborSpec(infra_retries=0))
+    run = make_run(
+        evaluation_id="ev-cancel-7f3a",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("slow",),
+        runtime=runtime,
+        harbor=HarborSpec(infra_retries=0),
+    )
     job_dir = jobs_dir / "ev-cancel-7f3a"
 
     async def scenario():
@@ -211,10 +254,16 @@ def test_cancellation_kills_harbor_and_leaves_no_containers(cases_dir, program_c
 def test_evaluation_timeout_is_charged_to_the_candidate_and_cleans_up(cases_dir, program_candidate, jobs_dir):
     """A candidate that hangs past the wall clock gets a complete, charged result: the hung case is a
     `timed_out` dead attempt at the failure value, never a refunded infrastructure failure."""
-    run = make_run(evaluation_id="ev-timeout-2b9c", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("slow",), runtime=HANGS_WHERE_MARKED,
-                   scoring=ScoringSpec(failure_value=-1.0),
-                   harbor=HarborSpec(infra_retries=3, evaluation_timeout_sec=60))
+    run = make_run(
+        evaluation_id="ev-timeout-2b9c",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("slow",),
+        runtime=HANGS_WHERE_MARKED,
+        scoring=ScoringSpec(failure_value=-1.0),
+        harbor=HarborSpec(infra_retries=3, evaluation_timeout_sec=60),
+    )
     started = time.monotonic()
     # The default kill grace (15 s), not FAST's 5 s: the flag below is recorded by Harbor's own
     # teardown after SIGTERM, which on a loaded machine took longer than 5 s (then SIGKILL lost it).
@@ -236,10 +285,16 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, p
     candidate = shared_root / "broken-agent"
     candidate.mkdir(exist_ok=True)
     (candidate / "broken_agent.py").write_text("import module_that_does_not_exist_anywhere\n")
-    run = make_run(evaluation_id="ev-broken", cases_dir=shared_root / "no-cases-needed",
-                   candidate_dir=candidate, jobs_dir=jobs_dir, case_names=("c1", "c2"),
-                   runtime=CandidateRuntime(kind="agent", agent_import_path="broken_agent:Agent"),
-                   harbor=HarborSpec(n_attempts=2), scoring=ScoringSpec(direction="minimize", failure_value=100.0))
+    run = make_run(
+        evaluation_id="ev-broken",
+        cases_dir=shared_root / "no-cases-needed",
+        candidate_dir=candidate,
+        jobs_dir=jobs_dir,
+        case_names=("c1", "c2"),
+        runtime=CandidateRuntime(kind="agent", agent_import_path="broken_agent:Agent"),
+        harbor=HarborSpec(n_attempts=2),
+        scoring=ScoringSpec(direction="minimize", failure_value=100.0),
+    )
     (shared_root / "no-cases-needed").mkdir(exist_ok=True)
     from harbor_cases import reward_script, write_case
 
@@ -265,8 +320,14 @@ def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, port
 
     if not (cases / "c1").exists():
         write_case(cases, "c1", test_sh=reward_script("true"))
-    run = make_run(evaluation_id="ev-plain", cases_dir=cases, candidate_dir=candidate, jobs_dir=jobs_dir,
-                   case_names=("c1",), runtime=CandidateRuntime(kind="agent", agent_import_path="plain:Agent"))
+    run = make_run(
+        evaluation_id="ev-plain",
+        cases_dir=cases,
+        candidate_dir=candidate,
+        jobs_dir=jobs_dir,
+        case_names=("c1",),
+        runtime=CandidateRuntime(kind="agent", agent_import_path="plain:Agent"),
+    )
     result = asyncio.run(HarborBackend(python_executable=portable_toolchain[1], **FAST).evaluate(run))
     assert result.score == 0.0 and result.n_dead == 1
     assert result.cases[0].attempts[0].exception_type == "TypeError"
@@ -275,14 +336,21 @@ def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, port
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared_root, run_as_toolchain,
-                                  case_kit):
+def test_run_as_unprivileged_user(cases_dir, program_candidate, jobs_dir, shared_root, run_as_toolchain, case_kit):
     harbor, python = run_as_toolchain
-    run = make_run(evaluation_id="ev-runas", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
-                   harbor=HarborSpec(infra_retries=0), run_as=run_as_identity(shared_root))
-    result = asyncio.run(HarborBackend(harbor_executable=harbor, python_executable=python, case_kit=case_kit,
-                                       **FAST).evaluate(run))
+    run = make_run(
+        evaluation_id="ev-runas",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass",),
+        runtime=PROGRAM,
+        harbor=HarborSpec(infra_retries=0),
+        run_as=run_as_identity(shared_root),
+    )
+    result = asyncio.run(
+        HarborBackend(harbor_executable=harbor, python_executable=python, case_kit=case_kit, **FAST).evaluate(run)
+    )
     assert result.score == 1.0
     (trial,) = trial_dirs(jobs_dir / "ev-runas")
     assert (trial / "result.json").stat().st_uid == RUN_AS_UID
@@ -310,8 +378,14 @@ def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
     try:
         network = client.networks.create(f"{mine}_default", labels={label: mine})
         volume = client.volumes.create(f"{mine}_data", labels={label: mine})
-        client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: mine},
-                              network=network.name, volumes={volume.name: {"bind": "/data"}})
+        client.containers.run(
+            "python:3.13-slim",
+            ["sleep", "300"],
+            detach=True,
+            labels={label: mine},
+            network=network.name,
+            volumes={volume.name: {"bind": "/data"}},
+        )
         keep = client.containers.run("python:3.13-slim", ["sleep", "300"], detach=True, labels={label: other})
         removed = asyncio.run(remove_docker_leftovers({}, job_dirs=[job_dir], settle_sec=0.1))
         assert removed == 3
@@ -328,14 +402,19 @@ def test_remove_docker_leftovers_by_trial_prefix(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_run_as_without_access_is_infrastructure_not_the_candidate(cases_dir, program_candidate, shared_root,
-                                                                   tmp_path):
+def test_run_as_without_access_is_infrastructure_not_the_candidate(cases_dir, program_candidate, shared_root, tmp_path):
     jobs = shared_root / "root-only-jobs"
     jobs.mkdir(exist_ok=True)
     jobs.chmod(0o755)  # root-owned: uid 1001 cannot write it
-    run = make_run(evaluation_id="ev-noaccess", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs, case_names=("prog-pass",), runtime=PROGRAM,
-                   run_as=run_as_identity(shared_root))
+    run = make_run(
+        evaluation_id="ev-noaccess",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs,
+        case_names=("prog-pass",),
+        runtime=PROGRAM,
+        run_as=run_as_identity(shared_root),
+    )
     with pytest.raises(InfrastructureFailure) as info:
         asyncio.run(HarborBackend(**FAST).evaluate(run))
     assert "cannot" in str(info.value)
@@ -344,15 +423,22 @@ def test_run_as_without_access_is_infrastructure_not_the_candidate(cases_dir, pr
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_run_as_without_access_to_the_case_kit_is_infrastructure(cases_dir, program_candidate, shared_root,
-                                                                  jobs_dir, case_kit, tmp_path):
+def test_run_as_without_access_to_the_case_kit_is_infrastructure(
+    cases_dir, program_candidate, shared_root, jobs_dir, case_kit, tmp_path
+):
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     kit = private / "vero-kit"
     kit.write_bytes(case_kit.read_bytes())
-    run = make_run(evaluation_id="ev-nokit", cases_dir=cases_dir, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("prog-pass",), runtime=PROGRAM,
-                   run_as=run_as_identity(shared_root))
+    run = make_run(
+        evaluation_id="ev-nokit",
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass",),
+        runtime=PROGRAM,
+        run_as=run_as_identity(shared_root),
+    )
     with pytest.raises(InfrastructureFailure) as info:
         asyncio.run(HarborBackend(case_kit=kit, **FAST).evaluate(run))
     assert "case kit" in str(info.value)
@@ -361,30 +447,47 @@ def test_run_as_without_access_to_the_case_kit_is_infrastructure(cases_dir, prog
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200])
 def test_evaluation_id_must_be_a_portable_name(bad, cases_dir, program_candidate, jobs_dir):
-    run = make_run(evaluation_id=bad, cases_dir=cases_dir, candidate_dir=program_candidate, jobs_dir=jobs_dir,
-                   case_names=("prog-pass",))
+    run = make_run(
+        evaluation_id=bad,
+        cases_dir=cases_dir,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("prog-pass",),
+    )
     with pytest.raises(ValueError):
         asyncio.run(HarborBackend(**FAST).evaluate(run))
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_agent_preflight_runs_as_the_unprivileged_user(cases_dir, agent_candidate, shared_root, jobs_dir,
-                                                        run_as_toolchain):
+def test_agent_preflight_runs_as_the_unprivileged_user(
+    cases_dir, agent_candidate, shared_root, jobs_dir, run_as_toolchain
+):
     """A good agent passes the pre-flight as uid 1001 (so the run reaches Harbor, here with no engine);
     a broken one is charged. Neither needs Docker."""
     harbor, python = run_as_toolchain
     backend = HarborBackend(harbor_executable=harbor, python_executable=python, **FAST)
-    run = make_run(evaluation_id="ev-runas-agent", cases_dir=cases_dir, candidate_dir=agent_candidate,
-                   jobs_dir=jobs_dir, case_names=("agent-echo",), runtime=AGENT,
-                   harbor=HarborSpec(infra_retries=0), run_as=run_as_identity(shared_root),
-                   env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    run = make_run(
+        evaluation_id="ev-runas-agent",
+        cases_dir=cases_dir,
+        candidate_dir=agent_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("agent-echo",),
+        runtime=AGENT,
+        harbor=HarborSpec(infra_retries=0),
+        run_as=run_as_identity(shared_root),
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+    )
     with pytest.raises(InfrastructureFailure):
         asyncio.run(backend.evaluate(run))
     assert (jobs_dir / "ev-runas-agent.harbor.log").exists()
 
-    broken = run.model_copy(update={"evaluation_id": "ev-runas-broken", "runtime": CandidateRuntime(
-        kind="agent", agent_import_path="cand_agent:NoSuchClass")})
+    broken = run.model_copy(
+        update={
+            "evaluation_id": "ev-runas-broken",
+            "runtime": CandidateRuntime(kind="agent", agent_import_path="cand_agent:NoSuchClass"),
+        }
+    )
     result = asyncio.run(backend.evaluate(broken))
     assert result.n_dead == 1 and result.cases[0].attempts[0].exception_type == "AttributeError"
 
@@ -398,7 +501,10 @@ def test_compose_case_with_its_own_service_and_init(tmp_path, program_candidate,
     from harbor_cases import BASE_IMAGE, reward_script, write_case
 
     cases = tmp_path / "cases"
-    case = write_case(cases, "with-service", test_sh=reward_script("""
+    case = write_case(
+        cases,
+        "with-service",
+        test_sh=reward_script("""
         mkdir -p /logs/verifier
         body="$(curl -fsS http://helper:8080/ok.txt || true)"
         pid1="$(cat /proc/1/comm)"
@@ -407,7 +513,8 @@ def test_compose_case_with_its_own_service_and_init(tmp_path, program_candidate,
         else
           echo "body=$body pid1=$pid1"; echo '{"reward": 0.0}' > /logs/verifier/reward.json
         fi
-    """))
+    """),
+    )
     (case / "environment" / "docker-compose.yaml").write_text(f"""\
 services:
   main:
@@ -418,10 +525,15 @@ services:
     image: {BASE_IMAGE}
     command: ["sh", "-c", "mkdir -p /srv && echo service-ok > /srv/ok.txt && exec python3 -m http.server 8080 -d /srv"]
 """)
-    run = make_run(evaluation_id="ev-compose", cases_dir=cases, candidate_dir=program_candidate,
-                   jobs_dir=jobs_dir, case_names=("with-service",),
-                   runtime=CandidateRuntime(kind="program", install_path="/opt/prog"),
-                   harbor=HarborSpec(infra_retries=0))
+    run = make_run(
+        evaluation_id="ev-compose",
+        cases_dir=cases,
+        candidate_dir=program_candidate,
+        jobs_dir=jobs_dir,
+        case_names=("with-service",),
+        runtime=CandidateRuntime(kind="program", install_path="/opt/prog"),
+        harbor=HarborSpec(infra_retries=0),
+    )
     result = asyncio.run(HarborBackend(**FAST).evaluate(run))
     (only,) = result.cases
     assert only.score == 1.0, (jobs_dir / "ev-compose.harbor.log").read_text()

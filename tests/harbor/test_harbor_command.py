@@ -31,20 +31,53 @@ HARBOR = Path("/opt/venv/bin/harbor")
 
 def test_program_argv_exact(tmp_path):
     run = make_run(
-        evaluation_id="ev-1", cases_dir=tmp_path / "cases", jobs_dir=tmp_path / "jobs",
-        candidate_dir=Path("/srv/cand idate"), case_names=("a.b-c", "d"),
+        evaluation_id="ev-1",
+        cases_dir=tmp_path / "cases",
+        jobs_dir=tmp_path / "jobs",
+        candidate_dir=Path("/srv/cand idate"),
+        case_names=("a.b-c", "d"),
         runtime=CandidateRuntime(kind="program", install_path="/opt/my app", install_command=" make -j2 && echo 'ok' "),
-        harbor=HarborSpec(environment="docker", n_concurrent=3, n_attempts=2))
-    command = build_command(run, job_name="ev-1", case_names=run.case_names, timeout_plan=AgentTimeoutPlan(),
-                            harbor_executable=HARBOR, base_env={})
+        harbor=HarborSpec(environment="docker", n_concurrent=3, n_attempts=2),
+    )
+    command = build_command(
+        run,
+        job_name="ev-1",
+        case_names=run.case_names,
+        timeout_plan=AgentTimeoutPlan(),
+        harbor_executable=HARBOR,
+        base_env={},
+    )
     assert command.argv == (
-        str(HARBOR), "run", "-y", "-q", "-p", str(tmp_path / "cases"), "-i", "a.b-c", "-i", "d",
-        "-e", "docker", "-n", "3", "-k", "2", "--job-name", "ev-1", "-o", str(tmp_path / "jobs"),
-        "-a", INSTALL_AGENT_IMPORT_PATH,
-        "--ak", 'candidate_dir="/srv/cand idate"',
-        "--ak", 'install_path="/opt/my app"',
-        "--ak", "install_command=\" make -j2 && echo 'ok' \"",
-        "--extra-docker-compose", str(tmp_path / "jobs" / "ev-1.compose.yaml"),
+        str(HARBOR),
+        "run",
+        "-y",
+        "-q",
+        "-p",
+        str(tmp_path / "cases"),
+        "-i",
+        "a.b-c",
+        "-i",
+        "d",
+        "-e",
+        "docker",
+        "-n",
+        "3",
+        "-k",
+        "2",
+        "--job-name",
+        "ev-1",
+        "-o",
+        str(tmp_path / "jobs"),
+        "-a",
+        INSTALL_AGENT_IMPORT_PATH,
+        "--ak",
+        'candidate_dir="/srv/cand idate"',
+        "--ak",
+        'install_path="/opt/my app"',
+        "--ak",
+        "install_command=\" make -j2 && echo 'ok' \"",
+        "--extra-docker-compose",
+        str(tmp_path / "jobs" / "ev-1.compose.yaml"),
     )
     assert command.job_dir == tmp_path / "jobs" / "ev-1"
     assert command.cwd == tmp_path / "jobs"
@@ -56,48 +89,97 @@ def test_program_argv_exact(tmp_path):
     from harbor.cli.utils import parse_kwargs
 
     kwargs = parse_kwargs([command.argv[i + 1] for i, a in enumerate(command.argv) if a == "--ak"])
-    assert kwargs == {"candidate_dir": "/srv/cand idate", "install_path": "/opt/my app",
-                      "install_command": " make -j2 && echo 'ok' "}
+    assert kwargs == {
+        "candidate_dir": "/srv/cand idate",
+        "install_path": "/opt/my app",
+        "install_command": " make -j2 && echo 'ok' ",
+    }
 
 
 def test_program_without_install_command_has_no_such_kwarg(tmp_path):
     run = make_run(jobs_dir=tmp_path, runtime=CandidateRuntime(kind="program", install_path="/opt/x"))
-    argv = build_command(run, job_name="j", case_names=("a",), timeout_plan=AgentTimeoutPlan(),
-                         harbor_executable=HARBOR, base_env={}).argv
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ak"] == ['candidate_dir="/nonexistent/candidate"',
-                                                                       'install_path="/opt/x"']
+    argv = build_command(
+        run, job_name="j", case_names=("a",), timeout_plan=AgentTimeoutPlan(), harbor_executable=HARBOR, base_env={}
+    ).argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ak"] == [
+        'candidate_dir="/nonexistent/candidate"',
+        'install_path="/opt/x"',
+    ]
 
 
 def test_agent_argv_exact_with_multiplier(tmp_path):
     run = make_run(
-        evaluation_id="ev-2", cases_dir=tmp_path / "cases", jobs_dir=tmp_path / "jobs", case_names=("t1",),
+        evaluation_id="ev-2",
+        cases_dir=tmp_path / "cases",
+        jobs_dir=tmp_path / "jobs",
+        case_names=("t1",),
         runtime=CandidateRuntime(kind="agent", agent_import_path="pkg.mod:MyAgent"),
-        harbor=HarborSpec(environment="modal", n_concurrent=1, n_attempts=5))
+        harbor=HarborSpec(environment="modal", n_concurrent=1, n_attempts=5),
+    )
     launcher = tmp_path / "sock" / "launcher"
-    command = build_command(run, job_name="ev-2.retry-1", case_names=("t1",),
-                            timeout_plan=AgentTimeoutPlan(agent_timeout_multiplier=0.5),
-                            harbor_executable=HARBOR, base_env={}, launcher_socket=launcher)
+    command = build_command(
+        run,
+        job_name="ev-2.retry-1",
+        case_names=("t1",),
+        timeout_plan=AgentTimeoutPlan(agent_timeout_multiplier=0.5),
+        harbor_executable=HARBOR,
+        base_env={},
+        launcher_socket=launcher,
+    )
     # Harbor imports vero's trusted CandidateAgent, never the candidate's class.
     assert command.argv == (
-        str(HARBOR), "run", "-y", "-q", "-p", str(tmp_path / "cases"), "-i", "t1",
-        "-e", "modal", "-n", "1", "-k", "5", "--job-name", "ev-2.retry-1", "-o", str(tmp_path / "jobs"),
-        "-a", CANDIDATE_AGENT_IMPORT_PATH, "--ak", f"launcher={json.dumps(str(launcher))}",
-        "--ak", 'agent_import_path="pkg.mod:MyAgent"',
-        "--ak", f"candidate_dir={json.dumps(str(run.candidate_dir.absolute()))}",
-        "--agent-timeout-multiplier", "0.5",
+        str(HARBOR),
+        "run",
+        "-y",
+        "-q",
+        "-p",
+        str(tmp_path / "cases"),
+        "-i",
+        "t1",
+        "-e",
+        "modal",
+        "-n",
+        "1",
+        "-k",
+        "5",
+        "--job-name",
+        "ev-2.retry-1",
+        "-o",
+        str(tmp_path / "jobs"),
+        "-a",
+        CANDIDATE_AGENT_IMPORT_PATH,
+        "--ak",
+        f"launcher={json.dumps(str(launcher))}",
+        "--ak",
+        'agent_import_path="pkg.mod:MyAgent"',
+        "--ak",
+        f"candidate_dir={json.dumps(str(run.candidate_dir.absolute()))}",
+        "--agent-timeout-multiplier",
+        "0.5",
     )
     with pytest.raises(ValueError, match="launcher"):
-        build_command(run, job_name="x", case_names=("t1",), timeout_plan=AgentTimeoutPlan(),
-                      harbor_executable=HARBOR, base_env={})
+        build_command(
+            run,
+            job_name="x",
+            case_names=("t1",),
+            timeout_plan=AgentTimeoutPlan(),
+            harbor_executable=HARBOR,
+            base_env={},
+        )
     assert command.job_dir == tmp_path / "jobs" / "ev-2.retry-1"
     assert command.compose_file is None  # Modal takes no extra compose files
 
 
 def test_override_timeout_goes_through_a_job_config_file(tmp_path):
     run = make_run(jobs_dir=tmp_path, runtime=CandidateRuntime(kind="program", install_path="/opt/x"))
-    command = build_command(run, job_name="ev-3", case_names=("a",),
-                            timeout_plan=AgentTimeoutPlan(override_timeout_sec=42.0),
-                            harbor_executable=HARBOR, base_env={})
+    command = build_command(
+        run,
+        job_name="ev-3",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(override_timeout_sec=42.0),
+        harbor_executable=HARBOR,
+        base_env={},
+    )
     assert "-a" not in command.argv
     path, text = command.config_file
     assert path == tmp_path / "ev-3.agent-config.json"
@@ -110,11 +192,19 @@ def test_override_config_is_what_harbor_resolves(tmp_path):
     """Harbor merges the `-c` agent with the `--ak` kwargs into one agent with the override."""
     from typer.testing import CliRunner
 
-    run = make_run(jobs_dir=tmp_path, cases_dir=tmp_path, runtime=CandidateRuntime(
-        kind="program", install_path="/opt/x", install_command="true"))
-    command = build_command(run, job_name="ev-4", case_names=("a",),
-                            timeout_plan=AgentTimeoutPlan(override_timeout_sec=42.0),
-                            harbor_executable=HARBOR, base_env={})
+    run = make_run(
+        jobs_dir=tmp_path,
+        cases_dir=tmp_path,
+        runtime=CandidateRuntime(kind="program", install_path="/opt/x", install_command="true"),
+    )
+    command = build_command(
+        run,
+        job_name="ev-4",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(override_timeout_sec=42.0),
+        harbor_executable=HARBOR,
+        base_env={},
+    )
     path, text = command.config_file
     path.write_text(text)
     from harbor.cli.main import app
@@ -125,8 +215,11 @@ def test_override_config_is_what_harbor_resolves(tmp_path):
     (agent,) = config["agents"]
     assert agent["import_path"] == INSTALL_AGENT_IMPORT_PATH
     assert agent["override_timeout_sec"] == 42.0
-    assert agent["kwargs"] == {"candidate_dir": "/nonexistent/candidate", "install_path": "/opt/x",
-                               "install_command": "true"}
+    assert agent["kwargs"] == {
+        "candidate_dir": "/nonexistent/candidate",
+        "install_path": "/opt/x",
+        "install_command": "true",
+    }
     assert config["datasets"][0]["task_names"] == ["a"]
 
 
@@ -157,17 +250,24 @@ def test_declared_timeouts_and_plan(tmp_path):
     write_case(tmp_path, "s60b", test_sh="", agent_timeout_sec=60)
     write_case(tmp_path, "s120", test_sh="", agent_timeout_sec=120)
     write_case(tmp_path, "none", test_sh="", agent_timeout_sec=None)
-    write_case(tmp_path, "steps", test_sh="", agent_timeout_sec=60,
-               steps={"one": "#!/bin/bash\n", "two": "#!/bin/bash\n"},
-               extra_toml="")
+    write_case(
+        tmp_path,
+        "steps",
+        test_sh="",
+        agent_timeout_sec=60,
+        steps={"one": "#!/bin/bash\n", "two": "#!/bin/bash\n"},
+        extra_toml="",
+    )
     declared = declared_agent_timeouts(tmp_path, ["s60", "s60b", "s120", "none", "steps"])
     assert declared == {"s60": {60.0}, "s60b": {60.0}, "s120": {120.0}, "none": {None}, "steps": {60.0}}
 
     assert plan_agent_timeout(None, declared) == AgentTimeoutPlan()
-    assert plan_agent_timeout(30.0, {k: declared[k] for k in ("s60", "s60b", "steps")}) == \
-        AgentTimeoutPlan(agent_timeout_multiplier=0.5)
-    assert plan_agent_timeout(30.0, {k: declared[k] for k in ("s60", "s120")}) == \
-        AgentTimeoutPlan(override_timeout_sec=30.0)
+    assert plan_agent_timeout(30.0, {k: declared[k] for k in ("s60", "s60b", "steps")}) == AgentTimeoutPlan(
+        agent_timeout_multiplier=0.5
+    )
+    assert plan_agent_timeout(30.0, {k: declared[k] for k in ("s60", "s120")}) == AgentTimeoutPlan(
+        override_timeout_sec=30.0
+    )
     assert plan_agent_timeout(30.0, {"none": declared["none"]}) == AgentTimeoutPlan(override_timeout_sec=30.0)
 
 
@@ -181,11 +281,20 @@ def test_declared_timeouts_reject_invalid_case_without_naming_it(tmp_path):
 
 
 def test_nested_env_allowlist_secrets_no_candidate_on_pythonpath_and_home(tmp_path):
-    base = {"PATH": "/usr/bin", "HOME": "/root", "VERO_ADMIN_TOKEN": "tok", "PYTHONPATH": "/lib/extra",
-            "DOCKER_HOST": "unix:///x.sock", "HARBOR_TELEMETRY": "1"}
-    agent_run = make_run(candidate_dir=tmp_path / "cand", env={"MY_API_KEY": "s3cret-value"},
-                         runtime=CandidateRuntime(kind="agent", agent_import_path="m:A"),
-                         run_as=RunAs(uid=1001, gid=1001, home=tmp_path / "home"))
+    base = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "VERO_ADMIN_TOKEN": "tok",
+        "PYTHONPATH": "/lib/extra",
+        "DOCKER_HOST": "unix:///x.sock",
+        "HARBOR_TELEMETRY": "1",
+    }
+    agent_run = make_run(
+        candidate_dir=tmp_path / "cand",
+        env={"MY_API_KEY": "s3cret-value"},
+        runtime=CandidateRuntime(kind="agent", agent_import_path="m:A"),
+        run_as=RunAs(uid=1001, gid=1001, home=tmp_path / "home"),
+    )
     env = nested_env(agent_run, base)
     assert "VERO_ADMIN_TOKEN" not in env
     assert env["MY_API_KEY"] == "s3cret-value"
@@ -205,23 +314,30 @@ def test_nested_env_allowlist_secrets_no_candidate_on_pythonpath_and_home(tmp_pa
 
 def test_command_repr_does_not_show_env(tmp_path):
     run = make_run(jobs_dir=tmp_path, env={"TOKEN": "very-secret-token"})
-    command = build_command(run, job_name="j", case_names=("a",), timeout_plan=AgentTimeoutPlan(),
-                            harbor_executable=HARBOR, base_env={})
+    command = build_command(
+        run, job_name="j", case_names=("a",), timeout_plan=AgentTimeoutPlan(), harbor_executable=HARBOR, base_env={}
+    )
     assert "very-secret-token" not in repr(command)
     assert "very-secret-token" not in " ".join(command.argv)
 
 
 def test_scrub():
     text = "key=abcd1234 flag=1 again abcd1234 and longer-secret-xyz"
-    assert scrub(text, ["abcd1234", "1", "true", "longer-secret-xyz", "abc"]) == \
-        "key=*** flag=1 again *** and ***"
+    assert scrub(text, ["abcd1234", "1", "true", "longer-secret-xyz", "abc"]) == "key=*** flag=1 again *** and ***"
 
 
 def test_build_command_rejects_bad_input(tmp_path):
     run = make_run(jobs_dir=tmp_path)
     with pytest.raises(ValueError):
-        build_command(run, job_name="j", case_names=(), timeout_plan=AgentTimeoutPlan(),
-                      harbor_executable=HARBOR, base_env={})
+        build_command(
+            run, job_name="j", case_names=(), timeout_plan=AgentTimeoutPlan(), harbor_executable=HARBOR, base_env={}
+        )
     with pytest.raises(ValueError):
-        build_command(make_run(runtime=CandidateRuntime(kind="agent")), job_name="j", case_names=("a",),
-                      timeout_plan=AgentTimeoutPlan(), harbor_executable=HARBOR, base_env={})
+        build_command(
+            make_run(runtime=CandidateRuntime(kind="agent")),
+            job_name="j",
+            case_names=("a",),
+            timeout_plan=AgentTimeoutPlan(),
+            harbor_executable=HARBOR,
+            base_env={},
+        )

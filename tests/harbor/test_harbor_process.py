@@ -41,8 +41,9 @@ def wait_gone(pid: int, timeout_sec: float = 5.0) -> bool:
 def test_timeout_kills_the_whole_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     script = f"sleep 300 & echo $! > {pidfile}; wait"
-    outcome = asyncio.run(run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, timeout_sec=1.0,
-                                            kill_grace_sec=1.0))
+    outcome = asyncio.run(
+        run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, timeout_sec=1.0, kill_grace_sec=1.0)
+    )
     assert outcome.timed_out
     assert outcome.returncode is not None and outcome.returncode < 0
     assert wait_gone(int(pidfile.read_text()))
@@ -51,8 +52,15 @@ def test_timeout_kills_the_whole_group(tmp_path):
 @pytest.mark.timeout(60)
 def test_sigterm_ignoring_leader_gets_sigkill(tmp_path):
     started = time.monotonic()
-    outcome = asyncio.run(run_process_group(["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"], env=ENV,
-                                            cwd=tmp_path, timeout_sec=0.5, kill_grace_sec=1.0))
+    outcome = asyncio.run(
+        run_process_group(
+            ["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"],
+            env=ENV,
+            cwd=tmp_path,
+            timeout_sec=0.5,
+            kill_grace_sec=1.0,
+        )
+    )
     assert outcome.timed_out
     assert outcome.returncode == -9
     assert time.monotonic() - started < 20
@@ -63,8 +71,11 @@ def test_cancellation_kills_the_group_and_propagates(tmp_path):
     pidfile = tmp_path / "child.pid"
 
     async def scenario():
-        task = asyncio.create_task(run_process_group(
-            ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], env=ENV, cwd=tmp_path, kill_grace_sec=1.0))
+        task = asyncio.create_task(
+            run_process_group(
+                ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], env=ENV, cwd=tmp_path, kill_grace_sec=1.0
+            )
+        )
         while not pidfile.exists() or not pidfile.read_text().strip():
             await asyncio.sleep(0.05)
         task.cancel()
@@ -83,9 +94,15 @@ def test_a_hurried_kill_does_not_wait_for_the_grace(tmp_path):
     stopping = []
 
     async def scenario():
-        task = asyncio.create_task(run_process_group(
-            ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait; sleep 300"], env=ENV,
-            cwd=tmp_path, kill_grace_sec=600.0, hurry=lambda: bool(stopping)))
+        task = asyncio.create_task(
+            run_process_group(
+                ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait; sleep 300"],
+                env=ENV,
+                cwd=tmp_path,
+                kill_grace_sec=600.0,
+                hurry=lambda: bool(stopping),
+            )
+        )
         while not pidfile.exists() or not pidfile.read_text().strip():
             await asyncio.sleep(0.05)
         stopping.append(True)
@@ -101,8 +118,11 @@ def test_a_hurried_kill_does_not_wait_for_the_grace(tmp_path):
 def test_children_do_not_outlive_a_normal_exit(tmp_path):
     pidfile = tmp_path / "child.pid"
     started = time.monotonic()
-    outcome = asyncio.run(run_process_group(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 3"], env=ENV,
-                                            cwd=tmp_path, timeout_sec=60))
+    outcome = asyncio.run(
+        run_process_group(
+            ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 3"], env=ENV, cwd=tmp_path, timeout_sec=60
+        )
+    )
     assert outcome.returncode == 3 and not outcome.timed_out
     assert time.monotonic() - started < 20
     assert wait_gone(int(pidfile.read_text()))
@@ -112,8 +132,9 @@ def test_children_do_not_outlive_a_normal_exit(tmp_path):
 def test_output_tail_is_bounded_and_scrubbed(tmp_path):
     secret = "hunter2-very-secret"
     script = f"head -c 20000 /dev/zero | tr '\\0' 'x'; echo; echo token={secret}; echo done >&2"
-    outcome = asyncio.run(run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, tail_bytes=100,
-                                            secrets=[secret]))
+    outcome = asyncio.run(
+        run_process_group(["sh", "-c", script], env=ENV, cwd=tmp_path, tail_bytes=100, secrets=[secret])
+    )
     assert outcome.returncode == 0
     assert len(outcome.output_tail.encode()) <= 100
     assert secret not in outcome.output_tail
@@ -125,8 +146,7 @@ def test_output_tail_is_bounded_and_scrubbed(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_run_as_switches_uid_gid_and_groups(tmp_path):
     run_as = RunAs(uid=1001, gid=1002, extra_groups=(1003, 1004), home=Path("/tmp"))
-    outcome = asyncio.run(run_process_group(["sh", "-c", "id -u; id -g; id -G"], env=ENV, cwd=Path("/"),
-                                            run_as=run_as))
+    outcome = asyncio.run(run_process_group(["sh", "-c", "id -u; id -g; id -G"], env=ENV, cwd=Path("/"), run_as=run_as))
     uid, gid, groups = outcome.output_tail.split("\n")[:3]
     assert (uid, gid) == ("1001", "1002")
     assert set(groups.split()) == {"1002", "1003", "1004"}
@@ -159,8 +179,11 @@ def test_a_grandchild_that_escaped_the_group_does_not_hang_the_run(tmp_path):
     pidfile = tmp_path / "escaped.pid"
     started = time.monotonic()
     try:
-        outcome = asyncio.run(run_process_group(["sh", "-c", f"setsid sleep 40 & echo $! > {pidfile}; echo bye"],
-                                                env=ENV, cwd=tmp_path, timeout_sec=30))
+        outcome = asyncio.run(
+            run_process_group(
+                ["sh", "-c", f"setsid sleep 40 & echo $! > {pidfile}; echo bye"], env=ENV, cwd=tmp_path, timeout_sec=30
+            )
+        )
         assert outcome.returncode == 0 and not outcome.timed_out
         assert "bye" in outcome.output_tail
         assert time.monotonic() - started < 15

@@ -39,8 +39,7 @@ def test_mixed_job_classification():
     assert (multi.reward, multi.exception_type, multi.infrastructure) == (0.75, None, False)
 
     (missing,) = cases["no-reward"]
-    assert (missing.reward, missing.exception_type, missing.infrastructure) == \
-        (None, "RewardFileNotFoundError", False)
+    assert (missing.reward, missing.exception_type, missing.infrastructure) == (None, "RewardFileNotFoundError", False)
 
     # AgentTimeoutError keeps its verifier reward (docs/harbor-notes.md §8 rows 4-5).
     (timeout,) = cases["agent-timeout"]
@@ -54,8 +53,7 @@ def test_mixed_job_classification():
     (build,) = cases["build-fails"]
     assert (build.reward, build.exception_type, build.infrastructure) == (None, "RuntimeError", True)
     (start,) = cases["start-timeout"]
-    assert (start.reward, start.exception_type, start.infrastructure) == \
-        (None, "EnvironmentStartTimeoutError", True)
+    assert (start.reward, start.exception_type, start.infrastructure) == (None, "EnvironmentStartTimeoutError", True)
 
 
 def test_dead_attempts_score_the_failure_value_and_infrastructure_is_not_a_score():
@@ -175,8 +173,12 @@ def variant(tmp_path, name, *, rewards="keep", exception=None, phases=None, meta
         data["verifier_result"] = None if rewards is None else {"rewards": rewards}
         data["reward_valid"] = rewards is not None
     if exception is not None:
-        data["exception_info"] = {"exception_type": exception, "exception_message": "x",
-                                  "exception_traceback": "", "occurred_at": data["finished_at"]}
+        data["exception_info"] = {
+            "exception_type": exception,
+            "exception_message": "x",
+            "exception_traceback": "",
+            "occurred_at": data["finished_at"],
+        }
     for phase in phases or ():
         data[phase] = None
     if metadata:
@@ -194,8 +196,7 @@ def test_reward_range_makes_an_impossible_reward_an_invalid_attempt(tmp_path):
     inside = read_trial(variant(tmp_path, "inside"), "reward", (0.0, 1.0))
     assert (inside.outcome, inside.reward, inside.rejected_reward) == (AttemptOutcome.SCORED, 0.75, None)
     forged = read_trial(variant(tmp_path, "forged", rewards={"reward": 1000.0}), "reward", (0.0, 1.0))
-    assert (forged.outcome, forged.reward, forged.rejected_reward) == \
-        (AttemptOutcome.REWARD_OUT_OF_RANGE, None, 1000.0)
+    assert (forged.outcome, forged.reward, forged.rejected_reward) == (AttemptOutcome.REWARD_OUT_OF_RANGE, None, 1000.0)
     assert not forged.infrastructure
     below = read_trial(variant(tmp_path, "below", rewards={"reward": -0.5}), "reward", (0.0, 1.0))
     assert below.outcome is AttemptOutcome.REWARD_OUT_OF_RANGE
@@ -230,8 +231,9 @@ def test_out_of_range_attempts_score_the_failure_value_and_are_counted(tmp_path)
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
-    result = EvaluationResult.from_cases(partition="p", candidate="c" * 40, reward_key="reward", cases=[case],
-                                         started_at=now, finished_at=now)
+    result = EvaluationResult.from_cases(
+        partition="p", candidate="c" * 40, reward_key="reward", cases=[case], started_at=now, finished_at=now
+    )
     assert result.flag_counts() == {"reward_out_of_range": 1}
 
 
@@ -254,20 +256,33 @@ def test_a_trial_cancelled_after_the_candidate_started_timed_out_before_it_is_in
 
     started = variant(tmp_path, "started", rewards=None, exception="CancelledError", phases=("verifier",))
     assert read_trial(started, "reward").outcome is AttemptOutcome.TIMED_OUT
-    before = variant(tmp_path, "before", rewards=None, exception="CancelledError",
-                     phases=("agent_setup", "agent_execution", "verifier"))
+    before = variant(
+        tmp_path,
+        "before",
+        rewards=None,
+        exception="CancelledError",
+        phases=("agent_setup", "agent_execution", "verifier"),
+    )
     assert read_trial(before, "reward").outcome is AttemptOutcome.INFRASTRUCTURE
 
 
 def test_case_kit_events_and_install_leftovers_become_flags(tmp_path):
-    events = ['{"event": "leftover_processes_killed", "when": "after run", "count": 3}',
-              '{"event": "limit_exceeded", "when": "run", "count": 1, "detail": "fsize"}',
-              'not json', '{"event": "bad name!", "count": 1}', '{"event": 5}',
-              '{"event": "reward_file_removed", "when": "reward", "count": 1, "detail": "reward.json"}']
+    events = [
+        '{"event": "leftover_processes_killed", "when": "after run", "count": 3}',
+        '{"event": "limit_exceeded", "when": "run", "count": 1, "detail": "fsize"}',
+        "not json",
+        '{"event": "bad name!", "count": 1}',
+        '{"event": 5}',
+        '{"event": "reward_file_removed", "when": "reward", "count": 1, "detail": "reward.json"}',
+    ]
     trial = variant(tmp_path, "flags", events=events, metadata={"vero_install_leftover_processes": 2})
     outcome = read_trial(trial, "reward")
-    assert outcome.flags == ("install_leftover_processes_killed", "leftover_processes_killed",
-                             "limit_exceeded:fsize", "reward_file_removed")
+    assert outcome.flags == (
+        "install_leftover_processes_killed",
+        "leftover_processes_killed",
+        "limit_exceeded:fsize",
+        "reward_file_removed",
+    )
     # Flags never change the score.
     assert outcome.reward == 0.75
 
@@ -287,11 +302,13 @@ def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_pa
     attempts: dict[str, list] = {name: [] for name in cases}
     before = dict.fromkeys(cases, 0)
     # The variants all read as case `multi.key` (their task path); relabel the infrastructure one.
-    trials = tuple(t if not t.infrastructure else type(t)(**{**t.__dict__, "case": "multi.key.b"})
-                   for t in collation.trials)
+    trials = tuple(
+        t if not t.infrastructure else type(t)(**{**t.__dict__, "case": "multi.key.b"}) for t in collation.trials
+    )
     merge_outcomes(attempts, trials, set(cases))
-    added = _charge_unfinished(attempts, type(collation)(collation.job_dir, False, trials, 1), cases, before,
-                               n_attempts=2)
+    added = _charge_unfinished(
+        attempts, type(collation)(collation.job_dir, False, trials, 1), cases, before, n_attempts=2
+    )
     assert added == 1 + 1 + 2
     assert [a.kind for a in attempts["multi.key"]] == [AttemptOutcome.SCORED, AttemptOutcome.TIMED_OUT]
     assert [a.kind for a in attempts["multi.key.b"]] == [AttemptOutcome.TIMED_OUT]

@@ -39,17 +39,25 @@ def write_compose(cases: Path, name: str, document: dict) -> None:
 
 def test_compose_labels_name_what_every_case_has_and_every_network_and_volume(tmp_path):
     cases = tmp_path / "cases"
-    write_compose(cases, "a", {"services": {"main": {}, "helper": {"image": "x"}, "db": {"image": "y"}},
-                               "volumes": {"data": {}, "shared": {"external": True}},
-                               "networks": {"back": {}, "outside": {"external": True}}})
+    write_compose(
+        cases,
+        "a",
+        {
+            "services": {"main": {}, "helper": {"image": "x"}, "db": {"image": "y"}},
+            "volumes": {"data": {}, "shared": {"external": True}},
+            "networks": {"back": {}, "outside": {"external": True}},
+        },
+    )
     write_compose(cases, "b", {"services": {"helper": {"image": "x"}}, "volumes": {"cache": None}})
     (cases / "c" / "environment").mkdir(parents=True)  # a Dockerfile-only case: no compose file
     labels = {LABEL_JOB: "ev-1", LABEL_SESSION: SESSION}
 
     only_a = compose_labels(SESSION, "ev-1", cases, ["a"])
-    assert only_a == {"services": {name: {"labels": labels} for name in ("db", "helper", "main")},
-                      "networks": {"back": {"labels": labels}, "default": {"labels": labels}},
-                      "volumes": {"data": {"labels": labels}}}
+    assert only_a == {
+        "services": {name: {"labels": labels} for name in ("db", "helper", "main")},
+        "networks": {"back": {"labels": labels}, "default": {"labels": labels}},
+        "volumes": {"data": {"labels": labels}},
+    }
     # Shared by several cases: only services all of them declare (Compose refuses a service with
     # no image), every network and volume any declares (unused ones are not created), never an
     # external one.
@@ -65,14 +73,33 @@ def test_compose_labels_name_what_every_case_has_and_every_network_and_volume(tm
 @pytest.mark.docker
 def test_the_compose_override_labels_and_inits_main_and_docker_compose_accepts_it(tmp_path):
     cases = tmp_path / "cases"
-    write_compose(cases, "a", {"services": {"main": {"build": {"context": "."}, "volumes": ["data:/data"]},
-                                            "helper": {"image": "python:3.13-slim"}},
-                               "volumes": {"data": {}}})
-    run = make_run(evaluation_id="ev-9", cases_dir=cases, jobs_dir=tmp_path / "jobs", case_names=("a",),
-                   harbor=HarborSpec(environment="docker"))
-    command = build_command(run, job_name="ev-9", case_names=("a",), timeout_plan=AgentTimeoutPlan(),
-                            harbor_executable=HARBOR, base_env={},
-                            compose_labels=compose_labels(SESSION, "ev-9", cases, ["a"]))
+    write_compose(
+        cases,
+        "a",
+        {
+            "services": {
+                "main": {"build": {"context": "."}, "volumes": ["data:/data"]},
+                "helper": {"image": "python:3.13-slim"},
+            },
+            "volumes": {"data": {}},
+        },
+    )
+    run = make_run(
+        evaluation_id="ev-9",
+        cases_dir=cases,
+        jobs_dir=tmp_path / "jobs",
+        case_names=("a",),
+        harbor=HarborSpec(environment="docker"),
+    )
+    command = build_command(
+        run,
+        job_name="ev-9",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(),
+        harbor_executable=HARBOR,
+        base_env={},
+        compose_labels=compose_labels(SESSION, "ev-9", cases, ["a"]),
+    )
     assert command.compose_file is not None
     path, text = command.compose_file
     assert "&id" not in text  # written in full for people reading it
@@ -82,9 +109,24 @@ def test_the_compose_override_labels_and_inits_main_and_docker_compose_accepts_i
     # Compose merges it after the case's own file (as Harbor does) without complaint.
     path.parent.mkdir(parents=True)
     path.write_text(text)
-    merged = subprocess.run(["docker", "compose", "-p", "vero-label-check", "-f",
-                             str(cases / "a" / "environment" / "docker-compose.yaml"), "-f", str(path), "config",
-                             "--format", "json"], capture_output=True, text=True, timeout=60)
+    merged = subprocess.run(
+        [
+            "docker",
+            "compose",
+            "-p",
+            "vero-label-check",
+            "-f",
+            str(cases / "a" / "environment" / "docker-compose.yaml"),
+            "-f",
+            str(path),
+            "config",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert merged.returncode == 0, merged.stderr
     import json
 
@@ -95,11 +137,18 @@ def test_the_compose_override_labels_and_inits_main_and_docker_compose_accepts_i
 
 
 def test_modal_runs_carry_the_labels_as_tags_and_a_bounded_sandbox_lifetime(tmp_path):
-    run = make_run(evaluation_id="ev-m", jobs_dir=tmp_path, harbor=HarborSpec(environment="modal",
-                                                                             evaluation_timeout_sec=1800))
-    command = build_command(run, job_name="ev-m", case_names=("a",), timeout_plan=AgentTimeoutPlan(),
-                            harbor_executable=HARBOR, base_env={},
-                            environment_options=modal_options(SESSION, "ev-m", 1800))
+    run = make_run(
+        evaluation_id="ev-m", jobs_dir=tmp_path, harbor=HarborSpec(environment="modal", evaluation_timeout_sec=1800)
+    )
+    command = build_command(
+        run,
+        job_name="ev-m",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(),
+        harbor_executable=HARBOR,
+        base_env={},
+        environment_options=modal_options(SESSION, "ev-m", 1800),
+    )
     assert command.compose_file is None
     from harbor.cli.utils import parse_kwargs
     from harbor.environments.modal import ModalOptions
@@ -142,8 +191,14 @@ class FakeModal:
 
 def test_modal_sandboxes_of_an_interrupted_job_are_terminated_by_tag(monkeypatch):
     other = new_session_id()
-    fake = FakeModal([{LABEL_SESSION: SESSION, LABEL_JOB: "ev-1"}, {LABEL_SESSION: SESSION, LABEL_JOB: "ev-2"},
-                      {LABEL_SESSION: other, LABEL_JOB: "ev-1"}, {}])
+    fake = FakeModal(
+        [
+            {LABEL_SESSION: SESSION, LABEL_JOB: "ev-1"},
+            {LABEL_SESSION: SESSION, LABEL_JOB: "ev-2"},
+            {LABEL_SESSION: other, LABEL_JOB: "ev-1"},
+            {},
+        ]
+    )
     monkeypatch.setitem(sys.modules, "modal", fake.module)
     assert asyncio.run(terminate_modal_sandboxes(session=SESSION, job="ev-1")) == 1
     assert [s.terminated for s in fake.sandboxes] == [True, False, False, False]
@@ -204,21 +259,26 @@ def test_docker_leftovers_are_removed_by_session_job_and_project():
         volume = client.volumes.create(f"{project}_data", labels=labels(project))
         created += [network, volume]
         run = "python:3.13-slim"
-        main = client.containers.run(run, ["sleep", "300"], detach=True, labels=labels(project, session, "ev-1"),
-                                     network=network.name)
-        helper = client.containers.run(run, ["sleep", "300"], detach=True, labels=labels(project),
-                                       volumes={volume.name: {"bind": "/data"}})
+        main = client.containers.run(
+            run, ["sleep", "300"], detach=True, labels=labels(project, session, "ev-1"), network=network.name
+        )
+        helper = client.containers.run(
+            run, ["sleep", "300"], detach=True, labels=labels(project), volumes={volume.name: {"bind": "/data"}}
+        )
         verifier_env = client.containers.run(run, ["sleep", "300"], detach=True, labels=labels(verifier))
-        other_job = client.containers.run(run, ["sleep", "300"], detach=True,
-                                          labels=labels(sibling, session, "ev-2"))
-        same_id_elsewhere = client.containers.run(run, ["sleep", "300"], detach=True,
-                                                  labels=labels(stranger, other_session, "ev-1"))
+        other_job = client.containers.run(run, ["sleep", "300"], detach=True, labels=labels(sibling, session, "ev-2"))
+        same_id_elsewhere = client.containers.run(
+            run, ["sleep", "300"], detach=True, labels=labels(stranger, other_session, "ev-1")
+        )
         created += [main, helper, verifier_env, other_job, same_id_elsewhere]
 
         def present() -> set[str]:
             names = set()
-            for kind, listing in (("container", client.containers.list(all=True, ignore_removed=True)),
-                                  ("network", client.networks.list()), ("volume", client.volumes.list())):
+            for kind, listing in (
+                ("container", client.containers.list(all=True, ignore_removed=True)),
+                ("network", client.networks.list()),
+                ("volume", client.volumes.list()),
+            ):
                 names |= {f"{kind}:{o.id}" for o in listing}
             return names
 

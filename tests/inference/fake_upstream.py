@@ -59,45 +59,95 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
         text = responder(body) if responder is not None else "hi"
         stream = body.get("stream") is True
         if kind == "chat":
-            usage = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
-                     "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
+            usage = {
+                "prompt_tokens": INPUT_TOKENS,
+                "completion_tokens": OUTPUT_TOKENS,
+                "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+            }
             if not stream:
-                return JSONResponse({"id": "c1", "object": "chat.completion", "model": model,
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                  "finish_reason": "stop"}],
-                                     **({"usage": usage} if usage_ok else {})})
+                return JSONResponse(
+                    {
+                        "id": "c1",
+                        "object": "chat.completion",
+                        "model": model,
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        ],
+                        **({"usage": usage} if usage_ok else {}),
+                    }
+                )
             include = (body.get("stream_options") or {}).get("include_usage")
-            events = [(None, {"id": "c1", "object": "chat.completion.chunk", "choices": [
-                {"index": 0, "delta": {"content": part}}]}) for part in ("h", "i")]
+            events = [
+                (
+                    None,
+                    {
+                        "id": "c1",
+                        "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {"content": part}}],
+                    },
+                )
+                for part in ("h", "i")
+            ]
             if include and usage_ok:
                 events.append((None, {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
             data = _sse(events) + b"data: [DONE]\n\n"
         elif kind == "responses":
-            usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                     "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}
-            response = {"id": "r1", "object": "response", "model": model, "status": "completed",
-                        "output": [{"type": "message", "role": "assistant",
-                                    "content": [{"type": "output_text", "text": "hi"}]}],
-                        **({"usage": usage} if usage_ok else {})}
+            usage = {
+                "input_tokens": INPUT_TOKENS,
+                "output_tokens": OUTPUT_TOKENS,
+                "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+            }
+            response = {
+                "id": "r1",
+                "object": "response",
+                "model": model,
+                "status": "completed",
+                "output": [
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+                ],
+                **({"usage": usage} if usage_ok else {}),
+            }
             if not stream:
                 return JSONResponse(response)
-            data = _sse([("response.created", {"type": "response.created", "response": {"id": "r1"}}),
-                         ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "hi"}),
-                         ("response.completed", {"type": "response.completed", "response": response})])
+            data = _sse(
+                [
+                    ("response.created", {"type": "response.created", "response": {"id": "r1"}}),
+                    ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "hi"}),
+                    ("response.completed", {"type": "response.completed", "response": response}),
+                ]
+            )
         else:
             usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
-            message = {"id": "m1", "type": "message", "role": "assistant", "model": model,
-                       "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
-                       **({"usage": usage} if usage_ok else {})}
+            message = {
+                "id": "m1",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": "hi"}],
+                "stop_reason": "end_turn",
+                **({"usage": usage} if usage_ok else {}),
+            }
             if not stream:
                 return JSONResponse(message)
             start = {**message, "content": [], "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1}}
-            events = [("message_start", {"type": "message_start", "message": start}),
-                      ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": "hi"}})]
+            events = [
+                ("message_start", {"type": "message_start", "message": start}),
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+                ),
+            ]
             if usage_ok:
-                events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
-                                                 "usage": {"output_tokens": OUTPUT_TOKENS}}))
+                events.append(
+                    (
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": "end_turn"},
+                            "usage": {"output_tokens": OUTPUT_TOKENS},
+                        },
+                    )
+                )
             else:
                 events[0] = ("message_start", {"type": "message_start", "message": {**message, "content": []}})
             events.append(("message_stop", {"type": "message_stop"}))
@@ -107,7 +157,7 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
 
         async def chunks():
             for i in range(0, len(data), 37):  # odd-sized pieces: lines split across reads
-                yield data[i:i + 37]
+                yield data[i : i + 37]
                 if stall_after is not None and i + 37 >= stall_after:
                     await asyncio.sleep(3600)  # ended by the caller going away or the server stopping
 
@@ -138,9 +188,15 @@ class FakeUpstream:
         self.port = sock.getsockname()[1]
         sock.close()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_fake_app(self.requests, responder), host=host, port=self.port,
-                                log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            create_fake_app(self.requests, responder),
+            host=host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

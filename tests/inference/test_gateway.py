@@ -30,16 +30,33 @@ CALL_USD = INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OUT
 
 def spec_for(url: str, **overrides) -> InferenceSpec:
     priced = dict(input_cost_per_token=PRICE_IN, output_cost_per_token=PRICE_OUT, max_output_tokens=100)
-    models = {name: InferenceModel(provider="oai", upstream_model=f"up/{name}", **priced)
-              for name in ("fake-ok", "fake-500", "fake-401", "fake-400", "fake-slow", "fake-nousage",
-                                                                 "fake-stall", "fake-delay")}
+    models = {
+        name: InferenceModel(provider="oai", upstream_model=f"up/{name}", **priced)
+        for name in (
+            "fake-ok",
+            "fake-500",
+            "fake-401",
+            "fake-400",
+            "fake-slow",
+            "fake-nousage",
+            "fake-stall",
+            "fake-delay",
+        )
+    }
     models["claude-fake"] = InferenceModel(provider="ant", upstream_model="fake-ok", **priced)
     models["claude-fake-500"] = InferenceModel(provider="ant", upstream_model="fake-500", **priced)
     models["claude-fake-stall"] = InferenceModel(provider="ant", upstream_model="fake-stall", **priced)
-    return InferenceSpec.model_validate({
-        "providers": {"oai": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": "OPENAI_KEY"},
-                      "ant": {"api": "anthropic", "base_url": url, "api_key_secret": "ANTHROPIC_KEY"}},
-        "models": {k: v.model_dump() for k, v in models.items()}, "timeout_sec": 2.0, **overrides})
+    return InferenceSpec.model_validate(
+        {
+            "providers": {
+                "oai": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": "OPENAI_KEY"},
+                "ant": {"api": "anthropic", "base_url": url, "api_key_secret": "ANTHROPIC_KEY"},
+            },
+            "models": {k: v.model_dump() for k, v in models.items()},
+            "timeout_sec": 2.0,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture
@@ -53,8 +70,9 @@ def run(coro):
 
 
 async def with_gateway(url: str, body, **spec_overrides):
-    gateway = InferenceGateway(spec_for(url, **spec_overrides),
-                               {"OPENAI_KEY": KEY_OPENAI, "ANTHROPIC_KEY": KEY_ANTHROPIC})
+    gateway = InferenceGateway(
+        spec_for(url, **spec_overrides), {"OPENAI_KEY": KEY_OPENAI, "ANTHROPIC_KEY": KEY_ANTHROPIC}
+    )
     async with GatewayServer(gateway):
         async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
             return await body(gateway, client)
@@ -67,6 +85,7 @@ def test_the_gateway_leaves_the_process_signal_handlers_alone(upstream):
 
     previous = {sig: signal.signal(sig, mark) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+
         async def body(gateway, client):
             return {sig: signal.getsignal(sig) for sig in previous}
 
@@ -83,19 +102,25 @@ def chat(model: str, **extra) -> dict:
 
 def test_metered_calls_in_every_format_streaming_and_not(upstream):
     async def body(gateway, client):
-        token, grant = gateway.grant("ev-1", "train", partition_pool=BudgetPool(to_micro_usd(1.0)),
-                                     evaluation_limit_usd=None)
+        token, grant = gateway.grant(
+            "ev-1", "train", partition_pool=BudgetPool(to_micro_usd(1.0)), evaluation_limit_usd=None
+        )
         auth = {"authorization": f"Bearer {token}"}
         answers = [
             await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth),
             await client.post("/openai/v1/chat/completions", json=chat("fake-ok", stream=True), headers=auth),
             await client.post("/openai/v1/responses", json={"model": "fake-ok", "input": "hi"}, headers=auth),
-            await client.post("/openai/v1/responses", json={"model": "fake-ok", "input": "hi", "stream": True},
-                              headers=auth),
-            await client.post("/anthropic/v1/messages", json=chat("claude-fake", max_tokens=50),
-                              headers={"x-api-key": token}),
-            await client.post("/anthropic/v1/messages", json=chat("claude-fake", max_tokens=50, stream=True),
-                              headers={"x-api-key": token, "anthropic-version": "2023-06-01"}),
+            await client.post(
+                "/openai/v1/responses", json={"model": "fake-ok", "input": "hi", "stream": True}, headers=auth
+            ),
+            await client.post(
+                "/anthropic/v1/messages", json=chat("claude-fake", max_tokens=50), headers={"x-api-key": token}
+            ),
+            await client.post(
+                "/anthropic/v1/messages",
+                json=chat("claude-fake", max_tokens=50, stream=True),
+                headers={"x-api-key": token, "anthropic-version": "2023-06-01"},
+            ),
         ]
         texts = [a.text for a in answers]
         usage = await gateway.revoke(token)
@@ -129,8 +154,9 @@ def test_openai_sdk_streams_through_the_gateway(upstream):
         token, _ = gateway.grant("ev-sdk", "train", partition_pool=None, evaluation_limit_usd=1.0)
         env = gateway.environment(token)
         sdk = AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0)
-        stream = await sdk.chat.completions.create(model="fake-ok", messages=[{"role": "user", "content": "x"}],
-                                                   stream=True)
+        stream = await sdk.chat.completions.create(
+            model="fake-ok", messages=[{"role": "user", "content": "x"}], stream=True
+        )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         listed = [m.id async for m in sdk.models.list()]
         await sdk.close()
@@ -148,25 +174,32 @@ def test_refusals_allow_list_tokens_and_budget(upstream):
         auth = {"authorization": f"Bearer {token}"}
         out = {
             "no_token": await client.post("/openai/v1/chat/completions", json=chat("fake-ok")),
-            "bad_token": await client.post("/openai/v1/chat/completions", json=chat("fake-ok"),
-                                           headers={"authorization": "Bearer vero-ev-guess"}),
+            "bad_token": await client.post(
+                "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": "Bearer vero-ev-guess"}
+            ),
             "off_list": await client.post("/openai/v1/chat/completions", json=chat("gpt-4o"), headers=auth),
-            "wrong_family": await client.post("/openai/v1/chat/completions", json=chat("claude-fake"),
-                                              headers=auth),
+            "wrong_family": await client.post("/openai/v1/chat/completions", json=chat("claude-fake"), headers=auth),
             "not_json": await client.post("/openai/v1/chat/completions", content=b"{", headers=auth),
         }
         # The hold is the worst case (max_output_tokens=100): with 2.5 calls' money, the first call
         # is held partially, charged its real cost, and so on until nothing is left.
-        spent = [await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
-                                   headers=auth) for _ in range(4)]
+        spent = [
+            await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+            for _ in range(4)
+        ]
         usage = await gateway.revoke(token)
         out["after_revoke"] = await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth)
         return out, spent, usage, partition
 
     out, spent, usage, partition = run(with_gateway(upstream.url, body))
     assert {k: v.status_code for k, v in out.items()} == {
-        "no_token": 401, "bad_token": 401, "off_list": 403, "wrong_family": 403, "not_json": 400,
-        "after_revoke": 401}
+        "no_token": 401,
+        "bad_token": 401,
+        "off_list": 403,
+        "wrong_family": 403,
+        "not_json": 400,
+        "after_revoke": 401,
+    }
     assert out["off_list"].json()["error"]["type"] == "model_not_allowed"
     assert [r.status_code for r in spent[:2]] == [200, 200] and spent[-1].status_code == 402
     assert spent[-1].json()["error"]["code"] == "budget_exhausted"
@@ -186,19 +219,27 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
         auth = {"authorization": f"Bearer {token}"}
         answers = {
             "5xx": await client.post("/openai/v1/chat/completions", json=chat("fake-500"), headers=auth),
-            "5xx_anthropic": await client.post("/anthropic/v1/messages", json=chat("claude-fake-500", max_tokens=5),
-                                               headers={"x-api-key": token}),
+            "5xx_anthropic": await client.post(
+                "/anthropic/v1/messages", json=chat("claude-fake-500", max_tokens=5), headers={"x-api-key": token}
+            ),
             "timeout": await client.post("/openai/v1/chat/completions", json=chat("fake-slow"), headers=auth),
             "401": await client.post("/openai/v1/chat/completions", json=chat("fake-401"), headers=auth),
             "400": await client.post("/openai/v1/chat/completions", json=chat("fake-400"), headers=auth),
-            "nousage": await client.post("/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=10),
-                                         headers=auth),
+            "nousage": await client.post(
+                "/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=10), headers=auth
+            ),
         }
         return answers, await gateway.revoke(token), partition
 
     answers, usage, partition = run(with_gateway(upstream.url, body))
     assert {k: v.status_code for k, v in answers.items()} == {
-        "5xx": 502, "5xx_anthropic": 502, "timeout": 504, "401": 502, "400": 400, "nousage": 200}
+        "5xx": 502,
+        "5xx_anthropic": 502,
+        "timeout": 504,
+        "401": 502,
+        "400": 400,
+        "nousage": 200,
+    }
     assert answers["5xx_anthropic"].json()["type"] == "error"
     assert usage.failed_calls == 4
     # Only the answered calls cost anything: the 400 nothing, the usage-less answer its worst case.
@@ -215,17 +256,23 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     """A stream the provider refuses (5xx) or stops feeding (read timeout) costs nothing unless its
     usage had arrived, and ends with an error event; a caller that goes away mid-stream is charged
     its hold, settled when it leaves (not at revocation)."""
+
     async def failing(gateway, client):
         partition = BudgetPool(to_micro_usd(1.0))
         token, _ = gateway.grant("ev-5", "train", partition_pool=partition, evaluation_limit_usd=None)
         auth = {"authorization": f"Bearer {token}"}
         refused = await client.post("/openai/v1/chat/completions", json=chat("fake-500", stream=True), headers=auth)
-        async with client.stream("POST", "/openai/v1/chat/completions", json=chat("fake-stall", stream=True),
-                                 headers=auth) as stalled:
+        async with client.stream(
+            "POST", "/openai/v1/chat/completions", json=chat("fake-stall", stream=True), headers=auth
+        ) as stalled:
             received = b"".join([chunk async for chunk in stalled.aiter_bytes()])
         # Anthropic's stream reports its input tokens first: a stream cut after that is metered.
-        async with client.stream("POST", "/anthropic/v1/messages", headers={"x-api-key": token},
-                                 json=chat("claude-fake-stall", max_tokens=5, stream=True)) as cut:
+        async with client.stream(
+            "POST",
+            "/anthropic/v1/messages",
+            headers={"x-api-key": token},
+            json=chat("claude-fake-stall", max_tokens=5, stream=True),
+        ) as cut:
             received_anthropic = b"".join([chunk async for chunk in cut.aiter_bytes()])
         return refused, stalled.status_code, received, received_anthropic, await gateway.revoke(token), partition
 
@@ -236,8 +283,10 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     assert b'"code": "upstream_timeout"' in received.rstrip().splitlines()[-1]
     assert b"message_start" in received_anthropic
     assert received_anthropic.rstrip().splitlines()[-2:] == [
-        b"event: error", b'data: {"type": "error", "error": {"type": "api_error", "message": '
-                         b'"the model provider stopped answering in time"}}']
+        b"event: error",
+        b'data: {"type": "error", "error": {"type": "api_error", "message": '
+        b'"the model provider stopped answering in time"}}',
+    ]
     assert usage.failed_calls == 2 and usage.calls == 1 and usage.input_tokens == INPUT_TOKENS
     assert usage.by_model["claude-fake-stall"].calls == 1 and "fake-stall" not in usage.by_model
     assert usage.charged_micro_usd == partition.spent == to_micro_usd(INPUT_TOKENS * PRICE_IN + PRICE_OUT)
@@ -247,8 +296,9 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
         partition = BudgetPool(to_micro_usd(1.0))
         token, grant = gateway.grant("ev-6", "train", partition_pool=partition, evaluation_limit_usd=None)
         request = chat("fake-stall", stream=True, max_tokens=50)
-        async with client.stream("POST", "/openai/v1/chat/completions", json=request,
-                                 headers={"authorization": f"Bearer {token}"}) as answer:
+        async with client.stream(
+            "POST", "/openai/v1/chat/completions", json=request, headers={"authorization": f"Bearer {token}"}
+        ) as answer:
             first = await anext(answer.aiter_bytes())
         assert partition.held > 0 and grant.open_calls  # nothing settled while the stream is open
         await grant.idle.wait()  # settled when the caller left (the pytest timeout guards a hang)
@@ -267,8 +317,12 @@ def test_evaluation_limit_caps_one_evaluation(upstream):
     async def body(gateway, client):
         token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
         auth = {"authorization": f"Bearer {token}"}
-        codes = [(await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
-                                    headers=auth)).status_code for _ in range(3)]
+        codes = [
+            (
+                await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+            ).status_code
+            for _ in range(3)
+        ]
         return codes, await gateway.revoke(token)
 
     codes, usage = run(with_gateway(upstream.url, body))
@@ -289,14 +343,13 @@ def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
     async def body(gateway, client):
         token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
         auth = {"authorization": f"Bearer {token}"}
-        first = asyncio.create_task(client.post("/openai/v1/chat/completions",
-                                                json=chat("fake-delay", max_tokens=7), headers=auth))
+        first = asyncio.create_task(
+            client.post("/openai/v1/chat/completions", json=chat("fake-delay", max_tokens=7), headers=auth)
+        )
         await _started(upstream, 1)
-        second = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
-                                   headers=auth)
+        second = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
         first_done_before_second_sent = len(upstream.requests) == 2 and first.done()
-        third = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7),
-                                  headers=auth)
+        third = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
         return (await first), second, third, first_done_before_second_sent, await gateway.revoke(token)
 
     first, second, third, ordered, usage = run(with_gateway(upstream.url, body))
@@ -310,11 +363,13 @@ def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):
     async def body(gateway, client):
         token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
         auth = {"authorization": f"Bearer {token}"}
-        first = asyncio.create_task(client.post("/openai/v1/chat/completions",
-                                                json=chat("fake-delay", max_tokens=7), headers=auth))
+        first = asyncio.create_task(
+            client.post("/openai/v1/chat/completions", json=chat("fake-delay", max_tokens=7), headers=auth)
+        )
         await _started(upstream, 1)
-        waiting = asyncio.create_task(client.post("/openai/v1/chat/completions",
-                                                  json=chat("fake-ok", max_tokens=7), headers=auth))
+        waiting = asyncio.create_task(
+            client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+        )
         await asyncio.sleep(0.2)
         usage = await gateway.revoke(token)
         return await first, await waiting, usage

@@ -36,8 +36,7 @@ def test_env_file_secrets_reach_the_build_but_no_compiled_file(tmp_path: Path) -
     assert "${LAB_TOKEN}" in (prepared.task_dir / "task.toml").read_text()
 
 
-def test_a_secret_missing_from_env_and_env_file_fails_before_anything_is_written(tmp_path: Path,
-                                                                                monkeypatch) -> None:
+def test_a_secret_missing_from_env_and_env_file_fails_before_anything_is_written(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("LAB_TOKEN", raising=False)
     tree = make_spec_tree(tmp_path / "spec", lambda d: (_custom_env(d), d.update(secrets=["LAB_TOKEN"])))
     with pytest.raises(SpecError) as info:
@@ -81,8 +80,15 @@ def test_cli_unreachable_docker_fails_fast_without_compiling(tmp_path: Path) -> 
     tree = make_spec_tree(tmp_path / "spec")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = run_vero("harbor", "run", "-c", str(tree.path), "--jobs-dir", str(tmp_path / "jobs"),
-                    env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "TMPDIR": str(scratch)})
+    done = run_vero(
+        "harbor",
+        "run",
+        "-c",
+        str(tree.path),
+        "--jobs-dir",
+        str(tmp_path / "jobs"),
+        env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "TMPDIR": str(scratch)},
+    )
     assert done.returncode == 5, done.stderr
     assert "Docker engine is not reachable" in done.stderr
     assert list(scratch.iterdir()) == []
@@ -100,8 +106,17 @@ def test_cli_unknown_agent_is_refused_before_anything_is_built(tmp_path: Path) -
     tree = make_spec_tree(tmp_path / "spec")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = run_vero("harbor", "run", "-c", str(tree.path), "--agent", "orcale", "--jobs-dir",
-                    str(tmp_path / "jobs"), env={"TMPDIR": str(scratch)})
+    done = run_vero(
+        "harbor",
+        "run",
+        "-c",
+        str(tree.path),
+        "--agent",
+        "orcale",
+        "--jobs-dir",
+        str(tmp_path / "jobs"),
+        env={"TMPDIR": str(scratch)},
+    )
     assert done.returncode == 2
     assert "--agent" in done.stderr and "oracle" in done.stderr and "Traceback" not in done.stderr
     assert "invalid spec" not in done.stderr  # the spec is fine; the option is not
@@ -112,7 +127,8 @@ def test_cli_jobs_dir_that_cannot_be_created_is_a_usage_error(tmp_path: Path, mo
     tree = make_spec_tree(tmp_path / "spec", _custom_env)  # no Docker check for a custom environment
     blocker = tmp_path / "file"
     blocker.write_text("not a directory\n")
-    done = run_vero("harbor", "run", "-c", str(tree.path), "--jobs-dir", str(blocker / "jobs"),
-                    env={"TMPDIR": str(tmp_path)})
+    done = run_vero(
+        "harbor", "run", "-c", str(tree.path), "--jobs-dir", str(blocker / "jobs"), env={"TMPDIR": str(tmp_path)}
+    )
     assert done.returncode == 2, done.stderr
     assert "--jobs-dir" in done.stderr and "Traceback" not in done.stderr

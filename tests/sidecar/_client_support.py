@@ -76,9 +76,13 @@ class CountingApp:
 
         if fault is not None:
             body = f"injected {fault}".encode()
-            await recording_send({"type": "http.response.start", "status": fault,
-                                  "headers": [(b"content-type", b"text/plain"),
-                                              (b"content-length", str(len(body)).encode())]})
+            await recording_send(
+                {
+                    "type": "http.response.start",
+                    "status": fault,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, recording_send)
@@ -104,8 +108,7 @@ def serve_later(app, delay_sec: float) -> Iterator[tuple[str, uvicorn.Server]]:
     """
     with bound_port() as sock:
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning",
-                                               timeout_graceful_shutdown=30))
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", timeout_graceful_shutdown=30))
 
         def run() -> None:
             time.sleep(delay_sec)

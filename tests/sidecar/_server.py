@@ -71,15 +71,21 @@ DEFAULT_PARTITIONS = {
 }
 DEFAULT_ACCESS = {
     "train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=30),
-    "val": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3,
-                           blocks=[["v1", "v2", "v3"], ["v4", "v5", "v6"]], total_runs=3, total_cases=18),
+    "val": PartitionAccess(
+        disclosure="aggregate",
+        min_aggregate_cases=3,
+        blocks=[["v1", "v2", "v3"], ["v4", "v5", "v6"]],
+        total_runs=3,
+        total_cases=18,
+    ),
     "blind": PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6),
 }
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def commit_file(repo: Path, name: str, content: str, message: str = "change") -> str:
@@ -92,13 +98,22 @@ def commit_file(repo: Path, name: str, content: str, message: str = "change") ->
     return git(repo, "rev-parse", "HEAD")
 
 
-def make_config(baseline_commit: str, *, partitions: dict[str, list[str]] | None = None,
-                access: dict[str, PartitionAccess] | None = None, disclose_budget: bool = True,
-                submit_enabled: bool = True, drain_timeout_sec: float = 5.0, secrets: list[str] | None = None,
-                runtime: CandidateRuntime | None = None, name: str = "demo",
-                harbor: HarborSpec | None = None, scoring: ScoringSpec | None = None,
-                candidate_limits: CandidateLimits | None = None,
-                inference: InferenceSpec | None = None) -> SidecarConfig:
+def make_config(
+    baseline_commit: str,
+    *,
+    partitions: dict[str, list[str]] | None = None,
+    access: dict[str, PartitionAccess] | None = None,
+    disclose_budget: bool = True,
+    submit_enabled: bool = True,
+    drain_timeout_sec: float = 5.0,
+    secrets: list[str] | None = None,
+    runtime: CandidateRuntime | None = None,
+    name: str = "demo",
+    harbor: HarborSpec | None = None,
+    scoring: ScoringSpec | None = None,
+    candidate_limits: CandidateLimits | None = None,
+    inference: InferenceSpec | None = None,
+) -> SidecarConfig:
     """A served config. Partition names must be agent-accessible; hidden ones are simply absent (as
     the compiler redacts them)."""
     partitions = partitions or DEFAULT_PARTITIONS
@@ -168,14 +183,29 @@ class StubBackend:
                 await asyncio.sleep(0.02)
             if self.fail_with_infrastructure or self.infrastructure_cases.intersection(run.case_names):
                 raise InfrastructureFailure("docker daemon at /secret/path/docker.sock is unreachable")
-            broken = [CaseProblem(case=case, code=self.broken_cases[case],
-                                  detail=f"/secret/path: {case} needs ZQ_SECRET_NAME in [environment.env]")
-                      for case in run.case_names if case in self.broken_cases]
+            broken = [
+                CaseProblem(
+                    case=case,
+                    code=self.broken_cases[case],
+                    detail=f"/secret/path: {case} needs ZQ_SECRET_NAME in [environment.env]",
+                )
+                for case in run.case_names
+                if case in self.broken_cases
+            ]
             if broken:
-                diagnostics = RunDiagnostics(problems=broken, rounds=[RoundLog(
-                    job_name=run.evaluation_id, returncode=1, output_tail="harbor: Missing Environment Variables")])
-                raise CaseMisconfigured("; ".join(p.detail for p in broken), code=broken[0].code, problems=broken,
-                                        diagnostics=diagnostics)
+                diagnostics = RunDiagnostics(
+                    problems=broken,
+                    rounds=[
+                        RoundLog(
+                            job_name=run.evaluation_id,
+                            returncode=1,
+                            output_tail="harbor: Missing Environment Variables",
+                        )
+                    ],
+                )
+                raise CaseMisconfigured(
+                    "; ".join(p.detail for p in broken), code=broken[0].code, problems=broken, diagnostics=diagnostics
+                )
             job_dir = run.jobs_dir / run.evaluation_id
             cases = []
             for case in run.case_names:
@@ -186,17 +216,31 @@ class StubBackend:
                 if self.write_job_dir:
                     self._write_trial(job_dir / trial, case, reward)
                 if case in self.timed_out:
-                    attempt = AttemptResult(trial_name=trial, outcome=AttemptOutcome.TIMED_OUT,
-                                            exception_type="EvaluationTimeoutError")
+                    attempt = AttemptResult(
+                        trial_name=trial, outcome=AttemptOutcome.TIMED_OUT, exception_type="EvaluationTimeoutError"
+                    )
                 else:
-                    attempt = AttemptResult(trial_name=trial, reward=reward,
-                                            exception_type=None if reward is not None else "RewardFileNotFoundError")
-                cases.append(CaseResult.from_attempts(
-                    case, [attempt],
-                    run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value()))
-            return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate, reward_key="reward",
-                                               cases=cases, started_at=started_at, finished_at=datetime.now(UTC),
-                                               job_dir=str(job_dir))
+                    attempt = AttemptResult(
+                        trial_name=trial,
+                        reward=reward,
+                        exception_type=None if reward is not None else "RewardFileNotFoundError",
+                    )
+                cases.append(
+                    CaseResult.from_attempts(
+                        case,
+                        [attempt],
+                        run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value(),
+                    )
+                )
+            return EvaluationResult.from_cases(
+                partition=run.partition,
+                candidate=run.candidate,
+                reward_key="reward",
+                cases=cases,
+                started_at=started_at,
+                finished_at=datetime.now(UTC),
+                job_dir=str(job_dir),
+            )
         finally:
             self.running -= 1
 
@@ -222,8 +266,9 @@ class ServerThread:
         self.app = app
         from vero.sidecar.app import SidecarServer
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                                timeout_graceful_shutdown=30)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", timeout_graceful_shutdown=30
+        )
         service = getattr(app.state, "service", None)
         # A sidecar gets the production server class (it interrupts jobs before waiting for open
         # connections); other apps served in tests (a scripted model) a plain one.
@@ -283,14 +328,23 @@ class SidecarHarness:
         from vero.sidecar.app import create_app
         from vero.sidecar.service import SidecarPaths, SidecarService
 
-        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls")
-                       if k in overrides}
+        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls") if k in overrides}
         path_fields = {f.name for f in dataclasses.fields(SidecarPaths)}
-        paths = {"state_dir": self.state_dir, "agent_repo": self.agent_repo, "context_dir": self.context_dir,
-                 "cases_dir": self.cases_dir, "baseline_dir": self.baseline_dir, "work_dir": self.work_dir}
+        paths = {
+            "state_dir": self.state_dir,
+            "agent_repo": self.agent_repo,
+            "context_dir": self.context_dir,
+            "cases_dir": self.cases_dir,
+            "baseline_dir": self.baseline_dir,
+            "work_dir": self.work_dir,
+        }
         paths.update({k: overrides.pop(k) for k in list(overrides) if k in path_fields})
-        options = {"run_as": None, "max_concurrent_evaluations": self.max_concurrent_evaluations,
-                   "nested_env": self.nested_env, **overrides}
+        options = {
+            "run_as": None,
+            "max_concurrent_evaluations": self.max_concurrent_evaluations,
+            "nested_env": self.nested_env,
+            **overrides,
+        }
         backend = options.pop("backend", self.backend)
         service = SidecarService(self.config, SidecarPaths(**paths), backend, **options)
         return create_app(service, **app_options)
@@ -307,17 +361,24 @@ class SidecarHarness:
 
     def write_spec(self, path: Path, **backend: Any) -> Path:
         """Write a JSON description of this harness for `serve_child` (`backend`: its backend options)."""
-        path.write_text(json.dumps({
-            "config": self.config.model_dump(mode="json"),
-            "dirs": {name: str(getattr(self, name)) for name in
-                     ("baseline_dir", "agent_repo", "state_dir", "context_dir", "work_dir", "cases_dir")},
-            **backend,
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "config": self.config.model_dump(mode="json"),
+                    "dirs": {
+                        name: str(getattr(self, name))
+                        for name in ("baseline_dir", "agent_repo", "state_dir", "context_dir", "work_dir", "cases_dir")
+                    },
+                    **backend,
+                }
+            )
+        )
         return path
 
 
-def make_harness(root: Path, *, backend=None, baseline_files: dict[str, str] | None = None,
-                 **config_options) -> SidecarHarness:
+def make_harness(
+    root: Path, *, backend=None, baseline_files: dict[str, str] | None = None, **config_options
+) -> SidecarHarness:
     """Real baseline files, an agent repo whose first commit is the baseline, empty state dirs.
 
     Args:
@@ -342,9 +403,15 @@ def make_harness(root: Path, *, backend=None, baseline_files: dict[str, str] | N
     cases = root / "cases"
     cases.mkdir()
     return SidecarHarness(
-        root=root, baseline_dir=baseline, agent_repo=agent_repo, state_dir=root / "state",
-        context_dir=root / "context", work_dir=root / "work", cases_dir=cases,
-        config=make_config(baseline_commit, **config_options), backend=backend or StubBackend(),
+        root=root,
+        baseline_dir=baseline,
+        agent_repo=agent_repo,
+        state_dir=root / "state",
+        context_dir=root / "context",
+        work_dir=root / "work",
+        cases_dir=cases,
+        config=make_config(baseline_commit, **config_options),
+        backend=backend or StubBackend(),
     )
 
 
@@ -381,16 +448,31 @@ def serve_child(spec_path: Path, port_file: Path) -> None:
     if spec.get("harbor_executable"):
         from vero.harbor import HarborBackend
 
-        backend = HarborBackend(harbor_executable=Path(spec["harbor_executable"]),
-                                kill_grace_sec=spec.get("kill_grace_sec", 15.0),
-                                base_env={**os.environ, **spec.get("harbor_env", {})})
+        backend = HarborBackend(
+            harbor_executable=Path(spec["harbor_executable"]),
+            kill_grace_sec=spec.get("kill_grace_sec", 15.0),
+            base_env={**os.environ, **spec.get("harbor_env", {})},
+        )
     else:
         backend = StubBackend(block=threading.Event())
-    harness = SidecarHarness(root=spec_path.parent, config=SidecarConfig.model_validate(spec["config"]),
-                             backend=backend, **{name: Path(value) for name, value in spec["dirs"].items()})
+    harness = SidecarHarness(
+        root=spec_path.parent,
+        config=SidecarConfig.model_validate(spec["config"]),
+        backend=backend,
+        **{name: Path(value) for name, value in spec["dirs"].items()},
+    )
     app = harness.create_app()
-    server = SidecarServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC), app.state.service)
+    server = SidecarServer(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            lifespan="on",
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
+        ),
+        app.state.service,
+    )
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())

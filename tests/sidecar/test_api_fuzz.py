@@ -28,15 +28,28 @@ from ._server import ServerThread, commit_file, make_harness
 
 pytestmark = pytest.mark.timeout(600)
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance, negative_data_rejection]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+    negative_data_rejection,
+]
 """What every answer must satisfy. Not `positive_data_acceptance`: a schema-valid version string
 that names no commit is rightly refused (400), which the document says."""
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
-STATEFUL = settings(max_examples=15, stateful_step_count=8, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
+STATEFUL = settings(
+    max_examples=15,
+    stateful_step_count=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,15 +153,28 @@ def test_the_document_lists_the_statuses_found_by_hand(sidecar):
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 _TOOLS = ("health", "status", "start_evaluation", "list_evaluations", "get_evaluation", "submit", "seal", "nope")
-_ARGUMENT_NAMES = ("partition", "version", "cases", "blocks", "job_id", "wait_sec", "limit", "before", "state",
-                   "output_dir")
+_ARGUMENT_NAMES = (
+    "partition",
+    "version",
+    "cases",
+    "blocks",
+    "job_id",
+    "wait_sec",
+    "limit",
+    "before",
+    "state",
+    "output_dir",
+)
 
 
-@given(tool=st.sampled_from(_TOOLS),
-       arguments=st.dictionaries(st.sampled_from(_ARGUMENT_NAMES) | st.text(max_size=8), _JSON, max_size=4),
-       raw=st.none() | st.binary(max_size=64) | _JSON)
+@given(
+    tool=st.sampled_from(_TOOLS),
+    arguments=st.dictionaries(st.sampled_from(_ARGUMENT_NAMES) | st.text(max_size=8), _JSON, max_size=4),
+    raw=st.none() | st.binary(max_size=64) | _JSON,
+)
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_mcp_endpoint_answers_any_body_without_a_server_error(sidecar, tool, arguments, raw):
     """`/mcp` is not in the OpenAPI document (it is a JSON-RPC endpoint): tool calls with arbitrary
@@ -159,12 +185,18 @@ def test_mcp_endpoint_answers_any_body_without_a_server_error(sidecar, tool, arg
 
     url, _headers, _harness = sidecar
     if raw is None:
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                           "params": {"name": tool, "arguments": arguments}}).encode()
+        body = json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+        ).encode()
     else:
         body = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
-    response = httpx.post(f"{url}/mcp", content=body, timeout=120, trust_env=False,
-                          headers={"content-type": "application/json", "accept": "application/json, text/event-stream"})
+    response = httpx.post(
+        f"{url}/mcp",
+        content=body,
+        timeout=120,
+        trust_env=False,
+        headers={"content-type": "application/json", "accept": "application/json, text/event-stream"},
+    )
     assert response.status_code < 500, response.text
     if raw is None:
         answer = response.json()

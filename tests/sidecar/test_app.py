@@ -54,12 +54,25 @@ def test_health_status_and_openapi(harness):
         assert status["name"] == "demo" and status["entrance_open"] is True and status["submit_enabled"] is True
         train = next(p for p in status["partitions"] if p["name"] == "train")
         assert train["disclosure"] == "full" and train["cases"] == [f"t{i}" for i in range(1, 7)]
-        assert train["budget"] == {"total_runs": 5, "total_cases": 30, "remaining_runs": 5, "remaining_cases": 30,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert train["budget"] == {
+            "total_runs": 5,
+            "total_cases": 30,
+            "remaining_runs": 5,
+            "remaining_cases": 30,
+            "total_inference_usd": None,
+            "remaining_inference_usd": None,
+        }
         assert status["jobs"] == [] and status["submission"] is None
         spec = client.get("/openapi.json").json()
-        assert {"/health", "/status", "/evaluations", "/evaluations/{job_id}", "/submissions",
-                "/admin/seal", "/admin/export"} <= set(spec["paths"])
+        assert {
+            "/health",
+            "/status",
+            "/evaluations",
+            "/evaluations/{job_id}",
+            "/submissions",
+            "/admin/seal",
+            "/admin/export",
+        } <= set(spec["paths"])
         schemas = spec["components"]["schemas"]
         assert schemas["JobView"]["description"] and schemas["EvaluationRequest"]["description"]
         assert "402" in spec["paths"]["/evaluations"]["post"]["responses"]
@@ -70,9 +83,11 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
     secret_dir = tmp_path / "outside"
     secret_dir.mkdir()
     (secret_dir / "admin-token").write_text("TOPSECRET-token-value")
-    harness = make_harness(tmp_path / "h", backend=StubBackend(scores={"t1": 1.0, "t2": 0.0},
-                                                              outside_secret_file=secret_dir / "admin-token"),
-                           secrets=["VERO_TEST_API_KEY"])
+    harness = make_harness(
+        tmp_path / "h",
+        backend=StubBackend(scores={"t1": 1.0, "t2": 0.0}, outside_secret_file=secret_dir / "admin-token"),
+        secrets=["VERO_TEST_API_KEY"],
+    )
     os.environ["VERO_TEST_API_KEY"] = "sk-live-0123456789"
     try:
         with harness.serve(artifact_limits=ArtifactLimits(max_file_bytes=1024 * 1024)) as (_, client):
@@ -89,9 +104,14 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
             assert result["cases"][0]["attempts"] == [{"reward": 1.0, "exception_type": None, "outcome": "scored"}]
             assert result["artifacts_path"] == f"/vero/context/{job['id']}"
             # budget: one run and two cases, settled
-            assert budget_of(client, "train") == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
-                                                  "remaining_cases": 28,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+            assert budget_of(client, "train") == {
+                "total_runs": 5,
+                "total_cases": 30,
+                "remaining_runs": 4,
+                "remaining_cases": 28,
+                "total_inference_usd": None,
+                "remaining_inference_usd": None,
+            }
             # the secret reached the nested run by name, and nothing else of the environment
             run = harness.backend.runs[0]
             assert run.env == {"VERO_TEST_API_KEY": "sk-live-0123456789"}
@@ -130,12 +150,28 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         blind = client.post("/evaluations", json={"partition": "blind"}).json()
         val_done = wait_for_state(client, val["id"], {"complete"})
         blind_done = wait_for_state(client, blind["id"], {"complete"})
-        assert val_done["result"] == {"disclosure": "aggregate", "score": 0.5, "n_cases": 3, "n_attempts": 3,
-                                      "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None,
-                                      "inference": None}
-        assert blind_done["result"] == {"disclosure": "none", "score": None, "n_cases": None, "n_attempts": None,
-                                        "n_dead": None, "improved": None, "cases": None, "artifacts_path": None,
-                                        "inference": None}
+        assert val_done["result"] == {
+            "disclosure": "aggregate",
+            "score": 0.5,
+            "n_cases": 3,
+            "n_attempts": 3,
+            "n_dead": 0,
+            "improved": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
+        assert blind_done["result"] == {
+            "disclosure": "none",
+            "score": None,
+            "n_cases": None,
+            "n_attempts": None,
+            "n_dead": None,
+            "improved": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
         # the status listing discloses the same
         listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
         assert listed[val["id"]]["result"] == val_done["result"]
@@ -145,8 +181,16 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
         harness.backend.unmeasured = {"v2"}
         partial = client.post("/evaluations", json={"partition": "val", "blocks": [0]}).json()
         assert wait_for_state(client, partial["id"], {"complete"})["result"] == {
-            "disclosure": "aggregate", "score": None, "n_cases": 3, "n_attempts": None, "n_dead": None,
-            "improved": None, "cases": None, "artifacts_path": None, "inference": None}
+            "disclosure": "aggregate",
+            "score": None,
+            "n_cases": 3,
+            "n_attempts": None,
+            "n_dead": None,
+            "improved": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
     assert not (harness.context_dir / val["id"]).exists() and not (harness.context_dir / blind["id"]).exists()
 
 
@@ -165,8 +209,13 @@ def test_a_selection_that_is_not_a_union_of_blocks_is_refused_before_any_budget_
         val = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "val")
         assert val["blocks"] == [["v1", "v2", "v3"], ["v4", "v5", "v6"]] and val["ladder"] is None
         before = budget_of(client, "val")
-        for selection in ({"cases": ["v1", "v2"]}, {"cases": ["v1", "v2", "v4"]}, {"cases": ["v1", "v2", "v3", "v4"]},
-                          {"blocks": [2]}, {"blocks": [0], "cases": ["v1", "v2", "v3"]}):
+        for selection in (
+            {"cases": ["v1", "v2"]},
+            {"cases": ["v1", "v2", "v4"]},
+            {"cases": ["v1", "v2", "v3", "v4"]},
+            {"blocks": [2]},
+            {"blocks": [0], "cases": ["v1", "v2", "v3"]},
+        ):
             body = assert_problem(client.post("/evaluations", json={"partition": "val", **selection}), 403, "denied")
             assert "v1" not in body["detail"] and "v4" not in body["detail"]
         assert budget_of(client, "val") == before and harness.backend.runs == []
@@ -183,8 +232,12 @@ def test_the_differencing_sequence_is_refused_at_its_second_request(tmp_path):
     """Issue 10: four aggregate cases with a floor of 3. Whole (0.25), [a, b, c] (0.333) and [d, b, c] (0.0)
     used to give every case's result; now the second request is refused and nothing is charged."""
     access = {"holdout": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, total_runs=5, total_cases=20)}
-    harness = make_harness(tmp_path, partitions={"holdout": ["a", "b", "c", "d"]}, access=access,
-                           backend=StubBackend(scores={"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}))
+    harness = make_harness(
+        tmp_path,
+        partitions={"holdout": ["a", "b", "c", "d"]},
+        access=access,
+        backend=StubBackend(scores={"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}),
+    )
     with harness.serve() as (_, client):
         first = client.post("/evaluations", json={"partition": "holdout"})
         assert first.status_code == 202
@@ -192,17 +245,27 @@ def test_the_differencing_sequence_is_refused_at_its_second_request(tmp_path):
         before = budget_of(client, "holdout")
         for cases in (["a", "b", "c"], ["d", "b", "c"]):
             assert_problem(client.post("/evaluations", json={"partition": "holdout", "cases": cases}), 403, "denied")
-        assert budget_of(client, "holdout") == before == {"total_runs": 5, "total_cases": 20, "remaining_runs": 4,
-                                                          "remaining_cases": 16,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert (
+            budget_of(client, "holdout")
+            == before
+            == {
+                "total_runs": 5,
+                "total_cases": 20,
+                "remaining_runs": 4,
+                "remaining_cases": 16,
+                "total_inference_usd": None,
+                "remaining_inference_usd": None,
+            }
+        )
         assert len(harness.backend.runs) == 1
 
 
 def test_case_selection_with_traversal_names_is_denied(harness):
     with harness.serve() as (_, client):
         for cases in (["../t1"], ["t1", "../../etc/passwd"], ["t1/.."], [], ["t1", "t1"]):
-            body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": cases}),
-                                  403, "denied")
+            body = assert_problem(
+                client.post("/evaluations", json={"partition": "train", "cases": cases}), 403, "denied"
+            )
             assert "passwd" not in json.dumps(body) and ".." not in json.dumps(body)
         assert harness.backend.runs == []
         assert budget_of(client, "train")["remaining_runs"] == 5
@@ -214,12 +277,18 @@ def test_budget_exhausted_after_exactly_the_configured_runs(harness):
             job = client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]})
             assert job.status_code == 202
             wait_for_state(client, job.json()["id"], {"complete"})
-        body = assert_problem(client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]}),
-                              402, "payment_required")
+        body = assert_problem(
+            client.post("/evaluations", json={"partition": "blind", "cases": ["b1"]}), 402, "payment_required"
+        )
         assert "runs" in body["detail"]
-        assert budget_of(client, "blind") == {"total_runs": 2, "total_cases": 6, "remaining_runs": 0,
-                                              "remaining_cases": 4,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert budget_of(client, "blind") == {
+            "total_runs": 2,
+            "total_cases": 6,
+            "remaining_runs": 0,
+            "remaining_cases": 4,
+            "total_inference_usd": None,
+            "remaining_inference_usd": None,
+        }
         # other partitions keep their own budget
         assert client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code == 202
 
@@ -228,6 +297,7 @@ def test_concurrent_requests_never_overspend(tmp_path):
     access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=30)}
     harness = make_harness(tmp_path, access=access, backend=StubBackend(block=threading.Event()))
     with harness.serve() as (_, client):
+
         def post(_):
             with httpx.Client(base_url=client.base_url, timeout=60, trust_env=False) as own:
                 return own.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code
@@ -246,8 +316,9 @@ def test_hidden_budget_figures(tmp_path):
         status = client.get("/status").json()
         assert status["partitions"][0]["budget"] is None
         assert client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).status_code == 202
-        body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}),
-                              402, "payment_required")
+        body = assert_problem(
+            client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}), 402, "payment_required"
+        )
         assert not any(ch.isdigit() for ch in body["detail"]) and "remaining" not in body["detail"]
         assert all(p["budget"] is None for p in client.get("/status").json()["partitions"])
 
@@ -258,10 +329,21 @@ def test_versions_are_resolved_and_weird_ones_rejected_with_400(harness):
         job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"], "version": commit[:12]})
         assert job.status_code == 202 and job.json()["candidate"] == commit
         before = budget_of(client, "train")
-        for version in ("--upload-pack=touch /tmp/pwned", "no-such-branch", "HEAD~99", "HEAD\x00x", "a b",
-                        "../../etc/passwd", "-", "refs/heads/main:evil"):
-            body = assert_problem(client.post("/evaluations", json={"partition": "train", "cases": ["t1"],
-                                                                    "version": version}), 400, "bad_request")
+        for version in (
+            "--upload-pack=touch /tmp/pwned",
+            "no-such-branch",
+            "HEAD~99",
+            "HEAD\x00x",
+            "a b",
+            "../../etc/passwd",
+            "-",
+            "refs/heads/main:evil",
+        ):
+            body = assert_problem(
+                client.post("/evaluations", json={"partition": "train", "cases": ["t1"], "version": version}),
+                400,
+                "bad_request",
+            )
             assert "fatal" not in body["detail"] and "/" not in body["detail"]
         assert budget_of(client, "train") == before
         assert not Path("/tmp/pwned").exists()
@@ -278,15 +360,16 @@ def test_a_candidate_over_a_size_limit_is_413_naming_the_limit_and_changes_nothi
         before_budget, before_jobs = budget_of(client, "train"), client.get("/evaluations").json()
         store = harness.state_dir / "candidates.git"
         before_refs = git(store, "for-each-ref")
-        for name, content, limit in (("big.bin", "x" * 20_001, "max_file_bytes"),
-                                     ("more/f{}.txt", "y", "max_files")):
+        for name, content, limit in (("big.bin", "x" * 20_001, "max_file_bytes"), ("more/f{}.txt", "y", "max_files")):
             for i in range(60 if "{}" in name else 1):
                 path = harness.agent_repo / name.format(i)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(content)
             version = commit_file(harness.agent_repo, "solve.py", f"print('{limit}')\n", limit)
-            for route, body in (("/evaluations", {"partition": "train", "version": version}),
-                                ("/submissions", {"version": version})):
+            for route, body in (
+                ("/evaluations", {"partition": "train", "version": version}),
+                ("/submissions", {"version": version}),
+            ):
                 problem = assert_problem(client.post(route, json=body), 413, "candidate_too_large")
                 assert f"target.limits.{limit}" in problem["detail"]
             git(harness.agent_repo, "reset", "-q", "--hard", accepted)
@@ -312,14 +395,18 @@ def test_schema_errors_are_422_and_huge_bodies_413(harness):
         for body in cases:
             problem = assert_problem(client.post("/evaluations", json=body), 422, "invalid")
             assert "x" * 129 not in problem["detail"]
-        assert_problem(client.post("/evaluations", content=b"{not json", headers={"content-type": "application/json"}),
-                       422, "invalid")
+        assert_problem(
+            client.post("/evaluations", content=b"{not json", headers={"content-type": "application/json"}),
+            422,
+            "invalid",
+        )
         assert_problem(client.post("/submissions", json={"version": "HEAD", "note": "x"}), 422, "invalid")
         unknown = assert_problem(client.post("/evaluations", json={"partition": "train", HIDDEN: 1}), 422, "invalid")
         assert HIDDEN not in json.dumps(unknown) and "unknown field" in unknown["detail"]
         huge = json.dumps({"partition": "train", "cases": ["t1"] * 400_000}).encode()
-        assert_problem(client.post("/evaluations", content=huge, headers={"content-type": "application/json"}),
-                       413, "too_large")
+        assert_problem(
+            client.post("/evaluations", content=huge, headers={"content-type": "application/json"}), 413, "too_large"
+        )
 
         def chunks():
             yield b'{"partition": "train", "cases": ['
@@ -327,8 +414,11 @@ def test_schema_errors_are_422_and_huge_bodies_413(harness):
                 yield b'"t1",' * 2000
             yield b'"t1"]}'
 
-        assert_problem(client.post("/evaluations", content=chunks(), headers={"content-type": "application/json"}),
-                       413, "too_large")
+        assert_problem(
+            client.post("/evaluations", content=chunks(), headers={"content-type": "application/json"}),
+            413,
+            "too_large",
+        )
         assert harness.backend.runs == []
 
 
@@ -373,7 +463,8 @@ def test_a_candidate_that_hangs_is_charged_and_answered_like_any_other(tmp_path)
         assert after["train"]["remaining_cases"] == before["train"]["remaining_cases"] - 2
         cases = {c["case"]: c for c in done[train["id"]]["result"]["cases"]}
         assert cases["t2"]["score"] == 0.0 and cases["t2"]["attempts"] == [
-            {"reward": None, "exception_type": "EvaluationTimeoutError", "outcome": "timed_out"}]
+            {"reward": None, "exception_type": "EvaluationTimeoutError", "outcome": "timed_out"}
+        ]
         assert cases["t1"]["attempts"][0]["outcome"] == "scored"
 
 
@@ -417,13 +508,18 @@ def test_submit_disabled_is_409(tmp_path):
 
 def test_admin_requires_the_token(harness):
     with harness.serve() as (_, client):
-        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic abc"},
-                        {"authorization": "Bearer"}):
+        for headers in (
+            {},
+            {"authorization": "Bearer wrong"},
+            {"authorization": "Basic abc"},
+            {"authorization": "Bearer"},
+        ):
             response = client.get("/admin/export", headers=headers)
             assert_problem(response, 401, "unauthorized")
             assert response.headers["www-authenticate"] == "Bearer"
-            assert_problem(client.post("/admin/seal", json={"output_dir": "/tmp/x"}, headers=headers),
-                           401, "unauthorized")
+            assert_problem(
+                client.post("/admin/seal", json={"output_dir": "/tmp/x"}, headers=headers), 401, "unauthorized"
+            )
         token_file = harness.state_dir / "admin-token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o400
         assert stat.S_IMODE(harness.state_dir.stat().st_mode) == 0o700
@@ -448,9 +544,18 @@ def test_restart_keeps_ledger_jobs_and_submission_and_a_new_token(harness):
         budget = budget_of(client, "train")
         first_token = harness.admin_headers()
     with harness.serve() as (_, client):
-        assert budget_of(client, "train") == budget == {"total_runs": 5, "total_cases": 30, "remaining_runs": 4,
-                                                        "remaining_cases": 28,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert (
+            budget_of(client, "train")
+            == budget
+            == {
+                "total_runs": 5,
+                "total_cases": 30,
+                "remaining_runs": 4,
+                "remaining_cases": 28,
+                "total_inference_usd": None,
+                "remaining_inference_usd": None,
+            }
+        )
         again = client.get(f"/evaluations/{job['id']}").json()
         assert again["state"] == "complete" and again["result"]["score"] == 0.5
         assert client.get("/status").json()["submission"] == submission
@@ -501,8 +606,9 @@ def test_concurrency_limit_keeps_extra_jobs_queued(tmp_path):
     harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()))
     harness.max_concurrent_evaluations = 2
     with harness.serve() as (_, client):
-        ids = [client.post("/evaluations", json={"partition": "train", "cases": [f"t{i}"]}).json()["id"]
-               for i in (1, 2, 3)]
+        ids = [
+            client.post("/evaluations", json={"partition": "train", "cases": [f"t{i}"]}).json()["id"] for i in (1, 2, 3)
+        ]
         for _ in range(2):
             assert harness.backend.started.acquire(timeout=30)
         states = [client.get(f"/evaluations/{i}").json()["state"] for i in ids]
@@ -520,8 +626,12 @@ def test_terminal_state_and_settle_or_refund_are_never_seen_apart(tmp_path):
     no terminal job with an open reservation, and no closed reservation of an unfinished job, in one
     snapshot (`/admin/export`) or across two reads in either order."""
     access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=500, total_cases=500)}
-    harness = make_harness(tmp_path, access=access, partitions={"train": ["t1", "t2"]},
-                           backend=StubBackend(infrastructure_cases=frozenset({"t2"}), write_job_dir=False))
+    harness = make_harness(
+        tmp_path,
+        access=access,
+        partitions={"train": ["t1", "t2"]},
+        backend=StubBackend(infrastructure_cases=frozenset({"t2"}), write_job_dir=False),
+    )
     harness.max_concurrent_evaluations = 4
     admin = None
     violations: list[str] = []
@@ -538,8 +648,9 @@ def test_terminal_state_and_settle_or_refund_are_never_seen_apart(tmp_path):
                 reservations, jobs = reservations_and_jobs(client)
                 for job in jobs.values():
                     closed = reservations[job["reservation_id"]]["state"]
-                    if (job["state"] in ("complete", "failed", "cancelled")) != (closed != "reserved") or \
-                            (job["state"] == "complete") != (closed == "settled"):
+                    if (job["state"] in ("complete", "failed", "cancelled")) != (closed != "reserved") or (
+                        job["state"] == "complete"
+                    ) != (closed == "settled"):
                         violations.append(f"snapshot: job {job['state']}, reservation {closed}")
                 for job_id in list(ids):
                     # job first: once terminal, its reservation must already be closed
@@ -672,8 +783,11 @@ def test_the_agent_surface_refuses_callers_inside_the_sidecar(harness):
     it over loopback (the ASGI client here is 127.0.0.1) gets 403; health and admin stay open."""
     with harness.serve(refuse_local_agent_calls=True) as (_, client):
         assert client.get("/health").status_code == 200
-        for response in (client.get("/status"), client.post("/evaluations", json={"partition": "train"}),
-                         client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})):
+        for response in (
+            client.get("/status"),
+            client.post("/evaluations", json={"partition": "train"}),
+            client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        ):
             assert response.status_code == 403, response.text
         assert client.get("/admin/export", headers=harness.admin_headers()).status_code == 200
         assert client.get("/admin/export").status_code == 401

@@ -26,8 +26,11 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
     harness = make_harness(tmp_path)
     spec = harness.write_spec(tmp_path / "harness.json")
     port_file = tmp_path / "port"
-    child = subprocess.Popen([sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
-                             cwd=REPO_ROOT, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not port_file.exists() or not port_file.read_text():
@@ -50,8 +53,14 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
         after = client.get(f"/evaluations/{job['id']}").json()
         assert after["state"] == "failed" and after["error"] == "interrupted" and after["result"] is None
         train = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")
-        assert train["budget"] == {"total_runs": 5, "total_cases": 30, "remaining_runs": 5, "remaining_cases": 30,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert train["budget"] == {
+            "total_runs": 5,
+            "total_cases": 30,
+            "remaining_runs": 5,
+            "remaining_cases": 30,
+            "total_inference_usd": None,
+            "remaining_inference_usd": None,
+        }
         # and the sidecar works on: a new evaluation runs to completion
         new = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
         assert wait_for_state(client, new["id"], {"complete"})["state"] == "complete"

@@ -41,8 +41,10 @@ def write_case(root: Path, name: str, test_sh: str) -> None:
     case = root / name
     (case / "environment").mkdir(parents=True)
     (case / "tests").mkdir()
-    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 120\n\n'
-                                    "[verifier]\ntimeout_sec = 120\n\n[environment]\nbuild_timeout_sec = 600\n")
+    (case / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 120\n\n'
+        "[verifier]\ntimeout_sec = 120\n\n[environment]\nbuild_timeout_sec = 600\n"
+    )
     (case / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
     (case / "instruction.md").write_text(f"Case {name}.\n")
     (case / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
@@ -50,8 +52,10 @@ def write_case(root: Path, name: str, test_sh: str) -> None:
 
 
 def reward_if(condition: str) -> str:
-    return (f'if {condition}; then r=1.0; else r=0.0; fi\n'
-            'echo "{\\"reward\\": $r}" > /logs/verifier/reward.json\necho "checked: $r"\n')
+    return (
+        f"if {condition}; then r=1.0; else r=0.0; fi\n"
+        'echo "{\\"reward\\": $r}" > /logs/verifier/reward.json\necho "checked: $r"\n'
+    )
 
 
 @pytest.fixture
@@ -74,7 +78,9 @@ def budget(client, partition: str) -> dict:
 
 def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
     harness = make_harness(
-        shared_root / "h", backend=backend(), baseline_files={"answer.txt": "0\n"},
+        shared_root / "h",
+        backend=backend(),
+        baseline_files={"answer.txt": "0\n"},
         runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
         partitions={"train": ["answer-42", "answer-file"]},
         access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=6)},
@@ -94,13 +100,20 @@ def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
         assert budget(client, "train")["remaining_runs"] == 2
 
         # the baseline scores lower and is charged too (a real measurement)
-        base = client.post("/evaluations", json={"partition": "train", "cases": ["answer-42"],
-                                                 "version": harness.config.baseline_commit})
+        base = client.post(
+            "/evaluations",
+            json={"partition": "train", "cases": ["answer-42"], "version": harness.config.baseline_commit},
+        )
         base_job = wait_for_state(client, base.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert base_job["state"] == "complete" and base_job["result"]["score"] == 0.0
-        assert budget(client, "train") == {"total_runs": 3, "total_cases": 6, "remaining_runs": 1,
-                                           "remaining_cases": 3,
-            "total_inference_usd": None, "remaining_inference_usd": None}
+        assert budget(client, "train") == {
+            "total_runs": 3,
+            "total_cases": 6,
+            "remaining_runs": 1,
+            "remaining_cases": 3,
+            "total_inference_usd": None,
+            "remaining_inference_usd": None,
+        }
 
     artifacts = harness.context_dir / job["id"]
     disclosed = json.loads((artifacts / "result.json").read_text())
@@ -112,7 +125,7 @@ def test_program_candidate_evaluated_with_nested_harbor_on_docker(shared_root):
 
 
 def test_agent_candidate_evaluated_with_nested_harbor_on_docker(shared_root, portable_toolchain):
-    agent_source = '''
+    agent_source = """
 from harbor.agents.base import BaseAgent
 
 GREETING = "{greeting}"
@@ -131,14 +144,14 @@ class EchoAgent(BaseAgent):
 
     async def run(self, instruction, environment, context) -> None:
         await environment.exec(f"echo {{GREETING}} > /app/out.txt")
-'''
+"""
     harness = make_harness(
-        shared_root / "h", backend=backend(portable_toolchain[1]),
+        shared_root / "h",
+        backend=backend(portable_toolchain[1]),
         baseline_files={"echo_agent.py": agent_source.format(greeting="hi")},
         runtime=CandidateRuntime(kind="agent", agent_import_path="echo_agent:EchoAgent"),
         partitions={"train": ["greet"]},
-        access={"train": PartitionAccess(disclosure="aggregate", min_aggregate_cases=1, total_runs=2,
-                                         total_cases=2)},
+        access={"train": PartitionAccess(disclosure="aggregate", min_aggregate_cases=1, total_runs=2, total_cases=2)},
         harbor=HarborSpec(n_concurrent=1, infra_retries=0, evaluation_timeout_sec=600),
     )
     write_case(harness.cases_dir, "greet", reward_if('[ "$(cat /app/out.txt)" = "hello" ]'))
@@ -148,16 +161,26 @@ class EchoAgent(BaseAgent):
         assert response.status_code == 202, response.text
         job = wait_for_state(client, response.json()["id"], {"complete", "failed"}, timeout_sec=800)
         assert job["state"] == "complete", job
-        assert job["result"] == {"disclosure": "aggregate", "score": 1.0, "n_cases": 1, "n_attempts": 1,
-                                 "n_dead": 0, "improved": None, "cases": None, "artifacts_path": None,
-                                 "inference": None}
+        assert job["result"] == {
+            "disclosure": "aggregate",
+            "score": 1.0,
+            "n_cases": 1,
+            "n_attempts": 1,
+            "n_dead": 0,
+            "improved": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
         assert budget(client, "train")["remaining_runs"] == 1
     assert not (harness.context_dir / job["id"]).exists()
 
 
 def test_unreachable_engine_is_a_refunded_infrastructure_failure(shared_root):
     harness = make_harness(
-        shared_root / "h", backend=backend(), baseline_files={"answer.txt": "42\n"},
+        shared_root / "h",
+        backend=backend(),
+        baseline_files={"answer.txt": "42\n"},
         partitions={"train": ["answer-42"]},
         access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=2, total_cases=2)},
         harbor=HarborSpec(n_concurrent=1, infra_retries=1, evaluation_timeout_sec=300),
@@ -188,8 +211,10 @@ def labelled(label: str) -> list[str]:
 
     client = docker.from_env()
     try:
-        containers = [f"container {c.name} ({c.status})"
-                      for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True)]
+        containers = [
+            f"container {c.name} ({c.status})"
+            for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
+        ]
         return containers + [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
     finally:
         client.close()
@@ -251,7 +276,8 @@ def test_a_killed_sidecar_leaves_labelled_environments_that_its_restart_removes(
     restarted sidecar fails the job `interrupted`, refunds it, and removes them before it answers:
     listing by label afterwards finds nothing."""
     harness = make_harness(
-        shared_root / "h", baseline_files={"answer.txt": "42\n"},
+        shared_root / "h",
+        baseline_files={"answer.txt": "42\n"},
         runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
         partitions={"train": ["slow"]},
         access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=2, total_cases=2)},
@@ -259,13 +285,18 @@ def test_a_killed_sidecar_leaves_labelled_environments_that_its_restart_removes(
     )
     started = "/logs/verifier/started"
     write_case(harness.cases_dir, "slow", f"touch {started}\nsleep 300\n" + reward_if("true"))
-    spec = harness.write_spec(shared_root / "harness.json",
-                              harbor_executable=str(Path(sys.executable).parent / "harbor"))
+    spec = harness.write_spec(
+        shared_root / "harness.json", harbor_executable=str(Path(sys.executable).parent / "harbor")
+    )
     port_file = shared_root / "port"
     log = shared_root / "sidecar.log"
     with log.open("wb") as sink:
-        child = subprocess.Popen([sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
-                                 cwd=REPO_ROOT, start_new_session=True, stderr=sink)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
+            cwd=REPO_ROOT,
+            start_new_session=True,
+            stderr=sink,
+        )
     try:
         deadline = time.monotonic() + 120
         while not port_file.exists() or not port_file.read_text():

@@ -39,18 +39,28 @@ class CallingBackend(StubBackend):
         assert KEY_NAME not in run.env and KEY not in json.dumps(run.env)  # provider keys never reach runs
         async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
             for _ in range(self.calls_per_run):
-                await client.post(f"{env['OPENAI_BASE_URL']}/chat/completions",
-                                  headers={"authorization": f"Bearer {env['OPENAI_API_KEY']}"},
-                                  json={"model": self.model, "max_tokens": 10,
-                                        "messages": [{"role": "user", "content": "hi"}]})
+                await client.post(
+                    f"{env['OPENAI_BASE_URL']}/chat/completions",
+                    headers={"authorization": f"Bearer {env['OPENAI_API_KEY']}"},
+                    json={"model": self.model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+                )
         return await super().evaluate(run)
 
 
 def inference_spec(url: str) -> InferenceSpec:
-    return InferenceSpec.model_validate({
-        "providers": {"fake": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": KEY_NAME}},
-        "models": {"gpt-test": {"provider": "fake", "upstream_model": "fake-ok", "input_cost_per_token": PRICE_IN,
-                                "output_cost_per_token": PRICE_OUT}}})
+    return InferenceSpec.model_validate(
+        {
+            "providers": {"fake": {"api": "openai", "base_url": f"{url}/v1", "api_key_secret": KEY_NAME}},
+            "models": {
+                "gpt-test": {
+                    "provider": "fake",
+                    "upstream_model": "fake-ok",
+                    "input_cost_per_token": PRICE_IN,
+                    "output_cost_per_token": PRICE_OUT,
+                }
+            },
+        }
+    )
 
 
 @pytest.fixture
@@ -64,9 +74,15 @@ def harness_with(tmp_path, upstream, backend, **access):
     budget = dict(min_aggregate_cases=1, total_runs=10, total_cases=60, total_inference_usd=10 * CALL_MICRO_USD / 1e6)
     budget.update(access)
     return make_harness(
-        tmp_path / "h", backend=backend, secrets=[KEY_NAME], inference=inference_spec(upstream.url),
-        access={"train": PartitionAccess(disclosure="full", **budget),
-                "val": PartitionAccess(disclosure="aggregate", **budget)})
+        tmp_path / "h",
+        backend=backend,
+        secrets=[KEY_NAME],
+        inference=inference_spec(upstream.url),
+        access={
+            "train": PartitionAccess(disclosure="full", **budget),
+            "val": PartitionAccess(disclosure="aggregate", **budget),
+        },
+    )
 
 
 def run_job(client, partition: str, cases=None) -> dict:
@@ -99,8 +115,7 @@ def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, ups
         assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])
     # What complete jobs spent stays spent across a restart.
     with harness.serve() as (_, client):
-        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(
-            8 * CALL_MICRO_USD / 1e6)
+        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
     assert KEY not in json.dumps(export)
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in upstream.requests)
 
@@ -134,9 +149,12 @@ def test_off_list_models_and_stale_tokens_are_refused(tmp_path, upstream):
         usage = job["result"]["inference"]
         assert usage["calls"] == 0 and usage["refused_calls"] == {"model_not_allowed": 2}
         stale = backend.runs[0].candidate_env
-        answer = httpx.post(f"{stale['OPENAI_BASE_URL']}/chat/completions", trust_env=False,
-                            headers={"authorization": f"Bearer {stale['OPENAI_API_KEY']}"},
-                            json={"model": "gpt-test", "messages": []})
+        answer = httpx.post(
+            f"{stale['OPENAI_BASE_URL']}/chat/completions",
+            trust_env=False,
+            headers={"authorization": f"Bearer {stale['OPENAI_API_KEY']}"},
+            json={"model": "gpt-test", "messages": []},
+        )
         assert answer.status_code == 401  # the token died with its evaluation
     assert upstream.requests == []
 
@@ -153,8 +171,12 @@ def test_route_case_services_hands_nested_runs_the_gateway_never_the_key(tmp_pat
     backend = CallingBackend(calls_per_run=0)
     spec = inference_spec(upstream.url).model_copy(update={"route_case_services": True})
     harness = make_harness(tmp_path / "h", backend=backend, secrets=[KEY_NAME], inference=spec)
-    plain = make_harness(tmp_path / "p", backend=CallingBackend(calls_per_run=0), secrets=[KEY_NAME],
-                         inference=inference_spec(upstream.url))
+    plain = make_harness(
+        tmp_path / "p",
+        backend=CallingBackend(calls_per_run=0),
+        secrets=[KEY_NAME],
+        inference=inference_spec(upstream.url),
+    )
     for h in (harness, plain):
         with h.serve() as (_, client):
             run_job(client, "train", ["t1"])

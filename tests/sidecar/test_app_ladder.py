@@ -27,12 +27,20 @@ BLOCKS = [["h1", "h2", "h3"], ["h4", "h5", "h6"]]
 
 
 def ladder_harness(tmp_path, *, direction="maximize", margin=0.05, precision=0.01, backend=None):
-    access = {"holdout": PartitionAccess(disclosure="aggregate", min_aggregate_cases=3, blocks=BLOCKS,
-                                         ladder=LadderSpec(margin=margin, precision=precision),
-                                         total_runs=20, total_cases=120)}
+    access = {
+        "holdout": PartitionAccess(
+            disclosure="aggregate",
+            min_aggregate_cases=3,
+            blocks=BLOCKS,
+            ladder=LadderSpec(margin=margin, precision=precision),
+            total_runs=20,
+            total_cases=120,
+        )
+    }
     scoring = ScoringSpec(direction=direction, failure_value=100.0 if direction == "minimize" else None)
-    return make_harness(tmp_path, partitions={"holdout": CASES}, access=access, scoring=scoring,
-                        backend=backend or StubBackend())
+    return make_harness(
+        tmp_path, partitions={"holdout": CASES}, access=access, scoring=scoring, backend=backend or StubBackend()
+    )
 
 
 def evaluate(harness, client, score: float | None, **selection) -> dict:
@@ -53,12 +61,20 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
         holdout = client.get("/status").json()["partitions"][0]
         assert holdout["ladder"] == {"margin": 0.05, "precision": 0.01} and holdout["blocks"] == BLOCKS
         first = evaluate(harness, client, 0.5037)
-        assert first["result"] == {"disclosure": "aggregate", "score": 0.5, "improved": True, "n_cases": 6,
-                                   "n_attempts": None, "n_dead": None, "cases": None, "artifacts_path": None,
-                                   "inference": None}
-        assert answer(evaluate(harness, client, 0.52)) == (0.5, False)      # +0.0163: the previous best again
+        assert first["result"] == {
+            "disclosure": "aggregate",
+            "score": 0.5,
+            "improved": True,
+            "n_cases": 6,
+            "n_attempts": None,
+            "n_dead": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
+        assert answer(evaluate(harness, client, 0.52)) == (0.5, False)  # +0.0163: the previous best again
         assert answer(evaluate(harness, client, 0.5612)) == (0.56, True)
-        assert answer(evaluate(harness, client, 0.41)) == (0.56, False)     # worse: never disclosed
+        assert answer(evaluate(harness, client, 0.41)) == (0.56, False)  # worse: never disclosed
         # A block is another case set: its own ladder, and it does not move the partition's.
         assert answer(evaluate(harness, client, 0.9, blocks=[0])) == (0.9, True)
         assert answer(evaluate(harness, client, 0.6)) == (0.56, False)
@@ -68,7 +84,14 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
         # The status lists the same answers (newest first); operators see the trusted measurements.
         listed = [job["result"] for job in reversed(client.get("/status").json()["jobs"])]
         assert [(r["score"], r["improved"]) for r in listed] == [
-            (0.5, True), (0.5, False), (0.56, True), (0.56, False), (0.9, True), (0.56, False), (0.56, False)]
+            (0.5, True),
+            (0.5, False),
+            (0.56, True),
+            (0.56, False),
+            (0.9, True),
+            (0.56, False),
+            (0.56, False),
+        ]
         records = client.get("/admin/export", headers=harness.admin_headers()).json()["jobs"]
         assert [job["result"]["score"] for job in records] == pytest.approx([0.5037, 0.52, 0.5612, 0.41, 0.9, 0.6, 0.0])
         assert [job["ladder"]["improved"] for job in records] == [True, False, True, False, True, False, False]
@@ -77,8 +100,13 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
     with harness.serve() as (server, client):
         again = evaluate(harness, client, 0.6)
         assert answer(again) == (0.56, False)
-        shown = subprocess.run([VERO, "harbor", "result", again["id"], "--text"], capture_output=True, text=True,
-                               timeout=60, env={**os.environ, "VERO_SIDECAR_URL": server.url})
+        shown = subprocess.run(
+            [VERO, "harbor", "result", again["id"], "--text"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "VERO_SIDECAR_URL": server.url},
+        )
         assert shown.returncode == 0, shown.stderr
         assert "score 0.56 over 6 cases, not improved" in shown.stdout and "0.6 " not in shown.stdout
         assert answer(evaluate(harness, client, 0.93, blocks=[0])) == (0.9, False)
@@ -101,8 +129,16 @@ def test_minimize_and_infrastructure_failures(tmp_path):
         harness.backend.unmeasured = {"h6"}
         partial = evaluate(harness, client, 1.0)
         assert partial["state"] == "complete" and partial["result"] == {
-            "disclosure": "aggregate", "score": None, "improved": None, "n_cases": 6, "n_attempts": None,
-            "n_dead": None, "cases": None, "artifacts_path": None, "inference": None}
+            "disclosure": "aggregate",
+            "score": None,
+            "improved": None,
+            "n_cases": 6,
+            "n_attempts": None,
+            "n_dead": None,
+            "cases": None,
+            "artifacts_path": None,
+            "inference": None,
+        }
         harness.backend.unmeasured = set()
         assert answer(evaluate(harness, client, 8.5)) == (9.0, False)
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
     harness = make_harness(tmp_path)
     with harness.serve() as (server, client):
+
         async def session() -> dict:
             out: dict = {}
             async with Client(server.url + "/mcp") as mcp:
@@ -43,9 +44,14 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
                 out["block_job"] = block.structured_content
                 second = await mcp.call_tool("start_evaluation", {"partition": "train", "cases": ["t1"]})
                 first_page = await mcp.call_tool("list_evaluations", {"limit": 1})
-                out["pages"] = [first_page.structured_content, (await mcp.call_tool(
-                    "list_evaluations", {"limit": 1, "before": first_page.structured_content["next_cursor"]}
-                )).structured_content]
+                out["pages"] = [
+                    first_page.structured_content,
+                    (
+                        await mcp.call_tool(
+                            "list_evaluations", {"limit": 1, "before": first_page.structured_content["next_cursor"]}
+                        )
+                    ).structured_content,
+                ]
                 out["second"] = second.structured_content
                 with pytest.raises(ToolError) as bad_cursor:
                     await mcp.call_tool("list_evaluations", {"before": "ev-0000000000000000"})
@@ -53,8 +59,7 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
             return out
 
         out = asyncio.run(session())
-        assert out["tools"] == ["get_evaluation", "health", "list_evaluations", "start_evaluation", "status",
-                                "submit"]
+        assert out["tools"] == ["get_evaluation", "health", "list_evaluations", "start_evaluation", "status", "submit"]
         # the listing tool pages newest first through the same route
         first, last = out["pages"]
         assert [j["id"] for j in first["jobs"]] == [out["second"]["id"]]
@@ -91,6 +96,7 @@ def test_mcp_tools_explain_themselves_to_a_model(tmp_path):
 
     harness = make_harness(tmp_path)
     with harness.serve() as (server, client):
+
         async def session():
             async with Client(server.url + "/mcp") as mcp:
                 return mcp.instructions, await mcp.list_tools()

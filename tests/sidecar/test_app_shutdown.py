@@ -63,7 +63,8 @@ def alive(pid: int) -> bool:
 
 def test_sigterm_answers_long_polls_kills_the_nested_run_and_refunds(tmp_path):
     harness = make_harness(
-        tmp_path / "h", partitions={"train": ["c1"]},
+        tmp_path / "h",
+        partitions={"train": ["c1"]},
         access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=3)},
         harbor=HarborSpec(environment="stand-in", infra_retries=0, evaluation_timeout_sec=3600),
     )
@@ -71,13 +72,18 @@ def test_sigterm_answers_long_polls_kills_the_nested_run_and_refunds(tmp_path):
     harbor = tmp_path / "stubborn-harbor"
     harbor.write_text(STUBBORN_HARBOR)
     harbor.chmod(0o755)
-    spec = harness.write_spec(tmp_path / "harness.json", harbor_executable=str(harbor), kill_grace_sec=600.0,
-                              debug_log=True)
+    spec = harness.write_spec(
+        tmp_path / "harness.json", harbor_executable=str(harbor), kill_grace_sec=600.0, debug_log=True
+    )
     port_file = tmp_path / "port"
     log = tmp_path / "sidecar.log"
     with log.open("wb") as sink:
-        child = subprocess.Popen([sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
-                                 cwd=REPO_ROOT, start_new_session=True, stderr=sink)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.sidecar._server", str(spec), str(port_file)],
+            cwd=REPO_ROOT,
+            start_new_session=True,
+            stderr=sink,
+        )
     pids_file = harness.work_dir / "jobs" / "stubborn-harbor.pids"
     try:
         deadline = time.monotonic() + 90
@@ -95,8 +101,9 @@ def test_sigterm_answers_long_polls_kills_the_nested_run_and_refunds(tmp_path):
             assert all(alive(pid) for pid in nested)
 
             answers: list[httpx.Response] = []
-            poll = threading.Thread(target=lambda: answers.append(
-                client.get(f"/evaluations/{job['id']}", params={"wait_sec": 60})))
+            poll = threading.Thread(
+                target=lambda: answers.append(client.get(f"/evaluations/{job['id']}", params={"wait_sec": 60}))
+            )
             poll.start()
             while f"job {job['id']}: long poll" not in log.read_text(errors="replace"):
                 assert poll.is_alive() and time.monotonic() < deadline + 120, "the long poll never arrived"

@@ -77,12 +77,17 @@ def test_a_broken_case_is_named_refunded_and_quarantined(harness):
         records = client.get("/admin/export", headers=harness.admin_headers()).json()
         failed = next(j for j in records["jobs"] if j["id"] == job["id"])
         assert failed["diagnostics"]["problems"] == [
-            {"case": "t2", "code": "missing_variables",
-             "detail": "/secret/path: t2 needs ZQ_SECRET_NAME in [environment.env]"}]
+            {
+                "case": "t2",
+                "code": "missing_variables",
+                "detail": "/secret/path: t2 needs ZQ_SECRET_NAME in [environment.env]",
+            }
+        ]
         assert "Missing Environment Variables" in failed["diagnostics"]["rounds"][0]["output_tail"]
         assert not any(r["state"] == "reserved" for r in records["reservations"])
 
     # A restart keeps the quarantine (rebuilt from the failed jobs' recorded problems).
     with harness.serve() as (_, client):
-        assert_problem(client.post("/evaluations", json={"partition": "train", "cases": ["t2"]}), 502,
-                       "missing_variables")
+        assert_problem(
+            client.post("/evaluations", json={"partition": "train", "cases": ["t2"]}), 502, "missing_variables"
+        )

@@ -62,8 +62,9 @@ def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) 
 
         releaser = threading.Thread(target=release_later, daemon=True)
         releaser.start()
-        proc = vero(url, "eval", "--partition", "train", "--case", "t1", "--case", "t2", "--wait",
-                    "--poll-interval-sec", "0.1")
+        proc = vero(
+            url, "eval", "--partition", "train", "--case", "t1", "--case", "t2", "--wait", "--poll-interval-sec", "0.1"
+        )
         releaser.join(60)
         assert proc.returncode == 0, proc.stderr
         job = JobView.model_validate_json(proc.stdout)
@@ -88,8 +89,10 @@ def test_agent_workflow_prints_json_and_wait_reaches_completion(tmp_path: Path) 
         proc = vero(url, "status", "--text")
         assert proc.returncode == 0
         assert "partition train: 6 cases, disclosure full, runs left 4/5, cases left 28/30" in proc.stdout
-        assert ("partition val: 6 cases, disclosure aggregate (the whole partition or unions of its 2 blocks), "
-                "runs left 3/3") in proc.stdout
+        assert (
+            "partition val: 6 cases, disclosure aggregate (the whole partition or unions of its 2 blocks), "
+            "runs left 3/3"
+        ) in proc.stdout
         assert "  block 1: v4, v5, v6" in proc.stdout
         assert f"submission: version {version}" in proc.stdout
 
@@ -168,8 +171,12 @@ def test_unfinished_and_cancelled_jobs_exit_1_and_a_sealed_session_refuses(tmp_p
         proc = vero(url, "result", job.id)  # not waiting: a running job is not a failure
         assert proc.returncode == 0 and JobView.model_validate_json(proc.stdout).state in ("queued", "running")
 
-        sealed = httpx.post(f"{url}/admin/seal", headers=harness.admin_headers(), timeout=60,
-                            json={"output_dir": str(tmp_path / "export")})
+        sealed = httpx.post(
+            f"{url}/admin/seal",
+            headers=harness.admin_headers(),
+            timeout=60,
+            json={"output_dir": str(tmp_path / "export")},
+        )
         assert sealed.status_code == 200 and sealed.json()["n_cancelled"] == 1
 
         proc = vero(url, "result", job.id, "--wait")
@@ -208,14 +215,31 @@ def test_every_option_of_the_agent_commands_is_documented_and_exit_codes_agree()
         assert command.description and "Exit codes" in (command.epilog or "")
         for action in command._actions:
             assert action.help, f"vero harbor {name}: {action.dest} has no help"
-    proc = subprocess.run([VERO, "harbor", "eval", "--help"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [VERO, "harbor", "eval", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0
-    for option in ("--partition", "--version", "--case", "--block", "--wait", "--poll-interval-sec", "--timeout-sec",
-                   "--url", "--json", "--text", "Exit codes"):
+    for option in (
+        "--partition",
+        "--version",
+        "--case",
+        "--block",
+        "--wait",
+        "--poll-interval-sec",
+        "--timeout-sec",
+        "--url",
+        "--json",
+        "--text",
+        "Exit codes",
+    ):
         assert option in proc.stdout
-    listed = subprocess.run([VERO, "harbor", "--help"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "COLUMNS": "200"})
+    listed = subprocess.run(
+        [VERO, "harbor", "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
+    )
     assert listed.returncode == 0 and "evaluations" in listed.stdout and "submit" in listed.stdout
 
 

@@ -136,8 +136,7 @@ def test_infrastructure_failure_is_raised_not_retried(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_reads_retry_5xx_but_evaluations_are_never_resent_after_reaching_the_server(
-        harness: SidecarHarness) -> None:
+def test_reads_retry_5xx_but_evaluations_are_never_resent_after_reaching_the_server(harness: SidecarHarness) -> None:
     with running(harness) as (url, app), SidecarClient(url, **FAST_RETRIES) as client:
         app.faults[("GET", "/status")] = [503, 502]  # a 502 that is not the sidecar's own problem
         assert client.status().name == "demo"
@@ -243,17 +242,23 @@ def test_answers_that_are_not_problem_bodies_are_never_echoed() -> None:
     assert type(error) is SidecarUnavailable and "secret" not in str(error)
     error = error_from_response(httpx.Response(418, request=request))
     assert type(error) is VeroError
-    problem = {"title": "Payment Required", "status": 402, "code": "payment_required",
-               "detail": "the budget of this partition is exhausted"}
+    problem = {
+        "title": "Payment Required",
+        "status": 402,
+        "code": "payment_required",
+        "detail": "the budget of this partition is exhausted",
+    }
     error = error_from_response(httpx.Response(402, json=problem, request=request))
     assert isinstance(error, BudgetExhausted) and str(error) == problem["detail"]
     assert error.partition is None
 
 
 def test_importing_the_client_loads_neither_fastapi_nor_harbor() -> None:
-    code = ("import sys, json, vero.sidecar.client; "
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                           text=True, timeout=60).stdout))
+    code = "import sys, json, vero.sidecar.client; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    loaded = set(
+        json.loads(
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60).stdout
+        )
+    )
     assert "httpx" in loaded  # the probe sees real imports
     assert not loaded & {"fastapi", "starlette", "uvicorn", "harbor", "git", "docker"}

@@ -32,8 +32,12 @@ pytestmark = [
 def small_filesystem(path: Path, size_mib: int) -> Iterator[Path]:
     """`path` (created) as a tmpfs of `size_mib` MiB for the duration; unmounted lazily after."""
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)],
-                   check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     try:
         yield path
     finally:
@@ -107,7 +111,8 @@ def test_jobs_dir_full_fails_the_job_as_infrastructure_and_refunds_it(tmp_path):
     harbor.write_text(STAND_IN_HARBOR.format(ran=ran))
     harbor.chmod(0o755)
     harness = make_harness(
-        tmp_path / "h", backend=HarborBackend(harbor_executable=harbor),
+        tmp_path / "h",
+        backend=HarborBackend(harbor_executable=harbor),
         partitions={"train": ["c1"]},
         access={"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=3, total_cases=3)},
         # A case timeout on a case declaring none: the run writes its agent config into the jobs dir first.

@@ -71,11 +71,17 @@ def test_seal_closes_cancels_refunds_and_is_idempotent(tmp_path):
         assert hashlib.sha256((out / "session.tar.gz").read_bytes()).hexdigest() == digest
         done_backend.block.set()
 
-    session = read_session(out / "session.tar.gz", tmp_path / "extracted", spec_digest=harness.config.spec_digest,
-                           baseline_commit=harness.config.baseline_commit)
+    session = read_session(
+        out / "session.tar.gz",
+        tmp_path / "extracted",
+        spec_digest=harness.config.spec_digest,
+        baseline_commit=harness.config.baseline_commit,
+    )
     assert session.submission is not None and session.submission.candidate == submission["candidate"]
-    assert {j.id: (j.state, j.error) for j in session.jobs} == {job["id"]: ("cancelled", "sealed"),
-                                                               queued["id"]: ("cancelled", "sealed")}
+    assert {j.id: (j.state, j.error) for j in session.jobs} == {
+        job["id"]: ("cancelled", "sealed"),
+        queued["id"]: ("cancelled", "sealed"),
+    }
     assert all(b.reserved_runs == 0 and b.settled_runs == 0 for b in session.balances)
     assert harness.config.baseline_commit in {c.id for c in session.candidates}
 
@@ -101,8 +107,12 @@ def test_seal_drains_jobs_that_finish_in_time(tmp_path):
         assert view["state"] == "complete" and view["result"]["score"] == 0.5
         train = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")
         assert train["budget"]["remaining_runs"] == 4  # a measurement stays charged
-    session = read_session(tmp_path / "export" / "session.tar.gz", tmp_path / "x",
-                           spec_digest=harness.config.spec_digest, baseline_commit=harness.config.baseline_commit)
+    session = read_session(
+        tmp_path / "export" / "session.tar.gz",
+        tmp_path / "x",
+        spec_digest=harness.config.spec_digest,
+        baseline_commit=harness.config.baseline_commit,
+    )
     assert session.jobs[0].state == "complete" and session.jobs[0].result.score == 0.5
 
 
@@ -120,13 +130,39 @@ def test_serve_and_seal_commands(tmp_path):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     serve = subprocess.Popen(
-        [VERO, "harbor", "serve", "--allow-local-agent-calls",
-         "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
-         "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
-         str(harness.context_dir), "--cases-dir", str(harness.cases_dir), "--baseline-dir",
-         str(harness.baseline_dir), "--work-dir", str(harness.work_dir), "--runner-user", "nobody",
-         "--seal-root", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            VERO,
+            "harbor",
+            "serve",
+            "--allow-local-agent-calls",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(harness.state_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--agent-repo",
+            str(harness.agent_repo),
+            "--context-dir",
+            str(harness.context_dir),
+            "--cases-dir",
+            str(harness.cases_dir),
+            "--baseline-dir",
+            str(harness.baseline_dir),
+            "--work-dir",
+            str(harness.work_dir),
+            "--runner-user",
+            "nobody",
+            "--seal-root",
+            str(tmp_path),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -144,9 +180,25 @@ def test_serve_and_seal_commands(tmp_path):
         assert (harness.work_dir / "jobs").stat().st_uid == 65534
 
         out = tmp_path / "export"
-        sealed = subprocess.run([VERO, "harbor", "seal", "--output", str(out), "--url", url, "--state-dir",
-                                 str(harness.state_dir), "--config", str(config)],
-                                env=env, capture_output=True, text=True, timeout=120)
+        sealed = subprocess.run(
+            [
+                VERO,
+                "harbor",
+                "seal",
+                "--output",
+                str(out),
+                "--url",
+                url,
+                "--state-dir",
+                str(harness.state_dir),
+                "--config",
+                str(config),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert sealed.returncode == 0, sealed.stderr
         printed = json.loads(sealed.stdout)
         assert printed["archive"] == str(out / "session.tar.gz") and (out / "session.tar.gz").is_file()
@@ -154,8 +206,13 @@ def test_serve_and_seal_commands(tmp_path):
 
         wrong = tmp_path / "wrong-token"
         wrong.write_text("nope\n")
-        refused = subprocess.run([VERO, "harbor", "seal", "--output", str(out), "--url", url, "--token-file",
-                                  str(wrong)], env=env, capture_output=True, text=True, timeout=120)
+        refused = subprocess.run(
+            [VERO, "harbor", "seal", "--output", str(out), "--url", url, "--token-file", str(wrong)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert refused.returncode == 1 and "HTTP 401" in refused.stderr
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
@@ -164,9 +221,13 @@ def test_serve_and_seal_commands(tmp_path):
     assert serve.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in serve.stdout.read().decode()
 
-    unreachable = subprocess.run([VERO, "harbor", "seal", "--output", str(tmp_path / "o"), "--url", url,
-                                  "--state-dir", str(harness.state_dir)],
-                                 env=env, capture_output=True, text=True, timeout=120)
+    unreachable = subprocess.run(
+        [VERO, "harbor", "seal", "--output", str(tmp_path / "o"), "--url", url, "--state-dir", str(harness.state_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unreachable.returncode == 8
     assert "cannot reach the sidecar" in unreachable.stderr and "Traceback" not in unreachable.stderr
 
@@ -178,12 +239,34 @@ def test_serve_refuses_corrupt_state_with_exit_code(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(harness.config.model_dump_json())
     result = subprocess.run(
-        [VERO, "harbor", "serve", "--allow-local-agent-calls",
-         "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
-         "127.0.0.1", "--port", str(_free_port()), "--agent-repo", str(harness.agent_repo), "--context-dir",
-         str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
-         str(harness.work_dir), "--runner-user", "nobody"],
-        capture_output=True, text=True, timeout=120)
+        [
+            VERO,
+            "harbor",
+            "serve",
+            "--allow-local-agent-calls",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(harness.state_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(_free_port()),
+            "--agent-repo",
+            str(harness.agent_repo),
+            "--context-dir",
+            str(harness.context_dir),
+            "--baseline-dir",
+            str(harness.baseline_dir),
+            "--work-dir",
+            str(harness.work_dir),
+            "--runner-user",
+            "nobody",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 11, result.stderr
     assert (harness.state_dir / "state.db").read_text() == "not json"
 
@@ -197,12 +280,34 @@ def test_serve_on_a_taken_port_exits_5_with_a_clear_message(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [VERO, "harbor", "serve", "--allow-local-agent-calls",
-             "--config", str(config), "--state-dir", str(harness.state_dir), "--host",
-             "127.0.0.1", "--port", str(port), "--agent-repo", str(harness.agent_repo), "--context-dir",
-             str(harness.context_dir), "--baseline-dir", str(harness.baseline_dir), "--work-dir",
-             str(harness.work_dir), "--runner-user", "nobody"],
-            capture_output=True, text=True, timeout=120)
+            [
+                VERO,
+                "harbor",
+                "serve",
+                "--allow-local-agent-calls",
+                "--config",
+                str(config),
+                "--state-dir",
+                str(harness.state_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--agent-repo",
+                str(harness.agent_repo),
+                "--context-dir",
+                str(harness.context_dir),
+                "--baseline-dir",
+                str(harness.baseline_dir),
+                "--work-dir",
+                str(harness.work_dir),
+                "--runner-user",
+                "nobody",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     # uvicorn's own exit status (3) would read as vero's "denied by policy"
     assert result.returncode == 5, result.stderr
     assert f"error: the sidecar could not listen on 127.0.0.1:{port}" in result.stderr

@@ -61,7 +61,8 @@ def test_an_aggregate_partition_below_the_default_floor_is_refused(project: Path
         load_spec(write(project, text))
     assert [i.loc for i in info.value.issues] == ["agent_access.train.min_aggregate_cases"]
     spec = load_spec(
-        write(project, text.replace("disclosure: aggregate", "disclosure: aggregate, min_aggregate_cases: 2")))
+        write(project, text.replace("disclosure: aggregate", "disclosure: aggregate, min_aggregate_cases: 2"))
+    )
     assert spec.agent_access["train"].blocks is None
 
 
@@ -85,9 +86,14 @@ def test_substitution_forms(text: str, env: dict[str, str], expected: str) -> No
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("${UNSET}", "is not set"), ("${UNSET:?please set it}", "please set it"),
-     ("${UNSET?needed}", "needed"), ("${A+alt}", "unsupported"), ("${1A}", "unsupported"),
-     ("${unterminated", "unsupported")],
+    [
+        ("${UNSET}", "is not set"),
+        ("${UNSET:?please set it}", "please set it"),
+        ("${UNSET?needed}", "needed"),
+        ("${A+alt}", "unsupported"),
+        ("${1A}", "unsupported"),
+        ("${unterminated", "unsupported"),
+    ],
 )
 def test_substitution_errors_name_the_yaml_path(text: str, fragment: str) -> None:
     with pytest.raises(SpecError) as info:
@@ -105,15 +111,17 @@ def test_a_secret_is_never_substituted(project: Path) -> None:
 
 
 def test_substituted_paths_resolve_against_the_spec_dir(project: Path) -> None:
-    text = SPEC.replace("path: ./target", "path: \"${TGT}\"")
+    text = SPEC.replace("path: ./target", 'path: "${TGT}"')
     spec = parse_spec(text, base_dir=project, env={"TGT": "target"})
     assert spec.target.path == (project / "target").resolve()
 
 
 def test_partition_files_merge_into_partitions(project: Path) -> None:
     (project / "holdout.txt").write_text("# held out\nd\n\n")
-    text = SPEC.replace("  partitions: {train: [a, b], hidden: [c]}",
-                        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}")
+    text = SPEC.replace(
+        "  partitions: {train: [a, b], hidden: [c]}",
+        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}",
+    )
     spec = load_spec(write(project, text))
     assert spec.cases.partitions["holdout"] == ["d"]
     assert spec.cases.partition_files == {}
@@ -121,8 +129,10 @@ def test_partition_files_merge_into_partitions(project: Path) -> None:
 
 def test_an_unknown_case_in_a_partition_file_is_reported_at_that_file(project: Path) -> None:
     (project / "holdout.txt").write_text("d\nnot-a-case\n")
-    text = SPEC.replace("  partitions: {train: [a, b], hidden: [c]}",
-                        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}")
+    text = SPEC.replace(
+        "  partitions: {train: [a, b], hidden: [c]}",
+        "  partitions: {train: [a, b], hidden: [c]}\n  partition_files: {holdout: holdout.txt}",
+    )
     with pytest.raises(SpecError) as info:
         load_spec(write(project, text))
     assert [i.loc for i in info.value.issues] == ["cases.partition_files.holdout"]
@@ -150,7 +160,8 @@ def test_a_missing_spec_file_is_named_in_the_error(tmp_path: Path) -> None:
 
 def test_errors_about_options_are_not_called_an_invalid_spec() -> None:
     assert str(SpecError.at("--agent", "unknown Harbor agent 'x'")) == (
-        "invalid command-line option\n  - --agent: unknown Harbor agent 'x'")
+        "invalid command-line option\n  - --agent: unknown Harbor agent 'x'"
+    )
     mixed = SpecError([SpecIssue("--output", "exists"), SpecIssue("target.path", "missing")], "b.yaml")
     assert str(mixed).startswith("invalid spec b.yaml\n")
 
@@ -158,8 +169,14 @@ def test_errors_about_options_are_not_called_an_invalid_spec() -> None:
 def test_registry_dataset_resolves_local_tasks_relative_to_the_registry(project: Path) -> None:
     registry = project / "reg" / "registry.json"
     registry.parent.mkdir()
-    rows = [{"name": "bench", "version": "1.0", "description": "",
-             "tasks": [{"name": n, "path": f"../cases/{n}"} for n in ["a", "b", "c"]]}]
+    rows = [
+        {
+            "name": "bench",
+            "version": "1.0",
+            "description": "",
+            "tasks": [{"name": n, "path": f"../cases/{n}"} for n in ["a", "b", "c"]],
+        }
+    ]
     registry.write_text(json.dumps(rows))
     text = SPEC.replace("  path: ./cases", "  dataset: bench@1.0\n  registry_path: reg/registry.json")
     spec = load_spec(write(project, text))

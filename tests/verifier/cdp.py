@@ -50,11 +50,17 @@ class PageRun:
     """`Log.entryAdded` entries (level, source, text)."""
 
     def errors(self) -> list[str]:
-        found = [f"console.{m['type']}: {[a.get('value') for a in m.get('args', [])]}"
-                 for m in self.console if m["type"] in ("error", "assert", "warning")]
+        found = [
+            f"console.{m['type']}: {[a.get('value') for a in m.get('args', [])]}"
+            for m in self.console
+            if m["type"] in ("error", "assert", "warning")
+        ]
         found += [f"exception: {e.get('exceptionDetails', {}).get('text')}" for e in self.exceptions]
-        found += [f"log {e['entry']['level']}: {e['entry'].get('text')}" for e in self.logs
-                  if e["entry"]["level"] in ("error", "warning")]
+        found += [
+            f"log {e['entry']['level']}: {e['entry'].get('text')}"
+            for e in self.logs
+            if e["entry"]["level"] in ("error", "warning")
+        ]
         return found
 
 
@@ -93,7 +99,9 @@ async def chromium(binary: str, user_data_dir: Path):
     user_data_dir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         port_file = user_data_dir / "DevToolsActivePort"
@@ -121,8 +129,15 @@ async def chromium(binary: str, user_data_dir: Path):
             process.wait()
 
 
-async def load_page(binary: str, url: str, user_data_dir: Path, *, screenshot: Path,
-                    expressions: dict[str, str], settle_sec: float = 1.0) -> tuple[PageRun, dict[str, Any]]:
+async def load_page(
+    binary: str,
+    url: str,
+    user_data_dir: Path,
+    *,
+    screenshot: Path,
+    expressions: dict[str, str],
+    settle_sec: float = 1.0,
+) -> tuple[PageRun, dict[str, Any]]:
     """Open `url`, wait for `load`, let it settle, evaluate `expressions`, save a PNG screenshot."""
     run = PageRun()
     values: dict[str, Any] = {}
@@ -161,11 +176,13 @@ async def load_page(binary: str, url: str, user_data_dir: Path, *, screenshot: P
             raise RuntimeError("the page did not fire its load event")
         await drain(time.monotonic() + settle_sec)
         for name, expression in expressions.items():
-            reply = await browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
-                                       session_id=session)
+            reply = await browser.send(
+                "Runtime.evaluate", {"expression": expression, "returnByValue": True}, session_id=session
+            )
             values[name] = reply.get("result", {}).get("value")
-        shot = await browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                                  session_id=session)
+        shot = await browser.send(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session_id=session
+        )
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         await drain(time.monotonic() + 0.2)

@@ -20,11 +20,25 @@ pytestmark = pytest.mark.timeout(300)
 def invoke(bench: Workbench, config_path: Path, archive: Path, *extra: str):
     out = bench.root / "cli"
     args = [
-        "harbor", "verify", "--config", str(config_path), "--session", str(archive),
-        "--cases-dir", str(bench.cases_dir), "--baseline-dir", str(bench.baseline_files),
-        "--reward-path", str(out / "verifier" / "reward.json"),
-        "--artifacts-dir", str(out / "verifier" / "artifacts"), "--mirror-dir", str(out / "artifacts"),
-        "--work-dir", str(out / "work"), *extra,
+        "harbor",
+        "verify",
+        "--config",
+        str(config_path),
+        "--session",
+        str(archive),
+        "--cases-dir",
+        str(bench.cases_dir),
+        "--baseline-dir",
+        str(bench.baseline_files),
+        "--reward-path",
+        str(out / "verifier" / "reward.json"),
+        "--artifacts-dir",
+        str(out / "verifier" / "artifacts"),
+        "--mirror-dir",
+        str(out / "artifacts"),
+        "--work-dir",
+        str(out / "work"),
+        *extra,
     ]
     return CliRunner().invoke(app, args), out
 
@@ -72,8 +86,10 @@ def test_verify_command_gives_failure_values_when_the_real_backend_measures_noth
     final = json.loads((out / "verifier" / "artifacts" / "finalization.json").read_text())
     assert final["targets"][0]["measured"] is False
     assert final["targets"][0]["error"].startswith("CaseMisconfigured (case_invalid)")
-    assert {(p["case"], p["code"]) for p in final["problems"]} == {("hidden-1", "case_invalid"),
-                                                                 ("hidden-2", "case_invalid")}
+    assert {(p["case"], p["code"]) for p in final["problems"]} == {
+        ("hidden-1", "case_invalid"),
+        ("hidden-2", "case_invalid"),
+    }
     assert all("missing instruction.md" in p["detail"] for p in final["problems"])
     assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 0.0}
 
@@ -102,8 +118,9 @@ def test_verify_command_as_root_without_a_runner_user_measures_nothing(bench: Wo
     a = bench.candidate("a\n")
     bench.submit(a)
 
-    result, out = invoke(bench, write_config(bench, direction="minimize", failure_value=7e3), bench.seal(),
-                         "--runner-user", user)
+    result, out = invoke(
+        bench, write_config(bench, direction="minimize", failure_value=7e3), bench.seal(), "--runner-user", user
+    )
 
     assert result.exit_code == 17, result.output  # status failed
     assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 7e3}
@@ -150,11 +167,18 @@ def test_sigterm_stops_the_verification_and_kills_its_nested_runs_at_once(tmp_pa
     (tmp_path / "candidate").mkdir()
     jobs = tmp_path / "jobs"
     backend = HarborBackend(harbor_executable=harbor, kill_grace_sec=600.0, session=new_session_id("verify"))
-    run = NestedRun(evaluation_id="verify-target-0", partition="hidden", candidate="0" * 40,
-                    candidate_dir=tmp_path / "candidate", cases_dir=tmp_path / "cases", case_names=("c1",),
-                    jobs_dir=jobs, runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
-                    harbor=HarborSpec(environment="stand-in", infra_retries=0, evaluation_timeout_sec=3600),
-                    scoring=ScoringSpec())
+    run = NestedRun(
+        evaluation_id="verify-target-0",
+        partition="hidden",
+        candidate="0" * 40,
+        candidate_dir=tmp_path / "candidate",
+        cases_dir=tmp_path / "cases",
+        case_names=("c1",),
+        jobs_dir=jobs,
+        runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        harbor=HarborSpec(environment="stand-in", infra_retries=0, evaluation_timeout_sec=3600),
+        scoring=ScoringSpec(),
+    )
     pids_file = jobs / "stubborn-harbor.pids"
 
     async def scenario() -> None:

@@ -35,8 +35,9 @@ def rich_session(bench: Workbench) -> tuple[Path, TableBackend, dict[str, str]]:
     bench.evaluation(c, "select", 0.58)
     bench.evaluation(c, "select", None, cases=["select-1"], state="cancelled")
     bench.submit(b)
-    backend = TableBackend({("hidden", bench.tree(b)): 0.66, ("select", bench.tree(b)): 0.6,
-                            ("select", bench.baseline_tree): 0.3})
+    backend = TableBackend(
+        {("hidden", bench.tree(b)): 0.66, ("select", bench.tree(b)): 0.6, ("select", bench.baseline_tree): 0.3}
+    )
     return bench.seal(), backend, {"a": a, "b": b, "c": c}
 
 
@@ -57,7 +58,7 @@ def test_report_is_self_contained_and_describes_the_session(bench: Workbench) ->
     # Candidates, evaluations, budgets, final rewards are all there.
     for commit in ids.values():
         assert commit[:12] in html
-    assert html.count('<tr><td><code>ev-') == 8
+    assert html.count("<tr><td><code>ev-") == 8
     assert 'id="rewards"' in html and ">0.66<" in html
     assert "strictly beats the baseline" in html
     # 6 completed evaluations plotted + 3 verifier measurements (2 floor, 1 target).
@@ -76,19 +77,24 @@ def test_report_renders_in_chromium_without_console_errors(bench: Workbench, tmp
     bench.verify(bench.config(baseline_floor=True), archive, backend)
     page = bench.artifacts() / "experiment.html"
     screenshot = tmp_path / "experiment.png"
-    run, values = asyncio.run(load_page(
-        binary, page.as_uri(), tmp_path / "chromium-profile", screenshot=screenshot,
-        expressions={
-            "markers": "document.querySelectorAll('#score-plot .marker').length",
-            "plot_box": "(() => { const r = document.querySelector('#score-plot').getBoundingClientRect();"
-                        " return [r.width, r.height]; })()",
-            "marker_box": "(() => { const r = document.querySelector('#score-plot .marker').getBBox();"
-                          " return [r.width, r.height]; })()",
-            "series": "document.querySelectorAll('#score-plot polyline.series').length",
-            "burn_series": "document.querySelectorAll('#budget-plot polyline.series').length",
-            "title": "document.title",
-        },
-    ))
+    run, values = asyncio.run(
+        load_page(
+            binary,
+            page.as_uri(),
+            tmp_path / "chromium-profile",
+            screenshot=screenshot,
+            expressions={
+                "markers": "document.querySelectorAll('#score-plot .marker').length",
+                "plot_box": "(() => { const r = document.querySelector('#score-plot').getBoundingClientRect();"
+                " return [r.width, r.height]; })()",
+                "marker_box": "(() => { const r = document.querySelector('#score-plot .marker').getBBox();"
+                " return [r.width, r.height]; })()",
+                "series": "document.querySelectorAll('#score-plot polyline.series').length",
+                "burn_series": "document.querySelectorAll('#budget-plot polyline.series').length",
+                "title": "document.title",
+            },
+        )
+    )
     ARTIFACTS.mkdir(exist_ok=True)
     kept = ARTIFACTS / "experiment.png"
     shutil.copyfile(screenshot, kept)
@@ -115,8 +121,11 @@ def test_chromium_check_catches_an_external_load(bench: Workbench, tmp_path: Pat
     page = bench.artifacts() / "experiment.html"
     broken = tmp_path / "broken.html"
     broken.write_text(page.read_text().replace("</body>", '<img src="https://example.invalid/x.png"></body>'))
-    run, _ = asyncio.run(load_page(binary, broken.as_uri(), tmp_path / "profile", screenshot=tmp_path / "b.png",
-                                   expressions={}, settle_sec=0.5))
+    run, _ = asyncio.run(
+        load_page(
+            binary, broken.as_uri(), tmp_path / "profile", screenshot=tmp_path / "b.png", expressions={}, settle_sec=0.5
+        )
+    )
     assert any("Content Security Policy" in e or "example.invalid" in e for e in run.errors()), run.errors()
 
 
@@ -154,8 +163,17 @@ def test_vero_report_includes_the_matching_finalization(bench: Workbench, tmp_pa
     (other / "finalization.json").write_text(json.dumps(final))
     result = CliRunner().invoke(app, ["report", str(other / "session.tar.gz"), "-o", str(tmp_path / "o.html")])
     assert result.exit_code == 0 and "No verification results" in (tmp_path / "o.html").read_text()
-    result = CliRunner().invoke(app, ["report", str(other / "session.tar.gz"), "-o", str(tmp_path / "p.html"),
-                                      "--finalization", str(other / "finalization.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(other / "session.tar.gz"),
+            "-o",
+            str(tmp_path / "p.html"),
+            "--finalization",
+            str(other / "finalization.json"),
+        ],
+    )
     assert result.exit_code == 10 and not (tmp_path / "p.html").exists()
 
 
@@ -189,8 +207,9 @@ def test_report_of_an_empty_session_and_of_a_refused_one(bench: Workbench, tmp_p
     assert finalization.status == "refused"
     html = (bench.artifacts() / "experiment.html").read_text()
     assert "status-refused" in html and "spec digest mismatch" in html
-    assert isinstance(Finalization.model_validate_json((bench.artifacts() / "finalization.json").read_bytes()),
-                      Finalization)
+    assert isinstance(
+        Finalization.model_validate_json((bench.artifacts() / "finalization.json").read_bytes()), Finalization
+    )
 
 
 @pytest.mark.timeout(240)

@@ -86,8 +86,13 @@ def test_nested_runs_get_their_checkout_and_jobs_dir_handed_over(bench: Workbenc
 
     class Recording(TableBackend):
         async def evaluate(self, run):
-            owners.append((run.candidate_dir.stat().st_uid, (run.candidate_dir / "solution.txt").stat().st_uid,
-                           run.jobs_dir.stat().st_uid))
+            owners.append(
+                (
+                    run.candidate_dir.stat().st_uid,
+                    (run.candidate_dir / "solution.txt").stat().st_uid,
+                    run.jobs_dir.stat().st_uid,
+                )
+            )
             assert run.run_as is not None and run.run_as.uid == 54321
             return await super().evaluate(run)
 
@@ -96,11 +101,19 @@ def test_nested_runs_get_their_checkout_and_jobs_dir_handed_over(bench: Workbenc
     from vero.verifier import verify
 
     out = tmp_path / "out"
-    final = asyncio.run(verify(
-        bench.config(), archive, backend=Recording({("hidden", bench.tree(a)): 0.5}), cases_dir=bench.cases_dir,
-        baseline_dir=bench.baseline_files, reward_path=out / "reward.json", artifacts_dir=out / "artifacts",
-        work_dir=out / "work", run_as=RunAs(uid=54321, gid=54321, home=tmp_path),
-    ))
+    final = asyncio.run(
+        verify(
+            bench.config(),
+            archive,
+            backend=Recording({("hidden", bench.tree(a)): 0.5}),
+            cases_dir=bench.cases_dir,
+            baseline_dir=bench.baseline_files,
+            reward_path=out / "reward.json",
+            artifacts_dir=out / "artifacts",
+            work_dir=out / "work",
+            run_as=RunAs(uid=54321, gid=54321, home=tmp_path),
+        )
+    )
     assert final.status == "scored" and final.run_as == "uid 54321"  # no account has that uid here
     assert owners == [(54321, 54321, 54321)]
     assert (out / "work").stat().st_mode & 0o777 == 0o711

@@ -91,10 +91,18 @@ def test_a_root_verifier_without_a_runner_user_runs_no_candidate_by_default(benc
     out = bench.root / "default"
 
     # No `run_as` and no `allow_root_runs`: the library fails closed, as the CLI does.
-    final = asyncio.run(verify(
-        bench.config(target_failure=-1.0), bench.seal(), backend=backend, cases_dir=bench.cases_dir,
-        baseline_dir=bench.baseline_files, reward_path=out / "reward.json", artifacts_dir=out / "artifacts",
-        work_dir=out / "work"))
+    final = asyncio.run(
+        verify(
+            bench.config(target_failure=-1.0),
+            bench.seal(),
+            backend=backend,
+            cases_dir=bench.cases_dir,
+            baseline_dir=bench.baseline_files,
+            reward_path=out / "reward.json",
+            artifacts_dir=out / "artifacts",
+            work_dir=out / "work",
+        )
+    )
 
     assert backend.calls == []
     assert json.loads((out / "reward.json").read_text()) == {"reward": -1.0}
@@ -114,8 +122,14 @@ def test_auto_best_pools_candidates_with_the_same_tree(bench: Workbench) -> None
     bench.evaluation(b, "select", 0.65)
     bench.evaluation(a, "select", 0.5)
     bench.evaluation(c, "select", 0.4)
-    backend = TableBackend({("select", bench.tree(b)): 0.6, ("select", bench.tree(a)): 0.99,
-                            ("hidden", bench.tree(b)): 0.5, ("hidden", bench.tree(a)): 0.8})
+    backend = TableBackend(
+        {
+            ("select", bench.tree(b)): 0.6,
+            ("select", bench.tree(a)): 0.99,
+            ("hidden", bench.tree(b)): 0.5,
+            ("hidden", bench.tree(a)): 0.8,
+        }
+    )
 
     final = bench.verify(bench.config(mode="auto_best", rescore_top_k=1), bench.seal(), backend)
 
@@ -138,8 +152,14 @@ def test_auto_best_ignores_subsets_failed_jobs_and_other_partitions(bench: Workb
     bench.evaluation(d, "select", 0.98, state="failed")
     bench.evaluation(d, "select", 0.97, state="cancelled")
     bench.evaluation(d, "train", 0.99)  # not the selection partition
-    backend = TableBackend({("select", bench.tree(a)): 0.3, ("hidden", bench.tree(a)): 0.3,
-                            ("select", bench.tree(d)): 1.0, ("hidden", bench.tree(d)): 1.0})
+    backend = TableBackend(
+        {
+            ("select", bench.tree(a)): 0.3,
+            ("hidden", bench.tree(a)): 0.3,
+            ("select", bench.tree(d)): 1.0,
+            ("hidden", bench.tree(d)): 1.0,
+        }
+    )
 
     final = bench.verify(bench.config(mode="auto_best", rescore_top_k=5), bench.seal(), backend)
 
@@ -159,8 +179,12 @@ def test_auto_best_rescores_the_top_k_in_recorded_order_and_the_best_rescore_win
 
     final = bench.verify(bench.config(mode="auto_best", rescore_top_k=3), bench.seal(), backend)
 
-    assert calls(backend) == [("select", bench.tree(ids["a"])), ("select", bench.tree(ids["b"])),
-                              ("select", bench.tree(ids["c"])), ("hidden", bench.tree(ids["c"]))]
+    assert calls(backend) == [
+        ("select", bench.tree(ids["a"])),
+        ("select", bench.tree(ids["b"])),
+        ("select", bench.tree(ids["c"])),
+        ("hidden", bench.tree(ids["c"])),
+    ]
     assert [r.measurement.score for r in final.selection.rescores] == [0.5, 0.6, 0.95]
     assert final.chosen.candidate == ids["c"]  # d would re-score higher but was not in the top 3
     assert reward(bench) == {"reward": pytest.approx(0.3)}
@@ -195,8 +219,7 @@ def test_ranking_ties_break_by_earliest_evaluation(bench: Workbench, tmp_path: P
     early = bench.candidate("early\n")
     bench.evaluation(early, "select", 0.5)
     bench.evaluation(late, "select", 0.5)
-    session = read_session(bench.seal(), tmp_path / "s", spec_digest=SPEC_DIGEST,
-                           baseline_commit=bench.baseline_commit)
+    session = read_session(bench.seal(), tmp_path / "s", spec_digest=SPEC_DIGEST, baseline_commit=bench.baseline_commit)
     trees = {c.id: c.tree for c in session.candidates}
     for direction in ("maximize", "minimize"):
         ranking = rank_recorded(reversed(session.jobs), trees, partition="select", direction=direction)
@@ -208,10 +231,22 @@ def test_minimize_orients_ranking_rescore_floor_and_failure_values(bench: Workbe
     b = bench.candidate("b\n")
     bench.evaluation(a, "select", 5.0)
     bench.evaluation(b, "select", 3.0)
-    backend = TableBackend({("select", bench.tree(a)): 4.0, ("select", bench.tree(b)): 2.0,
-                            ("select", bench.baseline_tree): 10.0, ("hidden", bench.tree(b)): 2.5})
-    config = bench.config(mode="auto_best", rescore_top_k=2, baseline_floor=True, direction="minimize",
-                          failure_value=1000.0, targets=("hidden", "hidden-b"))
+    backend = TableBackend(
+        {
+            ("select", bench.tree(a)): 4.0,
+            ("select", bench.tree(b)): 2.0,
+            ("select", bench.baseline_tree): 10.0,
+            ("hidden", bench.tree(b)): 2.5,
+        }
+    )
+    config = bench.config(
+        mode="auto_best",
+        rescore_top_k=2,
+        baseline_floor=True,
+        direction="minimize",
+        failure_value=1000.0,
+        targets=("hidden", "hidden-b"),
+    )
 
     final = bench.verify(config, bench.seal(), backend)
 
@@ -220,20 +255,26 @@ def test_minimize_orients_ranking_rescore_floor_and_failure_values(bench: Workbe
     assert final.chosen.candidate == b
     # The unmeasured target gets the large failure value: worse than any real measurement.
     assert reward(bench) == {"hidden": 2.5, "hidden-b": 1000.0}
-    assert calls(backend)[:3] == [("select", bench.tree(b)), ("select", bench.tree(a)),
-                                  ("select", bench.baseline_tree)]
+    assert calls(backend)[:3] == [("select", bench.tree(b)), ("select", bench.tree(a)), ("select", bench.baseline_tree)]
 
 
 # -- baseline floor -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("candidate_score", "shipped"), [(0.7, "baseline"), (0.69, "baseline"), (0.71, "candidate")])
-def test_floor_ships_the_baseline_unless_strictly_beaten(bench: Workbench, candidate_score: float,
-                                                         shipped: str) -> None:
+def test_floor_ships_the_baseline_unless_strictly_beaten(
+    bench: Workbench, candidate_score: float, shipped: str
+) -> None:
     a = bench.candidate("a\n")
     bench.submit(a)
-    backend = TableBackend({("select", bench.baseline_tree): 0.7, ("select", bench.tree(a)): candidate_score,
-                            ("hidden", bench.baseline_tree): 0.25, ("hidden", bench.tree(a)): 0.8})
+    backend = TableBackend(
+        {
+            ("select", bench.baseline_tree): 0.7,
+            ("select", bench.tree(a)): candidate_score,
+            ("hidden", bench.baseline_tree): 0.25,
+            ("hidden", bench.tree(a)): 0.8,
+        }
+    )
 
     final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
 
@@ -265,8 +306,9 @@ def test_floor_measures_baseline_and_candidate_side_by_side(bench: Workbench) ->
                     await asyncio.sleep(0.01)
             return await super().evaluate(run)
 
-    backend = Together({("select", bench.baseline_tree): 0.5, ("select", bench.tree(a)): 0.6,
-                        ("hidden", bench.tree(a)): 0.7})
+    backend = Together(
+        {("select", bench.baseline_tree): 0.5, ("select", bench.tree(a)): 0.6, ("hidden", bench.tree(a)): 0.7}
+    )
     final = bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
 
     assert final.selection.floor.shipped == "candidate", final.selection.floor
@@ -384,8 +426,9 @@ def test_an_archive_sealed_for_another_spec_is_refused(bench: Workbench) -> None
 
 def test_a_missing_archive_is_refused_with_failure_values(bench: Workbench) -> None:
     backend = TableBackend({})
-    final = bench.verify(bench.config(direction="minimize", failure_value=50.0),
-                         bench.root / "export" / "absent.tar.gz", backend)
+    final = bench.verify(
+        bench.config(direction="minimize", failure_value=50.0), bench.root / "export" / "absent.tar.gz", backend
+    )
     assert final.status == "refused" and reward(bench) == {"reward": 50.0}
     assert any("not found" in w for w in final.warnings)
     assert any("absent.tar.gz does not exist" in e for e in final.errors), final.errors
@@ -417,24 +460,35 @@ def test_artifacts_record_the_decision_budgets_and_the_session(bench: Workbench)
     bench.evaluation(b, "train", 0.5, cases=["train-1"])
     bench.evaluation(a, "train", None, state="failed")
     archive = bench.seal()
-    backend = TableBackend({("select", bench.tree(b)): 0.55, ("select", bench.baseline_tree): 0.5,
-                            ("hidden", bench.tree(b)): 0.7})
+    backend = TableBackend(
+        {("select", bench.tree(b)): 0.55, ("select", bench.baseline_tree): 0.5, ("hidden", bench.tree(b)): 0.7}
+    )
     secret = "s3cr3t-value-never-written"
 
-    final = bench.verify(bench.config(mode="auto_best", baseline_floor=True, secrets=["VERO_TEST_TOKEN"]),
-                         archive, backend, env={"VERO_TEST_TOKEN": secret})
+    final = bench.verify(
+        bench.config(mode="auto_best", baseline_floor=True, secrets=["VERO_TEST_TOKEN"]),
+        archive,
+        backend,
+        env={"VERO_TEST_TOKEN": secret},
+    )
 
     assert all(call.env == {"VERO_TEST_TOKEN": secret} for call in backend.calls)
     for directory in (bench.artifacts(), bench.root / "run" / "logs" / "artifacts"):
         names = sorted(p.name for p in directory.iterdir())
-        assert names == ["experiment.html", "finalization.json", "session.tar.gz", "session.tar.gz.sha256",
-                         "status.json"]
+        assert names == [
+            "experiment.html",
+            "finalization.json",
+            "session.tar.gz",
+            "session.tar.gz.sha256",
+            "status.json",
+        ]
         for name in names:
             assert secret not in (directory / name).read_bytes().decode("utf-8", "replace")
         copied = directory / "session.tar.gz"
         assert copied.read_bytes() == archive.read_bytes()
         assert (directory / "session.tar.gz.sha256").read_text().split()[0] == hashlib.sha256(
-            copied.read_bytes()).hexdigest()
+            copied.read_bytes()
+        ).hexdigest()
 
     written = json.loads((bench.artifacts() / "finalization.json").read_text())
     assert written["chosen"]["candidate"] == b
@@ -465,8 +519,9 @@ def test_reward_holds_failure_values_while_verification_runs(bench: Workbench) -
             seen.append(json.loads(bench.reward_path().read_text()))
             return await super().evaluate(run)
 
-    bench.verify(bench.config(direction="minimize", failure_value=99.0), bench.seal(),
-                 Watching({("hidden", bench.tree(a)): 3.0}))
+    bench.verify(
+        bench.config(direction="minimize", failure_value=99.0), bench.seal(), Watching({("hidden", bench.tree(a)): 3.0})
+    )
     assert seen == [{"reward": 99.0}] and reward(bench) == {"reward": 3.0}
 
 
@@ -512,14 +567,31 @@ class ForgedBackend(TableBackend):
         if run.partition != "hidden":
             return result
         failure = run.scoring.effective_failure_value()
-        cases = [CaseResult.from_attempts(name, [
-            AttemptResult(trial_name=f"{name}__forged", outcome=AttemptOutcome.REWARD_OUT_OF_RANGE,
-                          rejected_reward=1000.0, flags=["reward_file_removed"]),
-            AttemptResult(trial_name=f"{name}__honest", reward=0.5, outcome=AttemptOutcome.SCORED),
-        ], failure) for name in run.case_names]
-        return EvaluationResult.from_cases(partition=run.partition, candidate=run.candidate,
-                                           reward_key=result.reward_key, cases=cases, started_at=result.started_at,
-                                           finished_at=result.finished_at, job_dir=result.job_dir)
+        cases = [
+            CaseResult.from_attempts(
+                name,
+                [
+                    AttemptResult(
+                        trial_name=f"{name}__forged",
+                        outcome=AttemptOutcome.REWARD_OUT_OF_RANGE,
+                        rejected_reward=1000.0,
+                        flags=["reward_file_removed"],
+                    ),
+                    AttemptResult(trial_name=f"{name}__honest", reward=0.5, outcome=AttemptOutcome.SCORED),
+                ],
+                failure,
+            )
+            for name in run.case_names
+        ]
+        return EvaluationResult.from_cases(
+            partition=run.partition,
+            candidate=run.candidate,
+            reward_key=result.reward_key,
+            cases=cases,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            job_dir=result.job_dir,
+        )
 
 
 def test_finalization_repeats_build_warnings_and_flags_out_of_range_rewards(bench: Workbench) -> None:
@@ -528,9 +600,12 @@ def test_finalization_repeats_build_warnings_and_flags_out_of_range_rewards(benc
     a = bench.candidate("a\n")
     bench.submit(a)
     config = bench.config()
-    config = config.model_copy(update={
-        "scoring": ScoringSpec(reward_range=(0.0, 1.0)),
-        "build_warnings": ["case 'hidden-1' (partition hidden): its tests never call vero-kit, ..."]})
+    config = config.model_copy(
+        update={
+            "scoring": ScoringSpec(reward_range=(0.0, 1.0)),
+            "build_warnings": ["case 'hidden-1' (partition hidden): its tests never call vero-kit, ..."],
+        }
+    )
     backend = ForgedBackend({("hidden", bench.tree(a)): 0.5})
 
     final = bench.verify(config, bench.seal(), backend)
@@ -540,8 +615,10 @@ def test_finalization_repeats_build_warnings_and_flags_out_of_range_rewards(benc
     assert target.flags == {"reward_file_removed": 2, "reward_out_of_range": 2} and target.n_dead == 2
     assert final.measurements[0].flags == target.flags
     assert final.warnings[0] == "build: case 'hidden-1' (partition hidden): its tests never call vero-kit, ..."
-    assert ("target hidden: 2 attempt(s) reported a reward outside scoring.reward_range [0.0, 1.0] (invalid: "
-            "scored at the failure value; candidate code may have forged it)") in final.warnings
+    assert (
+        "target hidden: 2 attempt(s) reported a reward outside scoring.reward_range [0.0, 1.0] (invalid: "
+        "scored at the failure value; candidate code may have forged it)"
+    ) in final.warnings
     written = json.loads((bench.root / "run" / "logs" / "verifier" / "artifacts" / "finalization.json").read_text())
     assert written["targets"][0]["flags"] == {"reward_file_removed": 2, "reward_out_of_range": 2}
     assert written["warnings"] == final.warnings

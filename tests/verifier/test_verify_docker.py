@@ -42,22 +42,36 @@ def _session(tmp: Path, *, submit: bool) -> tuple[Path, str, Path]:
     with StateStore.open(state / "state.db") as state_store:
         CandidateStore.open(state, state_store).import_version_sync(agent, fixed)
         if submit:
-            asyncio.run(record_submission(state_store, Submission(candidate=fixed, version="HEAD",
-                                                                  submitted_at=datetime.now(UTC))))
+            asyncio.run(
+                record_submission(
+                    state_store, Submission(candidate=fixed, version="HEAD", submitted_at=datetime.now(UTC))
+                )
+            )
     archive = tmp / "export" / "session.tar.gz"
-    write_session_archive(state, archive, name="minimal", spec_digest=SPEC_DIGEST, baseline_commit=baseline,
-                          sealed_at=datetime(2026, 3, 1, tzinfo=UTC))
+    write_session_archive(
+        state,
+        archive,
+        name="minimal",
+        spec_digest=SPEC_DIGEST,
+        baseline_commit=baseline,
+        sealed_at=datetime(2026, 3, 1, tzinfo=UTC),
+    )
     return archive, baseline, fixed
 
 
 def _config(baseline: str) -> VerifierConfig:
     return VerifierConfig(
-        name="minimal", spec_digest=SPEC_DIGEST, baseline_commit=baseline,
-        runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"), scoring=ScoringSpec(),
+        name="minimal",
+        spec_digest=SPEC_DIGEST,
+        baseline_commit=baseline,
+        runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+        scoring=ScoringSpec(),
         harbor=HarborSpec(n_concurrent=1, case_timeout_sec=60, evaluation_timeout_sec=600, infra_retries=1),
         partitions={"train": ["words-basic"], "hidden": ["words-spaces"]},
         selection=SelectionSpec(mode="submit", partition="train"),
-        targets={"hidden": TargetPartition()}, reward_keys={"hidden": "reward"}, failure_values={"hidden": 0.0},
+        targets={"hidden": TargetPartition()},
+        reward_keys={"hidden": "reward"},
+        failure_values={"hidden": 0.0},
     )
 
 
@@ -65,16 +79,24 @@ def _config(baseline: str) -> VerifierConfig:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("submit", "expected"), [(True, 1.0), (False, 0.0)])
 def test_verify_scores_the_submission_or_the_baseline_with_nested_harbor_runs(
-        tmp_path: Path, submit: bool, expected: float) -> None:
+    tmp_path: Path, submit: bool, expected: float
+) -> None:
     archive, baseline, fixed = _session(tmp_path, submit=submit)
     out = tmp_path / "logs"
-    final = asyncio.run(verify(
-        _config(baseline), archive, backend=HarborBackend(), cases_dir=MINIMAL / "cases",
-        baseline_dir=MINIMAL / "target", reward_path=out / "verifier" / "reward.json",
-        artifacts_dir=out / "verifier" / "artifacts", work_dir=tmp_path / "work",
-        # The candidates are the example's own baseline and fix: trusted code, run as whoever runs the test.
-        allow_root_runs=True,
-    ))
+    final = asyncio.run(
+        verify(
+            _config(baseline),
+            archive,
+            backend=HarborBackend(),
+            cases_dir=MINIMAL / "cases",
+            baseline_dir=MINIMAL / "target",
+            reward_path=out / "verifier" / "reward.json",
+            artifacts_dir=out / "verifier" / "artifacts",
+            work_dir=tmp_path / "work",
+            # The candidates are the example's own baseline and fix: trusted code, run as whoever runs the test.
+            allow_root_runs=True,
+        )
+    )
     assert final.status == "scored", final.errors
     assert final.chosen.candidate == (fixed if submit else baseline)
     assert final.targets[0].measured and final.targets[0].n_cases == 1

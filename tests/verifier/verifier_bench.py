@@ -57,15 +57,32 @@ AGENT_PARTITIONS = ("train", "select")
 def worktree_tree(directory: Path) -> str:
     """Git tree id of the files present in `directory` (ignoring `.git`), via a throwaway repository."""
     scratch = directory.parent / f".{directory.name}.tree-git"
-    env = {"PATH": os.environ["PATH"], "GIT_DIR": str(scratch), "GIT_WORK_TREE": str(directory),
-           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "HOME": str(directory.parent)}
+    env = {
+        "PATH": os.environ["PATH"],
+        "GIT_DIR": str(scratch),
+        "GIT_WORK_TREE": str(directory),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "HOME": str(directory.parent),
+    }
     try:
         plain = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
         subprocess.run(["git", "init", "-q", "--bare", str(scratch)], env=plain, check=True, capture_output=True)
-        subprocess.run(["git", "-c", f"safe.directory={directory}", "add", "-A", "-f", "."], cwd=directory,
-                       env=env, check=True, capture_output=True)
-        return subprocess.run(["git", "-c", f"safe.directory={directory}", "write-tree"], cwd=directory,
-                               env=env, check=True, capture_output=True, text=True).stdout.strip()
+        subprocess.run(
+            ["git", "-c", f"safe.directory={directory}", "add", "-A", "-f", "."],
+            cwd=directory,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        return subprocess.run(
+            ["git", "-c", f"safe.directory={directory}", "write-tree"],
+            cwd=directory,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -98,11 +115,18 @@ class TableBackend:
             raise InfrastructureFailure("no trial produced a result")
         value = self.table[(run.partition, tree)]
         failure = run.scoring.effective_failure_value()
-        cases = [CaseResult.from_attempts(name, [AttemptResult(trial_name=f"{name}__a1", reward=value)], failure)
-                 for name in run.case_names]
+        cases = [
+            CaseResult.from_attempts(name, [AttemptResult(trial_name=f"{name}__a1", reward=value)], failure)
+            for name in run.case_names
+        ]
         return EvaluationResult.from_cases(
-            partition=run.partition, candidate=run.candidate, reward_key=run.scoring.reward_key, cases=cases,
-            started_at=T0, finished_at=T0, job_dir=str(run.jobs_dir / run.evaluation_id),
+            partition=run.partition,
+            candidate=run.candidate,
+            reward_key=run.scoring.reward_key,
+            cases=cases,
+            started_at=T0,
+            finished_at=T0,
+            job_dir=str(run.jobs_dir / run.evaluation_id),
         )
 
 
@@ -126,8 +150,13 @@ class AgentRepo:
         self.repo.index.add(["solution.txt"])
         actor = git.Actor("agent", "agent@example.invalid")
         when = (T0 + timedelta(minutes=self._n)).strftime("%Y-%m-%dT%H:%M:%S +0000")
-        commit = self.repo.index.commit(message or f"attempt {self._n}: {content.strip()}", author=actor,
-                                        committer=actor, author_date=when, commit_date=when)
+        commit = self.repo.index.commit(
+            message or f"attempt {self._n}: {content.strip()}",
+            author=actor,
+            committer=actor,
+            author_date=when,
+            commit_date=when,
+        )
         return commit.hexsha
 
     def tree(self, commit: str) -> str:
@@ -152,9 +181,10 @@ class Workbench:
         self.state = self.root / "state"
         self.state_store = StateStore.open(self.state / "state.db")
         self.store = CandidateStore.open(self.state, self.state_store)
-        self.ledger = BudgetLedger.open(self.state_store, {
-            (p, AGENT_PRINCIPAL): BudgetTotals(runs=runs, cases=cases) for p, (runs, cases) in self.budgets.items()
-        })
+        self.ledger = BudgetLedger.open(
+            self.state_store,
+            {(p, AGENT_PRINCIPAL): BudgetTotals(runs=runs, cases=cases) for p, (runs, cases) in self.budgets.items()},
+        )
         self.jobs = JobStore(self.ledger)
         self.cases_dir = self.root / "cases"
         for names in PARTITIONS.values():
@@ -176,8 +206,15 @@ class Workbench:
         self.records[self.baseline_commit] = self.store.import_version_sync(self.agent.path, self.baseline_commit)
         return self.baseline_commit
 
-    def evaluation(self, candidate: str, partition: str, score: float | None, *, cases: list[str] | None = None,
-                   state: str = "complete") -> EvaluationJob:
+    def evaluation(
+        self,
+        candidate: str,
+        partition: str,
+        score: float | None,
+        *,
+        cases: list[str] | None = None,
+        state: str = "complete",
+    ) -> EvaluationJob:
         """Record one evaluation job as the sidecar would: reserve, run, settle (or refund)."""
         chosen = list(cases) if cases is not None else list(PARTITIONS[partition])
         self.clock += timedelta(minutes=3)
@@ -186,35 +223,62 @@ class Workbench:
         result = None
         if score is not None:
             result = EvaluationResult.from_cases(
-                partition=partition, candidate=candidate, reward_key="reward",
-                cases=[CaseResult.from_attempts(c, [AttemptResult(trial_name=f"{c}__x", reward=score)], 0.0)
-                       for c in chosen],
-                started_at=created, finished_at=finished,
+                partition=partition,
+                candidate=candidate,
+                reward_key="reward",
+                cases=[
+                    CaseResult.from_attempts(c, [AttemptResult(trial_name=f"{c}__x", reward=score)], 0.0)
+                    for c in chosen
+                ],
+                started_at=created,
+                finished_at=finished,
             )
 
         async def record() -> EvaluationJob:
             job = EvaluationJob(
-                id=job_id, principal=AGENT_PRINCIPAL, partition=partition, cases=chosen,
-                full_partition=cases is None, version=candidate, candidate=candidate, disclosure="aggregate",
-                reservation_id=job_id, state="queued", created_at=created,
+                id=job_id,
+                principal=AGENT_PRINCIPAL,
+                partition=partition,
+                cases=chosen,
+                full_partition=cases is None,
+                version=candidate,
+                candidate=candidate,
+                disclosure="aggregate",
+                reservation_id=job_id,
+                state="queued",
+                created_at=created,
             )
             await self.jobs.admit(job, Cost.of_evaluation(len(chosen)))
             await self.jobs.update(job_id, state="running", started_at=created)
-            return await self.jobs.finish(job_id, state, finished_at=finished, result=result,
-                                          error=None if state == "complete" else "infrastructure")
+            return await self.jobs.finish(
+                job_id,
+                state,
+                finished_at=finished,
+                result=result,
+                error=None if state == "complete" else "infrastructure",
+            )
 
         return asyncio.run(record())
 
     def submit(self, candidate: str) -> None:
         self.clock += timedelta(minutes=1)
-        asyncio.run(record_submission(self.state_store, Submission(candidate=candidate, version=candidate,
-                                                                   submitted_at=self.clock)))
+        asyncio.run(
+            record_submission(
+                self.state_store, Submission(candidate=candidate, version=candidate, submitted_at=self.clock)
+            )
+        )
 
     def seal(self, name: str = "session.tar.gz") -> Path:
         archive = self.root / "export" / name
-        write_session_archive(self.state, archive, name="demo", spec_digest=SPEC_DIGEST,
-                              baseline_commit=self.baseline_commit, sealed_at=self.clock + timedelta(minutes=5),
-                              state=self.state_store)
+        write_session_archive(
+            self.state,
+            archive,
+            name="demo",
+            spec_digest=SPEC_DIGEST,
+            baseline_commit=self.baseline_commit,
+            sealed_at=self.clock + timedelta(minutes=5),
+            state=self.state_store,
+        )
         return archive
 
     def tree(self, commit: str) -> str:
@@ -222,33 +286,65 @@ class Workbench:
 
     # -- the verifier side --------------------------------------------------------------------
 
-    def config(self, *, mode: str = "submit", partition: str | None = "select", rescore_top_k: int = 1,
-               baseline_floor: bool = False, direction: str = "maximize", failure_value: float | None = None,
-               targets: tuple[str, ...] = ("hidden",), target_failure: float | None = None,
-               spec_digest: str = SPEC_DIGEST, secrets: list[str] | None = None) -> VerifierConfig:
+    def config(
+        self,
+        *,
+        mode: str = "submit",
+        partition: str | None = "select",
+        rescore_top_k: int = 1,
+        baseline_floor: bool = False,
+        direction: str = "maximize",
+        failure_value: float | None = None,
+        targets: tuple[str, ...] = ("hidden",),
+        target_failure: float | None = None,
+        spec_digest: str = SPEC_DIGEST,
+        secrets: list[str] | None = None,
+    ) -> VerifierConfig:
         scoring = ScoringSpec(direction=direction, failure_value=failure_value)
         keys = {targets[0]: "reward"} if len(targets) == 1 else {t: t for t in targets}
         fail = target_failure if target_failure is not None else scoring.effective_failure_value()
         return VerifierConfig(
-            name="demo", spec_digest=spec_digest, baseline_commit=self.baseline_commit,
-            runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"), scoring=scoring,
-            harbor=HarborSpec(), secrets=secrets or [],
+            name="demo",
+            spec_digest=spec_digest,
+            baseline_commit=self.baseline_commit,
+            runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+            scoring=scoring,
+            harbor=HarborSpec(),
+            secrets=secrets or [],
             partitions={p: PARTITIONS[p] for p in ("select", *targets)},
-            selection=SelectionSpec(mode=mode, partition=partition, rescore_top_k=rescore_top_k,
-                                    baseline_floor=baseline_floor),
-            targets={t: TargetPartition() for t in targets}, reward_keys=keys,
+            selection=SelectionSpec(
+                mode=mode, partition=partition, rescore_top_k=rescore_top_k, baseline_floor=baseline_floor
+            ),
+            targets={t: TargetPartition() for t in targets},
+            reward_keys=keys,
             failure_values=dict.fromkeys(targets, fail),
         )
 
-    def verify(self, config: VerifierConfig, archive: Path, backend: TableBackend, *,
-               env: dict[str, str] | None = None, tag: str = "run") -> Finalization:
+    def verify(
+        self,
+        config: VerifierConfig,
+        archive: Path,
+        backend: TableBackend,
+        *,
+        env: dict[str, str] | None = None,
+        tag: str = "run",
+    ) -> Finalization:
         out = self.root / tag
-        return asyncio.run(verify(
-            config, archive, backend=backend, cases_dir=self.cases_dir, baseline_dir=self.baseline_files,
-            reward_path=out / "logs" / "verifier" / "reward.json",
-            artifacts_dir=out / "logs" / "verifier" / "artifacts", mirror_dirs=[out / "logs" / "artifacts"],
-            work_dir=out / "work", env=env, allow_root_runs=True,  # the table backend runs no candidate code
-        ))
+        return asyncio.run(
+            verify(
+                config,
+                archive,
+                backend=backend,
+                cases_dir=self.cases_dir,
+                baseline_dir=self.baseline_files,
+                reward_path=out / "logs" / "verifier" / "reward.json",
+                artifacts_dir=out / "logs" / "verifier" / "artifacts",
+                mirror_dirs=[out / "logs" / "artifacts"],
+                work_dir=out / "work",
+                env=env,
+                allow_root_runs=True,  # the table backend runs no candidate code
+            )
+        )
 
     def reward_path(self, tag: str = "run") -> Path:
         return self.root / tag / "logs" / "verifier" / "reward.json"

@@ -32,6 +32,10 @@ def forwarder(name: str) -> tuple[Callable[[typer.Context], None], dict[str, Any
         raise typer.Exit(main([name, *ctx.args]))
 
     command.__doc__ = HELP[name]
-    options = dict(help=HELP[name] + " (`vero harbor " + name + " --help` lists the options.)",
-                   epilog=EPILOG, context_settings=_FORWARD, add_help_option=False)
+    options = dict(
+        help=HELP[name] + " (`vero harbor " + name + " --help` lists the options.)",
+        epilog=EPILOG,
+        context_settings=_FORWARD,
+        add_help_option=False,
+    )
     return command, options

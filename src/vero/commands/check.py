@@ -38,29 +38,53 @@ def check(
     config: ConfigOption,
     environment: EnvironmentOption = None,
     env_file: EnvFileOption = None,
-    case: Annotated[list[str] | None, typer.Option(
-        "--case", help="Check only this case (repeatable). Default: every case of every partition.",
-    )] = None,
-    concurrency: Annotated[int, typer.Option(
-        "--concurrency", "-n", min=1, help="Nested runs at a time.",
-    )] = 4,
-    work_dir: Annotated[Path | None, typer.Option(
-        "--work-dir",
-        help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary "
-             "directory, kept).",
-    )] = None,
-    probe: Annotated[bool, typer.Option(
-        "--probe",
-        help="kind: program: also run the baseline once more per case with a process planted as the "
-             "candidate user that tries to rewrite the reward files and read /tests; a case where it "
-             "succeeds is forgeable.",
-    )] = False,
-    json_output: Annotated[bool, typer.Option(
-        "--json", help="Print the report as JSON (no table, no progress display).",
-    )] = False,
-    report_path: Annotated[Path | None, typer.Option(
-        "--report", help="Also write the JSON report to this file (the table is still printed).",
-    )] = None,
+    case: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--case",
+            help="Check only this case (repeatable). Default: every case of every partition.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            "-n",
+            min=1,
+            help="Nested runs at a time.",
+        ),
+    ] = 4,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--work-dir",
+            help="Where the fetched cases, candidates and Harbor job dirs go (default: a new temporary "
+            "directory, kept).",
+        ),
+    ] = None,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe",
+            help="kind: program: also run the baseline once more per case with a process planted as the "
+            "candidate user that tries to rewrite the reward files and read /tests; a case where it "
+            "succeeds is forgeable.",
+        ),
+    ] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the report as JSON (no table, no progress display).",
+        ),
+    ] = False,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write the JSON report to this file (the table is still printed).",
+        ),
+    ] = None,
 ) -> None:
     """`vero harbor check` (its help: `CHECK_HELP`): parse, call `vero.check.check_spec`, print, exit."""
     import asyncio
@@ -77,8 +101,17 @@ def check(
         try:
             if progress is not None:
                 progress.start()
-            report = asyncio.run(check_spec(spec, env, work_dir=work, concurrency=concurrency,
-                                            progress=progress, cases=case or None, probe=probe))
+            report = asyncio.run(
+                check_spec(
+                    spec,
+                    env,
+                    work_dir=work,
+                    concurrency=concurrency,
+                    progress=progress,
+                    cases=case or None,
+                    probe=probe,
+                )
+            )
         finally:
             if progress is not None:
                 progress.stop()
@@ -102,9 +135,15 @@ class _Progress:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                  console=Console(stderr=True), transient=True)
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._overall: TaskID | None = None
         self._tasks: dict[tuple[str, str], TaskID] = {}
 
@@ -153,25 +192,43 @@ def _print_report(report, work: Path) -> None:
     from rich.table import Table
 
     console = Console(width=None if Console().is_terminal else 160)
-    table = Table(title=f"vero harbor check: {report.name} on {report.environment} "
-                        f"(reward key {report.reward_key!r}, {report.direction})", show_lines=True)
-    columns = ["case", "partition", "baseline reward", "reference reward", *(["probe"] if report.probed else []),
-               "time", "problems"]
+    table = Table(
+        title=f"vero harbor check: {report.name} on {report.environment} "
+        f"(reward key {report.reward_key!r}, {report.direction})",
+        show_lines=True,
+    )
+    columns = [
+        "case",
+        "partition",
+        "baseline reward",
+        "reference reward",
+        *(["probe"] if report.probed else []),
+        "time",
+        "problems",
+    ]
     for column in columns:
         table.add_column(column, overflow="fold", justify="right" if column in ("time",) else "left")
     for row in report.cases:
         problems = "\n".join(f"{p.code}: {p.detail}" for p in row.problems) or "ok"
         reference = _reward_cell(row.reference) if report.has_reference else "(no reference)"
         probe = [_probe_cell(row.probe)] if report.probed else []
-        table.add_row(row.case, row.partition, _reward_cell(row.baseline), reference, *probe,
-                      f"{row.seconds:.1f} s" if row.seconds else "-", problems,
-                      style="red" if row.problems else None)
+        table.add_row(
+            row.case,
+            row.partition,
+            _reward_cell(row.baseline),
+            reference,
+            *probe,
+            f"{row.seconds:.1f} s" if row.seconds else "-",
+            problems,
+            style="red" if row.problems else None,
+        )
     console.print(table)
     for problem in report.problems:
         console.print(f"[red]problem[/red] {problem.code}: {problem.detail}")
     for warning in report.warnings:
         console.print(f"[yellow]warning[/yellow] {warning}")
     n_bad = sum(1 for row in report.cases if row.problems) + len(report.problems)
-    console.print("no problem found" if report.ok else f"{n_bad} problem(s) found",
-                  style="green" if report.ok else "red")
+    console.print(
+        "no problem found" if report.ok else f"{n_bad} problem(s) found", style="green" if report.ok else "red"
+    )
     typer.echo(f"work dir: {work}")

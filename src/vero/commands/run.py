@@ -25,21 +25,39 @@ RUN_HELP = (
 
 def run(
     config: ConfigOption,
-    agent: Annotated[str, typer.Option(
-        "--agent", "-a",
-        help="Harbor agent working in `main`: a name (oracle, nop, claude-code, codex, ...) or module:Class.",
-    )] = "oracle",
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.",
-    )] = None,
+    agent: Annotated[
+        str,
+        typer.Option(
+            "--agent",
+            "-a",
+            help="Harbor agent working in `main`: a name (oracle, nop, claude-code, codex, ...) or module:Class.",
+        ),
+    ] = "oracle",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model for the agent, e.g. anthropic/claude-sonnet-4-5.",
+        ),
+    ] = None,
     environment: EnvironmentOption = None,
     env_file: EnvFileOption = None,
-    jobs_dir: Annotated[Path, typer.Option(
-        "--jobs-dir", "-o", help="Harbor jobs directory on this machine.",
-    )] = Path("jobs"),
-    job_name: Annotated[str | None, typer.Option(
-        "--job-name", help="Harbor job name (default: vero-<spec name>-<random>).",
-    )] = None,
+    jobs_dir: Annotated[
+        Path,
+        typer.Option(
+            "--jobs-dir",
+            "-o",
+            help="Harbor jobs directory on this machine.",
+        ),
+    ] = Path("jobs"),
+    job_name: Annotated[
+        str | None,
+        typer.Option(
+            "--job-name",
+            help="Harbor job name (default: vero-<spec name>-<random>).",
+        ),
+    ] = None,
 ) -> None:
     """`vero harbor run` (its help: `RUN_HELP`): run the spec's task with Harbor, print the outcome, exit by it."""
     from rich.console import Console
@@ -47,9 +65,18 @@ def run(
 
     from vero.launch import run_task
 
-    outcome = run_command(lambda: run_task(config, agent=agent, model=model, environment=environment,
-                                           env_file=env_file, jobs_dir=jobs_dir, job_name=job_name,
-                                           on_warning=lambda w: typer.echo(f"warning: {w}", err=True)))
+    outcome = run_command(
+        lambda: run_task(
+            config,
+            agent=agent,
+            model=model,
+            environment=environment,
+            env_file=env_file,
+            jobs_dir=jobs_dir,
+            job_name=job_name,
+            on_warning=lambda w: typer.echo(f"warning: {w}", err=True),
+        )
+    )
     console = Console()
     table = Table(title="vero harbor run", show_header=True)
     table.add_column("what")
@@ -82,8 +109,11 @@ def run(
         typer.echo(f"artifacts:     {outcome.artifacts_dir}")
     typer.echo(f"compiled task: {outcome.task_dir}")
     status = final.get("status")
-    causes = [f"case {p.get('case')!r}: {p.get('code')}: {p.get('detail')}" for p in final.get("problems") or []
-              if isinstance(p, dict)]
+    causes = [
+        f"case {p.get('case')!r}: {p.get('code')}: {p.get('detail')}"
+        for p in final.get("problems") or []
+        if isinstance(p, dict)
+    ]
     causes += [str(e) for e in final.get("errors") or []]
     if outcome.ok and status != "scored" and causes:
         for line in causes[:_MAX_CAUSE_LINES]:

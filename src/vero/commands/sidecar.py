@@ -25,30 +25,46 @@ timeout itself before Harbor kills the hook."""
 
 def serve_command(
     config: Annotated[Path, typer.Option("--config", help="The served config (SidecarConfig JSON).")] = Path(
-        str(CONTAINER_PATHS.config)),
+        str(CONTAINER_PATHS.config)
+    ),
     state_dir: Annotated[Path, typer.Option("--state-dir", help="Root-only durable state.")] = Path(
-        str(CONTAINER_PATHS.state)),
+        str(CONTAINER_PATHS.state)
+    ),
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8000,
     agent_repo: Annotated[Path, typer.Option("--agent-repo", help="The agent's checkout (read-only).")] = Path(
-        str(CONTAINER_PATHS.agent_repo)),
+        str(CONTAINER_PATHS.agent_repo)
+    ),
     context_dir: Annotated[Path, typer.Option("--context-dir", help="Agent-readable disclosure dir.")] = Path(
-        str(CONTAINER_PATHS.context)),
+        str(CONTAINER_PATHS.context)
+    ),
     cases_dir: Annotated[Path, typer.Option("--cases-dir", help="Case task dirs this sidecar may run.")] = Path(
-        str(CONTAINER_PATHS.cases)),
+        str(CONTAINER_PATHS.cases)
+    ),
     baseline_dir: Annotated[Path, typer.Option("--baseline-dir", help="The baseline files.")] = Path(
-        str(CONTAINER_PATHS.baseline)),
-    work_dir: Annotated[Path | None, typer.Option(
-        "--work-dir", help="Runner-writable scratch dir for checkouts and nested job dirs "
-        "(default /var/tmp/vero-work).")] = None,
-    runner_user: Annotated[str, typer.Option(
-        "--runner-user", help="Unprivileged user nested runs execute as when serving as root.")] = "vero-runner",
-    allow_local_agent_calls: Annotated[bool, typer.Option(
-        "--allow-local-agent-calls", help="Answer the agent surface to callers on this host too (by default "
-        "only other hosts, i.e. `main`, may use it: candidate agents run beside the sidecar).")] = False,
-    seal_root: Annotated[Path, typer.Option(
-        "--seal-root", help="`POST /admin/seal` writes its archive only below this directory.")] = Path(
-        str(CONTAINER_PATHS.export.parent)),
+        str(CONTAINER_PATHS.baseline)
+    ),
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--work-dir",
+            help="Runner-writable scratch dir for checkouts and nested job dirs (default /var/tmp/vero-work).",
+        ),
+    ] = None,
+    runner_user: Annotated[
+        str, typer.Option("--runner-user", help="Unprivileged user nested runs execute as when serving as root.")
+    ] = "vero-runner",
+    allow_local_agent_calls: Annotated[
+        bool,
+        typer.Option(
+            "--allow-local-agent-calls",
+            help="Answer the agent surface to callers on this host too (by default "
+            "only other hosts, i.e. `main`, may use it: candidate agents run beside the sidecar).",
+        ),
+    ] = False,
+    seal_root: Annotated[
+        Path, typer.Option("--seal-root", help="`POST /admin/seal` writes its archive only below this directory.")
+    ] = Path(str(CONTAINER_PATHS.export.parent)),
 ) -> None:
     """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped.
 
@@ -61,28 +77,47 @@ def serve_command(
         from vero.sidecar.app import serve
         from vero.sidecar.service import DEFAULT_WORK_DIR
 
-        serve(config, state_dir=state_dir, host=host, port=port, agent_repo=agent_repo,
-              context_dir=context_dir, cases_dir=cases_dir, baseline_dir=baseline_dir,
-              work_dir=work_dir or DEFAULT_WORK_DIR, runner_user=runner_user,
-              allow_local_agent_calls=allow_local_agent_calls, seal_root=seal_root)
+        serve(
+            config,
+            state_dir=state_dir,
+            host=host,
+            port=port,
+            agent_repo=agent_repo,
+            context_dir=context_dir,
+            cases_dir=cases_dir,
+            baseline_dir=baseline_dir,
+            work_dir=work_dir or DEFAULT_WORK_DIR,
+            runner_user=runner_user,
+            allow_local_agent_calls=allow_local_agent_calls,
+            seal_root=seal_root,
+        )
 
     run_command(call)
 
 
 def seal_command(
     output: Annotated[Path, typer.Option("--output", help="Directory receiving session.tar.gz and .sha256.")] = Path(
-        str(CONTAINER_PATHS.export)),
+        str(CONTAINER_PATHS.export)
+    ),
     url: Annotated[str, typer.Option("--url", help="The running sidecar's base URL.")] = DEFAULT_ADMIN_URL,
-    token_file: Annotated[Path | None, typer.Option(
-        "--token-file", help=f"Admin token file (default <state dir>/{ADMIN_TOKEN_FILE}).")] = None,
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help=f"Admin token file (default <state dir>/{ADMIN_TOKEN_FILE}).")
+    ] = None,
     state_dir: Annotated[Path, typer.Option("--state-dir", help="The sidecar's state dir.")] = Path(
-        str(CONTAINER_PATHS.state)),
-    config: Annotated[Path, typer.Option(
-        "--config", help="The served config; its drain timeout sets how long to wait.")] = Path(
-        str(CONTAINER_PATHS.config)),
-    timeout_sec: Annotated[float | None, typer.Option(
-        "--timeout-sec", min=1, help=f"Wait this long for the seal (default: drain timeout + "
-        f"{_SEAL_MARGIN_SEC:g} s, or {DEFAULT_SEAL_TIMEOUT_SEC:g} s without a readable config).")] = None,
+        str(CONTAINER_PATHS.state)
+    ),
+    config: Annotated[
+        Path, typer.Option("--config", help="The served config; its drain timeout sets how long to wait.")
+    ] = Path(str(CONTAINER_PATHS.config)),
+    timeout_sec: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-sec",
+            min=1,
+            help=f"Wait this long for the seal (default: drain timeout + "
+            f"{_SEAL_MARGIN_SEC:g} s, or {DEFAULT_SEAL_TIMEOUT_SEC:g} s without a readable config).",
+        ),
+    ] = None,
 ) -> None:
     """Seal the running sidecar's session: close the entrance, drain, write the session archive.
 
@@ -104,8 +139,9 @@ def seal_command(
                 wait_sec = load_config(config, SidecarConfig).harbor.drain_timeout_sec + _SEAL_MARGIN_SEC
             except SpecError:
                 wait_sec = DEFAULT_SEAL_TIMEOUT_SEC
-        result = request_seal(output, token_file=token_file or state_dir / ADMIN_TOKEN_FILE, base_url=url,
-                              timeout_sec=wait_sec)
+        result = request_seal(
+            output, token_file=token_file or state_dir / ADMIN_TOKEN_FILE, base_url=url, timeout_sec=wait_sec
+        )
         typer.echo(json.dumps(result.model_dump(mode="json"), sort_keys=True))
 
     run_command(call)

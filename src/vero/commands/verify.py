@@ -69,22 +69,32 @@ def verify_command(
     ] = Path(_P.artifacts),
     mirror_dirs: Annotated[
         list[Path] | None,
-        typer.Option("--mirror-dir", metavar="<path>", help="Another directory receiving the same artifacts; "
-                     "repeatable. "
-                     f"Default: {_P.artifacts_mirror} (unless it is the artifacts dir)."),
+        typer.Option(
+            "--mirror-dir",
+            metavar="<path>",
+            help="Another directory receiving the same artifacts; "
+            "repeatable. "
+            f"Default: {_P.artifacts_mirror} (unless it is the artifacts dir).",
+        ),
     ] = None,
     work_dir: Annotated[
         Path | None,
-        typer.Option("--work-dir", help="Scratch space for the extracted session, checkouts and nested "
-                     "Harbor jobs. Default: a new directory under the system temp dir."),
+        typer.Option(
+            "--work-dir",
+            help="Scratch space for the extracted session, checkouts and nested "
+            "Harbor jobs. Default: a new directory under the system temp dir.",
+        ),
     ] = None,
     runner_user: Annotated[
         str, typer.Option("--runner-user", help="Unprivileged user nested runs execute as when verifying as root.")
     ] = "vero-runner",
     allow_root_runs: Annotated[
         bool,
-        typer.Option("--allow-root-runs", help="When root and the runner user does not exist, run nested "
-                     "evaluations as root anyway (default: measure nothing and write failure values)."),
+        typer.Option(
+            "--allow-root-runs",
+            help="When root and the runner user does not exist, run nested "
+            "evaluations as root anyway (default: measure nothing and write failure values).",
+        ),
     ] = False,
 ) -> None:
     """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
@@ -104,14 +114,26 @@ def verify_command(
         mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
         mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
-        gateway_keys = ({p.api_key_secret for p in loaded.inference.providers.values() if p.api_key_secret}
-                        if loaded.inference is not None else set())
+        gateway_keys = (
+            {p.api_key_secret for p in loaded.inference.providers.values() if p.api_key_secret}
+            if loaded.inference is not None
+            else set()
+        )
         env = secret_env(loaded.secrets, exclude=gateway_keys)
         backend = HarborBackend(session=new_session_id("verify"))
         verification = verify(
-            loaded, session, backend=backend, cases_dir=cases_dir, baseline_dir=baseline_dir,
-            reward_path=reward_path, artifacts_dir=artifacts_dir, mirror_dirs=mirrors, work_dir=work,
-            env=env, run_as=resolve_run_as(runner_user), allow_root_runs=allow_root_runs,
+            loaded,
+            session,
+            backend=backend,
+            cases_dir=cases_dir,
+            baseline_dir=baseline_dir,
+            reward_path=reward_path,
+            artifacts_dir=artifacts_dir,
+            mirror_dirs=mirrors,
+            work_dir=work,
+            env=env,
+            run_as=resolve_run_as(runner_user),
+            allow_root_runs=allow_root_runs,
         )
         try:
             return asyncio.run(_until_terminated(verification, backend))
@@ -122,12 +144,18 @@ def verify_command(
             raise typer.Exit(128 + signal.SIGTERM) from None
 
     finalization = run_command(call)
-    typer.echo(json.dumps({
-        "status": finalization.status,
-        "rewards": finalization.rewards,
-        "chosen": finalization.chosen.model_dump(mode="json") if finalization.chosen else None,
-        "errors": finalization.errors,
-    }, indent=2, sort_keys=True))
+    typer.echo(
+        json.dumps(
+            {
+                "status": finalization.status,
+                "rewards": finalization.rewards,
+                "chosen": finalization.chosen.model_dump(mode="json") if finalization.chosen else None,
+                "errors": finalization.errors,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+    )
     raise typer.Exit(VERIFIER_STATUS_EXIT_CODES.get(finalization.status, EXIT_FAILED))
 
 
@@ -136,13 +164,19 @@ def report_command(
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("experiment.html"),
     finalization: Annotated[
         Path | None,
-        typer.Option("--finalization", help="A finalization.json to include. Default: the one beside the "
-                     "archive, if it was made from this archive."),
+        typer.Option(
+            "--finalization",
+            help="A finalization.json to include. Default: the one beside the "
+            "archive, if it was made from this archive.",
+        ),
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="A verifier or sidecar config whose spec digest and baseline commit "
-                     "the archive must match. Default: the archive's own manifest."),
+        typer.Option(
+            "--config",
+            help="A verifier or sidecar config whose spec digest and baseline commit "
+            "the archive must match. Default: the archive's own manifest.",
+        ),
     ] = None,
 ) -> None:
     """Run `vero.verifier.report.report_from_archive`; print the output path as JSON."""
@@ -165,8 +199,9 @@ def report_command(
 
             digests = load_config(config, _Digests)
             spec_digest, baseline_commit = digests.spec_digest, digests.baseline_commit
-        return report_from_archive(session, output, finalization=finalization, spec_digest=spec_digest,
-                                   baseline_commit=baseline_commit)
+        return report_from_archive(
+            session, output, finalization=finalization, spec_digest=spec_digest, baseline_commit=baseline_commit
+        )
 
     path = run_command(call)
     typer.echo(json.dumps({"output": str(path)}))

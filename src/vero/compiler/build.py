@@ -150,8 +150,12 @@ def _check_destination(spec: OptimizationSpec, output: Path, tarball: Path, forc
             issues.append(SpecIssue("--output", f"{output} is not empty (pass --force to replace a compiled task)"))
         elif not _looks_like_compiled_task(output):
             # --force replaces a previous build; it never deletes an arbitrary directory.
-            issues.append(SpecIssue("--output", f"{output} is not empty and holds no compiled task; "
-                                                "--force only replaces a compiled task"))
+            issues.append(
+                SpecIssue(
+                    "--output",
+                    f"{output} is not empty and holds no compiled task; --force only replaces a compiled task",
+                )
+            )
     if _inside(tarball, output):
         issues.append(SpecIssue("--tarball", f"the tarball {tarball} must not be inside the output directory"))
     if tarball.is_dir():
@@ -189,8 +193,9 @@ def _check_reference_patch(patch: Path, baseline_repo: Path) -> None:
 
 
 def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str, str]) -> None:
-    values = {name: env[name] for name in spec.effective_secrets()
-              if len(env.get(name, "")) >= MIN_SCANNED_SECRET_LENGTH}
+    values = {
+        name: env[name] for name in spec.effective_secrets() if len(env.get(name, "")) >= MIN_SCANNED_SECRET_LENGTH
+    }
     if not values:
         return
     needles = {name: value.encode() for name, value in values.items()}
@@ -203,8 +208,9 @@ def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str
             for name, needle in needles.items():
                 if needle in data:
                     raise SpecError.at(
-                        "secrets", f"the value of secret {name} appears in {path.relative_to(root)}; "
-                                   "secrets are passed by name only and may not be part of the task's files"
+                        "secrets",
+                        f"the value of secret {name} appears in {path.relative_to(root)}; "
+                        "secrets are passed by name only and may not be part of the task's files",
                     )
 
 
@@ -228,12 +234,21 @@ def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
     issues: list[SpecIssue] = []
     for problem in check_cases(case_dirs, environment=spec.harbor.environment, available=available):
         if problem.code == "missing_variables":
-            issues.append(SpecIssue("secrets", f"case {problem.case!r}: {problem.detail}; declare each in "
-                                               "`secrets` (names only, set at build and run time) or give "
-                                               "it a default in the case (${NAME:-value})"))
+            issues.append(
+                SpecIssue(
+                    "secrets",
+                    f"case {problem.case!r}: {problem.detail}; declare each in "
+                    "`secrets` (names only, set at build and run time) or give "
+                    "it a default in the case (${NAME:-value})",
+                )
+            )
         else:
-            issues.append(SpecIssue(f"cases.partitions.{owner.get(problem.case, '?')}",
-                                    f"case {problem.case!r} ({problem.code}): {problem.detail}"))
+            issues.append(
+                SpecIssue(
+                    f"cases.partitions.{owner.get(problem.case, '?')}",
+                    f"case {problem.case!r} ({problem.code}): {problem.detail}",
+                )
+            )
     if issues:
         raise SpecError(issues)
 
@@ -242,13 +257,21 @@ def _reference_warnings(spec: OptimizationSpec) -> list[str]:
     """A spec without `target.reference`: the oracle path measures and submits the baseline."""
     if spec.target.reference is not None:
         return []
-    return ["target.reference is not set: the oracle (solution/solve.sh) evaluates and submits the "
-            "baseline unchanged, so an oracle run measures the baseline, not a better candidate"]
+    return [
+        "target.reference is not set: the oracle (solution/solve.sh) evaluates and submits the "
+        "baseline unchanged, so an oracle run measures the baseline, not a better candidate"
+    ]
 
 
-def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tarball: str | Path | None = None,
-                 force: bool = False, env: Mapping[str, str] | None = None,
-                 agent: str | None = None) -> CompileResult:
+def compile_task(
+    spec: OptimizationSpec | str | Path,
+    output: str | Path,
+    *,
+    tarball: str | Path | None = None,
+    force: bool = False,
+    env: Mapping[str, str] | None = None,
+    agent: str | None = None,
+) -> CompileResult:
     """Compile `spec` into the task directory `output` and a canonical tarball.
 
     Args:
@@ -302,17 +325,27 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
             check_evaluation_time(spec, case_dirs, scopes)
             warnings = [*kit_warnings(spec, case_dirs, scopes), *_reference_warnings(spec)]
 
-            spec_digest = digest_json({
-                "spec": portable_spec(spec, reference_digest),
-                "baseline_commit": baseline_commit,
-                "cases": roles.case_digests,
-            })
-            _write_configs(spec, layout, roles, spec_digest=spec_digest, baseline_commit=baseline_commit,
-                           warnings=warnings)
+            spec_digest = digest_json(
+                {
+                    "spec": portable_spec(spec, reference_digest),
+                    "baseline_commit": baseline_commit,
+                    "cases": roles.case_digests,
+                }
+            )
+            _write_configs(
+                spec, layout, roles, spec_digest=spec_digest, baseline_commit=baseline_commit, warnings=warnings
+            )
             wheel_filename = _copy_runtime(spec, layout, baseline)
-            _render_files(layout, spec, wheel_filename=wheel_filename, baseline_commit=baseline_commit,
-                          spec_digest=spec_digest, reference_kind=reference_kind,
-                          n_cases={p: len(c) for p, c in roles.sidecar.items()}, support=support)
+            _render_files(
+                layout,
+                spec,
+                wheel_filename=wheel_filename,
+                baseline_commit=baseline_commit,
+                spec_digest=spec_digest,
+                reference_kind=reference_kind,
+                n_cases={p: len(c) for p, c in roles.sidecar.items()},
+                support=support,
+            )
 
         _normalize_modes(staging)
         _check_task_config(layout)
@@ -323,8 +356,15 @@ def compile_task(spec: OptimizationSpec | str | Path, output: str | Path, *, tar
         raise
 
     tarball.parent.mkdir(parents=True, exist_ok=True)
-    result = CompileResult(output, tarball, write_canonical_tar(output, tarball), spec_digest, baseline_commit,
-                           tuple(notes), tuple(warnings))
+    result = CompileResult(
+        output,
+        tarball,
+        write_canonical_tar(output, tarball),
+        spec_digest,
+        baseline_commit,
+        tuple(notes),
+        tuple(warnings),
+    )
     atomic_write_bytes(result.sha256_path, f"{result.sha256}  {tarball.name}\n".encode(), mode=0o644)
     return result
 
@@ -344,10 +384,11 @@ def _export_baseline(spec: OptimizationSpec, scratch: Path, notes: list[str]) ->
     try:
         measure_commit(baseline_repo, spec.target.limits)
     except CandidateTooLarge as exc:
-        raise SpecError.at(f"target.limits.{exc.limit}",
-                           f"the baseline itself is over this limit ({exc.actual:,} against {exc.allowed:,}); "
-                           "raise it so that candidates, which start from the baseline, can be admitted"
-                           ) from None
+        raise SpecError.at(
+            f"target.limits.{exc.limit}",
+            f"the baseline itself is over this limit ({exc.actual:,} against {exc.allowed:,}); "
+            "raise it so that candidates, which start from the baseline, can be admitted",
+        ) from None
     return baseline, baseline_repo, baseline_commit
 
 
@@ -396,30 +437,56 @@ def _copy_cases(spec: OptimizationSpec, layout: TaskLayout, staging: Path) -> _R
         for case in sorted({c for names in role_partitions.values() for c in names}):
             store.fetch(sources[case])
             store.copy_into(case, context.case_dir(case))
-    digests = {case: store.digest(case) for case in sorted(
-        {c for names in (*sidecar.values(), *verifier.values()) for c in names})}
+    digests = {
+        case: store.digest(case)
+        for case in sorted({c for names in (*sidecar.values(), *verifier.values()) for c in names})
+    }
     return _RoleCases(sidecar, verifier, digests, {case: store.path(case) for case in digests})
 
 
-def _write_configs(spec: OptimizationSpec, layout: TaskLayout, roles: _RoleCases, *, spec_digest: str,
-                   baseline_commit: str, warnings: list[str]) -> None:
+def _write_configs(
+    spec: OptimizationSpec,
+    layout: TaskLayout,
+    roles: _RoleCases,
+    *,
+    spec_digest: str,
+    baseline_commit: str,
+    warnings: list[str],
+) -> None:
     """The sidecar's and the verifier's compiled configs (`vero.spec.compiled`)."""
     common: dict[str, Any] = dict(
-        name=spec.name, spec_digest=spec_digest, baseline_commit=baseline_commit,
-        runtime=spec.target.runtime(), scoring=spec.scoring, harbor=spec.harbor,
-        secrets=spec.effective_secrets(), inference=spec.inference,
+        name=spec.name,
+        spec_digest=spec_digest,
+        baseline_commit=baseline_commit,
+        runtime=spec.target.runtime(),
+        scoring=spec.scoring,
+        harbor=spec.harbor,
+        secrets=spec.effective_secrets(),
+        inference=spec.inference,
     )
-    _write_json(layout.sidecar.config_path, SidecarConfig(
-        **common, partitions=roles.sidecar, agent_access=dict(spec.agent_access),
-        disclose_budget=spec.disclose_budget, submit_enabled=spec.selection.mode == "submit",
-        candidate_limits=spec.target.limits,
-    ))
-    _write_json(layout.verifier.config_path, VerifierConfig(
-        **common, partitions=roles.verifier, selection=spec.selection, targets=dict(spec.targets),
-        reward_keys=spec.target_reward_keys(),
-        failure_values={p: spec.target_failure_value(p) for p in spec.targets},
-        build_warnings=warnings,
-    ))
+    _write_json(
+        layout.sidecar.config_path,
+        SidecarConfig(
+            **common,
+            partitions=roles.sidecar,
+            agent_access=dict(spec.agent_access),
+            disclose_budget=spec.disclose_budget,
+            submit_enabled=spec.selection.mode == "submit",
+            candidate_limits=spec.target.limits,
+        ),
+    )
+    _write_json(
+        layout.verifier.config_path,
+        VerifierConfig(
+            **common,
+            partitions=roles.verifier,
+            selection=spec.selection,
+            targets=dict(spec.targets),
+            reward_keys=spec.target_reward_keys(),
+            failure_values={p: spec.target_failure_value(p) for p in spec.targets},
+            build_warnings=warnings,
+        ),
+    )
 
 
 def _copy_runtime(spec: OptimizationSpec, layout: TaskLayout, baseline: Path) -> str:
@@ -468,9 +535,17 @@ def _selection_text(cases: list[str], access: PartitionAccess, partition: str) -
     return f"the whole partition, or unions of its {len(blocks)} blocks of {min(map(len, blocks))}+ cases"
 
 
-def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename: str, baseline_commit: str,
-                  spec_digest: str, reference_kind: str | None, n_cases: dict[str, int],
-                  support: CodingAgentSupport) -> None:
+def _render_files(
+    layout: TaskLayout,
+    spec: OptimizationSpec,
+    *,
+    wheel_filename: str,
+    baseline_commit: str,
+    spec_digest: str,
+    reference_kind: str | None,
+    n_cases: dict[str, int],
+    support: CodingAgentSupport,
+) -> None:
     paths = CONTAINER_PATHS
     docker = spec.harbor.environment == "docker"
     secrets = spec.effective_secrets()
@@ -479,70 +554,153 @@ def _render_files(layout: TaskLayout, spec: OptimizationSpec, *, wheel_filename:
     submit = spec.selection.mode == "submit"
     skills_dir = str(paths.skills) if support.skill else None
     base: dict[str, Any] = dict(
-        vero_version=vero.__version__, name=spec.name, sidecar_service=SIDECAR_SERVICE,
-        workspace=str(paths.workspace), context_dir=str(paths.context), agent_repo=str(paths.agent_repo),
-        config_path=str(paths.config), cases_dir=str(paths.cases), baseline_dir=str(paths.baseline),
-        dist_dir=str(paths.dist), venv_dir="/opt/vero/venv", state_dir=str(paths.state),
-        runner_user=RUNNER_USER, wheel=wheel_filename, secrets=secrets, sidecar_url=sidecar_url,
-        mcp_url=sidecar_url + SIDECAR_MCP_PATH, mcp_server_name=MCP_SERVER_NAME, skills_dir=skills_dir,
-        coding_agent=support.agent, submit_enabled=submit, selection_partition=spec.selection.partition,
-        direction=spec.scoring.direction, kit_path=str(KIT_IMAGE_PATH),
+        vero_version=vero.__version__,
+        name=spec.name,
+        sidecar_service=SIDECAR_SERVICE,
+        workspace=str(paths.workspace),
+        context_dir=str(paths.context),
+        agent_repo=str(paths.agent_repo),
+        config_path=str(paths.config),
+        cases_dir=str(paths.cases),
+        baseline_dir=str(paths.baseline),
+        dist_dir=str(paths.dist),
+        venv_dir="/opt/vero/venv",
+        state_dir=str(paths.state),
+        runner_user=RUNNER_USER,
+        wheel=wheel_filename,
+        secrets=secrets,
+        sidecar_url=sidecar_url,
+        mcp_url=sidecar_url + SIDECAR_MCP_PATH,
+        mcp_server_name=MCP_SERVER_NAME,
+        skills_dir=skills_dir,
+        coding_agent=support.agent,
+        submit_enabled=submit,
+        selection_partition=spec.selection.partition,
+        direction=spec.scoring.direction,
+        kit_path=str(KIT_IMAGE_PATH),
     )
 
-    _write(layout.config_path, render(
-        "compiler/task.toml.j2", **base, task_name=f"vero/{spec.name}", description=spec.description,
-        spec_digest=spec_digest, baseline_commit=baseline_commit,
-        export_dir=str(paths.export), seal_command=f"vero harbor seal --output {paths.export}",
-        agent_timeout_sec=spec.harbor.agent_timeout_sec, verifier_timeout_sec=spec.harbor.verifier_timeout_sec,
-        seal_timeout_sec=spec.harbor.drain_timeout_sec + SEAL_MARGIN_SEC,
-        build_timeout_sec=spec.harbor.build_timeout_sec,
-        healthcheck_command=f"curl -fsS {sidecar_url}/health",
-        declare_mcp=support.mcp,
-    ))
+    _write(
+        layout.config_path,
+        render(
+            "compiler/task.toml.j2",
+            **base,
+            task_name=f"vero/{spec.name}",
+            description=spec.description,
+            spec_digest=spec_digest,
+            baseline_commit=baseline_commit,
+            export_dir=str(paths.export),
+            seal_command=f"vero harbor seal --output {paths.export}",
+            agent_timeout_sec=spec.harbor.agent_timeout_sec,
+            verifier_timeout_sec=spec.harbor.verifier_timeout_sec,
+            seal_timeout_sec=spec.harbor.drain_timeout_sec + SEAL_MARGIN_SEC,
+            build_timeout_sec=spec.harbor.build_timeout_sec,
+            healthcheck_command=f"curl -fsS {sidecar_url}/health",
+            declare_mcp=support.mcp,
+        ),
+    )
 
     target = spec.target
     partitions = [
-        dict(name=name, disclosure=access.disclosure, n_cases=n_cases[name],
-             selection=_selection_text(spec.cases.partitions[name], access, name),
-             ladder=None if access.ladder is None else dict(margin=f"{access.ladder.margin:g}",
-                                                            precision=f"{access.ladder.effective_precision:g}"),
-             total_runs=access.total_runs, total_cases=access.total_cases)
+        dict(
+            name=name,
+            disclosure=access.disclosure,
+            n_cases=n_cases[name],
+            selection=_selection_text(spec.cases.partitions[name], access, name),
+            ladder=None
+            if access.ladder is None
+            else dict(margin=f"{access.ladder.margin:g}", precision=f"{access.ladder.effective_precision:g}"),
+            total_runs=access.total_runs,
+            total_cases=access.total_cases,
+        )
         for name, access in spec.agent_access.items()
     ]
-    _write(layout.instruction_path, render(
-        "compiler/instruction.md.j2", **base, description=spec.description, target_kind=target.kind,
-        install_path=getattr(target, "install_path", None), install_command=getattr(target, "install_command", None),
-        agent_import_path=target.agent_import_path if isinstance(target, AgentTarget) else None,
-        failure_value=f"{spec.scoring.effective_failure_value():g}",
-        partitions=partitions, disclosure_text=_DISCLOSURE_TEXT, disclose_budget=spec.disclose_budget,
-        ladder_partitions=[p for p in partitions if p["ladder"] is not None],
-        baseline_floor=spec.selection.baseline_floor, skill_name=SKILL_NAME if support.skill else None,
-    ))
+    _write(
+        layout.instruction_path,
+        render(
+            "compiler/instruction.md.j2",
+            **base,
+            description=spec.description,
+            target_kind=target.kind,
+            install_path=getattr(target, "install_path", None),
+            install_command=getattr(target, "install_command", None),
+            agent_import_path=target.agent_import_path if isinstance(target, AgentTarget) else None,
+            failure_value=f"{spec.scoring.effective_failure_value():g}",
+            partitions=partitions,
+            disclosure_text=_DISCLOSURE_TEXT,
+            disclose_budget=spec.disclose_budget,
+            ladder_partitions=[p for p in partitions if p["ladder"] is not None],
+            baseline_floor=spec.selection.baseline_floor,
+            skill_name=SKILL_NAME if support.skill else None,
+        ),
+    )
     if support.skill:
         _write(layout.skill_path(SKILL_NAME), render("compiler/skill.md.j2", **base, skill_name=SKILL_NAME))
 
-    _write(layout.compose_path, render(
-        "compiler/docker-compose.yaml.j2", **base, docker_socket=docker, sidecar_port=SIDECAR_PORT,
-    ))
+    _write(
+        layout.compose_path,
+        render(
+            "compiler/docker-compose.yaml.j2",
+            **base,
+            docker_socket=docker,
+            sidecar_port=SIDECAR_PORT,
+        ),
+    )
     _write(layout.dockerignore_path, render("compiler/dockerignore.j2", **base))
-    _write(layout.main.dockerfile, render(
-        "compiler/main.Dockerfile.j2", **base, image=spec.images.main, docker_client=False,
-        agent_uid=AGENT_UID, baseline_git_env=sorted(BASELINE_GIT_ENV.items()), baseline_message=BASELINE_MESSAGE,
-        baseline_commit=baseline_commit, agent_packages=support.packages,
-    ))
-    _write(layout.sidecar.dockerfile, render(
-        "sidecar/Dockerfile.j2", **base, image=spec.images.sidecar, docker_client=docker,
-    ))
-    _write(layout.verifier.dockerfile, render(
-        "verifier/Dockerfile.j2", **base, image=spec.images.verifier, docker_client=docker,
-        tests_dir="/tests",
-    ))
+    _write(
+        layout.main.dockerfile,
+        render(
+            "compiler/main.Dockerfile.j2",
+            **base,
+            image=spec.images.main,
+            docker_client=False,
+            agent_uid=AGENT_UID,
+            baseline_git_env=sorted(BASELINE_GIT_ENV.items()),
+            baseline_message=BASELINE_MESSAGE,
+            baseline_commit=baseline_commit,
+            agent_packages=support.packages,
+        ),
+    )
+    _write(
+        layout.sidecar.dockerfile,
+        render(
+            "sidecar/Dockerfile.j2",
+            **base,
+            image=spec.images.sidecar,
+            docker_client=docker,
+        ),
+    )
+    _write(
+        layout.verifier.dockerfile,
+        render(
+            "verifier/Dockerfile.j2",
+            **base,
+            image=spec.images.verifier,
+            docker_client=docker,
+            tests_dir="/tests",
+        ),
+    )
     if docker:
         # Only the engine socket needs a compose file; elsewhere the Dockerfile alone defines the verifier.
         _write(layout.verifier_compose_path, render("verifier/docker-compose.yaml.j2", **base))
-    _write(layout.test_path, render(
-        "verifier/test.sh.j2", **base, reward_path=str(paths.reward), session_archive=str(paths.session_archive),
-    ), executable=True)
-    _write(layout.solve_path, render(
-        "compiler/solve.sh.j2", **base, reference_kind=reference_kind, eval_partition=eval_partition, submit=submit,
-    ), executable=True)
+    _write(
+        layout.test_path,
+        render(
+            "verifier/test.sh.j2",
+            **base,
+            reward_path=str(paths.reward),
+            session_archive=str(paths.session_archive),
+        ),
+        executable=True,
+    )
+    _write(
+        layout.solve_path,
+        render(
+            "compiler/solve.sh.j2",
+            **base,
+            reference_kind=reference_kind,
+            eval_partition=eval_partition,
+            submit=submit,
+        ),
+        executable=True,
+    )

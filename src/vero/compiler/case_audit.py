@@ -25,8 +25,14 @@ from vero.errors import SpecError, SpecIssue
 from vero.harbor.casekit import KIT_NAME, mentions_kit
 from vero.spec.models import OptimizationSpec, ProgramTarget
 
-__all__ = ["EVALUATION_SETUP_MARGIN_SEC", "CaseTime", "case_time", "case_uses_kit", "check_evaluation_time",
-           "kit_warnings"]
+__all__ = [
+    "EVALUATION_SETUP_MARGIN_SEC",
+    "CaseTime",
+    "case_time",
+    "case_uses_kit",
+    "check_evaluation_time",
+    "kit_warnings",
+]
 
 EVALUATION_SETUP_MARGIN_SEC = 120.0
 """Time an evaluation needs beyond its cases' own agent and verifier limits (image builds, start,
@@ -47,8 +53,9 @@ def case_uses_kit(case_dir: Path) -> bool:
     return any(mentions_kit(d) for d in _test_dirs(case_dir))
 
 
-def kit_warnings(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
-                 partitions: Mapping[str, list[str]]) -> list[str]:
+def kit_warnings(
+    spec: OptimizationSpec, case_dirs: Mapping[str, Path], partitions: Mapping[str, list[str]]
+) -> list[str]:
     """One warning per program case whose tests never name `vero-kit` (none for agent targets).
 
     Args:
@@ -58,15 +65,19 @@ def kit_warnings(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
     """
     if not isinstance(spec.target, ProgramTarget):
         return []
-    guard = (f"scoring.reward_range {list(spec.scoring.reward_range)} rejects rewards outside it"
-             if spec.scoring.reward_range is not None else "set scoring.reward_range to reject impossible rewards")
+    guard = (
+        f"scoring.reward_range {list(spec.scoring.reward_range)} rejects rewards outside it"
+        if spec.scoring.reward_range is not None
+        else "set scoring.reward_range to reject impossible rewards"
+    )
     warnings = []
     for partition, names in sorted(partitions.items()):
         for case in sorted(names):
             if not case_uses_kit(case_dirs[case]):
                 warnings.append(
                     f"case {case!r} (partition {partition}): its tests never call {KIT_NAME}, so candidate code "
-                    f"they run can forge the reward or read /tests ({guard}; README \"Writing program cases\")")
+                    f'they run can forge the reward or read /tests ({guard}; README "Writing program cases")'
+                )
     return warnings
 
 
@@ -94,16 +105,25 @@ def case_time(case_dir: Path, case_timeout_sec: float | None) -> CaseTime:
         config = TaskConfig.model_validate_toml((case_dir / "task.toml").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise SpecError.at("cases", f"case {case_dir.name!r}: task.toml cannot be read by Harbor") from None
-    phases = [(s.agent.timeout_sec if s.agent.timeout_sec is not None else config.agent.timeout_sec,
-               s.verifier.timeout_sec if s.verifier.timeout_sec is not None else config.verifier.timeout_sec)
-              for s in config.steps] if config.steps else [(config.agent.timeout_sec, config.verifier.timeout_sec)]
+    phases = (
+        [
+            (
+                s.agent.timeout_sec if s.agent.timeout_sec is not None else config.agent.timeout_sec,
+                s.verifier.timeout_sec if s.verifier.timeout_sec is not None else config.verifier.timeout_sec,
+            )
+            for s in config.steps
+        ]
+        if config.steps
+        else [(config.agent.timeout_sec, config.verifier.timeout_sec)]
+    )
     agents = [case_timeout_sec if case_timeout_sec is not None else agent for agent, _ in phases]
     agent_sec = None if any(a is None for a in agents) else float(sum(agents))
     return CaseTime(agent_sec=agent_sec, verifier_sec=float(sum(v for _, v in phases)))
 
 
-def check_evaluation_time(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
-                          scopes: Mapping[str, list[str]]) -> None:
+def check_evaluation_time(
+    spec: OptimizationSpec, case_dirs: Mapping[str, Path], scopes: Mapping[str, list[str]]
+) -> None:
     """Refuse a spec whose `harbor.evaluation_timeout_sec` cannot fit the largest evaluation of a scope.
 
     Args:
@@ -120,12 +140,16 @@ def check_evaluation_time(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
     limit = harbor.evaluation_timeout_sec
     issues: list[SpecIssue] = []
     loc = "harbor.evaluation_timeout_sec"
-    times = {case: case_time(case_dirs[case], harbor.case_timeout_sec)
-             for names in scopes.values() for case in names}
+    times = {case: case_time(case_dirs[case], harbor.case_timeout_sec) for names in scopes.values() for case in names}
     for case, time in sorted(times.items()):
         if time.agent_sec is None:
-            issues.append(SpecIssue(loc, f"case {case!r} declares no [agent].timeout_sec and harbor.case_timeout_sec "
-                                         "is unset: its agent time is unbounded, so no evaluation time fits it"))
+            issues.append(
+                SpecIssue(
+                    loc,
+                    f"case {case!r} declares no [agent].timeout_sec and harbor.case_timeout_sec "
+                    "is unset: its agent time is unbounded, so no evaluation time fits it",
+                )
+            )
     if issues:
         raise SpecError(issues)
     for partition, names in sorted(scopes.items()):
@@ -135,10 +159,17 @@ def check_evaluation_time(spec: OptimizationSpec, case_dirs: Mapping[str, Path],
         needed = waves * per_wave + EVALUATION_SETUP_MARGIN_SEC
         if needed > limit:
             time = times[slowest]
-            issues.append(SpecIssue(loc, (
-                f"{limit:g} s cannot fit partition {partition!r}: ceil({len(names)} case(s) x {harbor.n_attempts} "
-                f"attempt(s) / {harbor.n_concurrent} concurrent) = {waves} wave(s) x {per_wave:g} s (agent "
-                f"{time.agent_sec:g} s + verifier {time.verifier_sec:g} s of the slowest case, {slowest!r}) + "
-                f"{EVALUATION_SETUP_MARGIN_SEC:g} s setup margin = {needed:g} s")))
+            issues.append(
+                SpecIssue(
+                    loc,
+                    (
+                        f"{limit:g} s cannot fit partition {partition!r}: ceil({len(names)} case(s) x "
+                        f"{harbor.n_attempts} attempt(s) / {harbor.n_concurrent} concurrent) = {waves} wave(s) x "
+                        f"{per_wave:g} s (agent "
+                        f"{time.agent_sec:g} s + verifier {time.verifier_sec:g} s of the slowest case, {slowest!r}) + "
+                        f"{EVALUATION_SETUP_MARGIN_SEC:g} s setup margin = {needed:g} s"
+                    ),
+                )
+            )
     if issues:
         raise SpecError(issues)

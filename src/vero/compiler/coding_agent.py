@@ -109,11 +109,12 @@ def coding_agent_support(agent: str | None, env: Mapping[str, str] | None = None
             # Harbor raises ValueError for an unknown name and for an import path it cannot load.
             if ":" in agent and not agent.startswith("acp:"):
                 raise SpecError.at(
-                    "--agent", f"cannot import the agent class {agent!r} ({type(exc).__name__}); put its "
-                               "directory on PYTHONPATH (Harbor imports it the same way)") from None
+                    "--agent",
+                    f"cannot import the agent class {agent!r} ({type(exc).__name__}); put its "
+                    "directory on PYTHONPATH (Harbor imports it the same way)",
+                ) from None
             if isinstance(exc, ValueError):
                 raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}") from None
             raise
     capabilities = agent_class.capabilities
-    return CodingAgentSupport(agent=agent, mcp=capabilities.mcp_servers, skill=capabilities.skills,
-                              packages=packages)
+    return CodingAgentSupport(agent=agent, mcp=capabilities.mcp_servers, skill=capabilities.skills, packages=packages)

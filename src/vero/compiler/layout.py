@@ -49,7 +49,6 @@ SIDECAR_SERVICE = "eval-sidecar"
 """Compose service name of the trusted sidecar (the agent reaches it at `http://eval-sidecar:8000`)."""
 
 
-
 @dataclass(frozen=True)
 class _BuildContext:
     """A Docker build context that carries vero: its Dockerfile, wheel dir and baseline copy."""

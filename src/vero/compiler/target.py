@@ -58,8 +58,7 @@ class BaselineExport:
     notes: tuple[str, ...] = ()
 
 
-def run_git(repo: Path, *args: str, network: bool = False,
-            timeout_sec: float | None = None) -> tuple[int, bytes]:
+def run_git(repo: Path, *args: str, network: bool = False, timeout_sec: float | None = None) -> tuple[int, bytes]:
     """Run one git command of the compiler in `repo` with vero's hardened git (`vero.core._git`).
 
     The environment is exact (no user or system config, no inherited `GIT_*` variable: those
@@ -77,12 +76,16 @@ def run_git(repo: Path, *args: str, network: bool = False,
     Returns:
         `(exit status, stdout bytes)`; stderr is dropped (it may echo credentials in a URL).
     """
-    with private_git_env(safe_directories=[repo, repo / ".git"],
-                         extra=network_env() if network else None) as (env, _):
+    with private_git_env(safe_directories=[repo, repo / ".git"], extra=network_env() if network else None) as (env, _):
         runner = IsolatedGit(repo, env=env, config=network_config() if network else (), timeout_sec=timeout_sec)
         try:
-            status, out, _err = runner.execute(["git", *args], with_extended_output=True, with_exceptions=False,
-                                               stdout_as_string=False, strip_newline_in_stdout=False)
+            status, out, _err = runner.execute(
+                ["git", *args],
+                with_extended_output=True,
+                with_exceptions=False,
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+            )
         except GitFailed as exc:  # git could not start, or was killed on timeout
             return (exc.status or -1), b""
         return int(status), out
@@ -140,8 +143,9 @@ def check_tree(root: Path, loc: str, *, what: str, repository: bool = False) -> 
     # (the same rule the archive writer and the candidate store apply).
     for link, target in sorted(links.items()):
         if symlink_escapes(link, target, links):
-            raise SpecError.at(loc, f"{what} has a link that is absolute, loops or leaves the tree: "
-                                    f"{os.fsdecode(link)}")
+            raise SpecError.at(
+                loc, f"{what} has a link that is absolute, loops or leaves the tree: {os.fsdecode(link)}"
+            )
     return count
 
 

@@ -128,9 +128,13 @@ def build_wheel() -> BuiltWheel:
         mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
         entries.append((arcname, path.read_bytes(), mode))
     entries.append((f"{dist_info}/METADATA", _metadata(dist).encode(), 0o644))
-    entries.append((f"{dist_info}/WHEEL", (
-        b"Wheel-Version: 1.0\nGenerator: vero.compiler.wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    ), 0o644))
+    entries.append(
+        (
+            f"{dist_info}/WHEEL",
+            (b"Wheel-Version: 1.0\nGenerator: vero.compiler.wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+            0o644,
+        )
+    )
     entries.append((f"{dist_info}/entry_points.txt", _entry_points(dist).encode(), 0o644))
     record = "".join(f"{arc},{_record_hash(data)},{len(data)}\n" for arc, data, _ in entries)
     record += f"{dist_info}/RECORD,,\n"

@@ -136,8 +136,9 @@ def write_global_config(path: Path, *, safe_directories: Sequence[str | Path] = 
 
 
 @contextmanager
-def private_git_env(*, safe_directories: Sequence[str | Path] = (),
-                    extra: Mapping[str, str] | None = None) -> Iterator[tuple[dict[str, str], Path]]:
+def private_git_env(
+    *, safe_directories: Sequence[str | Path] = (), extra: Mapping[str, str] | None = None
+) -> Iterator[tuple[dict[str, str], Path]]:
     """A throw-away private `HOME`, global config and empty template directory for one-off git work.
 
     Everything lives in a temporary directory removed on exit. (The candidate store keeps its own
@@ -180,9 +181,15 @@ class IsolatedGit(git.Git):
     the way httpx maps httpcore's exceptions, so no caller handles a foreign exception type.
     """
 
-    def __init__(self, working_dir: str | Path, *, env: Mapping[str, str],
-                 config: Sequence[tuple[str, str]] = (), git_dir: str | Path | None = None,
-                 timeout_sec: float | None = None) -> None:
+    def __init__(
+        self,
+        working_dir: str | Path,
+        *,
+        env: Mapping[str, str],
+        config: Sequence[tuple[str, str]] = (),
+        git_dir: str | Path | None = None,
+        timeout_sec: float | None = None,
+    ) -> None:
         super().__init__(working_dir)
         self._vero_env = dict(env)
         self._vero_config = (*HARDENING_CONFIG, *config)
@@ -216,8 +223,19 @@ class IsolatedGit(git.Git):
 NETWORK_PROTOCOLS: tuple[str, ...] = ("https", "http", "ssh", "git")
 """Transports a network fetch may use (`network_config`): what a spec's `git_url` can name."""
 
-_NETWORK_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
-                      "all_proxy", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "SSH_AUTH_SOCK")
+_NETWORK_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "SSH_AUTH_SOCK",
+)
 
 
 def network_config() -> tuple[tuple[str, str], ...]:
@@ -247,8 +265,10 @@ def commit_trees(repo: Path, commits: Sequence[str], *, bare: bool = False) -> d
         runner = IsolatedGit(repo, env=env, git_dir=repo if bare else repo / ".git")
         trees: dict[str, str] = {}
         for commit in commits:
-            out = runner.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
-                                  f"{commit}^{{tree}}"], with_exceptions=False)
+            out = runner.execute(
+                ["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{tree}}"],
+                with_exceptions=False,
+            )
             if isinstance(out, str) and len(out.strip()) in (40, 64):
                 trees[commit] = out.strip()
         return trees

@@ -31,9 +31,7 @@ class LoopLocalLock:
     """
 
     def __init__(self) -> None:
-        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         self._guard = threading.Lock()
 
     def get(self) -> asyncio.Lock:

@@ -118,8 +118,10 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
     out = io.BytesIO()
     # The tar stream goes straight into gzip (deflate output does not depend on how its input is
     # chunked), so the uncompressed archive is never held in memory.
-    with (gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz,
-          tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar):
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         if prefix:
             tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
         for rel, path in entries:

@@ -50,8 +50,7 @@ class TreeSize:
     """Sum of the files' sizes, bytes."""
 
 
-def measure_tree(git: _Git, tree: str, limits: CandidateLimits,
-                 base: tuple[str, TreeSize] | None = None) -> TreeSize:
+def measure_tree(git: _Git, tree: str, limits: CandidateLimits, base: tuple[str, TreeSize] | None = None) -> TreeSize:
     """Measure `tree` and check it against `limits`.
 
     Args:
@@ -125,13 +124,15 @@ def _whole(git: _Git, tree: str) -> tuple[int, int, list[tuple[bytes, int]]]:
     return files, total, sizes
 
 
-def _delta(git: _Git, base_tree: str, tree: str, base: TreeSize,
-           limits: CandidateLimits) -> tuple[int, int, list[tuple[bytes, int]]]:
+def _delta(
+    git: _Git, base_tree: str, tree: str, base: TreeSize, limits: CandidateLimits
+) -> tuple[int, int, list[tuple[bytes, int]]]:
     """(files, bytes, (path, size) of every added or changed file) of `tree`, from `base_tree`'s
     figures and the difference. The file count is checked before any size is read, so a tree with
     far too many files costs one `diff-tree`."""
-    raw = git.diff_tree("-r", "-z", "--no-renames", "--raw", "--end-of-options", base_tree, tree,
-                        stdout_as_string=False)
+    raw = git.diff_tree(
+        "-r", "-z", "--no-renames", "--raw", "--end-of-options", base_tree, tree, stdout_as_string=False
+    )
     fields = raw.split(b"\0")
     removed: list[bytes] = []
     added: list[tuple[bytes, bytes]] = []
@@ -164,8 +165,7 @@ def _blob_sizes(git: _Git, oids: list[bytes]) -> dict[bytes, int]:
     with tempfile.TemporaryFile() as requests:
         requests.write(b"".join(oid + b"\n" for oid in unique))
         requests.seek(0)
-        out = git.cat_file("--batch-check=%(objectname) %(objectsize)", istream=requests,
-                           stdout_as_string=False)
+        out = git.cat_file("--batch-check=%(objectname) %(objectsize)", istream=requests, stdout_as_string=False)
     sizes: dict[bytes, int] = {}
     for line in out.splitlines():
         oid, _, size = line.partition(b" ")

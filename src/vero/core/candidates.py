@@ -201,8 +201,9 @@ def _parse_commit(oid: str, raw: bytes) -> CandidateRecord:
     first_line = message.split(b"\n", 1)[0].decode("utf-8", errors="replace")
     # Agent-written text ends up in terminals and reports: no escape sequences or other controls.
     first_line = "".join(ch for ch in first_line if unicodedata.category(ch) != "Cc").strip()
-    return CandidateRecord(id=oid, parent=parent, tree=tree, subject=first_line[:_SUBJECT_CHARS],
-                           imported_at=datetime.now(UTC))
+    return CandidateRecord(
+        id=oid, parent=parent, tree=tree, subject=first_line[:_SUBJECT_CHARS], imported_at=datetime.now(UTC)
+    )
 
 
 class CandidateStore:
@@ -223,8 +224,14 @@ class CandidateStore:
     root: Path
     git_dir: Path
 
-    def __init__(self, root: Path, state: StateStore | None, *, git_timeout_sec: float = 600.0,
-                 limits: CandidateLimits | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        state: StateStore | None,
+        *,
+        git_timeout_sec: float = 600.0,
+        limits: CandidateLimits | None = None,
+    ) -> None:
         self.root = root
         self.limits = limits or CandidateLimits()
         self.git_dir = root / "candidates.git"
@@ -241,8 +248,14 @@ class CandidateStore:
         self._imports_since_repack = 0
 
     @classmethod
-    def open(cls, root: str | Path, state: StateStore | None = None, *,
-             git_timeout_sec: float = 600.0, limits: CandidateLimits | None = None) -> CandidateStore:
+    def open(
+        cls,
+        root: str | Path,
+        state: StateStore | None = None,
+        *,
+        git_timeout_sec: float = 600.0,
+        limits: CandidateLimits | None = None,
+    ) -> CandidateStore:
         """Open or create the store under `root`.
 
         Args:
@@ -261,8 +274,9 @@ class CandidateStore:
         for private in (store._env_dir, store._home, store._template):
             private.mkdir(mode=0o700, exist_ok=True)
         if not (store.git_dir / "HEAD").is_file():
-            store._git(store.root).init("-q", "--bare", f"--template={store._template}",
-                                        "--object-format=sha1", str(store.git_dir))
+            store._git(store.root).init(
+                "-q", "--bare", f"--template={store._template}", "--object-format=sha1", str(store.git_dir)
+            )
         return store
 
     def _records(self) -> StateStore:
@@ -282,19 +296,31 @@ class CandidateStore:
                 self._configs.add(path)
         return path
 
-    def _git(self, cwd: Path, *, git_dir: Path | None = None,
-             safe_directories: list[Path] | None = None, extra_env: dict[str, str] | None = None) -> IsolatedGit:
+    def _git(
+        self,
+        cwd: Path,
+        *,
+        git_dir: Path | None = None,
+        safe_directories: list[Path] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> IsolatedGit:
         safe = [self.git_dir, *(safe_directories or [])]
         env = minimal_env(self._home, self._global_config(safe), extra_env)
-        return IsolatedGit(cwd, env=env, config=[("safe.directory", str(p)) for p in safe],
-                           git_dir=git_dir, timeout_sec=self.git_timeout_sec)
+        return IsolatedGit(
+            cwd,
+            env=env,
+            config=[("safe.directory", str(p)) for p in safe],
+            git_dir=git_dir,
+            timeout_sec=self.git_timeout_sec,
+        )
 
     def _store_git(self, safe_directories: list[Path] | None = None) -> IsolatedGit:
         return self._git(self._home, git_dir=self.git_dir, safe_directories=safe_directories)
 
     def _candidate_ref_exists(self, store: IsolatedGit, oid: str) -> bool:
-        status, _, _ = store.show_ref("--verify", "--quiet", CANDIDATE_REF_PREFIX + oid,
-                                      with_extended_output=True, with_exceptions=False)
+        status, _, _ = store.show_ref(
+            "--verify", "--quiet", CANDIDATE_REF_PREFIX + oid, with_extended_output=True, with_exceptions=False
+        )
         return status == 0
 
     def temporary_refs(self) -> list[str]:
@@ -334,8 +360,7 @@ class CandidateStore:
                 recorded, and the same version imports once there is room.
         """
         abort = threading.Event()
-        return await run_to_completion(lambda: self._import_version(source_repo, version, abort),
-                                       on_cancel=abort.set)
+        return await run_to_completion(lambda: self._import_version(source_repo, version, abort), on_cancel=abort.set)
 
     def import_version_sync(self, source_repo: str | Path, version: str) -> CandidateRecord:
         """Blocking form of `import_version` (for threads and tools).
@@ -345,8 +370,7 @@ class CandidateStore:
         """
         return self._import_version(source_repo, version, None)
 
-    def _import_version(self, source_repo: str | Path, version: str,
-                        abort: threading.Event | None) -> CandidateRecord:
+    def _import_version(self, source_repo: str | Path, version: str, abort: threading.Event | None) -> CandidateRecord:
         version = _check_version(version)
         source_git_dir, safe = _source_git_dir(source_repo)
         agent = self._git(self._home, git_dir=source_git_dir, safe_directories=safe)
@@ -371,8 +395,12 @@ class CandidateStore:
         ancestors = [a for a in ancestors if _OID.fullmatch(a) and a != oid]
         if not ancestors or self.state is None:
             return []
-        known = {cid for (cid,) in self.state.rows(
-            f"SELECT id FROM candidates WHERE id IN ({', '.join('?' * len(ancestors))})", tuple(ancestors))}
+        known = {
+            cid
+            for (cid,) in self.state.rows(
+                f"SELECT id FROM candidates WHERE id IN ({', '.join('?' * len(ancestors))})", tuple(ancestors)
+            )
+        }
         return [CANDIDATE_REF_PREFIX + a for a in ancestors if a in known][:8]
 
     def import_commit_from_store(self, other_git_dir: str | Path, commit: str) -> CandidateRecord:
@@ -390,9 +418,15 @@ class CandidateStore:
         source_git_dir, safe = _source_git_dir(other_git_dir)
         return self._import_oid(source_git_dir, safe, commit, None)
 
-    def _import_oid(self, source_git_dir: Path, safe: list[Path], oid: str,
-                    abort: threading.Event | None, negotiation_tips: list[str] | None = None,
-                    untrusted: IsolatedGit | None = None) -> CandidateRecord:
+    def _import_oid(
+        self,
+        source_git_dir: Path,
+        safe: list[Path],
+        oid: str,
+        abort: threading.Event | None,
+        negotiation_tips: list[str] | None = None,
+        untrusted: IsolatedGit | None = None,
+    ) -> CandidateRecord:
         """Steps 3-8 of the module docstring for a resolved commit id.
 
         `untrusted`: the agent's repository, measured against the size limits before the fetch
@@ -414,8 +448,7 @@ class CandidateStore:
                 record = _parse_commit(oid, store.cat_file("commit", oid, stdout_as_string=False))
                 base = self._checked_base(store, records, oid)
                 symlinks = self._inspect_tree(store, record.tree, base)
-                size = measure_tree(store, record.tree, self.limits,
-                                    None if base is None else (base.tree, base.size))
+                size = measure_tree(store, record.tree, self.limits, None if base is None else (base.tree, base.size))
                 self._check_abort(abort)
                 record = self._publish(store, records, record, symlinks, size)
             except (GitFailed, OSError) as exc:
@@ -451,9 +484,16 @@ class CandidateStore:
 
     def _fetch(self, store: IsolatedGit, source_git_dir: Path, oid: str, temporary: str, tips: list[str]) -> None:
         try:
-            store.fetch("--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--quiet",
-                        *(f"--negotiation-tip={tip}" for tip in tips),
-                        "--end-of-options", str(source_git_dir), f"{oid}:{temporary}")
+            store.fetch(
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--no-recurse-submodules",
+                "--quiet",
+                *(f"--negotiation-tip={tip}" for tip in tips),
+                "--end-of-options",
+                str(source_git_dir),
+                f"{oid}:{temporary}",
+            )
         except GitFailed as exc:
             if is_out_of_space(exc):
                 raise self._full() from None
@@ -495,13 +535,13 @@ class CandidateStore:
         if base is not None and base.tree == tree:
             return base.symlinks
         if base is None:
-            listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree,
-                                    stdout_as_string=False)
+            listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree, stdout_as_string=False)
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
-            diff = store.diff_tree("-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options",
-                                   base.tree, tree, stdout_as_string=False)
+            diff = store.diff_tree(
+                "-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options", base.tree, tree, stdout_as_string=False
+            )
             entries = _diff_tree_entries(diff)
             links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
@@ -532,13 +572,18 @@ class CandidateStore:
         """The nearest tree on `oid`'s first-parent line (as `repo` tells it) that an earlier import
         checked, with its symlinks and figures. `repo` may be the agent's: a false history only
         picks another checked tree to compare with, and the comparison itself is exact."""
-        trees = repo.log("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T",
-                         "--end-of-options", oid).split()
+        trees = repo.log(
+            "--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T", "--end-of-options", oid
+        ).split()
         if not trees:
             return None
-        found = {tree: (links, files, size) for tree, links, files, size in records.rows(
-            f"SELECT tree, symlinks, files, bytes FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})",
-            tuple(trees))}
+        found = {
+            tree: (links, files, size)
+            for tree, links, files, size in records.rows(
+                f"SELECT tree, symlinks, files, bytes FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})",
+                tuple(trees),
+            )
+        }
         for tree in trees:
             if tree in found:
                 links, files, size = found[tree]
@@ -551,8 +596,7 @@ class CandidateStore:
         with tempfile.TemporaryFile() as requests:
             requests.write(b"".join(oid + b"\n" for oid in unique))
             requests.seek(0)
-            out = store.cat_file("--batch", istream=requests, stdout_as_string=False,
-                                 strip_newline_in_stdout=False)
+            out = store.cat_file("--batch", istream=requests, stdout_as_string=False, strip_newline_in_stdout=False)
         contents: dict[bytes, bytes] = {}
         pos = 0
         for oid in unique:
@@ -561,12 +605,18 @@ class CandidateStore:
             if len(header) != 3 or header[0] != oid or header[1] != b"blob":
                 raise CandidateRejected("a symlink of the commit's tree is not a readable blob")
             size = int(header[2])
-            contents[oid] = out[end + 1:end + 1 + size]
+            contents[oid] = out[end + 1 : end + 1 + size]
             pos = end + 1 + size + 1
         return contents
 
-    def _publish(self, store: IsolatedGit, records: StateStore, record: CandidateRecord,
-                 symlinks: dict[bytes, bytes], size: TreeSize) -> CandidateRecord:
+    def _publish(
+        self,
+        store: IsolatedGit,
+        records: StateStore,
+        record: CandidateRecord,
+        symlinks: dict[bytes, bytes],
+        size: TreeSize,
+    ) -> CandidateRecord:
         # One publisher at a time: two concurrent imports of one commit keep the first record.
         with self._publish_lock:
             existing = self._existing(store, record.id)
@@ -575,14 +625,19 @@ class CandidateStore:
             store.update_ref("-m", "vero: import candidate", CANDIDATE_REF_PREFIX + record.id, record.id)
 
             def change(conn: sqlite3.Connection) -> CandidateRecord:
-                row = conn.execute("SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?",
-                                   (record.id,)).fetchone()
+                row = conn.execute(
+                    "SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?", (record.id,)
+                ).fetchone()
                 if row is not None:  # recorded before, its ref restored just now
                     return _record(row)
-                conn.execute("INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
-                             (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)))
-                conn.execute("INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
-                             (record.tree, _links_to_json(symlinks), size.files, size.bytes))
+                conn.execute(
+                    "INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
+                    (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)),
+                )
+                conn.execute(
+                    "INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
+                    (record.tree, _links_to_json(symlinks), size.files, size.bytes),
+                )
                 return record
 
             return records.commit_sync(change)
@@ -625,16 +680,21 @@ class CandidateStore:
         """
         if not isinstance(candidate_id, str) or not _OID.fullmatch(candidate_id):
             raise KeyError(candidate_id)
-        rows = self._records().rows("SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?",
-                                    (candidate_id,))
+        rows = self._records().rows(
+            "SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?", (candidate_id,)
+        )
         if not rows:
             raise KeyError(candidate_id)
         return _record(rows[0])
 
     def list(self) -> list[CandidateRecord]:
         """All records, in import order."""
-        return [_record(row) for row in self._records().rows(
-            "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq")]
+        return [
+            _record(row)
+            for row in self._records().rows(
+                "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq"
+            )
+        ]
 
     def contains(self, candidate_id: str) -> bool:
         """Whether the candidate is recorded and its ref is in the repository."""
@@ -649,8 +709,11 @@ class CandidateStore:
         return len(list((self.git_dir / "objects" / "pack").glob("*.pack")))
 
     def _commit_tree(self, store: IsolatedGit, candidate_id: str) -> str:
-        if not isinstance(candidate_id, str) or not _OID.fullmatch(candidate_id) \
-                or not self._candidate_ref_exists(store, candidate_id):
+        if (
+            not isinstance(candidate_id, str)
+            or not _OID.fullmatch(candidate_id)
+            or not self._candidate_ref_exists(store, candidate_id)
+        ):
             raise KeyError(candidate_id)
         return store.rev_parse("--verify", "--end-of-options", f"{candidate_id}^{{tree}}").strip()
 
@@ -713,8 +776,9 @@ class CandidateStore:
             raise
         changed: tuple[str, ...] | None = None
         if previous is not None:
-            names = store.diff_tree("-r", "-z", "--name-only", "--no-renames", "--end-of-options", previous, tree,
-                                    stdout_as_string=False)
+            names = store.diff_tree(
+                "-r", "-z", "--name-only", "--no-renames", "--end-of-options", previous, tree, stdout_as_string=False
+            )
             changed = tuple(name.decode("utf-8", errors="surrogateescape") for name in names.split(b"\0") if name)
         atomic_write_bytes(marker, tree.encode("ascii") + b"\n")
         return WorktreeUpdate(path=work_tree, changed=changed)
@@ -723,10 +787,25 @@ class CandidateStore:
         # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
         # written; entries the tree lacks are deleted; untracked files in the way are overwritten.
         # `core.trustctime=false`: a chmod of a file does not count as a change.
-        worktree_git = self._git(work_tree, git_dir=self.git_dir,
-                                 extra_env={"GIT_WORK_TREE": str(work_tree), "GIT_INDEX_FILE": str(index_file)})
-        worktree_git.execute(["git", "-c", "core.trustctime=false", "-c", "core.checkStat=minimal",
-                              "read-tree", "--reset", "-u", "--end-of-options", tree])
+        worktree_git = self._git(
+            work_tree,
+            git_dir=self.git_dir,
+            extra_env={"GIT_WORK_TREE": str(work_tree), "GIT_INDEX_FILE": str(index_file)},
+        )
+        worktree_git.execute(
+            [
+                "git",
+                "-c",
+                "core.trustctime=false",
+                "-c",
+                "core.checkStat=minimal",
+                "read-tree",
+                "--reset",
+                "-u",
+                "--end-of-options",
+                tree,
+            ]
+        )
 
 
 def _check_entry(path: bytes, mode: bytes, reserved: set[bytes]) -> None:
@@ -738,8 +817,7 @@ def _check_entry(path: bytes, mode: bytes, reserved: set[bytes]) -> None:
     if any(part in (b"", b".", b"..") or part.lower() == b".git" for part in parts):
         raise CandidateRejected(f"the commit's tree contains the unsafe path {shown!r}")
     if mode not in _ALLOWED_MODES:
-        raise CandidateRejected(f"the commit's tree has unsupported mode {mode.decode(errors='replace')} "
-                                f"at {shown!r}")
+        raise CandidateRejected(f"the commit's tree has unsupported mode {mode.decode(errors='replace')} at {shown!r}")
 
 
 def _ls_tree_entries(listing: bytes) -> list[tuple[bytes, bytes, bytes]]:

@@ -62,7 +62,7 @@ def clip(text: str | None, limit: int = MAX_DETAIL_CHARS) -> str | None:
     """`text` cut to its last `limit` characters (the end of a log or traceback says most)."""
     if text is None or len(text) <= limit:
         return text
-    return "..." + text[-(limit - 3):]
+    return "..." + text[-(limit - 3) :]
 
 
 class _Record(BaseModel):
@@ -124,8 +124,7 @@ class RunDiagnostics(_Record):
     @property
     def has_failures(self) -> bool:
         """A case problem, a failed trial, or a Harbor job that exited non-zero or timed out."""
-        return bool(self.problems or self.trial_failures
-                    or any(r.returncode != 0 or r.timed_out for r in self.rounds))
+        return bool(self.problems or self.trial_failures or any(r.returncode != 0 or r.timed_out for r in self.rounds))
 
     def summary(self) -> list[str]:
         """One line per case problem, then one per distinct trial exception type (with its count)."""

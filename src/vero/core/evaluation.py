@@ -153,12 +153,27 @@ class EvaluationResult(_Record):
         return dict(sorted(counts.items()))
 
     @classmethod
-    def from_cases(cls, *, partition: str, candidate: str, reward_key: str, cases: list[CaseResult],
-                   started_at: datetime, finished_at: datetime, **extra) -> EvaluationResult:
+    def from_cases(
+        cls,
+        *,
+        partition: str,
+        candidate: str,
+        reward_key: str,
+        cases: list[CaseResult],
+        started_at: datetime,
+        finished_at: datetime,
+        **extra,
+    ) -> EvaluationResult:
         """Build a result whose score is the mean of `cases` (which must not be empty)."""
         if not cases:
             raise ValueError("an evaluation result needs at least one case")
-        return cls(partition=partition, candidate=candidate, reward_key=reward_key, cases=cases,
-                   score=fmean(c.score for c in cases), started_at=started_at,
-                   finished_at=finished_at, **extra)
-
+        return cls(
+            partition=partition,
+            candidate=candidate,
+            reward_key=reward_key,
+            cases=cases,
+            score=fmean(c.score for c in cases),
+            started_at=started_at,
+            finished_at=finished_at,
+            **extra,
+        )

@@ -118,12 +118,14 @@ class JobStore:
         if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job.id,)).fetchone():
             raise ValueError("job id already exists")
         try:
-            conn.execute("INSERT INTO jobs (id, principal, partition, state, reservation_id, record) "
-                         "VALUES (?, ?, ?, ?, ?, ?)",
-                         (job.id, job.principal, job.partition, job.state, job.reservation_id, job.model_dump_json()))
+            conn.execute(
+                "INSERT INTO jobs (id, principal, partition, state, reservation_id, record) VALUES (?, ?, ?, ?, ?, ?)",
+                (job.id, job.principal, job.partition, job.state, job.reservation_id, job.model_dump_json()),
+            )
         except sqlite3.IntegrityError:
-            raise ValueError("a job needs an open reservation of its own budget that no other job owns, "
-                             "and starts unfinished") from None
+            raise ValueError(
+                "a job needs an open reservation of its own budget that no other job owns, and starts unfinished"
+            ) from None
 
     async def admit(self, job: EvaluationJob, cost: Cost) -> tuple[EvaluationJob, Reservation]:
         """Reserve `cost` under `job.reservation_id` and record `job`, in one transaction.
@@ -172,8 +174,9 @@ class JobStore:
     @staticmethod
     def _store(conn: sqlite3.Connection, job: EvaluationJob) -> None:
         try:
-            conn.execute("UPDATE jobs SET state = ?, record = ? WHERE id = ?",
-                         (job.state, job.model_dump_json(), job.id))
+            conn.execute(
+                "UPDATE jobs SET state = ?, record = ? WHERE id = ?", (job.state, job.model_dump_json(), job.id)
+            )
         except sqlite3.IntegrityError:
             raise Conflict("the job's state cannot change this way") from None
 
@@ -211,9 +214,17 @@ class JobStore:
 
         return await self.state.commit(change)
 
-    def finish_in(self, conn: sqlite3.Connection, job_id: str, state: Literal["complete", "failed", "cancelled"], *,
-                  error: str | None = None, result: EvaluationResult | None = None,
-                  finished_at: datetime | None = None, **fields: Any) -> EvaluationJob:
+    def finish_in(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        state: Literal["complete", "failed", "cancelled"],
+        *,
+        error: str | None = None,
+        result: EvaluationResult | None = None,
+        finished_at: datetime | None = None,
+        **fields: Any,
+    ) -> EvaluationJob:
         """`finish` inside the caller's transaction `conn` (so a caller can record more state, e.g. its
         own table, in the same transaction as the job's end)."""
         if state not in TERMINAL_STATES:
@@ -237,9 +248,16 @@ class JobStore:
             self.ledger.close_in(conn, current.reservation_id, "refunded", error or state)
         return finished
 
-    async def finish(self, job_id: str, state: Literal["complete", "failed", "cancelled"], *,
-                     error: str | None = None, result: EvaluationResult | None = None,
-                     finished_at: datetime | None = None, **fields: Any) -> EvaluationJob:
+    async def finish(
+        self,
+        job_id: str,
+        state: Literal["complete", "failed", "cancelled"],
+        *,
+        error: str | None = None,
+        result: EvaluationResult | None = None,
+        finished_at: datetime | None = None,
+        **fields: Any,
+    ) -> EvaluationJob:
         """End a job and close its reservation, in one transaction.
 
         `complete` settles the reservation (a measurement stays charged, zero scores included);
@@ -262,8 +280,10 @@ class JobStore:
             ValueError: `state` is not terminal, or the fields fail validation.
         """
         return await self.state.commit(
-            lambda conn: self.finish_in(conn, job_id, state, error=error, result=result, finished_at=finished_at,
-                                        **fields))
+            lambda conn: self.finish_in(
+                conn, job_id, state, error=error, result=result, finished_at=finished_at, **fields
+            )
+        )
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -282,8 +302,9 @@ class JobStore:
 
     def get(self, job_id: str) -> EvaluationJob:
         """One job. Raises UnknownJob."""
-        row = self.state.read(lambda conn: conn.execute("SELECT id, record FROM jobs WHERE id = ?",
-                                                        (job_id,)).fetchone())
+        row = self.state.read(
+            lambda conn: conn.execute("SELECT id, record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        )
         if row is None:
             raise UnknownJob("no evaluation job with that id")
         return self._cached(*row)
@@ -306,8 +327,9 @@ class JobStore:
         """
         if name not in EvaluationJob.model_fields:
             raise ValueError(f"{name!r} is not a job field")
-        rows = self.state.rows(f"SELECT id, record FROM jobs WHERE json_extract(record, '$.{name}') IS NOT NULL "
-                               "ORDER BY seq")
+        rows = self.state.rows(
+            f"SELECT id, record FROM jobs WHERE json_extract(record, '$.{name}') IS NOT NULL ORDER BY seq"
+        )
         return [self._cached(*row) for row in rows]
 
     def unfinished(self) -> builtins.list[EvaluationJob]:
@@ -319,13 +341,20 @@ class JobStore:
         """Partition -> state -> number of `principal`'s jobs (states with no job are absent)."""
         counts: dict[str, dict[str, int]] = {}
         for partition, state, n in self.state.rows(
-                "SELECT partition, state, count(*) FROM jobs WHERE principal = ? GROUP BY partition, state",
-                (principal,)):
+            "SELECT partition, state, count(*) FROM jobs WHERE principal = ? GROUP BY partition, state", (principal,)
+        ):
             counts.setdefault(partition, {})[state] = n
         return counts
 
-    def page(self, principal: str, *, limit: int, before: str | None = None, partition: str | None = None,
-             state: str | None = None) -> JobPage:
+    def page(
+        self,
+        principal: str,
+        *,
+        limit: int,
+        before: str | None = None,
+        partition: str | None = None,
+        state: str | None = None,
+    ) -> JobPage:
         """`principal`'s jobs newest first, `limit` at a time, optionally of one partition or state.
 
         Args:
@@ -345,8 +374,9 @@ class JobStore:
         def query(conn: sqlite3.Connection) -> JobPage:
             where, parameters = ["principal = ?"], [principal]
             if before is not None:
-                row = conn.execute("SELECT seq FROM jobs WHERE id = ? AND principal = ?",
-                                   (before, principal)).fetchone()
+                row = conn.execute(
+                    "SELECT seq FROM jobs WHERE id = ? AND principal = ?", (before, principal)
+                ).fetchone()
                 if row is None:
                     raise UnknownJob("no evaluation job with that id")
                 where.append("seq < ?")
@@ -357,8 +387,10 @@ class JobStore:
             if state is not None:
                 where.append("state = ?")
                 parameters.append(state)
-            rows = conn.execute(f"SELECT id, record FROM jobs WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?",
-                                (*parameters, limit + 1)).fetchall()
+            rows = conn.execute(
+                f"SELECT id, record FROM jobs WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?",
+                (*parameters, limit + 1),
+            ).fetchall()
             jobs = [self._cached(*row) for row in rows[:limit]]
             return JobPage(jobs=jobs, next_cursor=jobs[-1].id if len(rows) > limit else None)
 
@@ -387,8 +419,9 @@ def _parse(record: str) -> EvaluationJob:
         raise LedgerCorrupt(f"a job record in the state store is invalid at {where}: {first['msg']}") from None
 
 
-async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger | None = None, *,
-                              reconcile_reservations: bool = True) -> list[EvaluationJob]:
+async def recover_interrupted(
+    jobs: JobStore, ledger: BudgetLedger | None = None, *, reconcile_reservations: bool = True
+) -> list[EvaluationJob]:
     """After a restart: fail the jobs that were queued or running and refund their reservations.
 
     Call it once at startup, before the sidecar accepts requests: it treats every unfinished job and
@@ -413,13 +446,19 @@ async def recover_interrupted(jobs: JobStore, ledger: BudgetLedger | None = None
 
     def change(conn: sqlite3.Connection) -> list[EvaluationJob]:
         now = datetime.now(UTC)
-        ids = [job_id for (job_id,) in conn.execute(
-            f"SELECT id FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")]
+        ids = [
+            job_id
+            for (job_id,) in conn.execute(f"SELECT id FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")
+        ]
         recovered = [jobs.finish_in(conn, job_id, "failed", error="interrupted", finished_at=now) for job_id in ids]
         if reconcile_reservations:
-            orphans = [rid for (rid,) in conn.execute(
-                "SELECT r.id FROM reservations r WHERE r.state = 'reserved' "
-                "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.reservation_id = r.id) ORDER BY r.seq")]
+            orphans = [
+                rid
+                for (rid,) in conn.execute(
+                    "SELECT r.id FROM reservations r WHERE r.state = 'reserved' "
+                    "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.reservation_id = r.id) ORDER BY r.seq"
+                )
+            ]
             for rid in orphans:
                 jobs.ledger.close_in(conn, rid, "refunded", "interrupted")
         return recovered

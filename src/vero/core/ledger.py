@@ -57,6 +57,7 @@ __all__ = [
 RESOURCES: tuple[str, ...] = ("runs", "cases")
 """The budget's named resources, in the order a reservation checks them (runs first)."""
 
+
 class _Amounts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -214,22 +215,36 @@ def _no_entry() -> PolicyDenied:
     return PolicyDenied("no budget is configured for the requested partition")
 
 
-_RESERVATION_COLUMNS = ("r.id, r.partition, r.principal, r.state, r.created_at, r.closed_at, r.reason, "
-                        "(SELECT json_group_object(c.resource, c.amount) FROM reservation_costs c "
-                        "WHERE c.reservation_id = r.id)")
+_RESERVATION_COLUMNS = (
+    "r.id, r.partition, r.principal, r.state, r.created_at, r.closed_at, r.reason, "
+    "(SELECT json_group_object(c.resource, c.amount) FROM reservation_costs c "
+    "WHERE c.reservation_id = r.id)"
+)
 
 
 def _reservation(row: tuple) -> Reservation:
     rid, partition, principal, state, created_at, closed_at, reason, cost = row
-    return Reservation(id=rid, partition=partition, principal=principal, cost=Cost(**json.loads(cost or "{}")),
-                       state=state, created_at=created_at, closed_at=closed_at, reason=reason)
+    return Reservation(
+        id=rid,
+        partition=partition,
+        principal=principal,
+        cost=Cost(**json.loads(cost or "{}")),
+        state=state,
+        created_at=created_at,
+        closed_at=closed_at,
+        reason=reason,
+    )
 
 
 def _figures(conn: sqlite3.Connection, where: str = "", parameters: tuple = ()) -> list[BudgetFigures]:
-    return [BudgetFigures(partition=p, principal=q, resource=r, total=t, settled=s, reserved=v)
-            for p, q, r, t, s, v in conn.execute(
-                f"SELECT partition, principal, resource, total, settled, reserved FROM budgets {where} "
-                "ORDER BY partition, principal, resource", parameters)]
+    return [
+        BudgetFigures(partition=p, principal=q, resource=r, total=t, settled=s, reserved=v)
+        for p, q, r, t, s, v in conn.execute(
+            f"SELECT partition, principal, resource, total, settled, reserved FROM budgets {where} "
+            "ORDER BY partition, principal, resource",
+            parameters,
+        )
+    ]
 
 
 class BudgetLedger:
@@ -254,8 +269,7 @@ class BudgetLedger:
         return self.state.path
 
     @classmethod
-    def open(cls, state: StateStore | str | Path,
-             totals: Mapping[tuple[str, str], BudgetTotals]) -> BudgetLedger:
+    def open(cls, state: StateStore | str | Path, totals: Mapping[tuple[str, str], BudgetTotals]) -> BudgetLedger:
         """The ledger of `state` (a store, or the path of its database), with `totals` configured.
 
         Configured pairs or resources absent from the store are added with zero usage (one
@@ -276,39 +290,57 @@ class BudgetLedger:
                 label = f"budget of partition {key[0]!r}, principal {key[1]!r}"
                 amounts = configured.amounts()
                 if key not in pairs and recorded:  # a store's first budgets are no drift
-                    drift.append(f"{label}: newly configured ("
-                                 + ", ".join(f"{r} {a}" for r, a in amounts.items()) + "); added with no usage")
+                    drift.append(
+                        f"{label}: newly configured ("
+                        + ", ".join(f"{r} {a}" for r, a in amounts.items())
+                        + "); added with no usage"
+                    )
                 added = [r for r in amounts if (*key, r) not in recorded]
                 for resource in added:
-                    conn.execute("INSERT INTO budgets (partition, principal, resource, total) VALUES (?, ?, ?, ?)",
-                                 (*key, resource, amounts[resource]))
+                    conn.execute(
+                        "INSERT INTO budgets (partition, principal, resource, total) VALUES (?, ?, ?, ?)",
+                        (*key, resource, amounts[resource]),
+                    )
                 if key in pairs and added:
                     drift.append(f"{label}: resource(s) {', '.join(added)} newly configured; added with no usage")
                 kept = {r: recorded[(*key, r)].total for r in amounts if (*key, r) in recorded}
                 if key in pairs and any(kept[r] != amounts[r] for r in kept):
-                    drift.append(f"{label}: configured " + ", ".join(f"{r} {amounts[r]}" for r in kept)
-                                 + "; the ledger keeps " + ", ".join(f"{r} {kept[r]}" for r in kept))
+                    drift.append(
+                        f"{label}: configured "
+                        + ", ".join(f"{r} {amounts[r]}" for r in kept)
+                        + "; the ledger keeps "
+                        + ", ".join(f"{r} {kept[r]}" for r in kept)
+                    )
             for key in sorted(pairs - set(totals)):
-                drift.append(f"budget of partition {key[0]!r}, principal {key[1]!r}: no longer configured; "
-                             f"kept as recorded")
+                drift.append(
+                    f"budget of partition {key[0]!r}, principal {key[1]!r}: no longer configured; kept as recorded"
+                )
             return drift
 
-        needs_write = any((*key, resource) not in _present(store)
-                          for key, configured in totals.items() for resource in configured.amounts())
+        needs_write = any(
+            (*key, resource) not in _present(store)
+            for key, configured in totals.items()
+            for resource in configured.amounts()
+        )
         drift = store.commit_sync(reconcile) if needs_write else store.read(reconcile)
         return cls(store, drift)
 
     # -- mutations (also usable inside a caller's transaction) --------------------------------------
 
-    def reserve_in(self, conn: sqlite3.Connection, partition: str, principal: str, cost: Cost,
-                   reservation_id: str) -> Reservation:
+    def reserve_in(
+        self, conn: sqlite3.Connection, partition: str, principal: str, cost: Cost, reservation_id: str
+    ) -> Reservation:
         """`reserve` inside the caller's transaction `conn` (see `StateStore.commit`).
 
         Raises:
             As `reserve`.
         """
-        remaining = dict(conn.execute("SELECT resource, total - settled - reserved FROM budgets "
-                                      "WHERE partition = ? AND principal = ?", (partition, principal)))
+        remaining = dict(
+            conn.execute(
+                "SELECT resource, total - settled - reserved FROM budgets WHERE partition = ? AND principal = ?",
+                (partition, principal),
+            )
+        )
         if not remaining:
             raise _no_entry()
         if conn.execute("SELECT 1 FROM reservations WHERE id = ?", (reservation_id,)).fetchone():
@@ -321,18 +353,28 @@ class BudgetLedger:
                 continue
             if amount > remaining[resource]:
                 raise BudgetExhausted(partition, principal, resource, amount, remaining[resource])
-        reservation = Reservation(id=reservation_id, partition=partition, principal=principal, cost=cost,
-                                  state="reserved", created_at=datetime.now(UTC))
-        conn.execute("INSERT INTO reservations (id, partition, principal, state, created_at) "
-                     "VALUES (?, ?, ?, 'reserved', ?)",
-                     (reservation_id, partition, principal, iso(reservation.created_at)))
-        conn.executemany("INSERT INTO reservation_costs (reservation_id, partition, principal, resource, amount) "
-                         "VALUES (?, ?, ?, ?, ?)",
-                         [(reservation_id, partition, principal, r, a) for r, a in amounts.items() if r in remaining])
+        reservation = Reservation(
+            id=reservation_id,
+            partition=partition,
+            principal=principal,
+            cost=cost,
+            state="reserved",
+            created_at=datetime.now(UTC),
+        )
+        conn.execute(
+            "INSERT INTO reservations (id, partition, principal, state, created_at) VALUES (?, ?, ?, 'reserved', ?)",
+            (reservation_id, partition, principal, iso(reservation.created_at)),
+        )
+        conn.executemany(
+            "INSERT INTO reservation_costs (reservation_id, partition, principal, resource, amount) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(reservation_id, partition, principal, r, a) for r, a in amounts.items() if r in remaining],
+        )
         return reservation
 
-    def close_in(self, conn: sqlite3.Connection, reservation_id: str, target: Literal["settled", "refunded"],
-                 reason: str) -> Reservation:
+    def close_in(
+        self, conn: sqlite3.Connection, reservation_id: str, target: Literal["settled", "refunded"], reason: str
+    ) -> Reservation:
         """`settle` or `refund` inside the caller's transaction `conn`.
 
         Raises:
@@ -340,8 +382,9 @@ class BudgetLedger:
                 ValueError): it was already closed the other way, or it belongs to a job that has
                 not finished (close it with `JobStore.finish`).
         """
-        row = conn.execute(f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?",
-                           (reservation_id,)).fetchone()
+        row = conn.execute(
+            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?", (reservation_id,)
+        ).fetchone()
         if row is None:
             raise UnknownReservation(f"no budget reservation {reservation_id!r}")
         current = _reservation(row)
@@ -354,8 +397,10 @@ class BudgetLedger:
             raise ReservationConflict("the reservation belongs to a job that has not finished")
         closed_at = datetime.now(UTC)
         closed = current.model_copy(update={"state": target, "closed_at": closed_at, "reason": reason})
-        conn.execute("UPDATE reservations SET state = ?, closed_at = ?, reason = ? WHERE id = ?",
-                     (target, iso(closed_at), reason, reservation_id))
+        conn.execute(
+            "UPDATE reservations SET state = ?, closed_at = ?, reason = ? WHERE id = ?",
+            (target, iso(closed_at), reason, reservation_id),
+        )
         return closed
 
     async def reserve(
@@ -406,8 +451,9 @@ class BudgetLedger:
 
     def balance(self, partition: str, principal: str) -> BudgetBalance:
         """Current figures. Raises PolicyDenied for an unknown entry."""
-        rows = self.state.read(lambda conn: _figures(conn, "WHERE partition = ? AND principal = ?",
-                                                     (partition, principal)))
+        rows = self.state.read(
+            lambda conn: _figures(conn, "WHERE partition = ? AND principal = ?", (partition, principal))
+        )
         if not rows:
             raise _no_entry()
         return BudgetBalance.from_figures(partition, principal, {row.resource: row for row in rows})
@@ -422,22 +468,36 @@ class BudgetLedger:
 
     def reservation(self, reservation_id: str) -> Reservation:
         """One reservation. Raises UnknownReservation (a KeyError) for an unknown id."""
-        row = self.state.read(lambda conn: conn.execute(
-            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?", (reservation_id,)).fetchone())
+        row = self.state.read(
+            lambda conn: conn.execute(
+                f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.id = ?", (reservation_id,)
+            ).fetchone()
+        )
         if row is None:
             raise UnknownReservation(f"no budget reservation {reservation_id!r}")
         return _reservation(row)
 
     def reservations(self) -> list[Reservation]:
         """Every reservation, in creation order."""
-        return [_reservation(row) for row in self.state.read(lambda conn: conn.execute(
-            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r ORDER BY r.seq").fetchall())]
+        return [
+            _reservation(row)
+            for row in self.state.read(
+                lambda conn: conn.execute(
+                    f"SELECT {_RESERVATION_COLUMNS} FROM reservations r ORDER BY r.seq"
+                ).fetchall()
+            )
+        ]
 
     def open_reservations(self) -> list[Reservation]:
         """Reservations still `reserved`, in creation order."""
-        return [_reservation(row) for row in self.state.read(lambda conn: conn.execute(
-            f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.state = 'reserved' ORDER BY r.seq"
-        ).fetchall())]
+        return [
+            _reservation(row)
+            for row in self.state.read(
+                lambda conn: conn.execute(
+                    f"SELECT {_RESERVATION_COLUMNS} FROM reservations r WHERE r.state = 'reserved' ORDER BY r.seq"
+                ).fetchall()
+            )
+        ]
 
     def snapshot(self) -> LedgerExport:
         """The whole ledger in one read snapshot (validated: it satisfies every invariant)."""

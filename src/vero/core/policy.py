@@ -41,8 +41,10 @@ _ORDER: dict[str, int] = {"none": 0, "aggregate": 1, "full": 2}
 
 _DENIED_PRINCIPAL = "this principal may not evaluate anything"
 _DENIED_PARTITION = "the requested partition is not available for evaluation"
-_DENIED_BLOCKS = ("this partition discloses aggregates over fixed blocks only: select the whole partition or "
-                  "whole blocks (see the partition's blocks in the status)")
+_DENIED_BLOCKS = (
+    "this partition discloses aggregates over fixed blocks only: select the whole partition or "
+    "whole blocks (see the partition's blocks in the status)"
+)
 
 
 def narrow(granted: Disclosure, current: Disclosure) -> Disclosure:
@@ -91,14 +93,19 @@ class AccessPolicy:
             configuration errors the compiler's validation prevents.
     """
 
-    def __init__(self, access: Mapping[str, PartitionAccess], partitions: Mapping[str, Sequence[str]],
-                 principals: Sequence[str] = ("agent",)) -> None:
+    def __init__(
+        self,
+        access: Mapping[str, PartitionAccess],
+        partitions: Mapping[str, Sequence[str]],
+        principals: Sequence[str] = ("agent",),
+    ) -> None:
         entries = {(partition, principal): rule for partition, rule in access.items() for principal in principals}
         self._setup(entries, partitions)
 
     @classmethod
-    def per_principal(cls, entries: Mapping[tuple[str, str], PartitionAccess],
-                      partitions: Mapping[str, Sequence[str]]) -> AccessPolicy:
+    def per_principal(
+        cls, entries: Mapping[tuple[str, str], PartitionAccess], partitions: Mapping[str, Sequence[str]]
+    ) -> AccessPolicy:
         """A policy from explicit (partition, principal) -> `PartitionAccess` entries.
 
         Raises:
@@ -108,8 +115,9 @@ class AccessPolicy:
         policy._setup(entries, partitions)
         return policy
 
-    def _setup(self, entries: Mapping[tuple[str, str], PartitionAccess],
-               partitions: Mapping[str, Sequence[str]]) -> None:
+    def _setup(
+        self, entries: Mapping[tuple[str, str], PartitionAccess], partitions: Mapping[str, Sequence[str]]
+    ) -> None:
         cases: dict[str, tuple[str, ...]] = {}
         blocks: dict[tuple[str, str], Blocks] = {}
         for (partition, principal), rule in entries.items():
@@ -138,8 +146,9 @@ class AccessPolicy:
             raise PolicyDenied(_DENIED_PARTITION)
         return entry
 
-    def authorize(self, principal: str, partition: str, cases: Sequence[str] | None = None,
-                  blocks: Sequence[int] | None = None) -> Grant:
+    def authorize(
+        self, principal: str, partition: str, cases: Sequence[str] | None = None, blocks: Sequence[int] | None = None
+    ) -> Grant:
         """Decide an evaluation request before anything else happens (no budget, no import).
 
         Args:
@@ -189,8 +198,13 @@ class AccessPolicy:
         ):
             raise PolicyDenied(_DENIED_BLOCKS)
         selected = tuple(name for name in partition_cases if name in wanted)
-        return Grant(principal=principal, partition=partition, disclosure=entry.disclosure,
-                     cases=selected, full_partition=len(selected) == len(partition_cases))
+        return Grant(
+            principal=principal,
+            partition=partition,
+            disclosure=entry.disclosure,
+            cases=selected,
+            full_partition=len(selected) == len(partition_cases),
+        )
 
     @staticmethod
     def _block_cases(partition_blocks: Blocks, positions: Sequence[int]) -> list[str]:

@@ -87,8 +87,9 @@ class SessionState(BaseModel):
             if reservation is None or job.reservation_id in owned:
                 raise ValueError("a job has no reservation of its own")
             owned.add(job.reservation_id)
-            if (job.state in TERMINAL_STATES) != (reservation.state != "reserved") or \
-                    (job.state == "complete") != (reservation.state == "settled"):
+            if (job.state in TERMINAL_STATES) != (reservation.state != "reserved") or (job.state == "complete") != (
+                reservation.state == "settled"
+            ):
                 raise ValueError("a job's state disagrees with its reservation's")
         if len({c.id for c in self.candidates}) != len(self.candidates):
             raise ValueError("a candidate is recorded twice")
@@ -129,12 +130,19 @@ class Session(BaseModel):
 def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
     """Hardened git on a bare repository (`vero.core._git`); one delta-search thread, so the same
     refs always give the same bundle bytes."""
-    return IsolatedGit(cwd, env=env, git_dir=git_dir,
-                       config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])
+    return IsolatedGit(cwd, env=env, git_dir=git_dir, config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])
 
 
-def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str, spec_digest: str,
-                          baseline_commit: str, sealed_at: datetime, state: StateStore | None = None) -> str:
+def write_session_archive(
+    state_dir: str | Path,
+    dest: str | Path,
+    *,
+    name: str,
+    spec_digest: str,
+    baseline_commit: str,
+    sealed_at: datetime,
+    state: StateStore | None = None,
+) -> str:
     """Pack the sidecar state under `state_dir` into the canonical archive `dest`; write `dest.sha256`.
 
     Args:
@@ -175,11 +183,11 @@ def write_session_archive(state_dir: str | Path, dest: str | Path, *, name: str,
                 if refs:
                     store_git.bundle("create", "-q", str(stage / _BUNDLE), *sorted(refs))
         files = {
-            path.relative_to(stage).as_posix(): file_digest(path)
-            for path in sorted(stage.rglob("*")) if path.is_file()
+            path.relative_to(stage).as_posix(): file_digest(path) for path in sorted(stage.rglob("*")) if path.is_file()
         }
-        manifest = SealManifest(name=name, spec_digest=spec_digest, baseline_commit=baseline_commit,
-                                sealed_at=sealed_at, files=files)
+        manifest = SealManifest(
+            name=name, spec_digest=spec_digest, baseline_commit=baseline_commit, sealed_at=sealed_at, files=files
+        )
         (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json")))
         digest = write_canonical_tar(stage, dest)
     write_digest_file(dest, digest)
@@ -195,8 +203,7 @@ def _schema_version_of(raw: bytes) -> object:
     return document.get("schema_version") if isinstance(document, dict) else None
 
 
-def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
-                 baseline_commit: str) -> Session:
+def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str, baseline_commit: str) -> Session:
     """Check and extract a sealed archive into `dest` (created; must be empty or absent).
 
     Raises:
@@ -231,17 +238,18 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
     except ValidationError:
         version = _schema_version_of(raw_manifest)
         if version is not None and version != SESSION_SCHEMA_VERSION:
-            raise SessionInvalid(f"the session has schema version {version!r}; this verifier reads "
-                                 f"{SESSION_SCHEMA_VERSION} (seal and verify with the same vero)") from None
+            raise SessionInvalid(
+                f"the session has schema version {version!r}; this verifier reads "
+                f"{SESSION_SCHEMA_VERSION} (seal and verify with the same vero)"
+            ) from None
         raise SessionInvalid("the session manifest is missing or malformed") from None
     if manifest.spec_digest != spec_digest:
         raise SessionInvalid("the session was sealed for a different spec (spec digest mismatch)")
     if manifest.baseline_commit != baseline_commit:
         raise SessionInvalid("the session was sealed for a different baseline commit")
-    present = {
-        path.relative_to(dest).as_posix()
-        for path in dest.rglob("*") if path.is_file() or path.is_symlink()
-    } - {_MANIFEST}
+    present = {path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file() or path.is_symlink()} - {
+        _MANIFEST
+    }
     if present != set(manifest.files):
         raise SessionInvalid("the session archive's files do not match its manifest")
     for rel, digest in manifest.files.items():
@@ -257,8 +265,13 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             if bundle.is_file():
                 # `transfer.fsckObjects` (hardening config) checks every object the fetch brings in.
                 session_git.bundle("verify", "-q", str(bundle))
-                session_git.fetch("-q", "--no-tags", "--end-of-options", str(bundle),
-                                  f"{CANDIDATE_REF_PREFIX}*:{CANDIDATE_REF_PREFIX}*")
+                session_git.fetch(
+                    "-q",
+                    "--no-tags",
+                    "--end-of-options",
+                    str(bundle),
+                    f"{CANDIDATE_REF_PREFIX}*:{CANDIDATE_REF_PREFIX}*",
+                )
             known = set(session_git.for_each_ref("--format=%(objectname)", CANDIDATE_REF_PREFIX).split())
         except GitFailed:
             raise SessionInvalid("the session's candidate bundle is invalid") from None
@@ -277,5 +290,12 @@ def read_session(archive: str | Path, dest: str | Path, *, spec_digest: str,
             raise SessionInvalid("a candidate record has no commit in the session's bundle")
     if submission is not None and submission.candidate not in known:
         raise SessionInvalid("the submission names a candidate missing from the session")
-    return Session(root=dest, manifest=manifest, state=state, candidates=candidates, jobs=jobs,
-                   balances=balances_of(state.budgets), submission=submission)
+    return Session(
+        root=dest,
+        manifest=manifest,
+        state=state,
+        candidates=candidates,
+        jobs=jobs,
+        balances=balances_of(state.budgets),
+        submission=submission,
+    )

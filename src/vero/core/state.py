@@ -259,8 +259,9 @@ def _expected_schema() -> set[tuple[str, str, str, str]]:
 
 
 def _schema_of(conn: sqlite3.Connection) -> set[tuple[str, str, str, str]]:
-    rows = conn.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_schema "
-                        "WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'"
+    ).fetchall()
     return {tuple(row) for row in rows}
 
 
@@ -308,8 +309,10 @@ class StateStore:
         try:
             writer = _connect(path, read_only=False)
         except sqlite3.Error as exc:
-            raise LedgerCorrupt(f"state database {path} cannot be opened ({_sqlite_reason(exc)}); "
-                                f"refusing to start rather than reset it") from None
+            raise LedgerCorrupt(
+                f"state database {path} cannot be opened ({_sqlite_reason(exc)}); "
+                f"refusing to start rather than reset it"
+            ) from None
         try:
             if fresh or _is_empty(writer):
                 writer.execute("BEGIN IMMEDIATE")
@@ -334,8 +337,9 @@ class StateStore:
             raise
         except sqlite3.Error as exc:
             writer.close()
-            raise LedgerCorrupt(f"state database {path} cannot be read ({_sqlite_reason(exc)}); "
-                                f"refusing to start rather than reset it") from None
+            raise LedgerCorrupt(
+                f"state database {path} cannot be read ({_sqlite_reason(exc)}); refusing to start rather than reset it"
+            ) from None
         return cls(path, writer)
 
     def __enter__(self) -> StateStore:
@@ -455,27 +459,44 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
         {"partition": p, "principal": q, "resource": r, "total": t, "settled": s, "reserved": v}
         for p, q, r, t, s, v in conn.execute(
             "SELECT partition, principal, resource, total, settled, reserved FROM budgets "
-            "ORDER BY partition, principal, resource")
+            "ORDER BY partition, principal, resource"
+        )
     ]
     costs: dict[str, dict[str, int]] = {}
     for rid, resource, amount in conn.execute("SELECT reservation_id, resource, amount FROM reservation_costs"):
         costs.setdefault(rid, {})[resource] = amount
     reservations = [
-        {"id": rid, "partition": p, "principal": q, "state": state, "cost": costs.get(rid, {}),
-         "created_at": created, "closed_at": closed, "reason": reason}
+        {
+            "id": rid,
+            "partition": p,
+            "principal": q,
+            "state": state,
+            "cost": costs.get(rid, {}),
+            "created_at": created,
+            "closed_at": closed,
+            "reason": reason,
+        }
         for rid, p, q, state, created, closed, reason in conn.execute(
-            "SELECT id, partition, principal, state, created_at, closed_at, reason FROM reservations ORDER BY seq")
+            "SELECT id, partition, principal, state, created_at, closed_at, reason FROM reservations ORDER BY seq"
+        )
     ]
     jobs = [json.loads(record) for (record,) in conn.execute("SELECT record FROM jobs ORDER BY seq")]
     candidates = [
         {"id": cid, "parent": parent, "tree": tree, "subject": subject, "imported_at": imported}
         for cid, parent, tree, subject, imported in conn.execute(
-            "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq")
+            "SELECT id, parent, tree, subject, imported_at FROM candidates ORDER BY seq"
+        )
     ]
     row = conn.execute("SELECT candidate, version, submitted_at FROM submission").fetchone()
     submission = None if row is None else {"candidate": row[0], "version": row[1], "submitted_at": row[2]}
-    return {"schema_version": SCHEMA_VERSION, "budgets": budgets, "reservations": reservations, "jobs": jobs,
-            "candidates": candidates, "submission": submission}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "budgets": budgets,
+        "reservations": reservations,
+        "jobs": jobs,
+        "candidates": candidates,
+        "submission": submission,
+    }
 
 
 def _new_session() -> str:
@@ -484,8 +505,9 @@ def _new_session() -> str:
 
 def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     if read_only:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None,
-                               check_same_thread=False, timeout=30.0)
+        conn = sqlite3.connect(
+            f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
     else:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
         # WAL: readers never block the writer; FULL: every commit is fsynced before it returns.
@@ -501,8 +523,10 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
 
 
 def _is_empty(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0] == 0 and \
-        conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    return (
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0] == 0
+        and conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    )
 
 
 def _split_statements(script: str) -> Iterator[str]:
@@ -548,32 +572,42 @@ def _verify(conn: sqlite3.Connection, path: Path) -> None:
     if conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
         raise _refuse(path, "has a record that refers to a missing one (reservation, budget or candidate)")
     checks = (
-        ("a budget's settled or reserved figure differs from the sum of its reservations",
-         """SELECT 1 FROM budgets b WHERE
+        (
+            "a budget's settled or reserved figure differs from the sum of its reservations",
+            """SELECT 1 FROM budgets b WHERE
               b.settled != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
                             ON r.id = c.reservation_id WHERE r.state = 'settled' AND c.partition = b.partition
                             AND c.principal = b.principal AND c.resource = b.resource)
            OR b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
                              ON r.id = c.reservation_id WHERE r.state = 'reserved' AND c.partition = b.partition
                              AND c.principal = b.principal AND c.resource = b.resource)
-           LIMIT 1"""),
-        ("has a reservation cost charged to another budget than its reservation's",
-         """SELECT 1 FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id
-            WHERE r.partition != c.partition OR r.principal != c.principal LIMIT 1"""),
-        ("a finished job's reservation is still open, or an unfinished job's is closed",
-         f"""SELECT 1 FROM jobs j JOIN reservations r ON r.id = j.reservation_id
+           LIMIT 1""",
+        ),
+        (
+            "has a reservation cost charged to another budget than its reservation's",
+            """SELECT 1 FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id
+            WHERE r.partition != c.partition OR r.principal != c.principal LIMIT 1""",
+        ),
+        (
+            "a finished job's reservation is still open, or an unfinished job's is closed",
+            f"""SELECT 1 FROM jobs j JOIN reservations r ON r.id = j.reservation_id
              WHERE (j.state IN {_TERMINAL_SQL}) != (r.state != 'reserved')
                 OR (j.state = 'complete') != (r.state = 'settled')
-                OR j.partition != r.partition OR j.principal != r.principal LIMIT 1"""),
-        ("has a job record whose id, state or owner differs from its row",
-         """SELECT 1 FROM jobs WHERE json_extract(record, '$.id') IS NOT id
+                OR j.partition != r.partition OR j.principal != r.principal LIMIT 1""",
+        ),
+        (
+            "has a job record whose id, state or owner differs from its row",
+            """SELECT 1 FROM jobs WHERE json_extract(record, '$.id') IS NOT id
               OR json_extract(record, '$.state') IS NOT state OR json_extract(record, '$.principal') IS NOT principal
               OR json_extract(record, '$.partition') IS NOT partition
-              OR json_extract(record, '$.reservation_id') IS NOT reservation_id LIMIT 1"""),
-        ("has an unknown or malformed identity record",
-         """SELECT 1 FROM meta WHERE NOT ((key = 'format' AND value = 'vero-state')
+              OR json_extract(record, '$.reservation_id') IS NOT reservation_id LIMIT 1""",
+        ),
+        (
+            "has an unknown or malformed identity record",
+            """SELECT 1 FROM meta WHERE NOT ((key = 'format' AND value = 'vero-state')
               OR (key = 'session' AND length(value) = 20 AND value GLOB 'ses-[0-9a-f]*'
-                  AND substr(value, 5) NOT GLOB '*[^0-9a-f]*'))"""),
+                  AND substr(value, 5) NOT GLOB '*[^0-9a-f]*'))""",
+        ),
     )
     for problem, sql in checks:
         if conn.execute(sql).fetchone() is not None:

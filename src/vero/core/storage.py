@@ -25,8 +25,15 @@ from pydantic import BaseModel
 from vero.core._offloop import run_to_completion
 from vero.errors import StorageFull
 
-__all__ = ["atomic_copy", "atomic_write_bytes", "atomic_write_json", "atomic_write_model", "awrite_bytes", "fsync_dir",
-           "is_out_of_space"]
+__all__ = [
+    "atomic_copy",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_model",
+    "awrite_bytes",
+    "fsync_dir",
+    "is_out_of_space",
+]
 
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")

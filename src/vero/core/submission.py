@@ -43,10 +43,12 @@ async def record_submission(state: StateStore, submission: Submission) -> Submis
 
     def change(conn: sqlite3.Connection) -> Submission:
         try:
-            conn.execute("INSERT INTO submission (slot, candidate, version, submitted_at) VALUES (1, ?, ?, ?) "
-                         "ON CONFLICT (slot) DO UPDATE SET candidate = excluded.candidate, "
-                         "version = excluded.version, submitted_at = excluded.submitted_at",
-                         (submission.candidate, submission.version, iso(submission.submitted_at)))
+            conn.execute(
+                "INSERT INTO submission (slot, candidate, version, submitted_at) VALUES (1, ?, ?, ?) "
+                "ON CONFLICT (slot) DO UPDATE SET candidate = excluded.candidate, "
+                "version = excluded.version, submitted_at = excluded.submitted_at",
+                (submission.candidate, submission.version, iso(submission.submitted_at)),
+            )
         except sqlite3.IntegrityError:
             raise ValueError("the submitted candidate is not recorded") from None
         return submission

@@ -150,13 +150,17 @@ def harbor_supplied_variables() -> frozenset[str]:
 
     legacy = legacy_log_mount_env_vars(
         [{"type": "bind", "source": "/", "target": f"/logs/{name}"} for name in ("verifier", "agent", "artifacts")],
-        host_value="source")
+        host_value="source",
+    )
     return frozenset({name.upper() for name in ComposeInfraEnvVars.model_fields} | set(legacy) | {"DOCKER_CONFIG"})
 
 
 def _env_sections(config) -> list[tuple[str, dict[str, str]]]:
-    sections = [("[environment.env]", config.environment.env), ("[verifier.env]", config.verifier.env),
-                ("[solution.env]", config.solution.env)]
+    sections = [
+        ("[environment.env]", config.environment.env),
+        ("[verifier.env]", config.verifier.env),
+        ("[solution.env]", config.solution.env),
+    ]
     if config.verifier.environment is not None:
         sections.append(("[verifier.environment.env]", config.verifier.environment.env))
     for step in config.steps or []:
@@ -201,8 +205,7 @@ def required_variables(case_dir: Path) -> list[RequiredVariable]:
     config = TaskConfig.model_validate_toml((case_dir / "task.toml").read_text())
     required: list[RequiredVariable] = []
     for where, env in _env_sections(config):
-        required += [RequiredVariable(name, where) for name, default in get_required_host_vars(env)
-                     if default is None]
+        required += [RequiredVariable(name, where) for name, default in get_required_host_vars(env) if default is None]
     supplied = harbor_supplied_variables()
     for path, env in _compose_files(case_dir, config):
         try:
@@ -210,8 +213,11 @@ def required_variables(case_dir: Path) -> list[RequiredVariable]:
         except (OSError, UnicodeDecodeError):
             continue
         where = path.relative_to(case_dir).as_posix()
-        required += [RequiredVariable(name, where) for name in compose_variables(text)
-                     if name not in supplied and name not in env]
+        required += [
+            RequiredVariable(name, where)
+            for name in compose_variables(text)
+            if name not in supplied and name not in env
+        ]
     return list(dict.fromkeys(required))
 
 
@@ -272,9 +278,14 @@ async def _setup_problem(case_dir: Path, environment: str) -> str | None:
         trials_dir = Path(tmp)
         trial = None
         try:
-            trial = await Trial.create(TrialConfig(
-                task=TaskConfig(path=case_dir.absolute()), trials_dir=trials_dir,
-                agent=AgentConfig(name="nop"), environment=_environment_config(environment, trials_dir)))
+            trial = await Trial.create(
+                TrialConfig(
+                    task=TaskConfig(path=case_dir.absolute()),
+                    trials_dir=trials_dir,
+                    agent=AgentConfig(name="nop"),
+                    environment=_environment_config(environment, trials_dir),
+                )
+            )
             config = trial.task.config
             for step in [None, *(config.steps or [])]:
                 definition = resolve_verifier_environment_definition(config, trial.task.paths, step)
@@ -283,11 +294,17 @@ async def _setup_problem(case_dir: Path, environment: str) -> str | None:
                 plan = trial._network_plan(step, env_config=definition.config)
                 verifier_env = EnvironmentFactory.create_environment_from_config(
                     config=trial.config.environment.model_copy(update={"extra_docker_compose": []}),
-                    stream=False, environment_dir=definition.directory,
+                    stream=False,
+                    environment_dir=definition.directory,
                     enable_environment_dir_upload=not definition.bundled_tests,
-                    environment_name=trial.task.short_name, session_id=f"{trial.config.trial_name}__verifier",
-                    trial_paths=trial.paths, task_env_config=definition.config, logger=trial.logger,
-                    network_policy=plan.verifier_env_baseline, phase_network_policies=[plan.verifier_phase])
+                    environment_name=trial.task.short_name,
+                    session_id=f"{trial.config.trial_name}__verifier",
+                    trial_paths=trial.paths,
+                    task_env_config=definition.config,
+                    logger=trial.logger,
+                    network_policy=plan.verifier_env_baseline,
+                    phase_network_policies=[plan.verifier_phase],
+                )
                 trial._validate_separate_verifier_env_policies(verifier_env, plan=plan)
         except SetupUncheckable:
             raise
@@ -341,8 +358,9 @@ def setup_problem(case_dir: Path, environment: str, variables: Collection[str] =
         return _run(_setup_problem(case_dir, environment))
 
 
-def check_case(name: str, case_dir: Path, *, environment: str, available: Collection[str],
-               setup: bool = True) -> list[CaseProblem]:
+def check_case(
+    name: str, case_dir: Path, *, environment: str, available: Collection[str], setup: bool = True
+) -> list[CaseProblem]:
     """Every problem of one case (checks 1-3; an invalid task stops there).
 
     Args:
@@ -363,23 +381,31 @@ def check_case(name: str, case_dir: Path, *, environment: str, available: Collec
         for variable in missing:
             where.setdefault(variable.name, []).append(variable.where)
         detail = "; ".join(f"{name} (required by {', '.join(places)})" for name, places in where.items())
-        problems.append(CaseProblem(case=name, code="missing_variables",
-                                    detail=f"host variables not available to the nested run: {detail}"))
+        problems.append(
+            CaseProblem(
+                case=name, code="missing_variables", detail=f"host variables not available to the nested run: {detail}"
+            )
+        )
     if setup:
         try:
             rejected = setup_problem(case_dir, environment, [v.name for v in required_variables(case_dir)])
         except SetupUncheckable as exc:
-            logger.warning("case %s: its setup on environment %s cannot be checked here: %s", name,
-                           environment, exc)
+            logger.warning("case %s: its setup on environment %s cannot be checked here: %s", name, environment, exc)
             rejected = None
         if rejected is not None:
-            problems.append(CaseProblem(case=name, code="setup_rejected",
-                                        detail=f"Harbor refuses its setup on environment {environment}: {rejected}"))
+            problems.append(
+                CaseProblem(
+                    case=name,
+                    code="setup_rejected",
+                    detail=f"Harbor refuses its setup on environment {environment}: {rejected}",
+                )
+            )
     return problems
 
 
-def check_cases(cases: Mapping[str, Path], *, environment: str, available: Collection[str],
-                setup: bool = True) -> list[CaseProblem]:
+def check_cases(
+    cases: Mapping[str, Path], *, environment: str, available: Collection[str], setup: bool = True
+) -> list[CaseProblem]:
     """`check_case` for each of `cases` (name -> task dir), in name order."""
     problems: list[CaseProblem] = []
     for name in sorted(cases):
@@ -399,8 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     environment, cases_dir, names = args[0], Path(args[1]), args[2:]
     logging.disable(logging.INFO)  # Harbor logs its trial construction at DEBUG and INFO
-    problems = check_cases({name: cases_dir / name for name in names}, environment=environment,
-                           available=set(os.environ))
+    problems = check_cases(
+        {name: cases_dir / name for name in names}, environment=environment, available=set(os.environ)
+    )
     sys.stderr.flush()
     sys.stdout.write("\n" + CASE_CHECKS_MARK + json.dumps([p.model_dump(mode="json") for p in problems]) + "\n")
     sys.stdout.flush()

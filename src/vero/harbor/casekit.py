@@ -83,19 +83,27 @@ def build_kit(dest: Path, *, source: Path | None = None, compiler: str | None = 
     if cc is None:
         raise InfrastructureFailure(
             f"the case kit is not built and no C compiler is available: install gcc and libc6-dev, or set "
-            f"{KIT_ENV} to a static build of {source.name}")
+            f"{KIT_ENV} to a static build of {source.name}"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vero-kit-", dir=dest.parent) as tmp:
         built = Path(tmp) / KIT_NAME
         try:
-            done = subprocess.run([cc, "-static", "-O2", "-o", str(built), str(source)], capture_output=True,
-                                  text=True, timeout=_BUILD_TIMEOUT_SEC, stdin=subprocess.DEVNULL, check=False)
+            done = subprocess.run(
+                [cc, "-static", "-O2", "-o", str(built), str(source)],
+                capture_output=True,
+                text=True,
+                timeout=_BUILD_TIMEOUT_SEC,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise InfrastructureFailure(f"the case kit could not be built ({type(exc).__name__})") from None
         if done.returncode != 0:
             raise InfrastructureFailure(
                 f"the case kit could not be built with {cc} -static (a static libc is needed: on Debian "
-                f"`apt-get install gcc libc6-dev`): {done.stderr.strip()[-500:]}")
+                f"`apt-get install gcc libc6-dev`): {done.stderr.strip()[-500:]}"
+            )
         built.chmod(0o755)
         os.replace(built, dest)
     return dest

@@ -68,12 +68,25 @@ class CauseLog:
     def _clean(self, text: str | None) -> str | None:
         return clip(scrub(text, self._secrets)) if text else text
 
-    def add_round(self, job_name: str, *, returncode: int | None, timed_out: bool = False,
-                  duration_sec: float = 0.0, output_tail: str = "") -> None:
+    def add_round(
+        self,
+        job_name: str,
+        *,
+        returncode: int | None,
+        timed_out: bool = False,
+        duration_sec: float = 0.0,
+        output_tail: str = "",
+    ) -> None:
         """One `harbor run` (its output tail is scrubbed again and clipped)."""
-        self._rounds.append(RoundLog(job_name=job_name, returncode=returncode, timed_out=timed_out,
-                                     duration_sec=round(duration_sec, 1),
-                                     output_tail=self._clean(output_tail) or ""))
+        self._rounds.append(
+            RoundLog(
+                job_name=job_name,
+                returncode=returncode,
+                timed_out=timed_out,
+                duration_sec=round(duration_sec, 1),
+                output_tail=self._clean(output_tail) or "",
+            )
+        )
 
     def add_problems(self, problems: Iterable[CaseProblem]) -> None:
         self._problems.extend(problems)
@@ -89,12 +102,18 @@ class CauseLog:
             if len(self._failures) >= MAX_TRIAL_FAILURES:
                 continue
             info = self._read_exception(job_dir / trial.trial_name)
-            self._failures.append(TrialFailure(
-                job_name=job_dir.name, trial_name=trial.trial_name, case=trial.case, outcome=label,
-                exception_type=trial.exception_type,
-                message=self._clean(info.get("exception_message")) if info else None,
-                traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
-                reward_keys=list(trial.reward_keys) if trial.reward_keys is not None else None))
+            self._failures.append(
+                TrialFailure(
+                    job_name=job_dir.name,
+                    trial_name=trial.trial_name,
+                    case=trial.case,
+                    outcome=label,
+                    exception_type=trial.exception_type,
+                    message=self._clean(info.get("exception_message")) if info else None,
+                    traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
+                    reward_keys=list(trial.reward_keys) if trial.reward_keys is not None else None,
+                )
+            )
 
     @staticmethod
     def _read_exception(trial_dir: Path) -> dict | None:
@@ -110,8 +129,11 @@ class CauseLog:
         info = _exception_info(result)
         if info is None:
             return None
-        return {key: value for key, value in info.items()
-                if key in ("exception_message", "exception_traceback") and isinstance(value, str)}
+        return {
+            key: value
+            for key, value in info.items()
+            if key in ("exception_message", "exception_traceback") and isinstance(value, str)
+        }
 
     @property
     def problems(self) -> list[CaseProblem]:
@@ -119,5 +141,9 @@ class CauseLog:
 
     def build(self) -> RunDiagnostics:
         """The diagnostics so far."""
-        return RunDiagnostics(rounds=list(self._rounds), problems=list(self._problems),
-                              trial_failures=list(self._failures), n_trial_failures=self._n_failures)
+        return RunDiagnostics(
+            rounds=list(self._rounds),
+            problems=list(self._problems),
+            trial_failures=list(self._failures),
+            n_trial_failures=self._n_failures,
+        )

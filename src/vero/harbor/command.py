@@ -73,9 +73,22 @@ CANDIDATE_AGENT_IMPORT_PATH = "vero.harbor.boundary.agent:CandidateAgent"
 candidate host process (`vero.harbor.boundary`)."""
 
 INHERITED_ENV_NAMES: tuple[str, ...] = (
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
-    "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
 )
 """Variables the nested run inherits from the caller. Everything else of the trusted process (tokens,
 admin settings) stays out. Secrets reach the run only through `NestedRun.env`."""
@@ -201,8 +214,7 @@ def declared_agent_timeouts(cases_dir: Path, case_names: Sequence[str]) -> dict[
             continue
         task_timeout = config.agent.timeout_sec
         if config.steps:
-            values = {s.agent.timeout_sec if s.agent.timeout_sec is not None else task_timeout
-                      for s in config.steps}
+            values = {s.agent.timeout_sec if s.agent.timeout_sec is not None else task_timeout for s in config.steps}
         else:
             values = {task_timeout}
         declared[name] = frozenset(values)
@@ -211,8 +223,9 @@ def declared_agent_timeouts(cases_dir: Path, case_names: Sequence[str]) -> dict[
     return declared
 
 
-def plan_agent_timeout(case_timeout_sec: float | None,
-                       declared: Mapping[str, frozenset[float | None]]) -> AgentTimeoutPlan:
+def plan_agent_timeout(
+    case_timeout_sec: float | None, declared: Mapping[str, frozenset[float | None]]
+) -> AgentTimeoutPlan:
     """Choose how `case_timeout_sec` is applied (see the module docstring for the rule)."""
     if case_timeout_sec is None:
         return AgentTimeoutPlan()
@@ -242,13 +255,20 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
     return env
 
 
-def _agent_kwargs(run: NestedRun, launcher_socket: Path | None, kit_path: Path | None,
-                  extra: Mapping[str, object] | None) -> dict[str, object]:
+def _agent_kwargs(
+    run: NestedRun, launcher_socket: Path | None, kit_path: Path | None, extra: Mapping[str, object] | None
+) -> dict[str, object]:
     if run.runtime.kind == "agent":
-        return {"launcher": str(launcher_socket), "agent_import_path": run.runtime.agent_import_path,
-                "candidate_dir": str(run.candidate_dir.absolute())}
-    kwargs: dict[str, object] = {**(extra or {}), "candidate_dir": str(run.candidate_dir),
-                                 "install_path": run.runtime.install_path}
+        return {
+            "launcher": str(launcher_socket),
+            "agent_import_path": run.runtime.agent_import_path,
+            "candidate_dir": str(run.candidate_dir.absolute()),
+        }
+    kwargs: dict[str, object] = {
+        **(extra or {}),
+        "candidate_dir": str(run.candidate_dir),
+        "install_path": run.runtime.install_path,
+    }
     if kit_path is not None:
         kwargs["kit_path"] = str(kit_path)
     if run.runtime.install_command:
@@ -318,14 +338,26 @@ def build_command(
     argv: list[str] = [str(harbor_executable), "run", "-y", "-q", "-p", str(run.cases_dir.absolute())]
     for name in case_names:
         argv += ["-i", case_glob(name)]
-    argv += ["-e", run.harbor.environment, "-n", str(run.harbor.n_concurrent),
-             "-k", str(run.harbor.n_attempts), "--job-name", job_name, "-o", str(jobs_dir)]
+    argv += [
+        "-e",
+        run.harbor.environment,
+        "-n",
+        str(run.harbor.n_concurrent),
+        "-k",
+        str(run.harbor.n_attempts),
+        "--job-name",
+        job_name,
+        "-o",
+        str(jobs_dir),
+    ]
     config_file: tuple[Path, str] | None = None
     if timeout_plan.override_timeout_sec is not None:
         path = jobs_dir / f"{job_name}.agent-config.json"
-        text = json.dumps({"agents": [{"import_path": agent,
-                                       "override_timeout_sec": timeout_plan.override_timeout_sec}]},
-                          indent=2, sort_keys=True)
+        text = json.dumps(
+            {"agents": [{"import_path": agent, "override_timeout_sec": timeout_plan.override_timeout_sec}]},
+            indent=2,
+            sort_keys=True,
+        )
         config_file = (path, text)
         argv += ["-c", str(path)]
     else:
@@ -344,8 +376,14 @@ def build_command(
         argv += ["--extra-docker-compose", str(compose_file[0])]
     for key, value in (environment_options or {}).items():
         argv += ["--ek", f"{key}={json.dumps(value, sort_keys=True)}"]
-    return HarborCommand(argv=tuple(argv), env=nested_env(run, base_env), cwd=jobs_dir,
-                         job_dir=jobs_dir / job_name, config_file=config_file, compose_file=compose_file)
+    return HarborCommand(
+        argv=tuple(argv),
+        env=nested_env(run, base_env),
+        cwd=jobs_dir,
+        job_dir=jobs_dir / job_name,
+        config_file=config_file,
+        compose_file=compose_file,
+    )
 
 
 def _is_bool_like(value: str) -> bool:

@@ -86,9 +86,16 @@ class InstallAgent(BaseAgent):
         **kwargs: Harbor's framework arguments (`model_name`, `logger`, `extra_env`, ...).
     """
 
-    def __init__(self, logs_dir: Path, candidate_dir: str, install_path: str,
-                 install_command: str | None = None, kit_path: str | None = None,
-                 install_timeout_sec: float | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        logs_dir: Path,
+        candidate_dir: str,
+        install_path: str,
+        install_command: str | None = None,
+        kit_path: str | None = None,
+        install_timeout_sec: float | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(logs_dir=logs_dir, **kwargs)
         if not str(install_path).startswith("/"):
             raise ValueError("install_path must be an absolute path")
@@ -125,10 +132,8 @@ class InstallAgent(BaseAgent):
         kit_in_case = shlex.quote(str(KIT_PATH_IN_CASE))
         with tempfile.TemporaryDirectory(prefix="vero-install-") as tmp:
             staged = Path(tmp) / "candidate"
-            shutil.copytree(self.candidate_dir, staged, symlinks=True,
-                            ignore=_ignore_top_level_git(self.candidate_dir))
-            made = await environment.exec(
-                f"mkdir -p {path} {shlex.quote(str(KIT_PATH_IN_CASE.parent))}", user="root")
+            shutil.copytree(self.candidate_dir, staged, symlinks=True, ignore=_ignore_top_level_git(self.candidate_dir))
+            made = await environment.exec(f"mkdir -p {path} {shlex.quote(str(KIT_PATH_IN_CASE.parent))}", user="root")
             if made.return_code != 0:
                 raise CaseKitSetupError(f"cannot create {self.install_path} in the case container")
             await environment.upload_dir(staged, self.install_path)
@@ -142,7 +147,8 @@ class InstallAgent(BaseAgent):
         if setup.return_code != 0:
             raise CaseKitSetupError(
                 f"the case kit could not set up the candidate user (exit {setup.return_code}): "
-                f"{(setup.stderr or '').strip()[-300:]}")
+                f"{(setup.stderr or '').strip()[-300:]}"
+            )
 
     async def _install(self, environment: BaseEnvironment, context: AgentContext) -> None:
         """Step 4. Raises `NonZeroAgentExitCodeError` when the command fails."""
@@ -150,11 +156,15 @@ class InstallAgent(BaseAgent):
 
         assert self.install_command is not None
         limit = f" --timeout {self.install_timeout_sec:g}" if self.install_timeout_sec else ""
-        command = (f"{shlex.quote(str(KIT_PATH_IN_CASE))} run --cwd {shlex.quote(self.install_path)}{limit} "
-                   f"-- bash -c {shlex.quote(self.install_command)}")
+        command = (
+            f"{shlex.quote(str(KIT_PATH_IN_CASE))} run --cwd {shlex.quote(self.install_path)}{limit} "
+            f"-- bash -c {shlex.quote(self.install_command)}"
+        )
         result = await environment.exec(command, user="root")
-        self._log(INSTALL_LOG_NAME, f"$ {self.install_command}\n--- stdout ---\n{result.stdout or ''}\n"
-                                    f"--- stderr ---\n{result.stderr or ''}\n")
+        self._log(
+            INSTALL_LOG_NAME,
+            f"$ {self.install_command}\n--- stdout ---\n{result.stdout or ''}\n--- stderr ---\n{result.stderr or ''}\n",
+        )
         self._log(EXIT_CODE_NAME, str(result.return_code))
         context.metadata["vero_install_exit_code"] = result.return_code
         # The kit killed what the command left running (e.g. a daemon meant to rewrite the reward).
@@ -176,8 +186,9 @@ class InstallAgent(BaseAgent):
         for line in (result.stdout or "").splitlines():
             name, _, value = line.partition(" ")
             if name == "leftover_processes_killed" and value.strip().isdigit() and int(value):
-                context.metadata["vero_install_leftover_processes"] = (
-                    context.metadata.get("vero_install_leftover_processes", 0) + int(value))
+                context.metadata["vero_install_leftover_processes"] = context.metadata.get(
+                    "vero_install_leftover_processes", 0
+                ) + int(value)
 
     @override
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:

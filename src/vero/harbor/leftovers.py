@@ -162,8 +162,9 @@ def _owner_matches(labels: Mapping[str, str], session: str | None, jobs: frozens
     return jobs is None or labels.get(LABEL_JOB) in jobs
 
 
-def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[str] | None,
-                 prefixes: frozenset[str], timeout_sec: int) -> int:
+def _remove_sync(
+    env: Mapping[str, str], session: str | None, jobs: frozenset[str] | None, prefixes: frozenset[str], timeout_sec: int
+) -> int:
     import docker
     from docker.errors import APIError, NotFound
 
@@ -190,9 +191,11 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
         projects: set[str] = set()
         if by_label:
             owner = {"label": LABEL_JOB if session is None else f"{LABEL_SESSION}={session}"}
-            for labels in (*(c.labels for c in client.containers.list(all=True, filters=owner, ignore_removed=True)),
-                           *(n.attrs.get("Labels") or {} for n in client.networks.list(filters=owner)),
-                           *(v.attrs.get("Labels") or {} for v in client.volumes.list(filters=owner))):
+            for labels in (
+                *(c.labels for c in client.containers.list(all=True, filters=owner, ignore_removed=True)),
+                *(n.attrs.get("Labels") or {} for n in client.networks.list(filters=owner)),
+                *(v.attrs.get("Labels") or {} for v in client.volumes.list(filters=owner)),
+            ):
                 project = labels.get(_PROJECT_LABEL)
                 if project and _owner_matches(labels, session, jobs):
                     projects.add(project.removesuffix("env") if project.endswith("__env") else project)
@@ -209,8 +212,9 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
         # 2. Containers first: a network or volume still in use cannot be removed.
         for container in client.containers.list(all=True, filters=any_label, ignore_removed=True):
             if ours(container.labels):
-                removed += remove("container", container.short_id,
-                                  functools.partial(container.remove, force=True, v=True))
+                removed += remove(
+                    "container", container.short_id, functools.partial(container.remove, force=True, v=True)
+                )
         for network in client.networks.list(filters=any_label):
             if ours(network.attrs.get("Labels")):
                 removed += remove("network", network.short_id, network.remove)
@@ -223,8 +227,12 @@ def _remove_sync(env: Mapping[str, str], session: str | None, jobs: frozenset[st
             for image in client.images.list():
                 for tag in image.tags:
                     if tag.split(":", 1)[0].startswith(starts):
-                        removed += remove("image", tag, functools.partial(client.images.remove, tag, noprune=False),
-                                          level=logging.DEBUG)
+                        removed += remove(
+                            "image",
+                            tag,
+                            functools.partial(client.images.remove, tag, noprune=False),
+                            level=logging.DEBUG,
+                        )
     except Exception as exc:  # noqa: BLE001 - engine gone mid-way (requests errors too): logged, never raised
         logger.warning("docker cleanup incomplete: %s", type(exc).__name__)
     finally:
@@ -242,9 +250,15 @@ def _trial_prefixes(job_dirs: Iterable[Path]) -> frozenset[str]:
     return frozenset(prefixes)
 
 
-async def remove_docker_leftovers(env: Mapping[str, str], *, session: str | None = None,
-                                  jobs: Iterable[str] | None = None, job_dirs: Iterable[Path] = (),
-                                  settle_sec: float | None = 1.0, timeout_sec: int = 60) -> int:
+async def remove_docker_leftovers(
+    env: Mapping[str, str],
+    *,
+    session: str | None = None,
+    jobs: Iterable[str] | None = None,
+    job_dirs: Iterable[Path] = (),
+    settle_sec: float | None = 1.0,
+    timeout_sec: int = 60,
+) -> int:
     """Remove the Docker objects of interrupted nested runs: containers (with their anonymous
     volumes), networks, volumes and the images Compose built for them.
 
@@ -305,8 +319,9 @@ def _terminate_sync(tags: dict[str, str], app_name: str) -> int:
         return 0
 
 
-async def terminate_modal_sandboxes(*, session: str | None = None, job: str | None = None,
-                                    app_name: str = MODAL_APP_NAME) -> int:
+async def terminate_modal_sandboxes(
+    *, session: str | None = None, job: str | None = None, app_name: str = MODAL_APP_NAME
+) -> int:
     """Terminate the Modal sandboxes tagged with `session` and/or `job` (see `modal_options`).
 
     Uses the `modal` SDK (credentials from this process's environment, as Harbor's Modal

@@ -113,11 +113,15 @@ class ProbeAgent(InstallAgent):
         probe = shlex.quote(str(PROBE_PATH_IN_CASE))
         started = await environment.exec(
             f"chmod 0755 {probe} && {probe} start {shlex.quote(self.install_path)} {shlex.quote(reward_json)} "
-            f"{shlex.quote(repr(PROBE_REWARD))}", user="root")
+            f"{shlex.quote(repr(PROBE_REWARD))}",
+            user="root",
+        )
         await asyncio.to_thread(self._log, PROBE_LOG_NAME, f"{started.stdout or ''}{started.stderr or ''}")
         if started.return_code != 0:
-            raise ProbeSetupError(f"the probe could not be started (exit {started.return_code}): "
-                                  f"{(started.stderr or started.stdout or '').strip()[-300:]}")
+            raise ProbeSetupError(
+                f"the probe could not be started (exit {started.return_code}): "
+                f"{(started.stderr or started.stdout or '').strip()[-300:]}"
+            )
         context.metadata = {**(context.metadata or {}), "vero_probe": "watching"}
 
 

@@ -70,7 +70,8 @@ def runner_identity(user: str = RUNNER_USER, docker_socket: Path = DOCKER_SOCKET
         entry = pwd.getpwnam(user)
     except KeyError:
         raise InfrastructureFailure(
-            f"this process runs as root but the unprivileged user {user!r} does not exist") from None
+            f"this process runs as root but the unprivileged user {user!r} does not exist"
+        ) from None
     extra: tuple[int, ...] = ()
     try:
         gid = os.stat(docker_socket).st_gid
@@ -112,8 +113,9 @@ def _signal_group(pgid: int, signum: int) -> bool:
 _HURRY_POLL_SEC = 0.1
 
 
-async def _kill_group(process: asyncio.subprocess.Process, pgid: int, grace_sec: float,
-                      hurry: Callable[[], bool] | None = None) -> None:
+async def _kill_group(
+    process: asyncio.subprocess.Process, pgid: int, grace_sec: float, hurry: Callable[[], bool] | None = None
+) -> None:
     if process.returncode is None:
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_sec
@@ -148,7 +150,7 @@ class _Tail:
         text = scrub(self.buffer.decode(errors="replace"), self.secrets)
         encoded = text.encode()
         if len(encoded) > self.limit_bytes:
-            text = encoded[-self.limit_bytes:].decode(errors="replace")
+            text = encoded[-self.limit_bytes :].decode(errors="replace")
         return text
 
 
@@ -203,9 +205,17 @@ async def run_process_group(
     read_fd, write_fd = os.pipe()
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, env=dict(env), cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-            stdout=write_fd, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            user=user, group=group, extra_groups=extra_groups)
+            *argv,
+            env=dict(env),
+            cwd=str(cwd),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            user=user,
+            group=group,
+            extra_groups=extra_groups,
+        )
     except BaseException:
         os.close(read_fd)
         raise
@@ -215,8 +225,9 @@ async def run_process_group(
     tail = _Tail(tail_bytes, secrets)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
-                                                os.fdopen(read_fd, "rb", 0))
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(read_fd, "rb", 0)
+    )
     drain = asyncio.ensure_future(_drain(reader, tail))
     timed_out = False
     try:
@@ -240,5 +251,9 @@ async def run_process_group(
         drain.cancel()
     finally:
         transport.close()
-    return ProcessOutcome(returncode=process.returncode, timed_out=timed_out, output_tail=tail.text(),
-                          duration_sec=time.monotonic() - started)
+    return ProcessOutcome(
+        returncode=process.returncode,
+        timed_out=timed_out,
+        output_tail=tail.text(),
+        duration_sec=time.monotonic() - started,
+    )

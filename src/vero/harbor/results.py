@@ -66,25 +66,27 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset({
-    # Harbor's "retry, do not grade" environment group (models/trial/error_policy.py), minus the two
-    # memory errors: a program candidate that exhausts memory failed on its own account.
-    "EnvironmentStartTimeoutError",
-    "SandboxBuildFailedError",
-    "HealthcheckError",
-    "SSHAccessError",
-    "GKEExecStreamClosedError",
-    "GKEPodNotFoundError",
-    "RuntimeRequestError",
-    "AddTestsDirError",
-    "DownloadVerifierDirError",
-    # vero's candidate boundary could not start a host for a `kind: agent` candidate, before any
-    # candidate code ran (`vero.harbor.boundary.agent`).
-    "CandidateHostUnavailableError",
-    # vero's install agent: the case container cannot host the candidate sandbox (before any
-    # candidate code ran).
-    "CaseKitSetupError",
-})
+INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset(
+    {
+        # Harbor's "retry, do not grade" environment group (models/trial/error_policy.py), minus the two
+        # memory errors: a program candidate that exhausts memory failed on its own account.
+        "EnvironmentStartTimeoutError",
+        "SandboxBuildFailedError",
+        "HealthcheckError",
+        "SSHAccessError",
+        "GKEExecStreamClosedError",
+        "GKEPodNotFoundError",
+        "RuntimeRequestError",
+        "AddTestsDirError",
+        "DownloadVerifierDirError",
+        # vero's candidate boundary could not start a host for a `kind: agent` candidate, before any
+        # candidate code ran (`vero.harbor.boundary.agent`).
+        "CandidateHostUnavailableError",
+        # vero's install agent: the case container cannot host the candidate sandbox (before any
+        # candidate code ran).
+        "CaseKitSetupError",
+    }
+)
 """Exception types that make a trial an infrastructure failure, never a score.
 
 `AgentSetupTimeoutError` is deliberately absent: a `kind: agent` candidate's own `setup()` runs in
@@ -177,12 +179,12 @@ def _keys_without(result, reward_key: str) -> tuple[str, ...] | None:
 
 def _before_candidate(result) -> bool:
     """An exception while the environment came up, before the agent's setup began."""
-    return (result.exception_info is not None and result.environment_setup is not None
-            and result.agent_setup is None)
+    return result.exception_info is not None and result.environment_setup is not None and result.agent_setup is None
 
 
-def classify_trial(result, reward_key: str, reward_range: tuple[float, float] | None = None
-                   ) -> tuple[AttemptOutcome, float | None, float | None]:
+def classify_trial(
+    result, reward_key: str, reward_range: tuple[float, float] | None = None
+) -> tuple[AttemptOutcome, float | None, float | None]:
     """How vero scores one Harbor `TrialResult` (see the module docstring for the rules and order).
 
     Returns:
@@ -242,8 +244,9 @@ def read_kit_flags(trial_dir: Path, agent_metadata: dict | None = None) -> tuple
     return tuple(sorted(flags))
 
 
-def read_trial(trial_dir: Path, reward_key: str,
-               reward_range: tuple[float, float] | None = None) -> TrialOutcome | None:
+def read_trial(
+    trial_dir: Path, reward_key: str, reward_range: tuple[float, float] | None = None
+) -> TrialOutcome | None:
     """The outcome of one trial dir, or None when it has no readable `result.json`.
 
     Args:
@@ -304,12 +307,17 @@ def collate_job(job_dir: Path, reward_key: str, reward_range: tuple[float, float
                 unfinished += 1
             else:
                 trials.append(outcome)
-    return JobCollation(job_dir=job_dir, job_finished=_job_finished(job_dir),
-                        trials=tuple(sorted(trials, key=lambda t: t.trial_name)), n_unfinished=unfinished)
+    return JobCollation(
+        job_dir=job_dir,
+        job_finished=_job_finished(job_dir),
+        trials=tuple(sorted(trials, key=lambda t: t.trial_name)),
+        n_unfinished=unfinished,
+    )
 
 
-def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: Iterable[TrialOutcome],
-                   cases: Collection[str]) -> int:
+def merge_outcomes(
+    attempts: MutableMapping[str, list[AttemptResult]], trials: Iterable[TrialOutcome], cases: Collection[str]
+) -> int:
     """Append the charged outcomes of `cases` to `attempts` (case -> attempts, in trial order).
 
     Infrastructure outcomes are dropped (they are no measurement); so are trials whose rewards
@@ -323,7 +331,14 @@ def merge_outcomes(attempts: MutableMapping[str, list[AttemptResult]], trials: I
         if trial.infrastructure:
             dropped += 1
             continue
-        attempts.setdefault(trial.case, []).append(AttemptResult(
-            trial_name=trial.trial_name, reward=trial.reward, exception_type=trial.exception_type,
-            outcome=trial.outcome, rejected_reward=trial.rejected_reward, flags=list(trial.flags)))
+        attempts.setdefault(trial.case, []).append(
+            AttemptResult(
+                trial_name=trial.trial_name,
+                reward=trial.reward,
+                exception_type=trial.exception_type,
+                outcome=trial.outcome,
+                rejected_reward=trial.rejected_reward,
+                flags=list(trial.flags),
+            )
+        )
     return dropped

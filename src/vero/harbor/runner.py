@@ -127,7 +127,6 @@ _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SCRUB_MAX_BYTES = 16 * 1024 * 1024
 
 
-
 class _Unmeasured(Exception):
     """A round left cases without any kept attempt (internal; retried, then InfrastructureFailure)."""
 
@@ -197,8 +196,9 @@ class HarborBackend:
     ) -> None:
         self._harbor_executable = harbor_executable
         self._python_executable = python_executable
-        self.infra_wait = infra_wait if infra_wait is not None else tenacity.wait_exponential(
-            multiplier=5, min=5, max=120)
+        self.infra_wait = (
+            infra_wait if infra_wait is not None else tenacity.wait_exponential(multiplier=5, min=5, max=120)
+        )
         self.kill_grace_sec = kill_grace_sec
         self.preflight_timeout_sec = preflight_timeout_sec
         self.tail_bytes = tail_bytes
@@ -212,8 +212,9 @@ class HarborBackend:
         self.program_agent_kwargs = dict(program_agent_kwargs or {})
         self.isolate_candidates = isolate_candidates
 
-    async def remove_leftovers(self, *, environment: str, env: Mapping[str, str], session: str,
-                               jobs: Iterable[str] | None = None) -> int:
+    async def remove_leftovers(
+        self, *, environment: str, env: Mapping[str, str], session: str, jobs: Iterable[str] | None = None
+    ) -> int:
         """Remove what interrupted nested runs of `session` (of `jobs` only, if given) left: Docker
         containers, networks, volumes and built images, or Modal sandboxes (`vero.harbor.leftovers`).
         Call it when none of those runs can still be running (e.g. at a sidecar's start). Other
@@ -303,8 +304,9 @@ class HarborBackend:
         if run.runtime.kind != "agent":
             return await self._evaluate(run, None)
         agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
-        async with CandidateLauncher(self.python_executable, agent_uid=agent_uid, env=run.candidate_env,
-                                     isolate=self.isolate_candidates) as launcher:
+        async with CandidateLauncher(
+            self.python_executable, agent_uid=agent_uid, env=run.candidate_env, isolate=self.isolate_candidates
+        ) as launcher:
             return await self._evaluate(run, launcher)
 
     async def _evaluate(self, run: NestedRun, launcher: CandidateLauncher | None) -> EvaluationResult:
@@ -315,8 +317,7 @@ class HarborBackend:
         if not _JOB_NAME.match(run.evaluation_id):
             raise ValueError("evaluation_id must be a portable name ([A-Za-z0-9][A-Za-z0-9._-]*)")
         reward_key = run.reward_key or run.scoring.reward_key
-        failure_value = (run.failure_value if run.failure_value is not None
-                         else run.scoring.effective_failure_value())
+        failure_value = run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value()
         if not run.candidate_dir.is_dir():
             raise InfrastructureFailure("the candidate checkout is missing")
         env = nested_env(run, self._base_env)
@@ -334,24 +335,38 @@ class HarborBackend:
         declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
         plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
 
-        def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None,
-                   retries: int) -> EvaluationResult:
+        def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None, retries: int) -> EvaluationResult:
             cases = [CaseResult.from_attempts(name, attempts[name], failure_value) for name in case_names]
             diagnostics = causes.build()  # kept only when something failed: clean runs stay small
             return EvaluationResult.from_cases(
-                partition=run.partition, candidate=run.candidate, reward_key=reward_key, cases=cases,
-                started_at=started_at, finished_at=_now(),
-                job_dir=str(job_dir) if job_dir is not None else None, infra_retries=retries,
-                diagnostics=diagnostics if diagnostics.has_failures or retries else None)
+                partition=run.partition,
+                candidate=run.candidate,
+                reward_key=reward_key,
+                cases=cases,
+                started_at=started_at,
+                finished_at=_now(),
+                job_dir=str(job_dir) if job_dir is not None else None,
+                infra_retries=retries,
+                diagnostics=diagnostics if diagnostics.has_failures or retries else None,
+            )
 
         if launcher is not None:
             failure_type = await self._preflight(run, launcher)
             if failure_type is not None:
-                logger.info("evaluation %s: candidate agent failed its import pre-flight (%s)",
-                            run.evaluation_id, failure_type)
-                dead = {name: [AttemptResult(trial_name=f"{name}__preflight-{i}", exception_type=failure_type,
-                                             outcome=AttemptOutcome.DEAD)
-                               for i in range(run.harbor.n_attempts)] for name in case_names}
+                logger.info(
+                    "evaluation %s: candidate agent failed its import pre-flight (%s)", run.evaluation_id, failure_type
+                )
+                dead = {
+                    name: [
+                        AttemptResult(
+                            trial_name=f"{name}__preflight-{i}",
+                            exception_type=failure_type,
+                            outcome=AttemptOutcome.DEAD,
+                        )
+                        for i in range(run.harbor.n_attempts)
+                    ]
+                    for name in case_names
+                }
                 return result(dead, None, 0)
 
         attempts: dict[str, list[AttemptResult]] = {name: [] for name in case_names}
@@ -363,8 +378,9 @@ class HarborBackend:
             nonlocal pending, rounds
             job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
             rounds += 1
-            collation, timed_out = await self._run_round(run, job_name, pending, plan, env, secrets,
-                                                         reward_key, launcher, kit, causes)
+            collation, timed_out = await self._run_round(
+                run, job_name, pending, plan, env, secrets, reward_key, launcher, kit, causes
+            )
             _raise_reward_key_missing(collation, set(pending), reward_key, causes)
             before = {name: len(attempts[name]) for name in pending}
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
@@ -372,17 +388,25 @@ class HarborBackend:
             if timed_out:
                 n_timed_out = _charge_unfinished(attempts, collation, pending, before, run.harbor.n_attempts)
             pending = [name for name in pending if not attempts[name]]
-            logger.info("evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
-                        "%d attempt(s) timed out, %d case(s) unmeasured", run.evaluation_id, job_name,
-                        len(collation.trials), n_infra, collation.n_unfinished, n_timed_out, len(pending))
+            logger.info(
+                "evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
+                "%d attempt(s) timed out, %d case(s) unmeasured",
+                run.evaluation_id,
+                job_name,
+                len(collation.trials),
+                n_infra,
+                collation.n_unfinished,
+                n_timed_out,
+                len(pending),
+            )
             if pending and timed_out:
                 raise InfrastructureFailure(
                     f"nested evaluation hit its wall clock ({run.harbor.evaluation_timeout_sec:g} s) with "
                     f"{len(pending)} of {len(case_names)} case(s) measured by infrastructure failures only",
-                    diagnostics=causes.build())
+                    diagnostics=causes.build(),
+                )
             if pending:
-                reason = ("no trial result" if not collation.trials
-                          else "only infrastructure failures")
+                reason = "no trial result" if not collation.trials else "only infrastructure failures"
                 raise _Unmeasured(len(pending), reason)
 
         retrying = tenacity.AsyncRetrying(
@@ -391,9 +415,12 @@ class HarborBackend:
             retry=tenacity.retry_if_exception_type(_Unmeasured),
             reraise=True,
             before_sleep=lambda state: logger.warning(
-                "evaluation %s: infrastructure failure (%s); retry %d of %d", run.evaluation_id,
-                state.outcome.exception() if state.outcome else "?", state.attempt_number,
-                run.harbor.infra_retries),
+                "evaluation %s: infrastructure failure (%s); retry %d of %d",
+                run.evaluation_id,
+                state.outcome.exception() if state.outcome else "?",
+                state.attempt_number,
+                run.harbor.infra_retries,
+            ),
         )
         try:
             async for attempt in retrying:
@@ -402,51 +429,83 @@ class HarborBackend:
         except _Unmeasured as exc:
             raise InfrastructureFailure(
                 f"nested evaluation measured nothing for {exc.n_unmeasured} of {len(case_names)} case(s) "
-                f"after {rounds} attempt(s): {exc.reason}", diagnostics=causes.build()) from None
+                f"after {rounds} attempt(s): {exc.reason}",
+                diagnostics=causes.build(),
+            ) from None
         return result(attempts, first_job_dir, rounds - 1)
 
-    async def _run_round(self, run: NestedRun, job_name: str, case_names: Sequence[str],
-                         plan: AgentTimeoutPlan, env: Mapping[str, str], secrets: Sequence[str],
-                         reward_key: str, launcher: CandidateLauncher | None,
-                         kit: Path | None, causes: CauseLog) -> tuple[JobCollation, bool]:
+    async def _run_round(
+        self,
+        run: NestedRun,
+        job_name: str,
+        case_names: Sequence[str],
+        plan: AgentTimeoutPlan,
+        env: Mapping[str, str],
+        secrets: Sequence[str],
+        reward_key: str,
+        launcher: CandidateLauncher | None,
+        kit: Path | None,
+        causes: CauseLog,
+    ) -> tuple[JobCollation, bool]:
         session = run.session or self.session
         labels = options = None
         if run.harbor.environment == "docker":
             labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
         elif run.harbor.environment == "modal":
             options = modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
-        command = build_command(run, job_name=job_name, case_names=case_names, timeout_plan=plan,
-                                harbor_executable=self.harbor_executable, base_env=self._base_env,
-                                launcher_socket=launcher.socket_path if launcher is not None else None,
-                                kit_path=kit, compose_labels=labels,
-                                environment_options=options, program_agent=self.program_agent,
-                                program_agent_kwargs=self.program_agent_kwargs)
+        command = build_command(
+            run,
+            job_name=job_name,
+            case_names=case_names,
+            timeout_plan=plan,
+            harbor_executable=self.harbor_executable,
+            base_env=self._base_env,
+            launcher_socket=launcher.socket_path if launcher is not None else None,
+            kit_path=kit,
+            compose_labels=labels,
+            environment_options=options,
+            program_agent=self.program_agent,
+            program_agent_kwargs=self.program_agent_kwargs,
+        )
         try:
             await asyncio.to_thread(self._prepare_job_dir, command)
         except OSError as exc:
             if is_out_of_space(exc):
-                logger.error("evaluation %s: the jobs dir %s is full (no space left on device)",
-                             run.evaluation_id, run.jobs_dir)
+                logger.error(
+                    "evaluation %s: the jobs dir %s is full (no space left on device)", run.evaluation_id, run.jobs_dir
+                )
                 raise InfrastructureFailure("the nested run's jobs dir is full (no space left on device)") from None
             raise
         try:
             outcome = await run_process_group(
-                command.argv, env=command.env, cwd=command.cwd, run_as=run.run_as,
-                timeout_sec=run.harbor.evaluation_timeout_sec, kill_grace_sec=self.kill_grace_sec,
-                tail_bytes=self.tail_bytes, secrets=secrets, hurry=lambda: self._interrupted)
+                command.argv,
+                env=command.env,
+                cwd=command.cwd,
+                run_as=run.run_as,
+                timeout_sec=run.harbor.evaluation_timeout_sec,
+                kill_grace_sec=self.kill_grace_sec,
+                tail_bytes=self.tail_bytes,
+                secrets=secrets,
+                hurry=lambda: self._interrupted,
+            )
         except asyncio.CancelledError:
             logger.warning("evaluation %s: cancelled; nested run killed", run.evaluation_id)
             await finish_uncancellable(self._cleanup(run, command.job_dir, env))
             raise
         except OSError as exc:
-            logger.warning("evaluation %s: harbor could not be started (%s)", run.evaluation_id,
-                           type(exc).__name__)
-            causes.add_round(job_name, returncode=None, output_tail=f"harbor could not be started "
-                                                                    f"({type(exc).__name__})")
+            logger.warning("evaluation %s: harbor could not be started (%s)", run.evaluation_id, type(exc).__name__)
+            causes.add_round(
+                job_name, returncode=None, output_tail=f"harbor could not be started ({type(exc).__name__})"
+            )
             raise _Unmeasured(len(case_names), "harbor could not be started") from None
         await asyncio.to_thread(self._write_trusted_log, command.cwd / f"{job_name}.harbor.log", outcome)
-        causes.add_round(job_name, returncode=outcome.returncode, timed_out=outcome.timed_out,
-                         duration_sec=outcome.duration_sec, output_tail=outcome.output_tail)
+        causes.add_round(
+            job_name,
+            returncode=outcome.returncode,
+            timed_out=outcome.timed_out,
+            duration_sec=outcome.duration_sec,
+            output_tail=outcome.output_tail,
+        )
         if secrets:
             await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
         collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key, run.scoring.reward_range)
@@ -456,8 +515,12 @@ class HarborBackend:
             # the job's Compose projects may still be up.
             await finish_uncancellable(self._cleanup(run, command.job_dir, env))
         if outcome.timed_out:
-            logger.warning("evaluation %s: job %s killed after %.0f s (evaluation_timeout_sec)",
-                           run.evaluation_id, job_name, outcome.duration_sec)
+            logger.warning(
+                "evaluation %s: job %s killed after %.0f s (evaluation_timeout_sec)",
+                run.evaluation_id,
+                job_name,
+                outcome.duration_sec,
+            )
         return collation, outcome.timed_out
 
     @staticmethod
@@ -471,8 +534,10 @@ class HarborBackend:
             atomic_write_bytes(path, text.encode(), mode=0o644)
 
     def _write_trusted_log(self, path: Path, outcome: ProcessOutcome) -> None:
-        text = (f"returncode: {outcome.returncode}\ntimed_out: {outcome.timed_out}\n"
-                f"duration_sec: {outcome.duration_sec:.1f}\n--- output tail ---\n{outcome.output_tail}\n")
+        text = (
+            f"returncode: {outcome.returncode}\ntimed_out: {outcome.timed_out}\n"
+            f"duration_sec: {outcome.duration_sec:.1f}\n--- output tail ---\n{outcome.output_tail}\n"
+        )
         try:
             atomic_write_bytes(path, text.encode(), mode=0o600)
         except OSError as exc:
@@ -487,8 +552,13 @@ class HarborBackend:
         session = run.session or self.session
         if run.harbor.environment == "docker":
             removed = await remove_docker_leftovers(
-                env, session=session, jobs=[run.evaluation_id], job_dirs=[job_dir],
-                settle_sec=0.2 if self._interrupted else 1.0, timeout_sec=5 if self._interrupted else 60)
+                env,
+                session=session,
+                jobs=[run.evaluation_id],
+                job_dirs=[job_dir],
+                settle_sec=0.2 if self._interrupted else 1.0,
+                timeout_sec=5 if self._interrupted else 60,
+            )
             kind = "docker object(s)"
         elif run.harbor.environment == "modal":
             removed = await terminate_modal_sandboxes(session=session, job=run.evaluation_id)
@@ -523,32 +593,60 @@ class HarborBackend:
         problems = [p for name in case_names for p in _CASE_CHECKS.get(keys[name], ())]
         if problems:
             causes.add_problems(problems)
-            logger.warning("evaluation %s: %d case problem(s): %s", run.evaluation_id, len(problems),
-                           "; ".join(f"{p.case}: {p.code}" for p in problems))
+            logger.warning(
+                "evaluation %s: %d case problem(s): %s",
+                run.evaluation_id,
+                len(problems),
+                "; ".join(f"{p.case}: {p.code}" for p in problems),
+            )
             raise CaseMisconfigured(
                 "; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
-                code=problems[0].code, problems=problems, diagnostics=causes.build())
+                code=problems[0].code,
+                problems=problems,
+                diagnostics=causes.build(),
+            )
 
-    async def _run_case_checks(self, run: NestedRun, case_names: Sequence[str],
-                               env: Mapping[str, str]) -> list[CaseProblem] | None:
-        argv = [str(self.python_executable), "-I", "-m", "vero.harbor.case_checks", run.harbor.environment,
-                str(run.cases_dir.absolute()), *case_names]
+    async def _run_case_checks(
+        self, run: NestedRun, case_names: Sequence[str], env: Mapping[str, str]
+    ) -> list[CaseProblem] | None:
+        argv = [
+            str(self.python_executable),
+            "-I",
+            "-m",
+            "vero.harbor.case_checks",
+            run.harbor.environment,
+            str(run.cases_dir.absolute()),
+            *case_names,
+        ]
         try:
-            outcome = await run_process_group(argv, env=env, cwd=Path("/"), run_as=run.run_as,
-                                              timeout_sec=self.case_check_timeout_sec, kill_grace_sec=2.0,
-                                              tail_bytes=256 * 1024)
+            outcome = await run_process_group(
+                argv,
+                env=env,
+                cwd=Path("/"),
+                run_as=run.run_as,
+                timeout_sec=self.case_check_timeout_sec,
+                kill_grace_sec=2.0,
+                tail_bytes=256 * 1024,
+            )
         except OSError as exc:
-            logger.warning("evaluation %s: the case check could not be started (%s); skipped",
-                           run.evaluation_id, type(exc).__name__)
+            logger.warning(
+                "evaluation %s: the case check could not be started (%s); skipped",
+                run.evaluation_id,
+                type(exc).__name__,
+            )
             return None
         answers = [line for line in outcome.output_tail.splitlines() if line.startswith(CASE_CHECKS_MARK)]
         try:
             if outcome.returncode != 0 or outcome.timed_out or not answers:
                 raise ValueError("no answer")
-            return [CaseProblem.model_validate(item) for item in json.loads(answers[-1][len(CASE_CHECKS_MARK):])]
+            return [CaseProblem.model_validate(item) for item in json.loads(answers[-1][len(CASE_CHECKS_MARK) :])]
         except ValueError:
-            logger.warning("evaluation %s: the case check failed (exit %s); skipped; output tail:\n%s",
-                           run.evaluation_id, outcome.returncode, outcome.output_tail[-2000:])
+            logger.warning(
+                "evaluation %s: the case check failed (exit %s); skipped; output tail:\n%s",
+                run.evaluation_id,
+                outcome.returncode,
+                outcome.output_tail[-2000:],
+            )
             return None
 
     async def _check_access(self, run: NestedRun, env: Mapping[str, str], kit: Path | None) -> None:
@@ -564,22 +662,29 @@ class HarborBackend:
         """
         if run.run_as is None or os.geteuid() != 0:
             return
-        cand, cases, jobs, home = (str(p.absolute()) for p in (run.candidate_dir, run.cases_dir, run.jobs_dir,
-                                                                run.run_as.home))
-        script = ('test -r "$1" -a -x "$1" -a -r "$2" -a -x "$2" -a -w "$3" -a -x "$3" '
-                  '-a -w "$4" -a -x "$4" -a -r "$5"')
+        cand, cases, jobs, home = (
+            str(p.absolute()) for p in (run.candidate_dir, run.cases_dir, run.jobs_dir, run.run_as.home)
+        )
+        script = 'test -r "$1" -a -x "$1" -a -r "$2" -a -x "$2" -a -w "$3" -a -x "$3" -a -w "$4" -a -x "$4" -a -r "$5"'
         kit_arg = str(kit.absolute()) if kit is not None else "/dev/null"
         try:
-            outcome = await run_process_group(["/bin/sh", "-c", script, "vero-access", cand, cases, jobs, home,
-                                               kit_arg],
-                                              env=env, cwd=Path("/"), run_as=run.run_as, timeout_sec=30,
-                                              kill_grace_sec=1.0)
+            outcome = await run_process_group(
+                ["/bin/sh", "-c", script, "vero-access", cand, cases, jobs, home, kit_arg],
+                env=env,
+                cwd=Path("/"),
+                run_as=run.run_as,
+                timeout_sec=30,
+                kill_grace_sec=1.0,
+            )
         except OSError as exc:
-            raise InfrastructureFailure(f"cannot start a process as the nested run's user "
-                                        f"({type(exc).__name__})") from None
+            raise InfrastructureFailure(
+                f"cannot start a process as the nested run's user ({type(exc).__name__})"
+            ) from None
         if outcome.returncode != 0:
-            raise InfrastructureFailure("the nested run's user cannot read the candidate checkout, the "
-                                        "cases or the case kit, or cannot write the jobs dir or its home")
+            raise InfrastructureFailure(
+                "the nested run's user cannot read the candidate checkout, the "
+                "cases or the case kit, or cannot write the jobs dir or its home"
+            )
 
     async def _preflight(self, run: NestedRun, launcher: CandidateLauncher) -> str | None:
         """Import and construct the candidate agent in a candidate host; the failure's type, or None.
@@ -594,8 +699,13 @@ class HarborBackend:
             return PREFLIGHT_TIMEOUT_EXCEPTION
 
 
-def _charge_unfinished(attempts: dict[str, list[AttemptResult]], collation: JobCollation,
-                       cases: Sequence[str], before: Mapping[str, int], n_attempts: int) -> int:
+def _charge_unfinished(
+    attempts: dict[str, list[AttemptResult]],
+    collation: JobCollation,
+    cases: Sequence[str],
+    before: Mapping[str, int],
+    n_attempts: int,
+) -> int:
     """After a round cut by the wall clock: every attempt of `cases` that did not finish this round
     becomes a `timed_out` dead attempt. Returns how many were added.
 
@@ -612,9 +722,13 @@ def _charge_unfinished(attempts: dict[str, list[AttemptResult]], collation: JobC
         finished = len(attempts[name]) - before[name]
         missing = n_attempts - finished - infra.get(name, 0)
         for index in range(max(missing, 0)):
-            attempts[name].append(AttemptResult(trial_name=f"{name}__unfinished-{index + 1}",
-                                                outcome=AttemptOutcome.TIMED_OUT,
-                                                exception_type=EVALUATION_TIMEOUT_EXCEPTION))
+            attempts[name].append(
+                AttemptResult(
+                    trial_name=f"{name}__unfinished-{index + 1}",
+                    outcome=AttemptOutcome.TIMED_OUT,
+                    exception_type=EVALUATION_TIMEOUT_EXCEPTION,
+                )
+            )
             added += 1
     return added
 
@@ -629,13 +743,22 @@ def _raise_reward_key_missing(collation: JobCollation, cases: set[str], reward_k
             found.setdefault(trial.case, trial.reward_keys or ())
     if not found:
         return
-    problems = [CaseProblem(case=case, code="reward_key_missing",
-                            detail=f"its verifier wrote rewards with the keys {', '.join(keys) or '(none)'} "
-                                   f"but not {reward_key!r} (scoring.reward_key)")
-                for case, keys in sorted(found.items())]
+    problems = [
+        CaseProblem(
+            case=case,
+            code="reward_key_missing",
+            detail=f"its verifier wrote rewards with the keys {', '.join(keys) or '(none)'} "
+            f"but not {reward_key!r} (scoring.reward_key)",
+        )
+        for case, keys in sorted(found.items())
+    ]
     causes.add_problems(problems)
-    raise CaseMisconfigured("; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
-                            code="reward_key_missing", problems=problems, diagnostics=causes.build())
+    raise CaseMisconfigured(
+        "; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
+        code="reward_key_missing",
+        problems=problems,
+        diagnostics=causes.build(),
+    )
 
 
 def _scrub_tree(root: Path, secrets: Sequence[str]) -> None:

@@ -56,8 +56,14 @@ from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["BudgetPool", "GatewayServer", "InferenceGateway", "InferenceGrant", "create_gateway_app",
-           "gateway_environment"]
+__all__ = [
+    "BudgetPool",
+    "GatewayServer",
+    "InferenceGateway",
+    "InferenceGrant",
+    "create_gateway_app",
+    "gateway_environment",
+]
 
 logger = logging.getLogger("vero.inference")
 
@@ -173,13 +179,13 @@ class _Count:
             self.output_tokens = max(self.output_tokens, number("output_tokens"))
         else:
             prompt = number("prompt_tokens") or number("input_tokens")
-            cached = number("prompt_tokens_details", "cached_tokens") or number("input_tokens_details",
-                                                                              "cached_tokens")
+            cached = number("prompt_tokens_details", "cached_tokens") or number("input_tokens_details", "cached_tokens")
             self.cached_tokens = max(self.cached_tokens, min(cached, prompt))
             self.input_tokens = max(self.input_tokens, prompt - min(cached, prompt))
             self.output_tokens = max(self.output_tokens, number("completion_tokens") or number("output_tokens"))
-        self.seen = self.seen or any(k in usage for k in ("input_tokens", "output_tokens", "prompt_tokens",
-                                                         "completion_tokens"))
+        self.seen = self.seen or any(
+            k in usage for k in ("input_tokens", "output_tokens", "prompt_tokens", "completion_tokens")
+        )
 
     def absorb_event(self, event: Any, api: Api) -> None:
         """Usage carried by one JSON body or SSE event of any of the three formats."""
@@ -234,8 +240,9 @@ class InferenceGateway:
         ValueError: a model names an unknown provider.
     """
 
-    def __init__(self, spec: InferenceSpec, keys: Mapping[str, str],
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, spec: InferenceSpec, keys: Mapping[str, str], transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.spec = spec
         routes: dict[str, _Route] = {}
         for name, model in spec.models.items():
@@ -245,13 +252,17 @@ class InferenceGateway:
             key = keys.get(provider.api_key_secret) if provider.api_key_secret else None
             routes[name] = _Route(name, model, provider, price_of(name, model), key or None)
         self._routes = routes
-        self._secret_values = sorted({r.key for r in routes.values() if r.key and len(r.key) >= 4},
-                                     key=len, reverse=True)
+        self._secret_values = sorted(
+            {r.key for r in routes.values() if r.key and len(r.key) >= 4}, key=len, reverse=True
+        )
         self._grants: dict[str, InferenceGrant] = {}
         self._freed = asyncio.Event()  # set (and replaced) whenever held money is settled or released
         self._client = httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(spec.timeout_sec, connect=min(30.0, spec.timeout_sec)),
-            follow_redirects=False, trust_env=False)
+            transport=transport,
+            timeout=httpx.Timeout(spec.timeout_sec, connect=min(30.0, spec.timeout_sec)),
+            follow_redirects=False,
+            trust_env=False,
+        )
         self.base_url: str | None = None
         """`http://host:port` once the server listens (set by `GatewayServer`)."""
 
@@ -260,8 +271,14 @@ class InferenceGateway:
 
     # -- grants ----------------------------------------------------------------------------------
 
-    def grant(self, evaluation_id: str, partition: str, *, partition_pool: BudgetPool | None,
-              evaluation_limit_usd: float | None) -> tuple[str, InferenceGrant]:
+    def grant(
+        self,
+        evaluation_id: str,
+        partition: str,
+        *,
+        partition_pool: BudgetPool | None,
+        evaluation_limit_usd: float | None,
+    ) -> tuple[str, InferenceGrant]:
         """Mint the token of one evaluation. Returns `(token, grant)`; the token is not kept."""
         pools = [BudgetPool(to_micro_usd(evaluation_limit_usd) if evaluation_limit_usd is not None else None)]
         if partition_pool is not None:
@@ -282,8 +299,11 @@ class InferenceGateway:
         try:
             await asyncio.wait_for(grant.idle.wait(), timeout=_IDLE_WAIT_SEC)
         except TimeoutError:
-            logger.warning("evaluation %s: %d inference call(s) still open at revocation; charged what they hold",
-                           grant.evaluation_id, len(grant.open_calls))
+            logger.warning(
+                "evaluation %s: %d inference call(s) still open at revocation; charged what they hold",
+                grant.evaluation_id,
+                len(grant.open_calls),
+            )
             for call in list(grant.open_calls):
                 self._meter(grant, call, _Count())
         self._grants.pop(_digest(token), None)
@@ -325,8 +345,11 @@ class InferenceGateway:
     def models_response(self, request: Request) -> Response:
         if self._authorize(request) is None:
             return _error("openai", 401, "invalid_api_key", "a valid evaluation token is required")
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "vero-gateway"}
-                for name, route in sorted(self._routes.items()) if route.provider.api == "openai"]
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "vero-gateway"}
+            for name, route in sorted(self._routes.items())
+            if route.provider.api == "openai"
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def handle(self, request: Request, api: Api, path: str) -> Response:
@@ -334,8 +357,12 @@ class InferenceGateway:
         body = await _read_limited(request, MAX_REQUEST_BYTES)
         grant = self._authorize(request)
         if grant is None:
-            return _error(api, 401, "authentication_error" if api == "anthropic" else "invalid_api_key",
-                          "a valid evaluation token is required")
+            return _error(
+                api,
+                401,
+                "authentication_error" if api == "anthropic" else "invalid_api_key",
+                "a valid evaluation token is required",
+            )
         if body is None:
             self._refuse(grant, "too_large")
             return _error(api, 413, "request_too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
@@ -350,16 +377,24 @@ class InferenceGateway:
         route = self._routes.get(name)
         if route is None or route.provider.api != api:
             self._refuse(grant, "model_not_allowed")
-            return _error(api, 403, "permission_error" if api == "anthropic" else "model_not_allowed",
-                          "this model is not on the evaluation's allow-list")
+            return _error(
+                api,
+                403,
+                "permission_error" if api == "anthropic" else "model_not_allowed",
+                "this model is not on the evaluation's allow-list",
+            )
         estimate = _estimate_micro_usd(route, payload, len(body))
         held = await self._hold(grant, estimate)
         if grant.closed:
             if held is not None:
                 grant.release(held)
                 self._budget_freed()
-            return _error(api, 401, "authentication_error" if api == "anthropic" else "invalid_api_key",
-                          "a valid evaluation token is required")
+            return _error(
+                api,
+                401,
+                "authentication_error" if api == "anthropic" else "invalid_api_key",
+                "a valid evaluation token is required",
+            )
         if held is None:
             self._refuse(grant, "budget_exhausted")
             return _error(api, 402, "budget_exhausted", "the evaluation's inference budget is exhausted")
@@ -380,13 +415,24 @@ class InferenceGateway:
             self._meter(grant, call, _Count())
             raise
 
-    async def _forward(self, grant: InferenceGrant, call: _Call, payload: dict[str, Any], request: Request,
-                       api: Api, path: str, stream: bool) -> Response:
+    async def _forward(
+        self,
+        grant: InferenceGrant,
+        call: _Call,
+        payload: dict[str, Any],
+        request: Request,
+        api: Api,
+        path: str,
+        stream: bool,
+    ) -> Response:
         route = call.route
         try:
             upstream = self._client.build_request(
-                "POST", _upstream_url(route.provider, path), content=json.dumps(payload).encode(),
-                headers=_upstream_headers(route, request))
+                "POST",
+                _upstream_url(route.provider, path),
+                content=json.dumps(payload).encode(),
+                headers=_upstream_headers(route, request),
+            )
             response = await self._client.send(upstream, stream=True)
         except httpx.TimeoutException:
             self._fail(grant, call)
@@ -401,12 +447,16 @@ class InferenceGateway:
                 await response.aclose()
             if response.status_code >= 500 or response.status_code in (401, 403, 407):
                 self._fail(grant, call)
-                logger.warning("evaluation %s: upstream answered %d for %s", grant.evaluation_id,
-                               response.status_code, route.name)
+                logger.warning(
+                    "evaluation %s: upstream answered %d for %s", grant.evaluation_id, response.status_code, route.name
+                )
                 return _error(api, 502, "upstream_error", f"the model provider failed ({response.status_code})")
             self._end_call(grant, call)
-            return Response(self._scrub(data), status_code=response.status_code,
-                            media_type=response.headers.get("content-type", "application/json"))
+            return Response(
+                self._scrub(data),
+                status_code=response.status_code,
+                media_type=response.headers.get("content-type", "application/json"),
+            )
         if not stream or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
                 data = await response.aread()
@@ -421,13 +471,18 @@ class InferenceGateway:
             except ValueError:
                 pass
             self._meter(grant, call, count)
-            return Response(self._scrub(data), status_code=response.status_code,
-                            media_type=response.headers.get("content-type", "application/json"))
-        return StreamingResponse(self._relay(grant, call, response, api),
-                                 status_code=response.status_code, media_type="text/event-stream")
+            return Response(
+                self._scrub(data),
+                status_code=response.status_code,
+                media_type=response.headers.get("content-type", "application/json"),
+            )
+        return StreamingResponse(
+            self._relay(grant, call, response, api), status_code=response.status_code, media_type="text/event-stream"
+        )
 
-    async def _relay(self, grant: InferenceGrant, call: _Call, response: httpx.Response,
-                     api: Api) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, grant: InferenceGrant, call: _Call, response: httpx.Response, api: Api
+    ) -> AsyncIterator[bytes]:
         count = _Count()
         pending = b""
         complete = False
@@ -463,8 +518,12 @@ class InferenceGateway:
                 self._meter(grant, call, _Count())
             await response.aclose()
         if failure is not None:
-            logger.warning("evaluation %s: the stream of %s broke off (%s)", grant.evaluation_id, call.route.name,
-                           type(failure).__name__)
+            logger.warning(
+                "evaluation %s: the stream of %s broke off (%s)",
+                grant.evaluation_id,
+                call.route.name,
+                type(failure).__name__,
+            )
             # Said in the stream's own format, so that the caller's SDK raises instead of taking a
             # cut-off answer for a whole one.
             yield _stream_error(api, failure)
@@ -518,8 +577,9 @@ class InferenceGateway:
         route, held = call.route, call.held
         usage = grant.usage
         if count.seen:
-            cost = route.price.cost_usd(count.input_tokens, count.output_tokens, count.cached_tokens,
-                                        count.cache_write_tokens)
+            cost = route.price.cost_usd(
+                count.input_tokens, count.output_tokens, count.cached_tokens, count.cache_write_tokens
+            )
             cost_micro = to_micro_usd(cost)
         else:
             usage.unmetered_calls += 1
@@ -539,17 +599,30 @@ class InferenceGateway:
         model.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
         model.output_tokens += count.output_tokens
         model.cost_usd += cost
-        logger.info("evaluation %s: %s call, %d in / %d out tokens, %.6f USD", grant.evaluation_id,
-                    route.name, count.input_tokens + count.cached_tokens, count.output_tokens, cost)
+        logger.info(
+            "evaluation %s: %s call, %d in / %d out tokens, %.6f USD",
+            grant.evaluation_id,
+            route.name,
+            count.input_tokens + count.cached_tokens,
+            count.output_tokens,
+            cost,
+        )
 
 
 def gateway_environment(base_url: str, token: str) -> dict[str, str]:
     """Variables naming the gateway: vero's own and the ones OpenAI's and Anthropic's SDKs (and
     LiteLLM) read, so an unmodified client reaches the gateway with the evaluation's token."""
     openai, anthropic = f"{base_url}/openai/v1", f"{base_url}/anthropic"
-    return {"VERO_INFERENCE_OPENAI_BASE_URL": openai, "VERO_INFERENCE_ANTHROPIC_BASE_URL": anthropic,
-            "VERO_INFERENCE_TOKEN": token, "OPENAI_BASE_URL": openai, "OPENAI_API_BASE": openai,
-            "OPENAI_API_KEY": token, "ANTHROPIC_BASE_URL": anthropic, "ANTHROPIC_API_KEY": token}
+    return {
+        "VERO_INFERENCE_OPENAI_BASE_URL": openai,
+        "VERO_INFERENCE_ANTHROPIC_BASE_URL": anthropic,
+        "VERO_INFERENCE_TOKEN": token,
+        "OPENAI_BASE_URL": openai,
+        "OPENAI_API_BASE": openai,
+        "OPENAI_API_KEY": token,
+        "ANTHROPIC_BASE_URL": anthropic,
+        "ANTHROPIC_API_KEY": token,
+    }
 
 
 def _estimate_micro_usd(route: _Route, payload: dict[str, Any], body_bytes: int) -> int:
@@ -650,8 +723,9 @@ class GatewayServer:
         import uvicorn
 
         self.gateway = gateway
-        self._config = uvicorn.Config(create_gateway_app(gateway), host=host, port=port, log_level="warning",
-                                      access_log=False, lifespan="off")
+        self._config = uvicorn.Config(
+            create_gateway_app(gateway), host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
         self._server = _embedded_server_class()(self._config)
         self._task: asyncio.Task[None] | None = None
         self.host = host

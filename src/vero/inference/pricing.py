@@ -41,14 +41,18 @@ class ModelPrice:
     cache_write_usd_per_token: float | None = None
     """Price of Anthropic `cache_creation_input_tokens`; None: charged as plain input."""
 
-    def cost_usd(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0,
-                 cache_write_tokens: int = 0) -> float:
+    def cost_usd(
+        self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0, cache_write_tokens: int = 0
+    ) -> float:
         """Cost of one call. `input_tokens` excludes the cached and cache-write tokens."""
         cache_read = self.cache_read_usd_per_token
         cache_write = self.cache_write_usd_per_token
-        return (input_tokens * self.input_usd_per_token + output_tokens * self.output_usd_per_token
-                + cached_input_tokens * (self.input_usd_per_token if cache_read is None else cache_read)
-                + cache_write_tokens * (self.input_usd_per_token if cache_write is None else cache_write))
+        return (
+            input_tokens * self.input_usd_per_token
+            + output_tokens * self.output_usd_per_token
+            + cached_input_tokens * (self.input_usd_per_token if cache_read is None else cache_read)
+            + cache_write_tokens * (self.input_usd_per_token if cache_write is None else cache_write)
+        )
 
 
 @functools.cache
@@ -85,10 +89,16 @@ def price_of(name: str, model: InferenceModel) -> ModelPrice:
                 break
         if entry:
             break
-    input_price = model.input_cost_per_token if model.input_cost_per_token is not None else _finite(
-        entry.get("input_cost_per_token"))
-    output_price = model.output_cost_per_token if model.output_cost_per_token is not None else _finite(
-        entry.get("output_cost_per_token"))
+    input_price = (
+        model.input_cost_per_token
+        if model.input_cost_per_token is not None
+        else _finite(entry.get("input_cost_per_token"))
+    )
+    output_price = (
+        model.output_cost_per_token
+        if model.output_cost_per_token is not None
+        else _finite(entry.get("output_cost_per_token"))
+    )
     if input_price is None or output_price is None:
         raise PriceUnknown(f"no price for model {name!r}: give input_cost_per_token and output_cost_per_token")
     max_output = model.max_output_tokens or entry.get("max_output_tokens")
@@ -96,9 +106,12 @@ def price_of(name: str, model: InferenceModel) -> ModelPrice:
         max_output = _DEFAULT_MAX_OUTPUT_TOKENS
     explicit = model.input_cost_per_token is not None
     return ModelPrice(
-        input_usd_per_token=input_price, output_usd_per_token=output_price, max_output_tokens=max_output,
+        input_usd_per_token=input_price,
+        output_usd_per_token=output_price,
+        max_output_tokens=max_output,
         cache_read_usd_per_token=None if explicit else _finite(entry.get("cache_read_input_token_cost")),
-        cache_write_usd_per_token=None if explicit else _finite(entry.get("cache_creation_input_token_cost")))
+        cache_write_usd_per_token=None if explicit else _finite(entry.get("cache_creation_input_token_cost")),
+    )
 
 
 def to_micro_usd(usd: float) -> int:

@@ -90,7 +90,8 @@ class LocalCallerGuard:
             server = (scope.get("server") or ("", 0))[0]
             if client.startswith("127.") or client in ("::1", "localhost") or (client and client == server):
                 await problem_response(403, "the agent surface does not answer callers inside the sidecar")(
-                    scope, receive, send)
+                    scope, receive, send
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -217,14 +218,30 @@ def serve(
 
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    paths = SidecarPaths(state_dir=state_dir, agent_repo=agent_repo, context_dir=context_dir, cases_dir=cases_dir,
-                         baseline_dir=baseline_dir, work_dir=work_dir, seal_root=seal_root)
+    paths = SidecarPaths(
+        state_dir=state_dir,
+        agent_repo=agent_repo,
+        context_dir=context_dir,
+        cases_dir=cases_dir,
+        baseline_dir=baseline_dir,
+        work_dir=work_dir,
+        seal_root=seal_root,
+    )
     service = SidecarService(config, paths, run_as=runner_identity(runner_user))
     app = create_app(service, refuse_local_agent_calls=not allow_local_agent_calls)
-    server = SidecarServer(uvicorn.Config(app, host=host, port=port, lifespan="on", proxy_headers=False,
-                                          server_header=False, log_level="info",
-                                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC),
-                           app.state.service)
+    server = SidecarServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            proxy_headers=False,
+            server_header=False,
+            log_level="info",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
+        ),
+        app.state.service,
+    )
     try:
         server.run()
     except SystemExit:

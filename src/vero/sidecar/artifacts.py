@@ -146,9 +146,14 @@ def _open_trial(job_dir: Path, trial_name: str) -> int | None:
         os.close(job_fd)
 
 
-def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, *,
-                         secret_values: list[str] | tuple[str, ...] = (),
-                         limits: ArtifactLimits = ArtifactLimits()) -> Path:
+def copy_trial_artifacts(
+    result: EvaluationResult,
+    disclosed: dict,
+    dest: Path,
+    *,
+    secret_values: list[str] | tuple[str, ...] = (),
+    limits: ArtifactLimits = ArtifactLimits(),
+) -> Path:
     """Write `dest/result.json` (the disclosed per-case results) and each trial's artifacts.
 
     Layout::
@@ -209,8 +214,9 @@ def copy_trial_artifacts(result: EvaluationResult, disclosed: dict, dest: Path, 
             finally:
                 os.close(trial_fd)
     document = {**disclosed, "trials": trials, "omitted": sorted(set(budget.omitted))}
-    atomic_write_bytes(staging / "result.json",
-                       json.dumps(document, indent=2, sort_keys=True).encode() + b"\n", mode=0o644)
+    atomic_write_bytes(
+        staging / "result.json", json.dumps(document, indent=2, sort_keys=True).encode() + b"\n", mode=0o644
+    )
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(staging, dest)
     fsync_dir(dest.parent)

@@ -241,8 +241,9 @@ class SidecarClient:
         """
         return self._call("GET", "/status", StatusResponse)
 
-    def evaluate(self, partition: str, version: str = "HEAD", cases: list[str] | None = None,
-                 blocks: list[int] | None = None) -> JobView:
+    def evaluate(
+        self, partition: str, version: str = "HEAD", cases: list[str] | None = None, blocks: list[int] | None = None
+    ) -> JobView:
         """`POST /evaluations`: start a detached evaluation job; returns once it is admitted.
 
         On return the version has been captured as a candidate and the budget reserved; the job
@@ -266,8 +267,9 @@ class SidecarClient:
             CandidateRejected: the version cannot be imported (HTTP 400).
             SidecarUnavailable: not reachable, or the answer was lost (the job may exist).
         """
-        request = self._request_model(EvaluationRequest, partition=partition, version=version, cases=cases,
-                                      blocks=blocks)
+        request = self._request_model(
+            EvaluationRequest, partition=partition, version=version, cases=cases, blocks=blocks
+        )
         return self._call("POST", "/evaluations", JobView, json=request, idempotent=False)
 
     def job(self, job_id: str, wait_sec: float = 0.0) -> JobView:
@@ -290,8 +292,9 @@ class SidecarClient:
             path += f"?wait_sec={min(wait_sec, MAX_WAIT_SEC):g}"
         return self._call("GET", path, JobView)
 
-    def evaluations(self, *, limit: int = 20, before: str | None = None, partition: str | None = None,
-                    state: str | None = None) -> EvaluationPage:
+    def evaluations(
+        self, *, limit: int = 20, before: str | None = None, partition: str | None = None, state: str | None = None
+    ) -> EvaluationPage:
         """`GET /evaluations`: one page of the agent's evaluations, newest first (no per-case results).
 
         Args:
@@ -372,9 +375,7 @@ class SidecarClient:
         try:
             return model(**fields).model_dump(mode="json", exclude_none=True)
         except ValidationError as exc:
-            where = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or '<request>'}: {e['msg']}" for e in exc.errors()
-            )
+            where = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<request>'}: {e['msg']}" for e in exc.errors())
             raise RequestInvalid(f"invalid request: {where}") from None
 
     def _call[M: BaseModel](
@@ -411,7 +412,12 @@ class SidecarClient:
             delay_sec = state.next_action.sleep if state.next_action else 0.0
             _logger.warning(
                 "sidecar %s %s: %s; retry %d/%d in %.1fs",
-                method, path, reason, state.attempt_number, self.retry_attempts - 1, delay_sec,
+                method,
+                path,
+                reason,
+                state.attempt_number,
+                self.retry_attempts - 1,
+                delay_sec,
             )
 
         def attempt() -> httpx.Response:

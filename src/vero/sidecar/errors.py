@@ -101,8 +101,10 @@ PROBLEM_RESPONSES: dict[int | str, dict] = {
 """`responses=` for every router: the shared error shapes, so OpenAPI documents them."""
 
 STORAGE_FULL_RESPONSE: dict[int | str, dict] = {
-    507: problem_doc("The sidecar's disk is full: nothing was recorded by this request; retry later "
-                     "(RFC 9457 problem, code `storage_full`)."),
+    507: problem_doc(
+        "The sidecar's disk is full: nothing was recorded by this request; retry later "
+        "(RFC 9457 problem, code `storage_full`)."
+    ),
 }
 """`responses=` entry of every route that writes durable state."""
 
@@ -118,13 +120,21 @@ _CASE_PROBLEM_DETAILS: dict[str, str] = {
 def case_problem_detail(code: str) -> str:
     """The agent's text for a case problem: what kind, whose, and that nothing was charged."""
     what = _CASE_PROBLEM_DETAILS.get(code, "a case of this evaluation cannot be measured")
-    return (f"{what}: the case is broken, not your candidate; nothing was charged, and evaluations "
-            "selecting it are refused until the operator fixes the task")
+    return (
+        f"{what}: the case is broken, not your candidate; nothing was charged, and evaluations "
+        "selecting it are refused until the operator fixes the task"
+    )
 
 
-def problem_response(status: int, detail: str | None = None, *, instance: str | None = None,
-                     headers: Mapping[str, str] | None = None, code: str | None = None,
-                     cases: list[str] | None = None) -> JSONResponse:
+def problem_response(
+    status: int,
+    detail: str | None = None,
+    *,
+    instance: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    code: str | None = None,
+    cases: list[str] | None = None,
+) -> JSONResponse:
     """Render one problem body.
 
     Args:
@@ -145,10 +155,20 @@ def problem_response(status: int, detail: str | None = None, *, instance: str | 
         title = HTTPStatus(status).phrase
     except ValueError:
         title = "Error"
-    problem = Problem(title=title, status=status, detail=detail, code=code or _CODES.get(status, "bad_request"),
-                      instance=instance, cases=cases or None)
-    return JSONResponse(status_code=status, content=problem.model_dump(mode="json", exclude_none=True),
-                        media_type=PROBLEM_JSON, headers=headers)
+    problem = Problem(
+        title=title,
+        status=status,
+        detail=detail,
+        code=code or _CODES.get(status, "bad_request"),
+        instance=instance,
+        cases=cases or None,
+    )
+    return JSONResponse(
+        status_code=status,
+        content=problem.model_dump(mode="json", exclude_none=True),
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
 
 
 def _validation_detail(exc: RequestValidationError) -> str:
@@ -169,8 +189,10 @@ def _budget_detail(request: Request, exc: BudgetExhausted) -> str:
     service = getattr(request.app.state, "service", None)
     disclose = bool(service is not None and service.config.disclose_budget)
     if disclose and exc.resource is not None:
-        return (f"the budget of this partition is exhausted: {exc.resource} requested {exc.requested}, "
-                f"remaining {exc.remaining}")
+        return (
+            f"the budget of this partition is exhausted: {exc.resource} requested {exc.requested}, "
+            f"remaining {exc.remaining}"
+        )
     return "the budget of this partition is exhausted"
 
 
@@ -185,8 +207,10 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
             return problem_response(413, str(exc)[:500], code="candidate_too_large")
         case CandidateRejected():
             return problem_response(
-                400, "the version cannot be evaluated: it is malformed, unknown in the repository, or "
-                     "its tree is not allowed")
+                400,
+                "the version cannot be evaluated: it is malformed, unknown in the repository, or "
+                "its tree is not allowed",
+            )
         case BudgetExhausted():
             return problem_response(402, _budget_detail(request, exc))
         case PolicyDenied():
@@ -200,22 +224,35 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
         case OSError() if exc.errno in _OUT_OF_SPACE:
             return _storage_full(request)
         case CaseMisconfigured():
-            return problem_response(502, case_problem_detail(exc.code), instance=request.url.path,
-                                    code=exc.code, cases=exc.cases)
+            return problem_response(
+                502, case_problem_detail(exc.code), instance=request.url.path, code=exc.code, cases=exc.cases
+            )
         case InfrastructureFailure():
-            return problem_response(502, "the evaluation failed for infrastructure reasons; its budget "
-                                         "was refunded", instance=request.url.path)
+            return problem_response(
+                502,
+                "the evaluation failed for infrastructure reasons; its budget was refunded",
+                instance=request.url.path,
+            )
         case StarletteHTTPException() if exc.status_code < 500:
-            detail = {400: "the request body is not valid JSON", 401: "a valid admin bearer token is required",
-                      404: "no such resource", 405: "method not allowed",
-                      413: "the request body is too large"}.get(exc.status_code, "the request was refused")
+            detail = {
+                400: "the request body is not valid JSON",
+                401: "a valid admin bearer token is required",
+                404: "no such resource",
+                405: "method not allowed",
+                413: "the request body is too large",
+            }.get(exc.status_code, "the request was refused")
             headers = exc.headers
             if exc.status_code == 405:
                 headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
             return problem_response(exc.status_code, detail, headers=headers)
         case _:
-            _logger.error("unexpected error while serving %s %s (%s)", request.method, request.url.path,
-                          type(exc).__name__, exc_info=exc)
+            _logger.error(
+                "unexpected error while serving %s %s (%s)",
+                request.method,
+                request.url.path,
+                type(exc).__name__,
+                exc_info=exc,
+            )
             return problem_response(500)
 
 
@@ -227,9 +264,13 @@ def _storage_full(request: Request) -> JSONResponse:
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path (Starlette's own 405 names only the
     first route that matched the path, e.g. `POST` for `/evaluations`, which also serves `GET`)."""
-    return [method for method in _METHODS
-            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
-                   for route in request.app.router.routes)]
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.router.routes
+        )
+    ]
 
 
 def install_error_handlers(app: FastAPI) -> None:

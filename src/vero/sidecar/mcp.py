@@ -31,9 +31,7 @@ __all__ = ["MCP_PATH", "SERVER_INSTRUCTIONS", "TOOL_DESCRIPTIONS", "SidecarMCP"]
 
 _WORKSPACE = CONTAINER_PATHS.workspace
 
-_ERRORS = (
-    "A refused call is a tool error whose text is a JSON problem; its `code` says why: "
-)
+_ERRORS = "A refused call is a tool error whose text is a JSON problem; its `code` says why: "
 
 SERVER_INSTRUCTIONS = (
     f"vero evaluation sidecar: the only way to measure versions of the repository in {_WORKSPACE}. "
@@ -46,7 +44,7 @@ SERVER_INSTRUCTIONS = (
 """The MCP server's `instructions` (sent at initialization; clients show them to the model)."""
 
 TOOL_DESCRIPTIONS: dict[str, str] = {
-    "health": "Whether the evaluation sidecar is up: answers {\"status\": \"ok\"}. Costs nothing.",
+    "health": 'Whether the evaluation sidecar is up: answers {"status": "ok"}. Costs nothing.',
     "status": (
         "Start here; costs nothing. Returns each partition you may evaluate: its `cases` (names you may "
         "pass to start_evaluation), its `disclosure` tier (`full`: score, per-case results and trial "
@@ -183,8 +181,9 @@ class SidecarMCP:
                 mask_error_details=True,
                 strict_input_validation=True,
             )
-            mcp_app = server.http_app(path=MCP_PATH, stateless_http=True, json_response=True,
-                                      host_origin_protection=False)
+            mcp_app = server.http_app(
+                path=MCP_PATH, stateless_http=True, json_response=True, host_origin_protection=False
+            )
             async with mcp_app.lifespan(mcp_app):
                 self._mcp_app = mcp_app
                 try:

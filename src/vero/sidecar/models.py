@@ -59,18 +59,23 @@ class BudgetView(_Wire):
     remaining_runs: int = Field(description="Evaluations left (reserved ones count as spent).")
     remaining_cases: int = Field(description="Case evaluations left.")
     total_inference_usd: float | None = Field(
-        default=None, description="Model calls this partition's evaluations may spend through the inference "
-        "gateway (US dollars); absent without a gateway.")
+        default=None,
+        description="Model calls this partition's evaluations may spend through the inference "
+        "gateway (US dollars); absent without a gateway.",
+    )
     remaining_inference_usd: float | None = Field(
-        default=None, description="What is left of it (running evaluations' calls already count).")
+        default=None, description="What is left of it (running evaluations' calls already count)."
+    )
 
 
 class LadderView(_Wire):
     """Ladder disclosure (Blum & Hardt 2015) of an `aggregate` partition."""
 
-    margin: float = Field(description="A score is disclosed only when it beats the best score already disclosed "
-                                      "to you on the same cases by at least this much; otherwise that best is "
-                                      "returned again with `improved: false`.")
+    margin: float = Field(
+        description="A score is disclosed only when it beats the best score already disclosed "
+        "to you on the same cases by at least this much; otherwise that best is "
+        "returned again with `improved: false`."
+    )
     precision: float = Field(description="Disclosed scores are rounded to a multiple of this.")
 
 
@@ -78,9 +83,12 @@ class PartitionStatus(_Wire):
     """A partition the agent may evaluate."""
 
     name: str = Field(description="The partition's name, as passed to `POST /evaluations`.")
-    disclosure: Disclosure = Field(description=(
-        "What a finished evaluation shows: `full` (score, per-case results, trial artifacts), "
-        "`aggregate` (scores and counts only, over whole blocks), `none` (acknowledgement only)."))
+    disclosure: Disclosure = Field(
+        description=(
+            "What a finished evaluation shows: `full` (score, per-case results, trial artifacts), "
+            "`aggregate` (scores and counts only, over whole blocks), `none` (acknowledgement only)."
+        )
+    )
     min_aggregate_cases: int = Field(description="`aggregate`: the fewest cases one block (and the partition) holds.")
     cases: list[str] = Field(description="Case names, for subset requests.")
     blocks: list[list[str]] | None = Field(
@@ -91,23 +99,27 @@ class PartitionStatus(_Wire):
         "Absent for `full` and `none` partitions, which accept any subset.",
     )
     ladder: LadderView | None = Field(
-        default=None, description="Present when scores are disclosed in Ladder mode (only improvements).")
+        default=None, description="Present when scores are disclosed in Ladder mode (only improvements)."
+    )
     budget: BudgetView | None = Field(default=None, description="Absent when budget disclosure is off.")
 
 
 class EvaluationRequest(_Wire):
     """`POST /evaluations`."""
 
-    partition: str = Field(min_length=1, max_length=128,
-                           description="A partition the agent may evaluate (listed by `GET /status`).")
+    partition: str = Field(
+        min_length=1, max_length=128, description="A partition the agent may evaluate (listed by `GET /status`)."
+    )
     version: str = VERSION_FIELD
     cases: list[str] | None = Field(
-        default=None, max_length=10_000,
+        default=None,
+        max_length=10_000,
         description="A subset of the partition's cases; omit (and omit `blocks`) for all. On an `aggregate` "
         "partition it must be a union of whole blocks (see `blocks` in the status).",
     )
     blocks: list[int] | None = Field(
-        default=None, max_length=10_000,
+        default=None,
+        max_length=10_000,
         description="`aggregate` partitions: positions (from 0) of blocks in the status's `blocks` list, "
         "instead of `cases`; the evaluation covers their union.",
     )
@@ -116,15 +128,20 @@ class EvaluationRequest(_Wire):
 class AttemptView(_Wire):
     reward: float | None = Field(description="None for a dead attempt (no valid reward).")
     exception_type: str | None = None
-    outcome: str | None = Field(default=None, description=(
-        "How the attempt was scored: scored, dead, timed_out, reward_out_of_range, reward_not_finite, "
-        "sandbox_error (every one but scored counts as the failure value)."))
+    outcome: str | None = Field(
+        default=None,
+        description=(
+            "How the attempt was scored: scored, dead, timed_out, reward_out_of_range, reward_not_finite, "
+            "sandbox_error (every one but scored counts as the failure value)."
+        ),
+    )
 
 
 class CaseView(_Wire):
     case: str
     score: float = Field(
-        description="The case's score: mean over its attempts, a dead attempt counting as the failure value.")
+        description="The case's score: mean over its attempts, a dead attempt counting as the failure value."
+    )
     attempts: list[AttemptView]
 
 
@@ -133,7 +150,8 @@ class DisclosedResult(_Wire):
 
     disclosure: Disclosure
     score: float | None = Field(
-        default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode).")
+        default=None, description="Mean case score (`full`, `aggregate`; rounded in Ladder mode)."
+    )
     n_cases: int | None = Field(default=None, description="Cases measured.")
     n_attempts: int | None = Field(default=None, description="Trials run (not in Ladder mode).")
     n_dead: int | None = Field(default=None, description="Attempts without a valid reward (not in Ladder mode).")
@@ -144,8 +162,10 @@ class DisclosedResult(_Wire):
     )
     cases: list[CaseView] | None = Field(default=None, description="Per-case results (`full` only).")
     inference: InferenceUsage | None = Field(
-        default=None, description="Model calls of the evaluation as the inference gateway metered them: totals "
-        "(`aggregate`), per model too (`full`); absent without a gateway and on `none`.")
+        default=None,
+        description="Model calls of the evaluation as the inference gateway metered them: totals "
+        "(`aggregate`), per model too (`full`); absent without a gateway and on `none`.",
+    )
     artifacts_path: str | None = Field(
         default=None, description="Directory in `main` with per-case results and trial artifacts (`full` only)."
     )
@@ -155,23 +175,34 @@ class JobView(_Wire):
     """An evaluation job as the agent sees it."""
 
     id: str = Field(description="The job id (`ev-` and 16 hex digits).")
-    state: JobState = Field(description=(
-        "queued or running until the measurement ends; then complete (see `result`), failed (see "
-        "`error`) or cancelled."))
+    state: JobState = Field(
+        description=(
+            "queued or running until the measurement ends; then complete (see `result`), failed (see "
+            "`error`) or cancelled."
+        )
+    )
     partition: str
     n_cases: int = Field(description="Cases selected for this evaluation.")
     version: str = Field(description="The version as requested.")
     candidate: str = Field(description="The commit id evaluated (resolved from `version` when the job was created).")
     created_at: datetime
     finished_at: datetime | None = None
-    error: str | None = Field(default=None, description=(
-        "Generic reason when failed or cancelled: `infrastructure` (refunded; try again), one of the "
-        "case problem codes `case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing` "
-        "(a case is broken, not your candidate: refunded, and evaluations selecting that case are "
-        "refused until the operator fixes it), `interrupted`, `cancelled`, `sealed`."))
-    broken_cases: list[str] | None = Field(default=None, description=(
-        "On a `full` partition, when `error` is a case problem code: the cases that cannot be measured "
-        "(leave them out of your selection). Never set on other tiers."))
+    error: str | None = Field(
+        default=None,
+        description=(
+            "Generic reason when failed or cancelled: `infrastructure` (refunded; try again), one of the "
+            "case problem codes `case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing` "
+            "(a case is broken, not your candidate: refunded, and evaluations selecting that case are "
+            "refused until the operator fixes it), `interrupted`, `cancelled`, `sealed`."
+        ),
+    )
+    broken_cases: list[str] | None = Field(
+        default=None,
+        description=(
+            "On a `full` partition, when `error` is a case problem code: the cases that cannot be measured "
+            "(leave them out of your selection). Never set on other tiers."
+        ),
+    )
     result: DisclosedResult | None = Field(default=None, description="What the tier discloses, once complete.")
 
 
@@ -196,15 +227,21 @@ class StatusResponse(_Wire):
 
     name: str = Field(description="The task's name.")
     entrance_open: bool = Field(description="False once the session is being sealed: requests are then refused.")
-    submit_enabled: bool = Field(description=(
-        "Whether submissions are used; when false the best evaluated version is chosen automatically."))
+    submit_enabled: bool = Field(
+        description=("Whether submissions are used; when false the best evaluated version is chosen automatically.")
+    )
     partitions: list[PartitionStatus] = Field(description="The partitions the agent may evaluate.")
     n_jobs: int = Field(description="How many evaluations the agent has started in all.")
     job_counts: dict[str, dict[str, int]] = Field(
-        description="Partition -> job state (queued, running, complete, failed, cancelled) -> number of jobs.")
-    jobs: list[JobView] = Field(description=(
-        "The newest jobs (at most 10), newest first, without per-case results: "
-        "`GET /evaluations` (the `list_evaluations` tool) lists the rest, `GET /evaluations/{id}` gives one in full."))
+        description="Partition -> job state (queued, running, complete, failed, cancelled) -> number of jobs."
+    )
+    jobs: list[JobView] = Field(
+        description=(
+            "The newest jobs (at most 10), newest first, without per-case results: "
+            "`GET /evaluations` (the `list_evaluations` tool) lists the rest, "
+            "`GET /evaluations/{id}` gives one in full."
+        )
+    )
     submission: SubmissionView | None = Field(default=None, description="The current submission, if any.")
 
 
@@ -213,7 +250,8 @@ class EvaluationPage(_Wire):
 
     jobs: list[JobView] = Field(description="Jobs without per-case results (`GET /evaluations/{id}` has them).")
     next_cursor: str | None = Field(
-        default=None, description="Pass as `before` to get the next (older) page; absent on the last page.")
+        default=None, description="Pass as `before` to get the next (older) page; absent on the last page."
+    )
 
 
 class Problem(_Wire):

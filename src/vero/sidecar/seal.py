@@ -54,8 +54,13 @@ class SealState(BaseModel):
     sealed_at: datetime
 
 
-def request_seal(output_dir: Path, *, token_file: Path, base_url: str = DEFAULT_ADMIN_URL,
-                 timeout_sec: float = DEFAULT_SEAL_TIMEOUT_SEC) -> SealResponse:
+def request_seal(
+    output_dir: Path,
+    *,
+    token_file: Path,
+    base_url: str = DEFAULT_ADMIN_URL,
+    timeout_sec: float = DEFAULT_SEAL_TIMEOUT_SEC,
+) -> SealResponse:
     """Ask the running sidecar to seal its session into `output_dir`.
 
     Args:
@@ -85,8 +90,9 @@ def request_seal(output_dir: Path, *, token_file: Path, base_url: str = DEFAULT_
         ) from None
     body = SealRequest(output_dir=str(output_dir.absolute())).model_dump(mode="json")
     try:
-        with httpx.Client(base_url=base_url, trust_env=False,
-                          timeout=httpx.Timeout(timeout_sec, connect=10.0)) as client:
+        with httpx.Client(
+            base_url=base_url, trust_env=False, timeout=httpx.Timeout(timeout_sec, connect=10.0)
+        ) as client:
             response = client.post("/admin/seal", json=body, headers={"authorization": f"Bearer {token}"})
     except httpx.TransportError as exc:
         raise SidecarUnavailable(

@@ -358,8 +358,9 @@ class SidecarService:
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
         if self.config.inference is not None:
             await self._start_gateway()
-        _logger.info("sidecar %s started (entrance %s)", self.config.name,
-                     "open" if self.entrance_open else "closed: sealed")
+        _logger.info(
+            "sidecar %s started (entrance %s)", self.config.name, "open" if self.entrance_open else "closed: sealed"
+        )
 
     def _open_state(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -434,7 +435,8 @@ class SidecarService:
                 spent[job.partition] = spent.get(job.partition, 0) + job.result.inference.charged_micro_usd
         self.inference_pools = {
             name: BudgetPool(to_micro_usd(access.total_inference_usd), spent.get(name, 0))
-            for name, access in self.config.agent_access.items()}
+            for name, access in self.config.agent_access.items()
+        }
         gateway = InferenceGateway(self.config.inference, keys)
         self._gateway_server = GatewayServer(gateway, host=self.gateway_host)
         await self._gateway_server.__aenter__()
@@ -449,8 +451,9 @@ class SidecarService:
         if remove is None:
             return
         assert self.session_id is not None
-        removed = await remove(environment=self.config.harbor.environment, env=self._nested_env(),
-                               session=self.session_id)
+        removed = await remove(
+            environment=self.config.harbor.environment, env=self._nested_env(), session=self.session_id
+        )
         if removed:
             _logger.warning("removed %d leftover(s) of earlier nested runs of this session", removed)
 
@@ -500,8 +503,9 @@ class SidecarService:
             if recovered:
                 _logger.warning("stopping: %d job(s) failed as interrupted and refunded", len(recovered))
         except OSError as exc:
-            _logger.error("stopping: interrupted jobs not recorded (%s); the next start refunds them",
-                          type(exc).__name__)
+            _logger.error(
+                "stopping: interrupted jobs not recorded (%s); the next start refunds them", type(exc).__name__
+            )
         finally:
             self._stopping.set()
 
@@ -518,8 +522,9 @@ class SidecarService:
         if pending:
             _, late = await asyncio.wait(pending, timeout=cleanup_timeout_sec)
             if late:
-                _logger.warning("stopping: %d job(s) still cleaning up; the next start removes what they leave",
-                                len(late))
+                _logger.warning(
+                    "stopping: %d job(s) still cleaning up; the next start removes what they leave", len(late)
+                )
         if self._gateway_server is not None:
             await self._gateway_server.__aexit__(None, None, None)
             self._gateway_server = None
@@ -548,12 +553,17 @@ class SidecarService:
             return DisclosedResult(disclosure="none")
         if tier == "aggregate":
             if job.ladder is not None:
-                return DisclosedResult(disclosure="aggregate", score=job.ladder.score, improved=job.ladder.improved,
-                                       n_cases=len(job.cases))
+                return DisclosedResult(
+                    disclosure="aggregate", score=job.ladder.score, improved=job.ladder.improved, n_cases=len(job.cases)
+                )
             if self.policy.ladder(job.principal, job.partition) is not None or not _covers_granted_cases(job, result):
                 return DisclosedResult(disclosure="aggregate", n_cases=len(job.cases))
-        counts = {"score": result.score, "n_cases": result.n_cases, "n_attempts": result.n_attempts,
-                  "n_dead": result.n_dead}
+        counts = {
+            "score": result.score,
+            "n_cases": result.n_cases,
+            "n_attempts": result.n_attempts,
+            "n_dead": result.n_dead,
+        }
         if tier == "aggregate":
             usage = result.inference.totals() if result.inference is not None else None
             return DisclosedResult(disclosure="aggregate", inference=usage, **counts)
@@ -563,26 +573,34 @@ class SidecarService:
             **counts,
             inference=result.inference,
             cases=[
-                CaseView(case=case.case, score=case.score,
-                         attempts=[AttemptView(reward=a.reward, exception_type=a.exception_type, outcome=a.kind.value)
-                                   for a in case.attempts])
+                CaseView(
+                    case=case.case,
+                    score=case.score,
+                    attempts=[
+                        AttemptView(reward=a.reward, exception_type=a.exception_type, outcome=a.kind.value)
+                        for a in case.attempts
+                    ],
+                )
                 for case in result.cases
             ],
-            artifacts_path=str(self.context_path_in_main / job.id)
-            if (artifacts / "result.json").is_file() else None,
+            artifacts_path=str(self.context_path_in_main / job.id) if (artifacts / "result.json").is_file() else None,
         )
 
     def _quarantine(self, problems: list[CaseProblem]) -> None:
         for problem in problems:
             self._broken_cases.setdefault(problem.case, problem.code)
 
-    def _case_problem(self, principal: str, partition: str, granted: Disclosure, code: str,
-                      cases: list[str]) -> CaseMisconfigured:
+    def _case_problem(
+        self, principal: str, partition: str, granted: Disclosure, code: str, cases: list[str]
+    ) -> CaseMisconfigured:
         """The error the agent gets for broken `cases`: the code always, the case names only where
         the tier discloses per-case results (`full`)."""
         tier = self.policy.disclosure_for(granted, principal, partition)
-        return CaseMisconfigured(f"{code}: a selected case cannot be measured; nothing was charged", code=code,
-                                 cases=sorted(cases) if tier == "full" else [])
+        return CaseMisconfigured(
+            f"{code}: a selected case cannot be measured; nothing was charged",
+            code=code,
+            cases=sorted(cases) if tier == "full" else [],
+        )
 
     @staticmethod
     def _job_broken_cases(job: EvaluationJob) -> list[str]:
@@ -601,13 +619,25 @@ class SidecarService:
         if cached is not None and cached[0] is job:
             return cached[1]
         broken = None
-        if job.state == "failed" and job.error in CASE_PROBLEM_CODES and \
-                self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full":
+        if (
+            job.state == "failed"
+            and job.error in CASE_PROBLEM_CODES
+            and self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full"
+        ):
             broken = self._job_broken_cases(job)
-        view = JobView(id=job.id, state=job.state, partition=job.partition, n_cases=len(job.cases),
-                       version=job.version, candidate=job.candidate, created_at=job.created_at,
-                       finished_at=job.finished_at, error=job.error, broken_cases=broken,
-                       result=self.disclose(job))
+        view = JobView(
+            id=job.id,
+            state=job.state,
+            partition=job.partition,
+            n_cases=len(job.cases),
+            version=job.version,
+            candidate=job.candidate,
+            created_at=job.created_at,
+            finished_at=job.finished_at,
+            error=job.error,
+            broken_cases=broken,
+            result=self.disclose(job),
+        )
         self._views[job.id] = (job, view)
         while len(self._views) > _VIEW_CACHE_SIZE:
             del self._views[next(iter(self._views))]
@@ -622,8 +652,9 @@ class SidecarService:
 
     @staticmethod
     def _submission_view(submission: Submission) -> SubmissionView:
-        return SubmissionView(candidate=submission.candidate, version=submission.version,
-                              submitted_at=submission.submitted_at)
+        return SubmissionView(
+            candidate=submission.candidate, version=submission.version, submitted_at=submission.submitted_at
+        )
 
     def status(self, principal: str) -> StatusResponse:
         """`GET /status` for `principal`, in one read of the state store; its size does not grow with
@@ -637,35 +668,53 @@ class SidecarService:
                 if self.config.disclose_budget:
                     balance = self.ledger.balance(name, principal)
                     pool = self.inference_pools.get(name)
-                    budget = BudgetView(total_runs=balance.total_runs, total_cases=balance.total_cases,
-                                        remaining_runs=balance.remaining_runs,
-                                        remaining_cases=balance.remaining_cases,
-                                        total_inference_usd=None if pool is None else (pool.total or 0) / 1e6,
-                                        remaining_inference_usd=None if pool is None
-                                        else (pool.available or 0) / 1e6)
+                    budget = BudgetView(
+                        total_runs=balance.total_runs,
+                        total_cases=balance.total_cases,
+                        remaining_runs=balance.remaining_runs,
+                        remaining_cases=balance.remaining_cases,
+                        total_inference_usd=None if pool is None else (pool.total or 0) / 1e6,
+                        remaining_inference_usd=None if pool is None else (pool.available or 0) / 1e6,
+                    )
                 blocks = self.policy.blocks(principal, name)
                 ladder = self.policy.ladder(principal, name)
-                partitions.append(PartitionStatus(
-                    name=name, disclosure=access.disclosure, min_aggregate_cases=access.min_aggregate_cases,
-                    cases=list(self.policy.cases(principal, name)),
-                    blocks=[list(block) for block in blocks] if blocks else None,
-                    ladder=None if ladder is None else LadderView(margin=ladder.margin,
-                                                                  precision=ladder.effective_precision),
-                    budget=budget,
-                ))
+                partitions.append(
+                    PartitionStatus(
+                        name=name,
+                        disclosure=access.disclosure,
+                        min_aggregate_cases=access.min_aggregate_cases,
+                        cases=list(self.policy.cases(principal, name)),
+                        blocks=[list(block) for block in blocks] if blocks else None,
+                        ladder=None
+                        if ladder is None
+                        else LadderView(margin=ladder.margin, precision=ladder.effective_precision),
+                        budget=budget,
+                    )
+                )
             counts = self.jobs.counts(principal)
             recent = self.jobs.page(principal, limit=RECENT_JOBS_IN_STATUS)
-            return StatusResponse(name=self.config.name, entrance_open=self.entrance_open,
-                                  submit_enabled=self.config.submit_enabled, partitions=partitions,
-                                  n_jobs=sum(n for states in counts.values() for n in states.values()),
-                                  job_counts=counts, jobs=[self.summary(job) for job in recent.jobs],
-                                  submission=None if self.submission is None
-                                  else self._submission_view(self.submission))
+            return StatusResponse(
+                name=self.config.name,
+                entrance_open=self.entrance_open,
+                submit_enabled=self.config.submit_enabled,
+                partitions=partitions,
+                n_jobs=sum(n for states in counts.values() for n in states.values()),
+                job_counts=counts,
+                jobs=[self.summary(job) for job in recent.jobs],
+                submission=None if self.submission is None else self._submission_view(self.submission),
+            )
 
         return self.state.read(read)
 
-    def evaluations(self, principal: str, *, limit: int, before: str | None = None,
-                    partition: str | None = None, state: str | None = None) -> EvaluationPage:
+    def evaluations(
+        self,
+        principal: str,
+        *,
+        limit: int,
+        before: str | None = None,
+        partition: str | None = None,
+        state: str | None = None,
+    ) -> EvaluationPage:
         """`GET /evaluations`: `principal`'s jobs newest first, one page (without per-case results).
 
         Args:
@@ -676,8 +725,9 @@ class SidecarService:
         Raises:
             UnknownJob: `before` is not one of `principal`'s jobs.
         """
-        page = self.jobs.page(principal, limit=min(limit, MAX_PAGE_SIZE), before=before, partition=partition,
-                              state=state)
+        page = self.jobs.page(
+            principal, limit=min(limit, MAX_PAGE_SIZE), before=before, partition=partition, state=state
+        )
         return EvaluationPage(jobs=[self.summary(job) for job in page.jobs], next_cursor=page.next_cursor)
 
     def evaluation(self, principal: str, job_id: str) -> JobView:
@@ -746,8 +796,9 @@ class SidecarService:
         grant = self.policy.authorize(principal, request.partition, request.cases, request.blocks)
         broken = [case for case in grant.cases if case in self._broken_cases]
         if broken:
-            raise self._case_problem(principal, grant.partition, grant.disclosure, self._broken_cases[broken[0]],
-                                     broken)
+            raise self._case_problem(
+                principal, grant.partition, grant.disclosure, self._broken_cases[broken[0]], broken
+            )
         assert self._admissions_idle is not None
         self._admissions += 1
         self._admissions_idle.clear()
@@ -756,10 +807,18 @@ class SidecarService:
             # Sealing may have begun during the import; it waits for admissions, which stop here.
             self._check_entrance()
             job_id = JobStore.new_id()
-            job = EvaluationJob(id=job_id, principal=principal, partition=grant.partition,
-                                cases=list(grant.cases), full_partition=grant.full_partition,
-                                version=request.version, candidate=record.id, disclosure=grant.disclosure,
-                                reservation_id=job_id, created_at=_now())
+            job = EvaluationJob(
+                id=job_id,
+                principal=principal,
+                partition=grant.partition,
+                cases=list(grant.cases),
+                full_partition=grant.full_partition,
+                version=request.version,
+                candidate=record.id,
+                disclosure=grant.disclosure,
+                reservation_id=job_id,
+                created_at=_now(),
+            )
             # One transaction: a job never exists without its reservation, nor a reservation without it.
             job, _ = await self.jobs.admit(job, Cost.of_evaluation(len(grant.cases)))
             self._tasks[job.id] = asyncio.create_task(self._run_job(job.id), name=f"vero-job-{job.id}")
@@ -783,8 +842,12 @@ class SidecarService:
                 _logger.warning("secret %s is not set in the sidecar's environment", name)
             else:
                 env[name] = value
-        if inference_token is not None and self.gateway is not None and self.config.inference is not None \
-                and self.config.inference.route_case_services:
+        if (
+            inference_token is not None
+            and self.gateway is not None
+            and self.config.inference is not None
+            and self.config.inference.route_case_services
+        ):
             env.update(self.gateway.environment(inference_token))
         return env
 
@@ -819,11 +882,19 @@ class SidecarService:
                 token = self._grant_inference(job)
                 checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
                 run = NestedRun(
-                    evaluation_id=job.id, partition=job.partition, candidate=job.candidate,
-                    candidate_dir=checkout, cases_dir=self.cases_dir, case_names=tuple(job.cases),
-                    jobs_dir=self.nested_jobs_dir, runtime=self.config.runtime,
-                    harbor=self.config.harbor, scoring=self.config.scoring,
-                    env=self._nested_env(token), run_as=self.run_as, session=self.session_id,
+                    evaluation_id=job.id,
+                    partition=job.partition,
+                    candidate=job.candidate,
+                    candidate_dir=checkout,
+                    cases_dir=self.cases_dir,
+                    case_names=tuple(job.cases),
+                    jobs_dir=self.nested_jobs_dir,
+                    runtime=self.config.runtime,
+                    harbor=self.config.harbor,
+                    scoring=self.config.scoring,
+                    env=self._nested_env(token),
+                    run_as=self.run_as,
+                    session=self.session_id,
                     candidate_env=self.gateway.environment(token) if self.gateway and token else {},
                 )
                 result = await self.backend.evaluate(run)
@@ -842,16 +913,19 @@ class SidecarService:
             if state_now == "complete":
                 unsettled = None
             elif state_now not in TERMINAL_STATES:
-                state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") \
-                    else "failed"
+                state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
                 await give_back_inference()
                 await self._close_unmeasured(job_id, state, reason)
             raise
         except CaseMisconfigured as exc:
             # Broken whatever the candidate: refunded, and quarantined so it is not refunded without end.
             self._quarantine(exc.problems)
-            _logger.warning("job %s: case problem %s (%s); refunded and quarantined", job_id, exc.code,
-                            ", ".join(sorted({p.case for p in exc.problems})))
+            _logger.warning(
+                "job %s: case problem %s (%s); refunded and quarantined",
+                job_id,
+                exc.code,
+                ", ".join(sorted({p.case for p in exc.problems})),
+            )
             await give_back_inference()
             await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc))
         except InfrastructureFailure as exc:
@@ -870,8 +944,12 @@ class SidecarService:
     def _grant_inference(self, job: EvaluationJob) -> str | None:
         if self.gateway is None or self.config.inference is None:
             return None
-        token, _ = self.gateway.grant(job.id, job.partition, partition_pool=self.inference_pools.get(job.partition),
-                                      evaluation_limit_usd=self.config.inference.evaluation_limit_usd)
+        token, _ = self.gateway.grant(
+            job.id,
+            job.partition,
+            partition_pool=self.inference_pools.get(job.partition),
+            evaluation_limit_usd=self.config.inference.evaluation_limit_usd,
+        )
         return token
 
     def _refund_inference(self, job_id: str, usage: InferenceUsage) -> None:
@@ -907,22 +985,38 @@ class SidecarService:
                     landed = self.jobs.get(job.id).ladder
                     if landed is not None:
                         self.ladders.record(key, landed)
-        _logger.info("job %s complete: score %s over %d case(s)%s", job.id, result.score, result.n_cases,
-                     "" if job.ladder is None else f" (ladder: improved={job.ladder.improved})")
+        _logger.info(
+            "job %s complete: score %s over %d case(s)%s",
+            job.id,
+            result.score,
+            result.n_cases,
+            "" if job.ladder is None else f" (ladder: improved={job.ladder.improved})",
+        )
 
     async def _write_artifacts(self, job: EvaluationJob, result: EvaluationResult) -> None:
         preview = job.model_copy(update={"state": "complete", "result": result})
         disclosed = self.disclose(preview)
-        payload = {"job": job.id, "partition": job.partition, "candidate": job.candidate,
-                   "result": disclosed.model_dump(mode="json", exclude={"artifacts_path"}) if disclosed else None}
+        payload = {
+            "job": job.id,
+            "partition": job.partition,
+            "candidate": job.candidate,
+            "result": disclosed.model_dump(mode="json", exclude={"artifacts_path"}) if disclosed else None,
+        }
         try:
-            await asyncio.to_thread(copy_trial_artifacts, result, payload, self._artifacts_dir(job.id),
-                                    secret_values=self._secret_values(), limits=self.artifact_limits)
+            await asyncio.to_thread(
+                copy_trial_artifacts,
+                result,
+                payload,
+                self._artifacts_dir(job.id),
+                secret_values=self._secret_values(),
+                limits=self.artifact_limits,
+            )
         except OSError as exc:
             _logger.error("job %s: trial artifacts not copied (%s)", job.id, type(exc).__name__)
 
-    async def _close_unmeasured(self, job_id: str, state: Literal["failed", "cancelled"], error: str,
-                                diagnostics: RunDiagnostics | None = None) -> None:
+    async def _close_unmeasured(
+        self, job_id: str, state: Literal["failed", "cancelled"], error: str, diagnostics: RunDiagnostics | None = None
+    ) -> None:
         """End a job that measured nothing and refund it, in one transaction (no-op if already ended);
         `diagnostics` (the causes, for the operator) are recorded with the end."""
         try:
@@ -986,8 +1080,9 @@ class SidecarService:
                 await self._admissions_idle.wait()
                 pending = [task for task in self._tasks.values() if not task.done()]
                 if pending:
-                    _logger.info("sealing: draining %d job(s) for up to %ss", len(pending),
-                                 self.config.harbor.drain_timeout_sec)
+                    _logger.info(
+                        "sealing: draining %d job(s) for up to %ss", len(pending), self.config.harbor.drain_timeout_sec
+                    )
                     _, still = await asyncio.wait(pending, timeout=self.config.harbor.drain_timeout_sec)
                     for job_id, task in list(self._tasks.items()):
                         if task in still:
@@ -1003,19 +1098,25 @@ class SidecarService:
             archive = Path(output_dir) / "session.tar.gz"
             try:
                 digest = await asyncio.to_thread(
-                    write_session_archive, self.state_dir, archive, name=self.config.name,
-                    spec_digest=self.config.spec_digest, baseline_commit=self.config.baseline_commit,
-                    sealed_at=self.sealed_at, state=self.state,
+                    write_session_archive,
+                    self.state_dir,
+                    archive,
+                    name=self.config.name,
+                    spec_digest=self.config.spec_digest,
+                    baseline_commit=self.config.baseline_commit,
+                    sealed_at=self.sealed_at,
+                    state=self.state,
                 )
             except (OSError, GitFailed) as exc:
                 if is_out_of_space(exc):
                     raise StorageFull("the session archive could not be written: a file system is full") from None
                 if isinstance(exc, OSError):
-                    raise RequestInvalid("invalid request: output_dir: the session archive cannot be written "
-                                         f"there ({exc.strerror or type(exc).__name__})") from None
+                    raise RequestInvalid(
+                        "invalid request: output_dir: the session archive cannot be written "
+                        f"there ({exc.strerror or type(exc).__name__})"
+                    ) from None
                 raise
-            return SealResponse(archive=str(archive), sha256=digest, sealed_at=self.sealed_at,
-                                n_cancelled=n_cancelled)
+            return SealResponse(archive=str(archive), sha256=digest, sealed_at=self.sealed_at, n_cancelled=n_cancelled)
 
     def _check_seal_output(self, output_dir: Path) -> None:
         """Refuse an `output_dir` outside `seal_root` or inside the sidecar's own directories
@@ -1030,17 +1131,25 @@ class SidecarService:
             own.append(self.baseline_dir)
         for directory in own:
             if target.is_relative_to(os.path.realpath(directory)):
-                raise RequestInvalid("invalid request: output_dir: must not be inside the sidecar's own "
-                                     "directories (state, work, context, cases, agent repository)")
+                raise RequestInvalid(
+                    "invalid request: output_dir: must not be inside the sidecar's own "
+                    "directories (state, work, context, cases, agent repository)"
+                )
 
     def export(self) -> ExportResponse:
         """Every trusted record, for operators, from one snapshot of the state store."""
         state = SessionState.model_validate(self.state.export())
         return ExportResponse(
-            name=self.config.name, spec_digest=self.config.spec_digest,
-            baseline_commit=self.config.baseline_commit, entrance_open=self.entrance_open,
-            sealed_at=self.sealed_at, jobs=state.jobs, balances=balances_of(state.budgets),
-            reservations=state.reservations, candidates=state.candidates, submission=state.submission,
+            name=self.config.name,
+            spec_digest=self.config.spec_digest,
+            baseline_commit=self.config.baseline_commit,
+            entrance_open=self.entrance_open,
+            sealed_at=self.sealed_at,
+            jobs=state.jobs,
+            balances=balances_of(state.budgets),
+            reservations=state.reservations,
+            candidates=state.candidates,
+            submission=state.submission,
         )
 
 

@@ -91,42 +91,57 @@ def resolve_blocks(cases: Sequence[str], access: PartitionAccess, loc: str) -> B
         return ()
     floor = access.min_aggregate_cases
     if len(cases) < floor:
-        raise SpecError.at(f"{loc}.min_aggregate_cases",
-                           f"the partition has {len(cases)} case(s), fewer than this floor of {floor}: every "
-                           f"aggregate answer covers at least the floor (lower it to at most {len(cases)} to "
-                           f"accept answers over the whole partition)")
+        raise SpecError.at(
+            f"{loc}.min_aggregate_cases",
+            f"the partition has {len(cases)} case(s), fewer than this floor of {floor}: every "
+            f"aggregate answer covers at least the floor (lower it to at most {len(cases)} to "
+            f"accept answers over the whole partition)",
+        )
     declared = access.blocks
     if declared is None:
         return (tuple(cases),)
     if isinstance(declared, int):
         smallest = len(cases) // declared
         if smallest < floor:
-            raise SpecError.at(f"{loc}.blocks",
-                               f"{declared} blocks of a {len(cases)}-case partition leave blocks of {smallest} "
-                               f"case(s), fewer than min_aggregate_cases ({floor}); use at most "
-                               f"{len(cases) // floor} block(s)")
+            raise SpecError.at(
+                f"{loc}.blocks",
+                f"{declared} blocks of a {len(cases)}-case partition leave blocks of {smallest} "
+                f"case(s), fewer than min_aggregate_cases ({floor}); use at most "
+                f"{len(cases) // floor} block(s)",
+            )
         return split_into_blocks(cases, declared)
     members = set(cases)
     owner: dict[str, int] = {}
     for index, block in enumerate(declared):
         where = f"{loc}.blocks[{index}]"
         if len(block) < floor:
-            issues.append(SpecIssue(where, f"a block holds {len(block)} case(s), fewer than min_aggregate_cases "
-                                           f"({floor})"))
+            issues.append(
+                SpecIssue(where, f"a block holds {len(block)} case(s), fewer than min_aggregate_cases ({floor})")
+            )
         for name in block:
             if name not in members:
                 issues.append(SpecIssue(where, f"case {name!r} is not in the partition"))
             elif name in owner:
                 other = owner[name]
-                issues.append(SpecIssue(where, f"blocks must be disjoint: case {name!r} is also in "
-                                               + ("this block" if other == index else f"blocks[{other}]")))
+                issues.append(
+                    SpecIssue(
+                        where,
+                        f"blocks must be disjoint: case {name!r} is also in "
+                        + ("this block" if other == index else f"blocks[{other}]"),
+                    )
+                )
             else:
                 owner[name] = index
     left_out = [name for name in cases if name not in owner]
     if left_out:
-        issues.append(SpecIssue(f"{loc}.blocks", f"blocks must cover the partition: case {left_out[0]!r}"
-                                                 + (f" and {len(left_out) - 1} more are" if len(left_out) > 1
-                                                    else " is") + " in no block"))
+        issues.append(
+            SpecIssue(
+                f"{loc}.blocks",
+                f"blocks must cover the partition: case {left_out[0]!r}"
+                + (f" and {len(left_out) - 1} more are" if len(left_out) > 1 else " is")
+                + " in no block",
+            )
+        )
     if issues:
         raise SpecError(issues)
     position = {name: index for index, name in enumerate(cases)}

@@ -37,8 +37,9 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return out or "<root>"
 
 
-def substitute(value: Any, env: Mapping[str, str], forbidden: frozenset[str] = frozenset(),
-               _path: tuple[Any, ...] = ()) -> Any:
+def substitute(
+    value: Any, env: Mapping[str, str], forbidden: frozenset[str] = frozenset(), _path: tuple[Any, ...] = ()
+) -> Any:
     """Return `value` with `${...}` references in every string replaced from `env`.
 
     Args:
@@ -62,8 +63,11 @@ def substitute(value: Any, env: Mapping[str, str], forbidden: frozenset[str] = f
             return "${"
         name, op, arg = match.group(1), match.group(2), match.group(3)
         if name is None:
-            raise SpecError.at(_loc(_path), f"unsupported substitution {match.group(0)!r}: use ${{VAR}}, "
-                                            "${VAR:-default} or ${VAR:?message} ($${ for a literal ${)")
+            raise SpecError.at(
+                _loc(_path),
+                f"unsupported substitution {match.group(0)!r}: use ${{VAR}}, "
+                "${VAR:-default} or ${VAR:?message} ($${ for a literal ${)",
+            )
         if name in forbidden:
             raise SpecError.at(
                 _loc(_path), f"${{{name}}} names a secret; secrets are passed by name, never substituted"
@@ -102,8 +106,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
             fix(cases["partition_files"], name)
 
 
-def parse_spec(text: str, *, base_dir: Path, env: Mapping[str, str] | None = None,
-               source: str | None = None) -> OptimizationSpec:
+def parse_spec(
+    text: str, *, base_dir: Path, env: Mapping[str, str] | None = None, source: str | None = None
+) -> OptimizationSpec:
     """Parse and validate a spec document.
 
     Args:

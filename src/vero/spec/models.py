@@ -115,9 +115,7 @@ class ProgramTarget(_TargetBase):
     """Optional shell command run (as the case's agent user, in `install_path`) after the upload."""
 
     def runtime(self) -> CandidateRuntime:
-        return CandidateRuntime(
-            kind="program", install_path=self.install_path, install_command=self.install_command
-        )
+        return CandidateRuntime(kind="program", install_path=self.install_path, install_command=self.install_command)
 
 
 class CasesSpec(_Model):
@@ -188,8 +186,10 @@ class LadderSpec(_Model):
     @model_validator(mode="after")
     def _precision_within_margin(self) -> LadderSpec:
         if self.precision is not None and self.precision > self.margin:
-            raise ValueError("precision may not exceed margin (a disclosed improvement must move the "
-                             "disclosed score by at least one precision step)")
+            raise ValueError(
+                "precision may not exceed margin (a disclosed improvement must move the "
+                "disclosed score by at least one precision step)"
+            )
         return self
 
     @property
@@ -359,8 +359,7 @@ class OptimizationSpec(_Model):
         for name in names:
             if not SECRET_PATTERN.match(name):
                 raise ValueError(
-                    f"secret name {name!r} must be an upper-case environment variable name "
-                    "([A-Z_][A-Z0-9_]*)"
+                    f"secret name {name!r} must be an upper-case environment variable name ([A-Z_][A-Z0-9_]*)"
                 )
         if len(set(names)) != len(names):
             raise ValueError("secret names must be unique")
@@ -369,7 +368,7 @@ class OptimizationSpec(_Model):
     def target_reward_keys(self) -> dict[str, str]:
         """Target partition -> key in Harbor's `reward.json` (`reward` for a single unnamed target)."""
         if len(self.targets) == 1:
-            (name, target), = self.targets.items()
+            ((name, target),) = self.targets.items()
             return {name: target.reward_key or "reward"}
         return {name: target.reward_key or name for name, target in self.targets.items()}
 

@@ -26,10 +26,23 @@ _RESERVED_INSTALL_PATHS = ("/logs", "/tests", "/solution", "/proc", "/sys", "/de
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
 # Variables the compiled containers rely on: `main` gets every secret blanked, so a secret with one
 # of these names would break the workbench (an empty PATH) or the agent CLI (VERO_*).
-_RESERVED_SECRET_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "HOSTNAME", "TERM", "LANG", "TMPDIR",
-    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
-})
+_RESERVED_SECRET_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "PWD",
+        "HOSTNAME",
+        "TERM",
+        "LANG",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+    }
+)
 _RESERVED_SECRET_PREFIXES = ("VERO_", "LC_", "GIT_")
 
 
@@ -122,8 +135,10 @@ def _read_partitions(spec: OptimizationSpec, add: Add) -> tuple[dict[str, list[s
             add(loc, f"invalid case name {bad[0]!r}")
             continue
         partitions[name] = names
-    declared = {name: f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
-                for name in partitions}
+    declared = {
+        name: f"cases.partitions.{name}" if name in cases.partitions else f"cases.partition_files.{name}"
+        for name in partitions
+    }
     return partitions, declared
 
 
@@ -143,8 +158,13 @@ def _check_partitions(partitions: dict[str, list[str]], declared: dict[str, str]
             owner.setdefault(case, name)
 
 
-def _check_cases_exist(spec: OptimizationSpec, partitions: dict[str, list[str]], declared: dict[str, str],
-                       add: Add, issues: list[SpecIssue]) -> None:
+def _check_cases_exist(
+    spec: OptimizationSpec,
+    partitions: dict[str, list[str]],
+    declared: dict[str, str],
+    add: Add,
+    issues: list[SpecIssue],
+) -> None:
     """Every listed case is a Harbor task of the case source (read from disk or the registry)."""
     cases = spec.cases
     try:
@@ -159,8 +179,9 @@ def _check_cases_exist(spec: OptimizationSpec, partitions: dict[str, list[str]],
             add(declared[name], f"case {missing[0]!r} is not a Harbor task in {where}")
 
 
-def _check_access_and_targets(spec: OptimizationSpec, partitions: dict[str, list[str]], add: Add,
-                              issues: list[SpecIssue]) -> None:
+def _check_access_and_targets(
+    spec: OptimizationSpec, partitions: dict[str, list[str]], add: Add, issues: list[SpecIssue]
+) -> None:
     for name, access in spec.agent_access.items():
         if name not in partitions:
             add(f"agent_access.{name}", f"unknown partition {name!r}")
@@ -228,16 +249,21 @@ def _check_inference(spec: OptimizationSpec, add: Add) -> None:
         add("inference.models", "expected at least one allow-listed model")
     for name, provider in inference.providers.items():
         if provider.api_key_secret is not None and provider.api_key_secret not in spec.secrets:
-            add(f"inference.providers.{name}.api_key_secret",
-                f"{provider.api_key_secret} must be listed in `secrets` (the gateway reads it by name)")
+            add(
+                f"inference.providers.{name}.api_key_secret",
+                f"{provider.api_key_secret} must be listed in `secrets` (the gateway reads it by name)",
+            )
     for name, model in inference.models.items():
         if model.provider not in inference.providers:
             add(f"inference.models.{name}.provider", f"unknown provider {model.provider!r}")
         try:
             price_of(name, model)
         except PriceUnknown:
-            add(f"inference.models.{name}", "not in LiteLLM's model cost map: give input_cost_per_token and "
-                                          "output_cost_per_token (US dollars per token)")
+            add(
+                f"inference.models.{name}",
+                "not in LiteLLM's model cost map: give input_cost_per_token and "
+                "output_cost_per_token (US dollars per token)",
+            )
 
 
 def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:
@@ -254,6 +280,7 @@ def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:
     for name in spec.effective_secrets():
         if name not in spec.secrets and not env.get(name):
             issues.append(
-                SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set"))
+                SpecIssue("harbor.environment", f"environment {spec.harbor.environment} needs secret {name} set")
+            )
     if issues:
         raise SpecError(issues)

@@ -81,8 +81,9 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
         logger.exception("rebuilding the baseline failed")
         return RebuiltBaseline(None, None, f"the baseline could not be rebuilt ({type(exc).__name__})")
     if commit != expected_commit:
-        return RebuiltBaseline(None, None, f"the baseline files rebuild commit {commit}, not the compiled "
-                                           f"{expected_commit}")
+        return RebuiltBaseline(
+            None, None, f"the baseline files rebuild commit {commit}, not the compiled {expected_commit}"
+        )
     return RebuiltBaseline(dest, tree, None)
 
 
@@ -105,11 +106,22 @@ def _trees(session: Session) -> dict[str, str]:
     return trees
 
 
-async def verify(config: VerifierConfig, session_archive: str | Path, *, backend: EvaluationBackend,
-                 cases_dir: str | Path, baseline_dir: str | Path, reward_path: str | Path,
-                 artifacts_dir: str | Path, work_dir: str | Path, mirror_dirs: Sequence[str | Path] = (),
-                 env: Mapping[str, str] | None = None, run_as: RunAs | None = None,
-                 allow_root_runs: bool = False, inference_keys: Mapping[str, str] | None = None) -> Finalization:
+async def verify(
+    config: VerifierConfig,
+    session_archive: str | Path,
+    *,
+    backend: EvaluationBackend,
+    cases_dir: str | Path,
+    baseline_dir: str | Path,
+    reward_path: str | Path,
+    artifacts_dir: str | Path,
+    work_dir: str | Path,
+    mirror_dirs: Sequence[str | Path] = (),
+    env: Mapping[str, str] | None = None,
+    run_as: RunAs | None = None,
+    allow_root_runs: bool = False,
+    inference_keys: Mapping[str, str] | None = None,
+) -> Finalization:
     """Verify a sealed session: check it, pick the candidate, score it, write reward and artifacts.
 
     Order: `reward.json` is first written with every target's failure value (a verifier killed
@@ -181,11 +193,18 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
         reason = str(exc) if isinstance(exc, SessionInvalid) else f"the session cannot be read ({type(exc).__name__})"
         logger.error("session refused: %s", reason)
         finalization = Finalization(
-            status="refused", name=config.name, spec_digest=config.spec_digest, session_sha256=session_sha256,
-            started_at=started_at, finished_at=datetime.now(UTC), rewards=rewards,
+            status="refused",
+            name=config.name,
+            spec_digest=config.spec_digest,
+            session_sha256=session_sha256,
+            started_at=started_at,
+            finished_at=datetime.now(UTC),
+            rewards=rewards,
             targets=_failure_targets(config, reason="session refused"),
-            baseline=BaselineInfo(commit=config.baseline_commit, rebuilt=False), run_as=run_as_label,
-            errors=[*errors, f"session refused: {reason}"], warnings=warnings,
+            baseline=BaselineInfo(commit=config.baseline_commit, rebuilt=False),
+            run_as=run_as_label,
+            errors=[*errors, f"session refused: {reason}"],
+            warnings=warnings,
         )
         _write_artifacts(finalization, SessionStatus(valid=False, error=reason), None, dirs)
         return finalization
@@ -196,13 +215,20 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     targets: list[TargetOutcome] = []
     try:
         baseline_dest = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "tree"
-        baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), baseline_dest,
-                                           config.baseline_commit)
+        baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), baseline_dest, config.baseline_commit)
         if baseline.error:
             errors.append(baseline.error)
-        scorer = Scorer(backend=backend, config=config, checkout=_checkout_from(session, baseline, config),
-                        cases_dir=Path(cases_dir), work_dir=work, env=env, run_as=run_as, refusal=refusal,
-                        gateway=gateway)
+        scorer = Scorer(
+            backend=backend,
+            config=config,
+            checkout=_checkout_from(session, baseline, config),
+            cases_dir=Path(cases_dir),
+            work_dir=work,
+            env=env,
+            run_as=run_as,
+            refusal=refusal,
+            gateway=gateway,
+        )
         selection = await _select(config, session, baseline, scorer)
         if selection.shipped is None:
             errors.append("nothing was shipped: " + (selection.floor.reason or "; ".join(selection.notes)))
@@ -229,17 +255,32 @@ async def verify(config: VerifierConfig, session_archive: str | Path, *, backend
     errors.extend(_cause_lines(measurements))
     floor_baseline = selection.floor.baseline if selection is not None else None
     finalization = Finalization(
-        status=status, name=config.name, spec_digest=config.spec_digest, session_sha256=session_sha256,
-        sealed_at=session.manifest.sealed_at, started_at=started_at, finished_at=datetime.now(UTC),
-        chosen=chosen, selection=selection, rewards=rewards, targets=targets,
+        status=status,
+        name=config.name,
+        spec_digest=config.spec_digest,
+        session_sha256=session_sha256,
+        sealed_at=session.manifest.sealed_at,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        chosen=chosen,
+        selection=selection,
+        rewards=rewards,
+        targets=targets,
         baseline=BaselineInfo(
-            commit=config.baseline_commit, rebuilt=baseline.available, tree=baseline.tree,
+            commit=config.baseline_commit,
+            rebuilt=baseline.available,
+            tree=baseline.tree,
             selection_score=floor_baseline.score if floor_baseline is not None else None,
             rewards={t.reward_key: t.reward for t in targets if t.measured}
-            if chosen is not None and chosen.is_baseline else None,
+            if chosen is not None and chosen.is_baseline
+            else None,
         ),
-        measurements=measurements, run_as=run_as_label, inference=_inference_total(measurements, config),
-        errors=errors, warnings=warnings, problems=_problems(measurements),
+        measurements=measurements,
+        run_as=run_as_label,
+        inference=_inference_total(measurements, config),
+        errors=errors,
+        warnings=warnings,
+        problems=_problems(measurements),
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
@@ -253,8 +294,10 @@ def _root_refusal(run_as: RunAs | None, allow_root_runs: bool, errors: list[str]
     if allow_root_runs:
         warnings.append(f"nested evaluations ran as root: no unprivileged user ({RUNNER_USER}) was given")
         return None
-    refusal = ("refused: the verifier is root and has no unprivileged user to run candidates as "
-               f"(create {RUNNER_USER} or pass another runner user)")
+    refusal = (
+        "refused: the verifier is root and has no unprivileged user to run candidates as "
+        f"(create {RUNNER_USER} or pass another runner user)"
+    )
     errors.append(refusal)
     return refusal
 
@@ -269,8 +312,9 @@ async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, pr
     if not archive.is_file():
         raise SessionInvalid(f"the session archive {archive} does not exist")
     session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
-    return await asyncio.to_thread(read_session, archive, session_dir, spec_digest=config.spec_digest,
-                                   baseline_commit=config.baseline_commit)
+    return await asyncio.to_thread(
+        read_session, archive, session_dir, spec_digest=config.spec_digest, baseline_commit=config.baseline_commit
+    )
 
 
 def _checkout_from(session: Session, baseline: RebuiltBaseline, config: VerifierConfig) -> Callable[[str, Path], Path]:
@@ -292,17 +336,25 @@ def _checkout_from(session: Session, baseline: RebuiltBaseline, config: Verifier
 async def _select(config: VerifierConfig, session: Session, baseline: RebuiltBaseline, scorer: Scorer) -> Selection:
     sel = config.selection
     return await select_candidate(
-        mode=sel.mode, partition=sel.partition, direction=config.scoring.direction,
-        rescore_top_k=sel.rescore_top_k, baseline_floor=sel.baseline_floor, jobs=session.jobs,
-        trees=_trees(session), submission=session.submission.candidate if session.submission else None,
-        baseline_commit=config.baseline_commit, baseline_tree=baseline.tree,
-        baseline_available=baseline.available, measure=scorer.measure,
+        mode=sel.mode,
+        partition=sel.partition,
+        direction=config.scoring.direction,
+        rescore_top_k=sel.rescore_top_k,
+        baseline_floor=sel.baseline_floor,
+        jobs=session.jobs,
+        trees=_trees(session),
+        submission=session.submission.candidate if session.submission else None,
+        baseline_commit=config.baseline_commit,
+        baseline_tree=baseline.tree,
+        baseline_available=baseline.available,
+        measure=scorer.measure,
         case_names=config.partitions.get(sel.partition) if sel.partition else None,
     )
 
 
-async def _score_targets(config: VerifierConfig, scorer: Scorer, shipped: str, errors: list[str],
-                         warnings: list[str]) -> tuple[list[TargetOutcome], dict[str, float]]:
+async def _score_targets(
+    config: VerifierConfig, scorer: Scorer, shipped: str, errors: list[str], warnings: list[str]
+) -> tuple[list[TargetOutcome], dict[str, float]]:
     """Measure `shipped` on every target partition (sorted): the outcomes and the reward values;
     each measurement's error and flags are added to `errors` and `warnings`."""
     targets: list[TargetOutcome] = []
@@ -311,33 +363,43 @@ async def _score_targets(config: VerifierConfig, scorer: Scorer, shipped: str, e
         measurement = await scorer.measure(shipped, partition, "target")
         scores[partition] = measurement.score
         key = config.reward_keys[partition]
-        targets.append(TargetOutcome(
-            partition=partition, reward_key=key, reward=reward_values(config, {partition: measurement.score})[key],
-            measured=measurement.measured, score=measurement.score, evaluation_id=measurement.evaluation_id,
-            n_cases=measurement.n_cases, n_dead=measurement.n_dead, flags=measurement.flags,
-            error=measurement.error,
-        ))
+        targets.append(
+            TargetOutcome(
+                partition=partition,
+                reward_key=key,
+                reward=reward_values(config, {partition: measurement.score})[key],
+                measured=measurement.measured,
+                score=measurement.score,
+                evaluation_id=measurement.evaluation_id,
+                n_cases=measurement.n_cases,
+                n_dead=measurement.n_dead,
+                flags=measurement.flags,
+                error=measurement.error,
+            )
+        )
         if measurement.error:
             errors.append(f"target {partition}: {measurement.error}")
         warnings.extend(_flag_warnings(config, partition, measurement.flags))
     return targets, reward_values(config, scores)
 
 
-def _chosen(config: VerifierConfig, session: Session, baseline: RebuiltBaseline,
-            selection: Selection | None) -> ChosenCandidate | None:
+def _chosen(
+    config: VerifierConfig, session: Session, baseline: RebuiltBaseline, selection: Selection | None
+) -> ChosenCandidate | None:
     if selection is None or selection.shipped is None:
         return None
     record = next((c for c in session.candidates if c.id == selection.shipped), None)
     return ChosenCandidate(
         candidate=selection.shipped,
         tree=record.tree if record else (baseline.tree if selection.shipped == config.baseline_commit else None),
-        subject=record.subject if record else None, is_baseline=selection.shipped_is_baseline,
+        subject=record.subject if record else None,
+        is_baseline=selection.shipped_is_baseline,
     )
 
 
 _FLAG_TEXT = {
     "reward_out_of_range": "reported a reward outside scoring.reward_range {range} (invalid: scored at the "
-                           "failure value; candidate code may have forged it)",
+    "failure value; candidate code may have forged it)",
     "reward_not_finite": "reported a non-finite reward (invalid: scored at the failure value)",
     "timed_out": "were unfinished when harbor.evaluation_timeout_sec ran out (scored at the failure value)",
     "sandbox_error": "could not have the candidate sandbox closed after the install (scored at the failure value)",
@@ -347,8 +409,11 @@ _FLAG_TEXT = {
 def _flag_warnings(config: VerifierConfig, partition: str, flags: Mapping[str, int]) -> list[str]:
     """One warning per notable outcome of a target's attempts (see `vero.core.evaluation.AttemptOutcome`)."""
     reward_range = list(config.scoring.reward_range) if config.scoring.reward_range is not None else None
-    return [f"target {partition}: {count} attempt(s) " + _FLAG_TEXT[flag].format(range=reward_range)
-            for flag, count in sorted(flags.items()) if flag in _FLAG_TEXT]
+    return [
+        f"target {partition}: {count} attempt(s) " + _FLAG_TEXT[flag].format(range=reward_range)
+        for flag, count in sorted(flags.items())
+        if flag in _FLAG_TEXT
+    ]
 
 
 def _inference_total(measurements: list, config: VerifierConfig) -> InferenceUsage | None:
@@ -374,8 +439,9 @@ def _cause_lines(measurements: Sequence[Measurement]) -> list[str]:
         if m.diagnostics is None:
             continue
         where = f"{m.purpose} {m.partition} ({m.evaluation_id})"
-        lines += [f"{where}: {line}" for line in m.diagnostics.summary()
-                  if not line.startswith("case ") or m.measured]  # unmeasured: the error names them
+        lines += [
+            f"{where}: {line}" for line in m.diagnostics.summary() if not line.startswith("case ") or m.measured
+        ]  # unmeasured: the error names them
         for round_ in m.diagnostics.rounds:
             if round_.returncode != 0 or round_.timed_out:
                 tail = [line for line in round_.output_tail.splitlines() if line.strip()]
@@ -397,14 +463,16 @@ def _user_label(uid: int) -> str:
 
 def _failure_targets(config: VerifierConfig, *, reason: str) -> list[TargetOutcome]:
     return [
-        TargetOutcome(partition=p, reward_key=config.reward_keys[p], reward=config.failure_values[p],
-                      measured=False, error=reason)
+        TargetOutcome(
+            partition=p, reward_key=config.reward_keys[p], reward=config.failure_values[p], measured=False, error=reason
+        )
         for p in sorted(config.targets)
     ]
 
 
-def _write_artifacts(finalization: Finalization, status: SessionStatus, session: Session | None,
-                     dirs: Sequence[Path]) -> None:
+def _write_artifacts(
+    finalization: Finalization, status: SessionStatus, session: Session | None, dirs: Sequence[Path]
+) -> None:
     """Write finalization, status and the report; a failure here is logged, never raised (the
     reward file is already in place)."""
     try:

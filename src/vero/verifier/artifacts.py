@@ -173,10 +173,15 @@ def build_status(session: Session) -> SessionStatus:
     """Summarize a verified session's budgets and evaluations."""
     budgets = [
         BudgetStatus(
-            partition=b.partition, principal=b.principal,
-            total_runs=b.total_runs, spent_runs=b.settled_runs, reserved_runs=b.reserved_runs,
+            partition=b.partition,
+            principal=b.principal,
+            total_runs=b.total_runs,
+            spent_runs=b.settled_runs,
+            reserved_runs=b.reserved_runs,
             remaining_runs=b.remaining_runs,
-            total_cases=b.total_cases, spent_cases=b.settled_cases, reserved_cases=b.reserved_cases,
+            total_cases=b.total_cases,
+            spent_cases=b.settled_cases,
+            reserved_cases=b.reserved_cases,
             remaining_cases=b.remaining_cases,
         )
         for b in sorted(session.balances, key=lambda b: (b.partition, b.principal))
@@ -186,8 +191,12 @@ def build_status(session: Session) -> SessionStatus:
         states = evaluations.setdefault(job.partition, {})
         states[job.state] = states.get(job.state, 0) + 1
     return SessionStatus(
-        valid=True, name=session.manifest.name, sealed_at=session.manifest.sealed_at,
-        n_candidates=len(session.candidates), submission=session.submission, budgets=budgets,
+        valid=True,
+        name=session.manifest.name,
+        sealed_at=session.manifest.sealed_at,
+        n_candidates=len(session.candidates),
+        submission=session.submission,
+        budgets=budgets,
         evaluations={p: dict(sorted(s.items())) for p, s in sorted(evaluations.items())},
         n_evaluations=len(session.jobs),
     )

@@ -34,8 +34,7 @@ from vero.core.storage import atomic_write_bytes
 from vero.errors import SessionInvalid
 from vero.verifier.artifacts import FINALIZATION_FILE, Finalization, build_status
 
-__all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "read_manifest", "render_report", "report_from_archive",
-           "write_report"]
+__all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "read_manifest", "render_report", "report_from_archive", "write_report"]
 
 REPORT_FILE = "experiment.html"
 REPORT_TEMPLATE = "report.html.j2"
@@ -154,8 +153,9 @@ def _time_axis(plot: Plot, session: Session, jobs: list[EvaluationJob]) -> Calla
     def minutes(moment: datetime) -> float:
         return (moment - start).total_seconds() / 60
 
-    scale = _Scale(0.0, max([minutes(end)] + [minutes(_ended_at(j)) for j in jobs]),
-                   plot.left, plot.left + plot.inner_width)
+    scale = _Scale(
+        0.0, max([minutes(end)] + [minutes(_ended_at(j)) for j in jobs]), plot.left, plot.left + plot.inner_width
+    )
     plot.x_ticks = [(scale(v), _fmt_minutes(v)) for v in scale.ticks()]
     plot.marks = [(scale(minutes(end)), "sealed")]
     return lambda moment: scale(minutes(moment))
@@ -176,25 +176,37 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
     for partition in sorted({j.partition for j in jobs}):
         mine = sorted((j for j in jobs if j.partition == partition), key=lambda j: (_ended_at(j), j.id))
-        plot.series.append(Series(
-            name=partition, color=colors[partition],
-            points=" ".join(f"{x(_ended_at(j))},{y(scores[j.id])}" for j in mine if j.full_partition),
-        ))
+        plot.series.append(
+            Series(
+                name=partition,
+                color=colors[partition],
+                points=" ".join(f"{x(_ended_at(j))},{y(scores[j.id])}" for j in mine if j.full_partition),
+            )
+        )
         for job in mine:
-            plot.markers.append(Marker(
-                x=x(_ended_at(job)), y=y(scores[job.id]), color=colors[partition],
-                shape="dot" if job.full_partition else "ring",
-                title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(scores[job.id])} "
-                      f"({'full partition' if job.full_partition else f'{len(job.cases)} cases'})",
-            ))
+            plot.markers.append(
+                Marker(
+                    x=x(_ended_at(job)),
+                    y=y(scores[job.id]),
+                    color=colors[partition],
+                    shape="dot" if job.full_partition else "ring",
+                    title=f"{job.id} {partition} {job.candidate[:12]} score {_fmt(scores[job.id])} "
+                    f"({'full partition' if job.full_partition else f'{len(job.cases)} cases'})",
+                )
+            )
         plot.legend.append((partition, colors[partition], "dot"))
     for measurement, score in verifier:
         color = colors.get(measurement.partition, PALETTE[-1])
-        plot.markers.append(Marker(
-            x=x(session.manifest.sealed_at), y=y(score), color=color, shape="diamond",
-            title=f"verifier {measurement.purpose} {measurement.partition} {measurement.candidate[:12]} "
-                  f"score {_fmt(score)}",
-        ))
+        plot.markers.append(
+            Marker(
+                x=x(session.manifest.sealed_at),
+                y=y(score),
+                color=color,
+                shape="diamond",
+                title=f"verifier {measurement.purpose} {measurement.partition} {measurement.candidate[:12]} "
+                f"score {_fmt(score)}",
+            )
+        )
         if not any(label == measurement.partition for label, _, _ in plot.legend):
             plot.legend.append((measurement.partition, color, "diamond"))
     plot.legend.append(("subset evaluation", "#555555", "ring"))
@@ -227,8 +239,15 @@ def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
             points.append(f"{at},{y(share(spent))}")
             spent += len(job.cases)
             points.append(f"{at},{y(share(spent))}")
-            plot.markers.append(Marker(x=at, y=y(share(spent)), color=color, shape="dot",
-                                       title=f"{job.id}: {spent} of {total} cases spent on {partition}"))
+            plot.markers.append(
+                Marker(
+                    x=at,
+                    y=y(share(spent)),
+                    color=color,
+                    shape="dot",
+                    title=f"{job.id}: {spent} of {total} cases spent on {partition}",
+                )
+            )
         points.append(f"{x(session.manifest.sealed_at)},{y(share(spent))}")
         plot.series.append(Series(name=partition, color=color, points=" ".join(points)))
         plot.legend.append((f"{partition} ({total} cases)", color, "dot"))
@@ -257,9 +276,17 @@ def _candidate_rows(session: Session, finalization: Finalization | None) -> list
             tags.append("submitted")
         if record.id == shipped:
             tags.append("shipped")
-        rows.append({"id": record.id, "short": record.id[:12], "tree": record.tree[:12], "subject": record.subject,
-                     "imported_at": record.imported_at.isoformat(timespec="seconds"),
-                     "partitions": per_partition, "tags": tags})
+        rows.append(
+            {
+                "id": record.id,
+                "short": record.id[:12],
+                "tree": record.tree[:12],
+                "subject": record.subject,
+                "imported_at": record.imported_at.isoformat(timespec="seconds"),
+                "partitions": per_partition,
+                "tags": tags,
+            }
+        )
     return rows
 
 
@@ -300,13 +327,19 @@ def render_report(session: Session | None, finalization: Finalization | None = N
         raise ValueError("a report needs a session or a finalization")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(asset_dir("verifier")),
-        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
         keep_trailing_newline=True,
     )
     context: dict = {"session": session, "finalization": finalization, "fmt": _fmt}
     if session is not None:
-        partitions = sorted({j.partition for j in session.jobs} | {b.partition for b in session.balances}
-                            | ({m.partition for m in finalization.measurements} if finalization else set()))
+        partitions = sorted(
+            {j.partition for j in session.jobs}
+            | {b.partition for b in session.balances}
+            | ({m.partition for m in finalization.measurements} if finalization else set())
+        )
         colors = _colors(partitions)
         context.update(
             name=session.manifest.name,
@@ -319,8 +352,7 @@ def render_report(session: Session | None, finalization: Finalization | None = N
         )
     else:
         assert finalization is not None  # one of the two is set (checked above)
-        context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], failed_jobs=[],
-                       colors={})
+        context.update(name=finalization.name, status=None, plots=[], candidates=[], jobs=[], failed_jobs=[], colors={})
     return env.get_template(REPORT_TEMPLATE).render(**context)
 
 
@@ -360,8 +392,14 @@ def read_manifest(archive: str | Path) -> SealManifest:
         raise SessionInvalid("the session manifest is malformed") from None
 
 
-def report_from_archive(archive: str | Path, output: str | Path, *, finalization: str | Path | None = None,
-                        spec_digest: str | None = None, baseline_commit: str | None = None) -> Path:
+def report_from_archive(
+    archive: str | Path,
+    output: str | Path,
+    *,
+    finalization: str | Path | None = None,
+    spec_digest: str | None = None,
+    baseline_commit: str | None = None,
+) -> Path:
     """Render `experiment.html` from a sealed session archive (`vero report`).
 
     The archive is verified like the verifier does (`.sha256`, manifest digests, bundle); against
@@ -399,9 +437,12 @@ def report_from_archive(archive: str | Path, output: str | Path, *, finalization
     manifest = read_manifest(archive)
     found = _finalization_for(archive, sha256, Path(finalization) if finalization else None)
     with tempfile.TemporaryDirectory(prefix="vero-report-") as tmp:
-        session = read_session(archive, Path(tmp) / "session",
-                               spec_digest=spec_digest or manifest.spec_digest,
-                               baseline_commit=baseline_commit or manifest.baseline_commit)
+        session = read_session(
+            archive,
+            Path(tmp) / "session",
+            spec_digest=spec_digest or manifest.spec_digest,
+            baseline_commit=baseline_commit or manifest.baseline_commit,
+        )
         return write_report(output, session, found)
 
 

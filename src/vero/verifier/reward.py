@@ -33,8 +33,9 @@ def failure_rewards(config: VerifierConfig) -> dict[str, float]:
     The compiled spec guarantees the orientation: `minimize` specs must set a failure value no real
     measurement beats (validated in `vero.spec.validation`); `maximize` defaults to 0.0.
     """
-    return {config.reward_keys[partition]: float(config.failure_values[partition])
-            for partition in sorted(config.targets)}
+    return {
+        config.reward_keys[partition]: float(config.failure_values[partition]) for partition in sorted(config.targets)
+    }
 
 
 def reward_values(config: VerifierConfig, scores: Mapping[str, float | None]) -> dict[str, float]:

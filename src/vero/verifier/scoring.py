@@ -77,8 +77,9 @@ def hand_over(path: Path, run_as: RunAs | None) -> None:
             os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
 
 
-def secret_env(names: Iterable[str], environ: Mapping[str, str] | None = None,
-               exclude: Iterable[str] = ()) -> dict[str, str]:
+def secret_env(
+    names: Iterable[str], environ: Mapping[str, str] | None = None, exclude: Iterable[str] = ()
+) -> dict[str, str]:
     """Secret name -> value for the names set in `environ` (default `os.environ`); unset names and
     `exclude` (the inference providers' keys, which only the gateway reads) are skipped."""
     environ = os.environ if environ is None else environ
@@ -110,9 +111,19 @@ class Scorer:
             (e.g. the verifier is root and has no unprivileged user to run candidates as).
     """
 
-    def __init__(self, *, backend: EvaluationBackend, config: VerifierConfig, checkout: Checkout,
-                 cases_dir: Path, work_dir: Path, env: Mapping[str, str] | None = None,
-                 run_as: RunAs | None = None, refusal: str | None = None, gateway: Any = None):
+    def __init__(
+        self,
+        *,
+        backend: EvaluationBackend,
+        config: VerifierConfig,
+        checkout: Checkout,
+        cases_dir: Path,
+        work_dir: Path,
+        env: Mapping[str, str] | None = None,
+        run_as: RunAs | None = None,
+        refusal: str | None = None,
+        gateway: Any = None,
+    ):
         self.backend = backend
         self.gateway = gateway
         self.config = config
@@ -147,14 +158,26 @@ class Scorer:
         measurement = await self._measure(evaluation_id, candidate, partition, purpose)
         self._started[slot] = measurement
         level = logging.INFO if measurement.measured else logging.WARNING
-        logger.log(level, "%s %s on %s: %s", purpose, candidate[:12], partition,
-                   measurement.score if measurement.measured else measurement.error)
+        logger.log(
+            level,
+            "%s %s on %s: %s",
+            purpose,
+            candidate[:12],
+            partition,
+            measurement.score if measurement.measured else measurement.error,
+        )
         return measurement
 
     async def _measure(self, evaluation_id: str, candidate: str, partition: str, purpose: str) -> Measurement:
         def failed(error: str, diagnostics: RunDiagnostics | None = None) -> Measurement:
-            return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
-                               purpose=purpose, error=error, diagnostics=diagnostics)
+            return Measurement(
+                evaluation_id=evaluation_id,
+                partition=partition,
+                candidate=candidate,
+                purpose=purpose,
+                error=error,
+                diagnostics=diagnostics,
+            )
 
         if self.refusal is not None:
             return failed(self.refusal)
@@ -181,10 +204,19 @@ class Scorer:
             if self.config.inference.route_case_services:
                 env.update(candidate_env)
         run = NestedRun(
-            evaluation_id=evaluation_id, partition=partition, candidate=candidate,
-            candidate_dir=candidate_dir, cases_dir=self.cases_dir, case_names=case_names,
-            jobs_dir=jobs_dir, runtime=self.config.runtime, harbor=self.config.harbor,
-            scoring=self.config.scoring, env=env, run_as=self.run_as, candidate_env=candidate_env,
+            evaluation_id=evaluation_id,
+            partition=partition,
+            candidate=candidate,
+            candidate_dir=candidate_dir,
+            cases_dir=self.cases_dir,
+            case_names=case_names,
+            jobs_dir=jobs_dir,
+            runtime=self.config.runtime,
+            harbor=self.config.harbor,
+            scoring=self.config.scoring,
+            env=env,
+            run_as=self.run_as,
+            candidate_env=candidate_env,
         )
         usage = None
         try:
@@ -192,8 +224,10 @@ class Scorer:
         except VeroError as exc:  # InfrastructureFailure above all: the run measured nothing
             diagnostics = getattr(exc, "diagnostics", None)
             code = getattr(exc, "code", None)
-            return failed(f"{type(exc).__name__}{f' ({code})' if code else ''}: {exc}",
-                          diagnostics if isinstance(diagnostics, RunDiagnostics) else None)
+            return failed(
+                f"{type(exc).__name__}{f' ({code})' if code else ''}: {exc}",
+                diagnostics if isinstance(diagnostics, RunDiagnostics) else None,
+            )
         except Exception as exc:  # a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
@@ -211,10 +245,19 @@ class Scorer:
             return failed("the backend reported a non-finite score")
         n_dead = sum(by_case[name].n_dead for name in case_names if name in by_case)
         n_missing = sum(1 for name in case_names if name not in by_case)
-        return Measurement(evaluation_id=evaluation_id, partition=partition, candidate=candidate,
-                           purpose=purpose, score=score, n_cases=len(case_names),
-                           n_dead=n_dead + n_missing, flags=result.flag_counts(), job_dir=result.job_dir,
-                           inference=usage, diagnostics=result.diagnostics)
+        return Measurement(
+            evaluation_id=evaluation_id,
+            partition=partition,
+            candidate=candidate,
+            purpose=purpose,
+            score=score,
+            n_cases=len(case_names),
+            n_dead=n_dead + n_missing,
+            flags=result.flag_counts(),
+            job_dir=result.job_dir,
+            inference=usage,
+            diagnostics=result.diagnostics,
+        )
 
     def discard_checkouts(self) -> None:
         """Remove the candidate checkouts of finished runs (the Harbor job dirs are kept)."""

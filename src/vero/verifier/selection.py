@@ -168,8 +168,9 @@ def better(a: float, b: float, direction: Direction) -> bool:
     return a > b if direction == "maximize" else a < b
 
 
-def eligible_jobs(jobs: Iterable[EvaluationJob], partition: str,
-                  case_names: Iterable[str] | None = None) -> list[EvaluationJob]:
+def eligible_jobs(
+    jobs: Iterable[EvaluationJob], partition: str, case_names: Iterable[str] | None = None
+) -> list[EvaluationJob]:
     """The jobs that may rank a candidate: complete, with a result, over the whole `partition`.
 
     Args:
@@ -192,8 +193,14 @@ def eligible_jobs(jobs: Iterable[EvaluationJob], partition: str,
     return selected
 
 
-def rank_recorded(jobs: Iterable[EvaluationJob], trees: Mapping[str, str], *, partition: str,
-                  direction: Direction, case_names: Iterable[str] | None = None) -> list[PooledEntry]:
+def rank_recorded(
+    jobs: Iterable[EvaluationJob],
+    trees: Mapping[str, str],
+    *,
+    partition: str,
+    direction: Direction,
+    case_names: Iterable[str] | None = None,
+) -> list[PooledEntry]:
     """Pool eligible evaluations by tree and order the entries best first.
 
     Args:
@@ -214,24 +221,36 @@ def rank_recorded(jobs: Iterable[EvaluationJob], trees: Mapping[str, str], *, pa
     entries = []
     for tree, group in pooled.items():
         candidates = list(dict.fromkeys(job.candidate for job in group))
-        entries.append(PooledEntry(
-            tree=tree,
-            candidates=candidates,
-            representative=candidates[0],
-            mean=fmean(job.result.score for job in group if job.result is not None),  # all: eligible
-            evaluation_ids=[job.id for job in group],
-            first_evaluated_at=group[0].created_at,
-        ))
+        entries.append(
+            PooledEntry(
+                tree=tree,
+                candidates=candidates,
+                representative=candidates[0],
+                mean=fmean(job.result.score for job in group if job.result is not None),  # all: eligible
+                evaluation_ids=[job.id for job in group],
+                first_evaluated_at=group[0].created_at,
+            )
+        )
     sign = -1.0 if direction == "maximize" else 1.0
     return sorted(entries, key=lambda e: (sign * e.mean, e.first_evaluated_at, e.tree))
 
 
-async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: str | None,
-                           direction: Direction, rescore_top_k: int, baseline_floor: bool,
-                           jobs: list[EvaluationJob], trees: Mapping[str, str],
-                           submission: str | None, baseline_commit: str, baseline_tree: str | None,
-                           baseline_available: bool, measure: Measure,
-                           case_names: Iterable[str] | None = None) -> Selection:
+async def select_candidate(
+    *,
+    mode: Literal["submit", "auto_best"],
+    partition: str | None,
+    direction: Direction,
+    rescore_top_k: int,
+    baseline_floor: bool,
+    jobs: list[EvaluationJob],
+    trees: Mapping[str, str],
+    submission: str | None,
+    baseline_commit: str,
+    baseline_tree: str | None,
+    baseline_available: bool,
+    measure: Measure,
+    case_names: Iterable[str] | None = None,
+) -> Selection:
     """Apply the selection rules of this module's docstring.
 
     Args:
@@ -272,8 +291,14 @@ async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: s
         else:
             for entry in ranking[:rescore_top_k]:
                 measurement = await measure(entry.representative, partition, "rescore")
-                rescores.append(Rescore(tree=entry.tree, candidate=entry.representative,
-                                        recorded_mean=entry.mean, measurement=measurement))
+                rescores.append(
+                    Rescore(
+                        tree=entry.tree,
+                        candidate=entry.representative,
+                        recorded_mean=entry.mean,
+                        measurement=measurement,
+                    )
+                )
             best: Rescore | None = None
             best_score = 0.0
             for rescore in rescores:
@@ -291,24 +316,40 @@ async def select_candidate(*, mode: Literal["submit", "auto_best"], partition: s
     shipped: str | None = picked
     if baseline_floor and not is_baseline:
         assert partition is not None  # a floor without a partition was refused above
-        floor = await _apply_floor(picked, partition, direction, rescores, baseline_commit,
-                                   baseline_available, measure)
+        floor = await _apply_floor(picked, partition, direction, rescores, baseline_commit, baseline_available, measure)
         shipped = {"candidate": picked, "baseline": baseline_commit, "nothing": None}[floor.shipped]
     if shipped == baseline_commit and not baseline_available:
         notes.append("the baseline files do not rebuild the compiled baseline commit: nothing is shipped")
         shipped = None
     return Selection(
-        mode=mode, partition=partition, method=method, picked=picked, shipped=shipped,
+        mode=mode,
+        partition=partition,
+        method=method,
+        picked=picked,
+        shipped=shipped,
         shipped_is_baseline=shipped is not None and (shipped == baseline_commit or is_baseline),
-        ranking=ranking, rescores=rescores, floor=floor, notes=notes,
+        ranking=ranking,
+        rescores=rescores,
+        floor=floor,
+        notes=notes,
     )
 
 
-async def _apply_floor(candidate: str, partition: str, direction: Direction, rescores: list[Rescore],
-                       baseline_commit: str, baseline_available: bool, measure: Measure) -> FloorOutcome:
+async def _apply_floor(
+    candidate: str,
+    partition: str,
+    direction: Direction,
+    rescores: list[Rescore],
+    baseline_commit: str,
+    baseline_available: bool,
+    measure: Measure,
+) -> FloorOutcome:
     if not baseline_available:
-        return FloorOutcome(applied=True, shipped="nothing",
-                            reason="the baseline cannot be rebuilt, so the floor cannot be checked (fail closed)")
+        return FloorOutcome(
+            applied=True,
+            shipped="nothing",
+            reason="the baseline cannot be rebuilt, so the floor cannot be checked (fail closed)",
+        )
     own = next((r.measurement for r in rescores if r.candidate == candidate and r.measurement.measured), None)
     if own is None:
         # A TaskGroup, not gather: should one measurement raise, the other nested run is cancelled.
@@ -319,13 +360,33 @@ async def _apply_floor(candidate: str, partition: str, direction: Direction, res
     else:
         baseline = await measure(baseline_commit, partition, "floor-baseline")
     if baseline.score is None:
-        return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="nothing",
-                            reason="the baseline could not be measured on the selection partition (fail closed)")
+        return FloorOutcome(
+            applied=True,
+            baseline=baseline,
+            candidate=own,
+            shipped="nothing",
+            reason="the baseline could not be measured on the selection partition (fail closed)",
+        )
     if own.score is None:
-        return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="baseline",
-                            reason="the candidate could not be re-scored, so it does not beat the baseline")
+        return FloorOutcome(
+            applied=True,
+            baseline=baseline,
+            candidate=own,
+            shipped="baseline",
+            reason="the candidate could not be re-scored, so it does not beat the baseline",
+        )
     if better(own.score, baseline.score, direction):
-        return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="candidate",
-                            reason="the candidate strictly beats the baseline on the selection partition")
-    return FloorOutcome(applied=True, baseline=baseline, candidate=own, shipped="baseline",
-                        reason="the candidate does not strictly beat the baseline on the selection partition")
+        return FloorOutcome(
+            applied=True,
+            baseline=baseline,
+            candidate=own,
+            shipped="candidate",
+            reason="the candidate strictly beats the baseline on the selection partition",
+        )
+    return FloorOutcome(
+        applied=True,
+        baseline=baseline,
+        candidate=own,
+        shipped="baseline",
+        reason="the candidate does not strictly beat the baseline on the selection partition",
+    )

@@ -109,8 +109,9 @@ class HostileCandidate(BaseAgent):
         client = OpenAI(max_retries=0, timeout=60)
 
         def call(model: str) -> str:
-            reply = client.chat.completions.create(model=model, max_tokens=20,
-                                                   messages=[{"role": "user", "content": "hello"}])
+            reply = client.chat.completions.create(
+                model=model, max_tokens=20, messages=[{"role": "user", "content": "hello"}]
+            )
             return reply.choices[0].message.content or ""
 
         _attempt(report, "off_list_model", lambda: call("gpt-4o"))

@@ -42,8 +42,7 @@ from vero.harbor.boundary.host import TAR_SLACK_BYTES, pack_dir, unpack_dir
 from vero.harbor.boundary.launcher import finish_candidate_host, request_candidate_host
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 
-__all__ = ["CANDIDATE_AGENT_IMPORT_PATH", "CandidateAgent", "CandidateAgentError",
-           "CandidateHostUnavailableError"]
+__all__ = ["CANDIDATE_AGENT_IMPORT_PATH", "CandidateAgent", "CandidateAgentError", "CandidateHostUnavailableError"]
 
 DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXEC_OUTPUT_BYTES = 8 * 1024 * 1024
@@ -77,13 +76,25 @@ class CandidateAgent(BaseAgent):
     passed to the candidate's constructor), `max_transfer_bytes`, `max_exec_output_bytes`.
     """
 
-    def __init__(self, logs_dir: Path, model_name: str | None = None, logger: Any = None,
-                 mcp_servers: list | None = None, skills_dir: str | None = None, *, launcher: str,
-                 agent_import_path: str, candidate_dir: str, candidate_kwargs: dict | None = None,
-                 max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
-                 max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES, **kwargs: Any) -> None:
-        super().__init__(logs_dir, model_name=None, logger=logger, mcp_servers=mcp_servers,
-                         skills_dir=skills_dir, **kwargs)
+    def __init__(
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        logger: Any = None,
+        mcp_servers: list | None = None,
+        skills_dir: str | None = None,
+        *,
+        launcher: str,
+        agent_import_path: str,
+        candidate_dir: str,
+        candidate_kwargs: dict | None = None,
+        max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
+        max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            logs_dir, model_name=None, logger=logger, mcp_servers=mcp_servers, skills_dir=skills_dir, **kwargs
+        )
         self._candidate_model_name = model_name
         self._launcher = Path(launcher)
         self._import_path = agent_import_path
@@ -132,12 +143,18 @@ class CandidateAgent(BaseAgent):
         reader, raw_writer = await asyncio.open_connection(sock=pipe, limit=1 << 20)
         self._reader, self._writer = reader, FrameWriter(raw_writer)
         self._transfer_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-transfer-"))
-        await self._writer.send({
-            "op": "init", "import_path": self._import_path, "candidate_dir": self._candidate_dir,
-            "model_name": self._candidate_model_name, "kwargs": self._candidate_kwargs,
-            "mcp_servers": [s.model_dump(mode="json") for s in self.mcp_servers],
-            "skills_dir": self.skills_dir,
-            "limits": {"max_transfer_bytes": self._max_transfer_bytes, "max_logs_bytes": MAX_LOGS_BYTES}})
+        await self._writer.send(
+            {
+                "op": "init",
+                "import_path": self._import_path,
+                "candidate_dir": self._candidate_dir,
+                "model_name": self._candidate_model_name,
+                "kwargs": self._candidate_kwargs,
+                "mcp_servers": [s.model_dump(mode="json") for s in self.mcp_servers],
+                "skills_dir": self.skills_dir,
+                "limits": {"max_transfer_bytes": self._max_transfer_bytes, "max_logs_bytes": MAX_LOGS_BYTES},
+            }
+        )
         header = await self._read(trusted=True)
         if header.get("op") == "host-error":
             raise CandidateHostUnavailableError(f"candidate host: {str(header.get('reason'))[:100]}")
@@ -146,7 +163,8 @@ class CandidateAgent(BaseAgent):
         header = await self._read()
         if header.get("op") == "failed":
             raise CandidateAgentError(
-                f"the candidate agent class failed to import: {str(header.get('exception_type'))[:200]}")
+                f"the candidate agent class failed to import: {str(header.get('exception_type'))[:200]}"
+            )
         if header.get("op") != "ready":
             raise CandidateAgentError("the candidate host answered out of order")
         self._claims.update(name=str(header.get("name"))[:200], version=str(header.get("version"))[:200])
@@ -198,9 +216,12 @@ class CandidateAgent(BaseAgent):
 
     async def _phase(self, phase: str, environment: BaseEnvironment, extra: dict[str, Any]) -> None:
         assert self._writer is not None and self._reader is not None
-        info = {"default_user": environment.default_user, "session_id": environment.session_id,
-                "environment_name": environment.environment_name,
-                "task_env_config": environment.task_env_config.model_dump(mode="json")}
+        info = {
+            "default_user": environment.default_user,
+            "session_id": environment.session_id,
+            "environment_name": environment.environment_name,
+            "task_env_config": environment.task_env_config.model_dump(mode="json"),
+        }
         await self._writer.send({"op": phase, "environment": info, **extra})
         slots = asyncio.Semaphore(_MAX_CALLS_IN_FLIGHT)
         calls: set[asyncio.Task[None]] = set()
@@ -222,7 +243,8 @@ class CandidateAgent(BaseAgent):
                     raise CandidateAgentError(
                         f"the candidate agent's {phase} raised "
                         f"{str(header.get('exception_type'))[:200]}: "
-                        f"{str(header.get('message'))[-_MAX_MESSAGE_CHARS:]}")
+                        f"{str(header.get('message'))[-_MAX_MESSAGE_CHARS:]}"
+                    )
         finally:
             for task in list(calls):
                 task.cancel()
@@ -238,8 +260,14 @@ class CandidateAgent(BaseAgent):
             raise
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the candidate as data
             with contextlib.suppress(Exception):
-                await self._writer.send({"op": "raise", "id": call_id, "exception_type": type(exc).__name__,
-                                         "message": str(exc)[:_MAX_MESSAGE_CHARS]})
+                await self._writer.send(
+                    {
+                        "op": "raise",
+                        "id": call_id,
+                        "exception_type": type(exc).__name__,
+                        "message": str(exc)[:_MAX_MESSAGE_CHARS],
+                    }
+                )
 
     def _check_user(self, header: dict[str, Any], environment: BaseEnvironment) -> None:
         user = header.get("user")
@@ -250,22 +278,30 @@ class CandidateAgent(BaseAgent):
         assert self._transfer_dir is not None
         return Path(tempfile.mkdtemp(dir=self._transfer_dir)) / name
 
-    async def _dispatch(self, header: dict[str, Any], payload: bytes,
-                        environment: BaseEnvironment) -> tuple[dict[str, Any], bytes]:
+    async def _dispatch(
+        self, header: dict[str, Any], payload: bytes, environment: BaseEnvironment
+    ) -> tuple[dict[str, Any], bytes]:
         method = header.get("method")
         if method == "exec":
             self._check_user(header, environment)
             env = header.get("env")
-            if env is not None and not (isinstance(env, dict) and all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            if env is not None and not (
+                isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            ):
                 raise TypeError("env must map strings to strings")
             timeout = header.get("timeout_sec")
             result = await environment.exec(
-                str(header.get("command", "")), cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None,
-                env=env, timeout_sec=int(timeout) if isinstance(timeout, (int, float)) else None)
+                str(header.get("command", "")),
+                cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None,
+                env=env,
+                timeout_sec=int(timeout) if isinstance(timeout, (int, float)) else None,
+            )
             limit = self._max_exec_output_bytes
-            return {"stdout": _cut(result.stdout, limit), "stderr": _cut(result.stderr, limit),
-                    "return_code": result.return_code}, b""
+            return {
+                "stdout": _cut(result.stdout, limit),
+                "stderr": _cut(result.stderr, limit),
+                "return_code": result.return_code,
+            }, b""
         if method in ("is_dir", "is_file"):
             self._check_user(header, environment)
             check = environment.is_dir if method == "is_dir" else environment.is_file
@@ -293,7 +329,6 @@ class CandidateAgent(BaseAgent):
             await environment.download_dir(str(header["source_dir"]), target)
             return {}, await asyncio.to_thread(pack_dir, target, self._max_transfer_bytes)
         raise NotImplementedError(f"environment method {str(method)[:50]!r} is not available to candidates")
-
 
 
 def _call_finished(calls: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:

@@ -166,8 +166,9 @@ def _remote_environment_class() -> type:
         `task_env_config` (so `os`), `trial_paths` (under the scratch dir) and `logger`.
         """
 
-        def __init__(self, channel: _Channel, info: dict, scratch: Path, candidate_dir: Path,
-                     max_transfer_bytes: int) -> None:
+        def __init__(
+            self, channel: _Channel, info: dict, scratch: Path, candidate_dir: Path, max_transfer_bytes: int
+        ) -> None:
             import contextvars
             import logging
 
@@ -213,17 +214,31 @@ def _remote_environment_class() -> type:
             local = Path(path)
             roots = (self._scratch, self._candidate_dir) if reading else (self._scratch,)
             if not _within(local, *roots):
-                raise PermissionError(f"local path {str(path)!r} is outside the candidate's scratch dir "
-                                      "($VERO_CANDIDATE_SCRATCH)" + (" or checkout" if reading else ""))
+                raise PermissionError(
+                    f"local path {str(path)!r} is outside the candidate's scratch dir "
+                    "($VERO_CANDIDATE_SCRATCH)" + (" or checkout" if reading else "")
+                )
             return local
 
-        async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
-                       timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        async def exec(
+            self,
+            command: str,
+            cwd: str | None = None,
+            env: dict[str, str] | None = None,
+            timeout_sec: int | None = None,
+            user: str | int | None = None,
+        ) -> ExecResult:
             header, _ = await self._channel.call(
-                "exec", command=command, cwd=cwd, env=self._merge_env(env), timeout_sec=timeout_sec,
-                user=self._resolve_user(user))
-            return ExecResult(stdout=header.get("stdout"), stderr=header.get("stderr"),
-                              return_code=int(header.get("return_code", 1)))
+                "exec",
+                command=command,
+                cwd=cwd,
+                env=self._merge_env(env),
+                timeout_sec=timeout_sec,
+                user=self._resolve_user(user),
+            )
+            return ExecResult(
+                stdout=header.get("stdout"), stderr=header.get("stderr"), return_code=int(header.get("return_code", 1))
+            )
 
         async def upload_file(self, source_path: Path | str, target_path: str) -> None:
             source = self._local(source_path, reading=True)
@@ -291,8 +306,11 @@ async def _serve(fd: int) -> int:
     logs_dir.mkdir(exist_ok=True)
     sys.path.insert(0, str(candidate_dir))
     try:
-        config = AgentConfig(import_path=str(header["import_path"]), model_name=header.get("model_name"),
-                             kwargs=dict(header.get("kwargs") or {}))
+        config = AgentConfig(
+            import_path=str(header["import_path"]),
+            model_name=header.get("model_name"),
+            kwargs=dict(header.get("kwargs") or {}),
+        )
         extra: dict[str, Any] = {}
         if header.get("mcp_servers"):
             extra["mcp_servers"] = [MCPServerConfig.model_validate(s) for s in header["mcp_servers"]]
@@ -303,8 +321,7 @@ async def _serve(fd: int) -> int:
             raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
         name, version = str(type(agent).name()), agent.version()
     except BaseException as exc:  # noqa: BLE001 - the candidate's failure, reported by type
-        await writer.send({"op": "failed", "stage": "import",
-                           "exception_type": type(_root_cause(exc)).__name__})
+        await writer.send({"op": "failed", "stage": "import", "exception_type": type(_root_cause(exc)).__name__})
         return 4
     await writer.send({"op": "ready", "name": name[:200], "version": str(version)[:200]})
 
@@ -317,8 +334,7 @@ async def _serve(fd: int) -> int:
         command, _ = item
         op = command.get("op")
         if op in ("setup", "run"):
-            environment = remote_class(channel, command.get("environment") or {}, scratch, candidate_dir,
-                                       max_transfer)
+            environment = remote_class(channel, command.get("environment") or {}, scratch, candidate_dir, max_transfer)
             try:
                 if op == "setup":
                     await agent.setup(environment)
@@ -327,8 +343,7 @@ async def _serve(fd: int) -> int:
                 await writer.send({"op": "done", "phase": op})
             except BaseException as exc:  # noqa: BLE001 - reported to the harness, which decides
                 text = "".join(traceback.format_exception_only(type(exc), exc))[-2000:]
-                await writer.send({"op": "error", "phase": op, "exception_type": type(exc).__name__,
-                                   "message": text})
+                await writer.send({"op": "error", "phase": op, "exception_type": type(exc).__name__, "message": text})
         elif op == "logs":
             try:
                 data = await asyncio.to_thread(pack_dir, logs_dir, max_logs - TAR_SLACK_BYTES)

@@ -63,12 +63,19 @@ process is skipped."""
 _STDERR_TAIL_BYTES = 8192
 _SPAWN_REQUEST = b'{"op":"spawn"}\n'
 _FINISH_REQUEST = b'{"op":"finish"}\n'
-_BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-             "PYTHONUNBUFFERED": "1", "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-             "NO_COLOR": "1", "USER": "vero-candidate", "LOGNAME": "vero-candidate"}
+_BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "HARBOR_TELEMETRY": "0",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "NO_COLOR": "1",
+    "USER": "vero-candidate",
+    "LOGNAME": "vero-candidate",
+}
 
-_KILL_ALL_OF_MY_UID = ("import os, signal\n"
-                       "try:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n")
+_KILL_ALL_OF_MY_UID = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
 
 
 def _uid_in_use(uid: int) -> bool:
@@ -134,9 +141,18 @@ class CandidateHostProcess:
                 # Whatever left the session (setsid, double fork) still has the uid.
                 for _ in range(2):
                     killer = await asyncio.create_subprocess_exec(
-                        str(self.python), "-I", "-c", _KILL_ALL_OF_MY_UID, user=self.uid, group=self.uid,
-                        extra_groups=[], stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.DEVNULL, cwd="/")
+                        str(self.python),
+                        "-I",
+                        "-c",
+                        _KILL_ALL_OF_MY_UID,
+                        user=self.uid,
+                        group=self.uid,
+                        extra_groups=[],
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=asyncio.subprocess.DEVNULL,
+                        stderr=asyncio.subprocess.DEVNULL,
+                        cwd="/",
+                    )
                     await killer.wait()
             if self.process.returncode is None:
                 await self.process.wait()
@@ -171,8 +187,15 @@ class CandidateLauncher:
         max_hosts: hosts alive at once (further requests wait), bounding what a round can start.
     """
 
-    def __init__(self, python: Path, *, agent_uid: int | None = None, env: Mapping[str, str] | None = None,
-                 isolate: bool | None = None, max_hosts: int = 32) -> None:
+    def __init__(
+        self,
+        python: Path,
+        *,
+        agent_uid: int | None = None,
+        env: Mapping[str, str] | None = None,
+        isolate: bool | None = None,
+        max_hosts: int = 32,
+    ) -> None:
         self.python = Path(python)
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
         self.env = dict(env or {})
@@ -195,8 +218,10 @@ class CandidateLauncher:
 
     async def __aenter__(self) -> CandidateLauncher:
         if not self.isolated and not self._asked_not_to_isolate:
-            logger.warning("candidate hosts run as this process's user (not root): the file boundary "
-                           "between a candidate agent and the harness does not hold")
+            logger.warning(
+                "candidate hosts run as this process's user (not root): the file boundary "
+                "between a candidate agent and the harness does not hold"
+            )
         self._root = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-cand-"))
         os.chmod(self._root, 0o711)  # hosts traverse to their own scratch dir, never list
         sock_dir = self._root / "sock"
@@ -265,17 +290,31 @@ class CandidateLauncher:
                     os.chown(path, uid, uid)
             stderr_path = self._root / "stderr" / f"{scratch.name}.log"
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            env = {**_BASE_ENV, "HOME": str(scratch), "TMPDIR": str(scratch / "tmp"),
-                   "VERO_CANDIDATE_SCRATCH": str(scratch), **self.env}
-            identity: dict[str, Any] = ({"user": uid, "group": uid, "extra_groups": []}
-                                           if self.isolated else {})
+            env = {
+                **_BASE_ENV,
+                "HOME": str(scratch),
+                "TMPDIR": str(scratch / "tmp"),
+                "VERO_CANDIDATE_SCRATCH": str(scratch),
+                **self.env,
+            }
+            identity: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if self.isolated else {}
             try:
                 with open(stderr_path, "wb") as stderr:
                     process = await asyncio.create_subprocess_exec(
-                        str(self.python), "-I", "-m", "vero.harbor.boundary.host", str(child_end.fileno()),
-                        stdin=asyncio.subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                        pass_fds=(child_end.fileno(),), cwd=str(scratch), env=env, start_new_session=True,
-                        **identity)
+                        str(self.python),
+                        "-I",
+                        "-m",
+                        "vero.harbor.boundary.host",
+                        str(child_end.fileno()),
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        pass_fds=(child_end.fileno(),),
+                        cwd=str(scratch),
+                        env=env,
+                        start_new_session=True,
+                        **identity,
+                    )
             except BaseException:
                 parent_end.close()
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -286,9 +325,15 @@ class CandidateLauncher:
         except BaseException:
             self._slots.release()
             raise
-        host = CandidateHostProcess(uid=uid, scratch_dir=scratch, process=process, pipe=parent_end,
-                                    stderr_path=stderr_path, isolated=self.isolated,
-                                    python=self.python)
+        host = CandidateHostProcess(
+            uid=uid,
+            scratch_dir=scratch,
+            process=process,
+            pipe=parent_end,
+            stderr_path=stderr_path,
+            isolated=self.isolated,
+            python=self.python,
+        )
 
         def release() -> None:
             self._hosts.discard(host)
@@ -312,8 +357,9 @@ class CandidateLauncher:
         loop = asyncio.get_running_loop()
         host: CandidateHostProcess | None = None
         try:
-            _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            _pid, uid, _gid = struct.unpack(
+                "3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            )
             if uid not in (0, self.agent_uid, os.geteuid()):
                 logger.warning("candidate launcher: refused a connection from uid %d", uid)
                 return
@@ -327,8 +373,12 @@ class CandidateLauncher:
                 await loop.sock_sendall(connection, b'{"op":"unavailable"}\n')
                 return
             assert host.pipe is not None
-            reply = json.dumps({"op": "spawned", "scratch": str(host.scratch_dir), "uid": host.uid,
-                                "isolated": host.isolated}).encode() + b"\n"
+            reply = (
+                json.dumps(
+                    {"op": "spawned", "scratch": str(host.scratch_dir), "uid": host.uid, "isolated": host.isolated}
+                ).encode()
+                + b"\n"
+            )
             # The pipe travels with the reply (SCM_RIGHTS); it is a few bytes, sent at once.
             socket.send_fds(connection, [reply], [host.pipe.fileno()])
             host.pipe.close()
@@ -337,8 +387,9 @@ class CandidateLauncher:
             tail = await host.finish(grace_sec=2.0 if request == _FINISH_REQUEST else 0.0)
             if request == _FINISH_REQUEST:
                 with contextlib.suppress(OSError):
-                    await loop.sock_sendall(connection, json.dumps(
-                        {"op": "finished", "stderr_tail": tail}).encode() + b"\n")
+                    await loop.sock_sendall(
+                        connection, json.dumps({"op": "finished", "stderr_tail": tail}).encode() + b"\n"
+                    )
         except OSError:
             pass
         finally:

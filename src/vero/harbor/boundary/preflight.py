@@ -46,9 +46,15 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
         host.pipe = None
         writer = FrameWriter(raw_writer)
         try:
-            await writer.send({"op": "init", "import_path": run.runtime.agent_import_path,
-                               "candidate_dir": str(run.candidate_dir.absolute()), "kwargs": {},
-                               "probe_paths": [str(run.cases_dir.absolute()), str(run.jobs_dir.absolute())]})
+            await writer.send(
+                {
+                    "op": "init",
+                    "import_path": run.runtime.agent_import_path,
+                    "candidate_dir": str(run.candidate_dir.absolute()),
+                    "kwargs": {},
+                    "probe_paths": [str(run.cases_dir.absolute()), str(run.jobs_dir.absolute())],
+                }
+            )
             header, _ = await read_frame(reader, 0)
         except (asyncio.IncompleteReadError, ConnectionError, FrameError):
             raise InfrastructureFailure("the candidate host ended before it could import Harbor") from None
@@ -59,9 +65,12 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
         # Only a host of its own uid can be kept out of the harness paths; one running as the caller
         # (not isolated: the launcher has said so, unless isolation was asked off) reads them anyway.
         if header.get("exposed") and launcher.isolated:
-            logger.warning("evaluation %s: candidate hosts can read %d harness path(s) (the cases or the jobs "
-                           "dir): make them unreadable to other users, or the file boundary does not hold",
-                           run.evaluation_id, len(header["exposed"]))
+            logger.warning(
+                "evaluation %s: candidate hosts can read %d harness path(s) (the cases or the jobs "
+                "dir): make them unreadable to other users, or the file boundary does not hold",
+                run.evaluation_id,
+                len(header["exposed"]),
+            )
         try:
             header, _ = await read_frame(reader, 0)
         except (asyncio.IncompleteReadError, ConnectionError, FrameError):

@@ -24,8 +24,10 @@ router = APIRouter(
     summary="Seal the session and write its archive",
     responses={
         400: problem_doc("The body is not valid JSON."),
-        422: problem_doc("The body does not match the schema, `output_dir` lies inside the sidecar's own "
-                         "directories, or the archive cannot be written there (RFC 9457 problem)."),
+        422: problem_doc(
+            "The body does not match the schema, `output_dir` lies inside the sidecar's own "
+            "directories, or the archive cannot be written there (RFC 9457 problem)."
+        ),
         **STORAGE_FULL_RESPONSE,
     },
 )

@@ -14,13 +14,28 @@ router = APIRouter(prefix="/evaluations", tags=["agent"], responses=PROBLEM_RESP
 
 JobId = Annotated[str, Path(max_length=64, description="The job id returned by `POST /evaluations`.")]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Jobs per page (newest first).")]
-Before = Annotated[str | None, Query(max_length=64, description=(
-    "Cursor: the `next_cursor` of the previous page (list only jobs older than that job)."))]
+Before = Annotated[
+    str | None,
+    Query(
+        max_length=64,
+        description=("Cursor: the `next_cursor` of the previous page (list only jobs older than that job)."),
+    ),
+]
 PartitionFilter = Annotated[str | None, Query(max_length=128, description="Only jobs of this partition.")]
-StateFilter = Annotated[Literal["queued", "running", "complete", "failed", "cancelled"] | None,
-                        Query(description="Only jobs in this state.")]
-WaitSec = Annotated[float, Query(ge=0, le=60, description=(
-    "Long poll: wait up to this many seconds for the job to finish before answering (0: answer at once)."))]
+StateFilter = Annotated[
+    Literal["queued", "running", "complete", "failed", "cancelled"] | None,
+    Query(description="Only jobs in this state."),
+]
+WaitSec = Annotated[
+    float,
+    Query(
+        ge=0,
+        le=60,
+        description=(
+            "Long poll: wait up to this many seconds for the job to finish before answering (0: answer at once)."
+        ),
+    ),
+]
 
 
 @router.post(
@@ -29,24 +44,38 @@ WaitSec = Annotated[float, Query(ge=0, le=60, description=(
     summary="Start an evaluation of a version on a partition",
     status_code=202,
     responses={
-        202: {"links": {"GetEvaluation": {
-            "operationId": "get_evaluation", "parameters": {"job_id": "$response.body#/id"},
-            "description": "The job's state and, once finished, its disclosed result."}}},
-        400: problem_doc("The version cannot be imported (malformed, unknown, unsafe tree), or the body is "
-                         "not valid JSON."),
-        413: problem_doc("The version's tree is over a size limit of the spec (`code` "
-                         "`candidate_too_large`; the detail names the limit and the figure)."),
+        202: {
+            "links": {
+                "GetEvaluation": {
+                    "operationId": "get_evaluation",
+                    "parameters": {"job_id": "$response.body#/id"},
+                    "description": "The job's state and, once finished, its disclosed result.",
+                }
+            }
+        },
+        400: problem_doc(
+            "The version cannot be imported (malformed, unknown, unsafe tree), or the body is not valid JSON."
+        ),
+        413: problem_doc(
+            "The version's tree is over a size limit of the spec (`code` "
+            "`candidate_too_large`; the detail names the limit and the figure)."
+        ),
         402: problem_doc("The partition's budget (runs or cases) is exhausted."),
-        403: problem_doc("Denied by the policy (partition; a case or block selection that is not a union of "
-                         "whole blocks of an `aggregate` partition) or the entrance is closed."),
+        403: problem_doc(
+            "Denied by the policy (partition; a case or block selection that is not a union of "
+            "whole blocks of an `aggregate` partition) or the entrance is closed."
+        ),
         **STORAGE_FULL_RESPONSE,
-        502: problem_doc("The selection holds a case an earlier evaluation found broken (problem code "
-                         "`case_invalid`, `missing_variables`, `setup_rejected` or `reward_key_missing`): "
-                         "refused, nothing charged."),
+        502: problem_doc(
+            "The selection holds a case an earlier evaluation found broken (problem code "
+            "`case_invalid`, `missing_variables`, `setup_rejected` or `reward_key_missing`): "
+            "refused, nothing charged."
+        ),
     },
 )
-async def start_evaluation(body: EvaluationRequest, service: Service, principal: Principal,
-                           response: Response) -> JobView:
+async def start_evaluation(
+    body: EvaluationRequest, service: Service, principal: Principal, response: Response
+) -> JobView:
     """Checks the policy, imports the version as a candidate and reserves the budget, then answers
     202 with the queued job; the nested run goes on in the background. Poll `GET /evaluations/{id}`.
     On an `aggregate` partition, select the whole partition or whole blocks (`blocks` positions or
@@ -62,8 +91,14 @@ async def start_evaluation(body: EvaluationRequest, service: Service, principal:
     summary="List past evaluations, newest first, one page at a time",
     responses={404: problem_doc("`before` names no evaluation job of the agent.")},
 )
-async def list_evaluations(service: Service, principal: Principal, limit: Limit = 20, before: Before = None,
-                           partition: PartitionFilter = None, state: StateFilter = None) -> EvaluationPage:
+async def list_evaluations(
+    service: Service,
+    principal: Principal,
+    limit: Limit = 20,
+    before: Before = None,
+    partition: PartitionFilter = None,
+    state: StateFilter = None,
+) -> EvaluationPage:
     """The agent's evaluations newest first, `limit` per page, each with its state and disclosed
     score (per-case results: `GET /evaluations/{id}`). Pass `next_cursor` as `before` for the next
     page; the last page has no `next_cursor`. Filter with `partition` and `state`."""
@@ -76,8 +111,10 @@ async def list_evaluations(service: Service, principal: Principal, limit: Limit 
     summary="State and disclosed result of an evaluation",
     responses={
         404: problem_doc("No evaluation job with this id."),
-        502: problem_doc("The evaluation failed for infrastructure reasons (code `infrastructure`) or on a "
-                         "broken case (a case problem code); its budget was refunded."),
+        502: problem_doc(
+            "The evaluation failed for infrastructure reasons (code `infrastructure`) or on a "
+            "broken case (a case problem code); its budget was refunded."
+        ),
     },
 )
 async def get_evaluation(job_id: JobId, service: Service, principal: Principal, wait_sec: WaitSec = 0) -> JobView:
