@@ -14,7 +14,7 @@ import signal
 import httpx
 import pytest
 
-from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+from vero.inference.gateway import MAX_WAITING_CALLS, BudgetPool, GatewayServer, InferenceGateway
 from vero.inference.pricing import PriceUnknown, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceSpec
 
@@ -357,6 +357,40 @@ def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
     assert ordered
     assert usage.calls == 2 and usage.refused_calls == {"budget_exhausted": 1}
     assert usage.charged_micro_usd == to_micro_usd(1.5 * CALL_USD)
+
+
+def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
+    # A candidate must not park unbounded connections on the gateway for free: past
+    # MAX_WAITING_CALLS waiting calls, further ones are answered 429 at once.
+    async def body(gateway, client):
+        token, grant = gateway.grant("ev-7", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        auth = {"authorization": f"Bearer {token}"}
+        first = asyncio.create_task(
+            client.post("/openai/v1/chat/completions", json=chat("fake-slow", max_tokens=7), headers=auth)
+        )
+        await _started(upstream, 1)
+        waiting = [
+            asyncio.create_task(
+                client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+            )
+            for _ in range(MAX_WAITING_CALLS)
+        ]
+        while grant.waiting_calls < MAX_WAITING_CALLS:
+            await asyncio.sleep(0.01)
+        extra = [
+            await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+            for _ in range(2)
+        ]
+        usage = await gateway.revoke(token)
+        first.cancel()  # the provider never answers it in time; the gateway charged its hold
+        return extra, [await w for w in waiting], usage
+
+    extra, waited, usage = run(with_gateway(upstream.url, body, timeout_sec=60.0))
+    assert [r.status_code for r in extra] == [429, 429]
+    assert extra[0].json()["error"]["code"] == "rate_limit_exceeded"
+    assert {r.status_code for r in waited} == {401}  # woken by the revocation, never forwarded
+    assert usage.refused_calls["too_many_waiting"] == 2
+    assert {r["body"]["model"] for r in upstream.requests} == {"up/fake-slow"}
 
 
 def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):

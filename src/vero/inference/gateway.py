@@ -15,7 +15,8 @@ endpoint's wire format (403 `model_not_allowed`) -> budget hold (402 `budget_exh
 call with the provider key only the gateway holds (the caller's headers are never forwarded).
 A budget whose free money is all held by calls in flight is busy, not exhausted: the call waits
 until they settle and is refused only if nothing is free then (so whether a call of an agent that
-calls concurrently is refused never depends on timing, and `budget_exhausted` means spent).
+calls concurrently is refused never depends on timing, and `budget_exhausted` means spent); at
+most `MAX_WAITING_CALLS` per evaluation wait, further ones get 429 at once.
 
 Metering: the hold is the call's worst case (request bytes / 3 input tokens plus the request's
 output limit, or the model's), at most what is left of the evaluation's limit and the partition's
@@ -73,6 +74,9 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _INPUT_BYTES_PER_TOKEN = 3
 _ANTHROPIC_VERSION = "2023-06-01"
 _IDLE_WAIT_SEC = 10.0
+MAX_WAITING_CALLS = 8
+"""Calls of one evaluation that may wait for held money at once; more are answered 429 at once
+(a candidate cannot park unbounded connections on the gateway for free)."""
 
 
 class BudgetPool:
@@ -91,6 +95,10 @@ class BudgetPool:
 def _min_available(pools: list[BudgetPool]) -> int | None:
     values = [p.available for p in pools if p.available is not None]
     return min(values) if values else None
+
+
+class _TooManyWaiting(Exception):
+    """Raised by `InferenceGateway._hold` when an evaluation has too many calls waiting."""
 
 
 @dataclass(eq=False)
@@ -112,6 +120,7 @@ class InferenceGrant:
     usage: InferenceUsage = field(default_factory=InferenceUsage)
     closed: bool = False
     open_calls: set[_Call] = field(default_factory=set)
+    waiting_calls: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def hold(self, estimate_micro_usd: int) -> int | None:
@@ -384,7 +393,16 @@ class InferenceGateway:
                 "this model is not on the evaluation's allow-list",
             )
         estimate = _estimate_micro_usd(route, payload, len(body))
-        held = await self._hold(grant, estimate)
+        try:
+            held = await self._hold(grant, estimate)
+        except _TooManyWaiting:
+            self._refuse(grant, "too_many_waiting")
+            return _error(
+                api,
+                429,
+                "rate_limit_error" if api == "anthropic" else "rate_limit_exceeded",
+                f"more than {MAX_WAITING_CALLS} calls are waiting for money held by calls in flight",
+            )
         if grant.closed:
             if held is not None:
                 grant.release(held)
@@ -535,6 +553,9 @@ class InferenceGateway:
         Returns the amount held, or None when the budget is spent (nothing free, nothing held) or
         the token was closed meanwhile. The wait is bounded: every hold is settled or released when
         its call ends, at the latest by `revoke` or the upstream timeout.
+
+        Raises:
+            _TooManyWaiting: `MAX_WAITING_CALLS` calls of this evaluation are waiting already.
         """
         while True:
             freed = self._freed  # taken before the check: a settlement after it wakes this wait
@@ -542,7 +563,13 @@ class InferenceGateway:
             spent = any(pool.total is not None and pool.total - pool.spent <= 0 for pool in grant.pools)
             if held is not None or grant.closed or spent:
                 return held
-            await freed.wait()
+            if grant.waiting_calls >= MAX_WAITING_CALLS:
+                raise _TooManyWaiting
+            grant.waiting_calls += 1
+            try:
+                await freed.wait()
+            finally:
+                grant.waiting_calls -= 1
 
     def _budget_freed(self) -> None:
         self._freed.set()
