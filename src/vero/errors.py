@@ -337,7 +337,11 @@ HTTP_STATUS_ERRORS: dict[int, type[VeroError]] = {
 
 
 def error_for_status(
-    status: int, message: str | None, code: str | None = None, cases: list[str] | None = None
+    status: int,
+    message: str | None,
+    code: str | None = None,
+    cases: list[str] | None = None,
+    context: str | None = None,
 ) -> VeroError:
     """The error both agent-side clients raise for a non-2xx sidecar answer.
 
@@ -349,11 +353,16 @@ def error_for_status(
             (another 413, a request body over the size limit, is a `RequestInvalid`); a 502 with a
             `CASE_PROBLEM_CODES` code is a `CaseMisconfigured` with that code.
         cases: the problem body's `cases` (the broken cases the agent may know), if any.
+        context: what the caller was doing, for an operator's command such as `vero harbor seal`;
+            the text then reads `"<context> (HTTP <status>): <message>"` (the status named once).
 
     Returns:
         The class of `HTTP_STATUS_ERRORS`; `SidecarUnavailable` for another 5xx; `VeroError` otherwise.
     """
-    text = message if message is not None else f"the sidecar answered HTTP {status}"
+    if context is not None:
+        text = f"{context} (HTTP {status})" + (f": {message}" if message else "")
+    else:
+        text = message if message is not None else f"the sidecar answered HTTP {status}"
     if status == 413 and code == "candidate_too_large":
         return CandidateTooLarge(message=text)
     if status == 502 and message is not None and code in CASE_PROBLEM_CODES:
@@ -364,6 +373,8 @@ def error_for_status(
     if cls is not None:
         return cls(text)
     if status >= 500:
+        if context is not None:
+            return SidecarUnavailable(text)
         head = f"the sidecar could not serve the request (HTTP {status})"
         return SidecarUnavailable(f"{head}: {text}" if message is not None else head)
     return VeroError(text)

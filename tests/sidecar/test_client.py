@@ -23,6 +23,7 @@ from vero.errors import (
     PolicyDenied,
     RequestInvalid,
     SidecarUnavailable,
+    StorageFull,
     UnknownJob,
     VeroError,
 )
@@ -251,6 +252,22 @@ def test_answers_that_are_not_problem_bodies_are_never_echoed() -> None:
     error = error_from_response(httpx.Response(402, json=problem, request=request))
     assert isinstance(error, BudgetExhausted) and str(error) == problem["detail"]
     assert error.partition is None
+
+
+def test_an_operators_context_names_the_status_once() -> None:
+    request = httpx.Request("POST", "http://sidecar/admin/seal")
+    problem = {"title": "Insufficient Storage", "status": 507, "code": "storage_full", "detail": "the disk is full"}
+    error = error_from_response(
+        httpx.Response(507, json=problem, request=request), context="the sidecar refused to seal"
+    )
+    assert type(error) is StorageFull
+    assert str(error) == "the sidecar refused to seal (HTTP 507): the disk is full"
+    error = error_from_response(httpx.Response(503, json={**problem, "status": 503}, request=request), context="seal")
+    assert type(error) is SidecarUnavailable and str(error) == "seal (HTTP 503): the disk is full"
+    error = error_from_response(httpx.Response(401, json={**problem, "status": 401}, request=request), context="seal")
+    assert str(error) == "seal (HTTP 401): the disk is full"
+    error = error_from_response(httpx.Response(500, text="<html>secret</html>", request=request), context="seal")
+    assert type(error) is SidecarUnavailable and str(error) == "seal (HTTP 500)"
 
 
 def test_importing_the_client_loads_neither_fastapi_nor_harbor() -> None:

@@ -144,11 +144,9 @@ def error_from_response(response: httpx.Response, context: str | None = None) ->
     """
     problem = _problem_of(response)
     detail = None if problem is None else (problem.detail or problem.title)
-    if context is not None:
-        detail = f"{context} (HTTP {response.status_code})" + (f": {detail}" if detail else "")
     if problem is None:
-        return error_for_status(response.status_code, detail)
-    return error_for_status(response.status_code, detail, problem.code, problem.cases)
+        return error_for_status(response.status_code, detail, context=context)
+    return error_for_status(response.status_code, detail, problem.code, problem.cases, context=context)
 
 
 class SidecarClient:
