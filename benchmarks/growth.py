@@ -18,8 +18,11 @@ Run from the repository root: `uv run python benchmarks/growth.py` (about 10 min
    (`SidecarService.start_evaluation`) and the slot checkout (`CandidateStore.update_worktree`),
    against a full files-only checkout into a fresh directory.
 3. **Sidecar start with 10,000 finished jobs** in the state store (filled in bulk), in process.
-4. **Agent CLI start-up**: wall time of `vero harbor status` against the running sidecar, of
-   `vero --help` (the typer application) and of `python -c pass`, median of 15 runs each.
+4. **Agent CLI start-up**, as the agent pays it in `main`: vero installed there's way (a venv, the
+   client's pins, the wheel through pip and its console script), then CPU and wall time of
+   `vero harbor status` against the running sidecar, of `vero --help` (the typer application) and
+   of `python -c pass`, alternating, medians of `CLI_RUNS` rounds; `--cli-baseline REV` adds the
+   agent CLI of a git revision to the same rounds (before/after). `--cli-only` measures just this.
 
 No assertion: the README records the figures, the issue's goals are ratios to read off the output.
 """
@@ -51,7 +54,7 @@ PRINCIPAL = "agent"
 BIG_TARGET_FILES = 50_000
 BIG_TARGET_EVALUATIONS = 5
 BULK_JOBS = 10_000
-CLI_RUNS = 15
+CLI_RUNS = 21
 PAIRED_EVALUATIONS = 7
 """Evaluations measured at each checkpoint, alternating with the reference sidecar."""
 
@@ -181,7 +184,7 @@ class _Sidecar:
         self.process.join(60)
 
 
-def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
+def _growth(root: Path, checkpoints: list[int], cli_baseline: str | None) -> tuple[list[dict], dict]:
     """Grow one sidecar's history; at each checkpoint measure it side by side with a reference
     sidecar that keeps a short history (alternating requests, so both see the same machine load)."""
     grown = _Sidecar(root, "grown")
@@ -223,7 +226,7 @@ def _growth(root: Path, checkpoints: list[int]) -> tuple[list[dict], dict]:
                 file=sys.stderr,
                 flush=True,
             )
-        cli = _cli_startup(grown.url)
+        cli = _cli_startup(grown.url, cli_baseline)
     finally:
         grown.close()
         reference.close()
@@ -407,36 +410,115 @@ def _stub_result(candidate: str):
 # -- 4. agent CLI start-up ----------------------------------------------------------------------
 
 
-def _runs(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Median wall and CPU (user + system) milliseconds of `CLI_RUNS` runs of `argv`, after one warm-up."""
-    import resource
+def _install_like_main(root: Path, source: Path | None = None) -> Path:
+    """vero installed the way the compiled task's `main` image installs it
+    (`compiler/_tooling.Dockerfile.j2`): a `python3 -m venv` of the base interpreter, the client's
+    pinned requirements (`vero.compiler.wheel.client_requirements`), then vero's own wheel
+    (`build_wheel`) with pip, which byte-compiles it and writes the `vero` console script the
+    agent runs. The requirements come through `uv pip` (its cache: offline here); what lands in
+    site-packages, `.pth` files included, is the same. `source`: a checkout whose `src/vero` the
+    wheel is built from (default: this one). Returns the venv's `bin` directory."""
+    from vero.compiler.wheel import client_requirements
 
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=120)
-    walls, cpus = [], []
-    for _ in range(CLI_RUNS):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=120)
-        walls.append(time.perf_counter() - started)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return _median_ms(walls), _median_ms(cpus)
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / "main-venv"
+    base_python = Path(sys.base_prefix) / "bin" / "python3"
+    subprocess.run([str(base_python), "-m", "venv", str(venv)], check=True, timeout=300)
+    requirements = root / "requirements.txt"
+    requirements.write_text("".join(f"{r}\n" for r in client_requirements()))
+    subprocess.run(
+        ["uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(requirements)],
+        check=True,
+        timeout=600,
+    )
+    build = (
+        "import sys; sys.path.insert(0, sys.argv[1]) if sys.argv[1] else None; "
+        "from vero.compiler.wheel import build_wheel; w = build_wheel(); "
+        "open(sys.argv[2] + '/' + w.filename, 'wb').write(w.data); print(w.filename)"
+    )
+    src = str(source / "src") if source is not None else ""
+    built = subprocess.run(
+        [sys.executable, "-c", build, src, str(root)], check=True, capture_output=True, text=True, timeout=300
+    )
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    wheel = root / built.stdout.strip()
+    subprocess.run([*pip, "--no-cache-dir", "--no-deps", str(wheel)], check=True, timeout=300)
+    return venv / "bin"
 
 
-def _cli_startup(url: str) -> dict:
-    """The agent's CLI as it runs in `main`: bytecode compiled (pip compiles the wheel; the warm-up
-    run writes it here), so `PYTHONDONTWRITEBYTECODE` is dropped from the environment."""
-    vero = str(Path(sys.executable).with_name("vero"))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+def _cpu_ms(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU (user + system) milliseconds of one run of `argv`, output discarded.
+
+    The child is reaped with `os.wait4`, which gives its own resource usage at once: `subprocess`'s
+    wait with a timeout polls with growing sleeps (0.5, 1, 2, ... ms), which rounds wall times up
+    to 16, 32 or 64 ms. A child still running after 120 s is killed.
+    """
+    started = time.perf_counter()
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killer = threading.Timer(120, child.kill)
+    killer.start()
+    try:
+        _, status, usage = os.wait4(child.pid, 0)
+    finally:
+        killer.cancel()
+    wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    return wall * 1e3, (usage.ru_utime + usage.ru_stime) * 1e3
+
+
+def _cli_startup(url: str, baseline: str | None = None) -> dict:
+    """What the agent pays per CLI call in `main`: vero installed as there (`_install_like_main`),
+    `vero harbor status` run through its console script (start-up and the call to the sidecar at
+    `url`), against `python -c pass` of the same interpreter. The commands alternate, `CLI_RUNS`
+    rounds after a warm-up, so all see the same load; medians. `vero --help` (the typer
+    application every other command loads) is measured the same way. `baseline`: a git revision
+    whose agent CLI is installed beside and measured in the same rounds (`baseline_status_*`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV")}
     env["VERO_SIDECAR_URL"] = url
+    with tempfile.TemporaryDirectory(prefix="vero-growth-main-") as tmp:
+        bin_dir = _install_like_main(Path(tmp) / "current")
+        commands = {
+            "python_pass": [str(bin_dir / "python"), "-c", "pass"],
+            "status": [str(bin_dir / "vero"), "harbor", "status"],
+            "typer_help": [str(bin_dir / "vero"), "--help"],
+        }
+        if baseline is not None:
+            source = Path(tmp) / "baseline-source"
+            source.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", "--format=tar", baseline], check=True, capture_output=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+            commands["baseline_status"] = [str(_install_like_main(Path(tmp) / "baseline", source) / "vero")]
+            commands["baseline_status"] += ["harbor", "status"]
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+        for argv in commands.values():
+            _cpu_ms(argv, env)  # warm-up: page cache
+        for _ in range(CLI_RUNS):
+            for name, argv in commands.items():
+                samples[name].append(_cpu_ms(argv, env))
     figures = {}
-    for name, argv in (
-        ("python_pass", [sys.executable, "-c", "pass"]),
-        ("status", [vero, "harbor", "status"]),
-        ("typer_help", [vero, "--help"]),
-    ):
-        figures[f"{name}_ms"], figures[f"{name}_cpu_ms"] = _runs(argv, env)
+    for name, runs in samples.items():
+        figures[f"{name}_ms"] = statistics.median(wall for wall, _ in runs)
+        figures[f"{name}_cpu_ms"] = statistics.median(cpu for _, cpu in runs)
     return figures
+
+
+def _cli_line(cli: dict) -> str:
+    line = (
+        f"agent CLI in main: `vero harbor status` (start-up and the call) {cli['status_ms']:.0f} ms wall, "
+        f"{cli['status_cpu_ms']:.0f} ms CPU, against `python -c pass` {cli['python_pass_ms']:.0f} ms wall, "
+        f"{cli['python_pass_cpu_ms']:.0f} ms CPU ({cli['status_ms'] / cli['python_pass_ms']:.1f}x wall, "
+        f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); the typer application "
+        f"(`vero --help`) {cli['typer_help_ms']:.0f} ms wall, {cli['typer_help_cpu_ms']:.0f} ms CPU"
+    )
+    if "baseline_status_ms" in cli:
+        line += (
+            f"; the baseline's `vero harbor status` {cli['baseline_status_ms']:.0f} ms wall, "
+            f"{cli['baseline_status_cpu_ms']:.0f} ms CPU "
+            f"({cli['baseline_status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU)"
+        )
+    return line
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -447,6 +529,12 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="Go on to 10,000 evaluations (about an hour).")
     parser.add_argument("--json", type=Path, default=None, help="Also write every figure to this JSON file.")
     parser.add_argument("--cli-only", action="store_true", help="Measure only the agent CLI's start-up.")
+    parser.add_argument(
+        "--cli-baseline",
+        metavar="REV",
+        default=None,
+        help="Also measure the agent CLI of this git revision, in the same rounds (e.g. main).",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -467,15 +555,17 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="vero-growth-") as tmp:
             sidecar = _Sidecar(Path(tmp), "cli")
             try:
-                cli = _cli_startup(sidecar.url)
+                cli = _cli_startup(sidecar.url, args.cli_baseline)
             finally:
                 sidecar.close()
-        console.print(cli)
+        console.print(_cli_line(cli))
+        if args.json:
+            args.json.write_text(json.dumps({"cli": cli}, indent=2))
         return
     with tempfile.TemporaryDirectory(prefix="vero-growth-") as tmp:
         root = Path(tmp)
         console.print(f"1. {checkpoints[-1]} evaluations through the app ...", style="dim")
-        rows, cli = _growth(root, checkpoints)
+        rows, cli = _growth(root, checkpoints, args.cli_baseline)
         console.print("2. a 50,000-file target ...", style="dim")
         big = _big_target(root)
         console.print(f"3. sidecar start with {BULK_JOBS:,} jobs ...", style="dim")
@@ -519,13 +609,7 @@ def main() -> None:
         f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
         f"{many['state_bytes'] / 1024 / 1024:.1f} MB"
     )
-    console.print(
-        f"agent CLI: `vero harbor status` (start-up and the call) {cli['status_ms']:.0f} ms wall, "
-        f"{cli['status_cpu_ms']:.0f} ms CPU, against `python -c pass` {cli['python_pass_ms']:.0f} ms wall, "
-        f"{cli['python_pass_cpu_ms']:.0f} ms CPU ({cli['status_ms'] / cli['python_pass_ms']:.1f}x wall, "
-        f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); the typer application "
-        f"(`vero --help`) {cli['typer_help_ms']:.0f} ms wall"
-    )
+    console.print(_cli_line(cli))
     load = os.getloadavg()
     console.print(
         f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "

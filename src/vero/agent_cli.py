@@ -2,8 +2,10 @@
 
 The agent pays the start-up of these commands on every tool call, so they import nothing but the
 standard library and `vero.errors` (no pydantic, httpx, typer, rich, spec models, FastAPI or
-Harbor): `benchmarks/growth.py` measures them against `python -c pass`. `vero._entry` routes these
-command names here before the full typer CLI is loaded.
+Harbor), and of it only json and socket: a call written the usual way is parsed without argparse
+(see "parsing" below), which is loaded only for help and usage errors. `benchmarks/growth.py`
+measures a call against `python -c pass`. `vero._entry` routes these command names here before the
+full typer CLI is loaded.
 
 Output is made for programs first: stdout carries exactly one JSON document (the sidecar's wire
 shape, `vero.sidecar.models`, or `{"error": {...}}` when the command fails), progress and messages
@@ -21,7 +23,6 @@ answers are never retried.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -46,6 +47,7 @@ from vero.errors import (
 
 TYPE_CHECKING = False  # `typing` itself costs start-up time; only type checkers read these imports
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable
     from typing import Any, NoReturn
 
@@ -140,14 +142,15 @@ class Sidecar:
                 f"{DEFAULT_SIDECAR_URL} (check --url or {SIDECAR_URL_ENV})"
             )
         self.base_url = url.rstrip("/")
-        self._host, self._port, self._prefix = parsed
+        self._host, self._address, self._port, self._prefix = parsed
 
     def close(self) -> None:
         """Nothing stays open between requests (kept for symmetry with the library client)."""
 
     def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         try:
-            sock = socket.create_connection((self._host, self._port), timeout=CONNECT_TIMEOUT_SEC)
+            address = (self._address, self._port)  # getaddrinfo takes bytes too (typeshed says str)
+            sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_SEC)  # type: ignore[arg-type]
         except OSError as exc:
             raise _NotSent(exc) from None
         with sock:
@@ -232,8 +235,13 @@ class Sidecar:
         return SidecarUnavailable(message)
 
 
-def _split_url(url: str) -> tuple[str, int, str] | None:
-    """`http://host[:port][/prefix]` -> (host, port, prefix without a trailing slash); None otherwise."""
+def _split_url(url: str) -> tuple[str, bytes, int, str] | None:
+    """`http://host[:port][/prefix]` -> (host, host as getaddrinfo takes it, port, prefix without a
+    trailing slash); None otherwise.
+
+    The host goes to getaddrinfo as bytes: a str would be IDNA-encoded there, which loads the codec
+    (a start-up cost) even for an ASCII name and raises UnicodeError, not OSError, for a bad one.
+    """
     scheme, sep, rest = url.partition("://")
     if sep != "://" or scheme.lower() != "http":
         return None
@@ -241,9 +249,9 @@ def _split_url(url: str) -> tuple[str, int, str] | None:
     if "@" in netloc:
         return None
     if netloc.startswith("["):
-        host, _, tail = netloc[1:].partition("]")
+        host, bracket, tail = netloc[1:].partition("]")
         port_text = tail[1:] if tail.startswith(":") else ""
-        if tail and not tail.startswith(":"):
+        if not bracket or (tail and not tail.startswith(":")):
             return None
     else:
         host, _, port_text = netloc.partition(":")
@@ -252,7 +260,11 @@ def _split_url(url: str) -> tuple[str, int, str] | None:
     port = int(port_text) if port_text else 80
     if not 0 < port < 65536:
         return None
-    return host, port, ("/" + path).rstrip("/") if slash else ""
+    try:
+        address = host.encode("ascii" if host.isascii() else "idna")
+    except UnicodeError:
+        return None
+    return host, address, port, ("/" + path).rstrip("/") if slash else ""
 
 
 def _parse_response(raw: bytes) -> tuple[int, bytes]:
@@ -561,133 +573,235 @@ _COMMANDS: dict[
 
 
 # -- parsing ----------------------------------------------------------------------------------------
+#
+# Each command's arguments are declared once (`_ARGUMENTS`: `add_argument` calls as data). Calls as
+# the agent writes them (exact option names, `--name value`, `--name=value`, `-p value`) are read by
+# `_quick_parse` without importing argparse, which with its parser, gettext and locale would be a
+# sixth of the call's start-up; anything else (help, abbreviations, a bad or missing value, an
+# unknown option, `--`) goes to argparse, so its usage, messages and exit code 2 are unchanged.
+
+
+def _type_problem(message: str) -> Exception:
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if value < 0:
-        raise argparse.ArgumentTypeError("must be at least 0")
+        raise _type_problem("must be at least 0")
     return value
 
 
 def _poll(text: str) -> float:
     value = float(text)
     if value < 0.05:
-        raise argparse.ArgumentTypeError("must be at least 0.05")
+        raise _type_problem("must be at least 0.05")
     return value
 
 
 def _block(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError("must be at least 0")
+        raise _type_problem("must be at least 0")
     return value
 
 
 def _limit(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 100:
-        raise argparse.ArgumentTypeError("must be between 1 and 100")
+        raise _type_problem("must be between 1 and 100")
     return value
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        default=None,
-        help=f"Base URL of the evaluation sidecar (default: ${SIDECAR_URL_ENV}, else {DEFAULT_SIDECAR_URL}).",
-    )
-    parser.add_argument(
-        "--json",
-        dest="as_json",
-        action="store_true",
-        default=True,
-        help="Print the result as one JSON document on stdout (default).",
-    )
-    parser.add_argument(
-        "--text", dest="as_json", action="store_false", help="Print a short text summary instead of JSON."
-    )
+if TYPE_CHECKING:
+    _Argument = tuple[tuple[str, ...], dict[str, Any]]
 
 
-def _waiting(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def _arg(*flags: str, **kwargs: Any) -> _Argument:
+    return flags, kwargs
+
+
+_VERSION = _arg(
+    "--version", "-v", default="HEAD", help="Commit-ish in your repository: HEAD, a branch, or a commit id."
+)
+_WAITING = (
+    _arg(
         "--wait",
         "-w",
         action="store_true",
         help="Wait until the job completes, fails or is cancelled (state changes on stderr); then print the final job.",
-    )
-    parser.add_argument(
+    ),
+    _arg(
         "--poll-interval-sec",
         type=_poll,
         default=2.0,
         help="With --wait: pause between polls that come back early (each poll is a long poll "
         "the sidecar answers when the job finishes).",
-    )
-    parser.add_argument(
+    ),
+    _arg(
         "--timeout-sec",
         type=_positive,
         default=None,
         help="With --wait: stop waiting after this many seconds (the job keeps running; exit 1). "
         "Default: wait until the job ends.",
-    )
+    ),
+)
+_COMMON = (
+    _arg(
+        "--url",
+        default=None,
+        help=f"Base URL of the evaluation sidecar (default: ${SIDECAR_URL_ENV}, else {DEFAULT_SIDECAR_URL}).",
+    ),
+    _arg(
+        "--json",
+        dest="as_json",
+        action="store_true",
+        default=True,
+        help="Print the result as one JSON document on stdout (default).",
+    ),
+    _arg("--text", dest="as_json", action="store_false", help="Print a short text summary instead of JSON."),
+)
+_ARGUMENTS: dict[str, tuple[_Argument, ...]] = {
+    "status": _COMMON,
+    "eval": (
+        _arg("--partition", "-p", required=True, help="Partition to evaluate on (see `vero harbor status`)."),
+        _VERSION,
+        _arg(
+            "--case",
+            "-c",
+            dest="cases",
+            action="append",
+            default=None,
+            help="Evaluate only this case of the partition; repeat for several. Default: every "
+            "case. On an `aggregate` partition the cases must make up whole blocks (see "
+            "`vero harbor status`).",
+        ),
+        _arg(
+            "--block",
+            "-b",
+            dest="blocks",
+            action="append",
+            type=_block,
+            default=None,
+            help="`aggregate` partitions: evaluate this block (its position from 0, as listed by "
+            "`vero harbor status`); repeat for several. Not together with --case.",
+        ),
+        *_WAITING,
+        *_COMMON,
+    ),
+    "result": (
+        _arg("job_id", metavar="JOB_ID", help="Job id, as printed by `vero harbor eval`."),
+        *_WAITING,
+        *_COMMON,
+    ),
+    "submit": (_VERSION, *_COMMON),
+    "evaluations": (
+        _arg("--limit", "-n", type=_limit, default=20, help="Evaluations per page, 1 to 100 (default 20)."),
+        _arg("--before", default=None, help="Cursor: the `next_cursor` of the previous page (list older evaluations)."),
+        _arg("--partition", "-p", default=None, help="Only evaluations of this partition."),
+        _arg("--state", choices=_STATES, default=None, help="Only evaluations in this state."),
+        _arg("--all", action="store_true", help="Follow every page and print them as one list."),
+        *_COMMON,
+    ),
+}
+"""Each command's arguments, in the order of its `--help`: (flags, `add_argument` keywords)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `vero harbor` parser of the agent commands (`prog` is `vero harbor`)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `vero harbor` argparse parser of the agent commands (`prog` is `vero harbor`).
+
+    With `command`, only that command's subparser is built (building all of them is most of the
+    parser's cost); the top-level usage and messages do not list the commands (`metavar="COMMAND"`),
+    so they read the same either way.
+    """
+    import argparse
+
     parser = argparse.ArgumentParser(prog="vero harbor", description="The coding agent's commands.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    status = commands.add_parser("status", help=HELP["status"], description=HELP["status"], epilog=EPILOG)
-    _common(status)
-    evaluate = commands.add_parser("eval", help=HELP["eval"], description=HELP["eval"], epilog=EPILOG)
-    evaluate.add_argument(
-        "--partition", "-p", required=True, help="Partition to evaluate on (see `vero harbor status`)."
-    )
-    evaluate.add_argument(
-        "--version", "-v", default="HEAD", help="Commit-ish in your repository: HEAD, a branch, or a commit id."
-    )
-    evaluate.add_argument(
-        "--case",
-        "-c",
-        dest="cases",
-        action="append",
-        default=None,
-        help="Evaluate only this case of the partition; repeat for several. Default: every "
-        "case. On an `aggregate` partition the cases must make up whole blocks (see "
-        "`vero harbor status`).",
-    )
-    evaluate.add_argument(
-        "--block",
-        "-b",
-        dest="blocks",
-        action="append",
-        type=_block,
-        default=None,
-        help="`aggregate` partitions: evaluate this block (its position from 0, as listed by "
-        "`vero harbor status`); repeat for several. Not together with --case.",
-    )
-    _waiting(evaluate)
-    _common(evaluate)
-    result = commands.add_parser("result", help=HELP["result"], description=HELP["result"], epilog=EPILOG)
-    result.add_argument("job_id", metavar="JOB_ID", help="Job id, as printed by `vero harbor eval`.")
-    _waiting(result)
-    _common(result)
-    submit = commands.add_parser("submit", help=HELP["submit"], description=HELP["submit"], epilog=EPILOG)
-    submit.add_argument(
-        "--version", "-v", default="HEAD", help="Commit-ish in your repository: HEAD, a branch, or a commit id."
-    )
-    _common(submit)
-    listing = commands.add_parser(
-        "evaluations", help=HELP["evaluations"], description=HELP["evaluations"], epilog=EPILOG
-    )
-    listing.add_argument("--limit", "-n", type=_limit, default=20, help="Evaluations per page, 1 to 100 (default 20).")
-    listing.add_argument(
-        "--before", default=None, help="Cursor: the `next_cursor` of the previous page (list older evaluations)."
-    )
-    listing.add_argument("--partition", "-p", default=None, help="Only evaluations of this partition.")
-    listing.add_argument("--state", choices=_STATES, default=None, help="Only evaluations in this state.")
-    listing.add_argument("--all", action="store_true", help="Follow every page and print them as one list.")
-    _common(listing)
+    for name, arguments in _ARGUMENTS.items():
+        if command is None or name == command:
+            sub = commands.add_parser(name, help=HELP[name], description=HELP[name], epilog=EPILOG)
+            for flags, kwargs in arguments:
+                sub.add_argument(*flags, **kwargs)
     return parser
+
+
+if TYPE_CHECKING:
+    from argparse import Namespace as _Args
+else:
+
+    class _Args:
+        """Parsed arguments as attributes, as `argparse.Namespace` holds them (without importing it)."""
+
+        def __init__(self, **values: Any) -> None:
+            self.__dict__.update(values)
+
+
+def _dest(flags: tuple[str, ...], kwargs: dict[str, Any]) -> str:
+    """argparse's `dest`: given, else the first long option (or the positional's name), `-` as `_`."""
+    if "dest" in kwargs:
+        return kwargs["dest"]
+    name = next((f for f in flags if f.startswith("--")), flags[0])
+    return name.lstrip("-").replace("-", "_")
+
+
+def _quick_parse(argv: list[str]) -> _Args | None:
+    """`argv` (command name first) parsed as argparse would, if it uses only the plain forms (see
+    above) and every value is valid; None otherwise, and argparse parses it."""
+    arguments = _ARGUMENTS.get(argv[0]) if argv else None
+    if arguments is None:
+        return None
+    values: dict[str, Any] = {"command": argv[0]}
+    by_flag: dict[str, tuple[str, dict[str, Any]]] = {}
+    positionals: list[tuple[str, dict[str, Any]]] = []
+    for flags, kwargs in arguments:
+        dest = _dest(flags, kwargs)
+        action = kwargs.get("action", "store")
+        values.setdefault(dest, kwargs.get("default", action == "store_false"))
+        if flags[0].startswith("-"):
+            by_flag.update((flag, (dest, kwargs)) for flag in flags)
+        else:
+            positionals.append((dest, kwargs))
+    given: set[str] = set()
+    words: list[str] = []
+    tokens = iter(argv[1:])
+    for token in tokens:
+        if not token.startswith("-"):
+            words.append(token)
+            continue
+        flag, eq, text = token.partition("=") if token.startswith("--") else (token, "", "")
+        if flag not in by_flag:
+            return None  # --help, -h, --, an abbreviation, -pVALUE, an unknown option
+        dest, kwargs = by_flag[flag]
+        action = kwargs.get("action", "store")
+        if action in ("store_true", "store_false"):
+            if eq:
+                return None
+            values[dest] = action == "store_true"
+            continue
+        if not eq:
+            text = next(tokens, "-")
+        if not text or text.startswith("-"):
+            return None  # a missing value, or one argparse may read as an option
+        try:
+            value = kwargs["type"](text) if "type" in kwargs else text
+        except Exception:  # noqa: BLE001 - ValueError or argparse's ArgumentTypeError: argparse reports it
+            return None
+        if value not in kwargs.get("choices", (value,)):
+            return None
+        if action == "append":
+            values[dest] = [*(values[dest] or []), value]
+        else:
+            values[dest] = value
+        given.add(dest)
+    if len(words) != len(positionals):
+        return None
+    values.update((dest, word) for (dest, _), word in zip(positionals, words, strict=True))
+    if any(kwargs.get("required") and dest not in given for dest, kwargs in by_flag.values()):
+        return None
+    return _Args(**values)
 
 
 def _fail(error: VeroError, as_json: bool) -> NoReturn:
@@ -707,7 +821,7 @@ def main(argv: list[str]) -> int:
     Returns:
         The exit code (see the module docstring).
     """
-    args = build_parser().parse_args(argv)
+    args = _quick_parse(argv) or build_parser(argv[0] if argv and argv[0] in _ARGUMENTS else None).parse_args(argv)
     run, as_text = _COMMANDS[args.command]
     sidecar: Sidecar | None = None
     try:
