@@ -238,19 +238,7 @@ def _growth(root: Path, checkpoints: list[int], cli_baseline: str | None) -> tup
 
 def _service(harness):
     """A `SidecarService` over the harness's dirs (as `create_app` builds it), in this process."""
-    from vero.sidecar.service import SidecarService
-
-    return SidecarService(
-        harness.config,
-        state_dir=harness.state_dir,
-        agent_repo=harness.agent_repo,
-        context_dir=harness.context_dir,
-        cases_dir=harness.cases_dir,
-        backend=harness.backend,
-        baseline_dir=harness.baseline_dir,
-        work_dir=harness.work_dir,
-        run_as=None,
-    )
+    return harness.service()
 
 
 def _big_target(root: Path) -> dict:
@@ -447,7 +435,8 @@ def _install_like_main(root: Path, source: Path | None = None) -> Path:
 
 
 def _cpu_ms(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU (user + system) milliseconds of one run of `argv`, output discarded.
+    """Wall and CPU (user + system) milliseconds of one run of `argv`, output discarded; exits
+    if `argv` fails.
 
     The child is reaped with `os.wait4`, which gives its own resource usage at once: `subprocess`'s
     wait with a timeout polls with growing sleeps (0.5, 1, 2, ... ms), which rounds wall times up
@@ -463,6 +452,8 @@ def _cpu_ms(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
         killer.cancel()
     wall = time.perf_counter() - started
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {child.returncode}: its time would not be the call's")
     return wall * 1e3, (usage.ru_utime + usage.ru_stime) * 1e3
 
 

@@ -6,6 +6,11 @@ Prints `ready` once the ledger is open, then `B <id>` before each operation and 
 returned (so after its transaction was durable): `R <id>` reserved, `S <id>` settled, `F <id>`
 refunded. The parent kills the process with SIGKILL at random moments and checks that the database
 agrees with every acknowledged line (a trailing `B` means the kill hit a transaction in flight).
+
+Two workers call the ledger directly; a third goes through the job store, as the sidecar does: it
+admits a job (`R`: reservation and job in one transaction) and finishes it complete (`S`: settled)
+or failed (`F`: refunded), so the parent can also check that no kill separates a job's end from its
+settle or refund.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+from datetime import UTC, datetime
 
+from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.errors import BudgetExhausted
 
@@ -21,6 +28,7 @@ TOTALS = {
     ("train", "agent"): BudgetTotals(runs=1_000_000, cases=5_000_000),
     # Small enough to run out, so exhaustion and refunds interleave with the crashes.
     ("val", "agent"): BudgetTotals(runs=4, cases=12),
+    ("jobs", "agent"): BudgetTotals(runs=1_000_000, cases=5_000_000),
 }
 
 
@@ -61,12 +69,48 @@ async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_fligh
         in_flight.discard(rid)
 
 
+async def job_worker(jobs: JobStore, rng: random.Random, prefix: str) -> None:
+    counter = 0
+    while True:
+        counter += 1
+        rid = f"rs-{prefix}-{counter}"
+        job = EvaluationJob(
+            id=JobStore.new_id(),
+            principal="agent",
+            partition="jobs",
+            cases=["c1"],
+            full_partition=True,
+            version="HEAD",
+            candidate="a" * 40,
+            disclosure="full",
+            reservation_id=rid,
+            state="queued",
+            created_at=datetime.now(UTC),
+        )
+        print(f"B {rid}", flush=True)
+        await jobs.admit(job, Cost.of_evaluation(1))
+        print(f"R {rid}", flush=True)
+        roll = rng.random()
+        if roll < 0.9:
+            print(f"B {rid}", flush=True)
+        if roll < 0.45:
+            await jobs.finish(job.id, "complete")
+            print(f"S {rid}", flush=True)
+        elif roll < 0.9:
+            await jobs.finish(job.id, "failed", error="infrastructure")
+            print(f"F {rid}", flush=True)
+        # else: left queued, as an evaluation in flight would be
+
+
 async def main(path: str, seed: int) -> None:
     ledger = BudgetLedger.open(path, TOTALS)
     print("ready", flush=True)
     rng = random.Random(seed)
     in_flight: set[str] = set()
-    await asyncio.gather(*(worker(ledger, random.Random(rng.random()), f"{seed}-{w}", in_flight) for w in range(3)))
+    await asyncio.gather(
+        *(worker(ledger, random.Random(rng.random()), f"{seed}-{w}", in_flight) for w in range(2)),
+        job_worker(JobStore(ledger), random.Random(rng.random()), f"{seed}-j"),
+    )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -454,14 +456,35 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
         store.update_worktree("f" * 40, work, index)
 
 
-def test_the_store_is_repacked_in_the_foreground(store, tmp_path):
+def test_the_store_is_repacked_in_the_foreground_and_no_git_child_outlives_a_call(tmp_path):
+    """Imports past a repack, in a child that is a subreaper: after each call, no process it started
+    is left (a detached gc or maintenance would be re-parented to it), although the store's own
+    config asks git for automatic, detached gc and maintenance after every fetch."""
     repo = tmp_path / "many"
     commit_files(repo, {"f": "0\n"})
-    chown_agent(repo)
-    for i in range(REPACK_EVERY_IMPORTS + 2):
+    versions = [
         commit_files(repo, {"f": f"{i}\n", f"d{i}/g": f"{i}\n"}, message=f"c{i}")
-        chown_agent(repo)
-        store.import_version_sync(repo, "HEAD")
+        for i in range(REPACK_EVERY_IMPORTS + 2)
+    ]
+    chown_agent(repo)
+    root = tmp_path / "state"
+    store = open_store(root)
+    for key, value in (
+        ("gc.auto", "1"),
+        ("gc.autoDetach", "true"),
+        ("gc.autoPackLimit", "1"),
+        ("maintenance.auto", "true"),
+    ):
+        git(store.git_dir, "config", key, value)
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("import_reaper_child.py")), str(root), str(repo), *versions],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout)
+    assert report == {"leftovers": [], "imports": len(versions)}
     counts = dict(line.split(": ") for line in git(store.git_dir, "count-objects", "-v").splitlines())
     # the repack after the 64th import left at most the objects of the two imports since then loose
     assert int(counts["count"]) <= 2 * 4 and store.pack_count() <= 3, counts

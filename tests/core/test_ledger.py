@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vero.core.jobs import JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.core.state import StateStore
 from vero.errors import (
@@ -558,7 +559,8 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
 @pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     """Kill a reserving/settling/refunding child with SIGKILL 55 times; every reopen passes the
-    open-time check and agrees with every operation the child acknowledged before it died.
+    open-time check, agrees with every operation the child acknowledged before it died, and finds
+    every job's state matching its reservation's (queued/reserved, complete/settled, failed/refunded).
 
     The moments are chosen by the child's progress (a random number of acknowledged operations,
     then a short random sleep), not by wall time alone, so a busy machine changes how long the test
@@ -568,6 +570,7 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     acknowledged: dict[str, str] = {}  # reservation id -> last acknowledged state
     kills = 0
     in_flight_kills = 0  # kills that hit a transaction between its start and its acknowledgement
+    jobs_seen: set[str] = set()  # reservation ids of the jobs found in the database
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     while kills < 55:
         child = subprocess.Popen(
@@ -611,6 +614,10 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
             fresh = BudgetLedger.open(state, {})
             check_raw_invariants(path)
             states = {r.id: r.state for r in fresh.reservations()}
+            for job in JobStore(fresh).list():  # a job's end and its settle or refund: both or neither
+                closed = states[job.reservation_id]
+                assert (job.state, closed) in (("queued", "reserved"), ("complete", "settled"), ("failed", "refunded"))
+                jobs_seen.add(job.reservation_id)
             for rid, state_name in acknowledged.items():
                 assert rid in states, "an acknowledged reservation was lost"
                 if state_name != "reserved":
@@ -620,6 +627,7 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
                 assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
                 assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
     assert len(acknowledged) > 100, "the children did too little work for the test to mean anything"
+    assert sum(acknowledged.get(rid) in ("settled", "refunded") for rid in jobs_seen) > 10, "too few jobs ended"
     assert in_flight_kills > 0, "no kill hit a transaction in flight"
     with StateStore.open(path) as state:
         assert any(r.state == "reserved" for r in BudgetLedger.open(state, {}).reservations())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sqlite3
 import subprocess
 import tarfile
 from datetime import UTC, datetime
@@ -174,6 +175,22 @@ def test_the_archive_carries_the_state_export_byte_for_byte(state, tmp_path: Pat
         packed = tar.extractfile("state.json").read()
     with StateStore.open(state_dir / "state.db") as store:
         assert packed == store.export_bytes()
+
+
+def test_the_state_export_depends_on_the_content_not_the_file(state, tmp_path: Path) -> None:
+    """A copy of the database rebuilt page by page (`VACUUM INTO`: another file, other bytes) exports
+    the same bytes."""
+    state_dir, _, _ = state
+    copy = tmp_path / "copy" / "state.db"
+    copy.parent.mkdir()
+    conn = sqlite3.connect(state_dir / "state.db")
+    try:
+        conn.execute("VACUUM INTO ?", (str(copy),))
+    finally:
+        conn.close()
+    assert copy.read_bytes() != (state_dir / "state.db").read_bytes()
+    with StateStore.open(state_dir / "state.db") as original, StateStore.open(copy) as rebuilt:
+        assert rebuilt.export_bytes() == original.export_bytes()
 
 
 @pytest.mark.parametrize("case", ["flip-byte", "edit-record", "extra-file", "no-sha256"])

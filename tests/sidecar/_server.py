@@ -320,15 +320,13 @@ class SidecarHarness:
     max_concurrent_evaluations: int = 2
     nested_env: dict[str, str] = field(default_factory=dict)
 
-    def create_app(self, **overrides):
-        """The app around a service on this harness's dirs; `overrides` may name any field of
-        `SidecarPaths`, any option of `SidecarService` or of `create_app`."""
+    def service(self, **overrides):
+        """A `SidecarService` on this harness's dirs (not started); `overrides` may name any field
+        of `SidecarPaths` or any option of `SidecarService`."""
         import dataclasses
 
-        from vero.sidecar.app import create_app
         from vero.sidecar.service import SidecarPaths, SidecarService
 
-        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls") if k in overrides}
         path_fields = {f.name for f in dataclasses.fields(SidecarPaths)}
         paths = {
             "state_dir": self.state_dir,
@@ -346,8 +344,15 @@ class SidecarHarness:
             **overrides,
         }
         backend = options.pop("backend", self.backend)
-        service = SidecarService(self.config, SidecarPaths(**paths), backend, **options)
-        return create_app(service, **app_options)
+        return SidecarService(self.config, SidecarPaths(**paths), backend, **options)
+
+    def create_app(self, **overrides):
+        """The app around a service on this harness's dirs; `overrides` may name any field of
+        `SidecarPaths`, any option of `SidecarService` or of `create_app`."""
+        from vero.sidecar.app import create_app
+
+        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls") if k in overrides}
+        return create_app(self.service(**overrides), **app_options)
 
     @contextmanager
     def serve(self, **overrides) -> Iterator[tuple[ServerThread, httpx.Client]]:

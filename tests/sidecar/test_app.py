@@ -620,6 +620,38 @@ def test_concurrency_limit_keeps_extra_jobs_queued(tmp_path):
         assert harness.backend.max_running == 2
 
 
+def test_status_lists_the_newest_jobs_that_fit_whatever_the_history(tmp_path):
+    """What the history adds to `/status` is bounded: at most 10 jobs and 8 KiB of them, however long
+    the agent's version names (256 characters of 4-byte UTF-8 here), plus one submission and counts."""
+    access = {"train": PartitionAccess(disclosure="full", min_aggregate_cases=1, total_runs=100, total_cases=100)}
+    harness = make_harness(tmp_path, access=access, partitions={"train": ["t1", "t2"]})
+    # The longest branch name a version may be: 256 characters, components within 255 bytes.
+    long_name = "/".join(["\U0001f600" * 63] * 3 + ["\U0001f600" * 62]) + "/x"
+    assert len(long_name) == 256
+    git(harness.agent_repo, "branch", long_name)
+
+    def evaluate(client: httpx.Client, version: str) -> str:
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"], "version": version})
+        assert job.status_code == 202, job.text
+        wait_for_state(client, job.json()["id"], {"complete"})
+        return job.json()["id"]
+
+    with harness.serve() as (_, client):
+        empty = len(client.get("/status").content)
+        long_ids = [evaluate(client, long_name) for _ in range(12)]
+        assert client.post("/submissions", json={"version": long_name}).status_code == 201
+        status = client.get("/status")
+        listed = status.json()["jobs"]
+        assert status.json()["n_jobs"] == 12 and status.json()["job_counts"] == {"train": {"complete": 12}}
+        assert 1 <= len(listed) < 10 and [j["id"] for j in listed] == long_ids[::-1][: len(listed)]
+        assert all(j["version"] == long_name and j["result"]["cases"] is None for j in listed)
+        assert sum(len(json.dumps(j, ensure_ascii=False).encode()) for j in listed) <= 8 * 1024
+        assert len(status.content) - empty <= 8 * 1024 + 2 * 1024
+        # short versions: the count is the limit
+        short_ids = [evaluate(client, "HEAD") for _ in range(11)]
+        assert [j["id"] for j in client.get("/status").json()["jobs"]] == short_ids[::-1][:10]
+
+
 @pytest.mark.timeout(240)
 def test_terminal_state_and_settle_or_refund_are_never_seen_apart(tmp_path):
     """Hammer completions and infrastructure failures concurrently while observers read over HTTP:

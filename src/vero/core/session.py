@@ -14,7 +14,8 @@ verifier checks three things before using it: the outer `session.tar.gz.sha256`,
 digest in the manifest (and that no unlisted file is present), and that `spec_digest` and
 `baseline_commit` equal its own compiled config. Then `state.json` must parse and satisfy the
 ledger's invariants and the job/reservation agreement (`SessionState`). Same state and `sealed_at`
-give the same bytes, so sealing twice is idempotent.
+give the same bytes, so sealing twice is idempotent: `state.json` depends only on the state's
+content, the bundle on the candidate store as it is on disk (see `_session_git`).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ class Session(BaseModel):
 
 def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
     """Hardened git on a bare repository (`vero.core._git`); one delta-search thread, so the same
-    refs always give the same bundle bytes."""
+    store gives the same bundle bytes. (pack-objects reuses the store's deltas: the same commits in
+    another pack layout, e.g. repacked at another moment, may bundle to other bytes.)"""
     return IsolatedGit(cwd, env=env, git_dir=git_dir, config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])
 
 

@@ -237,7 +237,7 @@ class StatusResponse(_Wire):
     )
     jobs: list[JobView] = Field(
         description=(
-            "The newest jobs (at most 10), newest first, without per-case results: "
+            "The newest jobs (at most 10, and no more than 8 KiB of them), newest first, without per-case results: "
             "`GET /evaluations` (the `list_evaluations` tool) lists the rest, "
             "`GET /evaluations/{id}` gives one in full."
         )

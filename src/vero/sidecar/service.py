@@ -110,7 +110,13 @@ DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
 _INFRA_ERROR = "infrastructure"
 
 RECENT_JOBS_IN_STATUS = 10
-"""How many of the newest jobs `GET /status` lists (older ones: `GET /evaluations`)."""
+"""How many of the newest jobs `GET /status` lists at most (older ones: `GET /evaluations`)."""
+
+RECENT_JOBS_MAX_BYTES = 8 * 1024
+"""At most this many bytes of job summaries (their JSON) in `GET /status`: the newest jobs that fit.
+A summary is a few hundred bytes, but the agent chooses its versions' names (256 characters, up to
+4 bytes each) and a broken partition's cases can be many, so the count alone would not bound what
+the history adds to `/status`."""
 
 MAX_PAGE_SIZE = 100
 """Most jobs one `GET /evaluations` page holds."""
@@ -657,9 +663,14 @@ class SidecarService:
         )
 
     def status(self, principal: str) -> StatusResponse:
-        """`GET /status` for `principal`, in one read of the state store; its size does not grow with
-        the number of evaluations: partitions, budgets (unless hidden), job counts per partition and
-        state, the newest `RECENT_JOBS_IN_STATUS` jobs (without per-case results), the submission."""
+        """`GET /status` for `principal`, in one read of the state store: partitions, budgets (unless
+        hidden), job counts per partition and state, the newest jobs (at most `RECENT_JOBS_IN_STATUS`
+        and `RECENT_JOBS_MAX_BYTES` of them, without per-case results), the submission.
+
+        What the history adds is bounded whatever it holds: the jobs' bytes, one submission (a
+        256-character version) and a count per visible partition and state; the rest is the spec's
+        (partitions, their cases and blocks).
+        """
 
         def read(_conn: object) -> StatusResponse:
             partitions = []
@@ -700,11 +711,21 @@ class SidecarService:
                 partitions=partitions,
                 n_jobs=sum(n for states in counts.values() for n in states.values()),
                 job_counts=counts,
-                jobs=[self.summary(job) for job in recent.jobs],
+                jobs=self._newest_that_fit([self.summary(job) for job in recent.jobs]),
                 submission=None if self.submission is None else self._submission_view(self.submission),
             )
 
         return self.state.read(read)
+
+    @staticmethod
+    def _newest_that_fit(views: list[JobView]) -> list[JobView]:
+        """The longest prefix of `views` (newest first) whose JSON fits in `RECENT_JOBS_MAX_BYTES`."""
+        used = 0
+        for n, view in enumerate(views):
+            used += len(view.model_dump_json().encode())
+            if used > RECENT_JOBS_MAX_BYTES:
+                return views[:n]
+        return views
 
     def evaluations(
         self,

@@ -13,6 +13,7 @@ router = APIRouter(tags=["agent"], responses=PROBLEM_RESPONSES)
 async def get_status(service: Service, principal: Principal) -> StatusResponse:
     """The partitions the agent may evaluate (with case names, the blocks an `aggregate` evaluation
     must select whole, the Ladder mode if any and, unless budget disclosure is off, remaining runs
-    and cases), every job of the agent with its disclosed result, the submission, and whether the
-    entrance is still open."""
+    and cases), how many evaluations the agent ran per partition and state, the newest ones without
+    per-case results (`GET /evaluations` lists the rest), the submission, and whether the entrance is
+    still open."""
     return service.status(principal)
