@@ -215,6 +215,47 @@ def test_a_non_finite_reward_is_always_invalid(tmp_path):
         assert (outcome.outcome, outcome.reward) == (AttemptOutcome.REWARD_NOT_FINITE, None)
 
 
+def test_an_integer_reward_too_large_for_a_float_is_not_finite_not_a_crash(tmp_path):
+    """Harbor 0.26 accepts a reward.json integer of hundreds of digits (only float rewards are checked
+    for finiteness). Collation must classify it, not raise: an exception there fails the evaluation
+    unexpectedly, which the sidecar refunds (a free run, and a free bit, for a forging candidate)."""
+    import json
+
+    for sign in (1, -1):
+        trial = variant(tmp_path, f"huge{sign}", rewards={"reward": 1})
+        data = json.loads((trial / "result.json").read_text())
+        (trial / "result.json").write_text(
+            json.dumps(data).replace('"rewards": {"reward": 1}', '"rewards": {"reward": ' + str(sign * 10**400) + "}")
+        )
+        for reward_range in (None, (0.0, 1.0)):
+            outcome = read_trial(trial, "reward", reward_range)
+            assert (outcome.outcome, outcome.reward) == (AttemptOutcome.REWARD_NOT_FINITE, None)
+    collation = collate_job(tmp_path / "job", "reward", (0.0, 1.0))
+    assert [t.outcome for t in collation.trials] == [AttemptOutcome.REWARD_NOT_FINITE] * 2
+
+
+def test_rewards_at_the_top_of_the_float_range_average_without_overflow(tmp_path):
+    """Without `scoring.reward_range`, 1.7e308 is a valid reward a candidate can write in an unguarded
+    case; the mean of two of them must not raise (the evaluation would fail unexpectedly, refunded)."""
+    from datetime import UTC, datetime
+
+    from vero.core.evaluation import EvaluationResult
+
+    variant(tmp_path, "multi.key", rewards={"reward": 1.7e308})
+    variant(tmp_path, "multi.key", rewards={"reward": 1.7e308})
+    collation = collate_job(tmp_path / "job", "reward")
+    attempts: dict[str, list] = {}
+    merge_outcomes(attempts, collation.trials, {"multi.key"})
+    cases = [CaseResult.from_attempts("multi.key", attempts["multi.key"], 0.0)]
+    cases.append(CaseResult(case="other", attempts=[], score=1.7e308))
+    assert cases[0].score == pytest.approx(1.7e308)
+    now = datetime.now(UTC)
+    result = EvaluationResult.from_cases(
+        partition="p", candidate="c" * 40, reward_key="reward", cases=cases, started_at=now, finished_at=now
+    )
+    assert result.score == pytest.approx(1.7e308)
+
+
 def test_out_of_range_attempts_score_the_failure_value_and_are_counted(tmp_path):
     from vero.core.evaluation import AttemptOutcome, EvaluationResult
 

@@ -9,7 +9,9 @@ never reach a result (docs/architecture.md "Nested runs"). Scores are in the rew
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
 from statistics import fmean
@@ -19,7 +21,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.usage import InferenceUsage
 
-__all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult"]
+__all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult", "mean_score"]
+
+
+def mean_score(values: Iterable[float]) -> float:
+    """The mean of finite scores (reward units) that never overflows.
+
+    `statistics.fmean` raises `OverflowError` when the running sum leaves the float range (two
+    rewards of 1e308, which an unguarded case lets a candidate write); an exception there would
+    fail the evaluation as unexpected, i.e. refunded. Then each value is divided first: the terms
+    sum to at most the largest value.
+
+    Raises:
+        ValueError: `values` is empty.
+    """
+    items = list(values)
+    if not items:
+        raise ValueError("the mean of no scores")
+    try:
+        return fmean(items)
+    except OverflowError:
+        return math.fsum(v / len(items) for v in items)
 
 
 class AttemptOutcome(StrEnum):
@@ -105,7 +127,7 @@ class CaseResult(_Record):
     def from_attempts(cls, case: str, attempts: list[AttemptResult], failure_value: float) -> CaseResult:
         """Score a case; a case with no attempt at all scores `failure_value`."""
         values = [failure_value if a.reward is None else a.reward for a in attempts] or [failure_value]
-        return cls(case=case, attempts=attempts, score=fmean(values))
+        return cls(case=case, attempts=attempts, score=mean_score(values))
 
 
 class EvaluationResult(_Record):
@@ -172,7 +194,7 @@ class EvaluationResult(_Record):
             candidate=candidate,
             reward_key=reward_key,
             cases=cases,
-            score=fmean(c.score for c in cases),
+            score=mean_score(c.score for c in cases),
             started_at=started_at,
             finished_at=finished_at,
             **extra,

@@ -20,7 +20,7 @@ decided by `classify_trial`, in this order:
    (`CandidateSandboxError`): dead, whatever the verifier reported;
 3. a value under the reward key with `reward_valid` (Harbor: a verifier result whose every recorded
    exception keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`):
-   **reward_not_finite** (NaN, infinity), **reward_out_of_range** (outside
+   **reward_not_finite** (NaN, infinity, an integer too large for a float), **reward_out_of_range** (outside
    `scoring.reward_range`), else **scored**;
 4. **reward_key_missing** — the verifier wrote valid rewards, but none under the reward key (e.g.
    `{"correctness": ..., "performance": ...}` with `scoring.reward_key: reward`): the case (or the
@@ -158,13 +158,21 @@ def _case_of(result) -> str:
 
 
 def _raw_reward(result, reward_key: str) -> float | None:
-    """The number under `reward_key` of a valid verifier result, else None (booleans are no numbers)."""
+    """The number under `reward_key` of a valid verifier result, else None (booleans are no numbers).
+
+    An integer too large for a float (Harbor 0.26 accepts `{"reward": 1000...0}` with hundreds of
+    digits: only *float* rewards are checked for finiteness, `verifier/verifier.py`) reads as an
+    infinity of its sign, so that it is `reward_not_finite` like any other impossible value.
+    """
     if not result.reward_valid or result.verifier_result is None:
         return None
     value = (result.verifier_result.rewards or {}).get(reward_key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _keys_without(result, reward_key: str) -> tuple[str, ...] | None:

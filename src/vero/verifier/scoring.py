@@ -25,10 +25,10 @@ import secrets as _secrets
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from statistics import fmean
 from typing import Any
 
 from vero.core.diagnostics import RunDiagnostics
+from vero.core.evaluation import mean_score
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
@@ -240,7 +240,7 @@ class Scorer:
         by_case = {case.case: case for case in result.cases}
         failure_value = self.config.scoring.effective_failure_value()
         scores = [by_case[name].score if name in by_case else failure_value for name in case_names]
-        score = fmean(scores)
+        score = mean_score(scores)
         if not math.isfinite(score):
             return failed("the backend reported a non-finite score")
         n_dead = sum(by_case[name].n_dead for name in case_names if name in by_case)

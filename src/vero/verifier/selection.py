@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
-from statistics import fmean
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import RunDiagnostics
+from vero.core.evaluation import mean_score
 from vero.core.jobs import EvaluationJob
 from vero.core.usage import InferenceUsage
 from vero.spec.models import Direction
@@ -226,7 +226,7 @@ def rank_recorded(
                 tree=tree,
                 candidates=candidates,
                 representative=candidates[0],
-                mean=fmean(job.result.score for job in group if job.result is not None),  # all: eligible
+                mean=mean_score(job.result.score for job in group if job.result is not None),  # all: eligible
                 evaluation_ids=[job.id for job in group],
                 first_evaluated_at=group[0].created_at,
             )
