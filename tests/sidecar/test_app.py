@@ -359,9 +359,14 @@ def test_a_candidate_over_a_size_limit_is_413_naming_the_limit_and_changes_nothi
         wait_for_state(client, job.json()["id"], {"complete"})
         before_budget, before_jobs = budget_of(client, "train"), client.get("/evaluations").json()
         store = harness.state_dir / "candidates.git"
-        before_refs = git(store, "for-each-ref")
-        for name, content, limit in (("big.bin", "x" * 20_001, "max_file_bytes"), ("more/f{}.txt", "y", "max_files")):
-            for i in range(60 if "{}" in name else 1):
+        before_refs, before_objects = git(store, "for-each-ref"), git(store, "count-objects", "-v")
+        over = (
+            ("big.bin", "x" * 20_001, 1, "max_file_bytes"),
+            ("more/f{}.txt", "y", 60, "max_files"),
+            ("parts/p{}.bin", "z" * 19_000, 6, "max_total_bytes"),  # each file under the largest-file limit
+        )
+        for name, content, copies, limit in over:
+            for i in range(copies):
                 path = harness.agent_repo / name.format(i)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(content)
@@ -377,6 +382,7 @@ def test_a_candidate_over_a_size_limit_is_413_naming_the_limit_and_changes_nothi
         assert client.get("/evaluations").json() == before_jobs
         assert client.get("/status").json()["submission"] is None
         assert git(store, "for-each-ref") == before_refs
+        assert git(store, "count-objects", "-v") == before_objects  # nothing was fetched
         documented = client.get("/openapi.json").json()["paths"]
         assert "413" in documented["/evaluations"]["post"]["responses"]
         assert "413" in documented["/submissions"]["post"]["responses"]

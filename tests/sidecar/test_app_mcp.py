@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 
+import jsonschema
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
@@ -40,6 +41,7 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
                 out["status"] = status.structured_content
                 tools = {tool.name: tool for tool in await mcp.list_tools()}
                 out["start_schema"] = tools["start_evaluation"].inputSchema
+                out["output_schemas"] = {name: tool.outputSchema for name, tool in tools.items()}
                 block = await mcp.call_tool("start_evaluation", {"partition": "val", "blocks": [1]})
                 out["block_job"] = block.structured_content
                 second = await mcp.call_tool("start_evaluation", {"partition": "train", "cases": ["t1"]})
@@ -59,6 +61,8 @@ def test_mcp_tools_share_the_http_checks_and_budget(tmp_path):
             return out
 
         out = asyncio.run(session())
+        for name, key in (("start_evaluation", "job"), ("submit", "submission"), ("status", "status")):
+            jsonschema.validate(out[key], out["output_schemas"][name])
         assert out["tools"] == ["get_evaluation", "health", "list_evaluations", "start_evaluation", "status", "submit"]
         # the listing tool pages newest first through the same route
         first, last = out["pages"]
@@ -108,6 +112,12 @@ def test_mcp_tools_explain_themselves_to_a_model(tmp_path):
     assert {tool.name for tool in tools} == set(TOOL_DESCRIPTIONS), "every agent tool needs a TOOL_DESCRIPTIONS entry"
     routes = {op["operationId"]: op for path in openapi["paths"].values() for op in path.values()}
     for tool in tools:
+        # Valid JSON Schemas (the draft MCP names), so that a client that validates arguments and
+        # structured results before using them (as Claude Code and Codex do) accepts every tool.
+        jsonschema.Draft202012Validator.check_schema(tool.inputSchema)
+        assert tool.inputSchema.get("type") == "object", tool.name
+        assert tool.outputSchema is not None, f"{tool.name} has no output schema"
+        jsonschema.Draft202012Validator.check_schema(tool.outputSchema)
         description = tool.description
         assert description == TOOL_DESCRIPTIONS[tool.name]
         for name, schema in tool.input_schema["properties"].items():
