@@ -5,7 +5,7 @@
  * nothing from the case image: no shell tools, no Python, no setpriv/sudo/su, no passwd utilities,
  * no particular libc. Only the Linux kernel ABI and /proc.
  *
- *   vero-kit run [LIMITS] [--cwd DIR] [--env NAME[=VALUE]]... -- COMMAND [ARG]...
+ *   vero-kit run [LIMITS] [--cwd DIR] [--env NAME[=VALUE]]... [--usage FILE] -- COMMAND [ARG]...
  *   vero-kit reward VALUE | KEY=VALUE...
  *   vero-kit no-reward
  *   vero-kit give PATH...
@@ -25,8 +25,11 @@
  * session as the candidate user (no supplementary groups, PR_SET_NO_NEW_PRIVS so no setuid program
  * can raise it again, every descriptor above 2 closed, a minimal environment, the limits given),
  * waits for it (killing it at --timeout), kills every process of the candidate user that is left
- * and removes what the candidate left in /tmp, /var/tmp, /dev/shm and SysV IPC, so that no state
- * carries from one run to the next. `reward` removes /logs/verifier/reward.json and reward.txt
+ * and removes what the candidate left in the shared writable dirs (/tmp, /var/tmp, /dev/shm,
+ * /run/lock, and /dev/mqueue: POSIX message queues) and SysV IPC, so that no state carries from one
+ * run to the next. With --usage FILE it writes, as root and after the run, what the kernel counted
+ * for the command (CPU time of it and of the descendants it waited for, wall time, peak memory,
+ * status): figures the candidate cannot forge, unlike anything it prints itself. `reward` removes /logs/verifier/reward.json and reward.txt
  * (whoever wrote them) and writes reward.json atomically (temp file, fsync, rename over the path,
  * which replaces a planted link instead of following it).
  *
@@ -91,7 +94,10 @@
 #define EXIT_CANNOT_EXEC 126
 #define EXIT_NOT_FOUND 127
 
-static const char *const TEMP_DIRS[] = {"/tmp", "/var/tmp", "/dev/shm", NULL};
+/* World-writable dirs every Debian-like image and Docker container has: /run/lock (and /var/lock, a link
+ * to it) on Debian and Ubuntu, /dev/mqueue (POSIX message queues, mounted by Docker). Other
+ * world-writable dirs a case image adds are not swept (README "Writing program cases"). */
+static const char *const TEMP_DIRS[] = {"/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue", NULL};
 
 struct candidate {
     uid_t uid;
@@ -626,12 +632,45 @@ static void format_number(double value, char *out, size_t size) {
     }
 }
 
+/* Writes `text` to the absolute `path` as root, atomically: a temp file beside it (O_EXCL), fsync,
+ * rename over the path, which replaces whatever sits there (a planted link, a file) instead of
+ * following it. Returns 0, or -1 with errno set. */
+static int write_atomically(const char *path, const char *text) {
+    const char *slash = strrchr(path, '/');
+    char temp[PATH_MAX], dir[PATH_MAX];
+    int dir_len = slash == NULL ? 0 : (int)(slash - path);
+    if (path[0] != '/' || slash == NULL || snprintf(dir, sizeof dir, "%.*s", dir_len, path) >= (int)sizeof dir ||
+        snprintf(temp, sizeof temp, "%s/.vero-kit-XXXXXX", dir) >= (int)sizeof temp) {
+        errno = EINVAL;
+        return -1;
+    }
+    int fd = mkostemp(temp, O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    size_t len = strlen(text);
+    if (write(fd, text, len) != (ssize_t)len || fchmod(fd, 0644) != 0 || fsync(fd) != 0 || close(fd) != 0 ||
+        rename(temp, path) != 0) {
+        int error = errno;
+        unlink(temp);
+        errno = error;
+        return -1;
+    }
+    int dir_fd = open(dir_len > 0 ? dir : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {
+        fsync(dir_fd);
+        close(dir_fd);
+    }
+    return 0;
+}
+
 /* ---- run ------------------------------------------------------------------------------------- */
 
 struct run_options {
     double timeout_sec;
     unsigned long long nproc, memory_bytes, fsize_bytes, cpu_sec, nofile;
     const char *cwd;
+    const char *usage_path;
     char *env[MAX_ENV + 1];
     int n_env;
     char **command;
@@ -774,6 +813,11 @@ static int cmd_run(int argc, char **argv) {
             options.nofile = parse_size(arg, value, 1);
         } else if (strcmp(arg, "--cwd") == 0) {
             options.cwd = value;
+        } else if (strcmp(arg, "--usage") == 0) {
+            if (value[0] != '/') {
+                die("--usage expects an absolute path, got %s", value);
+            }
+            options.usage_path = value;
         } else if (strcmp(arg, "--env") != 0) { /* --env is applied below, after the defaults */
             die("run: unknown option %s", arg);
         }
@@ -815,6 +859,13 @@ static int cmd_run(int argc, char **argv) {
     }
 
     settle(&candidate, "before run");
+    if (options.usage_path != NULL) {
+        /* A stale file must never pass for this run's figures (this run may end in a kit error). */
+        struct stat st;
+        if (lstat(options.usage_path, &st) == 0 && remove_tree(options.usage_path) != 0) {
+            die("--usage: cannot remove %s: %s", options.usage_path, strerror(errno));
+        }
+    }
 
     int report[2];
     if (pipe2(report, O_CLOEXEC) != 0) {
@@ -829,6 +880,8 @@ static int cmd_run(int argc, char **argv) {
     sigaction(SIGINT, &action, NULL);
     sigaction(SIGHUP, &action, NULL);
     fflush(NULL);
+    struct timespec started;
+    clock_gettime(CLOCK_MONOTONIC, &started);
     pid_t child = fork();
     if (child < 0) {
         die("fork: %s", strerror(errno));
@@ -847,8 +900,11 @@ static int cmd_run(int argc, char **argv) {
         setitimer(ITIMER_REAL, &timer, NULL);
     }
     int status = 0, timed_out = 0;
+    struct rusage usage;
+    memset(&usage, 0, sizeof usage);
     for (;;) {
-        pid_t done = waitpid(child, &status, 0);
+        /* The kernel's accounting of the command: itself and every descendant it waited for. */
+        pid_t done = wait4(child, &status, 0, &usage);
         if (done == child) {
             break;
         }
@@ -867,34 +923,49 @@ static int cmd_run(int argc, char **argv) {
     ssize_t got = read(report[0], &exec_error, sizeof exec_error);
     close(report[0]);
 
+    struct timespec ended;
+    clock_gettime(CLOCK_MONOTONIC, &ended);
+
     long leftovers = kill_candidate(&candidate);
     sweep_candidate_state(&candidate);
     if (leftovers > 0) {
         event("leftover_processes_killed", "after run", leftovers, NULL);
     }
+    int code;
     if (stop_signal) {
         say("stopped by signal %d; the command was killed", (int)stop_signal);
-        return 128 + stop_signal;
-    }
-    if (timed_out) {
+        return 128 + stop_signal; /* the test is being stopped: no figures */
+    } else if (timed_out) {
         char detail[64];
         snprintf(detail, sizeof detail, "%g s", options.timeout_sec);
         event("run_timeout", "run", 1, detail);
-        return EXIT_TIMEOUT;
-    }
-    if (got == (ssize_t)sizeof exec_error) {
-        say("cannot execute %s: %s", options.command[0], strerror(exec_error));
-    }
-    if (WIFSIGNALED(status)) {
+        code = EXIT_TIMEOUT;
+    } else if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         if (sig == SIGXFSZ) {
             event("limit_exceeded", "run", 1, "fsize");
         } else if (sig == SIGXCPU || (sig == SIGKILL && options.cpu_sec > 0)) {
             event("limit_exceeded", "run", 1, "cpu");
         }
-        return 128 + sig;
+        code = 128 + sig;
+    } else {
+        if (got == (ssize_t)sizeof exec_error) {
+            say("cannot execute %s: %s", options.command[0], strerror(exec_error));
+        }
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_KIT_ERROR;
     }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_KIT_ERROR;
+    if (options.usage_path != NULL) {
+        double user = (double)usage.ru_utime.tv_sec + (double)usage.ru_utime.tv_usec * 1e-6;
+        double sys = (double)usage.ru_stime.tv_sec + (double)usage.ru_stime.tv_usec * 1e-6;
+        double wall = (double)(ended.tv_sec - started.tv_sec) + (double)(ended.tv_nsec - started.tv_nsec) * 1e-9;
+        char text[512];
+        snprintf(text, sizeof text, "cpu_sec=%.6f\nuser_sec=%.6f\nsys_sec=%.6f\nwall_sec=%.6f\nmax_rss_kb=%ld\nexit=%d\n",
+                 user + sys, user, sys, wall, usage.ru_maxrss, code);
+        if (write_atomically(options.usage_path, text) != 0) {
+            die("--usage: cannot write %s: %s", options.usage_path, strerror(errno));
+        }
+    }
+    return code;
 }
 
 /* ---- rewards --------------------------------------------------------------------------------- */
@@ -927,24 +998,8 @@ static int valid_key(const char *key) {
 }
 
 static void write_reward(const char *json) {
-    char temp[] = VERIFIER_DIR "/.reward-XXXXXX";
-    int fd = mkostemp(temp, O_CLOEXEC);
-    if (fd < 0) {
-        die("cannot create a file in %s: %s", VERIFIER_DIR, strerror(errno));
-    }
-    size_t len = strlen(json);
-    if (write(fd, json, len) != (ssize_t)len || fchmod(fd, 0644) != 0 || fsync(fd) != 0 || close(fd) != 0) {
-        unlink(temp);
+    if (write_atomically(REWARD_JSON, json) != 0) {
         die("cannot write %s: %s", REWARD_JSON, strerror(errno));
-    }
-    if (rename(temp, REWARD_JSON) != 0) {
-        unlink(temp);
-        die("cannot write %s: %s", REWARD_JSON, strerror(errno));
-    }
-    int dir = open(VERIFIER_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-        fsync(dir);
-        close(dir);
     }
 }
 
@@ -1133,7 +1188,7 @@ static int cmd_end_install(int argc, char **argv) {
 
 static void usage(FILE *out) {
     fputs("usage: vero-kit run [--timeout SEC] [--nproc N] [--memory-mb MB] [--fsize-mb MB] [--cpu-sec SEC]\n"
-          "                    [--nofile N] [--cwd DIR] [--env NAME[=VALUE]]... -- COMMAND [ARG]...\n"
+          "                    [--nofile N] [--cwd DIR] [--env NAME[=VALUE]]... [--usage FILE] -- COMMAND [ARG]...\n"
           "       vero-kit reward VALUE | KEY=VALUE...\n"
           "       vero-kit no-reward\n"
           "       vero-kit give PATH...\n"

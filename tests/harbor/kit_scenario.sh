@@ -4,7 +4,8 @@
 set -u
 out() { printf '%s=%s\n' "$1" "$2"; }
 quiet() { "$@" >/dev/null 2>&1; }
-mkdir -p /tests /logs/verifier /logs/agent /logs/artifacts /opt/cand
+mkdir -p /tests /logs/verifier /logs/agent /logs/artifacts /opt/cand /run/lock
+chmod 1777 /run/lock  # as Debian and Ubuntu images have it
 chmod 777 /logs/verifier /logs/agent /logs/artifacts
 echo the-answer > /tests/expected.txt
 echo hello > /opt/cand/data.txt
@@ -23,6 +24,9 @@ vero-kit run --cwd /opt/cand -- sh -c '
 out install_exit "$?"
 out who "$(cat /opt/cand/who)"
 [ -e /tmp/cand-state ]; out temp_state_kept "$?"
+# The other shared writable dirs: Debian's /run/lock, Docker's /dev/mqueue (a POSIX message queue).
+vero-kit run -- sh -c 'echo state > /run/lock/cand-lock; : > /dev/mqueue/cand-queue' 2>/dev/null
+out shared_state_kept "$(ls -A /run/lock /dev/mqueue | grep -c cand-)"
 vero-kit run -- sleep 100 2>/dev/null &
 sleep 1
 out end_install "$(vero-kit end-install /opt/cand 2>/dev/null | tr '\n' ' ')"
@@ -49,6 +53,20 @@ out limits "$(vero-kit run --memory-mb 64 --nproc 7 --cpu-sec 9 --nofile 50 -- c
 out exit_status "$(vero-kit run -- sh -c 'exit 42' 2>/dev/null; echo $?)"
 out not_found "$(vero-kit run -- /no/such/program 2>/dev/null; echo $?)"
 out nested "$(vero-kit run -- vero-kit run -- true 2>/dev/null; echo $?)"
+
+# --usage: what the kernel counted for the command, written by the kit; what the command prints is
+# not it. A planted link at the path is replaced, never followed.
+quiet vero-kit run --usage /tmp/usage -- sh -c \
+    'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo cpu_sec=0.000001 > /tmp/usage; exit 3'
+out usage_exit "$(sed -n 's/^exit=//p' /tmp/usage)"
+out usage_cpu_sec "$(sed -n 's/^cpu_sec=//p' /tmp/usage)"
+out usage_keys "$(cut -d= -f1 /tmp/usage | tr '\n' ' ')"
+echo untouched > /tmp/usage-victim
+ln -s /tmp/usage-victim /tmp/usage-link
+quiet vero-kit run --usage /tmp/usage-link --timeout 0.3 -- sleep 5
+out usage_link "$(cat /tmp/usage-victim) $([ -f /tmp/usage-link ] && [ ! -L /tmp/usage-link ] && echo replaced) \
+$(sed -n 's/^exit=//p' /tmp/usage-link)"
+quiet vero-kit run --usage relative/path -- true; out usage_relative "$?"
 
 start=$(date +%s)
 quiet vero-kit run --timeout 0.5 -- sleep 30; out timeout_exit "$?"

@@ -91,6 +91,7 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
             "install_exit": "3",
             "who": "vero-candidate",
             "temp_state_kept": "1",  # what it left in /tmp is gone after the run
+            "shared_state_kept": "0",  # and in /run/lock and /dev/mqueue
             # end-install killed the process left running and froze the tree and the home: root's,
             # read-only to the candidate, the set-uid bit gone; the log dirs as Harbor made them.
             "end_install": "leftover_processes_killed 1 leftover_files_removed 0 log_entries_removed 1 ",
@@ -107,6 +108,12 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
             "limits": "cpu time 9 9;core file size 0;processes 7 7 processes;open files 50 50;"
             "address space 67108864 67108864;",
             "exit_status": "42",
+            # --usage: the kernel's figures, written by the kit after the run (the command's own
+            # write to the file was replaced), with the run's status; a planted link is replaced.
+            "usage_exit": "3",
+            "usage_keys": "cpu_sec user_sec sys_sec wall_sec max_rss_kb exit ",
+            "usage_link": "untouched replaced 124",
+            "usage_relative": "125",
             "not_found": "127",
             "nested": "125",
             "timeout_exit": "124",
@@ -133,6 +140,8 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
         }
         assert {k: seen.get(k) for k in expected} == expected, image
         assert int(seen["timeout_sec"]) <= 5, seen["timeout_sec"]
+        # 300,000 shell iterations take far more than the 1 µs the command claimed.
+        assert float(seen["usage_cpu_sec"]) > 0.001, seen["usage_cpu_sec"]
         assert seen["bomb_exit"] != "124", image  # contained by --nproc, not stopped by the timeout
         events = seen["events"].split()
         assert {
