@@ -177,7 +177,7 @@ def test_matmul_cases_declare_their_size_and_share_the_harness() -> None:
         assert config.verifier.env["MATMUL_N"] == case.removeprefix("mm-") == str(config.metadata["matrix_size"])
         assert 200 <= int(case.removeprefix("mm-")) <= 512
         sizes.append(int(case.removeprefix("mm-")))
-        for name in ("bench.c", "naive.c"):
+        for name in ("bench.c", "check.c", "inputs.h", "naive.c", "test.sh"):
             assert (path / "tests" / name).read_bytes() == (case_dir(spec, "mm-256") / "tests" / name).read_bytes()
     assert len(set(sizes)) == len(sizes)
     # The naive reference is the baseline's loop, so the baseline scores about 1.0.
@@ -186,46 +186,90 @@ def test_matmul_cases_declare_their_size_and_share_the_harness() -> None:
     assert body(naive) == body((spec.target.path / "matmul.c").read_text())
 
 
+HOSTILE_MATMULS = {
+    # Computes the first call only; later calls return zeros (the old harness checked the first call).
+    "first-call-only": """
+#include <string.h>
+static int calls;
+void matmul(int n, const double *a, const double *b, double *c) {
+    if (calls++ > 0) { memset(c, 0, sizeof(double) * (size_t)n * (size_t)n); return; }
+    for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {
+        double s = 0; for (int k = 0; k < n; k++) s += a[i * n + k] * b[k * n + j]; c[i * n + j] = s; }
+}
+""",
+    # Replaces the result of every call by the first one's (the old harness's inputs never changed).
+    "replay": """
+#include <stdlib.h>
+#include <string.h>
+static double *kept;
+void matmul(int n, const double *a, const double *b, double *c) {
+    size_t size = sizeof(double) * (size_t)n * (size_t)n;
+    if (kept) { memcpy(c, kept, size); return; }
+    for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {
+        double s = 0; for (int k = 0; k < n; k++) s += a[i * n + k] * b[k * n + j]; c[i * n + j] = s; }
+    kept = malloc(size); memcpy(kept, c, size);
+}
+""",
+    # Fakes the clocks and exits before main with what the old harness parsed as a time.
+    "fake-output": """
+#define _POSIX_C_SOURCE 199309L
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+int clock_gettime(clockid_t id, struct timespec *ts) { (void)id; ts->tv_sec = 0; ts->tv_nsec = 0; return 0; }
+__attribute__((constructor)) static void claim(void) { puts("best_sec=0.000000001"); fflush(stdout); _exit(0); }
+void matmul(int n, const double *a, const double *b, double *c) { (void)n; (void)a; (void)b; (void)c; }
+""",
+}
+"""Candidates that attack the benchmark instead of multiplying (`matmul.c` links into the benchmark's
+process, so it can replace any function or output of it): every one must fail the trusted check."""
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc on the host")
 def test_matmul_harness_accepts_correct_candidates_and_rejects_wrong_ones(tmp_path: Path) -> None:
-    """Builds `tests/bench.c` with host gcc against the baseline, the reference and broken candidates."""
+    """Builds `tests/bench.c` with host gcc against the baseline, the reference, broken and hostile
+    candidates, and checks their output with `tests/check.c` as `test.sh` does."""
     spec = load_example("c-matmul")
-    bench = case_dir(spec, "mm-256") / "tests" / "bench.c"
+    tests = case_dir(spec, "mm-256") / "tests"
     reference = apply_reference(spec, tmp_path / "reference")
-    wrong = shutil.copytree(spec.target.path, tmp_path / "wrong")
-    source = (wrong / "matmul.c").read_text()
-    (wrong / "matmul.c").write_text(source.replace("c[i * n + j] = sum;", "c[i * n + j] = sum + (i == 3 && j == 2);"))
-    partial = shutil.copytree(spec.target.path, tmp_path / "partial")
-    (partial / "matmul.c").write_text(source.replace("c[i * n + j] = sum;", "if (j) c[i * n + j] = sum;"))
+    source = (spec.target.path / "matmul.c").read_text()
+    broken = {
+        "wrong": source.replace("c[i * n + j] = sum;", "c[i * n + j] = sum + (i == 3 && j == 2);"),
+        "partial": source.replace("c[i * n + j] = sum;", "if (j) c[i * n + j] = sum;"),
+        **HOSTILE_MATMULS,
+    }
+    candidates = {"baseline": spec.target.path, "reference": reference}
+    for name, text in broken.items():
+        candidates[name] = shutil.copytree(spec.target.path, tmp_path / name)
+        (candidates[name] / "matmul.c").write_text(text)
+    check = tmp_path / "check"
+    subprocess.run(["gcc", "-O2", "-std=c11", "-o", str(check), str(tests / "check.c"), "-lm"], check=True, timeout=60)
 
-    def run(candidate: Path, n: int) -> subprocess.CompletedProcess[str]:
-        binary = tmp_path / f"bench-{candidate.name}"
-        subprocess.run(
-            [
-                "gcc",
-                "-O2",
-                "-std=c11",
-                f"-I{candidate}",
-                "-o",
-                str(binary),
-                str(bench),
-                str(candidate / "matmul.c"),
-                "-lm",
-            ],
-            check=True,
-            timeout=60,
+    def run(name: str, n: int, seed: int) -> subprocess.CompletedProcess[str]:
+        candidate, binary, out = candidates[name], tmp_path / f"bench-{name}", tmp_path / f"out-{name}"
+        compile_ = ["gcc", "-O2", "-std=c11", f"-I{candidate}", "-o", str(binary)]
+        subprocess.run([*compile_, str(tests / "bench.c"), str(candidate / "matmul.c"), "-lm"], check=True, timeout=60)
+        with out.open("wb") as handle:
+            subprocess.run([str(binary), str(n), "3", str(seed)], stdout=handle, timeout=60, check=False)
+        return subprocess.run(
+            [str(check), str(n), "3", str(seed), str(out)], capture_output=True, text=True, timeout=60, check=False
         )
-        return subprocess.run([str(binary), str(n), "2", "1"], capture_output=True, text=True, timeout=60)
 
     for n in (1, 3, 7, 64, 130):  # odd sizes exercise the reference's remainder loops
-        for candidate in (spec.target.path, reference):
-            result = run(candidate, n)
-            assert result.returncode == 0, (candidate, n, result.stderr)
-            assert re.fullmatch(r"best_sec=[0-9.]+\nbest_wall_sec=[0-9.]+\n", result.stdout)
-    for candidate in (wrong, partial):
-        result = run(candidate, 64)
-        assert result.returncode == 2 and "wrong result" in result.stderr
+        for name in ("baseline", "reference"):
+            result = run(name, n, seed=n * 7919)
+            assert result.returncode == 0, (name, n, result.stderr)
+    for name in broken:
+        result = run(name, 64, seed=12345)
+        assert result.returncode == 2 and "wrong result" in result.stderr, (name, result.stderr)
+    # The checker holds the benchmark to the seed it was given: another seed's products fail.
+    good = run("reference", 64, seed=1)
+    assert good.returncode == 0
+    other = subprocess.run(
+        [str(check), "64", "3", "2", str(tmp_path / "out-reference")], capture_output=True, text=True, timeout=60
+    )
+    assert other.returncode == 2, other.stderr
 
 
 # ---------------------------------------------------------------------------------------------------
