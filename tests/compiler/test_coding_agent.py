@@ -135,6 +135,24 @@ def test_a_custom_agent_class_is_compiled_for_by_its_capabilities(spec_tree, tmp
     assert not (tmp_path / "missing").exists()
 
 
+def test_terminus_2_named_by_import_path_or_subclassed_gets_main_s_tools(spec_tree, tmp_path):
+    """What main installs for terminus-2 (tmux, asciinema: its setup would fetch them from the
+    network) follows the agent's class, not its name: the import path of Harbor's class and an
+    operator's subclass get them too; other agents do not."""
+    from vero.compiler.coding_agent import MAIN_PACKAGES, coding_agent_support
+
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "my_terminus.py").write_text(
+        "from harbor.agents.terminus_2 import Terminus2\n\nclass MyTerminus(Terminus2):\n    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(agents)}
+    for agent in ("terminus-2", "harbor.agents.terminus_2:Terminus2", "my_terminus:MyTerminus"):
+        assert coding_agent_support(agent, env).packages == MAIN_PACKAGES["terminus-2"], agent
+    for agent in ("claude-code", "codex", "oracle", "nop", None):
+        assert coding_agent_support(agent, env).packages == (), agent
+
+
 def test_build_cli_takes_the_agent(spec_tree, tmp_path):
     done = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(tmp_path / "t"), "--agent", "nosuch")
     assert done.returncode == 2 and "--agent" in done.stderr and not (tmp_path / "t").exists()

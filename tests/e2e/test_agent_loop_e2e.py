@@ -17,7 +17,7 @@ same task (the two runs share the image cache and run concurrently). What must h
 
 The transcript (every prompt the model was shown, i.e. the terminal with the sidecar's answers, and
 every reply with the commands it typed) and terminus-2's trajectory are kept under
-`tests/artifacts/agent-loop/` (git-ignored).
+`tests/artifacts/agent-loop/` (git-ignored), also when the run fails or hangs.
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ def _steps(reference: Path, partition: str) -> list[Step]:
     ]
 
 
-def _keep_transcript(model: ScriptedModel, trial_dir: Path) -> Path:
-    """Write the transcript (JSON and a readable Markdown) and terminus-2's trajectory to ARTIFACTS."""
+def _keep_transcript(model: ScriptedModel, trial_dir: Path | None) -> Path:
+    """Write the transcript (JSON and a readable Markdown) and terminus-2's trajectory (when the run
+    left a trial) to ARTIFACTS."""
     if ARTIFACTS.exists():
         shutil.rmtree(ARTIFACTS)
     ARTIFACTS.mkdir(parents=True)
@@ -157,8 +158,8 @@ def _keep_transcript(model: ScriptedModel, trial_dir: Path) -> Path:
         lines.append("### typed\n\n```\n" + ("".join(keys) or "(wait)\n") + "```\n")
     (ARTIFACTS / "transcript.md").write_text("\n".join(lines))
     for name in ("trajectory.json",):
-        source = trial_dir / "agent" / name
-        if source.is_file():
+        source = trial_dir / "agent" / name if trial_dir is not None else None
+        if source is not None and source.is_file():
             shutil.copyfile(source, ARTIFACTS / name)
     return ARTIFACTS
 
@@ -167,19 +168,26 @@ def test_terminus_2_finds_the_sidecar_and_matches_the_oracle(tmp_path: Path) -> 
     spec = load_spec(TASKS_DIR / EXAMPLE / "build.yaml")
     assert spec.target.reference is not None and spec.selection.partition is not None
     model = ScriptedModel(_steps(spec.target.reference, spec.selection.partition))
-    with ServerThread(model.app) as server:
-        env = {"OPENAI_BASE_URL": f"{server.url}/v1", "OPENAI_API_KEY": "scripted-no-key"}
-        agent_run = start_run(
-            EXAMPLE,
-            "terminus-2",
-            tmp_path / "terminus-2",
-            extra_env=env,
-            extra_args=["--model", f"openai/{MODEL_NAME}"],
-        )
-        oracle_run = start_run(EXAMPLE, "oracle", tmp_path / "oracle")
-        agent = wait_run(agent_run)
-        oracle = wait_run(oracle_run)
-    kept = _keep_transcript(model, agent.trial_dir)
+    agent_trial: list[Path] = []
+    try:
+        with ServerThread(model.app) as server:
+            env = {"OPENAI_BASE_URL": f"{server.url}/v1", "OPENAI_API_KEY": "scripted-no-key"}
+            agent_run = start_run(
+                EXAMPLE,
+                "terminus-2",
+                tmp_path / "terminus-2",
+                extra_env=env,
+                extra_args=["--model", f"openai/{MODEL_NAME}"],
+            )
+            oracle_run = start_run(EXAMPLE, "oracle", tmp_path / "oracle")
+            try:
+                agent = wait_run(agent_run)
+                agent_trial.append(agent.trial_dir)
+            finally:
+                oracle = wait_run(oracle_run)  # never left running, whatever happened to the agent's run
+    finally:
+        # Kept whatever happened: a failed or hung run is when the transcript is needed most.
+        kept = _keep_transcript(model, agent_trial[0] if agent_trial else None)
     where = f"{agent.diagnostics()}\ntranscript: {kept}"
 
     # 1. The agent was told about the MCP server and the skill, and reached both from main.

@@ -39,8 +39,10 @@ MAIN_PACKAGES: dict[str, tuple[str, ...]] = {
 }
 """Harbor agent name -> Debian packages the compiled main image installs because that agent needs
 them at setup (each package is named as the command it provides, and installed only when that
-command is missing). Agents not listed install what they need themselves during Harbor's agent
-setup (claude-code and codex: Node.js and their CLI, from the network)."""
+command is missing). They go to every agent whose class is or derives from the named agent's class,
+however it is given (`terminus-2`, `harbor.agents.terminus_2:Terminus2`, an operator's subclass).
+Agents not listed install what they need themselves during Harbor's agent setup (claude-code and
+codex: Node.js and their CLI, from the network)."""
 
 _UTILITY_AGENTS = frozenset({"oracle", "nop"})
 """Harbor's utility agents ignore a task's MCP servers and skills and are never refused for them
@@ -97,9 +99,8 @@ def coding_agent_support(agent: str | None, env: Mapping[str, str] | None = None
     """
     if agent is None:
         return CodingAgentSupport()
-    packages = MAIN_PACKAGES.get(agent, ())
     if agent in _UTILITY_AGENTS:
-        return CodingAgentSupport(agent=agent, packages=packages)
+        return CodingAgentSupport(agent=agent)
     from vero.harbor.catalog import agent_class as harbor_agent_class
 
     with _import_path(os.environ if env is None else env):
@@ -117,4 +118,16 @@ def coding_agent_support(agent: str | None, env: Mapping[str, str] | None = None
                 raise SpecError.at("--agent", f"unknown Harbor agent {agent!r}") from None
             raise
     capabilities = agent_class.capabilities
+    packages = _packages_for(agent_class)
     return CodingAgentSupport(agent=agent, mcp=capabilities.mcp_servers, skill=capabilities.skills, packages=packages)
+
+
+def _packages_for(agent_class: type) -> tuple[str, ...]:
+    """The `MAIN_PACKAGES` of every listed agent whose class `agent_class` is or derives from."""
+    from vero.harbor.catalog import agent_class as harbor_agent_class
+
+    packages: list[str] = []
+    for name, needed in MAIN_PACKAGES.items():
+        if isinstance(agent_class, type) and issubclass(agent_class, harbor_agent_class(name)):
+            packages.extend(p for p in needed if p not in packages)
+    return tuple(packages)
