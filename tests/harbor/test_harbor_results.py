@@ -312,6 +312,7 @@ def test_case_kit_events_and_install_leftovers_become_flags(tmp_path):
         '{"event": "leftover_processes_killed", "when": "after run", "count": 3}',
         '{"event": "limit_exceeded", "when": "run", "count": 1, "detail": "fsize"}',
         "not json",
+        "[" * 100_000,  # a case without the kit lets candidate code write this file: nesting too deep to parse
         '{"event": "bad name!", "count": 1}',
         '{"event": 5}',
         '{"event": "reward_file_removed", "when": "reward", "count": 1, "detail": "reward.json"}',
