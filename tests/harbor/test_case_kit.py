@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from harbor_cases import make_run, reward_script, write_case
 
 from vero.core.evaluation import AttemptOutcome
 from vero.harbor import HarborBackend
+from vero.harbor.install_agent import INSTALL_MAX_PROCESSES
 from vero.spec.models import CandidateRuntime, HarborSpec
 
 pytestmark = [pytest.mark.docker]
@@ -232,7 +235,11 @@ def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, 
     candidate = shared_root / "busybox-candidate"
     candidate.mkdir()
     (candidate / "answer.sh").write_text("echo 42\n")
-    runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command="touch built")
+    # The install also forks more processes than INSTALL_MAX_PROCESSES (busybox sh gives up at the first
+    # fork the limit refuses); the sandbox kills what it left.
+    bomb = f"i=0; while [ $i -lt {INSTALL_MAX_PROCESSES + 100} ]; do sleep 120 & i=$((i+1)); done"
+    install = f"touch built; sh -c {shlex.quote(bomb)} 2>/dev/null; true"
+    runtime = CandidateRuntime(kind="program", install_path="/opt/cand", install_command=install)
     run = make_run(
         evaluation_id="ev-busybox",
         cases_dir=cases,
@@ -246,3 +253,7 @@ def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, 
     (scored,) = result.cases
     (attempt,) = scored.attempts
     assert (attempt.kind, attempt.reward, attempt.exception_type) == (AttemptOutcome.SCORED, 1.0, None), attempt
+    assert "install_leftover_processes_killed" in attempt.flags, attempt
+    (trial,) = [p for p in Path(result.job_dir).iterdir() if (p / "result.json").is_file()]
+    metadata = json.loads((trial / "result.json").read_text())["agent_result"]["metadata"]
+    assert 0 < metadata["vero_install_leftover_processes"] < INSTALL_MAX_PROCESSES, metadata

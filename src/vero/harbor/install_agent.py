@@ -15,8 +15,9 @@ the candidate sandbox (README "Trust model"; the kit is `casekit/vero-kit.c`):
    vero classifies as infrastructure;
 4. with an `install_command`: the tree is handed to the candidate user, and the command runs as
    that user through `vero-kit run` (`bash -c`, cwd `install_path`, limited to
-   `install_timeout_sec`), never as root, its output going to `agent/install.txt` and its exit
-   code to `agent/exit-code.txt` (as Harbor's oracle does, `agents/oracle.py`);
+   `install_timeout_sec` and `INSTALL_MAX_PROCESSES` processes), never as root, its output going
+   to `agent/install.txt` and its exit code to `agent/exit-code.txt` (as Harbor's oracle does,
+   `agents/oracle.py`);
 5. `vero-kit end-install` kills every process of the candidate user, makes `install_path` and the
    candidate's home root-owned and read-only to it (no set-id bits), removes what it left in the
    shared temp dirs and empties `/logs/agent`, `/logs/verifier` and `/logs/artifacts`. Only then
@@ -53,6 +54,11 @@ _LEFTOVERS_AFTER_RUN = re.compile(r"^vero-kit: leftover_processes_killed \(after
 INSTALL_LOG_NAME = "install.txt"
 EXIT_CODE_NAME = "exit-code.txt"
 SANDBOX_LOG_NAME = "sandbox.txt"
+
+INSTALL_MAX_PROCESSES = 1024
+"""`install_command` runs with `vero-kit run --nproc` this: room for parallel builds (`make -j`), but a
+fork bomb at install time stops there instead of exhausting the host's processes (case containers
+have no process limit of their own) until the agent timeout."""
 
 
 class CaseKitSetupError(RuntimeError):
@@ -158,7 +164,7 @@ class InstallAgent(BaseAgent):
         limit = f" --timeout {self.install_timeout_sec:g}" if self.install_timeout_sec else ""
         command = (
             f"{shlex.quote(str(KIT_PATH_IN_CASE))} run --cwd {shlex.quote(self.install_path)}{limit} "
-            f"-- bash -c {shlex.quote(self.install_command)}"
+            f"--nproc {INSTALL_MAX_PROCESSES} -- bash -c {shlex.quote(self.install_command)}"
         )
         result = await environment.exec(command, user="root")
         self._log(
