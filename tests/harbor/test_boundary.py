@@ -154,6 +154,14 @@ class Probe(BaseAgent):
             await asyncio.sleep(600)
         if instruction == "raise":
             raise KeyError("candidate failure")
+        if instruction == "deep":  # a scratch tree deeper than Python's recursion limit
+            fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+            for _ in range(1500):
+                os.mkdir("d", dir_fd=fd)
+                child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            os.close(fd)
 """
 
 
@@ -250,6 +258,23 @@ def test_a_failing_candidate_is_a_candidate_agent_error_and_a_hang_is_killed_on_
     (host,) = hosts
     assert host.process.returncode is not None  # the hung host is gone
     assert not host.scratch_dir.exists()
+
+
+def test_a_scratch_tree_deeper_than_the_recursion_limit_is_removed_and_fails_nothing(world):
+    """shutil.rmtree raises RecursionError on it (Python 3.12): the launcher's cleanup then failed the
+    whole evaluation as unexpected, which the sidecar refunds, so a candidate could get any run free."""
+    root, python = world
+
+    async def scenario():
+        async with CandidateLauncher(python) as launcher:
+            agent = agent_for(root, launcher)
+            await agent.setup(DirEnvironment(root / "case"))
+            await agent.run("deep", DirEnvironment(root / "case"), AgentContext())
+            assert not list(launcher._root.glob("host-*"))  # the host's scratch dir is gone at its end
+            return launcher._root
+
+    launcher_root = asyncio.run(scenario())
+    assert not launcher_root.exists()
 
 
 def test_an_unimportable_class_fails_setup_as_the_candidate(world):

@@ -39,11 +39,11 @@ from what it held (`git read-tree --reset -u` with a private index).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
-import shutil
 import sqlite3
 import tempfile
 import threading
@@ -62,7 +62,7 @@ from vero.core._offloop import run_to_completion
 from vero.core.archive import symlink_escapes
 from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.state import StateStore, iso
-from vero.core.storage import atomic_write_bytes, is_out_of_space
+from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
 from vero.errors import CandidateRejected, GitFailed, StorageFull
 from vero.spec.models import CandidateLimits
 
@@ -733,7 +733,7 @@ class CandidateStore:
             with tempfile.TemporaryDirectory(prefix="vero-index-", dir=self._env_dir) as tmp:
                 self._read_tree(dest, Path(tmp) / "index", tree)
         except BaseException:
-            shutil.rmtree(dest, ignore_errors=True)
+            remove_tree(dest)
             raise
         return dest
 
@@ -765,8 +765,8 @@ class CandidateStore:
         if previous is None or not _OID.fullmatch(previous) or not index_file.is_file():
             previous = None
             index_file.unlink(missing_ok=True)
-            if os.path.lexists(work_tree):
-                shutil.rmtree(work_tree)
+            if os.path.lexists(work_tree) and not remove_tree(work_tree):
+                raise OSError(errno.ENOTEMPTY, "cannot remove the old work tree", str(work_tree))
         marker.unlink(missing_ok=True)
         work_tree.mkdir(parents=True, exist_ok=True)
         try:

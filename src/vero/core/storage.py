@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "awrite_bytes",
     "fsync_dir",
     "is_out_of_space",
+    "remove_tree",
 ]
 
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -129,3 +131,29 @@ def atomic_write_model(path: str | Path, model: BaseModel, mode: int = 0o600) ->
 async def awrite_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:
     """`atomic_write_bytes` off the event loop; completes even if the caller is cancelled."""
     await run_to_completion(functools.partial(atomic_write_bytes, path, data, mode))
+
+
+def remove_tree(path: str | os.PathLike[str]) -> bool:
+    """Remove `path` and everything under it, never following a symlink, whatever its depth.
+
+    `shutil.rmtree` recurses once per directory level (Python 3.12), so a tree deeper than the
+    interpreter's recursion limit raises `RecursionError`, even with `ignore_errors`. Candidate code
+    can make such a tree in any dir it writes (its scratch dir, a checkout of its own commit), and an
+    unexpected error while cleaning up would fail its evaluation as unexpected, i.e. refunded. Then
+    `rm -rf` (fts: no depth limit, links removed, never followed) finishes the job.
+
+    Returns:
+        Whether nothing is left at `path` (errors are not raised: callers that need the path gone
+        check this).
+    """
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(
+            ["rm", "-rf", "--", os.fspath(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+    return not os.path.lexists(path)

@@ -59,7 +59,7 @@ from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Re
 from vero.core.policy import AccessPolicy
 from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
-from vero.core.storage import atomic_write_model, is_out_of_space
+from vero.core.storage import atomic_write_model, is_out_of_space, remove_tree
 from vero.core.submission import Submission, read_submission, record_submission
 from vero.errors import (
     CASE_PROBLEM_CODES,
@@ -191,8 +191,8 @@ def _gateway_key_names(config: SidecarConfig) -> set[str]:
 
 
 def _remove_tree(path: Path) -> None:
-    # shutil.rmtree never follows symlinks (fd-based on Linux), so a planted link cannot redirect it.
-    shutil.rmtree(path, ignore_errors=True)
+    # Never follows symlinks (a planted link cannot redirect it), whatever the tree's depth.
+    remove_tree(path)
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ import logging
 import math
 import os
 import secrets as _secrets
-import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import mean_score
+from vero.core.storage import remove_tree
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
@@ -264,4 +264,4 @@ class Scorer:
         runs = self.work_dir / "runs"
         if runs.is_dir():
             for run_dir in runs.iterdir():
-                shutil.rmtree(run_dir / "candidate", ignore_errors=True)
+                remove_tree(run_dir / "candidate")

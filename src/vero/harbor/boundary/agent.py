@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -37,6 +36,7 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from vero.core.storage import remove_tree
 from vero.harbor.boundary import CANDIDATE_AGENT_IMPORT_PATH
 from vero.harbor.boundary.host import TAR_SLACK_BYTES, pack_dir, unpack_dir
 from vero.harbor.boundary.launcher import finish_candidate_host, request_candidate_host
@@ -196,7 +196,7 @@ class CandidateAgent(BaseAgent):
                     with contextlib.suppress(OSError):
                         (self.logs_dir / "candidate-stderr.txt").write_text(tail)
             if self._transfer_dir is not None:
-                shutil.rmtree(self._transfer_dir, ignore_errors=True)
+                remove_tree(self._transfer_dir)
                 self._transfer_dir = None
 
     async def _collect_logs(self, writer: FrameWriter) -> None:

@@ -36,7 +36,6 @@ import logging
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import socket
 import struct
@@ -45,6 +44,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vero.core.storage import remove_tree
 
 __all__ = [
     "CANDIDATE_UID_RANGE",
@@ -163,7 +164,7 @@ class CandidateHostProcess:
                     self._tail = stream.read().decode(errors="replace")
             except OSError:
                 self._tail = ""
-            await asyncio.to_thread(shutil.rmtree, self.scratch_dir, True)
+            await asyncio.to_thread(remove_tree, self.scratch_dir)  # any depth the candidate made
             with contextlib.suppress(OSError):
                 self.stderr_path.unlink()
         finally:
@@ -257,7 +258,7 @@ class CandidateLauncher:
             self._listener.close()
             self._listener = None
         if self._root is not None:
-            await asyncio.to_thread(shutil.rmtree, self._root, True)
+            await asyncio.to_thread(remove_tree, self._root)
             self._root = None
 
     def _allocate_uid(self) -> int:
@@ -317,7 +318,7 @@ class CandidateLauncher:
                     )
             except BaseException:
                 parent_end.close()
-                shutil.rmtree(scratch, ignore_errors=True)
+                remove_tree(scratch)
                 self._uids.discard(uid)
                 raise
             finally:
