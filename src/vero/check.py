@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets as _secrets
 import shutil
 import time
@@ -251,30 +252,45 @@ class _Gateway:
     Args:
         gateway: a listening `vero.inference.gateway.InferenceGateway`, or None (no `inference`).
         spec: the spec (its `inference` caps and routing).
+        router: with `inference.route_case_services` on Docker, opens each run's network to the
+            gateway (`vero.harbor.case_route.CaseRouter`), or None.
     """
 
-    def __init__(self, gateway, spec: OptimizationSpec) -> None:
+    def __init__(self, gateway, spec: OptimizationSpec, router=None) -> None:
         self.gateway = gateway
         self.spec = spec
+        self.router = router
 
     @contextlib.asynccontextmanager
     async def token(self, evaluation_id: str, partition: str, env: Mapping[str, str]):
-        """Yield `(env, candidate_env, usage)` for one run: the run's environment and the candidate's
-        with the gateway's variables, and a list the run's `InferenceUsage` is appended to once the
-        token is revoked (on leaving the block)."""
+        """Yield `(env, candidate_env, case_network, usage)` for one run: the run's environment and
+        the candidate's with the gateway's variables, the run's network to the gateway (or None),
+        and a list the run's `InferenceUsage` is appended to once the token is revoked (on leaving
+        the block).
+
+        Raises:
+            InfrastructureFailure: the run's network to the gateway could not be opened.
+        """
         usage: list[InferenceUsage] = []
         if self.gateway is None or self.spec.inference is None:
-            yield dict(env), {}, usage
+            yield dict(env), {}, None, usage
             return
         from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD
 
         limit = self.spec.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
         token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
         candidate_env = self.gateway.environment(token)
-        run_env = {**env, **(candidate_env if self.spec.inference.route_case_services else {})}
+        run_env = dict(env)
+        route = None
         try:
-            yield run_env, candidate_env, usage
+            if self.router is not None:
+                route = await self.router.open(evaluation_id)
+                run_env.update(route.environment(token))
+                candidate_env.update(route.candidate_variables())
+            yield run_env, candidate_env, route.network if route is not None else None, usage
         finally:
+            if route is not None:
+                await route.close()
             usage.append(await self.gateway.revoke(token))
 
 
@@ -290,6 +306,7 @@ def _nested_run(
     *,
     evaluation_id: str,
     candidate_env: Mapping[str, str],
+    case_network: str | None = None,
 ):
     from vero.harbor.backend import NestedRun
 
@@ -306,6 +323,7 @@ def _nested_run(
         scoring=spec.scoring,
         env=dict(env),
         candidate_env=dict(candidate_env),
+        case_network=case_network,
     )
 
 
@@ -327,24 +345,32 @@ async def _run_one(
 ) -> tuple[CandidateRun, list[CheckProblem]]:
     gateway = gateway or _Gateway(None, spec)
     evaluation_id = _evaluation_id(label, case)
-    async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, usage):
-        run, found = await _measure_one(
-            backend,
-            spec,
-            case,
-            label,
-            _nested_run(
+    try:
+        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, network, usage):
+            run, found = await _measure_one(
+                backend,
                 spec,
                 case,
-                partition,
                 label,
-                candidate_dir,
-                cases_dir,
-                jobs_dir,
-                run_env,
-                evaluation_id=evaluation_id,
-                candidate_env=candidate_env,
-            ),
+                _nested_run(
+                    spec,
+                    case,
+                    partition,
+                    label,
+                    candidate_dir,
+                    cases_dir,
+                    jobs_dir,
+                    run_env,
+                    evaluation_id=evaluation_id,
+                    candidate_env=candidate_env,
+                    case_network=network,
+                ),
+            )
+    except InfrastructureFailure as exc:
+        detail = str(exc)
+        return (
+            CandidateRun(candidate=label, outcome="infrastructure", seconds=0.0, detail=detail),
+            [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")],
         )
     if usage:
         run = run.model_copy(update={"inference": usage[0]})
@@ -528,7 +554,7 @@ async def check_spec(
     """
     from vero.compiler.case_audit import case_uses_kit
     from vero.harbor.case_checks import check_cases
-    from vero.harbor.command import FORCED_ENV, INHERITED_ENV_NAMES
+    from vero.harbor.command import nested_variable_names
 
     program = isinstance(spec.target, ProgramTarget)
     if probe and not program:
@@ -547,7 +573,7 @@ async def check_spec(
     selected = [c for c in sorted(partition_of, key=lambda c: (partition_of[c], c)) if not cases or c in cases]
     baseline_dir, reference_dir = await asyncio.to_thread(prepare_candidates, spec, work_dir / "candidates")
     declared = set(spec.effective_secrets())
-    available = declared | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
+    available = nested_variable_names(spec)
     static = await asyncio.to_thread(
         check_cases, {c: fetched[c] for c in selected}, environment=spec.harbor.environment, available=available
     )
@@ -609,7 +635,12 @@ async def check_spec(
                 )
             served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
             await stack.enter_async_context(GatewayServer(served))
-            gateway = _Gateway(served, spec)
+            router = None
+            if spec.inference.route_case_services and spec.harbor.environment == "docker":
+                from vero.harbor.case_route import CaseRouter
+
+                router = CaseRouter(served, os.environ, getattr(backend, "session", None))
+            gateway = _Gateway(served, spec, router)
 
         async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
             async with semaphore:

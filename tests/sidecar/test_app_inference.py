@@ -8,8 +8,10 @@ the budgets, the disclosure and the persistence are the real ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -31,12 +33,23 @@ CALL_MICRO_USD = to_micro_usd(INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OU
 
 @dataclass
 class CallingBackend(StubBackend):
+    """Calls the gateway as a candidate agent does (`candidate_env`), or with `as_case_service` as
+    a case's service does (the nested run's own environment, which the cases' templates read)."""
+
     calls_per_run: int = 2
     model: str = "gpt-test"
+    as_case_service: bool = False
+    networks_seen: list[str] = field(default_factory=list)
 
     async def evaluate(self, run: NestedRun) -> object:
-        env = run.candidate_env
+        env = run.env if self.as_case_service else run.candidate_env
         assert KEY_NAME not in run.env and KEY not in json.dumps(run.env)  # provider keys never reach runs
+        if run.case_network is not None:
+            inspected = await asyncio.to_thread(
+                subprocess.run, ["docker", "network", "inspect", run.case_network], capture_output=True, timeout=60
+            )
+            if inspected.returncode == 0:
+                self.networks_seen.append(run.case_network)
         async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
             for _ in range(self.calls_per_run):
                 await client.post(
@@ -70,17 +83,18 @@ def upstream(monkeypatch):
         yield fake
 
 
-def harness_with(tmp_path, upstream, backend, **access):
+def harness_with(tmp_path, upstream, backend, *, route: bool = False, **access):
     budget = dict(min_aggregate_cases=1, total_runs=10, total_cases=60, total_inference_usd=10 * CALL_MICRO_USD / 1e6)
     budget.update(access)
     return make_harness(
         tmp_path / "h",
         backend=backend,
         secrets=[KEY_NAME],
-        inference=inference_spec(upstream.url),
+        inference=inference_spec(upstream.url).model_copy(update={"route_case_services": route}),
         access={
             "train": PartitionAccess(disclosure="full", **budget),
             "val": PartitionAccess(disclosure="aggregate", **budget),
+            "blind": PartitionAccess(disclosure="none", **budget),
         },
     )
 
@@ -111,8 +125,18 @@ def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, ups
         assert totals["calls"] == 2 and totals["by_model"] == {}  # aggregate: totals only
         budget = inference_budget(client, "train")
         assert budget["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
+        # `none`: neither the job nor what is left of the budget says what its candidate spent
+        # (its spending could carry what the tier withholds).
+        blind = run_job(client, "blind")
+        assert blind["state"] == "complete" and blind["result"] == {"disclosure": "none"} | {
+            k: None for k in blind["result"] if k != "disclosure"
+        }
+        assert inference_budget(client, "blind") == {
+            "total_inference_usd": pytest.approx(10 * CALL_MICRO_USD / 1e6),
+            "remaining_inference_usd": None,
+        }
         export = client.get("/admin/export", headers=harness.admin_headers()).json()
-        assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])
+        assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])  # blind's too
     # What complete jobs spent stays spent across a restart.
     with harness.serve() as (_, client):
         assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
@@ -167,22 +191,32 @@ def test_no_gateway_without_an_inference_section(tmp_path):
         assert inference_budget(client, "train") == {"total_inference_usd": None, "remaining_inference_usd": None}
 
 
-def test_route_case_services_hands_nested_runs_the_gateway_never_the_key(tmp_path, upstream):
-    backend = CallingBackend(calls_per_run=0)
-    spec = inference_spec(upstream.url).model_copy(update={"route_case_services": True})
-    harness = make_harness(tmp_path / "h", backend=backend, secrets=[KEY_NAME], inference=spec)
-    plain = make_harness(
-        tmp_path / "p",
-        backend=CallingBackend(calls_per_run=0),
-        secrets=[KEY_NAME],
-        inference=inference_spec(upstream.url),
-    )
-    for h in (harness, plain):
-        with h.serve() as (_, client):
-            run_job(client, "train", ["t1"])
+@pytest.mark.docker
+def test_route_case_services_open_a_network_per_evaluation_and_meter_its_calls(tmp_path, upstream):
+    """With the switch (and Docker), each evaluation's nested run gets a network to the gateway
+    (`NestedRun.case_network`) and, for the cases' templates, the gateway's address on it and the
+    evaluation's token, never a provider key; the calls a case service makes there are metered on
+    the job; the network exists while the run does and is gone after it. Without the switch: none
+    of it. (This sidecar runs on the host: its address on the network is the bridge's; inside a
+    container, `tests/e2e/test_case_route_e2e.py`.)"""
+    backend = CallingBackend(calls_per_run=1, as_case_service=True)
+    harness = harness_with(tmp_path / "routed", upstream, backend, route=True)
+    plain = harness_with(tmp_path / "plain", upstream, CallingBackend(calls_per_run=0))
+    with harness.serve() as (_, client):
+        job = run_job(client, "train", ["t1"])
+    with plain.serve() as (_, client):
+        run_job(client, "train", ["t1"])
     routed, not_routed = harness.backend.runs[0], plain.backend.runs[0]
-    assert routed.env["OPENAI_API_KEY"] == routed.candidate_env["OPENAI_API_KEY"]
-    assert routed.env["OPENAI_API_KEY"].startswith("vero-ev-")
-    assert routed.env["ANTHROPIC_BASE_URL"] == routed.candidate_env["ANTHROPIC_BASE_URL"]
-    assert "OPENAI_API_KEY" not in not_routed.env
+    assert job["state"] == "complete" and job["result"]["inference"]["calls"] == 1
+    assert routed.case_network is not None and routed.case_network.startswith("vero-gw-")
+    assert backend.networks_seen == [routed.case_network]
+    gone = subprocess.run(["docker", "network", "inspect", routed.case_network], capture_output=True, timeout=60)
+    assert gone.returncode != 0
+    token = routed.env["OPENAI_API_KEY"]
+    assert token.startswith("vero-ev-") and token == routed.candidate_env["OPENAI_API_KEY"]
+    case_url = routed.candidate_env["VERO_INFERENCE_CASE_OPENAI_BASE_URL"]
+    assert routed.env["OPENAI_BASE_URL"] == case_url != routed.candidate_env["OPENAI_BASE_URL"]
+    assert routed.env["ANTHROPIC_BASE_URL"] == routed.candidate_env["VERO_INFERENCE_CASE_ANTHROPIC_BASE_URL"]
+    assert "OPENAI_API_KEY" not in not_routed.env and not_routed.case_network is None
+    assert "VERO_INFERENCE_CASE_OPENAI_BASE_URL" not in not_routed.candidate_env
     assert KEY_NAME not in routed.env and KEY_NAME not in not_routed.env

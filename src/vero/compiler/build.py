@@ -217,8 +217,9 @@ def _scan_for_secret_values(root: Path, spec: OptimizationSpec, env: Mapping[str
 def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
     """Refuse cases Harbor cannot run for the nested runs (`vero.harbor.case_checks`).
 
-    What the nested runs will have is the spec's secrets plus the few variables they inherit
-    (`vero.harbor.command.INHERITED_ENV_NAMES`): a case variable set on the build machine but not
+    What the nested runs will have is the spec's secrets plus the few variables they inherit, and
+    the gateway's when case services are routed (`vero.harbor.command.nested_variable_names`): a
+    case variable set on the build machine but not
     declared never reaches the sidecar or the verifier. Required variables missing from
     `os.environ` (e.g. secrets from an env file) are stood in for while Harbor's constructors run.
 
@@ -226,10 +227,9 @@ def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
         SpecError: one issue per problem, naming the case (and the variable, and where it is required).
     """
     from vero.harbor.case_checks import check_cases
-    from vero.harbor.command import FORCED_ENV, INHERITED_ENV_NAMES
+    from vero.harbor.command import nested_variable_names
 
-    declared = set(spec.effective_secrets())
-    available = declared | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
+    available = nested_variable_names(spec)
     owner = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
     issues: list[SpecIssue] = []
     for problem in check_cases(case_dirs, environment=spec.harbor.environment, available=available):

@@ -61,6 +61,9 @@ class NestedRun(BaseModel):
     candidate_env: dict[str, str] = {}
     """`kind: agent`: extra environment of the candidate host processes only (the inference
     gateway's base URLs and this evaluation's token); never given to the `harbor` process."""
+    case_network: str | None = None
+    """Docker: the evaluation's network to the inference gateway, which each round's case
+    containers join (`vero.harbor.case_route`; `inference.route_case_services`)."""
 
 
 class EvaluationBackend(Protocol):

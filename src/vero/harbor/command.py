@@ -43,12 +43,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from vero.errors import InfrastructureFailure
 from vero.harbor.backend import NestedRun
+
+if TYPE_CHECKING:
+    from vero.spec.models import OptimizationSpec
 
 __all__ = [
     "CANDIDATE_AGENT_IMPORT_PATH",
@@ -60,6 +63,7 @@ __all__ = [
     "declared_agent_timeouts",
     "find_harbor_executable",
     "nested_env",
+    "nested_variable_names",
     "plan_agent_timeout",
     "render_compose_override",
     "scrub",
@@ -147,6 +151,8 @@ COMPOSE_OVERRIDE_HEADER = """\
 #   (docker-init) forwards the signal and the container stops at once.
 # - labels: the session and job owning these environments; vero removes what an interrupted job
 #   left by them (`vero.harbor.leftovers`).
+# - networks (only with `inference.route_case_services`): main and the services every case
+#   declares join the evaluation's network to the inference gateway (`vero.harbor.case_route`).
 """
 
 
@@ -157,14 +163,30 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
-def render_compose_override(labels: Mapping[str, Any] | None = None) -> str:
-    """The `--extra-docker-compose` file: `init` for `main`, plus `labels` (`vero.harbor.leftovers.compose_labels`)."""
+def render_compose_override(*parts: Mapping[str, Any] | None) -> str:
+    """The `--extra-docker-compose` file: `init` for `main`, merged with `parts` (the labels of
+    `vero.harbor.leftovers.compose_labels`, the networks of `vero.harbor.case_route.case_route_compose`):
+    per section and entry, keys of later parts are added."""
     document: dict[str, Any] = {"services": {"main": {"init": True}}}
-    for section, entries in (labels or {}).items():
-        target = document.setdefault(section, {})
-        for name, value in entries.items():
-            target.setdefault(name, {}).update(value)
+    for part in parts:
+        for section, entries in (part or {}).items():
+            target = document.setdefault(section, {})
+            for name, value in entries.items():
+                target.setdefault(name, {}).update(value)
     return COMPOSE_OVERRIDE_HEADER + yaml.dump(document, Dumper=_PlainDumper, sort_keys=True)
+
+
+def nested_variable_names(spec: OptimizationSpec) -> set[str]:
+    """Names a nested run's environment will hold: the spec's secrets (and what its environment
+    needs), the inherited and forced variables, and with `inference.route_case_services` the
+    gateway's variables (`vero.inference.gateway.gateway_environment`). What the build's and the
+    check's case checks count as available."""
+    names = set(spec.effective_secrets()) | set(INHERITED_ENV_NAMES) | set(FORCED_ENV)
+    if spec.inference is not None and spec.inference.route_case_services:
+        from vero.inference.gateway import gateway_environment
+
+        names |= set(gateway_environment("http://gateway", "token"))
+    return names
 
 
 def find_harbor_executable() -> Path:
@@ -293,6 +315,7 @@ def build_command(
     launcher_socket: Path | None = None,
     kit_path: Path | None = None,
     compose_labels: Mapping[str, Any] | None = None,
+    case_route: Mapping[str, Any] | None = None,
     environment_options: Mapping[str, Any] | None = None,
     program_agent: str = INSTALL_AGENT_IMPORT_PATH,
     program_agent_kwargs: Mapping[str, object] | None = None,
@@ -311,6 +334,8 @@ def build_command(
             without it the install agent finds one itself, `vero.harbor.casekit.kit_binary`).
         compose_labels: Docker: the labelling part of the compose override
             (`vero.harbor.leftovers.compose_labels`).
+        case_route: Docker: the part attaching the case containers to the evaluation's gateway
+            network (`vero.harbor.case_route.case_route_compose`).
         environment_options: `--ek` options of the environment (JSON-encoded, as Harbor parses
             them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.leftovers.modal_options`.
         program_agent: `kind: program`: the agent class (`module:Class`), vero's install agent unless
@@ -372,7 +397,7 @@ def build_command(
     if run.harbor.environment == "docker":
         # Only Docker takes extra compose files (Harbor refuses them where the environment has no
         # compose capability); it merges them after the case's own compose file.
-        compose_file = (jobs_dir / f"{job_name}.compose.yaml", render_compose_override(compose_labels))
+        compose_file = (jobs_dir / f"{job_name}.compose.yaml", render_compose_override(compose_labels, case_route))
         argv += ["--extra-docker-compose", str(compose_file[0])]
     for key, value in (environment_options or {}).items():
         argv += ["--ek", f"{key}={json.dumps(value, sort_keys=True)}"]

@@ -27,9 +27,14 @@ How they get there (`compose_labels`, merged by `vero.harbor.command`):
   compose case runs Docker inside its sandbox and ends with it).
 - Other environments get no labels; vero removes nothing there (Harbor's own teardown only).
 
-Removal: `remove_docker_leftovers` (containers with their anonymous volumes, then networks, then
-volumes, then the images Compose built for those projects; twice, a moment apart, for objects the
-engine was still creating when the run was killed) and `terminate_modal_sandboxes`. Engine and
+The per-evaluation gateway networks of `vero.harbor.case_route` carry the same two labels and
+`vero.gateway`; they belong to no Compose project. Their owner removes them when the evaluation
+ends; a removal by session (a restarted sidecar's sweep) takes what a killed process left.
+
+Removal: `remove_docker_leftovers` (containers with their anonymous volumes, then networks, the
+gateway networks after disconnecting whatever is still on them, then volumes, then the images
+Compose built for those projects; twice, a moment apart, for objects the engine was still creating
+when the run was killed) and `terminate_modal_sandboxes`. Engine and
 API errors are logged, never raised: cleanup must not turn an interruption into another failure.
 """
 
@@ -45,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "LABEL_GATEWAY",
     "LABEL_JOB",
     "LABEL_SESSION",
     "MODAL_APP_NAME",
@@ -52,7 +58,9 @@ __all__ = [
     "compose_project_prefix",
     "modal_options",
     "new_session_id",
+    "read_case_compose",
     "remove_docker_leftovers",
+    "remove_network",
     "terminate_modal_sandboxes",
 ]
 
@@ -60,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 LABEL_SESSION = "vero.session"
 LABEL_JOB = "vero.job"
+LABEL_GATEWAY = "vero.gateway"
+"""On the per-evaluation gateway networks of `vero.harbor.case_route` (value `1`)."""
 _PROJECT_LABEL = "com.docker.compose.project"
 
 MODAL_APP_NAME = "__harbor__"
@@ -93,7 +103,8 @@ def compose_project_prefix(trial_name: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", name)
 
 
-def _case_compose(cases_dir: Path, case: str) -> dict[str, Any]:
+def read_case_compose(cases_dir: Path, case: str) -> dict[str, Any]:
+    """A case's `environment/docker-compose.yaml` as a mapping (empty when absent or unreadable)."""
     import yaml
 
     path = cases_dir / case / "environment" / "docker-compose.yaml"
@@ -127,7 +138,7 @@ def compose_labels(session: str | None, job: str, cases_dir: Path, case_names: S
         `{"services": ..., "networks": ..., "volumes": ...}` (empty sections left out).
     """
     labels = {LABEL_JOB: job} | ({LABEL_SESSION: session} if session else {})
-    documents = [_case_compose(cases_dir, case) for case in case_names]
+    documents = [read_case_compose(cases_dir, case) for case in case_names]
     services = set.intersection(*(set(_declared(d, "services")) for d in documents)) if documents else set()
     declared: dict[str, set[str]] = {"networks": {"default"}, "volumes": set()}
     external: dict[str, set[str]] = {"networks": set(), "volumes": set()}
@@ -218,6 +229,12 @@ def _remove_sync(
         for network in client.networks.list(filters=any_label):
             if ours(network.attrs.get("Labels")):
                 removed += remove("network", network.short_id, network.remove)
+        if session is not None and jobs is None:
+            # A gateway network lives as long as its evaluation (its owner closes it, also between
+            # the retry rounds this removal may follow): only a whole session's sweep takes it.
+            for network in client.networks.list(filters={"label": f"{LABEL_SESSION}={session}"}):
+                if (network.attrs.get("Labels") or {}).get(LABEL_GATEWAY):
+                    removed += remove_network(network)
         for volume in client.volumes.list(filters=any_label):
             if ours(volume.attrs.get("Labels")):
                 removed += remove("volume", volume.short_id, functools.partial(volume.remove, force=True))
@@ -238,6 +255,27 @@ def _remove_sync(
     finally:
         client.close()
     return removed
+
+
+def remove_network(network: Any) -> int:
+    """Disconnect every endpoint of a Docker network (this process's container included), then
+    remove it. Returns 1 when it was removed; errors are logged, never raised."""
+    from docker.errors import APIError, NotFound
+
+    try:
+        network.reload()
+        for container_id in network.attrs.get("Containers") or {}:
+            try:
+                network.disconnect(container_id, force=True)
+            except NotFound:
+                pass
+        network.remove()
+        return 1
+    except NotFound:
+        return 0
+    except APIError as exc:
+        logger.warning("could not remove network %s: %s", network.short_id, type(exc).__name__)
+        return 0
 
 
 def _trial_prefixes(job_dirs: Iterable[Path]) -> frozenset[str]:

@@ -85,6 +85,7 @@ from vero.harbor.backend import NestedRun
 from vero.harbor.boundary import CandidateLauncher
 from vero.harbor.boundary.preflight import preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
+from vero.harbor.case_route import case_route_compose
 from vero.harbor.causes import CauseLog
 from vero.harbor.command import (
     INSTALL_AGENT_IMPORT_PATH,
@@ -448,9 +449,17 @@ class HarborBackend:
         causes: CauseLog,
     ) -> tuple[JobCollation, bool]:
         session = run.session or self.session
-        labels = options = None
+        labels = options = route = None
         if run.harbor.environment == "docker":
             labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
+            if run.case_network is not None:
+                route = await asyncio.to_thread(case_route_compose, run.case_network, run.cases_dir, case_names)
+                if route is None:
+                    logger.warning(
+                        "evaluation %s: case services not routed to the gateway: a selected case's network "
+                        "is not public",
+                        run.evaluation_id,
+                    )
         elif run.harbor.environment == "modal":
             options = modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
         command = build_command(
@@ -463,6 +472,7 @@ class HarborBackend:
             launcher_socket=launcher.socket_path if launcher is not None else None,
             kit_path=kit,
             compose_labels=labels,
+            case_route=route,
             environment_options=options,
             program_agent=self.program_agent,
             program_agent_kwargs=self.program_agent_kwargs,

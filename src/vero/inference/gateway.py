@@ -338,6 +338,8 @@ class InferenceGateway:
         return data
 
     def _authorize(self, request: Request) -> InferenceGrant | None:
+        """The open grant of the request's token; None without one, or when the request came in on
+        a listener of another evaluation (`create_gateway_app`'s `evaluation_id`)."""
         token = request.headers.get("x-api-key")
         authorization = request.headers.get("authorization", "")
         if not token and authorization.lower().startswith("bearer "):
@@ -345,7 +347,10 @@ class InferenceGateway:
         if not token:
             return None
         grant = self._grants.get(_digest(token))
-        return None if grant is None or grant.closed else grant
+        if grant is None or grant.closed:
+            return None
+        only = getattr(request.app.state, "evaluation_id", None)
+        return grant if only is None or grant.evaluation_id == only else None
 
     def _refuse(self, grant: InferenceGrant | None, reason: str) -> None:
         if grant is not None:
@@ -694,10 +699,14 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
     return bytes(data)
 
 
-def create_gateway_app(gateway: InferenceGateway) -> FastAPI:
-    """The gateway's FastAPI app (no docs routes: it serves candidates, not people)."""
+def create_gateway_app(gateway: InferenceGateway, evaluation_id: str | None = None) -> FastAPI:
+    """The gateway's FastAPI app (no docs routes: it serves candidates, not people).
+
+    With `evaluation_id`, the app accepts only that evaluation's token (any other: 401): the
+    listener a case network reaches (`vero.inference.case_route`) serves one evaluation only."""
     app = FastAPI(title="vero inference gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.state.evaluation_id = evaluation_id
 
     @app.get("/openai/v1/models")
     async def models(request: Request) -> Response:
@@ -740,22 +749,37 @@ def _embedded_server_class() -> type[uvicorn.Server]:
 class GatewayServer:
     """Serves a gateway with uvicorn on this event loop; `async with` starts and stops it.
 
+    The primary server (no `evaluation_id`) sets `gateway.base_url` and closes the gateway's
+    upstream client when it stops; a server for one evaluation (`vero.inference.case_route`) only
+    listens, and accepts that evaluation's token only.
+
     Args:
         gateway: the gateway.
         host: the interface (loopback by default: only processes of this container reach it).
-        port: the port (0: a free one; `gateway.base_url` says which).
+        port: the port (0: a free one; `url` says which).
+        evaluation_id: serve this evaluation only (a further listener of a running gateway).
     """
 
-    def __init__(self, gateway: InferenceGateway, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, gateway: InferenceGateway, host: str = "127.0.0.1", port: int = 0, evaluation_id: str | None = None
+    ) -> None:
         import uvicorn
 
         self.gateway = gateway
+        self.primary = evaluation_id is None
         self._config = uvicorn.Config(
-            create_gateway_app(gateway), host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+            create_gateway_app(gateway, evaluation_id),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
         )
         self._server = _embedded_server_class()(self._config)
         self._task: asyncio.Task[None] | None = None
         self.host = host
+        self.url: str | None = None
+        """`http://host:port` once listening."""
 
     async def __aenter__(self) -> GatewayServer:
         self._task = asyncio.create_task(self._server.serve(), name="vero-inference-gateway")
@@ -769,11 +793,14 @@ class GatewayServer:
             await asyncio.sleep(0.02)
         port = self._server.servers[0].sockets[0].getsockname()[1]
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        self.gateway.base_url = f"http://{host}:{port}"
+        self.url = f"http://{host}:{port}"
+        if self.primary:
+            self.gateway.base_url = self.url
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._server.should_exit = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.gateway.aclose()
+        if self.primary:
+            await self.gateway.aclose()

@@ -19,6 +19,8 @@ and stops it (unfinished jobs failed `interrupted` and refunded). Nothing is mod
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -183,6 +185,55 @@ def create_app(
     return app
 
 
+def listen_addresses(config: SidecarConfig, host: str) -> list[str] | None:
+    """The addresses `serve` binds instead of the wildcard `host`, or None to bind `host` itself.
+
+    With `inference.route_case_services` on Docker, this container later joins one internal network
+    per evaluation (the case containers' way to the gateway); a wildcard bind would answer there
+    too. So the API binds loopback (the healthcheck, `vero harbor seal`) and the container's
+    IPv4 addresses on the networks it is on at start (`main` reaches it there), gateway networks
+    left by an earlier process excepted. Outside a container of this engine: None.
+
+    Raises:
+        InfrastructureFailure: the Docker engine cannot be asked.
+    """
+    inference = config.inference
+    if (
+        inference is None
+        or not inference.route_case_services
+        or config.harbor.environment != "docker"
+        or host not in ("0.0.0.0", "")
+    ):
+        return None
+    from vero.harbor.case_route import service_addresses
+
+    addresses = service_addresses(os.environ)
+    return None if addresses is None else ["127.0.0.1", *addresses]
+
+
+def _bind(addresses: list[str] | None, port: int) -> list[socket.socket] | None:
+    if addresses is None:
+        return None
+    from vero.errors import InfrastructureFailure
+
+    sockets: list[socket.socket] = []
+    for address in addresses:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            sock.close()
+            for bound in sockets:
+                bound.close()
+            raise InfrastructureFailure(
+                f"the sidecar could not listen on {address}:{port}: {exc.strerror or type(exc).__name__}"
+            ) from None
+        sockets.append(sock)
+    _logger.info("listening on %s (port %d) only: case services are routed", ", ".join(addresses), port)
+    return sockets
+
+
 def serve(
     config_path: Path,
     *,
@@ -207,17 +258,23 @@ def serve(
     `interrupted`, refunded), held long polls are answered, their leftovers removed, then the
     process exits, within a few seconds.
 
+    With `inference.route_case_services` on Docker, a wildcard `host` becomes loopback and this
+    container's addresses on its networks at start (`listen_addresses`): the case networks it joins
+    later for the gateway (`vero.harbor.case_route`) never reach this API.
+
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
         LedgerCorrupt: durable state is unreadable (the sidecar refuses to start; nothing is reset).
         InfrastructureFailure: running as root without the runner user, a directory cannot be
-            prepared, or the port cannot be bound.
+            prepared, the port cannot be bound, or (routing case services) the Docker engine
+            cannot say which networks this container is on.
     """
     from vero.errors import InfrastructureFailure
     from vero.spec.compiled import load_config
 
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sockets = _bind(listen_addresses(config, host), port)
     paths = SidecarPaths(
         state_dir=state_dir,
         agent_repo=agent_repo,
@@ -243,7 +300,7 @@ def serve(
         app.state.service,
     )
     try:
-        server.run()
+        server.run(sockets=sockets)
     except SystemExit:
         # uvicorn exits (code 3, which would read as vero's "denied") when the lifespan startup
         # fails, whose cause is kept on the app, and when the port cannot be bound (it logs why).

@@ -64,7 +64,10 @@ class BudgetView(_Wire):
         "gateway (US dollars); absent without a gateway.",
     )
     remaining_inference_usd: float | None = Field(
-        default=None, description="What is left of it (running evaluations' calls already count)."
+        default=None,
+        description="What is left of it (running evaluations' calls already count); absent on "
+        "`none` partitions and under the Ladder, where what candidates spend would disclose more "
+        "than the tier does.",
     )
 
 

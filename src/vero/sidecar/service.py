@@ -98,6 +98,7 @@ from vero.spec.models import Disclosure
 
 if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
+    from vero.harbor.case_route import CaseRoute, CaseRouter
     from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
 
 __all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarPaths", "SidecarService"]
@@ -306,6 +307,7 @@ class SidecarService:
         self.gateway_host = gateway_host
         self.gateway: InferenceGateway | None = None
         self._gateway_server: GatewayServer | None = None
+        self._case_router: CaseRouter | None = None
         self.inference_pools: dict[str, BudgetPool] = {}
         """Partition -> the agent's inference budget (micro-dollars); spent = complete jobs' charges
         (durable through the job records) plus what running evaluations have been charged."""
@@ -448,6 +450,10 @@ class SidecarService:
         await self._gateway_server.__aenter__()
         self.gateway = gateway
         _logger.info("inference gateway listening on %s", gateway.base_url)
+        if self.config.inference.route_case_services and self.config.harbor.environment == "docker":
+            from vero.harbor.case_route import CaseRouter
+
+            self._case_router = CaseRouter(gateway, {**os.environ, **self.nested_env}, self.session_id)
 
     async def _remove_leftovers(self) -> None:
         """Remove whatever nested runs of this session left behind (containers, networks, volumes,
@@ -679,13 +685,18 @@ class SidecarService:
                 if self.config.disclose_budget:
                     balance = self.ledger.balance(name, principal)
                     pool = self.inference_pools.get(name)
+                    # What is left moves with what the candidates spent, which they choose: on a
+                    # `none` partition, or under the Ladder, it would disclose what the tier withholds.
+                    spend_disclosed = access.disclosure != "none" and self.policy.ladder(principal, name) is None
                     budget = BudgetView(
                         total_runs=balance.total_runs,
                         total_cases=balance.total_cases,
                         remaining_runs=balance.remaining_runs,
                         remaining_cases=balance.remaining_cases,
                         total_inference_usd=None if pool is None else (pool.total or 0) / 1e6,
-                        remaining_inference_usd=None if pool is None else (pool.available or 0) / 1e6,
+                        remaining_inference_usd=(pool.available or 0) / 1e6
+                        if pool is not None and spend_disclosed
+                        else None,
                     )
                 blocks = self.policy.blocks(principal, name)
                 ladder = self.policy.ladder(principal, name)
@@ -850,9 +861,10 @@ class SidecarService:
             if self._admissions == 0:
                 self._admissions_idle.set()
 
-    def _nested_env(self, inference_token: str | None = None) -> dict[str, str]:
-        """Secrets by name for nested runs, except the provider keys only the gateway holds; with
-        `inference.route_case_services`, the gateway's variables for the cases' `${VAR}` templates."""
+    def _nested_env(self, case_variables: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Secrets by name for nested runs, except the provider keys only the gateway holds, and
+        `case_variables`: with `inference.route_case_services`, the gateway as the case containers
+        reach it, for the cases' `${VAR}` templates (`CaseRoute.environment`)."""
         env = dict(self.nested_env)
         gateway_keys = _gateway_key_names(self.config)
         for name in self.config.secrets:
@@ -863,13 +875,7 @@ class SidecarService:
                 _logger.warning("secret %s is not set in the sidecar's environment", name)
             else:
                 env[name] = value
-        if (
-            inference_token is not None
-            and self.gateway is not None
-            and self.config.inference is not None
-            and self.config.inference.route_case_services
-        ):
-            env.update(self.gateway.environment(inference_token))
+        env.update(case_variables or {})
         return env
 
     def _secret_values(self) -> list[str]:
@@ -883,11 +889,15 @@ class SidecarService:
 
     async def _run_job(self, job_id: str) -> None:
         token: str | None = None
+        route: CaseRoute | None = None
         unsettled: InferenceUsage | None = None
 
         async def give_back_inference() -> None:
             # Before the job's unmeasured end is recorded: whoever sees that end sees the refund.
-            nonlocal token, unsettled
+            nonlocal token, unsettled, route
+            if route is not None:
+                await route.close()
+                route = None
             if token is not None and self.gateway is not None:
                 unsettled = await finish_uncancellable(self.gateway.revoke(token))
                 token = None
@@ -901,6 +911,8 @@ class SidecarService:
             try:
                 job = await self.jobs.update(job_id, state="running", started_at=_now())
                 token = self._grant_inference(job)
+                if token is not None and self._case_router is not None:
+                    route = await self._case_router.open(job.id)
                 checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
                 run = NestedRun(
                     evaluation_id=job.id,
@@ -913,12 +925,19 @@ class SidecarService:
                     runtime=self.config.runtime,
                     harbor=self.config.harbor,
                     scoring=self.config.scoring,
-                    env=self._nested_env(token),
+                    env=self._nested_env(route.environment(token) if route and token else None),
                     run_as=self.run_as,
                     session=self.session_id,
-                    candidate_env=self.gateway.environment(token) if self.gateway and token else {},
+                    candidate_env={
+                        **(self.gateway.environment(token) if self.gateway and token else {}),
+                        **(route.candidate_variables() if route else {}),
+                    },
+                    case_network=route.network if route else None,
                 )
                 result = await self.backend.evaluate(run)
+                if route is not None:
+                    await route.close()
+                    route = None
                 if token is not None and self.gateway is not None:
                     unsettled = await self.gateway.revoke(token)
                     token = None

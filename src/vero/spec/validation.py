@@ -236,7 +236,8 @@ def _check_names_and_images(spec: OptimizationSpec, add: Add) -> None:
 
 def _check_inference(spec: OptimizationSpec, add: Add) -> None:
     """The gateway's rules: keys are declared secrets, models name known providers and have a price,
-    and no partition has an inference budget without a gateway."""
+    case services are routed on Docker only, and no partition has an inference budget without a
+    gateway."""
     from vero.inference.pricing import PriceUnknown, price_of
 
     inference = spec.inference
@@ -247,6 +248,12 @@ def _check_inference(spec: OptimizationSpec, add: Add) -> None:
         return
     if not inference.models:
         add("inference.models", "expected at least one allow-listed model")
+    if inference.route_case_services and spec.harbor.environment != "docker":
+        add(
+            "inference.route_case_services",
+            "case containers reach the gateway over a Docker network: needs harbor.environment "
+            f"docker (got {spec.harbor.environment!r}, whose case containers cannot reach it)",
+        )
     for name, provider in inference.providers.items():
         if provider.api_key_secret is not None and provider.api_key_secret not in spec.secrets:
             add(

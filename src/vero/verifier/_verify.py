@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from vero.core.archive import file_digest
 from vero.core.diagnostics import CaseProblem
@@ -228,6 +229,7 @@ async def verify(
             run_as=run_as,
             refusal=refusal,
             gateway=gateway,
+            case_router=_case_router(config, gateway, backend, env),
         )
         selection = await _select(config, session, baseline, scorer)
         if selection.shipped is None:
@@ -284,6 +286,18 @@ async def verify(
     )
     _write_artifacts(finalization, build_status(session), session, dirs)
     return finalization
+
+
+def _case_router(config: VerifierConfig, gateway: Any, backend: Any, env: Mapping[str, str] | None) -> Any:
+    """With `inference.route_case_services` on Docker, the router of each measurement's network
+    to the gateway (`vero.harbor.case_route`), labelled with the backend's session; else None."""
+    if gateway is None or config.inference is None or not config.inference.route_case_services:
+        return None
+    if config.harbor.environment != "docker":
+        return None
+    from vero.harbor.case_route import CaseRouter
+
+    return CaseRouter(gateway, {**os.environ, **(env or {})}, getattr(backend, "session", None))
 
 
 def _root_refusal(run_as: RunAs | None, allow_root_runs: bool, errors: list[str], warnings: list[str]) -> str | None:

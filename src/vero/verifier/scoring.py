@@ -109,6 +109,9 @@ class Scorer:
         run_as: unprivileged identity for the runs, or None.
         refusal: when set, no nested run is started and every measurement fails with this reason
             (e.g. the verifier is root and has no unprivileged user to run candidates as).
+        gateway: the listening inference gateway (`vero.inference.gateway.InferenceGateway`), or None.
+        case_router: with `inference.route_case_services` on Docker, opens each measurement's
+            network to the gateway (`vero.harbor.case_route.CaseRouter`), or None.
     """
 
     def __init__(
@@ -123,9 +126,11 @@ class Scorer:
         run_as: RunAs | None = None,
         refusal: str | None = None,
         gateway: Any = None,
+        case_router: Any = None,
     ):
         self.backend = backend
         self.gateway = gateway
+        self.case_router = case_router
         self.config = config
         self.checkout = checkout
         self.cases_dir = Path(cases_dir)
@@ -196,13 +201,19 @@ class Scorer:
             logger.exception("checkout of %s failed", candidate[:12])
             return failed(f"checkout failed ({type(exc).__name__})")
 
-        token, env, candidate_env = None, dict(self.env), {}
+        token, env, candidate_env, route = None, dict(self.env), {}, None
         if self.gateway is not None and self.config.inference is not None:
             limit = self.config.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
             token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
             candidate_env = self.gateway.environment(token)
-            if self.config.inference.route_case_services:
-                env.update(candidate_env)
+            if self.case_router is not None:
+                try:
+                    route = await self.case_router.open(evaluation_id)
+                except InfrastructureFailure as exc:
+                    await self.gateway.revoke(token)
+                    return failed(f"InfrastructureFailure: {exc}")
+                env.update(route.environment(token))
+                candidate_env.update(route.candidate_variables())
         run = NestedRun(
             evaluation_id=evaluation_id,
             partition=partition,
@@ -217,6 +228,7 @@ class Scorer:
             env=env,
             run_as=self.run_as,
             candidate_env=candidate_env,
+            case_network=route.network if route is not None else None,
         )
         usage = None
         try:
@@ -232,6 +244,8 @@ class Scorer:
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
         finally:
+            if route is not None:
+                await route.close()
             if token is not None:
                 usage = await self.gateway.revoke(token)
 

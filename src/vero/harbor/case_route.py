@@ -1,0 +1,350 @@
+"""Routing the case containers' own model-backed services (a user simulator, a grader) to the
+inference gateway on Docker: `inference.route_case_services` (README, "Inference").
+
+The gateway listens on the loopback of the sidecar's (or the verifier's) process; nested case
+containers run on the host's Docker engine in Compose projects of their own and cannot reach it.
+Per evaluation, `CaseRouter.open`:
+
+1. creates an `internal` bridge network `vero-gw-<evaluation>-<hex>` (no route out of it), labelled
+   `vero.session`, `vero.job` and `vero.gateway` (`vero.harbor.leftovers` removes it after a crash);
+2. puts this process on it: in a container (`own_container`: the id Docker's bind mounts show in
+   `/proc/self/mountinfo`), that container is connected to it; on a host, the network's bridge
+   address is the host's own;
+3. serves the gateway on that address only, on a fresh port, for this evaluation's token only
+   (`vero.inference.gateway.GatewayServer` with `evaluation_id`);
+4. names the network for the nested run (`NestedRun.case_network`): each round's compose override
+   attaches `main` and the services every selected case declares (`case_route_compose`).
+
+What a case container on that network can reach of this process: the gateway's model endpoints,
+with this evaluation's token. The sidecar's API does not listen there (`service_addresses`: with
+the switch, `vero harbor serve` binds loopback and its container's other networks only), and the
+containers of other evaluations are on other networks. Whatever a case's service can reach, the
+candidate code in that case may reach too: the token is the evaluation's own, metered against its
+budget and revoked when it ends. `close` stops the listener, disconnects every endpoint and
+removes the network.
+
+Not routed: cases whose network is not `public` (Harbor's egress control puts every service
+without networks of its own into its sidecar's namespace; attaching one would take it out of it),
+services with a `network_mode`, services only some of the round's cases declare (a shared override
+cannot name a service a case lacks), and a separate verifier environment (Harbor gives it no extra
+compose file). Their calls fail; none is ever sent with a provider key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vero.core._offloop import finish_uncancellable
+from vero.errors import InfrastructureFailure
+from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB, LABEL_SESSION, read_case_compose
+
+if TYPE_CHECKING:
+    from vero.inference.gateway import GatewayServer, InferenceGateway
+
+__all__ = [
+    "CASE_ROUTE_VARIABLES",
+    "GATEWAY_NETWORK_KEY",
+    "GATEWAY_NETWORK_PREFIX",
+    "CaseRoute",
+    "CaseRouter",
+    "case_route_compose",
+    "own_container_id",
+    "service_addresses",
+]
+
+logger = logging.getLogger(__name__)
+
+GATEWAY_NETWORK_PREFIX = "vero-gw-"
+"""Name prefix of the per-evaluation gateway networks."""
+GATEWAY_NETWORK_KEY = "vero-gateway"
+"""The network's key in the compose override (`networks.vero-gateway`, `external`)."""
+CASE_ROUTE_VARIABLES = ("VERO_INFERENCE_CASE_OPENAI_BASE_URL", "VERO_INFERENCE_CASE_ANTHROPIC_BASE_URL")
+"""Variables a candidate host also gets with the switch: the gateway as the case containers reach
+it (for a candidate agent that runs a model-calling program inside the case's `main`)."""
+
+_DOCKER_TIMEOUT_SEC = 60
+_CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ")
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def own_container_id(mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """The id of the Docker container this process runs in, or None (not in one, or unreadable).
+
+    Docker bind-mounts `/etc/hostname`, `/etc/hosts` and `/etc/resolv.conf` from
+    `<data-root>/containers/<id>/`, and `/proc/self/mountinfo` names that source. (A container of
+    another engine shows an id this engine does not know: `own_container` then finds nothing.)
+    """
+    try:
+        text = mountinfo.read_text()
+    except OSError:
+        return None
+    found = _CONTAINER_ID.search(text)
+    return found.group(1) if found else None
+
+
+def _own_container(client: Any) -> Any | None:
+    from docker.errors import NotFound
+
+    container_id = own_container_id()
+    if container_id is None:
+        return None
+    try:
+        return client.containers.get(container_id)
+    except NotFound:
+        return None
+
+
+def _client(env: Mapping[str, str]) -> Any:
+    import docker
+
+    return docker.from_env(environment=dict(env), timeout=_DOCKER_TIMEOUT_SEC)
+
+
+def service_addresses(env: Mapping[str, str]) -> list[str] | None:
+    """The IPv4 addresses this process's container has on its networks other than gateway networks
+    (what `vero harbor serve` binds besides loopback when case services are routed), or None when
+    this process is not in a container of this engine.
+
+    Raises:
+        InfrastructureFailure: the engine cannot be asked (the sidecar must not listen on every
+            interface while case networks may be attached to it).
+    """
+    try:
+        client = _client(env)
+    except Exception as exc:  # noqa: BLE001 - DockerException or a transport error
+        raise InfrastructureFailure(
+            f"route_case_services: the Docker engine is unreachable ({type(exc).__name__})"
+        ) from None
+    try:
+        container = _own_container(client)
+        if container is None:
+            return None
+        networks = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
+        return sorted(
+            {
+                settings["IPAddress"]
+                for name, settings in networks.items()
+                if not name.startswith(GATEWAY_NETWORK_PREFIX) and settings and settings.get("IPAddress")
+            }
+        )
+    finally:
+        client.close()
+
+
+def _network_name(evaluation_id: str) -> str:
+    slug = _NAME_UNSAFE.sub("-", evaluation_id).strip("-.")[:48] or "evaluation"
+    return f"{GATEWAY_NETWORK_PREFIX}{slug}-{secrets.token_hex(4)}"
+
+
+@dataclass
+class CaseRoute:
+    """One evaluation's route: its network and the gateway's address on it.
+
+    Attributes:
+        network: the Docker network's name (`NestedRun.case_network`).
+        base_url: `http://<address>:<port>` of the evaluation's listener.
+    """
+
+    network: str
+    base_url: str
+    _router: CaseRouter = field(repr=False)
+    _server: GatewayServer = field(repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def environment(self, token: str) -> dict[str, str]:
+        """The gateway's variables (`gateway_environment`) as the case containers reach it: for the
+        nested `harbor` process, whose environment the cases' `${VAR}` templates read."""
+        from vero.inference.gateway import gateway_environment
+
+        return gateway_environment(self.base_url, token)
+
+    def candidate_variables(self) -> dict[str, str]:
+        """`CASE_ROUTE_VARIABLES` with their values (for candidate hosts)."""
+        openai, anthropic = CASE_ROUTE_VARIABLES
+        return {openai: f"{self.base_url}/openai/v1", anthropic: f"{self.base_url}/anthropic"}
+
+    async def close(self) -> None:
+        """Stop the listener, disconnect every endpoint, remove the network (once; never raises;
+        finishes even when the caller is cancelled)."""
+        if self._closed:
+            return
+        self._closed = True
+        await finish_uncancellable(self._router._close(self))
+
+
+class CaseRouter:
+    """Opens and closes the routes of one gateway (see the module docstring).
+
+    Args:
+        gateway: the listening gateway of this process.
+        docker_env: environment of the Docker client (`DOCKER_HOST` and friends).
+        session: the `vero.session` label of this process's nested runs.
+    """
+
+    def __init__(self, gateway: InferenceGateway, docker_env: Mapping[str, str], session: str | None) -> None:
+        self.gateway = gateway
+        self.docker_env = dict(docker_env)
+        self.session = session
+
+    async def open(self, evaluation_id: str) -> CaseRoute:
+        """Create the evaluation's network, join it and serve the gateway there.
+
+        Raises:
+            InfrastructureFailure: the engine refused (or is unreachable), the network has no
+                address for this process, or the listener could not bind; nothing is left behind.
+        """
+        from vero.inference.gateway import GatewayServer
+
+        name = _network_name(evaluation_id)
+        labels = {LABEL_GATEWAY: "1", LABEL_JOB: evaluation_id}
+        if self.session:
+            labels[LABEL_SESSION] = self.session
+        try:
+            address = await finish_uncancellable(asyncio.to_thread(self._create, name, labels))
+        except asyncio.CancelledError:
+            await finish_uncancellable(asyncio.to_thread(self._remove, name))
+            raise
+        server = GatewayServer(self.gateway, host=address, port=0, evaluation_id=evaluation_id)
+        try:
+            await server.__aenter__()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - uvicorn exits when it cannot bind
+            await finish_uncancellable(asyncio.to_thread(self._remove, name))
+            raise InfrastructureFailure(
+                f"route_case_services: the gateway could not listen on the case network ({type(exc).__name__})"
+            ) from None
+        except asyncio.CancelledError:
+            await finish_uncancellable(self._stop(server, name))
+            raise
+        assert server.url is not None
+        logger.info("evaluation %s: case containers reach the gateway on network %s", evaluation_id, name)
+        return CaseRoute(network=name, base_url=server.url, _router=self, _server=server)
+
+    async def _close(self, route: CaseRoute) -> None:
+        await self._stop(route._server, route.network)
+
+    async def _stop(self, server: GatewayServer, network: str) -> None:
+        try:
+            await server.__aexit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001 - closing must go on to the network
+            logger.warning("the case route's listener did not stop cleanly (%s)", type(exc).__name__)
+        await asyncio.to_thread(self._remove, network)
+
+    def _create(self, name: str, labels: dict[str, str]) -> str:
+        """Create the network and join it; the address this process has on it."""
+        try:
+            client = _client(self.docker_env)
+        except Exception as exc:  # noqa: BLE001 - DockerException or a transport error
+            raise InfrastructureFailure(
+                f"route_case_services: the Docker engine is unreachable ({type(exc).__name__})"
+            ) from None
+        try:
+            network = client.networks.create(name, driver="bridge", internal=True, labels=labels)
+            try:
+                container = _own_container(client)
+                if container is not None:
+                    network.connect(container)
+                    container.reload()
+                    settings = container.attrs["NetworkSettings"]["Networks"].get(name) or {}
+                    address = settings.get("IPAddress")
+                else:
+                    network.reload()
+                    config = network.attrs.get("IPAM", {}).get("Config") or [{}]
+                    address = config[0].get("Gateway")
+                if not address:
+                    raise InfrastructureFailure("route_case_services: the case network gave this process no address")
+                return str(address)
+            except BaseException:
+                self._remove_with(client, name)
+                raise
+        except InfrastructureFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - docker.errors.APIError and transport errors
+            raise InfrastructureFailure(
+                f"route_case_services: the case network could not be set up ({type(exc).__name__})"
+            ) from None
+        finally:
+            client.close()
+
+    def _remove(self, name: str) -> None:
+        try:
+            client = _client(self.docker_env)
+        except Exception as exc:  # noqa: BLE001 - logged: cleanup never raises
+            logger.warning("case network %s not removed: engine unreachable (%s)", name, type(exc).__name__)
+            return
+        try:
+            self._remove_with(client, name)
+        finally:
+            client.close()
+
+    @staticmethod
+    def _remove_with(client: Any, name: str) -> None:
+        from docker.errors import NotFound
+
+        from vero.harbor.leftovers import remove_network
+
+        try:
+            network = client.networks.get(name)
+        except NotFound:
+            return
+        except Exception as exc:  # noqa: BLE001 - logged: cleanup never raises
+            logger.warning("case network %s not removed (%s)", name, type(exc).__name__)
+            return
+        remove_network(network)
+
+
+def _is_public(case_dir: Path) -> bool:
+    """Whether every network policy of the case (environment, agent, verifier, steps) is `public`."""
+    from harbor.models.task.config import TaskConfig
+
+    try:
+        config = TaskConfig.model_validate_toml((case_dir / "task.toml").read_text())
+    except (OSError, ValueError):
+        return False
+
+    def modes(value: Any) -> list[Any]:
+        if isinstance(value, dict):
+            found = [value["network_mode"]] if "network_mode" in value else []
+            return found + [m for v in value.values() for m in modes(v)]
+        if isinstance(value, list):
+            return [m for v in value for m in modes(v)]
+        return []
+
+    return all(mode in (None, "public") for mode in modes(config.model_dump(mode="json")))
+
+
+def case_route_compose(network: str, cases_dir: Path, case_names: Sequence[str]) -> dict[str, Any] | None:
+    """The part of a round's compose override that attaches its case containers to `network`.
+
+    `main` and every service all of `case_names` declare join `network` (as the external network
+    `GATEWAY_NETWORK_KEY`), and `default` too when some case leaves the service on it implicitly
+    (naming one network would otherwise take it off `default`). Services with a `network_mode` are
+    left alone (`service:main` shares main's). Returns None when some case's network is not
+    `public` (see the module docstring): then nothing is attached.
+    """
+    if not all(_is_public(cases_dir / case) for case in case_names):
+        return None
+    documents = [read_case_compose(cases_dir, case) for case in case_names]
+
+    def services_of(document: Mapping[str, Any]) -> dict[str, Any]:
+        value = document.get("services")
+        return {str(k): (v if isinstance(v, dict) else {}) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    declared = [services_of(d) for d in documents]
+    shared = set.intersection(*(set(d) for d in declared)) if declared else set()
+    services: dict[str, Any] = {}
+    for name in sorted(shared | {"main"}):
+        configs = [d.get(name, {}) for d in declared]
+        if any("network_mode" in c for c in configs):
+            continue
+        networks: dict[str, Any] = {GATEWAY_NETWORK_KEY: {}}
+        if not configs or any("networks" not in c for c in configs):
+            networks["default"] = {}
+        services[name] = {"networks": networks}
+    return {"services": services, "networks": {GATEWAY_NETWORK_KEY: {"external": True, "name": network}}}

@@ -1,0 +1,259 @@
+"""Routing case services to the inference gateway on Docker (`vero.harbor.case_route`).
+
+What the compose override attaches (and what it leaves alone), how this process finds its own
+container, and, on the real engine: a route is an internal network labelled for its owner, a
+container on it reaches its evaluation's listener, the listener takes only that evaluation's token,
+closing removes the network (whatever is still attached) and the listener, and only a whole
+session's sweep removes a network its owner did not close. The sidecar and verifier inside
+containers are covered by `tests/e2e/test_case_route_e2e.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from harbor_cases import make_run
+from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
+
+from vero.harbor.case_route import GATEWAY_NETWORK_KEY, CaseRouter, case_route_compose, own_container_id
+from vero.harbor.command import AgentTimeoutPlan, build_command
+from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB, LABEL_SESSION, compose_labels, remove_docker_leftovers
+from vero.inference.gateway import GatewayServer, InferenceGateway
+from vero.spec.models import HarborSpec, InferenceSpec
+
+pytestmark = pytest.mark.timeout(300)
+
+SESSION = "ses-13aa13bb13cc13dd"
+KEY = "sk-case-route-key-31415926"
+TASK_TOML = "[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n{verifier}\n[environment]\n{environment}"
+
+
+def write_case(cases: Path, name: str, compose: dict | None, environment: str = "", verifier: str = "") -> None:
+    (cases / name / "environment").mkdir(parents=True)
+    (cases / name / "tests").mkdir()
+    (cases / name / "task.toml").write_text(TASK_TOML.format(environment=environment, verifier=verifier))
+    (cases / name / "instruction.md").write_text("x\n")
+    (cases / name / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\n")
+    (cases / name / "tests" / "test.sh").write_text("#!/bin/bash\n")
+    if compose is not None:
+        (cases / name / "environment" / "docker-compose.yaml").write_text(yaml.safe_dump(compose))
+
+
+def test_the_override_attaches_main_and_the_shared_services_only(tmp_path):
+    cases = tmp_path / "cases"
+    write_case(
+        cases,
+        "a",
+        {
+            "services": {
+                "usersim": {"image": "python:3.12-slim"},
+                "grader": {"image": "python:3.12-slim", "networks": ["back"]},
+                "sidecar": {"image": "python:3.12-slim", "network_mode": "service:main"},
+                "only-a": {"image": "python:3.12-slim"},
+            },
+            "networks": {"back": {}},
+        },
+    )
+    write_case(
+        cases,
+        "b",
+        {
+            "services": {
+                "usersim": {"image": "python:3.12-slim"},
+                "grader": {"image": "python:3.12-slim", "networks": ["back"]},
+                "sidecar": {"image": "python:3.12-slim", "network_mode": "service:main"},
+            },
+            "networks": {"back": {}},
+        },
+    )
+    route = case_route_compose("vero-gw-ev-1-00ff00ff", cases, ["a", "b"])
+    both = {GATEWAY_NETWORK_KEY: {}, "default": {}}
+    assert route == {
+        "services": {
+            "main": {"networks": both},
+            "usersim": {"networks": both},
+            # Its own networks stay its only others; `network_mode` services share a namespace
+            # (main's here); a service one case lacks cannot be named in a shared override.
+            "grader": {"networks": {GATEWAY_NETWORK_KEY: {}}},
+        },
+        "networks": {GATEWAY_NETWORK_KEY: {"external": True, "name": "vero-gw-ev-1-00ff00ff"}},
+    }
+    # A Dockerfile-only case: main alone.
+    write_case(cases, "plain", None)
+    assert case_route_compose("n", cases, ["plain"])["services"] == {"main": {"networks": both}}
+    # Harbor's egress control moves every service without networks of its own into its sidecar's
+    # namespace: attaching one would take it out, so a round with such a case attaches nothing.
+    write_case(cases, "closed", None, environment='network_mode = "no-network"')
+    write_case(cases, "closed-verifier", None, verifier='network_mode = "no-network"')
+    assert case_route_compose("n", cases, ["plain", "closed"]) is None
+    assert case_route_compose("n", cases, ["closed-verifier"]) is None
+
+
+def test_the_override_merges_labels_and_the_route_for_harbor(tmp_path):
+    cases = tmp_path / "cases"
+    write_case(cases, "a", {"services": {"usersim": {"image": "python:3.12-slim"}}})
+    run = make_run(
+        evaluation_id="ev-7",
+        cases_dir=cases,
+        jobs_dir=tmp_path / "jobs",
+        case_names=("a",),
+        harbor=HarborSpec(environment="docker"),
+        case_network="vero-gw-ev-7-12345678",
+    )
+    command = build_command(
+        run,
+        job_name="ev-7",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(),
+        harbor_executable=Path("/opt/venv/bin/harbor"),
+        base_env={},
+        compose_labels=compose_labels(SESSION, "ev-7", cases, ["a"]),
+        case_route=case_route_compose("vero-gw-ev-7-12345678", cases, ["a"]),
+    )
+    assert command.compose_file is not None
+    document = yaml.safe_load(command.compose_file[1])
+    labels = {LABEL_JOB: "ev-7", LABEL_SESSION: SESSION}
+    assert document["services"]["main"] == {
+        "init": True,
+        "labels": labels,
+        "networks": {GATEWAY_NETWORK_KEY: {}, "default": {}},
+    }
+    assert document["services"]["usersim"] == {"labels": labels, "networks": {GATEWAY_NETWORK_KEY: {}, "default": {}}}
+    assert document["networks"] == {
+        "default": {"labels": labels},
+        GATEWAY_NETWORK_KEY: {"external": True, "name": "vero-gw-ev-7-12345678"},
+    }
+
+
+def test_this_process_finds_its_container_by_dockers_bind_mounts(tmp_path):
+    cid = "28f8737dbe529a9775d6291b134f4ee4d24055a90bea79a9da559dab41d64d6b"
+    inside = tmp_path / "inside"
+    inside.write_text(
+        "72 1 254:0 / / rw - overlay overlay rw\n"
+        f"90 72 254:0 /var/lib/docker/containers/{cid}/hostname /etc/hostname rw,relatime - ext4 /dev/vda rw\n"
+    )
+    host = tmp_path / "host"
+    host.write_text("25 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
+    assert own_container_id(inside) == cid
+    assert own_container_id(host) is None
+    assert own_container_id(tmp_path / "missing") is None
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _chat(url: str, token: str) -> int:
+    body = {"model": "gpt-route", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(
+        f"{url}/openai/v1/chat/completions", json=body, headers={"authorization": f"Bearer {token}"}, timeout=30
+    )
+    return response.status_code
+
+
+CONTAINER_CALL = """
+import json, sys, urllib.error, urllib.request
+url, token = sys.argv[1], sys.argv[2]
+body = json.dumps({"model": "gpt-route", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
+request = urllib.request.Request(url + "/openai/v1/chat/completions", data=body, method="POST",
+    headers={"content-type": "application/json", "authorization": "Bearer " + token})
+try:
+    print(urllib.request.urlopen(request, timeout=20).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+@pytest.mark.docker
+def test_a_route_is_an_internal_network_to_its_evaluations_listener_and_is_removed():
+    bystander = f"vero-route-test-{uuid.uuid4().hex[:8]}"
+    with FakeUpstream() as fake:
+        spec = InferenceSpec.model_validate(
+            {
+                "providers": {"fake": {"api": "openai", "base_url": f"{fake.url}/v1", "api_key_secret": "KEY"}},
+                "models": {
+                    "gpt-route": {
+                        "provider": "fake",
+                        "upstream_model": "fake-ok",
+                        "input_cost_per_token": 1e-6,
+                        "output_cost_per_token": 2e-6,
+                    }
+                },
+            }
+        )
+        try:
+            asyncio.run(_exercise_routes(spec, bystander))
+        finally:
+            _docker("rm", "-f", bystander)
+        assert {r["headers"]["authorization"] for r in fake.requests} == {f"Bearer {KEY}"}
+
+
+async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
+    gateway = InferenceGateway(spec, {"KEY": KEY})
+    async with GatewayServer(gateway):
+        router = CaseRouter(gateway, {}, SESSION)
+        token_a, grant_a = gateway.grant("ev-a", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        token_b, _ = gateway.grant("ev-b", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        route_a = await router.open("ev-a")
+        route_b = await router.open("ev-b")
+        left = await router.open("ev-left")
+        try:
+            network = json.loads(_docker("network", "inspect", route_a.network).stdout)[0]
+            assert network["Internal"] is True  # no way out of it
+            assert network["Labels"] == {LABEL_GATEWAY: "1", LABEL_JOB: "ev-a", LABEL_SESSION: SESSION}
+            assert route_a.network != route_b.network
+            assert route_a.environment(token_a)["OPENAI_BASE_URL"] == f"{route_a.base_url}/openai/v1"
+            assert route_a.environment(token_a)["OPENAI_API_KEY"] == token_a
+            assert (
+                route_a.candidate_variables()["VERO_INFERENCE_CASE_OPENAI_BASE_URL"] == f"{route_a.base_url}/openai/v1"
+            )
+
+            # A container on the case network reaches its evaluation's listener with its token.
+            done = await asyncio.to_thread(
+                _docker,
+                "run",
+                "--rm",
+                "--network",
+                route_a.network,
+                "python:3.12-slim",
+                "python",
+                "-c",
+                CONTAINER_CALL,
+                route_a.base_url,
+                token_a,
+            )
+            assert done.stdout.strip() == "200", done.stdout + done.stderr
+            # Each listener takes its own evaluation's token only.
+            assert await asyncio.to_thread(_chat, route_a.base_url, token_b) == 401
+            assert await asyncio.to_thread(_chat, route_b.base_url, token_b) == 200
+            assert grant_a.usage.calls == 1
+
+            # A container still on the network does not keep it: closing disconnects it.
+            started = _docker(
+                "run", "-d", "--name", bystander, "--network", route_b.network, "python:3.12-slim", "sleep", "300"
+            )
+            assert started.returncode == 0, started.stderr
+        finally:
+            await route_a.close()
+            await route_b.close()
+            await route_a.close()  # once only
+        for route in (route_a, route_b):
+            assert _docker("network", "inspect", route.network).returncode != 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{route_a.base_url}/openai/v1/models", timeout=5)
+        assert _docker("inspect", bystander).returncode == 0  # not ours to remove
+
+        # What an owner did not close: a job's cleanup (which may precede a retry round) keeps
+        # it; the session's sweep after a crash removes it.
+        await remove_docker_leftovers({}, session=SESSION, jobs=["ev-left"], settle_sec=None)
+        assert _docker("network", "inspect", left.network).returncode == 0
+        assert await remove_docker_leftovers({}, session=SESSION, settle_sec=None) >= 1
+        assert _docker("network", "inspect", left.network).returncode != 0
+        await left.close()  # finds nothing: no error
