@@ -114,6 +114,15 @@ def _fill_output(tree: SpecTree) -> Path:
 
 MODAL_TOKENS = {"MODAL_TOKEN_ID": "id-value-1234", "MODAL_TOKEN_SECRET": "secret-value-1234"}
 
+_ROUTED_GATEWAY = {
+    "providers": {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+    "models": {"gpt-4o-mini": {"provider": "p"}},
+}
+_USER_SIMULATOR = (
+    "services:\n  usersim:\n    image: python:3.12-slim\n    environment:\n"
+    "      OPENAI_BASE_URL: ${OPENAI_BASE_URL:?}\n      OPENAI_API_KEY: ${OPENAI_API_KEY:?}\n"
+)
+
 BAD: dict[str, Bad] = {
     "unknown top-level key": Bad("frobnicate", _set("frobnicate", 1)),
     "unknown nested key": Bad("agent_access.train.budget", _set("agent_access.train.budget", 3)),
@@ -254,6 +263,19 @@ BAD: dict[str, Bad] = {
         "inference.providers.p.api",
         _set("inference", {"providers": {"p": {"api": "gemini", "base_url": "http://127.0.0.1:9/v1"}}, "models": {}}),
     ),
+    "case services routed off Docker": Bad(
+        "inference.route_case_services",
+        _all(
+            _set("harbor.environment", "modal"),
+            _set("harbor.requirement", "harbor[modal]==0.26.0"),
+            _set("inference", {**_ROUTED_GATEWAY, "route_case_services": True}),
+        ),
+    ),
+    "case reading the gateway's variables without the switch": Bad(
+        "secrets",
+        _set("inference", _ROUTED_GATEWAY),
+        setup=_write("cases/case-1/environment/docker-compose.yaml", _USER_SIMULATOR),
+    ),
     "tarball inside the output": Bad(
         "--tarball", extra_args=lambda tree: ["--tarball", str(tree.root.parent / "out" / "task" / "t.tar.gz")]
     ),
@@ -328,3 +350,15 @@ def test_registry_dataset_with_local_task_paths_builds(tmp_path):
         "case-3",
     ]
     assert os.path.isfile(out / "tests" / "cases" / "case-1" / "task.toml")
+
+
+def test_with_the_switch_the_gateways_variables_are_what_the_cases_may_require(tmp_path):
+    """A case service that requires `OPENAI_BASE_URL`/`OPENAI_API_KEY` (a user simulator) builds
+    when case services are routed: the nested runs hold the gateway's variables (without the
+    switch it is refused, above)."""
+    tree = make_spec_tree(tmp_path / "spec", _set("inference", {**_ROUTED_GATEWAY, "route_case_services": True}))
+    _write("cases/case-1/environment/docker-compose.yaml", _USER_SIMULATOR)(tree)
+    result = CliRunner().invoke(
+        app, ["harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "task")], env={"HARBOR_TELEMETRY": "0"}
+    )
+    assert result.exit_code == 0, result.stderr

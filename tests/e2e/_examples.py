@@ -168,10 +168,12 @@ def start_run(
     workdir: Path,
     extra_env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
+    spec: Path | None = None,
 ) -> _Started:
     """Start `vero harbor run` in its own process group; its compiled task goes to `<workdir>/tmp`.
 
-    `extra_args` are further `vero harbor run` options (e.g. `--model`)."""
+    `extra_args` are further `vero harbor run` options (e.g. `--model`). `spec`: another spec than
+    `tasks/<example>/build.yaml` (named `example`); `extra_env` then gives its secrets."""
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True)
     jobs_dir = workdir / "jobs"
@@ -182,7 +184,7 @@ def start_run(
         "harbor",
         "run",
         "--config",
-        str(build_spec_path(example)),
+        str(spec or build_spec_path(example)),
         "--agent",
         agent,
         "--jobs-dir",
@@ -191,7 +193,7 @@ def start_run(
         job_name,
         *(extra_args or []),
     ]
-    env = harbor_env({"TMPDIR": str(tmp), **secret_env(example), **(extra_env or {})})
+    env = harbor_env({"TMPDIR": str(tmp), **(secret_env(example) if spec is None else {}), **(extra_env or {})})
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv,

@@ -25,7 +25,6 @@ import json
 import logging
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -48,6 +47,8 @@ from vero.spec.models import (
 )
 from vero.verifier import verify
 
+from ._leaks import files_containing
+
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,30 +69,6 @@ def copy_cases(names: list[str], dest: Path) -> Path:
         shutil.copytree(PUZZLE / "cases" / name, dest / name)
     dest.chmod(0o700)  # as the images make them: no candidate host may enter
     return dest
-
-
-def files_containing(root: Path, needle: bytes) -> list[Path]:
-    """Files under `root` holding `needle`, looking inside gzipped tar archives too (the sealed
-    session is one: a byte search of the compressed file would never see a leaked value)."""
-    found = []
-    for path in root.rglob("*"):
-        try:
-            if not path.is_file() or path.is_symlink():
-                continue
-            if needle in path.read_bytes() or (path.name.endswith((".tar.gz", ".tgz")) and _in_archive(path, needle)):
-                found.append(path)
-        except OSError:
-            continue
-    return found
-
-
-def _in_archive(path: Path, needle: bytes) -> bool:
-    with tarfile.open(path, "r:gz") as tar:
-        for member in tar:
-            handle = tar.extractfile(member) if member.isfile() else None
-            if handle is not None and needle in handle.read():
-                return True
-    return False
 
 
 def attack_reports(job_dir: Path) -> list[dict]:
