@@ -464,7 +464,7 @@ async def _probe_one(
     evaluation_id = _evaluation_id("probe", case)
     started = time.monotonic()
     try:
-        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, _):
+        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, network, _):
             result = await backend.evaluate(
                 _nested_run(
                     spec,
@@ -477,6 +477,7 @@ async def _probe_one(
                     run_env,
                     evaluation_id=evaluation_id,
                     candidate_env=candidate_env,
+                    case_network=network,
                 )
             )
     except InfrastructureFailure as exc:  # a case problem too: the baseline's run names it

@@ -160,8 +160,8 @@ def test_probe_verdict(flags, reward, verdict, n_findings):
 
 
 def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
-    """Each run's candidate finds the check's gateway (its own token) and reaches the provider
-    through it; the provider key is in no nested run's environment and no report."""
+    """Each run's candidate (the probe's too) finds the check's gateway (its own token) and reaches
+    the provider through it; the provider key is in no nested run's environment and no report."""
     import httpx
     from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
 
@@ -204,12 +204,23 @@ def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
                 ("same", "reference"): scored(1.0),
             }
         )
+        probes = CallsTheModel(
+            {("good", "probe"): scored(0.0, "probe_planted"), ("same", "probe"): scored(1.0, "probe_planted")}
+        )
         report = asyncio.run(
-            check_spec(load_spec(path), {"ZQ_PROVIDER_KEY": key}, work_dir=tmp_path / "work", backend=runs)
+            check_spec(
+                load_spec(path),
+                {"ZQ_PROVIDER_KEY": key},
+                work_dir=tmp_path / "work",
+                backend=runs,
+                probe=True,
+                probe_backend=probes,
+            )
         )
         requests = list(fake.requests)
-    assert len(tokens) == len(set(tokens)) == 4  # a token per run
-    assert len(requests) == 4 and all(r["headers"]["authorization"] == f"Bearer {key}" for r in requests)
+    assert sorted(probes.asked) == [("good", "probe"), ("same", "probe")]
+    assert len(tokens) == len(set(tokens)) == 6  # a token per run, the probe's included
+    assert len(requests) == 6 and all(r["headers"]["authorization"] == f"Bearer {key}" for r in requests)
     for row in report.cases:
         for run in (row.baseline, row.reference):
             assert run.inference is not None and run.inference.calls == 1 and run.inference.cost_usd > 0

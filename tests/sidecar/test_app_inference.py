@@ -95,7 +95,9 @@ def harness_with(tmp_path, upstream, backend, *, route: bool = False, **access):
             "train": PartitionAccess(disclosure="full", **budget),
             "val": PartitionAccess(disclosure="aggregate", **budget),
             "blind": PartitionAccess(disclosure="none", **budget),
+            "ladder": PartitionAccess(disclosure="aggregate", ladder={"margin": 0.1}, **budget),
         },
+        partitions={"train": ["t1", "t2"], "val": ["v1", "v2"], "blind": ["b1"], "ladder": ["l1", "l2"]},
     )
 
 
@@ -131,10 +133,11 @@ def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, ups
         assert blind["state"] == "complete" and blind["result"] == {"disclosure": "none"} | {
             k: None for k in blind["result"] if k != "disclosure"
         }
-        assert inference_budget(client, "blind") == {
-            "total_inference_usd": pytest.approx(10 * CALL_MICRO_USD / 1e6),
-            "remaining_inference_usd": None,
-        }
+        for withheld in ("blind", "ladder"):  # the Ladder's answers would be bypassed by it too
+            assert inference_budget(client, withheld) == {
+                "total_inference_usd": pytest.approx(10 * CALL_MICRO_USD / 1e6),
+                "remaining_inference_usd": None,
+            }
         export = client.get("/admin/export", headers=harness.admin_headers()).json()
         assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])  # blind's too
     # What complete jobs spent stays spent across a restart.
