@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 
-from vero.core.job_states import TERMINAL_JOB_STATES
+from vero.core.job_states import JOB_STATES, TERMINAL_JOB_STATES
 from vero.errors import (
     CASE_PROBLEM_CODES,
     BudgetExhausted,
@@ -85,7 +85,6 @@ _PROBLEM_EXIT_CODES: dict[str, int] = {
     "reward_key_missing": 15,
 }
 _FINAL_502_CODES = frozenset({"infrastructure", *CASE_PROBLEM_CODES})
-_STATES = ("queued", "running", "complete", "failed", "cancelled")
 
 EPILOG = (
     "Output: one JSON document on stdout (with --text: a short summary); on failure "
@@ -701,7 +700,7 @@ _ARGUMENTS: dict[str, tuple[_Argument, ...]] = {
         _arg("--limit", "-n", type=_limit, default=20, help="Evaluations per page, 1 to 100 (default 20)."),
         _arg("--before", default=None, help="Cursor: the `next_cursor` of the previous page (list older evaluations)."),
         _arg("--partition", "-p", default=None, help="Only evaluations of this partition."),
-        _arg("--state", choices=_STATES, default=None, help="Only evaluations in this state."),
+        _arg("--state", choices=JOB_STATES, default=None, help="Only evaluations in this state."),
         _arg("--all", action="store_true", help="Follow every page and print them as one list."),
         *_COMMON,
     ),
