@@ -455,6 +455,15 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     with pytest.raises(KeyError):
         store.update_worktree("f" * 40, work, index)
 
+    # a sidecar killed during an update leaves git's index lock and no marker: the next update
+    # starts over instead of failing on the lock (as every later update of the slot would)
+    (work / "pkg" / "m1.py").write_text("half written")
+    index.with_name(index.name + ".tree").unlink()
+    index.with_name(index.name + ".lock").write_bytes(b"")
+    update = store.update_worktree(first, work, index)
+    assert update.changed is None and (work / "pkg" / "m1.py").read_text() == "v = 1\n"
+    assert (work / "gone.txt").exists() and not index.with_name(index.name + ".lock").exists()
+
 
 def test_the_store_is_repacked_in_the_foreground_and_no_git_child_outlives_a_call(tmp_path):
     """Imports past a repack, in a child that is a subreaper: after each call, no process it started

@@ -744,7 +744,9 @@ class CandidateStore:
         `work_tree` holds, and `<index_file>.tree` the tree id it was last brought to. With them,
         git rewrites only the files whose entry or stat differs and deletes the files the
         candidate does not have. Without them (first use, or a crash mid-update) the directory is
-        emptied and written whole. Call it for one work tree from one thread at a time.
+        emptied and written whole. Call it for one work tree from one thread at a time: then a
+        `<index_file>.lock` can only be what a git killed mid-update left (no git child outlives a
+        call), and it is removed, or every later update of this work tree would fail.
 
         Returns:
             The work tree and the tree-relative paths that changed (None: everything was written).
@@ -756,6 +758,7 @@ class CandidateStore:
         work_tree = Path(os.path.abspath(work_tree))
         index_file = Path(os.path.abspath(index_file))
         marker = index_file.with_name(index_file.name + ".tree")
+        index_file.with_name(index_file.name + ".lock").unlink(missing_ok=True)
         store = self._store_git()
         tree = self._commit_tree(store, candidate_id)
         try:
