@@ -465,6 +465,63 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     assert (work / "gone.txt").exists() and not index.with_name(index.name + ".lock").exists()
 
 
+GITATTRIBUTES = (
+    "* text eol=crlf\n"
+    "*.txt ident\n"
+    "*.c working-tree-encoding=ISO-8859-1\n"
+    "*.f filter=fake\n"
+    "secret.txt export-ignore\n"
+    "[attr]shout text eol=crlf\n"
+    "*.sh shout\n"
+)
+
+
+def _blob_ids(root: Path) -> dict[str, str]:
+    """Path -> the blob id of each file's bytes as they are on disk (`hash-object --no-filters`)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    names = "\n".join(str(p) for p in files).encode()
+    ids = subprocess.run(
+        ["git", "hash-object", "--no-filters", "--stdin-paths"], input=names, capture_output=True, check=True
+    ).stdout.split()
+    return {p.relative_to(root).as_posix(): oid.decode() for p, oid in zip(files, ids, strict=True)}
+
+
+def test_checkouts_are_the_trees_bytes_whatever_its_gitattributes_and_the_slot_held(store, tmp_path):
+    """A `.gitattributes` with line-ending conversion, `ident`, an encoding, a filter, a macro and
+    `export-ignore` changes nothing: a fresh checkout, a slot that held another tree and a slot that
+    held the same tree before its attributes came all hold exactly the blobs `git ls-tree` lists."""
+    repo = tmp_path / "attrs"
+    plain = {"a.txt": "one\ntwo\n", "id.txt": "$Id$\nkept\n", "u.c": 'char *s = "\u00e9";\n', "x.f": "f\n"}
+    plain |= {"run.sh": "echo\n", "secret.txt": "exported?\n"}
+    first = commit_files(repo, plain)  # no attributes yet: a slot holding this has every file already
+    (repo / ".gitattributes").write_text(GITATTRIBUTES)
+    (repo / "sub").mkdir()
+    (repo / "sub" / "b.txt").write_text("$Id$\n")
+    git(repo, "add", ".gitattributes", "sub/b.txt")  # only these: the others' blobs stay as they were
+    git(repo, "commit", "-q", "-m", "attributes")
+    with_attributes = git(repo, "rev-parse", "HEAD")
+    chown_agent(repo)
+    for version in (first, with_attributes):
+        store.import_version_sync(repo, version)
+    listing = git(store.git_dir, "ls-tree", "-r", with_attributes)
+    expected = {line.split("\t")[1]: line.split()[2] for line in listing.splitlines()}
+    assert len(expected) == 8
+
+    fresh = store.checkout(with_attributes, tmp_path / "fresh")
+    (tmp_path / "private").mkdir()
+    slot_a, index_a = tmp_path / "slot-a", tmp_path / "private" / "a.index"
+    store.update_worktree(first, slot_a, index_a)
+    store.update_worktree(with_attributes, slot_a, index_a)
+    slot_b, index_b = tmp_path / "slot-b", tmp_path / "private" / "b.index"
+    store.update_worktree(with_attributes, slot_b, index_b)
+    for tree in (fresh, slot_a, slot_b):
+        assert _blob_ids(tree) == expected, tree
+    assert (slot_b / "id.txt").read_bytes() == b"$Id$\nkept\n" and b"\r" not in (slot_a / "a.txt").read_bytes()
+    # A store opened again (the verifier opens the sealed session's) keeps the rule.
+    reopened = CandidateStore.open(store.root)
+    assert _blob_ids(reopened.checkout(with_attributes, tmp_path / "again")) == expected
+
+
 def test_the_store_is_repacked_in_the_foreground_and_no_git_child_outlives_a_call(tmp_path):
     """Imports past a repack, in a child that is a subreaper: after each call, no process it started
     is left (a detached gc or maintenance would be re-parented to it), although the store's own

@@ -34,7 +34,12 @@ config, or talks to anything but a local path. No branch or tag is ever created 
 
 Checkouts write files only (no `.git`): `checkout` fills a fresh directory; `update_worktree` brings
 a persistent work tree (one per evaluation slot) to a candidate, writing only the files that differ
-from what it held (`git read-tree --reset -u` with a private index).
+from what it held (`git read-tree --reset -u` with a private index). Either way a checked-out file
+holds exactly its blob's bytes: the store's `info/attributes` (`CHECKOUT_ATTRIBUTES`, which outranks
+every `.gitattributes` of a tree, gitattributes(5)) unsets every attribute that changes bytes on
+checkout (`text`/`eol`/`crlf` line endings, `ident`, `filter`, `working-tree-encoding`) and the
+`export-*` ones, so a tree's own attributes never apply, and every slot and the verifier hold the
+same bytes whatever they held before.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from vero.errors import CandidateRejected, GitFailed, StorageFull
 from vero.spec.models import CandidateLimits
 
 __all__ = [
+    "CHECKOUT_ATTRIBUTES",
     "MAX_VERSION_CHARS",
     "REPACK_EVERY_IMPORTS",
     "RESERVED_PATHS",
@@ -85,6 +91,13 @@ CANDIDATE_REF_PREFIX = "refs/vero/candidates/"
 TEMPORARY_REF_PREFIX = "refs/vero/tmp/"
 
 _OID = re.compile(r"^[0-9a-f]{40}$")
+
+CHECKOUT_ATTRIBUTES = (
+    b"# vero: a checkout is its tree's bytes. $GIT_DIR/info/attributes outranks every .gitattributes\n"
+    b"# of a tree (gitattributes(5)), so none of a candidate's attributes applies on checkout.\n"
+    b"* -text -eol -crlf -ident -filter -working-tree-encoding -export-ignore -export-subst\n"
+)
+"""The store's `info/attributes`, rewritten at every `CandidateStore.open`."""
 _SUBJECT_CHARS = 200
 # Git's regular tree entry modes: file, executable, symlink, directory, gitlink (submodule).
 _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
@@ -277,6 +290,8 @@ class CandidateStore:
             store._git(store.root).init(
                 "-q", "--bare", f"--template={store._template}", "--object-format=sha1", str(store.git_dir)
             )
+        (store.git_dir / "info").mkdir(mode=0o700, exist_ok=True)
+        atomic_write_bytes(store.git_dir / "info" / "attributes", CHECKOUT_ATTRIBUTES)
         return store
 
     def _records(self) -> StateStore:
@@ -789,7 +804,8 @@ class CandidateStore:
     def _read_tree(self, work_tree: Path, index_file: Path, tree: str) -> None:
         # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
         # written; entries the tree lacks are deleted; untracked files in the way are overwritten.
-        # `core.trustctime=false`: a chmod of a file does not count as a change.
+        # `core.trustctime=false`: a chmod of a file does not count as a change. No attribute of the
+        # tree applies (`CHECKOUT_ATTRIBUTES`); `core.autocrlf=false` says so for files without one.
         worktree_git = self._git(
             work_tree,
             git_dir=self.git_dir,
@@ -802,6 +818,8 @@ class CandidateStore:
                 "core.trustctime=false",
                 "-c",
                 "core.checkStat=minimal",
+                "-c",
+                "core.autocrlf=false",
                 "read-tree",
                 "--reset",
                 "-u",
