@@ -332,3 +332,147 @@ def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypa
     who = json.loads((root / "logs" / "candidate" / "who.json").read_text())
     assert 52000 <= who["uid"] < 60000 and who["gid"] == who["uid"] and who["groups"] == []
     assert "VERO_TEST_RUNNER_SECRET" not in who["env"] and "VERO_INFERENCE_TOKEN" in who["env"]
+
+
+LEAVER = """
+import ctypes, json, os, subprocess
+from pathlib import Path
+from harbor.agents.base import BaseAgent
+
+PUBLIC = {public!r}
+
+
+class Leaver(BaseAgent):
+    @staticmethod
+    def name():
+        return "leaver"
+
+    def version(self):
+        return "1"
+
+    async def setup(self, environment):
+        return None
+
+    async def run(self, instruction, environment, context):
+        left = {{}}
+        if instruction == "leave":
+            tag = "vero-left-" + str(os.getuid())
+            for base in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", PUBLIC):
+                if os.access(base, os.W_OK):
+                    Path(base, tag).write_text("the none partition's answer")
+                    left[base] = str(Path(base, tag))
+            hidden = Path("/tmp", tag + "-dir", "a", "b")  # a tree, made world-writable for the next host
+            hidden.mkdir(parents=True)
+            for path in (hidden, hidden.parent, hidden.parent.parent):
+                path.chmod(0o777)
+            (hidden / "answer").write_text("the none partition's answer")
+            fd = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)  # deeper than Python's recursion limit
+            os.mkdir(tag + "-deep", dir_fd=fd)
+            for _ in range(1500):
+                child = os.open(tag + "-deep" if _ == 0 else "d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                os.mkdir("d", dir_fd=fd)
+            os.close(fd)
+            libc = ctypes.CDLL(None, use_errno=True)
+            left["shm"] = libc.shmget(0, 4096, 0o1000 | 0o666)  # IPC_PRIVATE, IPC_CREAT
+            left["sem"] = libc.semget(0, 1, 0o1000 | 0o666)
+            left["msg"] = libc.msgget(0, 0o1000 | 0o666)
+            daemon = subprocess.Popen(["sleep", "600"], start_new_session=True)
+            left["daemon"] = daemon.pid
+        else:
+            found = []
+            for base in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", PUBLIC):
+                try:
+                    found += [str(p) for p in Path(base).iterdir() if p.name.startswith("vero-left-")]
+                except OSError:
+                    pass
+            left["found"] = found
+            left["ipc"] = [line for kind in ("shm", "sem", "msg")
+                           for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]]
+        left["uid"] = os.getuid()
+        (self.logs_dir / "left.json").write_text(json.dumps(left))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="throw-away uids need root")
+def test_nothing_a_host_leaves_outside_its_scratch_dir_survives_it(world):
+    """Files in every shared temp dir and in a world-writable dir of the image, a world-writable
+    tree handed to later hosts, a tree deeper than the recursion limit, SysV shared memory,
+    semaphores and message queues, a daemon: all gone when the host ends, so a later host (in
+    another launcher, as for another evaluation) finds nothing."""
+    root, python = world
+    public = Path(tempfile.mkdtemp(prefix="vero-public-", dir="/tmp"))
+    public.chmod(0o1777)  # as a world-writable dir an image might have
+    (root / "cand" / "leaver_agent.py").write_text(textwrap.dedent(LEAVER.format(public=str(public))))
+
+    async def one(instruction: str) -> dict:
+        async with CandidateLauncher(python) as launcher:
+            agent = CandidateAgent(
+                root / "logs",
+                launcher=str(launcher.socket_path),
+                agent_import_path="leaver_agent:Leaver",
+                candidate_dir=str(root / "cand"),
+            )
+            await agent.setup(DirEnvironment(root / "case"))
+            await agent.run(instruction, DirEnvironment(root / "case"), AgentContext())
+        return json.loads((root / "logs" / "candidate" / "left.json").read_text())
+
+    try:
+        left = asyncio.run(one("leave"))
+        uid = left["uid"]
+        assert all(left[kind] >= 0 for kind in ("shm", "sem", "msg")), left
+        assert {"/tmp", "/var/tmp", "/dev/shm", str(public)} <= set(left), left
+        for base in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", str(public)):
+            if os.path.isdir(base):
+                assert not [e.path for e in os.scandir(base) if e.stat(follow_symlinks=False).st_uid == uid], base
+        for kind in ("shm", "sem", "msg"):
+            owners = [line.split() for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]]
+            assert not [o for o in owners if str(uid) in o], (kind, owners)
+        assert not _alive_as(left["daemon"], uid)
+        later = asyncio.run(one("look"))
+        assert later["found"] == [], later
+        assert not [line for line in later["ipc"] if str(uid) in line.split()], later
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def _alive_as(pid: int, uid: int) -> bool:
+    """Whether process `pid` runs as `uid` and is not a zombie (a zombie waits for its reaper)."""
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return owner == uid and state not in (b"Z", b"X")
+
+
+def test_writable_roots_are_what_any_uid_can_reach_and_write(tmp_path):
+    from vero.harbor.boundary.sweep import writable_roots
+
+    top = tmp_path / "fs"
+    for rel, mode in {
+        "": 0o755,
+        "tmp": 0o1777,
+        "tmp/handed": 0o777,
+        "private": 0o700,
+        "private/open": 0o777,  # unreachable: its parent is closed to other users
+        "usr": 0o755,
+        "usr/share": 0o755,
+        "ro": 0o755,
+        "ro/open": 0o777,  # on a read-only mount
+        "ro/rw": 0o755,
+        "ro/rw/open": 0o777,  # a read-write mount below the read-only one
+    }.items():
+        (top / rel).mkdir(exist_ok=True)
+        (top / rel).chmod(mode)
+    (top / "usr" / "share" / "open.txt").write_text("")
+    (top / "usr" / "share" / "open.txt").chmod(0o666)
+    (top / "tmp" / "link").symlink_to(top / "private")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"1 0 0:1 / {top / 'ro'} ro,relatime - ext4 /dev/x ro\n2 1 0:2 / {top / 'ro' / 'rw'} rw - tmpfs t rw\n"
+    )
+    roots = writable_roots(top, mountinfo)
+    assert sorted(p.relative_to(top).as_posix() for p in roots.dirs) == ["ro/rw/open", "tmp", "tmp/handed"]
+    assert [p.relative_to(top).as_posix() for p in roots.files] == ["usr/share/open.txt"]

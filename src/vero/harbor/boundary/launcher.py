@@ -18,7 +18,12 @@ the host's pipe. The host runs `python -I -m vero.harbor.boundary.host` with:
   by the launcher (root-owned file outside the scratch dir; its tail is handed back on `finish`).
 
 Ending a host kills its process group and then every process of its uid (`kill(-1)` run as that
-uid, Linux kill(2)), so daemons it detached die too; then the scratch dir is removed. A host ends
+uid, Linux kill(2)), so daemons it detached die too, and empties the uid's keyrings; then whatever
+the uid left where any user can write (`/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`, `/dev/mqueue`,
+any world-writable dir of the image) and its SysV IPC objects are removed
+(`vero.harbor.boundary.sweep`), and so is the scratch dir. Nothing a host leaves survives it, so
+a later host (of another evaluation, partition or tier, or one given the same uid) finds nothing
+of it; this holds in the sidecar and in the verifier alike. A host ends
 when the agent says `finish`, when the agent's connection drops (Harbor cancelled or crashed), or
 when the launcher closes at the end of the round.
 
@@ -46,6 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from vero.core.storage import remove_tree
+from vero.harbor.boundary.sweep import (
+    KILL_AND_CLEAR_AS_UID,
+    WritableRoots,
+    process_writable_roots,
+    sweep_uid,
+)
 
 __all__ = [
     "CANDIDATE_UID_RANGE",
@@ -76,8 +87,6 @@ _BASE_ENV = {
     "LOGNAME": "vero-candidate",
 }
 
-_KILL_ALL_OF_MY_UID = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
-
 
 def _uid_in_use(uid: int) -> bool:
     try:
@@ -94,6 +103,35 @@ def _uid_in_use(uid: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def _live_processes_of(uid: int) -> int:
+    """Processes of `uid` that are not zombies (a zombie can do nothing more)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry.path).st_uid != uid:
+                continue
+            with open(os.path.join(entry.path, "stat"), "rb") as stat_file:
+                state = stat_file.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            count += 1
+    return count
+
+
+async def _until_gone(uid: int, timeout_sec: float = 5.0) -> None:
+    """Wait until SIGKILLed processes of `uid` are gone (delivery is asynchronous: a process in a
+    system call may still finish it), so that nothing is created after the sweep."""
+    deadline = asyncio.get_running_loop().time() + timeout_sec
+    while await asyncio.to_thread(_live_processes_of, uid):
+        if asyncio.get_running_loop().time() > deadline:
+            logger.warning("candidate host uid %d: processes still alive after the kill", uid)
+            return
+        await asyncio.sleep(0.05)
 
 
 @dataclass(eq=False)
@@ -115,13 +153,15 @@ class CandidateHostProcess:
     isolated: bool
     python: Path
     """The hosts' interpreter: runnable by the host's uid, so it also runs the uid-wide kill."""
+    sweep_roots: WritableRoots | None = None
+    """Where the uid may have left files (isolated hosts only; swept at `finish`)."""
     on_finish: Callable[[], None] | None = None
     """Called once when the host is gone (the launcher frees its uid and slot)."""
     _finished: asyncio.Event = field(default_factory=asyncio.Event)
     _tail: str = ""
 
     async def finish(self, grace_sec: float = 0.0) -> str:
-        """End the host and everything it started; remove its scratch dir. Idempotent.
+        """End the host and everything it started, remove what its uid left and its scratch dir. Idempotent.
 
         Returns:
             The last bytes of its stderr (decoded; candidate output, not trusted).
@@ -145,7 +185,7 @@ class CandidateHostProcess:
                         str(self.python),
                         "-I",
                         "-c",
-                        _KILL_ALL_OF_MY_UID,
+                        KILL_AND_CLEAR_AS_UID,
                         user=self.uid,
                         group=self.uid,
                         extra_groups=[],
@@ -165,6 +205,17 @@ class CandidateHostProcess:
             except OSError:
                 self._tail = ""
             await asyncio.to_thread(remove_tree, self.scratch_dir)  # any depth the candidate made
+            if self.isolated and self.sweep_roots is not None:
+                await _until_gone(self.uid)
+                swept = await asyncio.to_thread(sweep_uid, self.uid, self.sweep_roots)
+                if swept.entries or swept.ipc_objects:
+                    logger.info(
+                        "candidate host uid %d left %d file(s) and %d SysV IPC object(s) outside its "
+                        "scratch dir: removed",
+                        self.uid,
+                        swept.entries,
+                        swept.ipc_objects,
+                    )
             with contextlib.suppress(OSError):
                 self.stderr_path.unlink()
         finally:
@@ -282,6 +333,7 @@ class CandidateLauncher:
             raise RuntimeError("the launcher is not open")
         await self._slots.acquire()
         try:
+            sweep_roots = await asyncio.to_thread(process_writable_roots) if self.isolated else None
             uid = await asyncio.to_thread(self._allocate_uid)
             scratch = self._root / f"host-{uid}-{secrets.token_hex(4)}"
             scratch.mkdir(mode=0o700)
@@ -334,6 +386,7 @@ class CandidateLauncher:
             stderr_path=stderr_path,
             isolated=self.isolated,
             python=self.python,
+            sweep_roots=sweep_roots,
         )
 
         def release() -> None:
