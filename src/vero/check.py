@@ -636,6 +636,10 @@ async def check_spec(
                 )
             served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
             await stack.enter_async_context(GatewayServer(served))
+            for each in (backend, probe_backend):
+                bind = getattr(each, "bind_hosts_to", None)
+                if bind is not None:
+                    bind(served)  # each run's token works from its own candidate hosts only
             router = None
             if spec.inference.route_case_services and spec.harbor.environment == "docker":
                 from vero.harbor.case_route import CaseRouter

@@ -9,6 +9,7 @@ or the error it would have raised.
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import UTC, datetime
 
 import pytest
@@ -169,9 +170,15 @@ def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
     tokens: list[str] = []
 
     class CallsTheModel(Runs):
+        binding = None
+
+        def bind_hosts_to(self, binding):
+            self.binding = binding  # as HarborBackend: the check hands it its gateway
+
         async def evaluate(self, run):
             assert key not in run.env.values() and key not in run.candidate_env.values()
             tokens.append(run.candidate_env["OPENAI_API_KEY"])
+            self.binding.bind_host(tokens[-1], os.getuid())  # this process stands in for the candidate host
             async with httpx.AsyncClient(timeout=30) as client:
                 reply = await client.post(
                     f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -200,7 +201,7 @@ async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
     async with GatewayServer(gateway):
         router = CaseRouter(gateway, {}, SESSION)
         token_a, grant_a = gateway.grant("ev-a", "train", partition_pool=None, evaluation_limit_usd=1.0)
-        token_b, _ = gateway.grant("ev-b", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        token_b, grant_b = gateway.grant("ev-b", "train", partition_pool=None, evaluation_limit_usd=1.0)
         route_a = await router.open("ev-a")
         route_b = await router.open("ev-b")
         left = await router.open("ev-left")
@@ -230,10 +231,18 @@ async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
                 token_a,
             )
             assert done.stdout.strip() == "200", done.stdout + done.stderr
-            # Each listener takes its own evaluation's token only.
+            # Each listener takes its own evaluation's token only; a caller in this process's own
+            # network namespace must be one of the evaluation's candidate hosts (here: this test).
+            gateway.bind_host(token_b, os.getuid())
             assert await asyncio.to_thread(_chat, route_a.base_url, token_b) == 401
             assert await asyncio.to_thread(_chat, route_b.base_url, token_b) == 200
+            assert await asyncio.to_thread(_chat, gateway.base_url, token_b) == 200
             assert grant_a.usage.calls == 1
+            # ... so evaluation b's caller cannot use a's token, on a's route or on loopback; it is
+            # counted on b, whose caller tried.
+            assert await asyncio.to_thread(_chat, route_a.base_url, token_a) == 401
+            assert await asyncio.to_thread(_chat, gateway.base_url, token_a) == 401
+            assert grant_a.usage.calls == 1 and grant_b.usage.refused_calls == {"foreign_token": 2}
 
             # A container still on the network does not keep it: closing disconnects it.
             started = _docker(

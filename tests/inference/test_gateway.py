@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
+import subprocess
 
 import httpx
 import pytest
@@ -105,6 +107,7 @@ def test_metered_calls_in_every_format_streaming_and_not(upstream):
         token, grant = gateway.grant(
             "ev-1", "train", partition_pool=BudgetPool(to_micro_usd(1.0)), evaluation_limit_usd=None
         )
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         answers = [
             await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth),
@@ -152,6 +155,7 @@ def test_openai_sdk_streams_through_the_gateway(upstream):
 
     async def body(gateway, client):
         token, _ = gateway.grant("ev-sdk", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         env = gateway.environment(token)
         sdk = AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0)
         stream = await sdk.chat.completions.create(
@@ -167,10 +171,85 @@ def test_openai_sdk_streams_through_the_gateway(upstream):
     assert usage.calls == 1 and usage.output_tokens == OUTPUT_TOKENS
 
 
+CALL_AS_UID = """
+import json, sys, urllib.error, urllib.request
+base, token = sys.argv[1], sys.argv[2]
+request = urllib.request.Request(base + "/openai/v1/chat/completions", method="POST",
+    data=json.dumps({"model": "fake-ok", "messages": [{"role": "user", "content": "x"}]}).encode(),
+    headers={"authorization": "Bearer " + token, "content-type": "application/json"})
+try:
+    print(urllib.request.urlopen(request, timeout=30).status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="callers of other uids need root")
+def test_a_token_works_only_for_its_own_evaluations_candidate_hosts(upstream, caplog, portable_toolchain):
+    """Two evaluations running at once, each with a candidate host of its own uid (real processes,
+    real loopback connections): each token works for its host; a's token from b's host (or from
+    any other local uid) is refused with 401, logged, and counted on b; neither budget moves."""
+    python = str(portable_toolchain[1])  # runnable by any uid
+    uid_a, uid_b, stranger = 52991, 52992, 52993
+
+    def call_as(uid: int, base: str, token: str) -> int:
+        done = subprocess.run(
+            [python, "-I", "-c", CALL_AS_UID, base, token],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        return int(done.stdout.strip() or 0)
+
+    async def body(gateway, client):
+        token_a, _ = gateway.grant("ev-a", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        token_b, _ = gateway.grant("ev-b", "secret", partition_pool=None, evaluation_limit_usd=1.0)
+        gateway.bind_host(token_a, uid_a)
+        gateway.bind_host(token_b, uid_b)
+        base = gateway.base_url
+        codes = {
+            "a_own": await asyncio.to_thread(call_as, uid_a, base, token_a),
+            "b_own": await asyncio.to_thread(call_as, uid_b, base, token_b),
+            "b_with_a": await asyncio.to_thread(call_as, uid_b, base, token_a),
+            "a_with_b": await asyncio.to_thread(call_as, uid_a, base, token_b),
+            "stranger_with_a": await asyncio.to_thread(call_as, stranger, base, token_a),
+            "this_process_with_a": (
+                await client.post(
+                    "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": f"Bearer {token_a}"}
+                )
+            ).status_code,
+        }
+        gateway.release_host(token_a, uid_a)
+        codes["a_after_its_host_ended"] = await asyncio.to_thread(call_as, uid_a, base, token_a)
+        return codes, await gateway.revoke(token_a), await gateway.revoke(token_b)
+
+    caplog.set_level(logging.WARNING)
+    codes, usage_a, usage_b = run(with_gateway(upstream.url, body))
+    assert codes == {
+        "a_own": 200,
+        "b_own": 200,
+        "b_with_a": 401,
+        "a_with_b": 401,
+        "stranger_with_a": 401,
+        "this_process_with_a": 401,
+        "a_after_its_host_ended": 401,
+    }
+    assert usage_a.calls == 1 and usage_b.calls == 1
+    # Each misuse is counted on the evaluation whose candidate tried, never on the token's own.
+    assert usage_a.refused_calls == {"foreign_token": 1} and usage_b.refused_calls == {"foreign_token": 1}
+    assert "evaluation ev-a: its gateway token was used by local uid 52992" in caplog.text
+    assert "(a candidate of evaluation ev-b)" in caplog.text
+
+
 def test_refusals_allow_list_tokens_and_budget(upstream):
     async def body(gateway, client):
         partition = BudgetPool(to_micro_usd(2.5 * CALL_USD))
         token, _ = gateway.grant("ev-2", "train", partition_pool=partition, evaluation_limit_usd=None)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         out = {
             "no_token": await client.post("/openai/v1/chat/completions", json=chat("fake-ok")),
@@ -216,6 +295,7 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     async def body(gateway, client):
         partition = BudgetPool(to_micro_usd(1.0))
         token, _ = gateway.grant("ev-3", "train", partition_pool=partition, evaluation_limit_usd=None)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         answers = {
             "5xx": await client.post("/openai/v1/chat/completions", json=chat("fake-500"), headers=auth),
@@ -260,6 +340,7 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     async def failing(gateway, client):
         partition = BudgetPool(to_micro_usd(1.0))
         token, _ = gateway.grant("ev-5", "train", partition_pool=partition, evaluation_limit_usd=None)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         refused = await client.post("/openai/v1/chat/completions", json=chat("fake-500", stream=True), headers=auth)
         async with client.stream(
@@ -295,6 +376,7 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     async def leaving(gateway, client):
         partition = BudgetPool(to_micro_usd(1.0))
         token, grant = gateway.grant("ev-6", "train", partition_pool=partition, evaluation_limit_usd=None)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         request = chat("fake-stall", stream=True, max_tokens=50)
         async with client.stream(
             "POST", "/openai/v1/chat/completions", json=request, headers={"authorization": f"Bearer {token}"}
@@ -316,6 +398,7 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
 def test_evaluation_limit_caps_one_evaluation(upstream):
     async def body(gateway, client):
         token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         codes = [
             (
@@ -342,6 +425,7 @@ def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
     # when the money is spent is refused. Whether a call is refused never depends on timing.
     async def body(gateway, client):
         token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
             client.post("/openai/v1/chat/completions", json=chat("fake-delay", max_tokens=7), headers=auth)
@@ -364,6 +448,7 @@ def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
     # MAX_WAITING_CALLS waiting calls, further ones are answered 429 at once.
     async def body(gateway, client):
         token, grant = gateway.grant("ev-7", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
             client.post("/openai/v1/chat/completions", json=chat("fake-slow", max_tokens=7), headers=auth)
@@ -396,6 +481,7 @@ def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
 def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):
     async def body(gateway, client):
         token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
             client.post("/openai/v1/chat/completions", json=chat("fake-delay", max_tokens=7), headers=auth)

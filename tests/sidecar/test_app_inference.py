@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -40,9 +41,16 @@ class CallingBackend(StubBackend):
     model: str = "gpt-test"
     as_case_service: bool = False
     networks_seen: list[str] = field(default_factory=list)
+    binding: object | None = None
+
+    def bind_hosts_to(self, binding) -> None:
+        self.binding = binding  # as HarborBackend: the sidecar hands it its gateway
 
     async def evaluate(self, run: NestedRun) -> object:
         env = run.env if self.as_case_service else run.candidate_env
+        token = run.candidate_env.get("VERO_INFERENCE_TOKEN")
+        if token and self.binding is not None:
+            self.binding.bind_host(token, os.getuid())  # this process stands in for the candidate (or case)
         assert KEY_NAME not in run.env and KEY not in json.dumps(run.env)  # provider keys never reach runs
         if run.case_network is not None:
             inspected = await asyncio.to_thread(
@@ -57,6 +65,8 @@ class CallingBackend(StubBackend):
                     headers={"authorization": f"Bearer {env['OPENAI_API_KEY']}"},
                     json={"model": self.model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
                 )
+        if token and self.binding is not None:
+            self.binding.release_host(token, os.getuid())
         return await super().evaluate(run)
 
 

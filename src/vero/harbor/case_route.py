@@ -10,8 +10,9 @@ Per evaluation, `CaseRouter.open`:
 2. puts this process on it: in a container (`own_container`: the id Docker's bind mounts show in
    `/proc/self/mountinfo`), that container is connected to it; on a host, the network's bridge
    address is the host's own;
-3. serves the gateway on that address only, on a fresh port, for this evaluation's token only
-   (`vero.inference.gateway.GatewayServer` with `evaluation_id`);
+3. serves the gateway on that address only, on a fresh port, for this evaluation's token only, to
+   callers from that network's subnet (and this evaluation's own candidate hosts)
+   (`vero.inference.gateway.GatewayServer` with `evaluation_id` and `remote_network`);
 4. names the network for the nested run (`NestedRun.case_network`): each round's compose override
    attaches `main` and the services every selected case declares (`case_route_compose`).
 
@@ -33,6 +34,7 @@ compose file). Their calls fail; none is ever sent with a provider key.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import secrets
@@ -207,11 +209,11 @@ class CaseRouter:
         if self.session:
             labels[LABEL_SESSION] = self.session
         try:
-            address = await finish_uncancellable(asyncio.to_thread(self._create, name, labels))
+            address, subnet = await finish_uncancellable(asyncio.to_thread(self._create, name, labels))
         except asyncio.CancelledError:
             await finish_uncancellable(asyncio.to_thread(self._remove, name))
             raise
-        server = GatewayServer(self.gateway, host=address, port=0, evaluation_id=evaluation_id)
+        server = GatewayServer(self.gateway, host=address, port=0, evaluation_id=evaluation_id, remote_network=subnet)
         try:
             await server.__aenter__()
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - uvicorn exits when it cannot bind
@@ -236,8 +238,9 @@ class CaseRouter:
             logger.warning("the case route's listener did not stop cleanly (%s)", type(exc).__name__)
         await asyncio.to_thread(self._remove, network)
 
-    def _create(self, name: str, labels: dict[str, str]) -> str:
-        """Create the network and join it; the address this process has on it."""
+    def _create(self, name: str, labels: dict[str, str]) -> tuple[str, ipaddress.IPv4Network]:
+        """Create the network and join it; the address this process has on it and its subnet (the
+        only remote callers the route's listener serves)."""
         try:
             client = _client(self.docker_env)
         except Exception as exc:  # noqa: BLE001 - DockerException or a transport error
@@ -259,7 +262,12 @@ class CaseRouter:
                     address = config[0].get("Gateway")
                 if not address:
                     raise InfrastructureFailure("route_case_services: the case network gave this process no address")
-                return str(address)
+                network.reload()
+                subnet = ((network.attrs.get("IPAM") or {}).get("Config") or [{}])[0].get("Subnet")
+                try:
+                    return str(address), ipaddress.IPv4Network(str(subnet))
+                except ValueError:
+                    raise InfrastructureFailure("route_case_services: the case network has no IPv4 subnet") from None
             except BaseException:
                 self._remove_with(client, name)
                 raise

@@ -83,6 +83,7 @@ from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.backend import NestedRun
 from vero.harbor.boundary import CandidateLauncher
+from vero.harbor.boundary.launcher import HostBinding
 from vero.harbor.boundary.preflight import preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
 from vero.harbor.case_route import case_route_compose
@@ -212,6 +213,12 @@ class HarborBackend:
         self.program_agent = program_agent
         self.program_agent_kwargs = dict(program_agent_kwargs or {})
         self.isolate_candidates = isolate_candidates
+        self.host_binding: HostBinding | None = None
+
+    def bind_hosts_to(self, binding: HostBinding) -> None:
+        """Tell `binding` (the process's inference gateway) which uids run each evaluation's
+        candidate hosts, so that its token works for them only (README, "Inference")."""
+        self.host_binding = binding
 
     async def remove_leftovers(
         self, *, environment: str, env: Mapping[str, str], session: str, jobs: Iterable[str] | None = None
@@ -305,8 +312,19 @@ class HarborBackend:
         if run.runtime.kind != "agent":
             return await self._evaluate(run, None)
         agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
+        token, binding = run.candidate_env.get("VERO_INFERENCE_TOKEN"), self.host_binding
+        on_host = None
+        if token and binding is not None:
+
+            def on_host(uid: int, alive: bool) -> None:
+                (binding.bind_host if alive else binding.release_host)(token, uid)
+
         async with CandidateLauncher(
-            self.python_executable, agent_uid=agent_uid, env=run.candidate_env, isolate=self.isolate_candidates
+            self.python_executable,
+            agent_uid=agent_uid,
+            env=run.candidate_env,
+            isolate=self.isolate_candidates,
+            on_host=on_host,
         ) as launcher:
             return await self._evaluate(run, launcher)
 

@@ -10,7 +10,11 @@ It runs inside the sidecar and the verifier (`GatewayServer`, loopback by defaul
 | `POST /anthropic/v1/messages` | Anthropic messages (streaming included) |
 
 A call is checked in this order: size (413) -> JSON (400) -> token (401: `Authorization: Bearer`
-or `x-api-key`, one per evaluation, minted by `grant`) -> model on the allow-list and served by this
+or `x-api-key`, one per evaluation, minted by `grant`) -> caller (401: a token works only from where
+its evaluation's candidate runs: from a candidate host bound to it, `bind_host`, i.e. a socket of
+that host's uid in this network namespace, `vero.inference.callers`; or on its evaluation's own case
+route listener from that route's network; any other use is refused, logged and counted as
+`foreign_token` on the evaluation it came from) -> model on the allow-list and served by this
 endpoint's wire format (403 `model_not_allowed`) -> budget hold (402 `budget_exhausted`) -> upstream
 call with the provider key only the gateway holds (the caller's headers are never forwarded).
 A budget whose free money is all held by calls in flight is busy, not exhausted: the call waits
@@ -37,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import json
 import logging
 import math
@@ -51,6 +56,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vero.core.usage import InferenceUsage, ModelUsage
+from vero.inference.callers import Peer, peer_of
 from vero.inference.pricing import ModelPrice, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
 
@@ -120,6 +126,9 @@ class InferenceGrant:
     usage: InferenceUsage = field(default_factory=InferenceUsage)
     closed: bool = False
     open_calls: set[_Call] = field(default_factory=set)
+    hosts: dict[int, int] = field(default_factory=dict)
+    """uid -> live candidate hosts of this evaluation running as it (`InferenceGateway.bind_host`):
+    the local callers the token works for."""
     waiting_calls: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -318,6 +327,21 @@ class InferenceGateway:
         self._grants.pop(_digest(token), None)
         return grant.usage.model_copy(deep=True)
 
+    def bind_host(self, token: str, uid: int) -> None:
+        """A candidate host of `token`'s evaluation runs as `uid`: its calls may use the token (until
+        `release_host`). Unknown tokens are ignored."""
+        grant = self._grants.get(_digest(token))
+        if grant is not None:
+            grant.hosts[uid] = grant.hosts.get(uid, 0) + 1
+
+    def release_host(self, token: str, uid: int) -> None:
+        """The host bound by `bind_host(token, uid)` has ended (and everything it started)."""
+        grant = self._grants.get(_digest(token))
+        if grant is not None and uid in grant.hosts:
+            grant.hosts[uid] -= 1
+            if grant.hosts[uid] <= 0:
+                del grant.hosts[uid]
+
     def environment(self, token: str, host: str | None = None) -> dict[str, str]:
         """The variables a candidate (or a case service) finds the gateway by (README, "Inference")."""
         return gateway_environment(self._base(host), token)
@@ -338,8 +362,8 @@ class InferenceGateway:
         return data
 
     def _authorize(self, request: Request) -> InferenceGrant | None:
-        """The open grant of the request's token; None without one, or when the request came in on
-        a listener of another evaluation (`create_gateway_app`'s `evaluation_id`)."""
+        """The open grant of the request's token, if the call comes from where its evaluation's
+        candidate runs (see the module docstring); None otherwise."""
         token = request.headers.get("x-api-key")
         authorization = request.headers.get("authorization", "")
         if not token and authorization.lower().startswith("bearer "):
@@ -350,7 +374,39 @@ class InferenceGateway:
         if grant is None or grant.closed:
             return None
         only = getattr(request.app.state, "evaluation_id", None)
-        return grant if only is None or grant.evaluation_id == only else None
+        if only is not None and grant.evaluation_id != only:
+            self._misused(grant, f"on the case route of evaluation {only}", self._grant_of(only))
+            return None
+        peer = _peer(request)
+        if peer.local:
+            if peer.uid is not None and peer.uid in grant.hosts:
+                return grant
+            offenders = [] if peer.uid is None else [g for g in self._grants.values() if peer.uid in g.hosts]
+            self._misused(grant, f"by local uid {peer.uid}", offenders[0] if len(offenders) == 1 else None)
+            return None
+        network = getattr(request.app.state, "remote_network", None)
+        client = request.client
+        if only is not None and network is not None and client is not None and _in_network(client.host, network):
+            return grant
+        self._misused(grant, "from outside its case route", self._grant_of(only) if only is not None else None)
+        return None
+
+    def _grant_of(self, evaluation_id: str) -> InferenceGrant | None:
+        found = [g for g in self._grants.values() if g.evaluation_id == evaluation_id and not g.closed]
+        return found[0] if len(found) == 1 else None
+
+    def _misused(self, grant: InferenceGrant, where: str, offender: InferenceGrant | None) -> None:
+        """A live token used from somewhere its evaluation's candidate does not run: refused, logged
+        for the operator, and counted on the evaluation it came from (its own candidate's doing, so
+        counting it there discloses nothing of the token's evaluation)."""
+        logger.warning(
+            "evaluation %s: its gateway token was used %s%s: refused",
+            grant.evaluation_id,
+            where,
+            f" (a candidate of evaluation {offender.evaluation_id})" if offender is not None else "",
+        )
+        if offender is not None and offender is not grant:
+            self._refuse(offender, "foreign_token")
 
     def _refuse(self, grant: InferenceGrant | None, reason: str) -> None:
         if grant is not None:
@@ -641,6 +697,21 @@ class InferenceGateway:
         )
 
 
+def _peer(request: Request) -> Peer:
+    """Who holds the calling end of `request`'s connection (`vero.inference.callers`)."""
+    client, server = request.client, request.scope.get("server")
+    if client is None or not server or server[1] is None:
+        return Peer(local=False, uid=None)
+    return peer_of((client.host, client.port), (str(server[0]), int(server[1])))
+
+
+def _in_network(host: str, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    try:
+        return ipaddress.ip_address(host) in network
+    except ValueError:
+        return False
+
+
 def gateway_environment(base_url: str, token: str) -> dict[str, str]:
     """Variables naming the gateway: vero's own and the ones OpenAI's and Anthropic's SDKs (and
     LiteLLM) read, so an unmodified client reaches the gateway with the evaluation's token."""
@@ -699,14 +770,21 @@ async def _read_limited(request: Request, limit: int) -> bytes | None:
     return bytes(data)
 
 
-def create_gateway_app(gateway: InferenceGateway, evaluation_id: str | None = None) -> FastAPI:
+def create_gateway_app(
+    gateway: InferenceGateway,
+    evaluation_id: str | None = None,
+    remote_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+) -> FastAPI:
     """The gateway's FastAPI app (no docs routes: it serves candidates, not people).
 
     With `evaluation_id`, the app accepts only that evaluation's token (any other: 401): the
-    listener a case network reaches (`vero.inference.case_route`) serves one evaluation only."""
+    listener a case network reaches (`vero.inference.case_route`) serves one evaluation only, to
+    callers from `remote_network` (that network) or its own bound candidate hosts. Without it, only
+    bound candidate hosts in this network namespace are served."""
     app = FastAPI(title="vero inference gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     app.state.evaluation_id = evaluation_id
+    app.state.remote_network = remote_network
 
     @app.get("/openai/v1/models")
     async def models(request: Request) -> Response:
@@ -758,17 +836,24 @@ class GatewayServer:
         host: the interface (loopback by default: only processes of this container reach it).
         port: the port (0: a free one; `url` says which).
         evaluation_id: serve this evaluation only (a further listener of a running gateway).
+        remote_network: with `evaluation_id`, the network whose other hosts may call (its case
+            containers); None: only this network namespace's bound candidate hosts.
     """
 
     def __init__(
-        self, gateway: InferenceGateway, host: str = "127.0.0.1", port: int = 0, evaluation_id: str | None = None
+        self,
+        gateway: InferenceGateway,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        evaluation_id: str | None = None,
+        remote_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
     ) -> None:
         import uvicorn
 
         self.gateway = gateway
         self.primary = evaluation_id is None
         self._config = uvicorn.Config(
-            create_gateway_app(gateway, evaluation_id),
+            create_gateway_app(gateway, evaluation_id, remote_network),
             host=host,
             port=port,
             log_level="warning",

@@ -449,6 +449,9 @@ class SidecarService:
         self._gateway_server = GatewayServer(gateway, host=self.gateway_host)
         await self._gateway_server.__aenter__()
         self.gateway = gateway
+        bind = getattr(self.backend, "bind_hosts_to", None)
+        if bind is not None:
+            bind(gateway)  # each evaluation's token works from its own candidate hosts only
         _logger.info("inference gateway listening on %s", gateway.base_url)
         if self.config.inference.route_case_services and self.config.harbor.environment == "docker":
             from vero.harbor.case_route import CaseRouter

@@ -187,6 +187,9 @@ async def verify(
             gateway = InferenceGateway(config.inference, {n: keys[n] for n in config.secrets if keys.get(n)})
             gateway_server = GatewayServer(gateway)
             await gateway_server.__aenter__()
+            bind = getattr(backend, "bind_hosts_to", None)
+            if bind is not None:
+                bind(gateway)  # each measurement's token works from its own candidate hosts only
         session = await _open_session(config, archive, work, private_runner=run_as is not None)
     except (SessionInvalid, OSError) as exc:
         if gateway_server is not None:

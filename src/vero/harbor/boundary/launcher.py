@@ -48,7 +48,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vero.core.storage import remove_tree
 from vero.harbor.boundary.sweep import (
@@ -62,6 +62,7 @@ __all__ = [
     "CANDIDATE_UID_RANGE",
     "CandidateHostProcess",
     "CandidateLauncher",
+    "HostBinding",
     "request_candidate_host",
 ]
 
@@ -86,6 +87,14 @@ _BASE_ENV = {
     "USER": "vero-candidate",
     "LOGNAME": "vero-candidate",
 }
+
+
+class HostBinding(Protocol):
+    """Who may use an evaluation's gateway token: `vero.inference.gateway.InferenceGateway`."""
+
+    def bind_host(self, token: str, uid: int) -> None: ...
+
+    def release_host(self, token: str, uid: int) -> None: ...
 
 
 def _uid_in_use(uid: int) -> bool:
@@ -237,6 +246,9 @@ class CandidateLauncher:
         isolate: switch to a fresh uid per host; default: when this process is root (without root and
             without being asked not to, a warning says the file boundary does not hold).
         max_hosts: hosts alive at once (further requests wait), bounding what a round can start.
+        on_host: called with `(uid, True)` when a host starts and `(uid, False)` once it has ended
+            and its uid's leftovers are gone (the inference gateway binds the evaluation's token
+            to the uids of its hosts: `InferenceGateway.bind_host`).
     """
 
     def __init__(
@@ -247,6 +259,7 @@ class CandidateLauncher:
         env: Mapping[str, str] | None = None,
         isolate: bool | None = None,
         max_hosts: int = 32,
+        on_host: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.python = Path(python)
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
@@ -256,6 +269,7 @@ class CandidateLauncher:
         if self.isolated and os.geteuid() != 0:
             raise PermissionError("isolating candidate hosts needs root")
         self._slots = asyncio.Semaphore(max_hosts)
+        self._on_host = on_host
         self._hosts: set[CandidateHostProcess] = set()
         self._uids: set[int] = set()
         self._root: Path | None = None
@@ -393,9 +407,13 @@ class CandidateLauncher:
             self._hosts.discard(host)
             self._uids.discard(uid)
             self._slots.release()
+            if self._on_host is not None:
+                self._on_host(uid, False)
 
         host.on_finish = release
         self._hosts.add(host)
+        if self._on_host is not None:
+            self._on_host(uid, True)
         return host
 
     async def _serve(self) -> None:
