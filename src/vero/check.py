@@ -373,6 +373,12 @@ async def _run_one(
             [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")],
         )
     if usage:
+        unreachable = usage[0].unreachable_failure()
+        if unreachable is not None:
+            return (
+                CandidateRun(candidate=label, outcome="infrastructure", seconds=run.seconds, detail=unreachable),
+                [*found, CheckProblem(code="infrastructure", detail=f"{label}: {unreachable}")],
+            )
         run = run.model_copy(update={"inference": usage[0]})
     return run, found
 

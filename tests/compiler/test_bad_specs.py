@@ -263,6 +263,27 @@ BAD: dict[str, Bad] = {
         "inference.providers.p.api",
         _set("inference", {"providers": {"p": {"api": "gemini", "base_url": "http://127.0.0.1:9/v1"}}, "models": {}}),
     ),
+    "gateway provider URL without a host": Bad(
+        # What `${HOST}` empty leaves: every model call would fail at the gateway.
+        "inference.providers.p.base_url",
+        _set(
+            "inference",
+            {
+                "providers": {"p": {"api": "openai", "base_url": "http://:37531/v1"}},
+                "models": {"gpt-4o-mini": {"provider": "p"}},
+            },
+        ),
+    ),
+    "gateway provider URL with credentials": Bad(
+        "inference.providers.p.base_url",
+        _set(
+            "inference",
+            {
+                "providers": {"p": {"api": "openai", "base_url": "https://user:sk-x@api.example/v1"}},
+                "models": {"gpt-4o-mini": {"provider": "p"}},
+            },
+        ),
+    ),
     "case services routed off Docker": Bad(
         "inference.route_case_services",
         _all(

@@ -30,6 +30,7 @@ import pytest
 from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
 
 from vero.core.session import read_session
+from vero.harbor.case_route import network_gateway_address
 from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB
 
 from ._examples import TASKS_DIR, start_run, wait_run
@@ -45,13 +46,11 @@ CASES = {"ask-train": ("one  two   three    four", "4"), "ask-hidden": ("a  b c 
 def bridge_address() -> str:
     """The host's address on Docker's default bridge: containers on any bridge network reach it."""
     done = subprocess.run(
-        ["docker", "network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        ["docker", "network", "inspect", "bridge"], capture_output=True, text=True, timeout=60, check=True
     )
-    return done.stdout.strip()
+    address = network_gateway_address(json.loads(done.stdout)[0])
+    assert address, f"the default bridge has no IPv4 address: {done.stdout}"
+    return address
 
 
 def write_spec(root: Path) -> Path:

@@ -266,3 +266,21 @@ async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
         assert await remove_docker_leftovers({}, session=SESSION, settle_sec=None) >= 1
         assert _docker("network", "inspect", left.network).returncode != 0
         await left.close()  # finds nothing: no error
+
+
+def test_the_hosts_address_on_a_network_comes_from_ipam_or_the_subnets_first_host():
+    """An engine may leave the default gateway out of a network's IPAM config (seen for `bridge`);
+    the engine gives the bridge the subnet's first host address then."""
+    from vero.harbor.case_route import network_gateway_address
+
+    assert network_gateway_address({"IPAM": {"Config": [{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]}}) == (
+        "172.17.0.1"
+    )
+    assert network_gateway_address({"IPAM": {"Config": [{"Subnet": "172.17.0.0/16"}]}}) == "172.17.0.1"
+    assert network_gateway_address({"IPAM": {"Config": [{"Subnet": "10.9.0.0/24", "Gateway": "10.9.0.254"}]}}) == (
+        "10.9.0.254"
+    )
+    v6_then_v4 = {"IPAM": {"Config": [{"Subnet": "fd00::/64", "Gateway": "fd00::1"}, {"Subnet": "10.1.2.0/24"}]}}
+    assert network_gateway_address(v6_then_v4) == "10.1.2.1"
+    assert network_gateway_address({"IPAM": {"Config": []}}) is None
+    assert network_gateway_address({}) is None

@@ -321,7 +321,8 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
         "nousage": 200,
     }
     assert answers["5xx_anthropic"].json()["type"] == "error"
-    assert usage.failed_calls == 4
+    assert usage.failed_calls == 4 and usage.unreachable_calls == 0  # the provider answered, badly
+    assert usage.unreachable_failure() is None
     # Only the answered calls cost anything: the 400 nothing, the usage-less answer its worst case.
     assert usage.unmetered_calls == 1 and usage.calls == 1
     prompt_tokens = -(len(json.dumps(chat("up/fake-nousage", max_tokens=10))) // -3)  # rounded up
@@ -507,3 +508,31 @@ def test_prices_come_from_litellms_cost_map_or_the_spec():
         price_of("my-local-model", InferenceModel(provider="oai"))
     own = price_of("my-local-model", InferenceModel(provider="oai", input_cost_per_token=0, output_cost_per_token=1e-6))
     assert own.output_usd_per_token == 1e-6
+
+
+def test_a_provider_nobody_can_connect_to_is_counted_unreachable_and_logged(caplog):
+    """Connection failures are told apart from the provider's own failures (5xx, timeouts: see
+    above, never unreachable): an evaluation with an unreachable call is an infrastructure failure
+    (`InferenceUsage.unreachable_failure`), and the log names the error without the URL or key."""
+    import socket
+
+    caplog.set_level(logging.WARNING, logger="vero.inference")
+    closed = socket.socket()  # bound, never listening: connections are refused
+    closed.bind(("127.0.0.1", 0))
+    try:
+
+        async def body(gateway, client):
+            token, _ = gateway.grant("ev-9", "train", partition_pool=None, evaluation_limit_usd=1.0)
+            answer = await client.post(
+                "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": f"Bearer {token}"}
+            )
+            return answer, await gateway.revoke(token)
+
+        answer, usage = run(with_gateway(f"http://127.0.0.1:{closed.getsockname()[1]}", body))
+    finally:
+        closed.close()
+    assert answer.status_code == 502 and answer.json()["error"]["code"] == "upstream_error"
+    assert usage.failed_calls == usage.unreachable_calls == 1 and usage.charged_micro_usd == 0
+    assert usage.unreachable_failure() is not None
+    assert "ConnectError: ECONNREFUSED" in caplog.text
+    assert KEY_OPENAI not in caplog.text and "127.0.0.1" not in caplog.text

@@ -829,3 +829,17 @@ def test_the_agent_surface_refuses_callers_inside_the_sidecar(harness):
             assert response.status_code == 403, response.text
         assert client.get("/admin/export", headers=harness.admin_headers()).status_code == 200
         assert client.get("/admin/export").status_code == 401
+
+
+def test_an_oversized_body_gets_a_readable_413_and_the_connection_stays_usable(harness):
+    """A 413 sent before the body was read closes the connection with unread data, which the
+    kernel turns into a reset: the client loses the answer. The sidecar reads the rest first, so
+    the 413 arrives and the next request on the same connection is answered too."""
+    from raw_http import post_then_get  # tests/ is on sys.path
+
+    with harness.serve() as (server, _):
+        declared = post_then_get(server.url, "/evaluations", b"x" * (8 * 1024 * 1024), "/health")
+        streamed = post_then_get(server.url, "/evaluations", [b"x" * 65536] * 128, "/health")
+    assert declared == [413, 200]
+    assert streamed == [413, 200]
+    assert harness.backend.runs == []

@@ -233,3 +233,30 @@ def test_route_case_services_open_a_network_per_evaluation_and_meter_its_calls(t
     assert "OPENAI_API_KEY" not in not_routed.env and not_routed.case_network is None
     assert "VERO_INFERENCE_CASE_OPENAI_BASE_URL" not in not_routed.candidate_env
     assert KEY_NAME not in routed.env and KEY_NAME not in not_routed.env
+
+
+def test_an_evaluation_whose_model_calls_cannot_reach_the_provider_is_refunded_not_scored(tmp_path, monkeypatch):
+    """A provider nobody can connect to (a wrong `base_url`, a provider down) fails every call a
+    case's grader or a candidate makes; whatever the case then scores measures the provider's
+    absence. So the job fails as infrastructure (refunded, with the cause), never `complete`."""
+    import socket
+
+    monkeypatch.setenv(KEY_NAME, KEY)
+    closed = socket.socket()  # bound, never listening: connections are refused (ECONNREFUSED)
+    closed.bind(("127.0.0.1", 0))
+    try:
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        harness = harness_with(tmp_path, type("Nowhere", (), {"url": url})(), CallingBackend(calls_per_run=2))
+        with harness.serve() as (_, client):
+            before = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")["budget"]
+            job = run_job(client, "train", ["t1"])
+            after = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")["budget"]
+            export = client.get("/admin/export", headers=harness.admin_headers()).json()
+    finally:
+        closed.close()
+    assert job["status"] == 502 and job["code"] == "infrastructure", job  # the agent is told to retry
+    assert after["remaining_runs"] == before["remaining_runs"]  # refunded
+    assert after["remaining_cases"] == before["remaining_cases"]
+    (record,) = export["jobs"]
+    assert record["state"] == "failed" and record["error"] == "infrastructure", record
+    assert "could not reach the provider" in json.dumps(record), record  # the operator's cause

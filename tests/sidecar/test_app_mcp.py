@@ -134,3 +134,62 @@ def test_mcp_tools_explain_themselves_to_a_model(tmp_path):
             assert f"`{tier}`" in TOOL_DESCRIPTIONS[name], f"{name} does not say what tier {tier} returns"
     for name in ("start_evaluation", "submit"):
         assert "commit" in TOOL_DESCRIPTIONS[name], f"{name} does not say that versions must be committed"
+
+
+def _mcp_as(app, client_address: tuple[str, int]):
+    """A fastmcp client reaching `app` in process as if from `client_address` (no socket)."""
+    import httpx2
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    def factory(**options):
+        return httpx2.AsyncClient(transport=httpx2.ASGITransport(app, client=client_address), **options)
+
+    return Client(StreamableHttpTransport("http://eval-sidecar:8000/mcp", httpx_client_factory=factory))
+
+
+def test_mcp_tools_answer_main_under_the_local_caller_guard(tmp_path):
+    """`vero harbor serve` guards the agent surface; an MCP tool call is an in-process request that
+    must carry the real caller. From `main` (another host's address) every tool answers as its HTTP
+    route does; a caller inside the sidecar (loopback, or the address the request came to) is
+    refused at `/mcp`, and a tool call whose caller is unknown keeps loopback and is refused."""
+    import httpx2
+
+    from vero.sidecar.mcp import _as_mcp_caller
+
+    harness = make_harness(tmp_path)
+    app = harness.create_app(refuse_local_agent_calls=True)
+
+    async def session() -> dict:
+        out: dict = {}
+        async with app.router.lifespan_context(app):
+            async with _mcp_as(app, ("10.9.8.7", 40312)) as mcp:
+                out["status"] = (await mcp.call_tool("status", {})).structured_content
+                job = (
+                    await mcp.call_tool("start_evaluation", {"partition": "train", "cases": ["t1"]})
+                ).structured_content
+                out["done"] = (
+                    await mcp.call_tool("get_evaluation", {"job_id": job["id"], "wait_sec": 30})
+                ).structured_content
+                out["listed"] = (await mcp.call_tool("list_evaluations", {})).structured_content
+                out["submitted"] = (await mcp.call_tool("submit", {"version": "HEAD"})).structured_content
+            for local in (("127.0.0.1", 50000), ("::1", 50000)):
+                async with httpx2.AsyncClient(
+                    transport=httpx2.ASGITransport(app, client=local), base_url="http://eval-sidecar:8000"
+                ) as raw:
+                    answer = await raw.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+                    out.setdefault("local", []).append(answer.status_code)
+            # The inner request without a known caller (no MCP request being served) keeps
+            # the transport's loopback address: the guard refuses it.
+            async with httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(_as_mcp_caller(app)), base_url="http://eval-sidecar:8000"
+            ) as inner:
+                out["unknown_caller"] = (await inner.get("/status")).status_code
+        return out
+
+    out = asyncio.run(session())
+    assert {p["name"] for p in out["status"]["partitions"]} >= {"train"}
+    assert out["done"]["state"] == "complete" and out["done"]["result"]["n_cases"] == 1
+    assert [j["id"] for j in out["listed"]["jobs"]] == [out["done"]["id"]]
+    assert out["submitted"]["candidate"] == harness.config.baseline_commit
+    assert out["local"] == [403, 403]
+    assert out["unknown_caller"] == 403

@@ -622,3 +622,46 @@ def test_finalization_repeats_build_warnings_and_flags_out_of_range_rewards(benc
     written = json.loads((bench.root / "run" / "logs" / "verifier" / "artifacts" / "finalization.json").read_text())
     assert written["targets"][0]["flags"] == {"reward_file_removed": 2, "reward_out_of_range": 2}
     assert written["warnings"] == final.warnings
+
+
+def test_a_target_whose_model_calls_cannot_reach_the_provider_is_unmeasured(bench: Workbench) -> None:
+    """The gateway served during verification cannot connect to the provider: whatever the hidden
+    cases scored measures the provider's absence, so the target is unmeasured (its failure value,
+    status not `scored`) with the cause named, never a score."""
+    import socket
+
+    import httpx
+
+    from vero.spec.models import InferenceSpec
+
+    a = bench.candidate("a\n")
+    bench.submit(a)
+
+    class Calling(TableBackend):
+        async def evaluate(self, run):
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+                await client.post(
+                    f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",
+                    headers={"authorization": f"Bearer {run.candidate_env['OPENAI_API_KEY']}"},
+                    json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+                )
+            return await super().evaluate(run)
+
+    closed = socket.socket()  # bound, never listening: connections are refused
+    closed.bind(("127.0.0.1", 0))
+    try:
+        inference = InferenceSpec.model_validate(
+            {
+                "providers": {"p": {"api": "openai", "base_url": f"http://127.0.0.1:{closed.getsockname()[1]}/v1"}},
+                "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}},
+            }
+        )
+        config = bench.config().model_copy(update={"inference": inference})
+        final = bench.verify(config, bench.seal(), Calling({("hidden", bench.tree(a)): 0.8}))
+    finally:
+        closed.close()
+
+    assert reward(bench) == {"reward": 0.0} and final.status == "failed"
+    assert not final.targets[0].measured
+    assert "could not reach the provider" in final.targets[0].error
+    assert any("could not reach the provider" in e for e in final.errors)

@@ -116,10 +116,16 @@ class RunDiagnostics(_Record):
     trial_failures: list[TrialFailure] = Field(default_factory=list)
     n_trial_failures: int = 0
     """All trial failures, including those beyond `MAX_TRIAL_FAILURES` not kept."""
+    causes: list[str] = Field(default_factory=list)
+    """Causes found outside the trials (e.g. the model provider could not be reached), one line each."""
 
     @property
     def empty(self) -> bool:
-        return not (self.rounds or self.problems or self.trial_failures)
+        return not (self.rounds or self.problems or self.trial_failures or self.causes)
+
+    def with_cause(self, cause: str) -> RunDiagnostics:
+        """A copy with `cause` added to `causes`."""
+        return self.model_copy(update={"causes": [*self.causes, cause]})
 
     @property
     def has_failures(self) -> bool:
@@ -128,7 +134,7 @@ class RunDiagnostics(_Record):
 
     def summary(self) -> list[str]:
         """One line per case problem, then one per distinct trial exception type (with its count)."""
-        lines = [f"case {p.case!r}: {p.code}: {p.detail}" for p in self.problems]
+        lines = [*self.causes, *(f"case {p.case!r}: {p.code}: {p.detail}" for p in self.problems)]
         counts: dict[str, int] = {}
         for failure in self.trial_failures:
             key = f"{failure.outcome}" + (f" ({failure.exception_type})" if failure.exception_type else "")

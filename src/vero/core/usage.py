@@ -38,6 +38,10 @@ class InferenceUsage(BaseModel):
     reaching the provider."""
     failed_calls: int = 0
     """Calls the provider failed (5xx, timeout, connection); not charged."""
+    unreachable_calls: int = 0
+    """Of `failed_calls`, those that never reached the provider (no connection could be made, or
+    its URL cannot be called). Nothing a candidate sends causes them, so an evaluation with any is
+    an infrastructure failure, never a score (`unreachable_failure`)."""
     unmetered_calls: int = 0
     """Responses without usage figures: charged what was held for them (the worst case)."""
     input_tokens: int = 0
@@ -64,6 +68,7 @@ class InferenceUsage(BaseModel):
             for reason, n in usage.refused_calls.items():
                 total.refused_calls[reason] = total.refused_calls.get(reason, 0) + n
             total.failed_calls += usage.failed_calls
+            total.unreachable_calls += usage.unreachable_calls
             total.unmetered_calls += usage.unmetered_calls
             total.input_tokens += usage.input_tokens
             total.cached_input_tokens += usage.cached_input_tokens
@@ -79,6 +84,20 @@ class InferenceUsage(BaseModel):
                 mine.output_tokens += model.output_tokens
                 mine.cost_usd += model.cost_usd
         return total
+
+    def unreachable_failure(self) -> str | None:
+        """Why this evaluation measured nothing, when some model call never reached its provider.
+
+        Such an evaluation is an infrastructure failure (refunded in the sidecar, unmeasured in
+        the verifier): a case's grader or a candidate that could not reach its model scores the
+        provider's absence, and reading it as a score would be a wrong number nobody is told about.
+        """
+        if not self.unreachable_calls:
+            return None
+        return (
+            f"{self.unreachable_calls} model call(s) through the inference gateway could not reach the "
+            "provider (see the gateway's log lines for the error; check inference.providers.*.base_url)"
+        )
 
     def totals(self) -> InferenceUsage:
         """The same usage without the per-model breakdown (what `aggregate` disclosure shows)."""

@@ -57,6 +57,7 @@ __all__ = [
     "CaseRoute",
     "CaseRouter",
     "case_route_compose",
+    "network_gateway_address",
     "own_container_id",
     "service_addresses",
 ]
@@ -258,8 +259,7 @@ class CaseRouter:
                     address = settings.get("IPAddress")
                 else:
                     network.reload()
-                    config = network.attrs.get("IPAM", {}).get("Config") or [{}]
-                    address = config[0].get("Gateway")
+                    address = network_gateway_address(network.attrs)
                 if not address:
                     raise InfrastructureFailure("route_case_services: the case network gave this process no address")
                 network.reload()
@@ -356,3 +356,24 @@ def case_route_compose(network: str, cases_dir: Path, case_names: Sequence[str])
             networks["default"] = {}
         services[name] = {"networks": networks}
     return {"services": services, "networks": {GATEWAY_NETWORK_KEY: {"external": True, "name": network}}}
+
+
+def network_gateway_address(attrs: Mapping[str, Any]) -> str | None:
+    """The host's IPv4 address on a Docker network, from its `docker network inspect` attributes.
+
+    The IPAM config names it as `Gateway`, but engines leave that out where the gateway is the
+    default one (seen on the default `bridge` of Docker 20.10 once `docker0` existed before the
+    engine started): then it is the subnet's first host address, which is what the engine gives
+    the bridge. None when the network has no IPv4 subnet.
+    """
+    for config in (attrs.get("IPAM") or {}).get("Config") or []:
+        gateway = config.get("Gateway")
+        try:
+            if gateway and ipaddress.ip_address(gateway).version == 4:
+                return str(gateway)
+            subnet = ipaddress.ip_network(config.get("Subnet") or "", strict=False)
+        except ValueError:
+            continue
+        if subnet.version == 4 and subnet.num_addresses > 2:
+            return str(subnet.network_address + 1)
+    return None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hashlib
 import ipaddress
@@ -77,6 +78,9 @@ logger = logging.getLogger("vero.inference")
 Api = Literal["openai", "anthropic"]
 
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
+DRAIN_LIMIT_BYTES = 128 * 1024 * 1024
+"""Most of an oversized request body read (and dropped) before its 413 is sent, in bytes; a
+larger body is cut off and its caller may see a connection reset."""
 _INPUT_BYTES_PER_TOKEN = 3
 _ANTHROPIC_VERSION = "2023-06-01"
 _IDLE_WAIT_SEC = 10.0
@@ -513,11 +517,18 @@ class InferenceGateway:
                 headers=_upstream_headers(route, request),
             )
             response = await self._client.send(upstream, stream=True)
-        except httpx.TimeoutException:
-            self._fail(grant, call)
-            return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
-        except httpx.HTTPError:
-            self._fail(grant, call)
+        except httpx.HTTPError as exc:
+            self._fail(grant, call, unreachable=isinstance(exc, _UNREACHABLE))
+            # The type and errno only: a message may carry the URL, and the URL a key.
+            logger.warning(
+                "evaluation %s: calling the provider of %s failed (%s%s)",
+                grant.evaluation_id,
+                route.name,
+                type(exc).__name__,
+                _errno_of(exc),
+            )
+            if isinstance(exc, httpx.TimeoutException):
+                return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
             return _error(api, 502, "upstream_error", "the model provider could not be reached")
         if response.status_code >= 400:
             try:
@@ -652,12 +663,15 @@ class InferenceGateway:
             grant.release(call.held)
             self._budget_freed()
 
-    def _fail(self, grant: InferenceGrant, call: _Call) -> None:
-        """The provider failed the call (5xx, timeout, connection): released, counted as failed."""
+    def _fail(self, grant: InferenceGrant, call: _Call, *, unreachable: bool = False) -> None:
+        """The provider failed the call (5xx, timeout, connection): released, counted as failed;
+        `unreachable` when no connection to it could be made (`InferenceUsage.unreachable_calls`)."""
         if self._close_call(grant, call):
             grant.release(call.held)
             self._budget_freed()
             grant.usage.failed_calls += 1
+            if unreachable:
+                grant.usage.unreachable_calls += 1
 
     def _meter(self, grant: InferenceGrant, call: _Call, count: _Count) -> None:
         if not self._close_call(grant, call):
@@ -758,16 +772,46 @@ def _upstream_headers(route: _Route, request: Request) -> dict[str, str]:
     return headers
 
 
+_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)
+"""Failures before anything of the call reached the provider: nothing a candidate sends causes them
+(no connection, or a provider URL that cannot be called), so the evaluation measured the provider's
+absence, not the candidate (`vero.core.usage.InferenceUsage.unreachable_calls`)."""
+
+
+def _errno_of(exc: BaseException) -> str:
+    """`: <errno name>` of the OS error under an httpx error (e.g. `: ECONNREFUSED`), or ``."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return ": " + errno.errorcode.get(cause.errno, str(cause.errno))
+        cause = cause.__cause__ or cause.__context__
+    return ""
+
+
 async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The request body, or None when it is over `limit` bytes.
+
+    An oversized body is still read to its end (dropped, up to `DRAIN_LIMIT_BYTES`) before the
+    413 is sent: a server that closes a connection with unread data resets it, and the caller's
+    SDK would see a connection error instead of the answer (`vero.sidecar.app.drain_request_body`
+    says the same for the sidecar).
+    """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+    too_large = declared is not None and declared.isdigit() and int(declared) > limit
     data = bytearray()
+    seen = 0
     async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            return None
-    return bytes(data)
+        seen += len(chunk)
+        if seen > DRAIN_LIMIT_BYTES:
+            break
+        if not too_large:
+            data += chunk
+            too_large = len(data) > limit
+            if too_large:
+                data = bytearray()
+    return None if too_large else bytes(data)
 
 
 def create_gateway_app(

@@ -38,7 +38,7 @@ from vero.sidecar.routes import ROUTERS
 from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths, SidecarService
 from vero.spec.compiled import SidecarConfig
 
-__all__ = ["GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
+__all__ = ["DRAIN_LIMIT_BYTES", "GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
 
 _logger = logging.getLogger("vero.sidecar")
 
@@ -98,8 +98,39 @@ class LocalCallerGuard:
         await self.app(scope, receive, send)
 
 
+DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
+"""Most of an oversized request body read (and dropped) before its 413 is sent, in bytes.
+
+A server that answers before it has read the body closes a connection with unread data, which
+the kernel turns into a reset: the client (httpx, curl) then loses the 413 it was sent. Reading the
+rest first lets it read the answer, and the connection stays usable. A body larger than this is
+cut off (the client may then see a reset)."""
+
+
+async def drain_request_body(receive: Receive, limit_bytes: int = DRAIN_LIMIT_BYTES) -> bool:
+    """Read and drop the rest of an ASGI request body.
+
+    Returns:
+        True when the body ended within `limit_bytes`; False when the client went away or sent more.
+    """
+    drained = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return False
+        drained += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+        if drained > limit_bytes:
+            return False
+
+
 class BodyLimitMiddleware:
-    """Answer 413 to bodies over `max_bytes`, by `Content-Length` or while streaming."""
+    """Answer 413 to bodies over `max_bytes`, by `Content-Length` or while streaming.
+
+    The rest of the body is read first (up to `DRAIN_LIMIT_BYTES`, `drain_request_body`), so the
+    client reads a problem body rather than a connection reset.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -112,10 +143,12 @@ class BodyLimitMiddleware:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_large = int(value) > self.max_bytes
+                    declared = int(value)
                 except ValueError:
-                    too_large = True
-                if too_large:
+                    declared = None
+                if declared is None or declared > self.max_bytes:
+                    if declared is not None and declared <= DRAIN_LIMIT_BYTES:
+                        await drain_request_body(receive)
                     await problem_response(413, "the request body is too large")(scope, receive, send)
                     return
         size = 0
@@ -126,6 +159,8 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 size += len(message.get("body", b""))
                 if size > self.max_bytes:
+                    if message.get("more_body", False):
+                        await drain_request_body(receive, DRAIN_LIMIT_BYTES - size)
                     raise HTTPException(413)
             return message
 

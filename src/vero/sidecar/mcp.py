@@ -6,6 +6,12 @@ that same route through `httpx2.ASGITransport`. A tool therefore goes through ex
 schema validation, service checks, budget ledger and error mapping as an HTTP call; an error
 answer becomes a tool error carrying the (generic) problem body. Admin routes are never tools.
 
+The in-process request carries the MCP request's real caller (`scope["client"]`, through a
+context variable that the tool call inherits), so `LocalCallerGuard` judges a tool call exactly as
+it judges the HTTP call it stands for: `main` is answered, a caller inside the sidecar's container
+is refused (already at `/mcp` itself, and again for the tool's route). When the caller is unknown,
+the in-process request keeps the transport's loopback address and is refused: fail closed.
+
 Tools: `health`, `status`, `start_evaluation`, `list_evaluations`, `get_evaluation`, `submit`. Their input and output
 schemas come from the wire models (`vero.sidecar.models`, whose field descriptions a model reads),
 so `status` lists an `aggregate` partition's blocks and Ladder mode, `start_evaluation` takes
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -131,6 +138,26 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
 _TOOL_ROUTES = r"^/(health|status|evaluations|evaluations/\{job_id\}|submissions)$"
 
 
+_mcp_caller: ContextVar[tuple[str, int] | None] = ContextVar("vero_mcp_caller", default=None)
+"""The client address of the MCP request being served (set by `SidecarMCP.__call__`)."""
+
+
+def _as_mcp_caller(app: ASGIApp) -> ASGIApp:
+    """`app` with each in-process request's `client` set to the MCP request's real caller.
+
+    The tool call runs in a task started while the MCP request was being served, so it inherits
+    that request's context (asyncio copies the context into every task it creates).
+    """
+
+    async def call(scope: Scope, receive: Receive, send: Send) -> None:
+        caller = _mcp_caller.get()
+        if caller is not None and scope["type"] == "http":
+            scope = {**scope, "client": caller}
+        await app(scope, receive, send)
+
+    return call
+
+
 def _describe(route, component) -> None:
     """FastMCP hook: replace a tool's route docstring (written for HTTP readers) by its description."""
     description = TOOL_DESCRIPTIONS.get(route.operation_id or "")
@@ -163,7 +190,7 @@ class SidecarMCP:
                 raise ToolError(response.text)
 
         async with httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(self.api_app, raise_app_exceptions=False),
+            transport=httpx2.ASGITransport(_as_mcp_caller(self.api_app), raise_app_exceptions=False),
             base_url="http://sidecar",
             timeout=None,
             event_hooks={"response": [public_errors]},
@@ -195,4 +222,9 @@ class SidecarMCP:
         if self._mcp_app is None:
             await problem_response(500)(scope, receive, send)
             return
-        await self._mcp_app(scope, receive, send)
+        client = scope.get("client")
+        token = _mcp_caller.set((str(client[0]), int(client[1])) if client else None)
+        try:
+            await self._mcp_app(scope, receive, send)
+        finally:
+            _mcp_caller.reset(token)

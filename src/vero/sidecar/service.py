@@ -944,6 +944,10 @@ class SidecarService:
                 if token is not None and self.gateway is not None:
                     unsettled = await self.gateway.revoke(token)
                     token = None
+                    unreachable = unsettled.unreachable_failure()
+                    if unreachable is not None:
+                        diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
+                        raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
                     result = result.model_copy(update={"inference": unsettled})
             finally:
                 self._slots.put_nowait(slot)

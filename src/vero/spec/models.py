@@ -12,6 +12,7 @@ import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -278,9 +279,28 @@ class InferenceProvider(_Model):
     """Wire format: `openai` (chat completions and responses) or `anthropic` (messages)."""
     base_url: str = Field(pattern=r"^https?://[^\s]+$")
     """The provider's API root: `https://api.openai.com/v1`, `https://api.anthropic.com`, or any
-    compatible server (paths `/chat/completions`, `/responses`, `/v1/messages` are appended)."""
+    compatible server (paths `/chat/completions`, `/responses`, `/v1/messages` are appended). An
+    absolute `http(s)` URL with a host, and no credentials, query or fragment (the key goes in
+    `api_key_secret`)."""
     api_key_secret: str | None = None
     """Name of the secret (in `secrets`) holding the provider key; only the gateway ever reads it."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _absolute_url(cls, value: str) -> str:
+        # `http://:8080/v1` (an empty `${HOST}`) passes a pattern, then fails every call: refused here.
+        parts = urlsplit(value)
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError("the port is not a number") from None
+        if not parts.hostname:
+            raise ValueError("the URL has no host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("the URL holds credentials; name the key in api_key_secret instead")
+        if parts.query or parts.fragment:
+            raise ValueError("the URL may not have a query or fragment")
+        return value
 
 
 class InferenceModel(_Model):

@@ -251,6 +251,12 @@ class Scorer:
 
         if result.partition != partition or result.candidate != candidate:
             return failed("the backend reported a different partition or candidate")
+        unreachable = usage.unreachable_failure() if usage is not None else None
+        if unreachable is not None:
+            return failed(
+                f"InfrastructureFailure: {unreachable}",
+                (result.diagnostics or RunDiagnostics()).with_cause(unreachable),
+            )
         by_case = {case.case: case for case in result.cases}
         failure_value = self.config.scoring.effective_failure_value()
         scores = [by_case[name].score if name in by_case else failure_value for name in case_names]
