@@ -5,7 +5,8 @@ Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model na
 `fake-401` answers 401 with a body that echoes the key it was sent (as real providers do in part);
 `fake-delay` answers like `fake-ok` after a second;
 `fake-nousage` answers without usage; `fake-stall` streams its first events, then stalls (never
-finishes); any other model answers `responder(body)` (default "hi"), the
+finishes); `fake-trickle` streams its first event, then a comment line every 0.2 s (never finishes,
+never stalls); any other model answers `responder(body)` (default "hi"), the
 stand-in for a model's reply. Streaming (`"stream": true`) sends SSE in each wire format.
 Every request's path, headers and body are recorded in `requests`.
 """
@@ -155,7 +156,14 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
 
         stall_after = data.index(b"\n\n") + 2 if model.endswith("fake-stall") else None  # one whole event
 
+        trickle = model.endswith("fake-trickle")
+
         async def chunks():
+            if trickle:
+                yield data[: data.index(b"\n\n") + 2]
+                while True:  # ended by the caller going away or the server stopping
+                    await asyncio.sleep(0.2)
+                    yield b": keep-alive\n\n"
             for i in range(0, len(data), 37):  # odd-sized pieces: lines split across reads
                 yield data[i : i + 37]
                 if stall_after is not None and i + 37 >= stall_after:

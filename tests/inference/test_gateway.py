@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ def spec_for(url: str, **overrides) -> InferenceSpec:
             "fake-slow",
             "fake-nousage",
             "fake-stall",
+            "fake-trickle",
             "fake-delay",
         )
     }
@@ -334,9 +336,12 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
 
 
 def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(upstream):
-    """A stream the provider refuses (5xx) or stops feeding (read timeout) costs nothing unless its
-    usage had arrived, and ends with an error event; a caller that goes away mid-stream is charged
-    its hold, settled when it leaves (not at revocation)."""
+    """A stream the provider refuses (5xx) costs nothing. A stream that stops feeding is ended after
+    `stream_idle_timeout_sec` with an error event in its format and charged its hold (the provider
+    took the request), or what its usage says when that had arrived; a stream that never stalls
+    but runs past `timeout_sec` is ended the same way. A caller that goes away mid-stream is
+    charged its hold, settled when it leaves (not at revocation)."""
+    idle_sec, limit_sec = 1.0, 3.0
 
     async def failing(gateway, client):
         partition = BudgetPool(to_micro_usd(1.0))
@@ -344,10 +349,13 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         refused = await client.post("/openai/v1/chat/completions", json=chat("fake-500", stream=True), headers=auth)
+        took = {}
+        started = time.monotonic()
         async with client.stream(
-            "POST", "/openai/v1/chat/completions", json=chat("fake-stall", stream=True), headers=auth
+            "POST", "/openai/v1/chat/completions", json=chat("fake-stall", stream=True, max_tokens=40), headers=auth
         ) as stalled:
             received = b"".join([chunk async for chunk in stalled.aiter_bytes()])
+        took["stalled"] = time.monotonic() - started
         # Anthropic's stream reports its input tokens first: a stream cut after that is metered.
         async with client.stream(
             "POST",
@@ -356,22 +364,41 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
             json=chat("claude-fake-stall", max_tokens=5, stream=True),
         ) as cut:
             received_anthropic = b"".join([chunk async for chunk in cut.aiter_bytes()])
-        return refused, stalled.status_code, received, received_anthropic, await gateway.revoke(token), partition
+        started = time.monotonic()
+        async with client.stream(
+            "POST", "/openai/v1/chat/completions", json=chat("fake-trickle", stream=True, max_tokens=40), headers=auth
+        ) as trickled:
+            received_trickle = b"".join([chunk async for chunk in trickled.aiter_bytes()])
+        took["trickle"] = time.monotonic() - started
+        usage = await gateway.revoke(token)
+        return refused, stalled.status_code, received, received_anthropic, received_trickle, took, usage, partition
 
-    refused, status, received, received_anthropic, usage, partition = run(with_gateway(upstream.url, failing))
+    refused, status, received, received_anthropic, trickle, took, usage, partition = run(
+        with_gateway(upstream.url, failing, timeout_sec=limit_sec, stream_idle_timeout_sec=idle_sec)
+    )
     assert refused.status_code == 502 and refused.json()["error"]["code"] == "upstream_error"
-    # The caller got what the provider sent before it stalled, then an error event in its format.
+    # The caller got what the provider sent before it stalled, then an error event in its format,
+    # not before the idle limit.
     assert status == 200 and b'"content": "h"' in received
     assert b'"code": "upstream_timeout"' in received.rstrip().splitlines()[-1]
+    assert took["stalled"] >= idle_sec
     assert b"message_start" in received_anthropic
     assert received_anthropic.rstrip().splitlines()[-2:] == [
         b"event: error",
         b'data: {"type": "error", "error": {"type": "api_error", "message": '
         b'"the model provider stopped answering in time"}}',
     ]
-    assert usage.failed_calls == 2 and usage.calls == 1 and usage.input_tokens == INPUT_TOKENS
-    assert usage.by_model["claude-fake-stall"].calls == 1 and "fake-stall" not in usage.by_model
-    assert usage.charged_micro_usd == partition.spent == to_micro_usd(INPUT_TOKENS * PRICE_IN + PRICE_OUT)
+    # Kept alive by comments, it never stalled: ended at the call's limit all the same.
+    assert b"keep-alive" in trickle and b'"code": "upstream_timeout"' in trickle.rstrip().splitlines()[-1]
+    assert took["trickle"] >= limit_sec
+    assert usage.failed_calls == 1 and usage.calls == 3 and usage.unmetered_calls == 2
+    assert usage.input_tokens == INPUT_TOKENS
+    assert usage.by_model["claude-fake-stall"].calls == 1 and usage.by_model["fake-stall"].calls == 1
+    # The stalled and the trickling OpenAI streams pay their holds (request bytes / 3 in, 40 out);
+    # the Anthropic one what its usage said (input tokens and the one output token counted).
+    hold = to_micro_usd(-(len(json.dumps(chat("up/fake-stall", stream=True, max_tokens=40))) // -3) * PRICE_IN)
+    assert usage.charged_micro_usd == partition.spent
+    assert usage.charged_micro_usd >= 2 * (hold + to_micro_usd(40 * PRICE_OUT))
     assert partition.held == 0
 
     async def leaving(gateway, client):

@@ -28,9 +28,12 @@ budget; after the response, the provider's `usage` is priced (`vero.inference.pr
 (at most what was held plus what is still free; the rest is recorded as `overrun_usd`), the rest
 of the hold released. Streaming responses are passed through as they arrive while their usage
 events are read (OpenAI chat streams get `stream_options.include_usage`); a response without usage
-is charged its hold, and so is a call whose caller goes away before it ends. Upstream 5xx, timeouts
-and connection failures answer 502/504 and charge nothing (a stream that breaks off before its
-usage arrived ends with an error event in its format and charges nothing); 4xx pass through (a
+is charged its hold, and so is a call whose caller goes away before it ends. Upstream 5xx, calls
+not answered within `timeout_sec` and connection failures answer 502/504 and charge nothing; a
+started stream that stalls (`stream_idle_timeout_sec`), runs past `timeout_sec` or breaks off ends
+with an error event in its format and is charged its hold unless its usage arrived (`_relay`); a
+call that could not connect at all is counted `unreachable_calls`, which makes the evaluation an
+infrastructure failure; 4xx pass through (a
 provider's 401/403 becomes a generic 502: its body may echo a key). Key values are scrubbed from
 every body passed back, and never logged.
 """
@@ -118,6 +121,8 @@ class _Call:
     route: _Route
     held: int
     done: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    """When the call was forwarded (`time.monotonic`, the event loop's clock): its `timeout_sec` counts from here."""
 
 
 @dataclass(eq=False)
@@ -232,10 +237,9 @@ def _error(api: Api, status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _stream_error(api: Api, failure: httpx.HTTPError) -> bytes:
-    """The SSE error event ending a stream the provider broke off (OpenAI's and Anthropic's SDKs
-    both raise on it)."""
-    timeout = isinstance(failure, httpx.TimeoutException)
+def _stream_error(api: Api, *, timeout: bool) -> bytes:
+    """The SSE error event ending a stream the provider broke off or stopped feeding (`timeout`);
+    OpenAI's and Anthropic's SDKs both raise on it."""
     kind = "upstream_timeout" if timeout else "upstream_error"
     message = "the model provider stopped answering in time" if timeout else "the model provider's stream broke off"
     if api == "anthropic":
@@ -516,7 +520,12 @@ class InferenceGateway:
                 content=json.dumps(payload).encode(),
                 headers=_upstream_headers(route, request),
             )
-            response = await self._client.send(upstream, stream=True)
+            async with asyncio.timeout(self.spec.timeout_sec):
+                response = await self._client.send(upstream, stream=True)
+        except TimeoutError:
+            self._fail(grant, call)
+            logger.warning("evaluation %s: the provider of %s did not answer in time", grant.evaluation_id, route.name)
+            return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
         except httpx.HTTPError as exc:
             self._fail(grant, call, unreachable=isinstance(exc, _UNREACHABLE))
             # The type and errno only: a message may carry the URL, and the URL a key.
@@ -549,8 +558,9 @@ class InferenceGateway:
             )
         if not stream or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
-                data = await response.aread()
-            except httpx.HTTPError:
+                async with asyncio.timeout(max(0.0, call.started_at + self.spec.timeout_sec - time.monotonic())):
+                    data = await response.aread()
+            except (httpx.HTTPError, TimeoutError):
                 self._fail(grant, call)
                 return _error(api, 502, "upstream_error", "the model provider's answer broke off")
             finally:
@@ -573,12 +583,32 @@ class InferenceGateway:
     async def _relay(
         self, grant: InferenceGrant, call: _Call, response: httpx.Response, api: Api
     ) -> AsyncIterator[bytes]:
+        """Pass a provider's stream through, reading its usage events; end it when it stalls.
+
+        A stream that sends nothing for `stream_idle_timeout_sec`, or is still going when the
+        call's `timeout_sec` is up, is ended with an error event in its format. A stream that does
+        not end with its usage (stalled, broken off, or left by its caller) is charged its hold:
+        the provider took the request and may bill what it generated.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = call.started_at + self.spec.timeout_sec
+        idle_sec = self.spec.stream_idle_timeout_sec
         count = _Count()
         pending = b""
         complete = False
-        failure: httpx.HTTPError | None = None
+        failure: str | None = None
+        chunks = response.aiter_bytes().__aiter__()
         try:
-            async for chunk in response.aiter_bytes():
+            while True:
+                wait_sec = min(idle_sec, deadline - loop.time())
+                try:
+                    async with asyncio.timeout(max(wait_sec, 0.0)):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    failure = "stalled" if wait_sec == idle_sec else "over_time"
+                    break
                 pending += chunk
                 # Whole lines only: a usage event (or a key) is never split between two reads.
                 cut = pending.rfind(b"\n") + 1
@@ -591,32 +621,25 @@ class InferenceGateway:
                             pass
                 if lines:
                     yield self._scrub(lines)
-            if pending:
-                yield self._scrub(pending)
-            complete = True
+            if failure is None:
+                if pending:
+                    yield self._scrub(pending)
+                complete = True
         except httpx.HTTPError as exc:
-            failure = exc
+            failure = type(exc).__name__
         finally:
             # Settled before anything is awaited: a caller that went away cancels this generator,
-            # and the settlement must not depend on a later await running.
-            if complete or (failure is not None and count.seen):
-                self._meter(grant, call, count)
-            elif failure is not None:
-                self._fail(grant, call)
-            else:
-                # The caller stopped reading (it may have had what it wanted): charged its hold.
-                self._meter(grant, call, _Count())
+            # and the settlement must not depend on a later await running. Without its usage, the
+            # call is charged its hold (`_Count()` seen nothing).
+            self._meter(grant, call, count if (complete or count.seen) else _Count())
             await response.aclose()
         if failure is not None:
             logger.warning(
-                "evaluation %s: the stream of %s broke off (%s)",
-                grant.evaluation_id,
-                call.route.name,
-                type(failure).__name__,
+                "evaluation %s: the stream of %s ended early (%s)", grant.evaluation_id, call.route.name, failure
             )
             # Said in the stream's own format, so that the caller's SDK raises instead of taking a
             # cut-off answer for a whole one.
-            yield _stream_error(api, failure)
+            yield _stream_error(api, timeout=failure in ("stalled", "over_time"))
 
     async def _hold(self, grant: InferenceGrant, estimate_micro_usd: int) -> int | None:
         """Hold money for one call (`InferenceGrant.hold`), waiting while what is missing is only

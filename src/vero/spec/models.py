@@ -339,7 +339,12 @@ class InferenceSpec(_Model):
     templates (never the provider keys, with or without this switch). The case containers must be
     able to reach the role's gateway, which listens on its loopback (README, "Inference")."""
     timeout_sec: float = Field(default=300.0, gt=0)
-    """Limit of one upstream call (seconds); past it the call fails and is not charged."""
+    """Limit of one upstream call, streams included (seconds, from when the gateway forwards it).
+    A call with no answer by then fails (504) and is not charged; a stream still going then is
+    ended with an error event and charged its hold."""
+    stream_idle_timeout_sec: float = Field(default=30.0, gt=0)
+    """Longest a stream may send nothing (seconds); a stream that stalls longer is ended with an
+    error event in its own format and charged its hold (the provider took the request)."""
 
 
 class ImagesSpec(_Model):
