@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import logging
 import os
 import signal
 import subprocess
+import time
 
 import httpx
 import pytest
