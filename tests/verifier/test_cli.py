@@ -204,3 +204,33 @@ def _status(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return "\nState:\tZ"
+
+
+def test_verify_under_its_subreaper_keeps_the_exit_code_output_and_reward(bench: Workbench) -> None:
+    """`--subreaper` (what the compiled test.sh passes) runs the verification in a child of the
+    command's process: the JSON on stdout, the exit code and the reward file are the same as without
+    it (here: a tampered session, refused with exit 10 and failure values written)."""
+    import subprocess
+    import sys
+
+    archive = bench.seal()
+    config_path = write_config(bench)
+    raw = bytearray(archive.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    archive.write_bytes(bytes(raw))
+    out = bench.root / "reaped"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("vero")),
+            "harbor", "verify", "--subreaper",
+            "--config", str(config_path), "--session", str(archive),
+            "--cases-dir", str(bench.cases_dir), "--baseline-dir", str(bench.baseline_files),
+            "--reward-path", str(out / "verifier" / "reward.json"),
+            "--artifacts-dir", str(out / "verifier" / "artifacts"),
+            "--mirror-dir", str(out / "artifacts"), "--work-dir", str(out / "work"),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 10, done.stdout + done.stderr
+    assert json.loads(done.stdout)["status"] == "refused"
+    assert json.loads((out / "verifier" / "reward.json").read_text()) == {"reward": 0.0}

@@ -96,8 +96,36 @@ def verify_command(
             "evaluations as root anyway (default: measure nothing and write failure values).",
         ),
     ] = False,
+    subreaper: Annotated[
+        bool,
+        typer.Option(
+            "--subreaper",
+            help="Run the verification in a child of this process, which adopts and reaps the "
+            "orphans that nested runs and candidate hosts leave (for containers whose PID 1 does not "
+            "reap, such as Modal's sandboxes; the compiled tests/test.sh sets it).",
+        ),
+    ] = False,
 ) -> None:
     """Run `vero.verifier.verify` with the real Harbor backend; print the outcome as JSON."""
+    if subreaper:
+        from vero.core.reaper import run_reaped
+
+        raise typer.Exit(
+            run_reaped(
+                lambda: verify_command(
+                    config=config,
+                    session=session,
+                    cases_dir=cases_dir,
+                    baseline_dir=baseline_dir,
+                    reward_path=reward_path,
+                    artifacts_dir=artifacts_dir,
+                    mirror_dirs=mirror_dirs,
+                    work_dir=work_dir,
+                    runner_user=runner_user,
+                    allow_root_runs=allow_root_runs,
+                )
+            )
+        )
     import tempfile
 
     from vero.spec.compiled import VerifierConfig, load_config
