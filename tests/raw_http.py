@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 __all__ = ["post_then_get", "statuses_on_one_connection"]
 
 
-def statuses_on_one_connection(url: str, requests: list[bytes], *, timeout_sec: float = 60.0) -> list[int]:
+def statuses_on_one_connection(
+    url: str, requests: list[bytes], *, timeout_sec: float = 60.0, pieces: int = 1, pace_sec: float = 0.0
+) -> list[int]:
     """Send `requests` back to back on one connection; the statuses of the answers read, in order.
 
     The requests are written from a thread while the answers are read, so a server that answers
-    before reading a body does not deadlock the test. A connection that is closed or reset ends the
-    list early (an answer lost to a reset is not in it).
+    before reading a body does not deadlock the test; with `pieces` > 1 each request goes in that
+    many parts, `pace_sec` apart (a slow client, or a slow network). A connection that is closed
+    or reset ends the list early (an answer lost to a reset is not in it).
     """
     parts = urlsplit(url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=timeout_sec)
@@ -24,7 +28,11 @@ def statuses_on_one_connection(url: str, requests: list[bytes], *, timeout_sec: 
     def write() -> None:
         try:
             for request in requests:
-                sock.sendall(request)
+                step = -(len(request) // -pieces)
+                for start in range(0, len(request), step):
+                    sock.sendall(request[start : start + step])
+                    if pace_sec:
+                        time.sleep(pace_sec)
         except OSError:
             pass  # closed or reset by the server: the reader sees it too
 
@@ -67,8 +75,18 @@ def _read_answer(stream) -> int | None:
     return status
 
 
-def post_then_get(url: str, post_path: str, body: bytes | list[bytes], get_path: str, **headers: str) -> list[int]:
-    """A POST of `body` (bytes: with Content-Length; a list: chunked) then a GET, on one connection."""
+def post_then_get(
+    url: str,
+    post_path: str,
+    body: bytes | list[bytes],
+    get_path: str,
+    *,
+    pieces: int = 1,
+    pace_sec: float = 0.0,
+    **headers: str,
+) -> list[int]:
+    """A POST of `body` (bytes: with Content-Length; a list: chunked) then a GET, on one connection
+    (`pieces`, `pace_sec`: sent slowly, see `statuses_on_one_connection`)."""
     host = urlsplit(url).netloc
     extra = "".join(f"{name.replace('_', '-')}: {value}\r\n" for name, value in headers.items())
     if isinstance(body, bytes):
@@ -79,4 +97,4 @@ def post_then_get(url: str, post_path: str, body: bytes | list[bytes], get_path:
         chunks = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in body)
         post = (head + "transfer-encoding: chunked\r\n\r\n").encode() + chunks + b"0\r\n\r\n"
     get = f"GET {get_path} HTTP/1.1\r\nhost: {host}\r\n{extra}\r\n".encode()
-    return statuses_on_one_connection(url, [post, get])
+    return statuses_on_one_connection(url, [post, get], pieces=pieces, pace_sec=pace_sec)
