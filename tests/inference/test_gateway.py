@@ -550,6 +550,7 @@ def test_a_provider_nobody_can_connect_to_is_counted_unreachable_and_logged(capl
 
         async def body(gateway, client):
             token, _ = gateway.grant("ev-9", "train", partition_pool=None, evaluation_limit_usd=1.0)
+            gateway.bind_host(token, os.getuid())  # the caller is this test's process
             answer = await client.post(
                 "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": f"Bearer {token}"}
             )

@@ -638,7 +638,14 @@ def test_a_target_whose_model_calls_cannot_reach_the_provider_is_unmeasured(benc
     bench.submit(a)
 
     class Calling(TableBackend):
+        binding = None
+
+        def bind_hosts_to(self, binding) -> None:
+            self.binding = binding  # as HarborBackend: the verifier hands it its gateway
+
         async def evaluate(self, run):
+            token = run.candidate_env["VERO_INFERENCE_TOKEN"]
+            self.binding.bind_host(token, os.getuid())  # this process stands in for the candidate
             async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
                 await client.post(
                     f"{run.candidate_env['OPENAI_BASE_URL']}/chat/completions",
