@@ -5,18 +5,23 @@ Before an agent run is spent, `check_spec` answers "will these cases measure can
 1. every case of every partition is fetched as the build fetches it (`vero.compiler.cases`) and
    checked with Harbor's own code (`vero.harbor.case_checks`: a valid task, every host variable it
    requires declared as a secret, its setup accepted by the spec's environment); for a `kind:
-   program` target, a case whose tests never call the case kit is `kit_missing`
-   (`vero.compiler.case_audit.case_uses_kit`, the build's own warning), though it is still run;
+   program` target, the case audit (`vero.compiler.case_audit.audit_case`, the build's own) says
+   where the candidate runs: a case with a verification in the agent's container whose tests never
+   call the case kit is `kit_missing`, and one whose separate verifier environment is given no
+   artifacts is `no_artifacts`, though both are still run;
 2. the baseline (the target's committed files) and, when the spec has one, the reference (the
    baseline with `target.reference` applied, as the oracle's `solve.sh` does) are each evaluated
    on every case that passed, one nested `harbor run` per case and candidate
    (`vero.harbor.HarborBackend`, the sidecar's own backend, in the spec's environment, one attempt,
-   no infrastructure retry), `concurrency` at a time;
+   no infrastructure retry), `concurrency` at a time. The baseline's run is its own install
+   witness (`NestedRun.baseline_dir`): a baseline vero's install agent cannot install is the
+   case's `install_failed`, never a score;
 3. with `probe` (`kind: program` only), the baseline is run once more per case under the probe
    agent (`vero.harbor.probe`): a process planted as the candidate user, the moment the tests first
    open a file of the installed candidate, tries to write the reward files and to read `/tests`;
-   the case is `forgeable` when it manages either, `probe_not_exercised` when the tests never
-   opened the candidate's files;
+   the case is `forgeable` when it manages either (in any step), `probe_not_exercised` when the
+   tests never opened the candidate's files. A case whose tests all run in a separate verifier
+   environment is not probed (`not_applicable`: the candidate's files are not where its tests run);
 4. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
    "the reference beats the baseline on no case".
 
@@ -74,8 +79,12 @@ CHECK_CODES: dict[str, str] = {
     "missing_variables": "host variables the case requires are not declared secrets",
     "setup_rejected": "Harbor refuses the case's setup in the spec's environment",
     "reward_key_missing": "the case's rewards lack scoring.reward_key (the keys found are listed)",
-    "kit_missing": "kind: program: the case's tests never call vero-kit, so candidate code they run can forge "
-    "the reward or read /tests",
+    "kit_missing": "kind: program: tests that run where the candidate is installed never call vero-kit, so "
+    "candidate code they run can forge the reward or read /tests",
+    "no_artifacts": "kind: program: a separate verifier environment is given no artifacts, so nothing of the "
+    "candidate reaches its tests",
+    "install_failed": "vero's install agent cannot install the baseline in the case (the upload or "
+    "install_command failed), so no candidate can be measured there",
     "infrastructure": "the case's environment (or the case kit's sandbox, or the probe) could not be set up",
     "no_reward": "a run produced no valid reward (no reward file, a crash, a timeout, a non-finite reward)",
     "reward_out_of_range": "an honest candidate's reward is outside scoring.reward_range",
@@ -84,12 +93,6 @@ CHECK_CODES: dict[str, str] = {
     "reference_not_better": "the reference beats the baseline on no case",
 }
 """Every problem `vero harbor check` reports, by code (the README's table), in the order a row lists them."""
-
-_KIT_MISSING = (
-    "its tests never call vero-kit, so candidate code they run can forge the reward or read /tests "
-    "(run it through vero-kit run and write the reward with vero-kit reward, or at least set "
-    'scoring.reward_range; README "Writing program cases")'
-)
 
 
 class _Model(BaseModel):
@@ -126,14 +129,16 @@ class CandidateRun(_Model):
 class ProbeRun(_Model):
     """The probe's run on one case (`vero.harbor.probe`)."""
 
-    verdict: Literal["forgeable", "held", "not_exercised", "error"]
+    verdict: Literal["forgeable", "held", "not_exercised", "not_applicable", "error"]
+    """`not_applicable`: the case's tests all run in a separate verifier environment, where the
+    installed candidate is not (the probe was not run)."""
     findings: list[str] = Field(default_factory=list)
     """What the planted process managed (forgeable only)."""
     attempted: bool = False
     """It got through a whole round of attempts before it was killed."""
     seconds: float = 0.0
     detail: str | None = None
-    """Why there is no verdict (`error`)."""
+    """Why there is no verdict (`error`, `not_applicable`)."""
 
 
 class CaseCheck(_Model):
@@ -246,6 +251,15 @@ def _last_line(exc: InfrastructureFailure) -> str:
     return ""
 
 
+def _trial_message(result) -> str:
+    """The first failed trial's exception message of a result's diagnostics (e.g. why the install
+    agent could not install the candidate), else a placeholder."""
+    for failure in getattr(result.diagnostics, "trial_failures", None) or []:
+        if failure.message:
+            return failure.message.strip()[-600:]
+    return "(no message recorded)"
+
+
 class _Gateway:
     """The spec's inference gateway for the check: one token per nested run (see the module docstring).
 
@@ -324,6 +338,8 @@ def _nested_run(
         env=dict(env),
         candidate_env=dict(candidate_env),
         case_network=case_network,
+        # The baseline is its own install witness: an install that fails for it is the case's.
+        baseline_dir=candidate_dir if label == "baseline" else None,
     )
 
 
@@ -431,6 +447,8 @@ async def _measure_one(
     if attempt.reward is None:
         why = attempt.exception_type or ("no reward file" if kind is AttemptOutcome.DEAD else kind.value)
         detail = f"no valid reward for the {label} ({kind.value}: {why})"
+        if kind is AttemptOutcome.INSTALL_FAILED:
+            detail = f"the {label} was not installed, so nothing was measured: {_trial_message(result)}"
         return (
             CandidateRun(
                 candidate=label,
@@ -500,6 +518,10 @@ async def _probe_one(
         return ProbeRun(verdict="error", seconds=seconds, detail=detail), [
             CheckProblem(code="infrastructure", detail=detail)
         ]
+    if attempt.kind is AttemptOutcome.INSTALL_FAILED:
+        # Nothing to probe: the baseline's own run names the failure (`install_failed`).
+        detail = f"probe: the baseline was not installed: {_trial_message(result)}"
+        return ProbeRun(verdict="error", seconds=seconds, detail=detail), []
     found = probe_verdict(attempt.flags, attempt.reward if attempt.reward is not None else attempt.rejected_reward)
     probe = ProbeRun(verdict=found.verdict, findings=list(found.findings), attempted=found.attempted, seconds=seconds)
     if found.verdict == "forgeable":
@@ -559,7 +581,7 @@ async def check_spec(
             unknown case, or `probe` is asked for a `kind: agent` target.
         InfrastructureFailure: Harbor cannot be found, or the probe cannot be built.
     """
-    from vero.compiler.case_audit import case_uses_kit
+    from vero.compiler.case_audit import audit_case, kit_advice, no_artifacts_detail
     from vero.harbor.case_checks import check_cases
     from vero.harbor.command import nested_variable_names
 
@@ -570,6 +592,8 @@ async def check_spec(
             "the probe plants a process as the candidate user of a kind: program "
             "target; this spec's target is kind: agent",
         )
+    # Absolute: the nested runs (and Harbor's agents in them) work in other directories.
+    work_dir = work_dir.absolute()
     work_dir.mkdir(parents=True, exist_ok=True)
     partition_of = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
     if cases:
@@ -588,9 +612,18 @@ async def check_spec(
     for problem in static:
         problems[problem.case].append(CheckProblem(code=problem.code, detail=problem.detail))
     runnable = [case for case in selected if not problems[case]]  # Harbor can run them
-    for case in runnable if program else ():
-        if not case_uses_kit(fetched[case]):
-            problems[case].append(CheckProblem(code="kit_missing", detail=_KIT_MISSING))
+    audits = {case: audit_case(fetched[case]) for case in runnable} if program else {}
+    for case, audit in audits.items():
+        if audit.kit_missing:
+            problems[case].append(
+                CheckProblem(
+                    code="kit_missing",
+                    detail="tests that run where the candidate is installed never call vero-kit, so candidate "
+                    f"code they run can forge the reward or read /tests: {kit_advice(spec)}",
+                )
+            )
+        if audit.without_artifacts:
+            problems[case].append(CheckProblem(code="no_artifacts", detail=no_artifacts_detail(audit)))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     # The providers' keys reach the gateway only, never a nested run (as in the sidecar and the verifier).
     provider_keys = (
@@ -696,11 +729,31 @@ async def check_spec(
                         case, "probe", CandidateRun(candidate="probe", outcome=run.verdict, seconds=run.seconds)
                     )
 
+        probed = [case for case in runnable if probe and audits[case].kit_applies]
+        for case in runnable if probe else ():
+            if case not in probed:
+                probes[case] = ProbeRun(
+                    verdict="not_applicable",
+                    detail="its tests run in a separate verifier environment, where the installed candidate is "
+                    "not: they see it only through the declared artifacts",
+                )
         await asyncio.gather(
             *(one(case, label, path) for case in runnable for label, path in candidates),
-            *(probe_one(case) for case in (runnable if probe else ())),
+            *(probe_one(case) for case in probed),
         )
 
+    for case in selected:
+        if any(p.code == "install_failed" for p in problems[case]):
+            # No candidate installs there: the reference's failure is the same, named once.
+            problems[case] = [
+                p
+                for p in problems[case]
+                if not (
+                    p.code == "no_reward"
+                    and (run := runs.get((case, "reference"))) is not None
+                    and run.outcome == AttemptOutcome.INSTALL_FAILED.value
+                )
+            ]
     order = list(CHECK_CODES)
     rows = [
         CaseCheck(

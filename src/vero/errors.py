@@ -251,7 +251,13 @@ class InfrastructureFailure(VeroError):
         self.diagnostics = diagnostics
 
 
-CASE_PROBLEM_CODES: tuple[str, ...] = ("case_invalid", "missing_variables", "setup_rejected", "reward_key_missing")
+CASE_PROBLEM_CODES: tuple[str, ...] = (
+    "case_invalid",
+    "missing_variables",
+    "setup_rejected",
+    "reward_key_missing",
+    "install_failed",
+)
 """Codes of `CaseMisconfigured` (what each means: `vero.core.diagnostics`)."""
 
 
@@ -261,7 +267,7 @@ class CaseMisconfigured(InfrastructureFailure):
 
     Attributes:
         code: the first problem's code (`case_invalid`, `missing_variables`, `setup_rejected`,
-            `reward_key_missing`); what the agent is told.
+            `reward_key_missing`, `install_failed`); what the agent is told.
         problems: every `CaseProblem` (case names and details: operator only); empty when rebuilt
             by the agent-side client from a problem body.
         cases: the cases concerned, when the agent may know them (empty otherwise).

@@ -283,6 +283,7 @@ def run_task(
     check_agent_name(agent)
     from vero.harbor.command import find_harbor_executable
 
+    jobs_dir = jobs_dir.absolute()
     harbor = str(find_harbor_executable())
     prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
     if on_warning is not None:

@@ -17,8 +17,15 @@ shared Dockerfile is identical across cases, so Docker builds one image for all 
 | `multi-key` | writes `{"correctness": ..., "performance": ...}`, no `reward` (`reward_key_missing`) |
 | `no-reward` | its test writes no reward at all (a dead attempt: `no_reward` for `vero harbor check`) |
 | `peek` | reads the candidate's answer as root, then rewards 1 whatever it says: `forgeable` under `--probe` |
+| `steps-py` | multi-step, third-party style: each step writes `reward.txt` from Python as root (kit_missing) |
+| `graded-artifact` | separate verifier (`tests/Dockerfile`), grades the artifact `answer.txt` from Python |
+| `no-artifacts` | a separate verifier environment given no artifact: it never sees the candidate |
+| `locked-out` | `/opt/report` is root's, `REPORT_INSTALL` writes there: no candidate installs |
+| `good-kit` | `good`, with its test run through the kit (correctly set up) |
+| `steps-kit` | multi-step, each step's test through the kit (correctly set up) |
 
-No case calls the case kit, so `vero harbor check` reports every case it runs as `kit_missing` too.
+The cases of issue 11 never call the case kit, so `vero harbor check` reports every one it runs as
+`kit_missing` too.
 """
 
 from __future__ import annotations
@@ -64,6 +71,43 @@ COMPOSE: dict[str, str] = {
     ),
 }
 
+_PY_REWARD = (
+    "python3 - <<'PY'\n"
+    "from pathlib import Path\n"
+    "answer = Path('/opt/candidate/answer.txt')\n"
+    "value = float(answer.read_text().strip()) if answer.exists() else 0.0\n"
+    "Path('/logs/verifier/reward.txt').write_text(f'{value}\\n')\n"
+    "PY\n"
+)
+"""A third-party test: the reward from Python, as root, straight into `reward.txt` (no kit)."""
+
+_KIT_REWARD = (
+    "vero-kit run --timeout 20 -- cat /opt/candidate/answer.txt > /tmp/answer || true\nsleep 1\n"
+    'vero-kit reward "$(head -c 20 /tmp/answer | tr -cd 0-9.)"\n'
+)
+"""The same through the case kit (the candidate's file read as the candidate user; a moment for
+the probe to act)."""
+
+TEST_SCRIPTS["steps-py"] = _PY_REWARD
+TEST_SCRIPTS["graded-artifact"] = _PY_REWARD
+TEST_SCRIPTS["no-artifacts"] = _PY_REWARD
+TEST_SCRIPTS["good-kit"] = _KIT_REWARD
+TEST_SCRIPTS["steps-kit"] = _KIT_REWARD
+
+STEPS = {"steps-py": ("first", "second"), "steps-kit": ("first", "second")}
+"""Multi-step cases: their step names (each step's test is the case's script)."""
+
+TOP_TOML = {"graded-artifact": 'artifacts = ["/opt/candidate/answer.txt"]\n'}
+"""Top-level `task.toml` keys (before the first table)."""
+
+SEPARATE = frozenset({"graded-artifact", "no-artifacts"})
+"""Cases whose tests run in a separate verifier environment (built from `tests/Dockerfile`)."""
+
+REPORT_INSTALL = "if [ -d /opt/report ]; then echo built > /opt/report/built.txt; fi"
+"""The `install_command` of specs with `locked-out`: a no-op everywhere else."""
+
+LOCKED_DOCKERFILE = DOCKERFILE + "RUN mkdir -p /opt/report\n"
+
 ALL_CASES = (
     "good",
     "same",
@@ -76,6 +120,12 @@ ALL_CASES = (
     "multi-key",
     "no-reward",
     "peek",
+    "steps-py",
+    "graded-artifact",
+    "no-artifacts",
+    "locked-out",
+    "good-kit",
+    "steps-kit",
 )
 
 
@@ -87,20 +137,34 @@ def write_case(root: Path, name: str) -> Path:
     case = root / (f"{kind}-{copy}" if copy else kind)
     name = kind
     (case / "environment").mkdir(parents=True)
-    (case / "environment" / "Dockerfile").write_text(DOCKERFILE)
+    (case / "environment" / "Dockerfile").write_text(LOCKED_DOCKERFILE if name == "locked-out" else DOCKERFILE)
     if name in COMPOSE:
         (case / "environment" / "docker-compose.yaml").write_text(COMPOSE[name])
     (case / "instruction.md").write_text(f"Case {name}.\n")
-    (case / "task.toml").write_text(
-        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
+    verifier = "[verifier]\ntimeout_sec = 60.0\n" + ('environment_mode = "separate"\n' if name in SEPARATE else "")
+    toml = (
+        f'schema_version = "1.4"\n{TOP_TOML.get(name, "")}\n[agent]\ntimeout_sec = 60.0\n\n{verifier}\n'
         "[environment]\nbuild_timeout_sec = 300.0\n" + EXTRA_TOML.get(name, "")
     )
-    if name != "no-tests":
-        (case / "tests").mkdir()
-        script = TEST_SCRIPTS.get(name, TEST_SCRIPTS["good"])
-        test = case / "tests" / "test.sh"
-        test.write_text("#!/bin/bash\nmkdir -p /logs/verifier\n" + script)
-        test.chmod(0o755)
+    for step in STEPS.get(name, ()):
+        toml += f'\n[[steps]]\nname = "{step}"\n'
+    (case / "task.toml").write_text(toml)
+    if name == "no-tests":
+        return case
+    script = "#!/bin/bash\nmkdir -p /logs/verifier\n" + TEST_SCRIPTS.get(name, TEST_SCRIPTS["good"])
+    test_dirs = [case / "steps" / step / "tests" for step in STEPS[name]] if name in STEPS else [case / "tests"]
+    for tests in test_dirs:
+        tests.mkdir(parents=True)
+        (tests / "test.sh").write_text(script)
+        (tests / "test.sh").chmod(0o755)
+        if name in STEPS:
+            (tests.parent / "instruction.md").write_text(f"Step {tests.parent.name} of {name}.\n")
+    if name in SEPARATE:
+        # The verifier's own image, its tests baked in (Harbor uploads none then): no candidate in
+        # it, only what the artifacts bring.
+        (case / "tests" / "Dockerfile").write_text(
+            f"FROM {BASE_IMAGE}\nSTOPSIGNAL SIGKILL\nCOPY test.sh /tests/test.sh\n"
+        )
     return case
 
 
@@ -113,6 +177,7 @@ def write_spec(
     secrets: list[str] | None = None,
     agent_access: dict | None = None,
     extra: dict | None = None,
+    install_command: str | None = None,
 ) -> Path:
     """A spec tree under `root` (program target `answer.txt` = 0, reference = 1) over the named cases.
 
@@ -124,7 +189,11 @@ def write_spec(
         secrets: the spec's `secrets`.
         agent_access: overrides the default access (`full`, 10 runs, 10 cases per partition).
         extra: top-level keys merged into the document last (e.g. `scoring`).
+        install_command: `target.install_command` (default: none, or `REPORT_INSTALL` when a
+            partition holds `locked-out`).
     """
+    if install_command is None and any(n.partition("@")[0] == "locked-out" for v in partitions.values() for n in v):
+        install_command = REPORT_INSTALL
     root.mkdir(parents=True, exist_ok=True)
     (root / "target").mkdir()
     (root / "target" / "answer.txt").write_text("0\n")
@@ -149,6 +218,7 @@ def write_spec(
             "path": "target",
             "install_path": "/opt/candidate",
             **({"reference": "reference"} if reference else {}),
+            **({"install_command": install_command} if install_command else {}),
         },
         "cases": {"path": "cases", "partitions": partitions},
         "agent_access": access,

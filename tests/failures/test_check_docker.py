@@ -1,12 +1,21 @@
-"""`vero harbor check` on a spec whose cases have every problem of issue 11 (Docker).
+"""`vero harbor check` on Docker: a spec whose cases have every problem of issues 11 and 27, and one
+whose cases are correctly set up, one of each kind Harbor supports.
 
-One spec, one check with `--probe`: `same` (rewards 1 whatever the candidate), `no-tests`
-(case_invalid), `needs-key` (missing_variables), `tpu` (setup_rejected), `multi-key`
-(reward_key_missing, keys found listed), `no-reward` (no_reward), `peek` (reads the candidate as
-root: forgeable). No case calls the case kit (kit_missing on every case that runs). The reference
-beats the baseline nowhere (reference_not_better). Cases with a problem Harbor's own checks find are
-never run; the others run once per candidate and once under the probe, concurrently. The examples'
-checks (exit 0, their tables, the probe held) are in `tests/examples/test_examples.py`.
+The first, one check with `--probe`, run from its own directory with a relative `--work-dir`:
+`same` (rewards 1 whatever the candidate), `no-tests` (case_invalid), `needs-key`
+(missing_variables, its location printed verbatim in the table), `tpu` (setup_rejected),
+`multi-key` (reward_key_missing, keys found listed), `no-reward` (no_reward), `peek` (reads the
+candidate as root: forgeable), `steps-py` (a multi-step case written as third-party tasks are: the
+probe's events come from its steps: forgeable), `no-artifacts` (a separate verifier environment
+given nothing: no_artifacts, the probe not applicable), `locked-out` (no candidate installs:
+install_failed, never a score). The cases of issue 11 never call the case kit (kit_missing on every
+one that runs). Cases with a problem Harbor's own checks find are never run; the others run once
+per candidate and once under the probe, concurrently.
+
+The second: `good-kit` (single step, through the kit), `steps-kit` (multi-step, each step through
+the kit), `graded-artifact` (a separate verifier environment grading a declared artifact from
+Python, as third-party tasks do: no kit can be there): exit 0. The examples' checks (exit 0, their
+tables, the probe held) are in `tests/examples/test_examples.py`.
 """
 
 from __future__ import annotations
@@ -25,12 +34,15 @@ VERO = str(Path(sys.executable).with_name("vero"))
 EXIT_CHECK_PROBLEMS = 18
 
 
-def run_check(spec: Path, *args: str, timeout_sec: float = 800) -> subprocess.CompletedProcess[str]:
+def run_check(
+    spec: Path, *args: str, timeout_sec: float = 800, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     from failure_cases import without
 
     env = {**without((UNSET_KEY,)), "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     return subprocess.run(
         [VERO, "harbor", "check", "-c", str(spec), *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -43,13 +55,20 @@ def run_check(spec: Path, *args: str, timeout_sec: float = 800) -> subprocess.Co
 def test_check_names_every_problem_and_exits_non_zero(tmp_path):
     spec = write_spec(
         tmp_path / "spec",
-        {"train": ["same"], "hidden": ["no-tests", "needs-key", "tpu", "multi-key", "no-reward", "peek"]},
+        {
+            "train": ["same", "steps-py"],
+            "hidden": ["no-tests", "needs-key", "tpu", "multi-key", "no-reward", "peek", "no-artifacts", "locked-out"],
+        },
         targets=["hidden"],
     )
-    done = run_check(spec, "--json", "--probe", "--concurrency", "6", "--work-dir", str(tmp_path / "work"))
+    # A relative work dir: the nested runs work elsewhere, so it must reach them absolute.
+    done = run_check(
+        spec, "--report", "report.json", "--probe", "--concurrency", "6", "--work-dir", "work", cwd=tmp_path
+    )
     assert done.returncode == EXIT_CHECK_PROBLEMS, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] is False and report["probed"] is True
+    assert report["work_dir"] == str(tmp_path / "work")
     rows = {row["case"]: row for row in report["cases"]}
     codes = {case: sorted(p["code"] for p in row["problems"]) for case, row in rows.items()}
     # multi-key's probe run races the test's own reward.json (a case problem, or forgeable): not compared.
@@ -61,8 +80,11 @@ def test_check_names_every_problem_and_exits_non_zero(tmp_path):
         "tpu": ["setup_rejected"],
         "no-reward": ["kit_missing", "no_reward", "probe_not_exercised"],
         "peek": ["forgeable", "kit_missing"],
+        "steps-py": ["forgeable", "kit_missing"],
+        "no-artifacts": ["no_artifacts"],
+        "locked-out": ["install_failed", "kit_missing"],
     }
-    assert [p["code"] for p in report["problems"]] == ["reference_not_better"]
+    assert report["problems"] == []  # steps-py tells the reference from the baseline
     # Harbor's checks stop a case before any run; the others ran with both candidates.
     for case in ("no-tests", "needs-key", "tpu"):
         assert rows[case]["baseline"] is None and rows[case]["reference"] is None and rows[case]["probe"] is None
@@ -80,3 +102,38 @@ def test_check_names_every_problem_and_exits_non_zero(tmp_path):
     assert peek["verdict"] == "forgeable" and peek["attempted"], peek
     assert {"wrote /logs/verifier/reward.json or reward.txt", "read a file of /tests"} <= set(peek["findings"])
     assert rows["same"]["probe"]["verdict"] == rows["no-reward"]["probe"]["verdict"] == "not_exercised"
+    # A multi-step case: what the probe managed was recorded in its steps' verifier dirs, and counts.
+    steps = rows["steps-py"]
+    assert steps["probe"]["verdict"] == "forgeable", steps["probe"]
+    assert (steps["baseline"]["reward"], steps["reference"]["reward"]) == (0, 1)
+    # Graded in a separate verifier environment: not probed, not told to use a kit it cannot have.
+    assert rows["no-artifacts"]["probe"]["verdict"] == "not_applicable"
+    # No candidate installs in locked-out: a case problem with the install's own words, never the
+    # score of what the image held; the reference's identical failure is not a second problem.
+    locked = rows["locked-out"]
+    assert locked["baseline"]["outcome"] == locked["reference"]["outcome"] == "install_failed"
+    assert locked["baseline"]["reward"] is None and locked["reference"]["reward"] is None
+    assert "/opt/report/built.txt: Permission denied" in detail["locked-out"]
+    # The table prints every location verbatim (Rich markup would eat `[environment.env]`).
+    table = done.stdout
+    assert "(required by [environment.env])" in table, table
+    assert "work dir: " + str(tmp_path / "work") in table
+
+
+def test_check_passes_on_a_correct_case_of_every_kind(tmp_path):
+    spec = write_spec(
+        tmp_path / "spec",
+        {"train": ["good-kit"], "hidden": ["steps-kit", "graded-artifact"]},
+        targets=["hidden"],
+    )
+    done = run_check(spec, "--json", "--probe", "--concurrency", "6", "--work-dir", str(tmp_path / "work"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["problems"] == [] and report["warnings"] == []
+    rows = {row["case"]: row for row in report["cases"]}
+    for case in ("good-kit", "steps-kit", "graded-artifact"):
+        row = rows[case]
+        assert row["problems"] == [], row
+        assert (row["baseline"]["reward"], row["reference"]["reward"]) == (0, 1), row
+    assert rows["good-kit"]["probe"]["verdict"] == rows["steps-kit"]["probe"]["verdict"] == "held"
+    assert rows["graded-artifact"]["probe"]["verdict"] == "not_applicable"

@@ -27,18 +27,36 @@ KIT_TEST = '#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/ou
 
 
 class Runs:
-    """A backend whose `evaluate` answers from a table: (case, run label) -> attempt or error."""
+    """A backend whose `evaluate` answers from a table: (case, run label) -> attempt (or attempt and
+    the failed trial's message), or the error it raises."""
 
-    def __init__(self, table: dict[tuple[str, str], AttemptResult | Exception]):
+    def __init__(self, table: dict[tuple[str, str], AttemptResult | tuple[AttemptResult, str] | Exception]):
         self.table = table
         self.asked: list[tuple[str, str]] = []
+        self.runs: list = []
 
     async def evaluate(self, run):
         (case,) = run.case_names
         self.asked.append((case, run.candidate))
+        self.runs.append(run)
         answer = self.table[case, run.candidate]
         if isinstance(answer, Exception):
             raise answer
+        diagnostics = None
+        if isinstance(answer, tuple):
+            answer, message = answer
+            diagnostics = RunDiagnostics(
+                trial_failures=[
+                    TrialFailure(
+                        job_name="j",
+                        trial_name="t",
+                        case=case,
+                        outcome=answer.kind.value,
+                        exception_type=answer.exception_type,
+                        message=message,
+                    )
+                ]
+            )
         now = datetime.now(UTC)
         return EvaluationResult.from_cases(
             partition=run.partition,
@@ -47,6 +65,7 @@ class Runs:
             cases=[CaseResult.from_attempts(case, [answer], 0.0)],
             started_at=now,
             finished_at=now,
+            diagnostics=diagnostics,
         )
 
 
@@ -266,3 +285,159 @@ def test_a_spec_with_inference_gets_the_gateway_for_each_run(tmp_path):
         )
         assert not fake.requests
     assert any("ZQ_PROVIDER_KEY" in w and "not set" in w for w in report.warnings), report.warnings
+
+
+def honest(cases: list[str]) -> dict:
+    """Baseline 0 and reference 1 on each of `cases`."""
+    return {
+        **{(case, "baseline"): scored(0.0) for case in cases},
+        **{(case, "reference"): scored(1.0) for case in cases},
+    }
+
+
+def test_the_audit_knows_where_the_candidate_runs(tmp_path):
+    """kit_missing only where the tests run in the container the kit is in: any step of a
+    multi-step case counts; a case graded in a separate verifier environment is audited as such
+    (no kit can be there, the probe is not applicable), and one that declares no artifact is
+    told that nothing of the candidate reaches its tests."""
+    cases = ["good-kit", "steps-kit", "graded-artifact", "steps-py", "no-artifacts"]
+    path = write_spec(
+        tmp_path / "spec",
+        {"train": ["good-kit"], "hidden": cases[1:]},
+        targets=["hidden"],
+        extra={"scoring": {"reward_range": [0, 1]}},
+    )
+    runs = Runs(honest(cases))
+    probes = Runs(
+        {
+            ("good-kit", "probe"): scored(0.0, "probe_planted", "probe_attempted"),
+            ("steps-kit", "probe"): scored(0.0, "probe_planted", "probe_attempted"),
+            ("steps-py", "probe"): scored(PROBE_REWARD, "probe_planted", "probe_reward_written"),
+        }
+    )
+    report = asyncio.run(
+        check_spec(load_spec(path), {}, work_dir=tmp_path / "work", backend=runs, probe=True, probe_backend=probes)
+    )
+    rows = {row.case: row for row in report.cases}
+    assert {case: [p.code for p in row.problems] for case, row in rows.items()} == {
+        "good-kit": [],
+        "steps-kit": [],
+        "graded-artifact": [],
+        "steps-py": ["kit_missing", "forgeable"],
+        "no-artifacts": ["no_artifacts"],
+    }
+    # Separate verifier environments are never probed: not applicable, no problem.
+    assert sorted(probes.asked) == [("good-kit", "probe"), ("steps-kit", "probe"), ("steps-py", "probe")]
+    for case in ("graded-artifact", "no-artifacts"):
+        assert rows[case].probe.verdict == "not_applicable" and "separate verifier" in rows[case].probe.detail
+    assert rows["steps-kit"].probe.verdict == "held"
+    # The advice accounts for the range the spec already sets.
+    (kit,) = rows["steps-py"].problems[:1]
+    assert "scoring.reward_range [0.0, 1.0] rejects only rewards outside it" in kit.detail
+    assert "set scoring.reward_range" not in kit.detail
+    assert "declare the files the tests grade in task.toml's artifacts" in rows["no-artifacts"].problems[0].detail
+
+    # A check of the correctly set up cases of each kind passes.
+    correct = ["good-kit", "steps-kit", "graded-artifact"]
+    path = write_spec(tmp_path / "ok", {"train": ["good-kit"], "hidden": correct[1:]}, targets=["hidden"])
+    probes = Runs({(case, "probe"): scored(0.0, "probe_planted") for case in correct[:2]})
+    report = asyncio.run(
+        check_spec(
+            load_spec(path),
+            {},
+            work_dir=tmp_path / "ok-work",
+            backend=Runs(honest(correct)),
+            probe=True,
+            probe_backend=probes,
+        )
+    )
+    assert report.ok and not report.problems, report.model_dump_json(indent=2)
+
+
+def test_an_install_that_fails_for_every_candidate_is_named_once(tmp_path):
+    """The baseline's run is its own install witness: its install failure is the case's problem
+    (with the install's own words); the reference's identical failure is not reported again; the
+    probe has nothing to probe."""
+    from vero.core.diagnostics import CaseProblem
+    from vero.errors import CaseMisconfigured
+
+    path = write_spec(tmp_path / "spec", {"train": ["good-kit"], "hidden": ["locked-out"]}, targets=["hidden"])
+    why = "install_command exited with code 1: bash: line 1: /opt/report/built.txt: Permission denied"
+    problem = CaseProblem(
+        case="locked-out",
+        code="install_failed",
+        detail=f"vero's install agent cannot install the baseline in this case, so no candidate can be "
+        f"measured there: {why}",
+    )
+    install_failed = AttemptResult(
+        trial_name="t", outcome=AttemptOutcome.INSTALL_FAILED, exception_type="CandidateInstallError"
+    )
+    runs = Runs(
+        {
+            **honest(["good-kit"]),
+            ("locked-out", "baseline"): CaseMisconfigured("x", code="install_failed", problems=[problem]),
+            ("locked-out", "reference"): (install_failed, why),
+        }
+    )
+    probes = Runs({("good-kit", "probe"): scored(0.0, "probe_planted"), ("locked-out", "probe"): (install_failed, why)})
+    report = asyncio.run(
+        check_spec(load_spec(path), {}, work_dir=tmp_path / "work", backend=runs, probe=True, probe_backend=probes)
+    )
+    row = next(row for row in report.cases if row.case == "locked-out")
+    assert [p.code for p in row.problems] == ["kit_missing", "install_failed"]
+    assert row.problems[1].detail.endswith("/opt/report/built.txt: Permission denied")
+    assert row.baseline.outcome == row.reference.outcome == "install_failed"
+    assert "was not installed" in row.reference.detail and why in row.reference.detail
+    assert row.probe.verdict == "error" and "not installed" in row.probe.detail
+    # Only the baseline's run is its own witness; the reference is judged by what it did.
+    witnesses = {run.candidate: run.baseline_dir for run in runs.runs}
+    assert witnesses["baseline"] == next(r.candidate_dir for r in runs.runs if r.candidate == "baseline")
+    assert witnesses["reference"] is None
+    assert all(r.candidate_dir.is_absolute() for r in runs.runs)
+
+
+def test_the_table_prints_every_detail_verbatim(tmp_path, capsys):
+    """Locations like `[environment.env]` are what the problems exist to show; Rich must not read
+    them (or a case name, or a warning) as markup."""
+    from vero.check import CaseCheck, CheckProblem, CheckReport
+    from vero.commands.check import _print_report
+
+    detail = "host variables not available to the nested run: KEY (required by [environment.env]); [environment].os"
+    report = CheckReport(
+        name="n[bold]x[/bold]",
+        environment="docker",
+        reward_key="reward",
+        direction="maximize",
+        has_reference=False,
+        cases=[
+            CaseCheck(
+                case="[red]c[/red]",
+                partition="p",
+                problems=[CheckProblem(code="missing_variables", detail=detail)],
+            )
+        ],
+        problems=[CheckProblem(code="reference_not_better", detail="see [targets.hidden]")],
+        warnings=["case [x]: watch [secrets]"],
+    )
+    _print_report(report, tmp_path)
+    printed = capsys.readouterr().out
+    # The problems cell, its wrapped lines joined (the last column of the table's body rows).
+    cell = " ".join(line.split("│")[-2].strip() for line in printed.splitlines() if line.startswith("│"))
+    assert "(required by [environment.env]); [environment].os" in cell, printed
+    out = " ".join(printed.split())
+    for text in (
+        "[red]c[/red]",
+        "n[bold]x[/bold]",
+        "see [targets.hidden]",
+        "case [x]: watch [secrets]",
+    ):
+        assert text in out, (text, out)
+
+
+def test_a_reference_that_beats_the_baseline_nowhere_is_a_problem_of_the_spec(tmp_path):
+    path = write_spec(tmp_path / "spec", {"train": ["good-kit"], "hidden": ["same"]}, targets=["hidden"])
+    runs = Runs({(case, label): scored(1.0) for case in ("good-kit", "same") for label in ("baseline", "reference")})
+    report = asyncio.run(check_spec(load_spec(path), {}, work_dir=tmp_path / "work", backend=runs))
+    (problem,) = report.problems
+    assert problem.code == "reference_not_better" and "on any of the 2 case(s)" in problem.detail
+    assert not report.ok

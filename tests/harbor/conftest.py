@@ -62,7 +62,7 @@ AGENT_TEST = reward_script(
 
 @pytest.fixture(scope="session")
 def cases_dir(shared_root) -> Path:
-    """Shared case dirs: `prog-pass`, `prog-fail.v2`, `agent-echo`, `slow`, `build-fails`."""
+    """Shared case dirs: `prog-pass`, `prog-fail.v2`, `prog-user`, `agent-echo`, `slow`, `build-fails`, `locked`."""
     root = shared_root / "cases"
     root.mkdir()
     write_case(root, "prog-pass", test_sh=PROGRAM_PASS_TEST)
@@ -87,6 +87,14 @@ def cases_dir(shared_root) -> Path:
         test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""),
     )
     write_case(root, "build-fails", test_sh=reward_script("true"), dockerfile="FROM python:3.13-slim\nRUN exit 3\n")
+    # `/locked` makes the install command of the install-witness test fail in this case for every
+    # candidate; its tests would reward whatever the image holds.
+    write_case(
+        root,
+        "locked",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN touch /locked\nWORKDIR /app\n",
+        test_sh=reward_script("""echo '{"reward": 1.0}' > /logs/verifier/reward.json"""),
+    )
     return root
 
 

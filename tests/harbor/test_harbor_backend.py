@@ -31,6 +31,13 @@ HANGS_WHERE_MARKED = CandidateRuntime(
 )
 """Hangs in the `slow` case only (its image has `/hang`)."""
 AGENT = CandidateRuntime(kind="agent", agent_import_path="cand_agent:EchoAgent")
+WITNESSED = CandidateRuntime(
+    kind="program",
+    install_path="/opt/cand",
+    install_command='if [ -e /locked ] || [ -e fail-install ]; then echo "cannot build here" >&2; exit 3; fi; '
+    "id -un > installed.marker",
+)
+"""Fails for every candidate in the `locked` case, and for a candidate holding `fail-install` anywhere."""
 
 
 def trial_dirs(job_dir: Path) -> list[Path]:
@@ -542,3 +549,68 @@ services:
     assert trials
     for trial in trials:
         assert not docker_objects(compose_project_prefix(trial.name))
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+def test_an_install_failure_is_the_candidates_unless_the_baseline_fails_too(
+    cases_dir, program_candidate, jobs_dir, shared_root
+):
+    """The tests of both cases would reward whatever the image holds (prog-pass finds the upload,
+    locked rewards 1 anyway); a candidate that was not installed is never scored on that. The
+    baseline decides whose failure it is: in prog-pass it installs (the candidate's dead attempt,
+    charged), in locked it fails too (the case's problem: `CaseMisconfigured`, refunded). Asked once
+    per case and process; the baseline's own evaluation is its own witness."""
+    import shutil
+
+    from vero.errors import CaseMisconfigured
+
+    failing = shared_root / "failing-candidate"
+    shutil.copytree(program_candidate, failing)
+    (failing / "fail-install").write_text("my build is broken\n")
+    backend = HarborBackend(**FAST)
+    harbor = HarborSpec(n_concurrent=2, case_timeout_sec=120, infra_retries=0)
+
+    def run(evaluation_id: str, candidate: Path, *cases: str):
+        return make_run(
+            evaluation_id=evaluation_id,
+            cases_dir=cases_dir,
+            candidate_dir=candidate,
+            baseline_dir=program_candidate,
+            jobs_dir=jobs_dir,
+            case_names=cases,
+            runtime=WITNESSED,
+            harbor=harbor,
+        )
+
+    with pytest.raises(CaseMisconfigured) as info:
+        asyncio.run(backend.evaluate(run("ev-witness", failing, "prog-pass", "locked")))
+    assert info.value.code == "install_failed"
+    assert [(p.case, p.code) for p in info.value.problems] == [("locked", "install_failed")]
+    detail = info.value.problems[0].detail
+    assert detail.startswith("vero's install agent cannot install the baseline in this case")
+    assert "install_command exited with code 3: cannot build here" in detail
+    # One witness round, the baseline on both cases, without tests.
+    witness = trial_dirs(jobs_dir / "ev-witness.witness")
+    assert sorted(p.name.split("__")[0] for p in witness) == ["locked", "prog-pass"]
+    assert all(not (p / "verifier" / "reward.json").exists() for p in witness)
+
+    # prog-pass again: the candidate's dead attempt (the tests' 1.0 does not count), and nobody asked.
+    result = asyncio.run(backend.evaluate(run("ev-witness-2", failing, "prog-pass")))
+    (attempt,) = result.cases[0].attempts
+    assert (attempt.outcome, attempt.reward, attempt.exception_type) == (
+        AttemptOutcome.INSTALL_FAILED,
+        None,
+        "CandidateInstallError",
+    )
+    assert result.score == 0.0 and result.n_dead == 1 and attempt.kind.charged
+    assert result.flag_counts() == {"install_failed": 1}
+    assert not (jobs_dir / "ev-witness-2.witness").exists()
+    (failure,) = result.diagnostics.trial_failures
+    assert "cannot build here" in failure.message
+
+    # The baseline in locked: its own attempts are the witness.
+    own = run("ev-witness-3", program_candidate, "locked")
+    with pytest.raises(CaseMisconfigured) as info:
+        asyncio.run(backend.evaluate(own))
+    assert info.value.code == "install_failed" and not (jobs_dir / "ev-witness-3.witness").exists()

@@ -341,3 +341,45 @@ def test_build_command_rejects_bad_input(tmp_path):
             harbor_executable=HARBOR,
             base_env={},
         )
+
+
+def test_host_paths_reach_the_install_agent_absolute(tmp_path, monkeypatch):
+    """Harbor runs the install agent from the jobs dir: `check --work-dir work` once gave it
+    `work/candidates/baseline`, which named nothing there."""
+    monkeypatch.chdir(tmp_path)
+    run = make_run(candidate_dir=Path("work/candidates/baseline"), jobs_dir=Path("work/jobs"))
+    command = build_command(
+        run,
+        job_name="j",
+        case_names=("a",),
+        timeout_plan=AgentTimeoutPlan(),
+        harbor_executable=HARBOR,
+        base_env={},
+        kit_path=Path("kit/vero-kit"),
+        disable_verification=True,
+    )
+    args = list(command.argv)
+    assert f"candidate_dir={json.dumps(str(tmp_path / 'work/candidates/baseline'))}" in args
+    assert f"kit_path={json.dumps(str(tmp_path / 'kit/vero-kit'))}" in args
+    assert "--disable-verification" in args
+    # And the agent itself refuses a relative path rather than look in the wrong place.
+    from vero.harbor.install_agent import InstallAgent
+
+    with pytest.raises(ValueError, match="candidate_dir must be an absolute path"):
+        InstallAgent(logs_dir=tmp_path, candidate_dir="work/candidates/baseline", install_path="/opt/cand")
+
+
+def test_a_checkout_that_cannot_be_staged_is_the_machines_failure_before_anything_reaches_the_case(tmp_path):
+    """The copy happens on the host, before the case container is touched (so no environment is
+    needed to show it): its failure is `CandidateStagingError` (infrastructure), naming the path."""
+    import asyncio
+
+    from vero.harbor.install_agent import CandidateStagingError, InstallAgent
+
+    kit = tmp_path / "vero-kit"
+    kit.write_bytes(b"")
+    agent = InstallAgent(
+        logs_dir=tmp_path / "logs", candidate_dir=str(tmp_path / "gone"), install_path="/opt/cand", kit_path=str(kit)
+    )
+    with pytest.raises(CandidateStagingError, match=r"cannot stage the candidate checkout .*/gone on this machine"):
+        asyncio.run(agent._prepare(environment=None))  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from vero.harbor.results import collate_job, merge_outcomes, read_trial
 
 MIXED = FIXTURE_JOBS / "oracle-mixed"
 INSTALL = FIXTURE_JOBS / "install-fails"
+KIT_STEPS = FIXTURE_JOBS / "kit-steps"
 
 
 def by_case(collation):
@@ -87,26 +88,60 @@ def test_multi_key_rewards_and_missing_key():
     assert not missing.reward_key_missing
 
 
-def test_install_failure_is_graded_like_nonzero_agent_exit():
+def test_a_failed_install_is_never_scored_whatever_the_tests_wrote():
+    """install_command exited 7: Harbor still ran the tests, which found the uploaded file and wrote
+    1.0. vero counts none of it: the candidate was never installed (a dead attempt, charged)."""
     results, attempts, dropped = scores(INSTALL, "reward", 0.0, ["installed"])
     assert dropped == 0
-    assert len(attempts["installed"]) == 2
-    assert {a.exception_type for a in attempts["installed"]} == {"NonZeroAgentExitCodeError"}
-    assert results["installed"].score == 1.0
+    assert [(a.outcome, a.reward, a.exception_type) for a in attempts["installed"]] == [
+        (AttemptOutcome.INSTALL_FAILED, None, "CandidateInstallError")
+    ] * 2
+    assert all(a.kind.charged for a in attempts["installed"])
+    assert results["installed"].score == 0.0
+    for trial in collate_job(INSTALL, "reward").trials:
+        assert trial.exception_message == "install_command exited with code 7: (no output)"
+
+
+def test_a_checkout_that_cannot_be_staged_is_infrastructure(tmp_path):
+    outcome = read_trial(variant(tmp_path, "staging", exception="CandidateStagingError"), "reward")
+    assert outcome.outcome is AttemptOutcome.INFRASTRUCTURE and outcome.reward is None
+
+
+def test_the_kit_events_of_every_step_of_a_multi_step_trial_are_flags(tmp_path):
+    """Harbor files each step's verifier dir under `steps/<step>/`: step one's test had a planted
+    reward.txt removed by `vero-kit reward`, step two's run hit its timeout."""
+    (trial,) = collate_job(KIT_STEPS, "reward").trials
+    assert trial.flags == ("reward_file_removed", "run_timeout")
+    assert trial.outcome is AttemptOutcome.SCORED and trial.reward == 0.5  # Harbor's mean over the steps
+    # The install agent's report of killed install processes counts from any step's agent result.
+    import json
+
+    job = tmp_path / "job"
+    shutil.copytree(KIT_STEPS, job)
+    (path,) = job.glob("*/result.json")
+    data = json.loads(path.read_text())
+    assert data["agent_result"] is None  # a multi-step trial keeps its agent results per step
+    data["step_results"][1]["agent_result"]["metadata"]["vero_install_leftover_processes"] = 2
+    path.write_text(json.dumps(data))
+    (trial,) = collate_job(job, "reward").trials
+    assert trial.flags == ("install_leftover_processes_killed", "reward_file_removed", "run_timeout")
 
 
 def test_dead_attempts_stay_in_the_mean(tmp_path):
     job = tmp_path / "job"
     shutil.copytree(INSTALL, job)
-    first = sorted(p for p in job.iterdir() if p.is_dir())[0]
-    text = (first / "result.json").read_text()
-    # Turn one attempt into a verifier crash: reward gone, RewardFileNotFoundError recorded.
+    first, second = sorted(p for p in job.iterdir() if p.is_dir())
     import json
 
-    data = json.loads(text)
+    # One attempt a verifier crash (reward gone, RewardFileNotFoundError recorded), the other an
+    # install that worked (no exception: its reward 1.0 counts).
+    data = json.loads((first / "result.json").read_text())
     data["verifier_result"] = None
     data["exception_info"]["exception_type"] = "RewardFileNotFoundError"
     (first / "result.json").write_text(json.dumps(data))
+    data = json.loads((second / "result.json").read_text())
+    data["exception_info"] = None
+    (second / "result.json").write_text(json.dumps(data))
     results, _, _ = scores(job, "reward", 0.0, ["installed"])
     assert [a.reward for a in results["installed"].attempts].count(None) == 1
     assert results["installed"].score == pytest.approx(0.5)

@@ -132,3 +132,35 @@ def test_cli_jobs_dir_that_cannot_be_created_is_a_usage_error(tmp_path: Path, mo
     )
     assert done.returncode == 2, done.stderr
     assert "--jobs-dir" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_outcome_is_printed_as_text_and_a_broken_case_is_a_cause_not_a_score(tmp_path: Path, capsys) -> None:
+    """The chosen candidate's subject is the agent's text: printed as is, never read as markup. A
+    target left unmeasured by a case where no candidate installs exits 17 with the cause."""
+    from vero.commands.run import report_outcome
+    from vero.launch import TaskRunOutcome
+
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    problem = {
+        "case": "log-report",
+        "code": "install_failed",
+        "detail": "vero's install agent cannot install the baseline in this case, so no candidate can be "
+        "measured there: install_command exited with code 1: PermissionError: [Errno 13] '/app/report.json'",
+    }
+    outcome = TaskRunOutcome(
+        job_dir=tmp_path,
+        task_dir=tmp_path / "task",
+        trial_dir=trial,
+        rewards={"reward": 0.0},
+        finalization={
+            "status": "failed",
+            "chosen": {"candidate": "c" * 40, "is_baseline": False, "subject": "[bold]faster[/bold] loops"},
+            "problems": [problem],
+            "errors": ["target hidden: CaseMisconfigured (install_failed): ..."],
+        },
+    )
+    assert report_outcome(outcome) == 17
+    printed = capsys.readouterr()
+    assert "[bold]faster[/bold] loops" in printed.out
+    assert f"cause: case 'log-report': install_failed: {problem['detail']}" in printed.err

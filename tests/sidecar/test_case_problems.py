@@ -20,7 +20,7 @@ from .test_cli import error_of, vero
 
 pytestmark = pytest.mark.timeout(180)
 
-BROKEN = {"t2": "missing_variables", "v4": "reward_key_missing"}
+BROKEN = {"t2": "missing_variables", "t5": "install_failed", "v4": "reward_key_missing"}
 
 
 @pytest.fixture
@@ -72,6 +72,16 @@ def test_a_broken_case_is_named_refunded_and_quarantined(harness):
         refused = vero(server.url, "eval", "--partition", "train", "--case", "t2")
         assert refused.returncode == 13, refused.stderr
         assert vero(server.url, "result", block["id"]).returncode == 15
+        # A case where not even the baseline installs: its own code and exit code (19), refunded and
+        # quarantined like the others.
+        before_locked = budget_of(client, "train")
+        locked = client.post("/evaluations", json={"partition": "train", "cases": ["t5"]}).json()
+        wait_for_state(client, locked["id"], {"failed"})
+        problem = assert_problem(client.get(f"/evaluations/{locked['id']}"), 502, "install_failed")
+        assert problem["cases"] == ["t5"] and "cannot install even the baseline" in problem["detail"]
+        assert vero(server.url, "result", locked["id"]).returncode == 19
+        assert vero(server.url, "eval", "--partition", "train", "--case", "t5").returncode == 19
+        assert budget_of(client, "train") == before_locked
 
         # The operator: the cause is on the job record (and so in the session archive).
         records = client.get("/admin/export", headers=harness.admin_headers()).json()

@@ -26,9 +26,11 @@ CHECK_HELP = (
     "and read /tests.\n\n"
     "The table shows each case's partition, both rewards, the probe's verdict, the time the runs took "
     "and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys "
-    "found), kit_missing (program cases whose tests never call vero-kit), infrastructure, no_reward, "
-    "reward_out_of_range, forgeable and probe_not_exercised (--probe), and reference_not_better for the "
-    "spec as a whole.\n\n"
+    "found), kit_missing (program cases whose tests run where the candidate is installed and never "
+    "call vero-kit), no_artifacts (a separate verifier environment given no artifacts), install_failed "
+    "(the baseline cannot be installed), infrastructure, no_reward, reward_out_of_range, forgeable and "
+    "probe_not_exercised (--probe; not applicable where the tests run in a separate verifier "
+    "environment), and reference_not_better for the spec as a whole.\n\n"
     "Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor "
     "unavailable."
 )
@@ -96,7 +98,8 @@ def check(
 
     def call():
         spec, env = load_run_spec(config, environment=environment, env_file=env_file)
-        work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-check-{spec.name}-"))
+        # Absolute: the nested runs work in other directories (a relative one named nothing there).
+        work = (work_dir or Path(tempfile.mkdtemp(prefix=f"vero-check-{spec.name}-"))).absolute()
         progress = None if json_output else _Progress()
         try:
             if progress is not None:
@@ -137,7 +140,7 @@ class _Progress:
 
         self._progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
@@ -166,7 +169,7 @@ class _Progress:
         if self._overall is not None:
             self._progress.advance(self._overall)
         outcome = f"{run.reward:g}" if run.reward is not None else run.outcome
-        self._progress.console.print(f"{case} ({candidate}): {outcome} in {run.seconds:.1f} s")
+        self._progress.console.print(f"{case} ({candidate}): {outcome} in {run.seconds:.1f} s", markup=False)
 
 
 def _reward_cell(run) -> str:
@@ -188,13 +191,19 @@ def _probe_cell(probe) -> str:
 
 
 def _print_report(report, work: Path) -> None:
+    """The table, then the spec's problems and the warnings. Every text from the report (case names,
+    problem details, warnings) is a `rich.text.Text`, never markup: details name locations such as
+    `[environment.env]`, which Rich would read as a style tag and drop."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(width=None if Console().is_terminal else 160)
     table = Table(
-        title=f"vero harbor check: {report.name} on {report.environment} "
-        f"(reward key {report.reward_key!r}, {report.direction})",
+        title=Text(
+            f"vero harbor check: {report.name} on {report.environment} "
+            f"(reward key {report.reward_key!r}, {report.direction})"
+        ),
         show_lines=True,
     )
     columns = [
@@ -212,21 +221,14 @@ def _print_report(report, work: Path) -> None:
         problems = "\n".join(f"{p.code}: {p.detail}" for p in row.problems) or "ok"
         reference = _reward_cell(row.reference) if report.has_reference else "(no reference)"
         probe = [_probe_cell(row.probe)] if report.probed else []
-        table.add_row(
-            row.case,
-            row.partition,
-            _reward_cell(row.baseline),
-            reference,
-            *probe,
-            f"{row.seconds:.1f} s" if row.seconds else "-",
-            problems,
-            style="red" if row.problems else None,
-        )
+        cells = [row.case, row.partition, _reward_cell(row.baseline), reference, *probe]
+        cells += [f"{row.seconds:.1f} s" if row.seconds else "-", problems]
+        table.add_row(*(Text(cell) for cell in cells), style="red" if row.problems else None)
     console.print(table)
     for problem in report.problems:
-        console.print(f"[red]problem[/red] {problem.code}: {problem.detail}")
+        console.print(Text.assemble(("problem", "red"), f" {problem.code}: {problem.detail}"))
     for warning in report.warnings:
-        console.print(f"[yellow]warning[/yellow] {warning}")
+        console.print(Text.assemble(("warning", "yellow"), f" {warning}"))
     n_bad = sum(1 for row in report.cases if row.problems) + len(report.problems)
     console.print(
         "no problem found" if report.ok else f"{n_bad} problem(s) found", style="green" if report.ok else "red"

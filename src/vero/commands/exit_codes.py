@@ -21,8 +21,9 @@
 | 16 | `vero harbor verify`/`run`: the verifier's status is `partial` (some targets at their failure value) |
 | 17 | `vero harbor verify`/`run`: the verifier's status is `failed` (no target measured, or nothing shipped) |
 | 18 | `vero harbor check`: some case has a problem (see its table) |
+| 19 | vero's install agent cannot install the baseline in a case (`install_failed`); refunded |
 
-Codes 12-15 tell the agent "the case is broken, not your candidate": nothing was charged, and the
+Codes 12-15 and 19 tell the agent "the case is broken, not your candidate": nothing was charged, and the
 operator has the cause (`vero.core.diagnostics`).
 
 Messages are printed to stderr without tracebacks; exception text from parsers or subprocesses is
@@ -89,6 +90,7 @@ PROBLEM_EXIT_CODES: dict[str, int] = {
     "missing_variables": 13,
     "setup_rejected": 14,
     "reward_key_missing": 15,
+    "install_failed": 19,
 }
 """`CaseMisconfigured.code` -> exit code (`vero.core.diagnostics.ProblemCode`)."""
 

@@ -60,9 +60,6 @@ def run(
     ] = None,
 ) -> None:
     """`vero harbor run` (its help: `RUN_HELP`): run the spec's task with Harbor, print the outcome, exit by it."""
-    from rich.console import Console
-    from rich.table import Table
-
     from vero.launch import run_task
 
     outcome = run_command(
@@ -77,25 +74,42 @@ def run(
             on_warning=lambda w: typer.echo(f"warning: {w}", err=True),
         )
     )
-    console = Console()
-    table = Table(title="vero harbor run", show_header=True)
-    table.add_column("what")
-    table.add_column("value", overflow="fold")
+    raise typer.Exit(report_outcome(outcome))
+
+
+def report_outcome(outcome) -> int:
+    """Print what a run produced (a table of rewards, choice and status; the verifier's warnings;
+    where everything is; the causes when not every target was scored) and return the exit code.
+
+    Args:
+        outcome: `vero.launch.TaskRunOutcome`.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    rows: list[tuple[str, str]] = []
     for key, value in sorted(outcome.rewards.items()):
-        table.add_row("reward" if key == "reward" else f"reward[{key}]", f"{value:g}")
+        rows.append(("reward" if key == "reward" else f"reward[{key}]", f"{value:g}"))
     final = outcome.finalization or {}
     chosen = final.get("chosen") or {}
     if isinstance(chosen, dict) and chosen.get("candidate"):
         label = "baseline" if chosen.get("is_baseline") else (chosen.get("subject") or "")
-        table.add_row("chosen candidate", f"{chosen['candidate']} {label}".strip())
+        rows.append(("chosen candidate", f"{chosen['candidate']} {label}".strip()))
     selection = final.get("selection") or {}
     if isinstance(selection, dict) and selection.get("method"):
-        table.add_row("selected by", str(selection["method"]))
+        rows.append(("selected by", str(selection["method"])))
     if final.get("status"):
-        table.add_row("verifier status", str(final["status"]))
+        rows.append(("verifier status", str(final["status"])))
     if outcome.exception_type:
-        table.add_row("trial error", outcome.exception_type)
-    console.print(table)
+        rows.append(("trial error", outcome.exception_type))
+    table = Table(title="vero harbor run", show_header=True)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    for what, text in rows:
+        # As text, never markup: a candidate's commit subject is the agent's to write.
+        table.add_row(Text(what), Text(text))
+    Console().print(table)
     for warning in final.get("warnings") or []:
         typer.echo(f"warning: {warning}", err=True)
     # Paths as plain lines: a table would wrap them, and they are meant to be copied.
@@ -121,11 +135,11 @@ def run(
         if len(causes) > _MAX_CAUSE_LINES:
             typer.echo(f"cause: ... {len(causes) - _MAX_CAUSE_LINES} more in finalization.json", err=True)
     if not outcome.ok:
-        raise typer.Exit(EXIT_FAILED)
+        return EXIT_FAILED
     if not final:
         typer.echo("error: the verifier left no finalization.json", err=True)
-        raise typer.Exit(EXIT_FAILED)
-    raise typer.Exit(VERIFIER_STATUS_EXIT_CODES.get(str(status), EXIT_FAILED))
+        return EXIT_FAILED
+    return VERIFIER_STATUS_EXIT_CODES.get(str(status), EXIT_FAILED)
 
 
 _MAX_CAUSE_LINES = 20

@@ -1,9 +1,29 @@
 """What the compiler checks in the cases' own files, once they are fetched.
 
-- `kit_warnings`: a `kind: program` case whose tests never call the case kit (`vero-kit`) runs
-  candidate code with the test's privileges, so that code can forge its reward or read the case's
-  answers. The build still succeeds (third-party cases cannot always be changed); the operator is
-  warned, and `finalization.json` repeats the warning (`VerifierConfig.build_warnings`).
+Where candidate code runs decides what a case must do to measure it honestly (`audit_case`). A
+`kind: program` candidate is installed by vero's install agent in the case's agent environment
+(`main`), under the case kit; then each *verification* (the case's, or each step's of a
+multi-step case) runs the case's tests:
+
+- **shared** (Harbor's default): in that same container, where the installed candidate and the
+  kit are. Candidate code the tests run there must go through `vero-kit run` and the reward
+  through `vero-kit reward`; tests that never name the kit are `kit_missing`, and
+  `vero harbor check --probe` can try the forgery itself;
+- **separate** (`[verifier] environment_mode = "separate"`, or a `[verifier.environment]`): in a
+  fresh verifier environment that holds only the case's declared `artifacts` (Harbor copies
+  them in at their paths; `/logs/artifacts` is emptied by the install agent): the candidate
+  reaches the tests only through them, the kit is not there and cannot be (so `kit_missing` and
+  the probe do not apply), and a separate verification without artifacts sees nothing of the
+  candidate (`no_artifacts`).
+
+The checks:
+
+- `kit_warnings`: one warning per `kind: program` case with a shared verification whose tests
+  never call the case kit (`vero-kit`): candidate code they run has the test's privileges, so it
+  can forge its reward or read the case's answers; and per case with a separate verification that
+  declares no artifacts. The build still succeeds (third-party cases cannot always be changed);
+  the operator is warned, and `finalization.json` repeats the warnings
+  (`VerifierConfig.build_warnings`).
 - `check_evaluation_time`: every evaluation the task can start must fit `harbor.evaluation_timeout_sec`,
   since a run cut by its wall clock charges the unfinished cases to the candidate
   (`vero.harbor.runner`). The largest evaluation of a partition is the whole partition:
@@ -18,8 +38,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from vero.errors import SpecError, SpecIssue
 from vero.harbor.casekit import KIT_NAME, mentions_kit
@@ -27,11 +48,15 @@ from vero.spec.models import OptimizationSpec, ProgramTarget
 
 __all__ = [
     "EVALUATION_SETUP_MARGIN_SEC",
+    "CaseAudit",
     "CaseTime",
+    "Verification",
+    "audit_case",
     "case_time",
-    "case_uses_kit",
     "check_evaluation_time",
+    "kit_advice",
     "kit_warnings",
+    "no_artifacts_detail",
 ]
 
 EVALUATION_SETUP_MARGIN_SEC = 120.0
@@ -39,24 +64,177 @@ EVALUATION_SETUP_MARGIN_SEC = 120.0
 teardown)."""
 
 
-def _test_dirs(case_dir: Path) -> list[Path]:
-    steps = case_dir / "steps"
-    return [case_dir / "tests", *(sorted(p / "tests" for p in steps.iterdir() if p.is_dir()) if steps.is_dir() else [])]
+@dataclass(frozen=True)
+class Verification:
+    """One run of a case's tests: the case's, or one step's.
 
-
-def case_uses_kit(case_dir: Path) -> bool:
-    """Whether the tests of the case at `case_dir` (its `tests/`, or a step's) name `vero-kit`.
-
-    A test that never names the kit cannot run candidate code through it (`kit_warnings`;
-    `vero harbor check` reports such a case as `kit_missing`).
+    Attributes:
+        step: the step's name; None for a single-step case.
+        mode: `shared` (the tests run in the agent's container, where the candidate was installed)
+            or `separate` (a fresh verifier environment with the declared artifacts only), as Harbor
+            resolves it (`models/task/verifier_mode.py`).
+        tests_dirs: the dirs Harbor uploads as `/tests` for it (the task's `tests/`, then the step's).
+        artifacts: the artifact sources declared for it (the task's, then the step's), as written.
+        network_mode: the network its tests run with: `[verifier].network_mode` when set, else the
+            environment's (`public`, `no-network`, `allowlist`).
+        env: the variables the case gives its tests (`[verifier.env]`, then the step's; for a
+            separate one also its environment's own `env`), values as written (templates).
     """
-    return any(mentions_kit(d) for d in _test_dirs(case_dir))
+
+    step: str | None
+    mode: Literal["shared", "separate"]
+    tests_dirs: tuple[Path, ...]
+    artifacts: tuple[str, ...]
+    network_mode: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return "its verification" if self.step is None else f"step {self.step!r}"
+
+
+@dataclass(frozen=True)
+class CaseAudit:
+    """Where a `kind: program` candidate runs in a case, and what its tests do about it (module docstring).
+
+    Attributes:
+        verifications: one per run of the tests, in order.
+        agent_network_mode: the network of the agent phase (install, and a `kind: agent`
+            candidate's commands): `[agent].network_mode` when set, else the environment's.
+        main_env: `[environment.env]`: what the agent's container (`main`) holds for every process
+            in it, values as written (templates).
+    """
+
+    verifications: tuple[Verification, ...]
+    agent_network_mode: str
+    main_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> tuple[Verification, ...]:
+        """The verifications whose tests run where the candidate is installed."""
+        return tuple(v for v in self.verifications if v.mode == "shared")
+
+    @property
+    def separate(self) -> tuple[Verification, ...]:
+        """The verifications in a separate verifier environment."""
+        return tuple(v for v in self.verifications if v.mode == "separate")
+
+    @property
+    def kit_applies(self) -> bool:
+        """Candidate code can run in a container the kit is in while the tests run (a shared
+        verification): the kit and the probe apply."""
+        return bool(self.shared)
+
+    @property
+    def kit_missing(self) -> bool:
+        """A shared verification's tests never name the kit."""
+        return any(not any(mentions_kit(d) for d in v.tests_dirs) for v in self.shared)
+
+    @property
+    def without_artifacts(self) -> tuple[Verification, ...]:
+        """Separate verifications that declare no artifact: nothing of the candidate reaches them."""
+        return tuple(v for v in self.separate if not v.artifacts)
+
+
+def _artifact_sources(entries) -> tuple[str, ...]:
+    return tuple(entry if isinstance(entry, str) else entry.source for entry in entries)
+
+
+def _mode(value) -> str:
+    return str(getattr(value, "value", value))
+
+
+def audit_case(case_dir: Path) -> CaseAudit:
+    """Where the candidate runs in the case at `case_dir`, read with Harbor's own `TaskConfig` and
+    verifier-mode resolution (`models/task/verifier_mode.py`).
+
+    Raises:
+        SpecError: the case's `task.toml` cannot be read by Harbor's `TaskConfig`.
+    """
+    from harbor.models.task.config import TaskConfig, VerifierEnvironmentMode
+    from harbor.models.task.paths import TaskPaths
+    from harbor.models.task.verifier_mode import resolve_step_verifier_mode, resolve_task_verifier_mode
+
+    try:
+        config = TaskConfig.model_validate_toml((case_dir / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise SpecError.at("cases", f"case {case_dir.name!r}: task.toml cannot be read by Harbor") from None
+    paths = TaskPaths(case_dir)
+    environment_network = _mode(config.environment.network_mode)
+    verifier_network = _mode(config.verifier.network_mode) if config.verifier.network_mode else environment_network
+    task_artifacts = _artifact_sources(config.artifacts)
+
+    def tests_env(separate: bool, step=None) -> dict[str, str]:
+        env = {**config.verifier.env, **(step.verifier.env if step is not None else {})}
+        if separate:
+            for environment in (config.verifier.environment, step.verifier.environment if step else None):
+                env.update(environment.env if environment is not None else {})
+        return env
+
+    verifications: list[Verification] = []
+    if config.steps:
+        for step in config.steps:
+            separate = resolve_step_verifier_mode(config, step) == VerifierEnvironmentMode.SEPARATE
+            network = _mode(step.verifier.network_mode) if step.verifier.network_mode else verifier_network
+            verifications.append(
+                Verification(
+                    step=step.name,
+                    mode="separate" if separate else "shared",
+                    tests_dirs=(paths.tests_dir, paths.step_tests_dir(step.name)),
+                    artifacts=task_artifacts + _artifact_sources(step.artifacts),
+                    network_mode=network,
+                    env=tests_env(separate, step),
+                )
+            )
+    else:
+        separate = resolve_task_verifier_mode(config) == VerifierEnvironmentMode.SEPARATE
+        verifications.append(
+            Verification(
+                step=None,
+                mode="separate" if separate else "shared",
+                tests_dirs=(paths.tests_dir,),
+                artifacts=task_artifacts,
+                network_mode=verifier_network,
+                env=tests_env(separate),
+            )
+        )
+    agent_network = _mode(config.agent.network_mode) if config.agent.network_mode else environment_network
+    return CaseAudit(
+        verifications=tuple(verifications), agent_network_mode=agent_network, main_env=dict(config.environment.env)
+    )
+
+
+def kit_advice(spec: OptimizationSpec) -> str:
+    """What to do about a case whose tests never call the kit, given what the spec already sets."""
+    if spec.scoring.reward_range is not None:
+        guard = (
+            f"scoring.reward_range {list(spec.scoring.reward_range)} rejects only rewards outside it: a forged "
+            "reward inside it, or answers read from /tests, still count"
+        )
+    else:
+        guard = "or at least set scoring.reward_range to reject impossible rewards"
+    return (
+        f"run candidate code through {KIT_NAME} run and write the reward with {KIT_NAME} reward ({guard}; "
+        'README "Writing program cases")'
+    )
+
+
+def no_artifacts_detail(audit: CaseAudit) -> str:
+    """Why a case whose separate verifications declare no artifacts cannot measure the candidate."""
+    where = ", ".join(v.label for v in audit.without_artifacts)
+    return (
+        f"{where} runs in a separate verifier environment, which holds only the case's declared artifacts, and "
+        "it declares none: nothing the candidate is or writes reaches its tests (declare the files the tests "
+        "grade in task.toml's artifacts)"
+    )
 
 
 def kit_warnings(
     spec: OptimizationSpec, case_dirs: Mapping[str, Path], partitions: Mapping[str, list[str]]
 ) -> list[str]:
-    """One warning per program case whose tests never name `vero-kit` (none for agent targets).
+    """The build's warnings about how program cases run their candidate (none for agent targets):
+    one per case with a shared verification whose tests never name `vero-kit`, and one per case
+    with a separate verification that declares no artifacts (module docstring).
 
     Args:
         spec: the validated spec.
@@ -65,19 +243,17 @@ def kit_warnings(
     """
     if not isinstance(spec.target, ProgramTarget):
         return []
-    guard = (
-        f"scoring.reward_range {list(spec.scoring.reward_range)} rejects rewards outside it"
-        if spec.scoring.reward_range is not None
-        else "set scoring.reward_range to reject impossible rewards"
-    )
     warnings = []
     for partition, names in sorted(partitions.items()):
         for case in sorted(names):
-            if not case_uses_kit(case_dirs[case]):
+            audit = audit_case(case_dirs[case])
+            if audit.kit_missing:
                 warnings.append(
                     f"case {case!r} (partition {partition}): its tests never call {KIT_NAME}, so candidate code "
-                    f'they run can forge the reward or read /tests ({guard}; README "Writing program cases")'
+                    f"they run can forge the reward or read /tests: {kit_advice(spec)}"
                 )
+            if audit.without_artifacts:
+                warnings.append(f"case {case!r} (partition {partition}): {no_artifacts_detail(audit)}")
     return warnings
 
 

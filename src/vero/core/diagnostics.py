@@ -17,6 +17,10 @@ Problem codes (`ProblemCode`), each with its own CLI exit code (`vero.commands.e
   environment without them). The operator's.
 - `reward_key_missing`: the case's verifier wrote rewards without `scoring.reward_key` (the keys
   found are kept). The case's or the spec's.
+- `install_failed`: vero's install agent cannot put even the baseline into the case, or the
+  baseline's `install_command` fails there (e.g. the candidate user cannot write where it writes):
+  no candidate can be measured. Found when a candidate's install fails and the baseline's fails
+  too (`vero.harbor.install_witness`). The case's or the spec's.
 
 Every one is refunded and its case quarantined.
 
@@ -46,7 +50,7 @@ __all__ = [
     "clip",
 ]
 
-ProblemCode = Literal["case_invalid", "missing_variables", "setup_rejected", "reward_key_missing"]
+ProblemCode = Literal["case_invalid", "missing_variables", "setup_rejected", "reward_key_missing", "install_failed"]
 """A case that cannot be measured, whatever the candidate (see the module table)."""
 
 PROBLEM_CODES: tuple[str, ...] = CASE_PROBLEM_CODES

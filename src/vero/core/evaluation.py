@@ -62,6 +62,12 @@ class AttemptOutcome(StrEnum):
     """A reward outside `scoring.reward_range`: impossible for an honest measurement."""
     REWARD_NOT_FINITE = "reward_not_finite"
     """A NaN or infinite reward (always invalid)."""
+    INSTALL_FAILED = "install_failed"
+    """vero's install agent could not put the candidate into the case (the upload failed) or its
+    `install_command` failed (`CandidateInstallError`): whatever the tests reported measured the
+    image, not the candidate. Kept only when the baseline installs in that case (the candidate's
+    failure); when the baseline fails too, the backend raises `CaseMisconfigured` (`install_failed`,
+    refunded) instead (`vero.harbor.install_witness`)."""
     SANDBOX_ERROR = "sandbox_error"
     """The candidate sandbox could not be closed after the install (`CandidateSandboxError`)."""
     REWARD_KEY_MISSING = "reward_key_missing"

@@ -64,6 +64,12 @@ class NestedRun(BaseModel):
     case_network: str | None = None
     """Docker: the evaluation's network to the inference gateway, which each round's case
     containers join (`vero.harbor.case_route`; `inference.route_case_services`)."""
+    baseline_dir: Path | None = None
+    """`kind: program`: a checkout of the baseline (readable by `run_as`), the witness of a case
+    where every attempt of the candidate failed to install (`vero.harbor.install_witness`): when the
+    baseline fails there too, the case is broken (`CaseMisconfigured`, `install_failed`), else the
+    attempts are the candidate's. The same path as `candidate_dir` when the candidate is the
+    baseline (its own attempts decide). None: install failures stay the candidate's."""
 
 
 class EvaluationBackend(Protocol):

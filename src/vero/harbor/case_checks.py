@@ -268,15 +268,28 @@ def _environment_config(environment: str, trials_dir: Path):
     return EnvironmentConfig(type=environment, extra_docker_compose=extra)
 
 
+class _NoOverrideNotice(logging.Filter):
+    """Drops Harbor's notice that runtime overrides do not reach a separate verifier environment
+    (`trial/trial.py` `check_trial_config`): the check's own compose override is nested runs' `init`
+    and labels, which a separate verifier needs neither of, and the notice's advice ("declare
+    required agent outputs as artifacts") would read as a problem of a correctly set-up case."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "are not propagated to separate verifier environments" not in record.getMessage()
+
+
 async def _setup_problem(case_dir: Path, environment: str) -> str | None:
     from harbor.environments.factory import EnvironmentFactory
     from harbor.models.task.verifier_mode import resolve_verifier_environment_definition
     from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
+    from harbor.utils.logger import logger as harbor_logger
 
+    notice = _NoOverrideNotice()
     with tempfile.TemporaryDirectory(prefix="vero-case-check-") as tmp:
         trials_dir = Path(tmp)
         trial = None
+        harbor_logger.addFilter(notice)
         try:
             trial = await Trial.create(
                 TrialConfig(
@@ -313,6 +326,7 @@ async def _setup_problem(case_dir: Path, environment: str) -> str | None:
         except Exception as exc:  # noqa: BLE001 - any refusal of Harbor's setup is the answer
             return clip(f"{type(exc).__name__}: {_relative(str(exc), case_dir)}", 800)
         finally:
+            harbor_logger.removeFilter(notice)
             if trial is not None:
                 trial._close_logger_handler()
     return None

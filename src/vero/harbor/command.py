@@ -9,7 +9,7 @@ Flags (Harbor 0.26 `cli/jobs.py` `build_job_config`):
 harbor run -y -q -p <cases_dir> -i <case> [-i <case> ...] -e <environment> -n <n_concurrent>
            -k <n_attempts> --job-name <job_name> -o <jobs_dir>
            (-a <agent> | -c <agent config file>) [--ak key=<json> ...]
-           [--agent-timeout-multiplier <x>]
+           [--agent-timeout-multiplier <x>] [--disable-verification]
 ```
 
 - `-y` because a task with `${VAR}` templates otherwise prompts and aborts with stdin closed;
@@ -286,13 +286,15 @@ def _agent_kwargs(
             "agent_import_path": run.runtime.agent_import_path,
             "candidate_dir": str(run.candidate_dir.absolute()),
         }
+    # Absolute: Harbor runs the install agent with the jobs dir as its working directory, so a
+    # relative path would name another directory (or none) there.
     kwargs: dict[str, object] = {
         **(extra or {}),
-        "candidate_dir": str(run.candidate_dir),
+        "candidate_dir": str(run.candidate_dir.absolute()),
         "install_path": run.runtime.install_path,
     }
     if kit_path is not None:
-        kwargs["kit_path"] = str(kit_path)
+        kwargs["kit_path"] = str(kit_path.absolute())
     if run.runtime.install_command:
         kwargs["install_command"] = run.runtime.install_command
         if run.harbor.case_timeout_sec is not None:
@@ -319,6 +321,7 @@ def build_command(
     environment_options: Mapping[str, Any] | None = None,
     program_agent: str = INSTALL_AGENT_IMPORT_PATH,
     program_agent_kwargs: Mapping[str, object] | None = None,
+    disable_verification: bool = False,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -341,6 +344,8 @@ def build_command(
         program_agent: `kind: program`: the agent class (`module:Class`), vero's install agent unless
             `vero harbor check --probe` runs its probe agent (`vero.harbor.probe`).
         program_agent_kwargs: `kind: program`: further `--ak` arguments of that agent.
+        disable_verification: `--disable-verification` (the trials run no tests: the baseline's
+            install witness, `vero.harbor.install_witness`).
 
     Raises:
         ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
@@ -393,6 +398,8 @@ def build_command(
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):
             raise ValueError("agent timeout multiplier must be finite")
         argv += ["--agent-timeout-multiplier", _format_float(timeout_plan.agent_timeout_multiplier)]
+    if disable_verification:
+        argv.append("--disable-verification")
     compose_file: tuple[Path, str] | None = None
     if run.harbor.environment == "docker":
         # Only Docker takes extra compose files (Harbor refuses them where the environment has no

@@ -1,33 +1,41 @@
 """The built-in Harbor agent that installs a `kind: program` candidate into a case environment.
 
 `harbor run -a vero.harbor.install_agent:InstallAgent --ak candidate_dir=... --ak install_path=...
---ak kit_path=... [--ak install_command=...] [--ak install_timeout_sec=...]`. In each trial it builds
-the candidate sandbox (README "Trust model"; the kit is `casekit/vero-kit.c`):
+--ak kit_path=... [--ak install_command=...] [--ak install_timeout_sec=...]`. In each trial (in
+each step of a multi-step case) it builds the candidate sandbox (README "Trust model"; the kit is
+`casekit/vero-kit.c`):
 
 1. stages the candidate checkout without `.git` in a host temp dir (symlinks are copied as links,
-   never followed: a link in the candidate must not pull a trusted host file into the case);
-2. as root: creates `install_path`, uploads the staged tree into it (`environment.upload_dir`, which
-   is `docker compose cp <dir>/. main:<install_path>` on Docker) and the static case kit to
-   `/usr/local/bin/vero-kit`;
-3. `vero-kit setup` creates the unprivileged candidate user (`vero-candidate`, a random uid, its
-   own group, no supplementary groups) and checks that a process can become it. A failure here
-   is the case's, never the candidate's (no candidate code has run): `CaseKitSetupError`, which
-   vero classifies as infrastructure;
+   never followed: a link in the candidate must not pull a trusted host file into the case). A
+   failure here is the machine's (the checkout is missing or unreadable, the host disk is full):
+   `CandidateStagingError`, which vero classifies as infrastructure;
+2. as root: creates `install_path` and uploads the staged tree into it (`environment.upload_dir`,
+   which is `docker compose cp <dir>/. main:<install_path>` on Docker). A failure here is
+   `CandidateInstallError`: the candidate is not in the case, so whatever the tests would measure
+   is the image's, never the candidate's;
+3. uploads the static case kit to `/usr/local/bin/vero-kit`; `vero-kit setup` creates the
+   unprivileged candidate user (`vero-candidate`, a random uid, its own group, no supplementary
+   groups) and checks that a process can become it. A failure here is the case's, never the
+   candidate's (no candidate code has run): `CaseKitSetupError`, which vero classifies as
+   infrastructure;
 4. with an `install_command`: the tree is handed to the candidate user, and the command runs as
    that user through `vero-kit run` (`bash -c`, cwd `install_path`, limited to
    `install_timeout_sec` and `INSTALL_MAX_PROCESSES` processes), never as root, its output going
    to `agent/install.txt` and its exit code to `agent/exit-code.txt` (as Harbor's oracle does,
-   `agents/oracle.py`);
+   `agents/oracle.py`). A non-zero exit is `CandidateInstallError` (with the end of its output);
 5. `vero-kit end-install` kills every process of the candidate user, makes `install_path` and the
    candidate's home root-owned and read-only to it (no set-id bits), removes what it left in the
    shared temp dirs and empties `/logs/agent`, `/logs/verifier` and `/logs/artifacts`. Only then
    does Harbor start the verifier: no candidate process is alive when `/tests` is uploaded. A
    failure here comes after candidate code ran: `CandidateSandboxError`, a dead attempt.
 
-A non-zero `install_command` exit raises Harbor's own `NonZeroAgentExitCodeError`: its error policy
-(`models/trial/error_policy.py`) still runs the verifier and keeps the reward valid, so the case's
-tests decide the score of a candidate whose build failed. The whole `run` is inside Harbor's agent
-timeout (`case_timeout_sec`), so a hanging install is an `AgentTimeoutError`, also graded; the
+A `CandidateInstallError` is never a measurement, whatever the case's tests then report (Harbor's
+error policy still runs them for an exception type it does not know, `models/trial/error_policy.py`):
+vero reads the attempt as `install_failed` (`vero.harbor.results`), and its backend decides whose
+failure it is by installing the baseline in that case too (`vero.harbor.install_witness`): the
+case's when the baseline fails as well (a case problem, `install_failed`), else the candidate's (a
+dead attempt). The whole `run` is inside Harbor's agent timeout (`case_timeout_sec`), so a hanging
+install is an `AgentTimeoutError` (graded by the case's tests, as the candidate's own time); the
 sandbox is closed (step 5) even then, before the cancellation propagates.
 """
 
@@ -47,7 +55,14 @@ from harbor.models.agent.context import AgentContext
 
 from vero.harbor.casekit import KIT_PATH_IN_CASE, kit_binary
 
-__all__ = ["CandidateSandboxError", "CaseKitSetupError", "InstallAgent"]
+__all__ = [
+    "INSTALL_FAILURE_TYPES",
+    "CandidateInstallError",
+    "CandidateSandboxError",
+    "CandidateStagingError",
+    "CaseKitSetupError",
+    "InstallAgent",
+]
 
 _LEFTOVERS_AFTER_RUN = re.compile(r"^vero-kit: leftover_processes_killed \(after run\): (\d+)$", re.MULTILINE)
 
@@ -64,6 +79,28 @@ have no process limit of their own) until the agent timeout."""
 class CaseKitSetupError(RuntimeError):
     """The case container cannot host the candidate sandbox (kit upload, user creation or the
     privilege drop failed) before any candidate code ran: the case's or the machine's problem."""
+
+
+class CandidateStagingError(RuntimeError):
+    """The candidate checkout could not be staged on the machine running Harbor (missing, unreadable,
+    or the disk is full): the harness's failure, before anything reached the case."""
+
+
+class CandidateInstallError(RuntimeError):
+    """The candidate could not be put into the case container (`install_path` not created, the
+    upload failed) or its `install_command` failed: the tests would measure the image, not it."""
+
+
+INSTALL_FAILURE_TYPES: frozenset[str] = frozenset({CandidateInstallError.__name__})
+"""Exception types of an attempt whose candidate was never installed (`install_failed`)."""
+
+_OUTPUT_TAIL_CHARS = 600
+
+
+def _tail(text: str, limit: int = _OUTPUT_TAIL_CHARS) -> str:
+    """The last `limit` characters of `text`'s non-blank lines, joined by ` | ` (`(no output)` if none)."""
+    joined = " | ".join(line.strip() for line in text.splitlines() if line.strip()) or "(no output)"
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3) :]
 
 
 class CandidateSandboxError(RuntimeError):
@@ -105,6 +142,10 @@ class InstallAgent(BaseAgent):
         super().__init__(logs_dir=logs_dir, **kwargs)
         if not str(install_path).startswith("/"):
             raise ValueError("install_path must be an absolute path")
+        # Harbor runs this agent from its jobs dir: a relative host path would name another place.
+        for name, value in (("candidate_dir", candidate_dir), ("kit_path", kit_path)):
+            if value and not Path(value).is_absolute():
+                raise ValueError(f"{name} must be an absolute path, not {value!r}")
         self.candidate_dir = Path(candidate_dir)
         self.install_path = str(install_path)
         self.install_command = install_command or None
@@ -132,17 +173,45 @@ class InstallAgent(BaseAgent):
         (self.logs_dir / name).write_text(text)
 
     async def _prepare(self, environment: BaseEnvironment) -> None:
-        """Steps 1-3 (see the module docstring). Raises `CaseKitSetupError`."""
+        """Steps 1-3 (see the module docstring).
+
+        Raises:
+            CandidateStagingError: the checkout could not be staged on this machine.
+            CandidateInstallError: `install_path` could not be created or the upload failed.
+            CaseKitSetupError: the kit could not be uploaded or set up.
+        """
         kit = self.kit_path or await asyncio.to_thread(kit_binary)
         path = shlex.quote(self.install_path)
         kit_in_case = shlex.quote(str(KIT_PATH_IN_CASE))
         with tempfile.TemporaryDirectory(prefix="vero-install-") as tmp:
             staged = Path(tmp) / "candidate"
-            shutil.copytree(self.candidate_dir, staged, symlinks=True, ignore=_ignore_top_level_git(self.candidate_dir))
+            try:
+                await asyncio.to_thread(
+                    shutil.copytree,
+                    self.candidate_dir,
+                    staged,
+                    symlinks=True,
+                    ignore=_ignore_top_level_git(self.candidate_dir),
+                )
+            except (OSError, shutil.Error) as exc:
+                why = getattr(exc, "strerror", None) or type(exc).__name__
+                raise CandidateStagingError(
+                    f"cannot stage the candidate checkout {self.candidate_dir} on this machine "
+                    f"({type(exc).__name__}: {why})"
+                ) from None
             made = await environment.exec(f"mkdir -p {path} {shlex.quote(str(KIT_PATH_IN_CASE.parent))}", user="root")
             if made.return_code != 0:
-                raise CaseKitSetupError(f"cannot create {self.install_path} in the case container")
-            await environment.upload_dir(staged, self.install_path)
+                raise CandidateInstallError(
+                    f"cannot create {self.install_path} in the case container (exit {made.return_code}): "
+                    f"{_tail(f'{made.stdout or ""}{made.stderr or ""}')}"
+                )
+            try:
+                await environment.upload_dir(staged, self.install_path)
+            except Exception as exc:  # noqa: BLE001 - each Harbor environment raises its own types
+                raise CandidateInstallError(
+                    f"cannot upload the candidate to {self.install_path} in the case container "
+                    f"({type(exc).__name__}: {_tail(str(exc))})"
+                ) from None
         try:
             await environment.upload_file(kit, str(KIT_PATH_IN_CASE))
         except Exception as exc:  # noqa: BLE001 - each Harbor environment raises its own types
@@ -157,9 +226,7 @@ class InstallAgent(BaseAgent):
             )
 
     async def _install(self, environment: BaseEnvironment, context: AgentContext) -> None:
-        """Step 4. Raises `NonZeroAgentExitCodeError` when the command fails."""
-        from harbor.agents.installed.base import NonZeroAgentExitCodeError
-
+        """Step 4. Raises `CandidateInstallError` (with the end of its output) when the command fails."""
         assert self.install_command is not None
         limit = f" --timeout {self.install_timeout_sec:g}" if self.install_timeout_sec else ""
         command = (
@@ -179,7 +246,10 @@ class InstallAgent(BaseAgent):
         if left:
             context.metadata["vero_install_leftover_processes"] = int(left.group(1))
         if result.return_code != 0:
-            raise NonZeroAgentExitCodeError(f"install_command exited with code {result.return_code}")
+            raise CandidateInstallError(
+                f"install_command exited with code {result.return_code}: "
+                f"{_tail(f'{result.stdout or ""}{result.stderr or ""}')}"
+            )
 
     async def _end_install(self, environment: BaseEnvironment, context: AgentContext) -> None:
         """Step 5. Raises `CandidateSandboxError`."""

@@ -2,7 +2,8 @@
 
 Results come only from the files Harbor writes (docs/harbor-notes.md §2 "Job output layout"): the job's
 `result.json` (`JobResult`) and one `result.json` (`TrialResult`) per trial dir, parsed with
-Harbor's own models, plus what the case kit wrote beside the reward (`verifier/vero-kit.jsonl`).
+Harbor's own models, plus what the case kit wrote beside the reward (`verifier/vero-kit.jsonl`, and
+each step's `steps/<step>/verifier/vero-kit.jsonl` of a multi-step trial).
 Never from the exit code (0 even when every trial errored) or stdout.
 
 Each trial becomes one `TrialOutcome` whose `outcome` (`vero.core.evaluation.AttemptOutcome`) is
@@ -16,7 +17,11 @@ decided by `classify_trial`, in this order:
    `environments/docker/docker.py`, so the type alone cannot tell; a trial cancelled in that phase
    is here too). Such trials are not attempts: they are dropped, and a case left with no attempt is
    re-run by the backend (docs/harbor-notes.md §8 row 3: scoring them 0 made an optimizer chase noise);
-2. **sandbox_error** — the install agent could not close the candidate sandbox after the install
+2. **install_failed** — vero's install agent could not put the candidate into the case or its
+   `install_command` failed (`CandidateInstallError`, in any step): whatever the tests reported
+   was measured on the image, so it is no score. A dead attempt, unless the baseline fails to
+   install there too (the backend's witness, `vero.harbor.install_witness`: then a case problem);
+   **sandbox_error** — the install agent could not close the candidate sandbox after the install
    (`CandidateSandboxError`): dead, whatever the verifier reported;
 3. a value under the reward key with `reward_valid` (Harbor: a verifier result whose every recorded
    exception keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`):
@@ -59,6 +64,7 @@ __all__ = [
     "TrialOutcome",
     "classify_trial",
     "collate_job",
+    "kit_event_files",
     "merge_outcomes",
     "read_kit_flags",
     "read_trial",
@@ -83,8 +89,10 @@ INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset(
         # candidate code ran (`vero.harbor.boundary.agent`).
         "CandidateHostUnavailableError",
         # vero's install agent: the case container cannot host the candidate sandbox (before any
-        # candidate code ran).
+        # candidate code ran), or the candidate checkout cannot be staged on the machine running
+        # Harbor (before anything reached the case).
         "CaseKitSetupError",
+        "CandidateStagingError",
     }
 )
 """Exception types that make a trial an infrastructure failure, never a score.
@@ -95,6 +103,11 @@ too: a trial is cancelled only when the nested run is killed at its wall clock, 
 candidate had started by then is the candidate's (`timed_out`)."""
 
 SANDBOX_EXCEPTION_TYPE = "CandidateSandboxError"
+
+INSTALL_EXCEPTION_TYPE = "CandidateInstallError"
+"""`vero.harbor.install_agent.CandidateInstallError` (named here: this module imports no agent)."""
+
+_MESSAGE_MAX_CHARS = 2000
 
 KIT_EVENTS_FILE = "vero-kit.jsonl"
 """What the case kit noticed, one JSON object per line (`casekit/vero-kit.c`), in `verifier/`."""
@@ -112,6 +125,8 @@ class TrialOutcome:
         outcome: how vero scores it (`classify_trial`).
         reward: the value under the reward key when `outcome` is scored, else None.
         exception_type: the first recorded exception's type (trial level, then steps), if any.
+        exception_message: that exception's message (Harbor's `exception_message`, clipped to its
+            last 2000 characters; not yet scrubbed of secrets), if any.
         rejected_reward: the finite out-of-range value of a `reward_out_of_range` trial.
         flags: what the case kit and the install agent noticed, sorted.
         reward_keys: the keys of a `reward_key_missing` trial's rewards (sorted), else None.
@@ -125,6 +140,7 @@ class TrialOutcome:
     rejected_reward: float | None = None
     flags: tuple[str, ...] = ()
     reward_keys: tuple[str, ...] | None = None
+    exception_message: str | None = None
 
     @property
     def infrastructure(self) -> bool:
@@ -150,6 +166,12 @@ class JobCollation:
     job_finished: bool
     trials: tuple[TrialOutcome, ...]
     n_unfinished: int = 0
+
+
+def _clip(text: str | None) -> str | None:
+    if text is None or len(text) <= _MESSAGE_MAX_CHARS:
+        return text
+    return "..." + text[-(_MESSAGE_MAX_CHARS - 3) :]
 
 
 def _case_of(result) -> str:
@@ -202,6 +224,8 @@ def classify_trial(
     types = {e.exception_type for e in result.recorded_exceptions()}
     if types & INFRASTRUCTURE_EXCEPTION_TYPES:
         return AttemptOutcome.INFRASTRUCTURE, None, None
+    if INSTALL_EXCEPTION_TYPE in types:
+        return AttemptOutcome.INSTALL_FAILED, None, None
     if SANDBOX_EXCEPTION_TYPE in types:
         return AttemptOutcome.SANDBOX_ERROR, None, None
     value = _raw_reward(result, reward_key)
@@ -220,23 +244,35 @@ def classify_trial(
     return AttemptOutcome.DEAD, None, None
 
 
-def read_kit_flags(trial_dir: Path, agent_metadata: dict | None = None) -> tuple[str, ...]:
-    """The case kit's events of one trial as sorted flag names (`name` or `name:detail` for limits).
-
-    Read from `<trial_dir>/verifier/vero-kit.jsonl` (at most 1 MiB; bad lines skipped), plus
-    `install_leftover_processes_killed` when the install agent had to kill candidate processes.
-    """
-    flags: set[str] = set()
-    if (agent_metadata or {}).get("vero_install_leftover_processes"):
-        flags.add("install_leftover_processes_killed")
-    path = trial_dir / "verifier" / KIT_EVENTS_FILE
+def kit_event_files(trial_dir: Path) -> list[Path]:
+    """Where the case kit's events of one trial are: `<trial>/verifier/vero-kit.jsonl`, and for a
+    multi-step trial each step's `<trial>/steps/<step>/verifier/vero-kit.jsonl` (Harbor moves each
+    step's verifier dir there, `trial/multi_step.py` `_archive_step_outputs`), in step-name order.
+    Links are never followed."""
+    files = [trial_dir / "verifier" / KIT_EVENTS_FILE]
+    steps = trial_dir / "steps"
     try:
-        if path.is_symlink() or not path.is_file():
-            return tuple(sorted(flags))
+        if steps.is_dir() and not steps.is_symlink():
+            files += [
+                step / "verifier" / KIT_EVENTS_FILE
+                for step in sorted(steps.iterdir())
+                if step.is_dir() and not step.is_symlink()
+            ]
+    except OSError:
+        pass
+    return files
+
+
+def _events_of(path: Path) -> set[str]:
+    """The flag names of one events file (at most 1 MiB read; bad lines skipped)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.parent.is_symlink():
+            return set()
         with path.open("rb") as handle:
             data = handle.read(_KIT_EVENTS_MAX_BYTES)
     except OSError:
-        return tuple(sorted(flags))
+        return set()
+    flags: set[str] = set()
     for line in data.splitlines():
         try:
             record = json.loads(line)
@@ -251,6 +287,26 @@ def read_kit_flags(trial_dir: Path, agent_metadata: dict | None = None) -> tuple
         if name == "limit_exceeded" and isinstance(detail, str) and detail.isalnum() and len(detail) <= 16:
             name = f"{name}:{detail}"
         flags.add(name)
+    return flags
+
+
+def read_kit_flags(trial_dir: Path, agent_metadata: Iterable[dict | None] | dict | None = None) -> tuple[str, ...]:
+    """The case kit's events of one trial as sorted flag names (`name` or `name:detail` for limits).
+
+    Read from every file of `kit_event_files` (each step's of a multi-step trial), plus
+    `install_leftover_processes_killed` when the install agent had to kill candidate processes.
+
+    Args:
+        trial_dir: the trial's dir.
+        agent_metadata: the install agent's `AgentContext.metadata` of the trial, or of each step
+            (a multi-step trial runs the agent once per step).
+    """
+    metadata = [agent_metadata] if agent_metadata is None or isinstance(agent_metadata, dict) else agent_metadata
+    flags: set[str] = set()
+    if any((entry or {}).get("vero_install_leftover_processes") for entry in metadata):
+        flags.add("install_leftover_processes_killed")
+    for path in kit_event_files(trial_dir):
+        flags |= _events_of(path)
     return tuple(sorted(flags))
 
 
@@ -277,13 +333,15 @@ def read_trial(
         return None
     outcome, reward, rejected = classify_trial(result, reward_key, reward_range)
     exceptions = result.recorded_exceptions()
-    metadata = result.agent_result.metadata if result.agent_result is not None else None
+    metadata = [result.agent_result.metadata if result.agent_result is not None else None]
+    metadata += [step.agent_result.metadata for step in result.step_results or [] if step.agent_result is not None]
     return TrialOutcome(
         case=_case_of(result),
         trial_name=result.trial_name,
         outcome=outcome,
         reward=reward,
         exception_type=exceptions[0].exception_type if exceptions else None,
+        exception_message=_clip(exceptions[0].exception_message) if exceptions else None,
         rejected_reward=rejected,
         flags=read_kit_flags(trial_dir, metadata),
         reward_keys=_keys_without(result, reward_key) if outcome is AttemptOutcome.REWARD_KEY_MISSING else None,

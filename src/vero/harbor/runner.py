@@ -25,6 +25,10 @@ the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
    infrastructure trials), the round is retried for those cases with back-off (tenacity; at most
    `harbor.infra_retries` retries; the wait is `HarborBackend(infra_wait=...)`). Still unmeasured
    afterwards: `InfrastructureFailure`, never a zero score (the caller refunds).
+4. `kind: program`: a case where every attempt failed to install the candidate (`install_failed`)
+   is judged by the baseline (`vero.harbor.install_witness`, with `NestedRun.baseline_dir`): if the
+   baseline fails to install there too, `CaseMisconfigured` (`install_failed`), else the attempts
+   stand as the candidate's.
 
 Timeouts are the candidate's. Each round is limited to `harbor.evaluation_timeout_sec` (the compiler
 checks that it fits the cases' own timeouts, `vero.compiler.time_fit`); past it the process group is
@@ -99,6 +103,7 @@ from vero.harbor.command import (
     plan_agent_timeout,
     scrub,
 )
+from vero.harbor.install_witness import WITNESS_JOB_SUFFIX, judge_install_failures
 from vero.harbor.leftovers import (
     compose_labels,
     modal_options,
@@ -389,6 +394,7 @@ class HarborBackend:
                 return result(dead, None, 0)
 
         attempts: dict[str, list[AttemptResult]] = {name: [] for name in case_names}
+        install_messages: dict[str, str] = {}
         pending = list(case_names)
         rounds = 0
         first_job_dir = run.jobs_dir.absolute() / run.evaluation_id
@@ -401,6 +407,9 @@ class HarborBackend:
                 run, job_name, pending, plan, env, secrets, reward_key, launcher, kit, causes
             )
             _raise_reward_key_missing(collation, set(pending), reward_key, causes)
+            for trial in collation.trials:
+                if trial.case in pending and trial.outcome is AttemptOutcome.INSTALL_FAILED:
+                    install_messages.setdefault(trial.case, trial.exception_message or "")
             before = {name: len(attempts[name]) for name in pending}
             n_infra = merge_outcomes(attempts, collation.trials, set(pending))
             n_timed_out = 0
@@ -451,6 +460,27 @@ class HarborBackend:
                 f"after {rounds} attempt(s): {exc.reason}",
                 diagnostics=causes.build(),
             ) from None
+
+        async def witness_round(witness: NestedRun, cases: list[str]) -> JobCollation:
+            collation, _ = await self._run_round(
+                witness,
+                f"{run.evaluation_id}{WITNESS_JOB_SUFFIX}",
+                cases,
+                plan,
+                env,
+                secrets,
+                reward_key,
+                None,
+                kit,
+                causes,
+                program_agent=INSTALL_AGENT_IMPORT_PATH,
+                disable_verification=True,
+            )
+            return collation
+
+        await judge_install_failures(
+            run, attempts, install_messages, run_witness=witness_round, secrets=secrets, causes=causes
+        )
         return result(attempts, first_job_dir, rounds - 1)
 
     async def _run_round(
@@ -465,7 +495,13 @@ class HarborBackend:
         launcher: CandidateLauncher | None,
         kit: Path | None,
         causes: CauseLog,
+        *,
+        program_agent: str | None = None,
+        disable_verification: bool = False,
     ) -> tuple[JobCollation, bool]:
+        """One `harbor run` of `case_names` (step 2 of the module docstring); `program_agent` (with
+        no extra arguments) and `disable_verification` serve the install witness
+        (`vero.harbor.install_witness`)."""
         session = run.session or self.session
         labels = options = route = None
         if run.harbor.environment == "docker":
@@ -492,8 +528,9 @@ class HarborBackend:
             compose_labels=labels,
             case_route=route,
             environment_options=options,
-            program_agent=self.program_agent,
-            program_agent_kwargs=self.program_agent_kwargs,
+            program_agent=program_agent or self.program_agent,
+            program_agent_kwargs={} if program_agent else self.program_agent_kwargs,
+            disable_verification=disable_verification,
         )
         try:
             await asyncio.to_thread(self._prepare_job_dir, command)

@@ -114,6 +114,7 @@ _CASE_PROBLEM_DETAILS: dict[str, str] = {
     "missing_variables": "a case of this evaluation needs host variables the evaluator does not have",
     "setup_rejected": "a case of this evaluation asks for a setup its environment cannot run",
     "reward_key_missing": "a case of this evaluation reports its rewards without the expected key",
+    "install_failed": "a case of this evaluation cannot install even the baseline",
 }
 
 

@@ -80,8 +80,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + "`denied` (partition not open to you, a selection that is not whole blocks of an aggregate "
         "partition, or the session is closed), `payment_required` (budget used up), a case problem "
         "code in place of `infrastructure` (`case_invalid`, `missing_variables`, `setup_rejected`, "
-        "`reward_key_missing`: an earlier evaluation found a selected case broken; the case is broken, "
-        "not your code; nothing was charged; leave it out: on a full partition `cases` names it), "
+        "`reward_key_missing`, `install_failed`: an earlier evaluation found a selected case broken; the "
+        "case is broken, not your code; nothing was charged; leave it out: on a full partition `cases` names it), "
         "`bad_request` (the version is not a commit of "
         f"{_WORKSPACE}, or its tree is unsafe, e.g. a link leaving it), `candidate_too_large` (the "
         "version has too many files or too large files: the message names the limit; remove them, "
@@ -117,7 +117,7 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + _ERRORS
         + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "
         "outside your code; its budget was refunded, so start it again), a case problem code "
-        "(`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`: a case of the "
+        "(`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`, `install_failed`: a case of the "
         "job cannot be measured whatever the code: it is broken, not your candidate; refunded; "
         "evaluations selecting it are refused until the operator fixes it)."
     ),

@@ -194,7 +194,8 @@ class JobView(_Wire):
         default=None,
         description=(
             "Generic reason when failed or cancelled: `infrastructure` (refunded; try again), one of the "
-            "case problem codes `case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing` "
+            "case problem codes `case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`, "
+            "`install_failed` "
             "(a case is broken, not your candidate: refunded, and evaluations selecting that case are "
             "refused until the operator fixes it), `interrupted`, `cancelled`, `sealed`."
         ),
@@ -270,7 +271,7 @@ class Problem(_Wire):
         "recorded), internal (also unauthorized and too_large on the admin surface and for oversized "
         "bodies; candidate_too_large for a version over the spec's size limits, whose detail names the "
         "limit); with status 502 also a case problem: case_invalid, missing_variables, setup_rejected, "
-        "reward_key_missing (a case is broken, not the candidate; nothing was charged)."
+        "reward_key_missing, install_failed (a case is broken, not the candidate; nothing was charged)."
     )
     cases: list[str] | None = Field(
         default=None,

@@ -936,6 +936,9 @@ class SidecarService:
                         **(route.candidate_variables() if route else {}),
                     },
                     case_network=route.network if route else None,
+                    # The judge of a case where the candidate cannot be installed: the baseline
+                    # (the baseline itself is judged by its own attempts).
+                    baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.baseline_dir,
                 )
                 result = await self.backend.evaluate(run)
                 if route is not None:

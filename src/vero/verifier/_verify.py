@@ -233,6 +233,7 @@ async def verify(
             refusal=refusal,
             gateway=gateway,
             case_router=_case_router(config, gateway, backend, env),
+            baseline_dir=Path(baseline_dir) if baseline.available else None,
         )
         selection = await _select(config, session, baseline, scorer)
         if selection.shipped is None:
@@ -420,6 +421,8 @@ _FLAG_TEXT = {
     "reward_not_finite": "reported a non-finite reward (invalid: scored at the failure value)",
     "timed_out": "were unfinished when harbor.evaluation_timeout_sec ran out (scored at the failure value)",
     "sandbox_error": "could not have the candidate sandbox closed after the install (scored at the failure value)",
+    "install_failed": "could not install the candidate (the upload or its install_command failed; scored at the "
+    "failure value, never on what the case image held)",
 }
 
 

@@ -112,6 +112,9 @@ class Scorer:
         gateway: the listening inference gateway (`vero.inference.gateway.InferenceGateway`), or None.
         case_router: with `inference.route_case_services` on Docker, opens each measurement's
             network to the gateway (`vero.harbor.case_route.CaseRouter`), or None.
+        baseline_dir: the baseline's files (readable by `run_as`), the witness of a case where a
+            candidate fails to install (`NestedRun.baseline_dir`); None when the baseline is not
+            available.
     """
 
     def __init__(
@@ -127,8 +130,10 @@ class Scorer:
         refusal: str | None = None,
         gateway: Any = None,
         case_router: Any = None,
+        baseline_dir: Path | None = None,
     ):
         self.backend = backend
+        self.baseline_dir = baseline_dir
         self.gateway = gateway
         self.case_router = case_router
         self.config = config
@@ -229,6 +234,8 @@ class Scorer:
             run_as=self.run_as,
             candidate_env=candidate_env,
             case_network=route.network if route is not None else None,
+            # The baseline measured is its own witness; any other candidate is judged by the baseline.
+            baseline_dir=candidate_dir if candidate == self.config.baseline_commit else self.baseline_dir,
         )
         usage = None
         try:

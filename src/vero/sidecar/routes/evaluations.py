@@ -68,7 +68,7 @@ WaitSec = Annotated[
         **STORAGE_FULL_RESPONSE,
         502: problem_doc(
             "The selection holds a case an earlier evaluation found broken (problem code "
-            "`case_invalid`, `missing_variables`, `setup_rejected` or `reward_key_missing`): "
+            "`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing` or `install_failed`): "
             "refused, nothing charged."
         ),
     },
