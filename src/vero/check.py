@@ -582,6 +582,7 @@ async def check_spec(
         InfrastructureFailure: Harbor cannot be found, or the probe cannot be built.
     """
     from vero.compiler.case_audit import audit_case, kit_advice, no_artifacts_detail
+    from vero.compiler.secret_audit import secret_warnings
     from vero.harbor.case_checks import check_cases
     from vero.harbor.command import nested_variable_names
 
@@ -632,7 +633,10 @@ async def check_spec(
         else set()
     )
     secret_values = {name: env[name] for name in declared if name in env and name not in provider_keys}
-    warnings: list[str] = []
+    # Where a declared secret reaches candidate code (the build's warnings, for the cases checked).
+    warnings: list[str] = secret_warnings(
+        spec, fetched, {p: [c for c in names if c in runnable] for p, names in spec.cases.partitions.items()}
+    )
 
     if backend is None:
         from vero.harbor import HarborBackend

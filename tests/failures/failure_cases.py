@@ -21,6 +21,9 @@ shared Dockerfile is identical across cases, so Docker builds one image for all 
 | `graded-artifact` | separate verifier (`tests/Dockerfile`), grades the artifact `answer.txt` from Python |
 | `no-artifacts` | a separate verifier environment given no artifact: it never sees the candidate |
 | `locked-out` | `/opt/report` is root's, `REPORT_INSTALL` writes there: no candidate installs |
+| `uses-secret` | `good`, given `SECRET_NAME` in `[environment.env]`: candidate code its test runs can read it |
+| `uses-secret-kit` | `good-kit`, given `SECRET_NAME` in `[environment.env]`: through the kit, candidate code cannot |
+| `grader-secret` | `graded-artifact`, with `SECRET_NAME` in `[verifier.env]` (its separate verifier's tests) |
 | `good-kit` | `good`, with its test run through the kit (correctly set up) |
 | `steps-kit` | multi-step, each step's test through the kit (correctly set up) |
 
@@ -37,6 +40,7 @@ import yaml
 
 BASE_IMAGE = "python:3.13-slim"
 UNSET_KEY = "ZQ_T11_UNSET_KEY"
+SECRET_NAME = "ZQ_T27_SECRET"
 COMPOSE_KEY = "ZQ_T11_COMPOSE_KEY"
 
 DOCKERFILE = f"""\
@@ -100,7 +104,13 @@ STEPS = {"steps-py": ("first", "second"), "steps-kit": ("first", "second")}
 TOP_TOML = {"graded-artifact": 'artifacts = ["/opt/candidate/answer.txt"]\n'}
 """Top-level `task.toml` keys (before the first table)."""
 
-SEPARATE = frozenset({"graded-artifact", "no-artifacts"})
+TEST_SCRIPTS["uses-secret-kit"] = _KIT_REWARD
+TEST_SCRIPTS["grader-secret"] = _PY_REWARD
+EXTRA_TOML["uses-secret"] = EXTRA_TOML["uses-secret-kit"] = f'\n[environment.env]\nAPI_KEY = "${{{SECRET_NAME}}}"\n'
+EXTRA_TOML["grader-secret"] = f'\n[verifier.env]\nGRADER_KEY = "${{{SECRET_NAME}}}"\n'
+TOP_TOML["grader-secret"] = TOP_TOML["graded-artifact"]
+
+SEPARATE = frozenset({"graded-artifact", "no-artifacts", "grader-secret"})
 """Cases whose tests run in a separate verifier environment (built from `tests/Dockerfile`)."""
 
 REPORT_INSTALL = "if [ -d /opt/report ]; then echo built > /opt/report/built.txt; fi"
@@ -126,6 +136,9 @@ ALL_CASES = (
     "locked-out",
     "good-kit",
     "steps-kit",
+    "uses-secret",
+    "uses-secret-kit",
+    "grader-secret",
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from failure_cases import COMPOSE_KEY, UNSET_KEY, docker_egress_supported, write_spec
+from failure_cases import COMPOSE_KEY, SECRET_NAME, UNSET_KEY, docker_egress_supported, write_spec
 from typer.testing import CliRunner
 
 from vero.cli import app
@@ -57,6 +57,8 @@ def test_an_undeclared_host_variable_is_refused_naming_case_and_variable(tmp_pat
     result = build(one_case_spec(tmp_path, "needs-key"), out, env={UNSET_KEY: "set-here-only"})
     assert_refused(result, out, "secrets", "case 'needs-key'", UNSET_KEY, "[environment.env]")
     assert "set-here-only" not in result.output
+    # The advice to declare it says what declaring does.
+    assert "its value then reaches the case's containers" in result.stderr
 
 
 def test_a_compose_variable_is_a_host_variable_too(tmp_path):
@@ -115,3 +117,46 @@ def test_a_spec_without_reference_warns_that_the_oracle_submits_the_baseline(tmp
     assert "submits the baseline" in result.stderr
     with_reference = build(one_case_spec(tmp_path / "b", "same"), tmp_path / "out2" / "task")
     assert "target.reference" not in with_reference.stderr
+
+
+def test_a_secret_that_reaches_candidate_code_is_warned_about_per_case(tmp_path):
+    """Declaring a case's `${NAME}` gives the case its value: the build says, per case, where
+    candidate code can read it (tests that run it outside the kit, a separate verifier environment
+    its files reach), and with what network; never the value, and nothing where the kit keeps it
+    out (a minimal environment)."""
+    spec = write_spec(
+        tmp_path / "spec",
+        {"train": ["good"], "hidden": ["uses-secret", "uses-secret-kit", "grader-secret"]},
+        targets=["hidden"],
+        secrets=[SECRET_NAME],
+    )
+    result = build(spec, tmp_path / "out" / "task", env={SECRET_NAME: "s3cret-value-of-t27"})
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ") and SECRET_NAME in line]
+    assert len(warned) == 2, result.stderr
+    kitless, grader = sorted(warned, key=lambda line: "uses-secret" not in line)
+    assert "case 'uses-secret' (partition hidden)" in kitless and "never call vero-kit" in kitless
+    assert "network access" in kitless
+    assert "case 'grader-secret' (partition hidden)" in grader and "separate verifier environment" in grader
+    assert "uses-secret-kit" not in result.stderr.replace("'uses-secret'", "")
+    assert "s3cret-value-of-t27" not in result.output
+
+
+def test_an_agent_target_is_warned_about_every_secret_in_its_main_container(tmp_path):
+    from vero.compiler.secret_audit import secret_warnings
+    from vero.spec.loading import load_spec
+    from vero.spec.models import AgentTarget
+
+    path = write_spec(
+        tmp_path / "spec", {"train": ["good"], "hidden": ["uses-secret-kit"]}, targets=["hidden"], secrets=[SECRET_NAME]
+    )
+    spec = load_spec(path)
+    cases = {name: tmp_path / "spec" / "cases" / name for name in ("good", "uses-secret-kit")}
+    partitions = {"train": ["good"], "hidden": ["uses-secret-kit"]}
+    assert secret_warnings(spec, cases, partitions) == []  # the kit keeps it from the candidate
+    agent = spec.model_copy(
+        update={"target": AgentTarget(kind="agent", path=spec.target.path, agent_import_path="m:Agent")}
+    )
+    (warning,) = secret_warnings(agent, cases, partitions)
+    assert warning.startswith(f"case 'uses-secret-kit' (partition hidden): the secret(s) {SECRET_NAME} are in")
+    assert "the candidate agent's commands run" in warning

@@ -441,3 +441,21 @@ def test_a_reference_that_beats_the_baseline_nowhere_is_a_problem_of_the_spec(tm
     (problem,) = report.problems
     assert problem.code == "reference_not_better" and "on any of the 2 case(s)" in problem.detail
     assert not report.ok
+
+
+def test_the_check_repeats_where_a_declared_secret_reaches_candidate_code(tmp_path):
+    from failure_cases import SECRET_NAME
+
+    path = write_spec(
+        tmp_path / "spec",
+        {"train": ["good-kit"], "hidden": ["uses-secret", "uses-secret-kit"]},
+        targets=["hidden"],
+        secrets=[SECRET_NAME],
+    )
+    value = "zq-t27-secret-value-5521"
+    runs = Runs(honest(["good-kit", "uses-secret", "uses-secret-kit"]))
+    report = asyncio.run(check_spec(load_spec(path), {SECRET_NAME: value}, work_dir=tmp_path / "work", backend=runs))
+    (warning,) = report.warnings
+    assert warning.startswith(f"case 'uses-secret' (partition hidden): the secret(s) {SECRET_NAME} are in")
+    assert value not in report.model_dump_json()
+    assert all(run.env.get(SECRET_NAME) == value for run in runs.runs)  # the runs still get it, by name

@@ -30,6 +30,7 @@ from vero.compiler.cases import CaseStore
 from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME, CodingAgentSupport, coding_agent_support
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
 from vero.compiler.render import render
+from vero.compiler.secret_audit import secret_warnings
 from vero.compiler.target import check_tree, copy_tree, export_baseline, file_digest, run_git, tree_digest
 from vero.compiler.wheel import build_wheel, client_requirements, runtime_requirements
 from vero.core.archive import write_canonical_tar
@@ -238,7 +239,8 @@ def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
                 SpecIssue(
                     "secrets",
                     f"case {problem.case!r}: {problem.detail}; declare each in "
-                    "`secrets` (names only, set at build and run time) or give "
+                    "`secrets` (names only, set at build and run time; its value then reaches the "
+                    "case's containers, and the build warns where candidate code can read it) or give "
                     "it a default in the case (${NAME:-value})",
                 )
             )
@@ -323,7 +325,11 @@ def compile_task(
             _check_cases(spec, case_dirs)
             scopes = {**roles.sidecar, **roles.verifier}
             check_evaluation_time(spec, case_dirs, scopes)
-            warnings = [*kit_warnings(spec, case_dirs, scopes), *_reference_warnings(spec)]
+            warnings = [
+                *kit_warnings(spec, case_dirs, scopes),
+                *secret_warnings(spec, case_dirs, scopes),
+                *_reference_warnings(spec),
+            ]
 
             spec_digest = digest_json(
                 {
