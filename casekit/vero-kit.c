@@ -84,6 +84,11 @@
 #define EVENTS_FILE "/logs/verifier/vero-kit.jsonl"
 #define REWARD_JSON "/logs/verifier/reward.json"
 #define REWARD_TXT "/logs/verifier/reward.txt"
+/* What the kit last wrote at REWARD_JSON (device, inode, size, modification and change times, then
+ * the bytes), so
+ * that a later `reward` or `no-reward` in the same test replaces its own file without reporting it
+ * as a reward file it did not write. Root's, in the verifier dir (which the kit keeps root-only). */
+#define REWARD_STATE "/logs/verifier/.vero-kit-reward"
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define KILL_ROUNDS 400 /* about 20 s of retries before giving up on a process that survives */
 #define MAX_ENV 256
@@ -970,8 +975,55 @@ static int cmd_run(int argc, char **argv) {
 
 /* ---- rewards --------------------------------------------------------------------------------- */
 
+/* The identity of the regular file at `path` as REWARD_STATE records it (empty when there is none). */
+static void file_identity(const char *path, char *out, size_t size) {
+    struct stat st;
+    out[0] = '\0';
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(out, size, "%llu %llu %lld %lld.%09ld %lld.%09ld\n", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino, (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                 (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+    }
+}
+
+#define REWARD_STATE_MAX (MAX_REWARDS * 128 + 512)
+
+/* Reads at most `size` - 1 bytes of the regular file `path` (never through a link) into `out`,
+ * NUL-terminated; returns the length, or -1. */
+static ssize_t read_small(const char *path, char *out, size_t size) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    ssize_t total = 0, n;
+    while ((size_t)total < size - 1 && (n = read(fd, out + total, size - 1 - (size_t)total)) > 0) {
+        total += n;
+    }
+    close(fd);
+    out[total] = '\0';
+    return total;
+}
+
+/* Whether REWARD_JSON is still exactly the file the kit wrote last: the same inode, size and times
+ * (any write or replacement changes them, and no process can set a change time) and the same bytes
+ * (a rewrite within one tick of the kernel's clock keeps the times). Only then is its removal the
+ * kit's own business rather than a reward file it did not write. */
+static int own_reward_file(void) {
+    static char recorded[REWARD_STATE_MAX], current[REWARD_STATE_MAX];
+    if (read_small(REWARD_STATE, recorded, sizeof recorded) <= 0) {
+        return 0;
+    }
+    file_identity(REWARD_JSON, current, sizeof current);
+    size_t used = strlen(current);
+    if (used == 0 || read_small(REWARD_JSON, current + used, sizeof current - used) < 0) {
+        return 0;
+    }
+    return strcmp(recorded, current) == 0;
+}
+
 static void remove_reward_files(void) {
     const char *paths[] = {REWARD_JSON, REWARD_TXT};
+    int own = own_reward_file();
     for (int i = 0; i < 2; i++) {
         struct stat st;
         if (lstat(paths[i], &st) != 0) {
@@ -980,7 +1032,12 @@ static void remove_reward_files(void) {
         if (remove_tree(paths[i]) != 0) {
             die("cannot remove %s: %s", paths[i], strerror(errno));
         }
-        event("reward_file_removed", "reward", 1, strrchr(paths[i], '/') + 1);
+        if (!(own && i == 0)) { /* paths[0] is REWARD_JSON, the only file the kit writes */
+            event("reward_file_removed", "reward", 1, strrchr(paths[i], '/') + 1);
+        }
+    }
+    if (remove_tree(REWARD_STATE) != 0) {
+        die("cannot remove %s: %s", REWARD_STATE, strerror(errno));
     }
 }
 
@@ -1000,6 +1057,15 @@ static int valid_key(const char *key) {
 static void write_reward(const char *json) {
     if (write_atomically(REWARD_JSON, json) != 0) {
         die("cannot write %s: %s", REWARD_JSON, strerror(errno));
+    }
+    static char state[REWARD_STATE_MAX];
+    file_identity(REWARD_JSON, state, sizeof state);
+    size_t used = strlen(state);
+    if (used > 0 && used + strlen(json) < sizeof state) {
+        strcat(state, json);
+        if (write_atomically(REWARD_STATE, state) != 0) {
+            die("cannot write %s: %s", REWARD_STATE, strerror(errno));
+        }
     }
 }
 

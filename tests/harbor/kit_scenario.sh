@@ -87,11 +87,22 @@ out reward_json "$(cat /logs/verifier/reward.json)"
 out reward_is_file "$([ -f /logs/verifier/reward.json ] && [ ! -L /logs/verifier/reward.json ] && echo yes)"
 out reward_txt_gone "$([ -e /logs/verifier/reward.txt ] || echo yes)"
 out victim "$(cat /tmp/victim)"
+removals() { grep -c '"event": "reward_file_removed"' /logs/verifier/vero-kit.jsonl; }
+before="$(removals)"
 quiet vero-kit reward speed=2 reward=1e-3; out reward_keys "$(cat /logs/verifier/reward.json)"
+# Replacing the kit's own reward of the same test is no reward file it did not write; a file written
+# over it in place or moved over it by anyone else (root's tests here) is.
+out own_reward_removed "$(( $(removals) - before ))"
+echo '{"reward": 5}' > /logs/verifier/reward.json
+quiet vero-kit reward speed=2 reward=1e-3; out rewritten_reward_removed "$(( $(removals) - before ))"
+cp /logs/verifier/reward.json /tmp/copy && mv /tmp/copy /logs/verifier/reward.json
+quiet vero-kit reward speed=2 reward=1e-3; out replaced_reward_removed "$(( $(removals) - before ))"
 quiet vero-kit reward nan; out reward_nan "$?"
 quiet vero-kit reward inf; out reward_inf "$?"
 quiet vero-kit reward 'bad"key=1'; out reward_bad_key "$?"
 out reward_after_bad "$(cat /logs/verifier/reward.json)"
+before="$(removals)"
 quiet vero-kit no-reward; out no_reward "$?"
+out own_reward_removed_by_no_reward "$(( $(removals) - before ))"
 out no_reward_gone "$([ -e /logs/verifier/reward.json ] || echo yes)"
 out events "$(sed -n 's/.*"event": "\([a-z_]*\)".*"detail": "\([a-z.0-9 ]*\)".*/\1:\2/p; s/.*"event": "\([a-z_]*\)"[^d]*$/\1/p' /logs/verifier/vero-kit.jsonl | sort -u | tr '\n' ' ')"

@@ -138,6 +138,13 @@ def test_kit_sandbox_holds_on_a_debian_and_a_busybox_image(case_kit, busybox_ima
             "reward_inf": "125",
             "reward_bad_key": "125",
             "reward_after_bad": '{"speed": 2, "reward": 0.001}',
+            # Only a reward file the kit did not write is reported: its own earlier reward of the same
+            # test is not (issue 26: it fired on every honest c-matmul measurement), the same bytes
+            # rewritten in place or a copy moved over it are.
+            "own_reward_removed": "0",
+            "rewritten_reward_removed": "1",
+            "replaced_reward_removed": "2",
+            "own_reward_removed_by_no_reward": "0",
             "no_reward": "0",
             "no_reward_gone": "yes",
         }

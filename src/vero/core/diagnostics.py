@@ -40,6 +40,7 @@ from vero.errors import CASE_PROBLEM_CODES
 
 __all__ = [
     "MAX_DETAIL_CHARS",
+    "MAX_TEST_OUTPUT_CHARS",
     "MAX_TRIAL_FAILURES",
     "PROBLEM_CODES",
     "CaseProblem",
@@ -60,6 +61,9 @@ MAX_DETAIL_CHARS = 2000
 
 MAX_TRIAL_FAILURES = 50
 """Most trial failures kept per evaluation (the first ones, in trial order)."""
+
+MAX_TEST_OUTPUT_CHARS = 2000
+"""Longest tail of a failed trial's test output kept (characters)."""
 
 
 def clip(text: str | None, limit: int = MAX_DETAIL_CHARS) -> str | None:
@@ -110,6 +114,26 @@ class TrialFailure(_Record):
     """The end of Harbor's traceback, scrubbed and clipped."""
     reward_keys: list[str] | None = None
     """For `reward_key_missing`: the keys the case's verifier wrote."""
+    test_output_tail: str | None = None
+    """The end of the case test's own output (Harbor's `verifier/test-stdout.txt` of the trial,
+    stdout and stderr of `tests/test.sh`), scrubbed and clipped to `MAX_TEST_OUTPUT_CHARS`: what the
+    harness said when it wrote no valid reward (e.g. `vero-kit: error: reward:  is not a finite
+    number`). None when the trial has no such file."""
+    arm: str | None = None
+    """In a paired run (the verifier's target with its baseline, `vero.harbor.runner`): the arm
+    whose trial it was, `candidate` or `baseline`; None in a run of one candidate."""
+
+    def cause(self) -> str:
+        """One line for the operator: how the trial ended, its exception with the first line of its
+        message, and the last line its test printed (each part clipped to 300 characters)."""
+        text = self.outcome
+        if self.exception_type:
+            first = next((line.strip() for line in (self.message or "").splitlines() if line.strip()), "")
+            text += f" ({self.exception_type}" + (f": {first[:300]}" if first else "") + ")"
+        lines = [line.strip() for line in (self.test_output_tail or "").splitlines() if line.strip()]
+        if lines:
+            text += f"; the test's last line: {lines[-1][:300]}"
+        return text
 
 
 class RunDiagnostics(_Record):
@@ -137,11 +161,17 @@ class RunDiagnostics(_Record):
         return bool(self.problems or self.trial_failures or any(r.returncode != 0 or r.timed_out for r in self.rounds))
 
     def summary(self) -> list[str]:
-        """One line per case problem, then one per distinct trial exception type (with its count)."""
+        """One line per case problem, then one per distinct trial outcome and exception type (with
+        its count, the arm in a paired run, and the first such trial's case and the last line its
+        test printed)."""
         lines = [*self.causes, *(f"case {p.case!r}: {p.code}: {p.detail}" for p in self.problems)]
-        counts: dict[str, int] = {}
+        kinds: dict[tuple[str, str], list[TrialFailure]] = {}
         for failure in self.trial_failures:
-            key = f"{failure.outcome}" + (f" ({failure.exception_type})" if failure.exception_type else "")
-            counts[key] = counts.get(key, 0) + 1
-        lines += [f"{n} trial(s) {key}" for key, n in counts.items()]
+            kind = failure.outcome + (f" ({failure.exception_type})" if failure.exception_type else "")
+            kinds.setdefault((f"{failure.arm} arm: " if failure.arm else "", kind), []).append(failure)
+        for (arm, kind), failures in kinds.items():
+            first = failures[0]
+            said = [line.strip() for line in (first.test_output_tail or "").splitlines() if line.strip()]
+            example = f"; case {first.case!r}, the test's last line: {said[-1][:300]}" if said else ""
+            lines.append(f"{arm}{len(failures)} trial(s) {kind}{example}")
         return lines

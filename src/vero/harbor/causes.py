@@ -4,7 +4,8 @@
 (already scrubbed of secret values by `vero.harbor.process`), each case problem found, and every
 trial that recorded an exception or was not scored, with Harbor's exception type, message and the
 end of its traceback, read from the trial's `result.json` (`exception_info`, then each step's)
-after the runner scrubbed the job dir, and scrubbed again here. Texts are clipped
+after the runner scrubbed the job dir, and the end of its test's own output
+(`verifier/test-stdout.txt`), both scrubbed again here. Texts are clipped
 (`MAX_DETAIL_CHARS`), at most `MAX_TRIAL_FAILURES` trials are kept (all are counted).
 
 These go into the trusted records only (the job record in the sidecar's state, the verifier's
@@ -15,10 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vero.core.diagnostics import (
+    MAX_TEST_OUTPUT_CHARS,
     MAX_TRIAL_FAILURES,
     CaseProblem,
     RoundLog,
@@ -34,6 +38,8 @@ __all__ = ["CauseLog", "trial_label"]
 logger = logging.getLogger(__name__)
 
 _RESULT_MAX_BYTES = 16 * 1024 * 1024
+_TEST_OUTPUT = "test-stdout.txt"
+_TEST_OUTPUT_READ_BYTES = 4 * MAX_TEST_OUTPUT_CHARS
 
 
 def trial_label(trial: TrialOutcome) -> str:
@@ -48,6 +54,36 @@ def _exception_info(result: dict) -> dict | None:
     for step in result.get("step_results") or []:
         if isinstance(step, dict) and isinstance(step.get("exception_info"), dict):
             return step["exception_info"]
+    return None
+
+
+def _test_output_tail(trial_dir: Path) -> str | None:
+    """The last bytes of the trial's `verifier/test-stdout.txt` (Harbor 0.26 `verifier/verifier.py`
+    runs `tests/test.sh > /logs/verifier/test-stdout.txt 2>&1`), or of the last step's for a
+    multi-step trial (`steps/<step>/verifier/`), decoded leniently; None when there is none.
+
+    Never followed through a link: a case whose tests let candidate code write `/logs/verifier`
+    could plant one, and Harbor copies the dir to the host as it is."""
+    candidates = [trial_dir / "verifier" / _TEST_OUTPUT]
+    steps = trial_dir / "steps"
+    if steps.is_dir() and not steps.is_symlink():
+        candidates += sorted((p / "verifier" / _TEST_OUTPUT for p in steps.iterdir()), reverse=True)
+    for path in candidates:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            os.lseek(fd, max(info.st_size - _TEST_OUTPUT_READ_BYTES, 0), os.SEEK_SET)
+            data = os.read(fd, _TEST_OUTPUT_READ_BYTES)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", errors="replace")
     return None
 
 
@@ -67,6 +103,9 @@ class CauseLog:
 
     def _clean(self, text: str | None) -> str | None:
         return clip(scrub(text, self._secrets)) if text else text
+
+    def _clean_tail(self, text: str | None) -> str | None:
+        return clip(scrub(text, self._secrets), MAX_TEST_OUTPUT_CHARS) if text else None
 
     def add_round(
         self,
@@ -91,9 +130,10 @@ class CauseLog:
     def add_problems(self, problems: Iterable[CaseProblem]) -> None:
         self._problems.extend(problems)
 
-    def add_trials(self, job_dir: Path, trials: Iterable[TrialOutcome]) -> None:
+    def add_trials(self, job_dir: Path, trials: Iterable[TrialOutcome], arm: str | None = None) -> None:
         """Every trial of `trials` (`TrialOutcome`s of `job_dir`) that failed: an exception
-        recorded, or no reward (with the keys found, for `reward_key_missing`)."""
+        recorded, or no reward (with the keys found, for `reward_key_missing`), with the tail of
+        its test's output; `arm` labels them in a paired run (`TrialFailure.arm`)."""
         for trial in trials:
             label = trial_label(trial)
             if trial.exception_type is None and label == "scored":
@@ -112,6 +152,8 @@ class CauseLog:
                     message=self._clean(info.get("exception_message")) if info else None,
                     traceback_tail=self._clean(info.get("exception_traceback")) if info else None,
                     reward_keys=list(trial.reward_keys) if trial.reward_keys is not None else None,
+                    test_output_tail=self._clean_tail(_test_output_tail(job_dir / trial.trial_name)),
+                    arm=arm,
                 )
             )
 
