@@ -153,6 +153,13 @@ BAD: dict[str, Bad] = {
     "ladder precision above its margin": Bad(
         "agent_access.holdout.ladder", _set("agent_access.holdout.ladder", {"margin": 0.01, "precision": 0.1})
     ),
+    "timing quantum on a full partition": Bad(
+        "agent_access.train.timing_quantum_sec", _set("agent_access.train.timing_quantum_sec", 60)
+    ),
+    "timing quantum not positive": Bad(
+        "agent_access.train.timing_quantum_sec",
+        _all(_set("agent_access.train.disclosure", "none"), _set("agent_access.train.timing_quantum_sec", 0)),
+    ),
     "ladder on a none partition": Bad(
         "agent_access.train.ladder",
         _all(_set("agent_access.train.disclosure", "none"), _set("agent_access.train.ladder", {"margin": 0.1})),

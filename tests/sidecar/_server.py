@@ -78,7 +78,10 @@ DEFAULT_ACCESS = {
         total_runs=3,
         total_cases=18,
     ),
-    "blind": PartitionAccess(disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6),
+    # Shown finished 0.2 s after admission, whatever the run did (`timing_quantum_sec`).
+    "blind": PartitionAccess(
+        disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6, timing_quantum_sec=0.2
+    ),
 }
 
 

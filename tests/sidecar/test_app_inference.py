@@ -104,7 +104,7 @@ def harness_with(tmp_path, upstream, backend, *, route: bool = False, **access):
         access={
             "train": PartitionAccess(disclosure="full", **budget),
             "val": PartitionAccess(disclosure="aggregate", **budget),
-            "blind": PartitionAccess(disclosure="none", **budget),
+            "blind": PartitionAccess(disclosure="none", timing_quantum_sec=0.2, **budget),
             "ladder": PartitionAccess(disclosure="aggregate", ladder={"margin": 0.1}, **budget),
         },
         partitions={"train": ["t1", "t2"], "val": ["v1", "v2"], "blind": ["b1"], "ladder": ["l1", "l2"]},

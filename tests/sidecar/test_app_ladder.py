@@ -157,11 +157,11 @@ def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_pa
         completing: list[str] = []
         complete, finish = service._complete, service.jobs.finish
 
-        async def counted_complete(job, result):
+        async def counted_complete(job, result, **options):
             completing.append(job.id)
             if len(completing) == 2:
                 both_completing.set()
-            await complete(job, result)
+            await complete(job, result, **options)
 
         async def held_finish(job_id, state, **changes):
             if "ladder" in changes:

@@ -43,7 +43,7 @@ from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
 from vero.spec.loading import load_spec
-from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess
+from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess, timing_quantum_sec
 from vero.spec.validation import check_build_secrets
 
 __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
@@ -618,6 +618,7 @@ def _render_files(
             else dict(margin=f"{access.ladder.margin:g}", precision=f"{access.ladder.effective_precision:g}"),
             total_runs=access.total_runs,
             total_cases=access.total_cases,
+            shown_after_sec=timing_quantum_sec(access, spec.harbor),
         )
         for name, access in spec.agent_access.items()
     ]

@@ -37,14 +37,16 @@ tree per evaluation slot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -78,6 +80,7 @@ from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
+from vero.sidecar.gate import PartitionGate
 from vero.sidecar.models import (
     AttemptView,
     BudgetView,
@@ -94,7 +97,7 @@ from vero.sidecar.models import (
 )
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
-from vero.spec.models import Disclosure
+from vero.spec.models import Disclosure, timing_quantum_sec
 
 if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
@@ -298,6 +301,7 @@ class SidecarService:
         self._views: dict[str, tuple[EvaluationJob, JobView]] = {}  # job id -> (snapshot, its view)
         self._cancel_reasons: dict[str, str] = {}
         self._slots: asyncio.Queue[int] | None = None
+        self._gate: PartitionGate | None = None
         self._submit_lock: asyncio.Lock | None = None
         self._seal_lock: asyncio.Lock | None = None
         self._ladder_lock: asyncio.Lock | None = None
@@ -348,6 +352,7 @@ class SidecarService:
         self._slots = asyncio.Queue()
         for slot in range(self.max_concurrent_evaluations):
             self._slots.put_nowait(slot)
+        self._gate = PartitionGate()
         self._submit_lock = asyncio.Lock()
         self._seal_lock = asyncio.Lock()
         self._ladder_lock = asyncio.Lock()
@@ -908,59 +913,85 @@ class SidecarService:
                 self._refund_inference(job_id, unsettled)
                 unsettled = None
 
+        shown_at: datetime | None = None  # `none` tier: when the job is shown finished
+        measured: EvaluationResult | None = None
+
+        async def hold_until_shown(admitted: EvaluationJob) -> None:
+            # On a `none` partition the job stays `running`, in its slot and its gate, until a time
+            # that does not depend on what the candidate did (`_shown_finish`).
+            nonlocal shown_at
+            shown_at = self._shown_finish(admitted)
+            if shown_at is not None:
+                await asyncio.sleep(max(0.0, (shown_at - _now()).total_seconds()))
+
         try:
-            assert self._slots is not None
-            slot = await self._slots.get()
-            try:
-                job = await self.jobs.update(job_id, state="running", started_at=_now())
-                token = self._grant_inference(job)
-                if token is not None and self._case_router is not None:
-                    route = await self._case_router.open(job.id)
-                checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
-                run = NestedRun(
-                    evaluation_id=job.id,
-                    partition=job.partition,
-                    candidate=job.candidate,
-                    candidate_dir=checkout,
-                    cases_dir=self.cases_dir,
-                    case_names=tuple(job.cases),
-                    jobs_dir=self.nested_jobs_dir,
-                    runtime=self.config.runtime,
-                    harbor=self.config.harbor,
-                    scoring=self.config.scoring,
-                    env=self._nested_env(route.environment(token) if route and token else None),
-                    run_as=self.run_as,
-                    session=self.session_id,
-                    candidate_env={
-                        **(self.gateway.environment(token) if self.gateway and token else {}),
-                        **(route.candidate_variables() if route else {}),
-                    },
-                    case_network=route.network if route else None,
-                    # The judge of a case where the candidate cannot be installed: the baseline
-                    # (the baseline itself is judged by its own attempts).
-                    baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.baseline_dir,
-                )
-                result = await self.backend.evaluate(run)
-                if route is not None:
-                    await route.close()
-                    route = None
-                if token is not None and self.gateway is not None:
-                    unsettled = await self.gateway.revoke(token)
-                    token = None
-                    unreachable = unsettled.unreachable_failure()
-                    if unreachable is not None:
-                        diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
-                        raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
-                    result = result.model_copy(update={"inference": unsettled})
-            finally:
-                self._slots.put_nowait(slot)
-            await self._complete(job, result)
-            unsettled = None  # recorded with the complete job: it stays charged
+            assert self._slots is not None and self._gate is not None
+            admitted = self.jobs.get(job_id)
+            exclusive = self.config.runtime.kind == "agent"  # candidate hosts share this container
+            async with self._gate.enter(admitted.partition) if exclusive else contextlib.nullcontext():
+                slot = await self._slots.get()
+                try:
+                    try:
+                        job = await self.jobs.update(job_id, state="running", started_at=_now())
+                        token = self._grant_inference(job)
+                        if token is not None and self._case_router is not None:
+                            route = await self._case_router.open(job.id)
+                        checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
+                        run = NestedRun(
+                            evaluation_id=job.id,
+                            partition=job.partition,
+                            candidate=job.candidate,
+                            candidate_dir=checkout,
+                            cases_dir=self.cases_dir,
+                            case_names=tuple(job.cases),
+                            jobs_dir=self.nested_jobs_dir,
+                            runtime=self.config.runtime,
+                            harbor=self.config.harbor,
+                            scoring=self.config.scoring,
+                            env=self._nested_env(route.environment(token) if route and token else None),
+                            run_as=self.run_as,
+                            session=self.session_id,
+                            candidate_env={
+                                **(self.gateway.environment(token) if self.gateway and token else {}),
+                                **(route.candidate_variables() if route else {}),
+                            },
+                            case_network=route.network if route else None,
+                            # The judge of a case where the candidate cannot be installed: the baseline
+                            # (the baseline itself is judged by its own attempts).
+                            baseline_dir=checkout
+                            if job.candidate == self.config.baseline_commit
+                            else self.baseline_dir,
+                        )
+                        result = await self.backend.evaluate(run)
+                        if route is not None:
+                            await route.close()
+                            route = None
+                        if token is not None and self.gateway is not None:
+                            unsettled = await self.gateway.revoke(token)
+                            token = None
+                            unreachable = unsettled.unreachable_failure()
+                            if unreachable is not None:
+                                diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
+                                raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
+                            result = result.model_copy(update={"inference": unsettled})
+                        measured = result
+                    except Exception:
+                        await hold_until_shown(admitted)  # a failure is shown at the same time
+                        raise
+                    await hold_until_shown(admitted)
+                finally:
+                    self._slots.put_nowait(slot)
+                await self._complete(job, result, finished_at=shown_at)
+                unsettled = None  # recorded with the complete job: it stays charged
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(job_id, "interrupted")
             # A job already complete was settled with its result: a measurement stays charged.
             state_now = self.jobs.get(job_id).state
             if state_now == "complete":
+                unsettled = None
+            elif measured is not None and state_now not in TERMINAL_STATES:
+                # Measured (a `none` job held until its time): the measurement stands, charged.
+                await finish_uncancellable(self._complete(self.jobs.get(job_id), measured))
                 unsettled = None
             elif state_now not in TERMINAL_STATES:
                 state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
@@ -977,19 +1008,38 @@ class SidecarService:
                 ", ".join(sorted({p.case for p in exc.problems})),
             )
             await give_back_inference()
-            await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc))
+            await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc), finished_at=shown_at)
         except InfrastructureFailure as exc:
             _logger.warning("job %s: infrastructure failure; refunded", job_id)
             await give_back_inference()
-            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, _diagnostics_of(exc))
+            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, _diagnostics_of(exc), finished_at=shown_at)
         except Exception as exc:
             # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
             _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
             await give_back_inference()
-            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR)
+            await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, finished_at=shown_at)
         finally:
             self._tasks.pop(job_id, None)
             await give_back_inference()
+
+    def timing_quantum_sec(self, partition: str) -> float | None:
+        """The timing quantum of a `none` partition in seconds (`vero.spec.models.timing_quantum_sec`);
+        None on other tiers."""
+        access = self.config.agent_access.get(partition)
+        return None if access is None else timing_quantum_sec(access, self.config.harbor)
+
+    def _shown_finish(self, job: EvaluationJob) -> datetime | None:
+        """When a job of a `none` partition is shown finished: `created_at + k * quantum` for the
+        least k >= 1 not before now (a run longer than a quantum shows at the next multiple); None
+        on other tiers (shown when it ends)."""
+        if self.policy.disclosure_for(job.disclosure, job.principal, job.partition) != "none":
+            return None
+        quantum = self.timing_quantum_sec(job.partition)
+        if quantum is None:
+            return None
+        elapsed = (_now() - job.created_at).total_seconds()
+        k = max(1, math.ceil(elapsed / quantum))
+        return job.created_at + timedelta(seconds=k * quantum)
 
     def _grant_inference(self, job: EvaluationJob) -> str | None:
         if self.gateway is None or self.config.inference is None:
@@ -1010,7 +1060,9 @@ class SidecarService:
             pool.spent = max(0, pool.spent - usage.charged_micro_usd)
             _logger.info("job %s: %d micro-USD of inference refunded", job_id, usage.charged_micro_usd)
 
-    async def _complete(self, job: EvaluationJob, result: EvaluationResult) -> None:
+    async def _complete(
+        self, job: EvaluationJob, result: EvaluationResult, *, finished_at: datetime | None = None
+    ) -> None:
         tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
         if tier == "full":
             await self._write_artifacts(job, result)
@@ -1018,7 +1070,7 @@ class SidecarService:
         if rule is None or not _covers_granted_cases(job, result):
             # Not judged by the Ladder (`disclose` shows no score for it on a Ladder partition). One
             # transaction: the result, the terminal state and the settle.
-            job = await self.jobs.finish(job.id, "complete", result=result)
+            job = await self.jobs.finish(job.id, "complete", result=result, finished_at=finished_at)
         else:
             assert self._ladder_lock is not None
             # Decide, record durably with the terminal state and the settle, then move the best: under
@@ -1065,13 +1117,19 @@ class SidecarService:
             _logger.error("job %s: trial artifacts not copied (%s)", job.id, type(exc).__name__)
 
     async def _close_unmeasured(
-        self, job_id: str, state: Literal["failed", "cancelled"], error: str, diagnostics: RunDiagnostics | None = None
+        self,
+        job_id: str,
+        state: Literal["failed", "cancelled"],
+        error: str,
+        diagnostics: RunDiagnostics | None = None,
+        *,
+        finished_at: datetime | None = None,
     ) -> None:
         """End a job that measured nothing and refund it, in one transaction (no-op if already ended);
         `diagnostics` (the causes, for the operator) are recorded with the end."""
         try:
             fields: dict[str, Any] = {"diagnostics": diagnostics} if diagnostics is not None else {}
-            await self.jobs.finish(job_id, state, error=error, **fields)
+            await self.jobs.finish(job_id, state, error=error, finished_at=finished_at, **fields)
         except Conflict:
             _logger.info("job %s had already finished", job_id)
 

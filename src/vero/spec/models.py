@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "NONE_TIMING_MARGIN_SEC",
     "AgentTarget",
     "CandidateLimits",
     "CandidateRuntime",
@@ -35,6 +36,7 @@ __all__ = [
     "ScoringSpec",
     "SelectionSpec",
     "TargetPartition",
+    "timing_quantum_sec",
 ]
 
 Disclosure = Literal["full", "aggregate", "none"]
@@ -212,6 +214,11 @@ class PartitionAccess(_Model):
     whole partition. A request must select a union of whole blocks."""
     ladder: LadderSpec | None = None
     """`aggregate` only: disclose scores under the Ladder rule (`LadderSpec`) instead of every score."""
+    timing_quantum_sec: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """`none` only: a job of this partition is shown finished (state, `finished_at`, its slot
+    freed) only at `created_at` + k x this quantum, the least k >= 1 not before it ends, so its
+    timing tells the agent nothing finer about what the candidate did. Default: the evaluation's
+    wall clock (`harbor.evaluation_timeout_sec`) plus 300 s, which every evaluation fits."""
     total_runs: int = Field(ge=0)
     """Evaluations the agent may start on this partition."""
     total_cases: int = Field(ge=0)
@@ -219,6 +226,23 @@ class PartitionAccess(_Model):
     total_inference_usd: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Model calls through the inference gateway the agent's evaluations of this partition may spend,
     in US dollars at the spec's prices (default 0: every call is refused). Needs `inference`."""
+
+
+NONE_TIMING_MARGIN_SEC = 300.0
+"""Added to `harbor.evaluation_timeout_sec` for the default timing quantum of a `none` partition:
+room for what an evaluation does besides its nested run (case checks, the `kind: agent` pre-flight,
+up to 120 s; cleanup after a wall-clock kill, up to 60 s), so that even a candidate that hangs
+until the wall clock is shown finished after exactly one quantum."""
+
+
+def timing_quantum_sec(access: PartitionAccess, harbor: HarborSpec) -> float | None:
+    """The timing quantum of a `none` partition (seconds): `access.timing_quantum_sec`, default
+    `harbor.evaluation_timeout_sec + NONE_TIMING_MARGIN_SEC`; None on other tiers."""
+    if access.disclosure != "none":
+        return None
+    if access.timing_quantum_sec is not None:
+        return access.timing_quantum_sec
+    return harbor.evaluation_timeout_sec + NONE_TIMING_MARGIN_SEC
 
 
 class SelectionSpec(_Model):

@@ -183,6 +183,8 @@ def _check_access_and_targets(
     spec: OptimizationSpec, partitions: dict[str, list[str]], add: Add, issues: list[SpecIssue]
 ) -> None:
     for name, access in spec.agent_access.items():
+        if access.timing_quantum_sec is not None and access.disclosure != "none":
+            add(f"agent_access.{name}.timing_quantum_sec", "only valid when disclosure is none")
         if name not in partitions:
             add(f"agent_access.{name}", f"unknown partition {name!r}")
         elif partitions[name] and len(set(partitions[name])) == len(partitions[name]):
