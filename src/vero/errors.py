@@ -5,9 +5,11 @@ VeroError
 ├── SpecError                 build.yaml (or an option naming build inputs) is invalid; carries the
 │                             YAML path or `--option` (`loc`) and what was expected
 ├── PolicyDenied              the visibility policy refuses the request (unknown partition, floor, closed)
+│   └── EvaluationsClosed     the agent phase is over: no further evaluation (`code` `intake_closed`)
 ├── BudgetExhausted           a reservation would exceed a (partition, principal) total
 ├── UnknownJob                no evaluation job with that id
 ├── Conflict                  the request conflicts with state (submit disabled, session sealed, ...)
+│   ├── SubmissionsClosed     the agent phase is over: no further submission (`code` `intake_closed`)
 │   └── ReservationConflict   (+ ValueError) a reservation id reused, or closed the other way
 ├── UnknownReservation        (+ KeyError) no budget reservation with that id
 ├── CandidateRejected         a version cannot be imported (malformed, unknown, unsafe tree)
@@ -34,11 +36,13 @@ from __future__ import annotations
 __all__ = [
     "CASE_PROBLEM_CODES",
     "HTTP_STATUS_ERRORS",
+    "INTAKE_CLOSED",
     "BudgetExhausted",
     "CandidateRejected",
     "CandidateTooLarge",
     "CaseMisconfigured",
     "Conflict",
+    "EvaluationsClosed",
     "GitFailed",
     "InfrastructureFailure",
     "LedgerCorrupt",
@@ -50,6 +54,7 @@ __all__ = [
     "SpecError",
     "SpecIssue",
     "StorageFull",
+    "SubmissionsClosed",
     "UnknownJob",
     "UnknownReservation",
     "VeroError",
@@ -137,6 +142,18 @@ class PolicyDenied(VeroError):
     """
 
 
+INTAKE_CLOSED = "intake_closed"
+"""The problem `code` of a request refused because the agent phase is over (`EvaluationsClosed`,
+`SubmissionsClosed`)."""
+
+
+class EvaluationsClosed(PolicyDenied):
+    """The agent phase is over (the task's hook said so, or the session is sealed): the sidecar
+    starts no further evaluation (HTTP 403, code `intake_closed`)."""
+
+    code = INTAKE_CLOSED
+
+
 class BudgetExhausted(VeroError):
     """A reservation would exceed a budget total.
 
@@ -182,6 +199,13 @@ class UnknownJob(VeroError):
 
 class Conflict(VeroError):
     """The request conflicts with the current state (e.g. submissions disabled, session sealed)."""
+
+
+class SubmissionsClosed(Conflict):
+    """The agent phase is over: the sidecar records no further submission (HTTP 409, code
+    `intake_closed`)."""
+
+    code = INTAKE_CLOSED
 
 
 class ReservationConflict(Conflict, ValueError):
@@ -371,6 +395,10 @@ def error_for_status(
         text = message if message is not None else f"the sidecar answered HTTP {status}"
     if status == 413 and code == "candidate_too_large":
         return CandidateTooLarge(message=text)
+    if status == 403 and code == INTAKE_CLOSED:
+        return EvaluationsClosed(text)
+    if status == 409 and code == INTAKE_CLOSED:
+        return SubmissionsClosed(text)
     if status == 502 and message is not None and code in CASE_PROBLEM_CODES:
         return CaseMisconfigured(text, code=code, cases=[c for c in cases or () if isinstance(c, str)])
     cls = HTTP_STATUS_ERRORS.get(status)

@@ -58,7 +58,9 @@ def test_task_toml_loads_with_harbors_task_config(spec_tree, tmp_path):
     assert config.task is not None and config.task.name == "vero/demo"
     assert config.agent.user == "agent"
     assert config.verifier.environment_mode == VerifierEnvironmentMode.SEPARATE
-    (hook,) = config.verifier.collect
+    close, hook = config.verifier.collect
+    # Harbor runs main's hooks first, while main still runs: intake closes before the seal.
+    assert close.service == "main" and close.command.endswith("http://eval-sidecar:8000/intake/close")
     assert hook.service == "eval-sidecar"
     assert hook.command == "vero harbor seal --output /export/vero"
     assert hook.timeout_sec > spec_tree.document["harbor"]["drain_timeout_sec"]

@@ -185,9 +185,10 @@ def test_unfinished_and_cancelled_jobs_exit_1_and_a_sealed_session_refuses(tmp_p
         assert (cancelled.state, cancelled.error) == ("cancelled", "sealed")
 
         proc = vero(url, "eval", "-p", "train")
-        assert proc.returncode == 3 and "closed" in error_of(proc)["message"]
+        assert proc.returncode == 3 and error_of(proc)["type"] == "EvaluationsClosed"
+        assert error_of(proc)["message"].startswith("intake_closed: the agent phase is over")
         proc = vero(url, "submit")
-        assert proc.returncode == 6 and error_of(proc)["type"] == "Conflict"
+        assert proc.returncode == 6 and error_of(proc)["type"] == "SubmissionsClosed"
 
 
 @pytest.mark.timeout(120)

@@ -60,9 +60,9 @@ def test_seal_closes_cancels_refunds_and_is_idempotent(tmp_path):
         assert budgets["train"]["remaining_runs"] == 5 and budgets["val"]["remaining_runs"] == 3
 
         denied = client.post("/evaluations", json={"partition": "train"})
-        assert denied.status_code == 403 and denied.json()["code"] == "denied"
+        assert denied.status_code == 403 and denied.json()["code"] == "intake_closed"
         conflict = client.post("/submissions", json={})
-        assert conflict.status_code == 409 and conflict.json()["code"] == "conflict"
+        assert conflict.status_code == 409 and conflict.json()["code"] == "intake_closed"
         assert client.get("/health").status_code == 200
 
         again = seal(client, harness, out)
@@ -311,3 +311,41 @@ def test_serve_on_a_taken_port_exits_5_with_a_clear_message(tmp_path):
     # uvicorn's own exit status (3) would read as vero's "denied by policy"
     assert result.returncode == 5, result.stderr
     assert f"error: the sidecar could not listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_intake_closes_when_the_agent_ends_before_the_seal_and_survives_a_restart(tmp_path):
+    """The task's hook in `main` (`POST /intake/close`) ends intake at once: no further evaluation
+    (403) or submission (409), both with code `intake_closed`; a running job goes on and the seal
+    drains it; the close is idempotent, survives a restart, and a candidate host (a caller inside
+    the sidecar's container) cannot close it."""
+    harness = make_harness(tmp_path / "h", backend=StubBackend(block=threading.Event()), drain_timeout_sec=10)
+    with harness.serve() as (_, client):
+        submitted = client.post("/submissions", json={}).json()
+        running = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
+        assert harness.backend.started.acquire(timeout=30)
+        closed = client.post("/intake/close")
+        assert closed.status_code == 200 and closed.json()["reason"] == "agent_ended", closed.text
+        closed_at = closed.json()["closed_at"]
+        assert client.post("/intake/close").json()["closed_at"] == closed_at  # the first close stands
+        late = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]})
+        assert late.status_code == 403 and late.json()["code"] == "intake_closed", late.text
+        late = client.post("/submissions", json={})
+        assert late.status_code == 409 and late.json()["code"] == "intake_closed", late.text
+        assert client.get("/status").json()["entrance_open"] is False
+        assert client.get(f"/evaluations/{running['id']}").json()["state"] == "running"  # not cancelled
+        harness.backend.block.set()
+        sealed = seal(client, harness, tmp_path / "export")
+        assert sealed.status_code == 200 and sealed.json()["n_cancelled"] == 0
+        export = client.get("/admin/export", headers=harness.admin_headers()).json()
+    (job,) = export["jobs"]
+    assert job["state"] == "complete" and job["created_at"] < closed_at
+    assert export["submission"]["submitted_at"] == submitted["submitted_at"] < closed_at
+    with harness.serve() as (_, client):  # a restart keeps intake closed
+        assert client.post("/evaluations", json={"partition": "train"}).json()["code"] == "intake_closed"
+        assert client.post("/intake/close").json()["closed_at"] == closed_at
+
+    fresh = make_harness(tmp_path / "fresh")
+    with fresh.serve(refuse_local_agent_calls=True) as (_, client):
+        assert client.post("/intake/close").status_code == 403  # a caller inside the sidecar
+    with fresh.serve() as (_, client):
+        assert client.get("/status").json()["entrance_open"] is True

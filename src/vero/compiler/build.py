@@ -602,6 +602,9 @@ def _render_files(
             seal_timeout_sec=spec.harbor.drain_timeout_sec + SEAL_MARGIN_SEC,
             build_timeout_sec=spec.harbor.build_timeout_sec,
             healthcheck_command=f"curl -fsS {sidecar_url}/health",
+            # Harbor runs main's hooks right after the agent ends, before it stops main
+            # (`vero.sidecar.intake`): the earliest point vero can close intake.
+            close_intake_command=f"curl -fsS -X POST --max-time 20 {sidecar_url}/intake/close",
             declare_mcp=support.mcp,
         ),
     )

@@ -10,9 +10,11 @@
 | method the path does not serve | 405 | `bad_request` | generic, with `Allow` listing every method of the path |
 | `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
 | `BudgetExhausted` | 402 | `payment_required` | figures only when budget disclosure is on |
+| `EvaluationsClosed` | 403 | `intake_closed` | the agent phase is over |
 | `PolicyDenied` | 403 | `denied` | the policy's message (generic by contract: `vero.core.policy`) |
 | missing or wrong admin token | 401 | `unauthorized` | generic, with `WWW-Authenticate: Bearer` |
 | `UnknownJob`, unknown route | 404 | `not_found` | generic |
+| `SubmissionsClosed` | 409 | `intake_closed` | the agent phase is over |
 | `Conflict` | 409 | `conflict` | the service's own message |
 | `CaseMisconfigured` | 502 | its case problem code (`CASE_PROBLEM_CODES`) | generic per code; `cases` on `full` only |
 | `InfrastructureFailure` | 502 | `infrastructure` | generic (never Harbor's text) |
@@ -40,15 +42,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from vero.errors import (
+    INTAKE_CLOSED,
     BudgetExhausted,
     CandidateRejected,
     CandidateTooLarge,
     CaseMisconfigured,
     Conflict,
+    EvaluationsClosed,
     InfrastructureFailure,
     PolicyDenied,
     RequestInvalid,
     StorageFull,
+    SubmissionsClosed,
     UnknownJob,
     VeroError,
 )
@@ -214,6 +219,10 @@ def render_error(request: Request, exc: BaseException) -> JSONResponse:
             )
         case BudgetExhausted():
             return problem_response(402, _budget_detail(request, exc))
+        case EvaluationsClosed() | SubmissionsClosed():
+            return problem_response(
+                403 if isinstance(exc, EvaluationsClosed) else 409, str(exc)[:500], code=INTAKE_CLOSED
+            )
         case PolicyDenied():
             return problem_response(403, str(exc)[:500] or "denied by the evaluation policy")
         case UnknownJob():

@@ -23,6 +23,7 @@ __all__ = [
     "EvaluationPage",
     "EvaluationRequest",
     "HealthResponse",
+    "IntakeView",
     "JobView",
     "LadderView",
     "PartitionStatus",
@@ -271,7 +272,8 @@ class Problem(_Wire):
         "recorded), internal (also unauthorized and too_large on the admin surface and for oversized "
         "bodies; candidate_too_large for a version over the spec's size limits, whose detail names the "
         "limit); with status 502 also a case problem: case_invalid, missing_variables, setup_rejected, "
-        "reward_key_missing, install_failed (a case is broken, not the candidate; nothing was charged)."
+        "reward_key_missing, install_failed (a case is broken, not the candidate; nothing was charged); "
+        "intake_closed (403 for an evaluation, 409 for a submission: the agent phase is over)."
     )
     cases: list[str] | None = Field(
         default=None,
@@ -322,6 +324,17 @@ class SealRequest(_Wire):
         description="Absolute, normalized directory in the sidecar container receiving `session.tar.gz` and its "
         "`.sha256` (created if missing); at most 4095 bytes, components at most 255 bytes, no control "
         "characters, not inside the sidecar's own directories (state, work, context, cases, agent repository).",
+    )
+
+
+class IntakeView(_Wire):
+    """`POST /intake/close`: the agent phase is over; the sidecar takes no further evaluation or
+    submission."""
+
+    closed_at: datetime = Field(description="When intake closed (every admitted job and the submission predate it).")
+    reason: Literal["agent_ended", "sealed"] = Field(
+        description="`agent_ended`: the task's hook in `main` said the agent phase is over; "
+        "`sealed`: the seal closed it."
     )
 
 

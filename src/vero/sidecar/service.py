@@ -67,13 +67,14 @@ from vero.errors import (
     CASE_PROBLEM_CODES,
     CaseMisconfigured,
     Conflict,
+    EvaluationsClosed,
     GitFailed,
     InfrastructureFailure,
     LedgerCorrupt,
-    PolicyDenied,
     RequestInvalid,
     SpecError,
     StorageFull,
+    SubmissionsClosed,
     UnknownJob,
 )
 from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
@@ -81,6 +82,7 @@ from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
 from vero.sidecar.gate import PartitionGate
+from vero.sidecar.intake import INTAKE_FILE, IntakeState
 from vero.sidecar.models import (
     AttemptView,
     BudgetView,
@@ -88,6 +90,7 @@ from vero.sidecar.models import (
     DisclosedResult,
     EvaluationPage,
     EvaluationRequest,
+    IntakeView,
     JobView,
     LadderView,
     PartitionStatus,
@@ -112,6 +115,8 @@ DEFAULT_WORK_DIR = Path("/var/tmp/vero-work")
 """Runner-writable scratch space (checkouts, nested Harbor job dirs), outside the state dir."""
 
 _INFRA_ERROR = "infrastructure"
+
+_INTAKE_CLOSED_TEXT = "intake_closed: the agent phase is over"
 
 RECENT_JOBS_IN_STATUS = 10
 """How many of the newest jobs `GET /status` lists at most (older ones: `GET /evaluations`)."""
@@ -293,6 +298,8 @@ class SidecarService:
         self.admin_token: str | None = None
         self.submission: Submission | None = None
         self.sealed_at: datetime | None = None
+        self.intake: IntakeState | None = None
+        """Set once the agent phase is over (`close_intake`, or the seal): nothing more is taken."""
         self.entrance_open = True
 
         self.session_id: str | None = None
@@ -372,7 +379,9 @@ class SidecarService:
         if self.config.inference is not None:
             await self._start_gateway()
         _logger.info(
-            "sidecar %s started (entrance %s)", self.config.name, "open" if self.entrance_open else "closed: sealed"
+            "sidecar %s started (intake %s)",
+            self.config.name,
+            "open" if self.entrance_open else "closed: " + ("sealed" if self.sealed_at else "the agent phase is over"),
         )
 
     def _open_state(self) -> None:
@@ -414,6 +423,14 @@ class SidecarService:
             raise LedgerCorrupt("the seal record is unreadable") from None
         if seal is not None:
             self.sealed_at = seal.sealed_at
+            self.entrance_open = False
+        try:
+            self.intake = IntakeState.model_validate_json((self.state_dir / INTAKE_FILE).read_bytes())
+        except FileNotFoundError:
+            self.intake = None
+        except (OSError, ValidationError):
+            raise LedgerCorrupt("the intake record is unreadable") from None
+        if self.intake is not None:
             self.entrance_open = False
         self.context_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.context_dir, 0o755)  # the agent user in `main` reads it
@@ -816,7 +833,7 @@ class SidecarService:
 
     def _check_entrance(self) -> None:
         if not self.entrance_open:
-            raise PolicyDenied("the evaluation entrance is closed: the session is sealed")
+            raise EvaluationsClosed(_INTAKE_CLOSED_TEXT + ": no further evaluation")
 
     async def start_evaluation(self, principal: str, request: EvaluationRequest) -> JobView:
         """Admit an evaluation and start it detached.
@@ -825,7 +842,8 @@ class SidecarService:
         (one transaction). Nothing is charged unless every earlier step passed.
 
         Raises:
-            PolicyDenied: entrance closed; unknown, hidden or non-accessible partition; bad case
+            EvaluationsClosed: intake is closed (the agent phase is over, or the session is sealed).
+            PolicyDenied: unknown, hidden or non-accessible partition; bad case
                 or block selection; an `aggregate` selection that is not a union of whole blocks.
             CaseMisconfigured: the selection holds a quarantined case (a case an earlier evaluation
                 found broken whatever the candidate): refused before anything is charged or run.
@@ -1142,18 +1160,19 @@ class SidecarService:
             The submission and whether it changed (False when the same candidate was already submitted).
 
         Raises:
-            Conflict: submissions are disabled (`auto_best`) or the session is sealed / sealing.
+            Conflict: submissions are disabled (`auto_best`).
+            SubmissionsClosed: intake is closed (the agent phase is over, or the session is sealed).
             CandidateRejected: the version cannot be imported.
         """
         if not self.config.submit_enabled:
             raise Conflict("submissions are disabled for this task: the verifier selects the best evaluated candidate")
         if not self.entrance_open:
-            raise Conflict("the session is sealed: submissions are closed")
+            raise SubmissionsClosed(_INTAKE_CLOSED_TEXT + ": no further submission")
         assert self._submit_lock is not None
         async with self._submit_lock:
             record = await self.candidates.import_version(self.agent_repo, version)
             if not self.entrance_open:
-                raise Conflict("the session is sealed: submissions are closed")
+                raise SubmissionsClosed(_INTAKE_CLOSED_TEXT + ": no further submission")
             if self.submission is not None and self.submission.candidate == record.id:
                 return self._submission_view(self.submission), False
             submission = Submission(candidate=record.id, version=version, submitted_at=_now())
@@ -1161,6 +1180,37 @@ class SidecarService:
             self.submission = submission
             _logger.info("submission recorded: candidate %s", record.id)
             return self._submission_view(submission), True
+
+    # -- intake ----------------------------------------------------------------------------------
+
+    async def close_intake(self, reason: Literal["agent_ended", "sealed"]) -> IntakeView:
+        """The agent phase is over: take no further evaluation or submission (`vero.sidecar.intake`).
+
+        Closes the entrance at once, waits for admissions and a submission already past their
+        last check (so every job and the submission predate `closed_at`), then records the close
+        durably. Idempotent: a later call answers the first close. Running jobs go on (the seal
+        drains them).
+
+        Raises:
+            StorageFull: the record could not be written (the entrance stays closed; a retry writes it).
+        """
+        assert self._admissions_idle is not None and self._submit_lock is not None
+        if self.intake is None:
+            self.entrance_open = False
+            await self._admissions_idle.wait()
+            async with self._submit_lock:
+                pass
+            if self.intake is None:  # a concurrent call may have recorded it meanwhile
+                closed = IntakeState(closed_at=_now(), reason=reason)
+                try:
+                    await asyncio.to_thread(atomic_write_model, self.state_dir / INTAKE_FILE, closed)
+                except OSError as exc:
+                    if is_out_of_space(exc):
+                        raise StorageFull("the intake record could not be written: a file system is full") from None
+                    raise
+                self.intake = closed
+                _logger.info("intake closed (%s): no further evaluation or submission", reason)
+        return IntakeView(closed_at=self.intake.closed_at, reason=self.intake.reason)
 
     # -- admin -----------------------------------------------------------------------------------
 
@@ -1184,8 +1234,7 @@ class SidecarService:
         async with self._seal_lock:
             n_cancelled = 0
             if self.sealed_at is None:
-                self.entrance_open = False
-                await self._admissions_idle.wait()
+                await self.close_intake("sealed")
                 pending = [task for task in self._tasks.values() if not task.done()]
                 if pending:
                     _logger.info(
