@@ -221,3 +221,33 @@ def test_agent_candidates_of_two_partitions_never_run_at_once(tmp_path, kind):
         assert all(len(set(alive)) == 1 for alive in backend.overlaps), backend.overlaps
     else:
         assert sorted(first) == ["other", "train", "train"]
+
+
+def test_a_held_none_job_cancelled_by_the_seal_keeps_its_measurement(tmp_path):
+    """The seal's drain ends before the job is shown finished: it was measured, so it is recorded
+    complete and stays charged, never cancelled and refunded (a free run)."""
+    backend = TimedBackend()
+    harness = make_harness(
+        tmp_path / "h",
+        backend=backend,
+        access={
+            "blind": PartitionAccess(
+                disclosure="none", min_aggregate_cases=1, total_runs=3, total_cases=3, timing_quantum_sec=120.0
+            )
+        },
+        partitions={"blind": ["b1"]},
+        harbor=HarborSpec(drain_timeout_sec=1.0, infra_retries=0, evaluation_timeout_sec=600),
+    )
+    with harness.serve() as (_, client):
+        job = client.post("/evaluations", json={"partition": "blind"}).json()
+        time.sleep(1.0)  # measured (the stand-in answers at once), held for 120 s
+        assert client.get(f"/evaluations/{job['id']}").json()["state"] == "running"
+        sealed = client.post(
+            "/admin/seal", json={"output_dir": str(tmp_path / "export")}, headers=harness.admin_headers()
+        )
+        assert sealed.status_code == 200 and sealed.json()["n_cancelled"] == 1, sealed.text
+        export = client.get("/admin/export", headers=harness.admin_headers()).json()
+    (record,) = export["jobs"]
+    assert record["state"] == "complete" and len(record["result"]["cases"]) == 1, record
+    (balance,) = export["balances"]
+    assert (balance["settled_runs"], balance["reserved_runs"]) == (1, 0)

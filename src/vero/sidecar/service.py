@@ -1009,8 +1009,11 @@ class SidecarService:
                 unsettled = None
             elif measured is not None and state_now not in TERMINAL_STATES:
                 # Measured (a `none` job held until its time): the measurement stands, charged.
-                await finish_uncancellable(self._complete(self.jobs.get(job_id), measured))
-                unsettled = None
+                try:
+                    await finish_uncancellable(self._complete(self.jobs.get(job_id), measured))
+                    unsettled = None
+                except Conflict:
+                    _logger.info("job %s had already been ended by the stop", job_id)
             elif state_now not in TERMINAL_STATES:
                 state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
                 await give_back_inference()
