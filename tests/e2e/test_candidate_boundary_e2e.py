@@ -15,7 +15,13 @@ the real code: candidate hosts as throw-away uids, the environment proxy, the ga
    forged result and reward files never exist, its claims are not taken, the exception it names
    like an infrastructure failure is charged, its daemon is dead, the gateway refuses the off-list
    model and stops it at the budget; it scores 0.
-3. The provider key is in no response, file, log, archive or artifact.
+3. Nothing crosses between evaluations, tiers or tokens (`agents/crossing_candidate.py`): what a
+   candidate evaluated on a `none` partition leaves in `/tmp`, `/var/tmp`, `/dev/shm`, a
+   world-writable dir or SysV shared memory is gone before a candidate on a `full` partition runs,
+   which finds nothing and shows the agent nothing; two evaluations running at once cannot use each
+   other's gateway tokens (401, counted on the evaluation that tried); and candidates that sleep
+   1 s and 20 s on the `none` partition look the same to the agent in every answer.
+4. The provider key is in no response, file, log, archive or artifact.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import logging
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -55,10 +64,15 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "tasks" / "llm-puzzle-agent"
 PUZZLE = REPO / "tasks" / "puzzle-agent"
 HOSTILE = Path(__file__).resolve().parent / "agents" / "hostile_candidate.py"
+CROSSING = Path(__file__).resolve().parent / "agents" / "crossing_candidate.py"
 KEY = "sk-provider-key-that-must-never-leak-4242"
 SECRET_NAME = "VERO_TEST_PROVIDER_KEY"
 TRAIN = ["count-lines-1", "reverse-string-1"]
 HIDDEN = ["sort-words-1", "find-file-1"]
+SECRET = ["sum-numbers-1"]  # a `none` partition: its instruction and data must reach nobody
+POOL = ["count-lines-2", "decode-base64-1"]  # a `full` partition the crossing candidates try to reach
+SECRET_TEXT = "Compute their sum"  # from the secret case's instruction
+QUANTUM_SEC = 150.0  # the `none` partition's timing quantum: longer than any of its evaluations here
 IMPORT_PATH = "llm_puzzle_agent.agent:LlmPuzzleAgent"
 PRICE_IN, PRICE_OUT = 1e-6, 2e-6
 
@@ -151,16 +165,22 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             baseline_files=baseline,
             runtime=runtime,
             harbor=harbor,
-            partitions={"train": TRAIN},
+            partitions={"train": TRAIN, "secret": SECRET, "pool": POOL},
             access={
                 "train": PartitionAccess(
                     disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.0005
-                )
+                ),
+                "secret": PartitionAccess(
+                    disclosure="none", total_runs=5, total_cases=5, timing_quantum_sec=QUANTUM_SEC
+                ),
+                "pool": PartitionAccess(
+                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.002
+                ),
             },
             secrets=[SECRET_NAME],
             inference=inference,
         )
-        copy_cases(TRAIN, harness.cases_dir)
+        copy_cases(TRAIN + SECRET + POOL, harness.cases_dir)
         subprocess.run(["git", "apply", str(EXAMPLE / "reference.patch")], cwd=harness.agent_repo, check=True)
         git(harness.agent_repo, "commit", "-qam", "reference: take the command out of the fenced block")
         reference = git(harness.agent_repo, "rev-parse", "HEAD").strip()
@@ -170,7 +190,24 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         )
         hostile = commit_file(harness.agent_repo, "llm_puzzle_agent/agent.py", hostile_source, "hostile")
 
-        with harness.serve(run_as=None) as (_, client):
+        public = Path(tempfile.mkdtemp(prefix="vero-e2e-public-", dir="/tmp"))
+        public.chmod(0o1777)  # a world-writable dir of the machine, as an image may have
+
+        def crossing(mode: str, sleep_sec: float = 0.0) -> str:
+            source = (
+                CROSSING.read_text().replace("{mode}", mode).replace("{public}", str(public))
+                + "\n\nLlmPuzzleAgent = CrossingCandidate\n"
+            ).replace("{sleep_sec}", str(sleep_sec))
+            return commit_file(harness.agent_repo, "llm_puzzle_agent/agent.py", source, f"crossing: {mode} {sleep_sec}")
+
+        crossers = {
+            "leak": crossing("leak"),
+            "quick": crossing("sleep", 1),
+            "slow": crossing("sleep", 20),
+            "read": crossing("read"),
+            "steal": crossing("steal"),
+        }
+        with harness.serve(run_as=None, max_concurrent_evaluations=3) as (_, client):
             # 1. The well-behaved candidate through the gateway (first: the hostile one drains the budget).
             good = client.post("/evaluations", json={"partition": "train", "version": reference})
             assert good.status_code == 202, good.text
@@ -195,18 +232,21 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             budget = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")["budget"]
             assert budget["total_inference_usd"] == pytest.approx(0.0005)
             assert 0 <= budget["remaining_inference_usd"] < 0.0001, budget
+            crossed = _cross(client, harness, crossers)
             views = client.get("/status").text + json.dumps([good, bad])
             client.post("/submissions", json={"version": hostile}).raise_for_status()
             sealed = client.post(
                 "/admin/seal", json={"output_dir": str(root / "export")}, headers=harness.admin_headers()
             )
             assert sealed.status_code == 200, sealed.text
+        _check_crossings(harness, crossed, caplog)
+        shutil.rmtree(public, ignore_errors=True)
         job_dir = harness.work_dir / "jobs" / bad["id"]
         for report in attack_reports(job_dir):
             assert_attacks_failed(report, expect_budget_stop=True)
         assert_trials_honest(job_dir)
 
-        # 3. The verifier scores the (hostile) submission on the hidden cases, with its own gateway.
+        # The verifier scores the (hostile) submission on the hidden cases, with its own gateway.
         config = VerifierConfig(
             name=harness.config.name,
             spec_digest=harness.config.spec_digest,
@@ -256,7 +296,7 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         report = (root / "verifier" / "artifacts" / "experiment.html").read_text()
         assert 'id="inference"' in report and measurement.evaluation_id in report
 
-    # The provider key reached the provider and nothing else.
+    # The provider key reached the provider and nothing else (4).
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in fake.requests)
     assert KEY not in views and KEY not in caplog.text
     assert (root / "export" / "session.tar.gz").is_file()
@@ -268,3 +308,123 @@ def _uid(proc: Path) -> int:
         return proc.stat().st_uid
     except OSError:
         return -1
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _cross(client, harness, versions: dict[str, str]) -> dict:
+    """3. The crossing candidates: the `none` partition's three at once (the leak and the two
+    sleepers), long-polled as the agent would; then, behind them (another partition), the reader
+    and two thieves at once on the `full` partition. Returns every answer the agent got."""
+    jobs = {}
+    for name in ("leak", "quick", "slow"):
+        answer = client.post("/evaluations", json={"partition": "secret", "version": versions[name]})
+        assert answer.status_code == 202, answer.text
+        jobs[name] = answer.json()
+    polls: dict[str, tuple[float, dict]] = {}
+
+    def long_poll(name: str) -> None:
+        while True:
+            body = client.get(f"/evaluations/{jobs[name]['id']}", params={"wait_sec": 60}).json()
+            if body.get("state") != "running":
+                polls[name] = (time.time(), body)
+                return
+
+    pollers = [threading.Thread(target=long_poll, args=(name,)) for name in ("quick", "slow")]
+    for poller in pollers:
+        poller.start()
+    for name in ("read", "steal", "steal2"):
+        answer = client.post("/evaluations", json={"partition": "pool", "version": versions[name.rstrip("2")]})
+        assert answer.status_code == 202, answer.text
+        jobs[name] = answer.json()
+    time.sleep(QUANTUM_SEC / 2)  # the sleepers' runs are usually over by now; neither is shown so
+    middle = {name: client.get(f"/evaluations/{jobs[name]['id']}").json() for name in ("quick", "slow")}
+    middle_status = client.get("/status").json()
+    for poller in pollers:
+        poller.join(timeout=QUANTUM_SEC + 120)
+    done = {
+        name: wait_for_state(client, job["id"], {"complete", "failed"}, timeout_sec=1200) for name, job in jobs.items()
+    }
+    listed = client.get("/evaluations", params={"partition": "secret"}).json()["jobs"]
+    export = {j["id"]: j for j in client.get("/admin/export", headers=harness.admin_headers()).json()["jobs"]}
+    return {
+        "jobs": jobs,
+        "polls": polls,
+        "middle": middle,
+        "middle_status": middle_status,
+        "done": done,
+        "listed": listed,
+        "export": export,
+    }
+
+
+_ADMITTED_ONLY = {"id", "version", "candidate", "created_at", "finished_at"}
+
+
+def _admitted(view: dict) -> dict:
+    return {k: v for k, v in view.items() if k not in _ADMITTED_ONLY}
+
+
+def _check_crossings(harness, crossed: dict, caplog: pytest.LogCaptureFixture) -> None:
+    jobs, done, export = crossed["jobs"], crossed["done"], crossed["export"]
+    assert {name: view["state"] for name, view in done.items()} == dict.fromkeys(done, "complete"), done
+    # The `none` partition's candidates ran as they chose (the trusted records keep the real times)...
+    seconds = {
+        name: _ts(export[jobs[name]["id"]]["result"]["finished_at"])
+        - _ts(export[jobs[name]["id"]]["result"]["started_at"])
+        for name in ("quick", "slow")
+    }
+    assert seconds["slow"] - seconds["quick"] >= 15 and seconds["slow"] < QUANTUM_SEC, seconds
+    # ... and looked the same to the agent in every answer: while held, when done, in the long
+    # poll (never answered before the time shown), in the list and in /status.
+    for step in (
+        [jobs["quick"], jobs["slow"]],
+        [crossed["middle"]["quick"], crossed["middle"]["slow"]],
+        [done["quick"], done["slow"]],
+        [crossed["polls"]["quick"][1], crossed["polls"]["slow"][1]],
+    ):
+        assert _admitted(step[0]) == _admitted(step[1]), step
+    assert crossed["middle"]["quick"]["state"] == "running"
+    for name in ("leak", "quick", "slow"):
+        view = done[name]
+        assert _ts(view["finished_at"]) - _ts(view["created_at"]) == pytest.approx(QUANTUM_SEC, abs=1e-6), view
+        assert view["result"]["disclosure"] == "none" and view["result"]["score"] is None
+    for name in ("quick", "slow"):
+        returned_at, body = crossed["polls"][name]
+        assert returned_at >= _ts(body["finished_at"]), (name, returned_at, body)
+    listed = {view["id"]: view for view in crossed["listed"]}
+    assert _admitted(listed[jobs["quick"]["id"]]) == _admitted(listed[jobs["slow"]["id"]])
+    held = {view["id"]: view for view in crossed["middle_status"]["jobs"]}
+    assert _admitted(held[jobs["quick"]["id"]]) == _admitted(held[jobs["slow"]["id"]])
+    assert crossed["middle_status"]["job_counts"]["secret"] == {"running": 3}
+    # The reader and the thieves ran only after the `none` partition's candidates were gone.
+    assert min(_ts(export[jobs[n]["id"]]["started_at"]) for n in ("read", "steal", "steal2")) >= max(
+        _ts(done[n]["finished_at"]) for n in ("leak", "quick", "slow")
+    )
+
+    jobs_dir = harness.work_dir / "jobs"
+
+    def reports(name: str) -> list[dict]:
+        found = [json.loads(p.read_text()) for p in (jobs_dir / jobs[name]["id"]).glob("*/agent/candidate/report.json")]
+        assert found, f"no report of the {name} candidate"
+        return found
+
+    # The leak happened: it wrote everywhere it could...
+    (left,) = reports("leak")
+    assert left["left"]["/tmp"] == "written" and int(left["left"]["shm"]) >= 0, left
+    assert all(value == "written" for key, value in left["left"].items() if key != "shm"), left
+    # ... and the full partition's candidate found none of it, so the agent saw none of it.
+    for report in reports("read"):
+        assert report["found"] == {}, report
+    leaked = [p for p in harness.context_dir.rglob("*") if p.is_file() and SECRET_TEXT.encode() in p.read_bytes()]
+    assert leaked == [] and files_containing(harness.context_dir, b"VERO-LEAK") == []
+    assert (harness.context_dir / jobs["read"]["id"]).is_dir()  # its artifacts were disclosed
+    # Tokens: each thief's own token worked, the other evaluation's did not (401), before and after.
+    for name in ("steal", "steal2"):
+        for report in reports(name):
+            assert report["steal"] == {"own": 200, "found_foreign": True, "foreign": 401, "own_after": 200}, report
+        usage = done[name]["result"]["inference"]
+        assert usage["refused_calls"].get("foreign_token", 0) >= 1, usage  # counted on the one that tried
+    assert "its gateway token was used by local uid" in caplog.text
