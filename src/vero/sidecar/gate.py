@@ -37,10 +37,14 @@ class PartitionGate:
         """The partition whose jobs hold the gate, None when it is free."""
         return self._partition
 
+    def would_wait(self, partition: str) -> bool:
+        """Whether `enter(partition)` would wait now."""
+        return bool(self._waiting) or (self._inside > 0 and self._partition != partition)
+
     @contextlib.asynccontextmanager
     async def enter(self, partition: str) -> AsyncIterator[None]:
         """Hold the gate for `partition` for the duration of the block (waiting for it first)."""
-        if not self._waiting and (self._inside == 0 or self._partition == partition):
+        if not self.would_wait(partition):
             self._admit(partition)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -933,12 +933,13 @@ class SidecarService:
 
         shown_at: datetime | None = None  # `none` tier: when the job is shown finished
         measured: EvaluationResult | None = None
+        turn_at: datetime | None = None  # when it got its gate and slot (its creation if it did not wait)
 
         async def hold_until_shown(admitted: EvaluationJob) -> None:
             # On a `none` partition the job stays `running`, in its slot and its gate, until a time
             # that does not depend on what the candidate did (`_shown_finish`).
             nonlocal shown_at
-            shown_at = self._shown_finish(admitted)
+            shown_at = self._shown_finish(admitted, turn_at or admitted.created_at)
             if shown_at is not None:
                 await asyncio.sleep(max(0.0, (shown_at - _now()).total_seconds()))
 
@@ -946,8 +947,12 @@ class SidecarService:
             assert self._slots is not None and self._gate is not None
             admitted = self.jobs.get(job_id)
             exclusive = self.config.runtime.kind == "agent"  # candidate hosts share this container
+            # Whether it will wait for its turn (nothing can change before the acquisitions below
+            # run: neither waits when it need not, so no other task runs in between).
+            waits = (exclusive and self._gate.would_wait(admitted.partition)) or self._slots.empty()
             async with self._gate.enter(admitted.partition) if exclusive else contextlib.nullcontext():
                 slot = await self._slots.get()
+                turn_at = _now() if waits else admitted.created_at
                 try:
                     try:
                         job = await self.jobs.update(job_id, state="running", started_at=_now())
@@ -1049,18 +1054,24 @@ class SidecarService:
         access = self.config.agent_access.get(partition)
         return None if access is None else timing_quantum_sec(access, self.config.harbor)
 
-    def _shown_finish(self, job: EvaluationJob) -> datetime | None:
-        """When a job of a `none` partition is shown finished: `created_at + k * quantum` for the
-        least k >= 1 not before now (a run longer than a quantum shows at the next multiple); None
-        on other tiers (shown when it ends)."""
+    def _shown_finish(self, job: EvaluationJob, turn_at: datetime) -> datetime | None:
+        """When a job of a `none` partition is shown finished: `turn_at + k * quantum` for the least
+        k >= 1 not before now (a run longer than a quantum shows at the next multiple); None on
+        other tiers (shown when it ends).
+
+        `turn_at` is its admission (`created_at`) when it got a slot (and, for `kind: agent`, its
+        partition's gate) at once, else the moment it got them: a time the agent sees anyway (the
+        end of the job it waited for), so that how long the run took never combines with how long
+        the job waited (k would otherwise tell whether the run took longer than a threshold the
+        agent chose by timing its request)."""
         if self.policy.disclosure_for(job.disclosure, job.principal, job.partition) != "none":
             return None
         quantum = self.timing_quantum_sec(job.partition)
         if quantum is None:
             return None
-        elapsed = (_now() - job.created_at).total_seconds()
+        elapsed = (_now() - turn_at).total_seconds()
         k = max(1, math.ceil(elapsed / quantum))
-        return job.created_at + timedelta(seconds=k * quantum)
+        return turn_at + timedelta(seconds=k * quantum)
 
     def _grant_inference(self, job: EvaluationJob) -> str | None:
         if self.gateway is None or self.config.inference is None:

@@ -216,7 +216,8 @@ class PartitionAccess(_Model):
     """`aggregate` only: disclose scores under the Ladder rule (`LadderSpec`) instead of every score."""
     timing_quantum_sec: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """`none` only: a job of this partition is shown finished (state, `finished_at`, its slot
-    freed) only at `created_at` + k x this quantum, the least k >= 1 not before it ends, so its
+    freed) only at its admission (or its turn, if it waited for a slot) + k x this quantum, the
+    least k >= 1 not before it ends, so its
     timing tells the agent nothing finer about what the candidate did. Default: the evaluation's
     wall clock (`harbor.evaluation_timeout_sec`) plus 300 s, which every evaluation fits."""
     total_runs: int = Field(ge=0)
