@@ -284,7 +284,8 @@ class Bench:
     # direct ---------------------------------------------------------------------------------
 
     def direct(self, round_: int) -> Run:
-        from vero.harbor import NestedRun, build_command, collate_job
+        from vero.core.run import NestedRun
+        from vero.harbor import build_command, collate_job
         from vero.harbor.command import declared_agent_timeouts, find_harbor_executable, plan_agent_timeout
 
         run = NestedRun(

@@ -322,7 +322,7 @@ def _nested_run(
     candidate_env: Mapping[str, str],
     case_network: str | None = None,
 ):
-    from vero.harbor.backend import NestedRun
+    from vero.core.run import NestedRun
 
     return NestedRun(
         evaluation_id=evaluation_id,

@@ -335,7 +335,7 @@ class SidecarUnavailable(VeroError):
 
 
 class GitFailed(VeroError):
-    """A git command vero ran failed or could not start (`vero.core._git.IsolatedGit` maps
+    """A git command vero ran failed or could not start (`vero.core.isolated_git.IsolatedGit` maps
     GitPython's `CommandError`s to this at its one boundary).
 
     Attributes:

@@ -1,4 +1,4 @@
-"""`vero.core._git`: the one boundary where git's failures become vero's."""
+"""`vero.core.isolated_git`: the one boundary where git's failures become vero's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import git
 import pytest
 
-from vero.core._git import IsolatedGit, commit_trees, private_git_env
+from vero.core.isolated_git import IsolatedGit, commit_trees, private_git_env
 from vero.errors import GitFailed, VeroError
 
 

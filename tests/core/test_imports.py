@@ -4,7 +4,9 @@
   imported by a core module (at any depth of its body) nor pulled in when a core module loads;
 - only `vero.harbor` (vero's adapter to Harbor) and the compiler's task check import Harbor;
 - every third-party package `src/vero` imports is declared in `pyproject.toml`, not only pulled in by another;
-- no module of `src/vero` takes part in an import cycle when it loads.
+- no module of `src/vero` takes part in an import cycle when it loads;
+- no package imports another package's private (`_`-prefixed) module: what a package offers the
+  others is in its public modules (`vero.core.isolated_git`, not a `vero.core._git`).
 """
 
 from __future__ import annotations
@@ -150,6 +152,31 @@ def test_only_the_harbor_adapter_and_the_task_check_import_harbor():
         if _top(target) == "harbor"
     ]
     assert found == []
+
+
+def _private_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`module imports target` for each private module `target` (a `_`-prefixed part, not a dunder)
+    imported from outside the package that holds it."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            parts = target.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])
+                    if module != owner and not module.startswith(owner + "."):
+                        found.append(f"{module} imports {target}")
+                    break
+    return found
+
+
+def test_no_package_imports_another_packages_private_module():
+    graph = {m: {t for t, _ in _imports(m, import_time_only=False) if t in MODULES} for m in MODULES}
+    # The check itself finds a private import across packages, and allows one inside its package.
+    planted = {"vero.compiler.x": {"vero.core._hidden"}, "vero.core.y": {"vero.core._hidden"}}
+    assert _private_imports(planted) == ["vero.compiler.x imports vero.core._hidden"]
+    assert _private_imports({"vero.verifier": {"vero.verifier._verify"}, "vero.cli": {"vero._entry"}}) == []
+    assert _private_imports(graph) == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -18,8 +18,9 @@ from failure_cases import COMPOSE_KEY, UNSET_KEY, docker_egress_supported, write
 
 from vero.commands.exit_codes import PROBLEM_EXIT_CODES, exit_code_for
 from vero.core.diagnostics import RunDiagnostics
+from vero.core.run import NestedRun
 from vero.errors import CaseMisconfigured, InfrastructureFailure
-from vero.harbor import HarborBackend, NestedRun
+from vero.harbor import HarborBackend
 from vero.harbor import runner as runner_module
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 

@@ -10,7 +10,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from vero.harbor import NestedRun, RunAs
+from vero.core.run import NestedRun, RunAs
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
 
 BASE_IMAGE = "python:3.13-slim"

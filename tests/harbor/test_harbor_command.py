@@ -10,8 +10,8 @@ import pytest
 import yaml
 from harbor_cases import make_run, reward_script, write_case
 
+from vero.core.run import RunAs
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import RunAs
 from vero.harbor.command import (
     CANDIDATE_AGENT_IMPORT_PATH,
     FORCED_ENV,

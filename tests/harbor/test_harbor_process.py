@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vero.harbor.backend import RunAs
+from vero.core.run import RunAs
 from vero.harbor.process import finish_uncancellable, run_process_group
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -32,8 +32,8 @@ import uvicorn
 from vero.core.baseline import commit_baseline
 from vero.core.diagnostics import CaseProblem, RoundLog, RunDiagnostics
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.core.run import NestedRun
 from vero.errors import CaseMisconfigured, InfrastructureFailure
-from vero.harbor.backend import NestedRun
 from vero.spec.compiled import SidecarConfig
 from vero.spec.models import (
     CandidateLimits,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from inference.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
 
-from vero.harbor.backend import NestedRun
+from vero.core.run import NestedRun
 from vero.inference.pricing import to_micro_usd
 from vero.spec.models import InferenceSpec, PartitionAccess
 

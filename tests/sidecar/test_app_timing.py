@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from vero.harbor.backend import NestedRun
+from vero.core.run import NestedRun
 from vero.spec.models import CandidateRuntime, HarborSpec, PartitionAccess
 
 from ._server import StubBackend, commit_file, make_harness, wait_for_state

@@ -149,8 +149,8 @@ def test_sigterm_stops_the_verification_and_kills_its_nested_runs_at_once(tmp_pa
     import time
 
     from vero.commands.verify import _until_terminated
+    from vero.core.run import NestedRun
     from vero.harbor import HarborBackend
-    from vero.harbor.backend import NestedRun
     from vero.harbor.leftovers import new_session_id
     from vero.spec.models import CandidateRuntime, ScoringSpec
 

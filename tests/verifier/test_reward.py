@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from verifier_bench import TableBackend, Workbench
 
+from vero.core.run import RunAs
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import RunAs
 from vero.harbor.process import runner_identity
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import hand_over, resolve_run_as, secret_env

@@ -33,11 +33,11 @@ from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+from vero.core.run import EvaluationBackend, NestedRun
 from vero.core.session import Submission, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import EvaluationBackend, NestedRun
 from vero.spec.compiled import AGENT_PRINCIPAL, VerifierConfig
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec, SelectionSpec, TargetPartition
 from vero.verifier import Finalization, verify

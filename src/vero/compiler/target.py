@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from vero.core._git import IsolatedGit, network_config, network_env, private_git_env
 from vero.core.archive import file_digest, symlink_escapes
 from vero.core.candidates import RESERVED_PATHS
+from vero.core.isolated_git import IsolatedGit, network_config, network_env, private_git_env
 from vero.errors import GitFailed, SpecError
 from vero.spec.compiled import digest_json
 
@@ -59,7 +59,7 @@ class BaselineExport:
 
 
 def run_git(repo: Path, *args: str, network: bool = False, timeout_sec: float | None = None) -> tuple[int, bytes]:
-    """Run one git command of the compiler in `repo` with vero's hardened git (`vero.core._git`).
+    """Run one git command of the compiler in `repo` with vero's hardened git (`vero.core.isolated_git`).
 
     The environment is exact (no user or system config, no inherited `GIT_*` variable: those
     could point a command at another repository or change what `git archive` writes), hooks and

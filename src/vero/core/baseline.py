@@ -11,7 +11,7 @@ the author and committer lines and the message; the tree id depends only on name
 modes git records (100644, 100755, 120000) and contents. Mtimes, owners, group/other permission
 bits and the umask never enter it. What could still vary from machine to machine is the
 configuration git reads, so none is read: no system or user config, no system attributes
-(`vero.core._git`), and `core.autocrlf=false`. A `.gitattributes` among the files does apply, but
+(`vero.core.isolated_git`), and `core.autocrlf=false`. A `.gitattributes` among the files does apply, but
 it is part of the files, so the same files still give the same id.
 
 The same commit from a shell (what a Dockerfile can run; `BASELINE_GIT_ENV` exported, no user or
@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vero.core._git import IsolatedGit, private_git_env
 from vero.core.candidates import RESERVED_PATHS
+from vero.core.isolated_git import IsolatedGit, private_git_env
 
 __all__ = ["BASELINE_GIT_ENV", "BASELINE_MESSAGE", "commit_baseline"]
 

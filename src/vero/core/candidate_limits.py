@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vero.core._git import IsolatedGit, private_git_env
+from vero.core.isolated_git import IsolatedGit, private_git_env
 from vero.errors import CandidateRejected, CandidateTooLarge
 from vero.spec.models import CandidateLimits
 
@@ -54,7 +54,7 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits, base: tuple[str,
     """Measure `tree` and check it against `limits`.
 
     Args:
-        git: a `git.Git` (or `vero.core._git.IsolatedGit`) bound to the repository holding `tree`
+        git: a `git.Git` (or `vero.core.isolated_git.IsolatedGit`) bound to the repository holding `tree`
             (and `base`'s tree).
         tree: the tree's object id (40 hex).
         limits: the limits to enforce.

@@ -7,7 +7,7 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
 1. validate the version string before git sees it (`_check_version`);
 2. resolve it in the agent's repository to a commit id: `rev-parse --verify --end-of-options
    <version>^{commit}` with an explicit `--git-dir` (no discovery), an isolated environment and
-   `-c` options that override the repository's own config (`vero.core._git`);
+   `-c` options that override the repository's own config (`vero.core.isolated_git`);
 3. fetch exactly that object id into the store under a unique temporary ref `refs/vero/tmp/<uuid>`
    (`git fetch --no-tags --no-write-fetch-head --no-recurse-submodules`, offering as common history
    only the candidates among its nearest ancestors, `--negotiation-tip`); a local fetch runs
@@ -62,10 +62,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vero.core._git import IsolatedGit, minimal_env, write_global_config
-from vero.core._offloop import run_to_completion
 from vero.core.archive import symlink_escapes
 from vero.core.candidate_limits import TreeSize, measure_tree
+from vero.core.isolated_git import IsolatedGit, minimal_env, write_global_config
+from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
 from vero.errors import CandidateRejected, GitFailed, StorageFull

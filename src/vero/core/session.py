@@ -28,7 +28,6 @@ from typing import Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from vero.core._git import IsolatedGit, private_git_env
 from vero.core.archive import (
     ArchiveError,
     file_digest,
@@ -38,6 +37,7 @@ from vero.core.archive import (
     write_digest_file,
 )
 from vero.core.candidates import CANDIDATE_REF_PREFIX, CandidateRecord
+from vero.core.isolated_git import IsolatedGit, private_git_env
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob
 from vero.core.ledger import BudgetBalance, BudgetFigures, Reservation, balances_of, check_ledger_invariants
 from vero.core.state import STATE_FILE, StateStore, canonical_json
@@ -129,7 +129,7 @@ class Session(BaseModel):
 
 
 def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
-    """Hardened git on a bare repository (`vero.core._git`); one delta-search thread, so the same
+    """Hardened git on a bare repository (`vero.core.isolated_git`); one delta-search thread, so the same
     store gives the same bundle bytes. (pack-objects reuses the store's deltas: the same commits in
     another pack layout, e.g. repacked at another moment, may bundle to other bytes.)"""
     return IsolatedGit(cwd, env=env, git_dir=git_dir, config=[("pack.threads", "1"), ("safe.directory", str(git_dir))])

@@ -39,7 +39,7 @@ A database that breaks any of them is refused (`LedgerCorrupt`): the sidecar nev
 tampered or half-understood state, and never resets it.
 
 Concurrency: writes run one at a time in a worker thread on the writer connection
-(`vero.core._offloop.SerialCommits`), complete even if the awaiting caller is cancelled, and roll
+(`vero.core.offloop.SerialCommits`), complete even if the awaiting caller is cancelled, and roll
 back on any error. Reads use one read-only connection per thread; `read` runs several queries in
 one snapshot. WAL lets readers go on while a write is in flight: they see the last commit, never a
 half-applied one.
@@ -62,8 +62,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from vero.core._offloop import SerialCommits
 from vero.core.job_states import TERMINAL_JOB_STATES
+from vero.core.offloop import SerialCommits
 from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]

@@ -4,7 +4,7 @@ Recipe (the same as inspect-ai's `_util/atomic_write.py`): write to a temporary 
 directory, `fsync` it, `os.replace` it over the target, then `fsync` the directory so the rename
 itself survives a power loss. Readers therefore see either the old or the new content, never a
 torn file. The async variants run the write in a worker thread (off the event loop) with
-`vero.core._offloop.run_to_completion`, so a cancelled caller never leaves a write half done: the
+`vero.core.offloop.run_to_completion`, so a cancelled caller never leaves a write half done: the
 write completes (however often the caller is cancelled meanwhile), then the cancellation propagates.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
-from vero.core._offloop import run_to_completion
+from vero.core.offloop import run_to_completion
 from vero.errors import StorageFull
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
-"""strerror(ENOSPC) and strerror(EDQUOT) as git prints them (vero runs git with `LC_ALL=C`: `vero.core._git`)."""
+"""strerror(ENOSPC) and strerror(EDQUOT) as git prints them (git runs with `LC_ALL=C`: `vero.core.isolated_git`)."""
 
 
 def is_out_of_space(exc: BaseException) -> bool:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vero.core._offloop import finish_uncancellable
+from vero.core.offloop import finish_uncancellable
 from vero.errors import InfrastructureFailure
 from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB, LABEL_SESSION, read_case_compose
 

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from vero.core.run import NestedRun
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import NestedRun
 
 if TYPE_CHECKING:
     from vero.spec.models import OptimizationSpec

@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from vero.core.diagnostics import CaseProblem, clip
 from vero.core.evaluation import AttemptOutcome, AttemptResult
+from vero.core.run import NestedRun
 from vero.errors import CaseMisconfigured
-from vero.harbor.backend import NestedRun
 from vero.harbor.causes import CauseLog
 from vero.harbor.command import scrub
 from vero.harbor.results import JobCollation

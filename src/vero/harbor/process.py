@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vero.core._offloop import finish_uncancellable
+from vero.core.offloop import finish_uncancellable
+from vero.core.run import RunAs
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import RunAs
 from vero.harbor.command import scrub
 
 __all__ = [

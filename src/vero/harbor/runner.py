@@ -83,9 +83,9 @@ import tenacity
 
 from vero.core.diagnostics import CaseProblem
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.core.run import NestedRun
 from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
-from vero.harbor.backend import NestedRun
 from vero.harbor.boundary import CandidateLauncher
 from vero.harbor.boundary.launcher import HostBinding
 from vero.harbor.boundary.preflight import preflight_in_host

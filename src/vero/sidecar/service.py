@@ -59,6 +59,7 @@ from vero.core.jobs import TERMINAL_STATES, EvaluationJob, JobStore, recover_int
 from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation, balances_of
 from vero.core.policy import AccessPolicy
+from vero.core.run import EvaluationBackend, NestedRun, RunAs
 from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
 from vero.core.storage import atomic_write_model, is_out_of_space, remove_tree
@@ -77,7 +78,6 @@ from vero.errors import (
     SubmissionsClosed,
     UnknownJob,
 )
-from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token

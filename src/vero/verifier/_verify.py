@@ -15,10 +15,10 @@ from typing import Any
 
 from vero.core.archive import file_digest
 from vero.core.diagnostics import CaseProblem
+from vero.core.run import EvaluationBackend, RunAs
 from vero.core.session import Session, read_session
 from vero.core.usage import InferenceUsage
 from vero.errors import SessionInvalid
-from vero.harbor.backend import EvaluationBackend, RunAs
 from vero.harbor.process import RUNNER_USER
 from vero.spec.compiled import VerifierConfig
 from vero.verifier.artifacts import (
@@ -69,8 +69,8 @@ def rebuild_baseline(files: Path, dest: Path, expected_commit: str) -> RebuiltBa
     `baseline_commit`); anything else means the verifier image's baseline is not the one the task was
     compiled with, and the baseline is reported unavailable rather than scored.
     """
-    from vero.core._git import commit_trees
     from vero.core.baseline import commit_baseline
+    from vero.core.isolated_git import commit_trees
 
     if not files.is_dir():
         return RebuiltBaseline(None, None, f"baseline files not found at {files}")
@@ -98,7 +98,7 @@ def _sha256(path: Path) -> str | None:
 
 def _trees(session: Session) -> dict[str, str]:
     """Candidate id -> tree id: from the records, else from the session's Git objects."""
-    from vero.core._git import commit_trees
+    from vero.core.isolated_git import commit_trees
 
     trees = {record.id: record.tree for record in session.candidates}
     missing = {job.candidate for job in session.jobs} - trees.keys()

@@ -1,7 +1,7 @@
 """The verifier's own measurements: checkouts, nested runs through an `EvaluationBackend`, run-as.
 
 Every measurement checks the candidate out into a fresh directory, runs the partition's cases as
-one nested evaluation (`vero.harbor.backend.EvaluationBackend`) and turns the outcome into a
+one nested evaluation (`vero.core.run.EvaluationBackend`) and turns the outcome into a
 `Measurement`. A failed run never raises out of `Scorer.measure`: it comes back with `score=None`
 and the reason, so the caller decides what an unmeasured candidate or target means (selection
 excludes it, the reward gets the failure value).
@@ -28,9 +28,9 @@ from typing import Any
 
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import mean_score
+from vero.core.run import EvaluationBackend, NestedRun, RunAs
 from vero.core.storage import remove_tree
 from vero.errors import InfrastructureFailure, VeroError
-from vero.harbor.backend import EvaluationBackend, NestedRun, RunAs
 from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
 from vero.spec.compiled import VerifierConfig
 from vero.verifier.selection import Measurement

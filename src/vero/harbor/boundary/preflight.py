@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import logging
 
+from vero.core.run import NestedRun
 from vero.errors import InfrastructureFailure
-from vero.harbor.backend import NestedRun
 from vero.harbor.boundary.launcher import CandidateLauncher
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 

@@ -1,6 +1,9 @@
-"""The evaluation backend contract: one nested `harbor run` over one partition's selected cases.
+"""The evaluation contract: what one evaluation of a candidate over a partition's cases needs and gives.
 
-The protocol every evaluator implements (`vero.harbor.HarborBackend`; test stubs) and its input.
+`NestedRun` is the input, `EvaluationBackend` the protocol every evaluator implements, `RunAs` the
+unprivileged identity a run takes. `vero.harbor.HarborBackend` implements it with nested
+`harbor run`s; the sidecar, the verifier and `vero harbor check` depend on this contract, and
+test stubs implement it too. No Harbor import.
 """
 
 from __future__ import annotations
