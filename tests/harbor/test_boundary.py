@@ -395,6 +395,19 @@ class Leaver(BaseAgent):
 """
 
 
+def _owned_by(base: str, uid: int) -> list[str]:
+    """The entries of `base` owned by `uid`. An entry gone between the listing and its stat is
+    skipped: `/tmp` is shared with every other process of the machine, whose temp dirs come and go."""
+    owned = []
+    for entry in os.scandir(base):
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == uid:
+                owned.append(entry.path)
+        except FileNotFoundError:
+            continue
+    return owned
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="throw-away uids need root")
 def test_nothing_a_host_leaves_outside_its_scratch_dir_survives_it(world):
     """Files in every shared temp dir and in a world-writable dir of the image, a world-writable
@@ -425,7 +438,7 @@ def test_nothing_a_host_leaves_outside_its_scratch_dir_survives_it(world):
         assert {"/tmp", "/var/tmp", "/dev/shm", str(public)} <= set(left), left
         for base in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", str(public)):
             if os.path.isdir(base):
-                assert not [e.path for e in os.scandir(base) if e.stat(follow_symlinks=False).st_uid == uid], base
+                assert not _owned_by(base, uid), base
         for kind in ("shm", "sem", "msg"):
             owners = [line.split() for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]]
             assert not [o for o in owners if str(uid) in o], (kind, owners)
