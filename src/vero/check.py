@@ -46,12 +46,21 @@ import secrets as _secrets
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.evaluation import AttemptOutcome
+from vero.core.run import (
+    EvaluationBackend,
+    EvaluationLease,
+    EvaluationRuntime,
+    NestedRun,
+    nested_secret_env,
+    provider_key_names,
+)
 from vero.core.usage import InferenceUsage
 from vero.errors import CaseMisconfigured, InfrastructureFailure, SpecError
 from vero.spec.models import OptimizationSpec, ProgramTarget
@@ -260,142 +269,68 @@ def _trial_message(result) -> str:
     return "(no message recorded)"
 
 
-class _Gateway:
-    """The spec's inference gateway for the check: one token per nested run (see the module docstring).
+@dataclass(frozen=True)
+class _Runs:
+    """What every nested run of one check shares; `lease` gives one run (one case, one attempt, no
+    infrastructure retry) its lease of the gateway (`vero.core.run.EvaluationLease`).
 
-    Args:
-        gateway: a listening `vero.inference.gateway.InferenceGateway`, or None (no `inference`).
-        spec: the spec (its `inference` caps and routing).
-        router: with `inference.route_case_services` on Docker, opens each run's network to the
-            gateway (`vero.harbor.case_route.CaseRouter`), or None.
+    Attributes:
+        spec: the spec checked.
+        partition_of: case -> its partition.
+        cases_dir: the fetched cases.
+        jobs_root: `<label>/` below it holds each candidate's Harbor job dirs.
+        env: secrets by name for the nested runs, without the providers' keys.
+        runtime: the gateway and case router of the check (none without `inference`).
     """
 
-    def __init__(self, gateway, spec: OptimizationSpec, router=None) -> None:
-        self.gateway = gateway
-        self.spec = spec
-        self.router = router
+    spec: OptimizationSpec
+    partition_of: Mapping[str, str]
+    cases_dir: Path
+    jobs_root: Path
+    env: Mapping[str, str]
+    runtime: EvaluationRuntime = EvaluationRuntime()
 
-    @contextlib.asynccontextmanager
-    async def token(self, evaluation_id: str, partition: str, env: Mapping[str, str]):
-        """Yield `(env, candidate_env, case_network, usage)` for one run: the run's environment and
-        the candidate's with the gateway's variables, the run's network to the gateway (or None),
-        and a list the run's `InferenceUsage` is appended to once the token is revoked (on leaving
-        the block).
-
-        Raises:
-            InfrastructureFailure: the run's network to the gateway could not be opened.
-        """
-        usage: list[InferenceUsage] = []
-        if self.gateway is None or self.spec.inference is None:
-            yield dict(env), {}, None, usage
-            return
-        from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD
-
-        limit = self.spec.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
-        token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
-        candidate_env = self.gateway.environment(token)
-        run_env = dict(env)
-        route = None
-        try:
-            if self.router is not None:
-                route = await self.router.open(evaluation_id)
-                run_env.update(route.environment(token))
-                candidate_env.update(route.candidate_variables())
-            yield run_env, candidate_env, route.network if route is not None else None, usage
-        finally:
-            if route is not None:
-                await route.close()
-            usage.append(await self.gateway.revoke(token))
-
-
-def _nested_run(
-    spec: OptimizationSpec,
-    case: str,
-    partition: str,
-    label: CandidateLabel,
-    candidate_dir: Path,
-    cases_dir: Path,
-    jobs_dir: Path,
-    env: Mapping[str, str],
-    *,
-    evaluation_id: str,
-    candidate_env: Mapping[str, str],
-    case_network: str | None = None,
-):
-    from vero.core.run import NestedRun
-
-    return NestedRun(
-        evaluation_id=evaluation_id,
-        partition=partition,
-        candidate=label,
-        candidate_dir=candidate_dir,
-        cases_dir=cases_dir,
-        case_names=(case,),
-        jobs_dir=jobs_dir,
-        runtime=spec.target.runtime(),
-        harbor=spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
-        scoring=spec.scoring,
-        env=dict(env),
-        candidate_env=dict(candidate_env),
-        case_network=case_network,
-        # The baseline is its own install witness: an install that fails for it is the case's.
-        baseline_dir=candidate_dir if label == "baseline" else None,
-    )
-
-
-def _evaluation_id(label: CandidateLabel, case: str) -> str:
-    return f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}"
+    def lease(self, case: str, label: CandidateLabel, candidate_dir: Path) -> EvaluationLease:
+        return self.runtime.lease(
+            NestedRun(
+                evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}",
+                partition=self.partition_of[case],
+                candidate=label,
+                candidate_dir=candidate_dir,
+                cases_dir=self.cases_dir,
+                case_names=(case,),
+                jobs_dir=self.jobs_root / label,
+                runtime=self.spec.target.runtime(),
+                harbor=self.spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
+                scoring=self.spec.scoring,
+                env=dict(self.env),
+                # The baseline is its own install witness: an install that fails for it is the case's.
+                baseline_dir=candidate_dir if label == "baseline" else None,
+            )
+        )
 
 
 async def _run_one(
-    backend,
-    spec: OptimizationSpec,
-    case: str,
-    partition: str,
-    label: CandidateLabel,
-    candidate_dir: Path,
-    cases_dir: Path,
-    jobs_dir: Path,
-    env: Mapping[str, str],
-    gateway: _Gateway | None = None,
+    backend: EvaluationBackend, runs: _Runs, case: str, label: CandidateLabel, candidate_dir: Path
 ) -> tuple[CandidateRun, list[CheckProblem]]:
-    gateway = gateway or _Gateway(None, spec)
-    evaluation_id = _evaluation_id(label, case)
+    lease = runs.lease(case, label, candidate_dir)
     try:
-        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, network, usage):
-            run, found = await _measure_one(
-                backend,
-                spec,
-                case,
-                label,
-                _nested_run(
-                    spec,
-                    case,
-                    partition,
-                    label,
-                    candidate_dir,
-                    cases_dir,
-                    jobs_dir,
-                    run_env,
-                    evaluation_id=evaluation_id,
-                    candidate_env=candidate_env,
-                    case_network=network,
-                ),
-            )
-    except InfrastructureFailure as exc:
+        async with lease as leased:
+            run, found = await _measure_one(backend, runs.spec, case, label, leased)
+    except InfrastructureFailure as exc:  # the case route could not be opened
         detail = str(exc)
         return (
             CandidateRun(candidate=label, outcome="infrastructure", seconds=0.0, detail=detail),
             [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")],
         )
-    if usage:
-        unreachable = usage[0].unreachable_failure()
+    if lease.usage is not None:
+        unreachable = lease.usage.unreachable_failure()
         if unreachable is not None:
             return (
                 CandidateRun(candidate=label, outcome="infrastructure", seconds=run.seconds, detail=unreachable),
                 [*found, CheckProblem(code="infrastructure", detail=f"{label}: {unreachable}")],
             )
-        run = run.model_copy(update={"inference": usage[0]})
+        run = run.model_copy(update={"inference": lease.usage})
     return run, found
 
 
@@ -471,39 +406,16 @@ async def _measure_one(
 
 
 async def _probe_one(
-    backend,
-    spec: OptimizationSpec,
-    case: str,
-    partition: str,
-    candidate_dir: Path,
-    cases_dir: Path,
-    jobs_dir: Path,
-    env: Mapping[str, str],
-    gateway: _Gateway | None = None,
+    backend: EvaluationBackend, runs: _Runs, case: str, candidate_dir: Path
 ) -> tuple[ProbeRun, list[CheckProblem]]:
     """The baseline under the probe agent on one case, and the problem its verdict makes."""
     from vero.harbor.probe import probe_verdict
 
-    gateway = gateway or _Gateway(None, spec)
-    evaluation_id = _evaluation_id("probe", case)
+    lease = runs.lease(case, "probe", candidate_dir)
     started = time.monotonic()
     try:
-        async with gateway.token(evaluation_id, partition, env) as (run_env, candidate_env, network, _):
-            result = await backend.evaluate(
-                _nested_run(
-                    spec,
-                    case,
-                    partition,
-                    "probe",
-                    candidate_dir,
-                    cases_dir,
-                    jobs_dir,
-                    run_env,
-                    evaluation_id=evaluation_id,
-                    candidate_env=candidate_env,
-                    case_network=network,
-                )
-            )
+        async with lease as run:
+            result = await backend.evaluate(run)
     except InfrastructureFailure as exc:  # a case problem too: the baseline's run names it
         detail = f"probe: {exc}{_last_line(exc)}"
         return (
@@ -548,13 +460,48 @@ async def _probe_one(
     return probe, []
 
 
+async def _serve_inference(
+    spec: OptimizationSpec,
+    env: Mapping[str, str],
+    backends: tuple[EvaluationBackend | None, ...],
+    resources: contextlib.AsyncExitStack,
+    warnings: list[str],
+) -> EvaluationRuntime:
+    """Serve the spec's gateway on loopback (closed with `resources`) with the providers' keys of
+    `env`, bind `backends`' candidate hosts to it, and return the runs' runtime: a token each capped
+    as the verifier's, and a case route each with `inference.route_case_services` on Docker. A
+    provider key `env` lacks is a warning (the candidates' model calls to it fail)."""
+    from vero.harbor.case_route import case_router_for
+    from vero.inference.gateway import GatewayServer, InferenceGateway
+    from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD
+
+    assert spec.inference is not None
+    provider_keys = provider_key_names(spec.inference)
+    unset = sorted(name for name in provider_keys if not env.get(name))
+    if unset:
+        warnings.append(
+            f"the provider key(s) {', '.join(unset)} are not set (environment or --env-file): "
+            "the gateway cannot call those providers, so the candidates' model calls fail"
+        )
+    served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
+    await resources.enter_async_context(GatewayServer(served))
+    for each in backends:
+        bind = getattr(each, "bind_hosts_to", None)
+        if bind is not None:
+            bind(served)  # each run's token works from its own candidate hosts only
+    router = case_router_for(
+        spec.inference, spec.harbor.environment, served, os.environ, getattr(backends[0], "session", None)
+    )
+    return EvaluationRuntime(served, router, spec.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD)
+
+
 async def check_spec(
     spec: OptimizationSpec,
     env: Mapping[str, str],
     *,
     work_dir: Path,
     concurrency: int = 4,
-    backend=None,
+    backend: EvaluationBackend,
     progress: CheckProgress | None = None,
     cases: list[str] | None = None,
     probe: bool = False,
@@ -568,18 +515,20 @@ async def check_spec(
             inference providers' keys reach the gateway only).
         work_dir: scratch space (fetched cases, candidates, Harbor job dirs); created.
         concurrency: nested runs at a time.
-        backend: the evaluation backend (default a `HarborBackend` without its per-run case check,
-            done here once, and with `kind: agent` candidate hosts as the caller's user).
+        backend: the evaluation backend (`vero harbor check`: a `HarborBackend` without its per-run
+            case check, done here once, and with `kind: agent` candidate hosts as the caller's user;
+            `vero.commands.check.check_backends`).
         progress: told when each run starts and ends.
         cases: only these cases (default every case of every partition).
         probe: also run the baseline under the probe agent on every case (`kind: program` only).
-        probe_backend: the backend of the probe's runs (default a `HarborBackend` with the probe
-            agent, `vero.harbor.probe`).
+        probe_backend: the backend of the probe's runs, required with `probe` (`vero harbor check`:
+            a `HarborBackend` with the probe agent, `vero.harbor.probe`).
 
     Raises:
         SpecError: the target, a case or the reference cannot be prepared, `cases` names an
             unknown case, or `probe` is asked for a `kind: agent` target.
-        InfrastructureFailure: Harbor cannot be found, or the probe cannot be built.
+        InfrastructureFailure: Harbor cannot be found.
+        ValueError: `probe` without a `probe_backend`.
     """
     from vero.compiler.case_audit import audit_case, kit_advice, no_artifacts_detail
     from vero.compiler.secret_audit import secret_warnings
@@ -627,33 +576,14 @@ async def check_spec(
             problems[case].append(CheckProblem(code="no_artifacts", detail=no_artifacts_detail(audit)))
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     # The providers' keys reach the gateway only, never a nested run (as in the sidecar and the verifier).
-    provider_keys = (
-        {p.api_key_secret for p in spec.inference.providers.values() if p.api_key_secret}
-        if spec.inference is not None
-        else set()
-    )
-    secret_values = {name: env[name] for name in declared if name in env and name not in provider_keys}
+    secret_values = nested_secret_env(declared, env, spec.inference)
     # Where a declared secret reaches candidate code (the build's warnings, for the cases checked).
     warnings: list[str] = secret_warnings(
         spec, fetched, {p: [c for c in names if c in runnable] for p, names in spec.cases.partitions.items()}
     )
 
-    if backend is None:
-        from vero.harbor import HarborBackend
-
-        # The candidates are the operator's own baseline and reference: `kind: agent` hosts need no
-        # throw-away uid here, so the caller's interpreter need not be runnable by other users.
-        backend = HarborBackend(check_cases=False, isolate_candidates=False)
     if probe and probe_backend is None:
-        from vero.harbor import HarborBackend
-        from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary
-
-        probe_path = await asyncio.to_thread(probe_binary)
-        probe_backend = HarborBackend(
-            check_cases=False,
-            program_agent=PROBE_AGENT_IMPORT_PATH,
-            program_agent_kwargs={"probe_path": str(probe_path), "reward_key": spec.scoring.reward_key},
-        )
+        raise ValueError("probe needs a probe_backend (vero.commands.check.check_backends)")
     semaphore = asyncio.Semaphore(max(1, concurrency))
     candidates: list[tuple[CandidateLabel, Path]] = [("baseline", baseline_dir)]
     if reference_dir is not None:
@@ -667,45 +597,16 @@ async def check_spec(
                 problems[case].append(problem)
 
     async with contextlib.AsyncExitStack() as stack:
-        gateway = _Gateway(None, spec)
+        runtime = EvaluationRuntime()
         if spec.inference is not None and runnable:
-            from vero.inference.gateway import GatewayServer, InferenceGateway
-
-            unset = sorted(name for name in provider_keys if not env.get(name))
-            if unset:
-                warnings.append(
-                    f"the provider key(s) {', '.join(unset)} are not set (environment or --env-file): "
-                    "the gateway cannot call those providers, so the candidates' model calls fail"
-                )
-            served = InferenceGateway(spec.inference, {name: env[name] for name in provider_keys if env.get(name)})
-            await stack.enter_async_context(GatewayServer(served))
-            for each in (backend, probe_backend):
-                bind = getattr(each, "bind_hosts_to", None)
-                if bind is not None:
-                    bind(served)  # each run's token works from its own candidate hosts only
-            router = None
-            if spec.inference.route_case_services and spec.harbor.environment == "docker":
-                from vero.harbor.case_route import CaseRouter
-
-                router = CaseRouter(served, os.environ, getattr(backend, "session", None))
-            gateway = _Gateway(served, spec, router)
+            runtime = await _serve_inference(spec, env, (backend, probe_backend), stack, warnings)
+        nested = _Runs(spec, partition_of, cases_dir, work_dir / "jobs", secret_values, runtime)
 
         async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
             async with semaphore:
                 if progress is not None:
                     progress.started(case, label)
-                run, found = await _run_one(
-                    backend,
-                    spec,
-                    case,
-                    partition_of[case],
-                    label,
-                    candidate_dir,
-                    cases_dir,
-                    work_dir / "jobs" / label,
-                    secret_values,
-                    gateway,
-                )
+                run, found = await _run_one(backend, nested, case, label, candidate_dir)
                 runs[case, label] = run
                 note(case, found)
                 if progress is not None:
@@ -715,17 +616,7 @@ async def check_spec(
             async with semaphore:
                 if progress is not None:
                     progress.started(case, "probe")
-                run, found = await _probe_one(
-                    probe_backend,
-                    spec,
-                    case,
-                    partition_of[case],
-                    baseline_dir,
-                    cases_dir,
-                    work_dir / "jobs" / "probe",
-                    secret_values,
-                    gateway,
-                )
+                run, found = await _probe_one(probe_backend, nested, case, baseline_dir)
                 probes[case] = run
                 note(case, found)
                 if progress is not None:

@@ -13,6 +13,9 @@ from vero.commands.options import ConfigOption, EnvFileOption, EnvironmentOption
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from vero.harbor import HarborBackend
+    from vero.spec.models import OptimizationSpec
+
 CHECK_HELP = (
     "Run every case directly with Harbor against the baseline and the reference, before an agent run "
     "is spent.\n\n"
@@ -98,6 +101,7 @@ def check(
 
     def call():
         spec, env = load_run_spec(config, environment=environment, env_file=env_file)
+        backend, probe_backend = check_backends(spec, probe)
         # Absolute: the nested runs work in other directories (a relative one named nothing there).
         work = (work_dir or Path(tempfile.mkdtemp(prefix=f"vero-check-{spec.name}-"))).absolute()
         progress = None if json_output else _Progress()
@@ -113,6 +117,8 @@ def check(
                     progress=progress,
                     cases=case or None,
                     probe=probe,
+                    backend=backend,
+                    probe_backend=probe_backend,
                 )
             )
         finally:
@@ -234,3 +240,29 @@ def _print_report(report, work: Path) -> None:
         "no problem found" if report.ok else f"{n_bad} problem(s) found", style="green" if report.ok else "red"
     )
     typer.echo(f"work dir: {work}")
+
+
+def check_backends(spec: OptimizationSpec, probe: bool) -> tuple[HarborBackend, HarborBackend | None]:
+    """The backends of `vero harbor check`: `HarborBackend` without its per-run case check (the
+    check does it once) and with `kind: agent` candidate hosts as the caller's user (the candidates
+    are the operator's own baseline and reference, so the caller's interpreter need not be runnable
+    by other users); with `probe` and a `kind: program` target, one with the probe agent
+    (`vero.harbor.probe`), else None (`check_spec` refuses a probe of a `kind: agent` target).
+
+    Raises:
+        InfrastructureFailure: the probe cannot be built (no C compiler, or the static build failed).
+    """
+    from vero.harbor import HarborBackend
+    from vero.spec.models import ProgramTarget
+
+    backend = HarborBackend(check_cases=False, isolate_candidates=False)
+    if not probe or not isinstance(spec.target, ProgramTarget):
+        return backend, None
+    from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary
+
+    probe_backend = HarborBackend(
+        check_cases=False,
+        program_agent=PROBE_AGENT_IMPORT_PATH,
+        program_agent_kwargs={"probe_path": str(probe_binary()), "reward_key": spec.scoring.reward_key},
+    )
+    return backend, probe_backend

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -128,9 +129,9 @@ def verify_command(
         )
     import tempfile
 
+    from vero.core.run import nested_secret_env
     from vero.spec.compiled import VerifierConfig, load_config
     from vero.verifier import resolve_run_as, verify
-    from vero.verifier.scoring import secret_env
 
     _configure_logging()
 
@@ -142,12 +143,7 @@ def verify_command(
         mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
         mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
-        gateway_keys = (
-            {p.api_key_secret for p in loaded.inference.providers.values() if p.api_key_secret}
-            if loaded.inference is not None
-            else set()
-        )
-        env = secret_env(loaded.secrets, exclude=gateway_keys)
+        env = nested_secret_env(loaded.secrets, os.environ, loaded.inference)
         backend = HarborBackend(session=new_session_id("verify"))
         verification = verify(
             loaded,

@@ -4,19 +4,49 @@
 unprivileged identity a run takes. `vero.harbor.HarborBackend` implements it with nested
 `harbor run`s; the sidecar, the verifier and `vero harbor check` depend on this contract, and
 test stubs implement it too. No Harbor import.
+
+One evaluation's runtime is an `EvaluationLease` (`EvaluationRuntime.lease`), entered with
+`async with` by the sidecar's job runner, the verifier's scoring and `check` alike:
+
+1. entering grants the evaluation's inference token (with a gateway: `TokenGateway`), opens its
+   case route (with a router: `CaseRoutes`, `inference.route_case_services` on Docker) and gives
+   the `NestedRun` with the environments merged: the run's own (secrets by name, without the
+   providers' keys: `nested_secret_env`) plus the route's variables for the cases' templates, and
+   the candidate hosts' (the gateway's variables and the route's);
+2. leaving closes the route and revokes the token, both to completion even when the caller is
+   cancelled, and keeps the token's `usage`; `settle` then turns a run whose model calls never
+   reached their provider into an `InfrastructureFailure`, and records the usage on the result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from types import TracebackType
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import EvaluationResult
-from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
+from vero.core.offloop import finish_uncancellable
+from vero.core.usage import InferenceUsage
+from vero.errors import InfrastructureFailure
+from vero.spec.models import CandidateRuntime, HarborSpec, InferenceSpec, ScoringSpec
 
-__all__ = ["EvaluationBackend", "NestedRun", "RunAs"]
+__all__ = [
+    "CaseRoute",
+    "CaseRoutes",
+    "EvaluationBackend",
+    "EvaluationLease",
+    "EvaluationRuntime",
+    "NestedRun",
+    "RunAs",
+    "TokenGateway",
+    "nested_secret_env",
+    "provider_key_names",
+]
 
 
 class RunAs(BaseModel):
@@ -93,3 +123,163 @@ class EvaluationBackend(Protocol):
                 `harbor.infra_retries` retries with back-off (the caller refunds the budget).
         """
         ...
+
+
+def provider_key_names(inference: InferenceSpec | None) -> set[str]:
+    """The secret names of the inference providers' keys (`providers.*.api_key_secret`): only the
+    gateway reads them, never a nested run (README, "Inference")."""
+    if inference is None:
+        return set()
+    return {p.api_key_secret for p in inference.providers.values() if p.api_key_secret}
+
+
+def nested_secret_env(
+    names: Iterable[str], environ: Mapping[str, str], inference: InferenceSpec | None
+) -> dict[str, str]:
+    """Secret name -> value for a nested run: the `names` set in `environ`, except the providers'
+    keys (`provider_key_names`). Unset names are left out (the caller says whether that is worth a
+    warning)."""
+    excluded = provider_key_names(inference)
+    return {name: environ[name] for name in names if name in environ and name not in excluded}
+
+
+class TokenGateway(Protocol):
+    """What a lease needs of the inference gateway (`vero.inference.gateway.InferenceGateway`)."""
+
+    def grant(
+        self, evaluation_id: str, partition: str, *, partition_pool: Any, evaluation_limit_usd: float | None
+    ) -> tuple[str, Any]:
+        """Mint one evaluation's token; `(token, grant)`."""
+        ...
+
+    def environment(self, token: str) -> dict[str, str]:
+        """The variables a candidate finds the gateway by."""
+        ...
+
+    async def revoke(self, token: str) -> InferenceUsage:
+        """Close the token and return what its calls used."""
+        ...
+
+
+class CaseRoute(Protocol):
+    """One evaluation's network from its case containers to the gateway (`vero.harbor.case_route`)."""
+
+    network: str
+
+    def environment(self, token: str) -> dict[str, str]:
+        """The gateway's variables as the case containers reach it (for the cases' templates)."""
+        ...
+
+    def candidate_variables(self) -> dict[str, str]:
+        """The same address for candidate hosts."""
+        ...
+
+    async def close(self) -> None:
+        """Remove the route (once; never raises; finishes when the caller is cancelled)."""
+        ...
+
+
+class CaseRoutes(Protocol):
+    """Opens case routes (`vero.harbor.case_route.CaseRouter`)."""
+
+    async def open(self, evaluation_id: str) -> CaseRoute:
+        """Raises `InfrastructureFailure` when the route cannot be opened (nothing left behind)."""
+        ...
+
+
+@dataclass(frozen=True)
+class EvaluationRuntime:
+    """What the evaluations of one process share; `lease` gives one evaluation its part.
+
+    Attributes:
+        gateway: the listening inference gateway, or None (no `inference` in the spec): no token.
+        router: the case router (`inference.route_case_services` on Docker), or None: no route.
+        evaluation_limit_usd: the cap of each token in USD (None: no cap of its own).
+        partition_pools: partition -> the budget pool a token also draws on (the sidecar's agent
+            budgets; `vero.inference.gateway.BudgetPool`); a partition not listed draws on none.
+    """
+
+    gateway: TokenGateway | None = None
+    router: CaseRoutes | None = None
+    evaluation_limit_usd: float | None = None
+    partition_pools: Mapping[str, Any] = field(default_factory=dict)
+
+    def lease(self, run: NestedRun) -> EvaluationLease:
+        """The lease of `run` (its `env` and `candidate_env` are the base the lease adds to)."""
+        return EvaluationLease(self, run)
+
+
+class EvaluationLease:
+    """One evaluation's token, case route and environments, for one `async with` (module docstring).
+
+    `async with lease as run:` gives the `NestedRun` to evaluate. Leaving the block closes the route
+    and revokes the token (to completion, even when cancelled); `usage` then holds the token's
+    usage (None without a gateway). A failed entry leaves nothing behind and raises.
+
+    Raises:
+        InfrastructureFailure: on entry, the case route could not be opened (the token is revoked).
+    """
+
+    def __init__(self, runtime: EvaluationRuntime, run: NestedRun) -> None:
+        self.runtime = runtime
+        self.run = run
+        self.usage: InferenceUsage | None = None
+        """The token's usage once the lease is left (or its entry failed); None without a gateway."""
+        self._token: str | None = None
+        self._route: CaseRoute | None = None
+
+    async def __aenter__(self) -> NestedRun:
+        gateway, run = self.runtime.gateway, self.run
+        if gateway is None:
+            return run
+        self._token, _ = gateway.grant(
+            run.evaluation_id,
+            run.partition,
+            partition_pool=self.runtime.partition_pools.get(run.partition),
+            evaluation_limit_usd=self.runtime.evaluation_limit_usd,
+        )
+        env, candidate_env = dict(run.env), {**run.candidate_env, **gateway.environment(self._token)}
+        try:
+            if self.runtime.router is not None:
+                self._route = await self.runtime.router.open(run.evaluation_id)
+                env.update(self._route.environment(self._token))
+                candidate_env.update(self._route.candidate_variables())
+        except BaseException:
+            await self._release()
+            raise
+        self.run = run.model_copy(
+            update={
+                "env": env,
+                "candidate_env": candidate_env,
+                "case_network": self._route.network if self._route is not None else run.case_network,
+            }
+        )
+        return self.run
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._release()
+
+    async def _release(self) -> None:
+        route, self._route = self._route, None
+        if route is not None:
+            await route.close()
+        token, self._token = self._token, None
+        if token is not None and self.runtime.gateway is not None:
+            self.usage = await finish_uncancellable(self.runtime.gateway.revoke(token))
+
+    def settle(self, result: EvaluationResult) -> EvaluationResult:
+        """`result` with the lease's usage recorded (`result.inference`), once the lease is left.
+
+        Raises:
+            InfrastructureFailure: some model call never reached its provider
+                (`InferenceUsage.unreachable_failure`): the run measured the provider's absence.
+        """
+        if self.usage is None:
+            return result
+        unreachable = self.usage.unreachable_failure()
+        if unreachable is not None:
+            diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
+            raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
+        return result.model_copy(update={"inference": self.usage})

@@ -49,6 +49,7 @@ from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB, LABEL_SESSION, read_
 
 if TYPE_CHECKING:
     from vero.inference.gateway import GatewayServer, InferenceGateway
+    from vero.spec.models import InferenceSpec
 
 __all__ = [
     "CASE_ROUTE_VARIABLES",
@@ -57,6 +58,7 @@ __all__ = [
     "CaseRoute",
     "CaseRouter",
     "case_route_compose",
+    "case_router_for",
     "network_gateway_address",
     "own_container_id",
     "service_addresses",
@@ -325,6 +327,20 @@ def _is_public(case_dir: Path) -> bool:
         return []
 
     return all(mode in (None, "public") for mode in modes(config.model_dump(mode="json")))
+
+
+def case_router_for(
+    inference: InferenceSpec | None,
+    environment: str,
+    gateway: InferenceGateway,
+    docker_env: Mapping[str, str],
+    session: str | None,
+) -> CaseRouter | None:
+    """The router of each evaluation's network to `gateway` when `inference.route_case_services`
+    is set and the cases run on Docker (the sidecar, the verifier and `check` alike); else None."""
+    if inference is None or not inference.route_case_services or environment != "docker":
+        return None
+    return CaseRouter(gateway, docker_env, session)
 
 
 def case_route_compose(network: str, cases_dir: Path, case_names: Sequence[str]) -> dict[str, Any] | None:

@@ -305,6 +305,7 @@ def serve(
             cannot say which networks this container is on.
     """
     from vero.errors import InfrastructureFailure
+    from vero.harbor import HarborBackend
     from vero.spec.compiled import load_config
 
     config = load_config(config_path, SidecarConfig)
@@ -319,7 +320,7 @@ def serve(
         work_dir=work_dir,
         seal_root=seal_root,
     )
-    service = SidecarService(config, paths, run_as=runner_identity(runner_user))
+    service = SidecarService(config, paths, HarborBackend(), run_as=runner_identity(runner_user))
     app = create_app(service, refuse_local_agent_calls=not allow_local_agent_calls)
     server = SidecarServer(
         uvicorn.Config(

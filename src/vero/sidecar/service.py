@@ -59,7 +59,15 @@ from vero.core.jobs import TERMINAL_STATES, EvaluationJob, JobStore, recover_int
 from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation, balances_of
 from vero.core.policy import AccessPolicy
-from vero.core.run import EvaluationBackend, NestedRun, RunAs
+from vero.core.run import (
+    EvaluationBackend,
+    EvaluationLease,
+    EvaluationRuntime,
+    NestedRun,
+    RunAs,
+    nested_secret_env,
+    provider_key_names,
+)
 from vero.core.session import SessionState, write_session_archive
 from vero.core.state import STATE_FILE, StateStore
 from vero.core.storage import atomic_write_model, is_out_of_space, remove_tree
@@ -104,8 +112,7 @@ from vero.spec.models import Disclosure, timing_quantum_sec
 
 if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
-    from vero.harbor.case_route import CaseRoute, CaseRouter
-    from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+    from vero.inference.gateway import BudgetPool, InferenceGateway
 
 __all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarPaths", "SidecarService"]
 
@@ -193,12 +200,6 @@ def _covers_granted_cases(job: EvaluationJob, result: EvaluationResult) -> bool:
     return sorted(case.case for case in result.cases) == sorted(job.cases)
 
 
-def _gateway_key_names(config: SidecarConfig) -> set[str]:
-    if config.inference is None:
-        return set()
-    return {p.api_key_secret for p in config.inference.providers.values() if p.api_key_secret}
-
-
 def _remove_tree(path: Path) -> None:
     # Never follows symlinks (a planted link cannot redirect it), whatever the tree's depth.
     remove_tree(path)
@@ -239,7 +240,8 @@ class SidecarService:
     Args:
         config: the served config.
         paths: where it reads and writes.
-        backend: runs nested evaluations; default `vero.harbor.HarborBackend()` (nested `harbor run`).
+        backend: runs nested evaluations (`vero harbor serve`: `vero.harbor.HarborBackend`, nested
+            `harbor run`; chosen by the composition root, `vero.sidecar.app.serve`).
         run_as: identity of nested runs; "auto" resolves `vero-runner` when root (see
             `vero.harbor.process.runner_identity`), None runs as this process.
         max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
@@ -257,7 +259,7 @@ class SidecarService:
         self,
         config: SidecarConfig,
         paths: SidecarPaths,
-        backend: EvaluationBackend | None = None,
+        backend: EvaluationBackend,
         *,
         run_as: RunAs | Literal["auto"] | None = "auto",
         max_concurrent_evaluations: int = 2,
@@ -268,10 +270,6 @@ class SidecarService:
     ) -> None:
         if max_concurrent_evaluations < 1:
             raise ValueError("max_concurrent_evaluations must be at least 1")
-        if backend is None:
-            from vero.harbor import HarborBackend
-
-            backend = HarborBackend()
         self.config = config
         self.paths = paths
         self.state_dir = Path(paths.state_dir)
@@ -317,8 +315,10 @@ class SidecarService:
         self._admissions_idle: asyncio.Event | None = None
         self.gateway_host = gateway_host
         self.gateway: InferenceGateway | None = None
-        self._gateway_server: GatewayServer | None = None
-        self._case_router: CaseRouter | None = None
+        self._runtime = EvaluationRuntime()
+        """Each job's lease of the gateway and the case routes (`_start_gateway`)."""
+        self._resources = contextlib.AsyncExitStack()
+        """What `stop` closes: the gateway's server."""
         self.inference_pools: dict[str, BudgetPool] = {}
         """Partition -> the agent's inference budget (micro-dollars); spent = complete jobs' charges
         (durable through the job records) plus what running evaluations have been charged."""
@@ -454,6 +454,7 @@ class SidecarService:
 
     async def _start_gateway(self) -> None:
         """Serve the inference gateway; budgets spent by complete jobs stay spent across restarts."""
+        from vero.harbor.case_route import case_router_for
         from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
         from vero.inference.pricing import to_micro_usd
 
@@ -468,17 +469,22 @@ class SidecarService:
             for name, access in self.config.agent_access.items()
         }
         gateway = InferenceGateway(self.config.inference, keys)
-        self._gateway_server = GatewayServer(gateway, host=self.gateway_host)
-        await self._gateway_server.__aenter__()
+        await self._resources.enter_async_context(GatewayServer(gateway, host=self.gateway_host))
         self.gateway = gateway
         bind = getattr(self.backend, "bind_hosts_to", None)
         if bind is not None:
             bind(gateway)  # each evaluation's token works from its own candidate hosts only
         _logger.info("inference gateway listening on %s", gateway.base_url)
-        if self.config.inference.route_case_services and self.config.harbor.environment == "docker":
-            from vero.harbor.case_route import CaseRouter
-
-            self._case_router = CaseRouter(gateway, {**os.environ, **self.nested_env}, self.session_id)
+        router = case_router_for(
+            self.config.inference,
+            self.config.harbor.environment,
+            gateway,
+            {**os.environ, **self.nested_env},
+            self.session_id,
+        )
+        self._runtime = EvaluationRuntime(
+            gateway, router, self.config.inference.evaluation_limit_usd, self.inference_pools
+        )
 
     async def _remove_leftovers(self) -> None:
         """Remove whatever nested runs of this session left behind (containers, networks, volumes,
@@ -562,9 +568,7 @@ class SidecarService:
                 _logger.warning(
                     "stopping: %d job(s) still cleaning up; the next start removes what they leave", len(late)
                 )
-        if self._gateway_server is not None:
-            await self._gateway_server.__aexit__(None, None, None)
-            self._gateway_server = None
+        await self._resources.aclose()
         if hasattr(self, "state"):
             self.state.close()
 
@@ -887,22 +891,15 @@ class SidecarService:
             if self._admissions == 0:
                 self._admissions_idle.set()
 
-    def _nested_env(self, case_variables: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Secrets by name for nested runs, except the provider keys only the gateway holds, and
-        `case_variables`: with `inference.route_case_services`, the gateway as the case containers
-        reach it, for the cases' `${VAR}` templates (`CaseRoute.environment`)."""
-        env = dict(self.nested_env)
-        gateway_keys = _gateway_key_names(self.config)
+    def _nested_env(self) -> dict[str, str]:
+        """The trusted `nested_env` and the secrets by name for nested runs, except the provider
+        keys only the gateway holds (`vero.core.run.nested_secret_env`); the lease adds the case
+        route's variables."""
+        gateway_keys = provider_key_names(self.config.inference)
         for name in self.config.secrets:
-            if name in gateway_keys:
-                continue
-            value = os.environ.get(name)
-            if value is None:
+            if name not in gateway_keys and name not in os.environ:
                 _logger.warning("secret %s is not set in the sidecar's environment", name)
-            else:
-                env[name] = value
-        env.update(case_variables or {})
-        return env
+        return {**self.nested_env, **nested_secret_env(self.config.secrets, os.environ, self.config.inference)}
 
     def _secret_values(self) -> list[str]:
         return [os.environ[name] for name in self.config.secrets if os.environ.get(name)]
@@ -913,23 +910,36 @@ class SidecarService:
         _make_readable(update.path, update.changed)
         return update.path
 
-    async def _run_job(self, job_id: str) -> None:
-        token: str | None = None
-        route: CaseRoute | None = None
-        unsettled: InferenceUsage | None = None
+    def _nested_run(self, job: EvaluationJob, checkout: Path) -> NestedRun:
+        """The nested run of `job` over its slot's `checkout` (the lease adds the gateway's part)."""
+        return NestedRun(
+            evaluation_id=job.id,
+            partition=job.partition,
+            candidate=job.candidate,
+            candidate_dir=checkout,
+            cases_dir=self.cases_dir,
+            case_names=tuple(job.cases),
+            jobs_dir=self.nested_jobs_dir,
+            runtime=self.config.runtime,
+            harbor=self.config.harbor,
+            scoring=self.config.scoring,
+            env=self._nested_env(),
+            run_as=self.run_as,
+            session=self.session_id,
+            # The judge of a case where the candidate cannot be installed: the baseline (the
+            # baseline itself is judged by its own attempts).
+            baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.baseline_dir,
+        )
 
-        async def give_back_inference() -> None:
+    async def _run_job(self, job_id: str) -> None:
+        unsettled: EvaluationLease | None = None  # left, its usage neither charged nor refunded yet
+
+        def give_back_inference() -> None:
             # Before the job's unmeasured end is recorded: whoever sees that end sees the refund.
-            nonlocal token, unsettled, route
-            if route is not None:
-                await route.close()
-                route = None
-            if token is not None and self.gateway is not None:
-                unsettled = await finish_uncancellable(self.gateway.revoke(token))
-                token = None
-            if unsettled is not None:
-                self._refund_inference(job_id, unsettled)
-                unsettled = None
+            nonlocal unsettled
+            if unsettled is not None and unsettled.usage is not None:
+                self._refund_inference(job_id, unsettled.usage)
+            unsettled = None
 
         shown_at: datetime | None = None  # `none` tier: when the job is shown finished
         measured: EvaluationResult | None = None
@@ -956,48 +966,12 @@ class SidecarService:
                 try:
                     try:
                         job = await self.jobs.update(job_id, state="running", started_at=_now())
-                        token = self._grant_inference(job)
-                        if token is not None and self._case_router is not None:
-                            route = await self._case_router.open(job.id)
                         checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
-                        run = NestedRun(
-                            evaluation_id=job.id,
-                            partition=job.partition,
-                            candidate=job.candidate,
-                            candidate_dir=checkout,
-                            cases_dir=self.cases_dir,
-                            case_names=tuple(job.cases),
-                            jobs_dir=self.nested_jobs_dir,
-                            runtime=self.config.runtime,
-                            harbor=self.config.harbor,
-                            scoring=self.config.scoring,
-                            env=self._nested_env(route.environment(token) if route and token else None),
-                            run_as=self.run_as,
-                            session=self.session_id,
-                            candidate_env={
-                                **(self.gateway.environment(token) if self.gateway and token else {}),
-                                **(route.candidate_variables() if route else {}),
-                            },
-                            case_network=route.network if route else None,
-                            # The judge of a case where the candidate cannot be installed: the baseline
-                            # (the baseline itself is judged by its own attempts).
-                            baseline_dir=checkout
-                            if job.candidate == self.config.baseline_commit
-                            else self.baseline_dir,
-                        )
-                        result = await self.backend.evaluate(run)
-                        if route is not None:
-                            await route.close()
-                            route = None
-                        if token is not None and self.gateway is not None:
-                            unsettled = await self.gateway.revoke(token)
-                            token = None
-                            unreachable = unsettled.unreachable_failure()
-                            if unreachable is not None:
-                                diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
-                                raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
-                            result = result.model_copy(update={"inference": unsettled})
-                        measured = result
+                        unsettled = self._runtime.lease(self._nested_run(job, checkout))
+                        async with unsettled as run:
+                            result = await self.backend.evaluate(run)
+                        # Model calls that never reached their provider: infrastructure, refunded.
+                        measured = result = unsettled.settle(result)
                     except Exception:
                         await hold_until_shown(admitted)  # a failure is shown at the same time
                         raise
@@ -1021,7 +995,7 @@ class SidecarService:
                     _logger.info("job %s had already been ended by the stop", job_id)
             elif state_now not in TERMINAL_STATES:
                 state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
-                await give_back_inference()
+                give_back_inference()
                 await self._close_unmeasured(job_id, state, reason)
             raise
         except CaseMisconfigured as exc:
@@ -1033,20 +1007,20 @@ class SidecarService:
                 exc.code,
                 ", ".join(sorted({p.case for p in exc.problems})),
             )
-            await give_back_inference()
+            give_back_inference()
             await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc), finished_at=shown_at)
         except InfrastructureFailure as exc:
             _logger.warning("job %s: infrastructure failure; refunded", job_id)
-            await give_back_inference()
+            give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, _diagnostics_of(exc), finished_at=shown_at)
         except Exception as exc:
             # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
             _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
-            await give_back_inference()
+            give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, finished_at=shown_at)
         finally:
             self._tasks.pop(job_id, None)
-            await give_back_inference()
+            give_back_inference()
 
     def timing_quantum_sec(self, partition: str) -> float | None:
         """The timing quantum of a `none` partition in seconds (`vero.spec.models.timing_quantum_sec`);
@@ -1072,17 +1046,6 @@ class SidecarService:
         elapsed = (_now() - turn_at).total_seconds()
         k = max(1, math.ceil(elapsed / quantum))
         return turn_at + timedelta(seconds=k * quantum)
-
-    def _grant_inference(self, job: EvaluationJob) -> str | None:
-        if self.gateway is None or self.config.inference is None:
-            return None
-        token, _ = self.gateway.grant(
-            job.id,
-            job.partition,
-            partition_pool=self.inference_pools.get(job.partition),
-            evaluation_limit_usd=self.config.inference.evaluation_limit_usd,
-        )
-        return token
 
     def _refund_inference(self, job_id: str, usage: InferenceUsage) -> None:
         """An evaluation that measured nothing gives back what its model calls were charged."""

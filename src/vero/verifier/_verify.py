@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -11,11 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from vero.core.archive import file_digest
 from vero.core.diagnostics import CaseProblem
-from vero.core.run import EvaluationBackend, RunAs
+from vero.core.run import EvaluationBackend, EvaluationRuntime, RunAs
 from vero.core.session import Session, read_session
 from vero.core.usage import InferenceUsage
 from vero.errors import SessionInvalid
@@ -35,7 +35,7 @@ from vero.verifier.artifacts import (
 )
 from vero.verifier.report import REPORT_FILE, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
-from vero.verifier.scoring import Scorer
+from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD, Scorer
 from vero.verifier.selection import Measurement, Selection, select_candidate
 
 __all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]
@@ -177,23 +177,12 @@ async def verify(
     warnings.extend(copy_session(archive, dirs))
     session_sha256 = _sha256(archive)
 
-    gateway_server = None
+    resources = contextlib.AsyncExitStack()  # the inference gateway's server, closed at the end
     try:
-        gateway = None
-        if config.inference is not None:
-            from vero.inference.gateway import GatewayServer, InferenceGateway
-
-            keys = os.environ if inference_keys is None else inference_keys
-            gateway = InferenceGateway(config.inference, {n: keys[n] for n in config.secrets if keys.get(n)})
-            gateway_server = GatewayServer(gateway)
-            await gateway_server.__aenter__()
-            bind = getattr(backend, "bind_hosts_to", None)
-            if bind is not None:
-                bind(gateway)  # each measurement's token works from its own candidate hosts only
+        runtime = await _serve_inference(config, backend, env, inference_keys, resources)
         session = await _open_session(config, archive, work, private_runner=run_as is not None)
     except (SessionInvalid, OSError) as exc:
-        if gateway_server is not None:
-            await gateway_server.__aexit__(None, None, None)
+        await resources.aclose()
         reason = str(exc) if isinstance(exc, SessionInvalid) else f"the session cannot be read ({type(exc).__name__})"
         logger.error("session refused: %s", reason)
         finalization = Finalization(
@@ -231,8 +220,7 @@ async def verify(
             env=env,
             run_as=run_as,
             refusal=refusal,
-            gateway=gateway,
-            case_router=_case_router(config, gateway, backend, env),
+            runtime=runtime,
             baseline_dir=Path(baseline_dir) if baseline.available else None,
         )
         selection = await _select(config, session, baseline, scorer)
@@ -248,8 +236,7 @@ async def verify(
     finally:
         if scorer is not None:
             scorer.discard_checkouts()
-        if gateway_server is not None:
-            await gateway_server.__aexit__(None, None, None)
+        await resources.aclose()
 
     write_reward_file(reward_path, rewards)
     if not targets:
@@ -292,16 +279,36 @@ async def verify(
     return finalization
 
 
-def _case_router(config: VerifierConfig, gateway: Any, backend: Any, env: Mapping[str, str] | None) -> Any:
-    """With `inference.route_case_services` on Docker, the router of each measurement's network
-    to the gateway (`vero.harbor.case_route`), labelled with the backend's session; else None."""
-    if gateway is None or config.inference is None or not config.inference.route_case_services:
-        return None
-    if config.harbor.environment != "docker":
-        return None
-    from vero.harbor.case_route import CaseRouter
+async def _serve_inference(
+    config: VerifierConfig,
+    backend: EvaluationBackend,
+    env: Mapping[str, str] | None,
+    inference_keys: Mapping[str, str] | None,
+    resources: contextlib.AsyncExitStack,
+) -> EvaluationRuntime:
+    """With `config.inference`, serve the gateway (closed with `resources`) and return the
+    measurements' runtime: a token each, capped at `evaluation_limit_usd` (default
+    `VERIFIER_EVALUATION_LIMIT_USD`), and with `inference.route_case_services` on Docker a case
+    route each, labelled with the backend's session. Without it, no token and no route."""
+    if config.inference is None:
+        return EvaluationRuntime()
+    from vero.harbor.case_route import case_router_for
+    from vero.inference.gateway import GatewayServer, InferenceGateway
 
-    return CaseRouter(gateway, {**os.environ, **(env or {})}, getattr(backend, "session", None))
+    keys = os.environ if inference_keys is None else inference_keys
+    gateway = InferenceGateway(config.inference, {n: keys[n] for n in config.secrets if keys.get(n)})
+    await resources.enter_async_context(GatewayServer(gateway))
+    bind = getattr(backend, "bind_hosts_to", None)
+    if bind is not None:
+        bind(gateway)  # each measurement's token works from its own candidate hosts only
+    router = case_router_for(
+        config.inference,
+        config.harbor.environment,
+        gateway,
+        {**os.environ, **(env or {})},
+        getattr(backend, "session", None),
+    )
+    return EvaluationRuntime(gateway, router, config.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD)
 
 
 def _root_refusal(run_as: RunAs | None, allow_root_runs: bool, errors: list[str], warnings: list[str]) -> str | None:

@@ -22,13 +22,12 @@ import logging
 import math
 import os
 import secrets as _secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import mean_score
-from vero.core.run import EvaluationBackend, NestedRun, RunAs
+from vero.core.run import EvaluationBackend, EvaluationRuntime, NestedRun, RunAs
 from vero.core.storage import remove_tree
 from vero.errors import InfrastructureFailure, VeroError
 from vero.harbor.process import DOCKER_SOCKET, RUNNER_USER, runner_identity
@@ -41,7 +40,6 @@ __all__ = [
     "hand_over",
     "new_evaluation_id",
     "resolve_run_as",
-    "secret_env",
 ]
 
 logger = logging.getLogger("vero.verifier")
@@ -77,16 +75,6 @@ def hand_over(path: Path, run_as: RunAs | None) -> None:
             os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
 
 
-def secret_env(
-    names: Iterable[str], environ: Mapping[str, str] | None = None, exclude: Iterable[str] = ()
-) -> dict[str, str]:
-    """Secret name -> value for the names set in `environ` (default `os.environ`); unset names and
-    `exclude` (the inference providers' keys, which only the gateway reads) are skipped."""
-    environ = os.environ if environ is None else environ
-    excluded = set(exclude)
-    return {name: environ[name] for name in names if name in environ and name not in excluded}
-
-
 def new_evaluation_id(purpose: str, partition: str) -> str:
     """A unique id for one verifier measurement, usable as a Harbor job name.
 
@@ -109,9 +97,8 @@ class Scorer:
         run_as: unprivileged identity for the runs, or None.
         refusal: when set, no nested run is started and every measurement fails with this reason
             (e.g. the verifier is root and has no unprivileged user to run candidates as).
-        gateway: the listening inference gateway (`vero.inference.gateway.InferenceGateway`), or None.
-        case_router: with `inference.route_case_services` on Docker, opens each measurement's
-            network to the gateway (`vero.harbor.case_route.CaseRouter`), or None.
+        runtime: each measurement's lease of the inference gateway and its case route
+            (`vero.core.run.EvaluationRuntime`; default none: no token, no route).
         baseline_dir: the baseline's files (readable by `run_as`), the witness of a case where a
             candidate fails to install (`NestedRun.baseline_dir`); None when the baseline is not
             available.
@@ -128,14 +115,12 @@ class Scorer:
         env: Mapping[str, str] | None = None,
         run_as: RunAs | None = None,
         refusal: str | None = None,
-        gateway: Any = None,
-        case_router: Any = None,
+        runtime: EvaluationRuntime | None = None,
         baseline_dir: Path | None = None,
     ):
         self.backend = backend
         self.baseline_dir = baseline_dir
-        self.gateway = gateway
-        self.case_router = case_router
+        self.runtime = runtime or EvaluationRuntime()
         self.config = config
         self.checkout = checkout
         self.cases_dir = Path(cases_dir)
@@ -206,41 +191,28 @@ class Scorer:
             logger.exception("checkout of %s failed", candidate[:12])
             return failed(f"checkout failed ({type(exc).__name__})")
 
-        token, env, candidate_env, route = None, dict(self.env), {}, None
-        if self.gateway is not None and self.config.inference is not None:
-            limit = self.config.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD
-            token, _ = self.gateway.grant(evaluation_id, partition, partition_pool=None, evaluation_limit_usd=limit)
-            candidate_env = self.gateway.environment(token)
-            if self.case_router is not None:
-                try:
-                    route = await self.case_router.open(evaluation_id)
-                except InfrastructureFailure as exc:
-                    await self.gateway.revoke(token)
-                    return failed(f"InfrastructureFailure: {exc}")
-                env.update(route.environment(token))
-                candidate_env.update(route.candidate_variables())
-        run = NestedRun(
-            evaluation_id=evaluation_id,
-            partition=partition,
-            candidate=candidate,
-            candidate_dir=candidate_dir,
-            cases_dir=self.cases_dir,
-            case_names=case_names,
-            jobs_dir=jobs_dir,
-            runtime=self.config.runtime,
-            harbor=self.config.harbor,
-            scoring=self.config.scoring,
-            env=env,
-            run_as=self.run_as,
-            candidate_env=candidate_env,
-            case_network=route.network if route is not None else None,
-            # The baseline measured is its own witness; any other candidate is judged by the baseline.
-            baseline_dir=candidate_dir if candidate == self.config.baseline_commit else self.baseline_dir,
+        lease = self.runtime.lease(
+            NestedRun(
+                evaluation_id=evaluation_id,
+                partition=partition,
+                candidate=candidate,
+                candidate_dir=candidate_dir,
+                cases_dir=self.cases_dir,
+                case_names=case_names,
+                jobs_dir=jobs_dir,
+                runtime=self.config.runtime,
+                harbor=self.config.harbor,
+                scoring=self.config.scoring,
+                env=self.env,
+                run_as=self.run_as,
+                # The baseline measured is its own witness; any other candidate is judged by the baseline.
+                baseline_dir=candidate_dir if candidate == self.config.baseline_commit else self.baseline_dir,
+            )
         )
-        usage = None
         try:
-            result = await self.backend.evaluate(run)
-        except VeroError as exc:  # InfrastructureFailure above all: the run measured nothing
+            async with lease as run:
+                result = await self.backend.evaluate(run)
+        except VeroError as exc:  # InfrastructureFailure above all (its route, or the run): nothing measured
             diagnostics = getattr(exc, "diagnostics", None)
             code = getattr(exc, "code", None)
             return failed(
@@ -250,20 +222,14 @@ class Scorer:
         except Exception as exc:  # a backend bug must not lose the reward file
             logger.exception("nested evaluation %s raised", evaluation_id)
             return failed(f"{type(exc).__name__} (unexpected; see the verifier log)")
-        finally:
-            if route is not None:
-                await route.close()
-            if token is not None:
-                usage = await self.gateway.revoke(token)
 
         if result.partition != partition or result.candidate != candidate:
             return failed("the backend reported a different partition or candidate")
-        unreachable = usage.unreachable_failure() if usage is not None else None
-        if unreachable is not None:
-            return failed(
-                f"InfrastructureFailure: {unreachable}",
-                (result.diagnostics or RunDiagnostics()).with_cause(unreachable),
-            )
+        try:
+            lease.settle(result)
+        except InfrastructureFailure as exc:  # a model call never reached its provider
+            diagnostics = exc.diagnostics if isinstance(exc.diagnostics, RunDiagnostics) else None
+            return failed(f"InfrastructureFailure: {exc}", diagnostics)
         by_case = {case.case: case for case in result.cases}
         failure_value = self.config.scoring.effective_failure_value()
         scores = [by_case[name].score if name in by_case else failure_value for name in case_names]
@@ -282,7 +248,7 @@ class Scorer:
             n_dead=n_dead + n_missing,
             flags=result.flag_counts(),
             job_dir=result.job_dir,
-            inference=usage,
+            inference=lease.usage,
             diagnostics=result.diagnostics,
         )
 
