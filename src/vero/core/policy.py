@@ -35,7 +35,7 @@ from vero.errors import PolicyDenied, SpecError
 from vero.spec.blocks import Blocks, resolve_blocks
 from vero.spec.models import Disclosure, LadderSpec, PartitionAccess
 
-__all__ = ["AccessPolicy", "Grant", "narrow"]
+__all__ = ["AccessPolicy", "DisclosureRule", "Grant", "narrow"]
 
 _ORDER: dict[str, int] = {"none": 0, "aggregate": 1, "full": 2}
 
@@ -74,6 +74,21 @@ class Grant(BaseModel):
     """The selected cases, in partition order, without duplicates."""
     full_partition: bool
     """True when `cases` is the whole partition."""
+
+
+class DisclosureRule(BaseModel):
+    """What the answers about one job may show (`AccessPolicy.rule_for`; the views that apply it:
+    `vero.sidecar.disclosure`).
+
+    Attributes:
+        tier: the narrower of the job's granted tier and the pair's current one.
+        ladder: on `aggregate`, the Ladder rule in force (its score is then shown only as the
+            Ladder's answer); None otherwise.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    tier: Disclosure
+    ladder: LadderSpec | None = None
 
 
 class AccessPolicy:
@@ -266,3 +281,9 @@ class AccessPolicy:
     def disclosure_for(self, granted: Disclosure, principal: str, partition: str) -> Disclosure:
         """What may be disclosed for a job admitted with `granted`: `narrow(granted, current_tier(...))`."""
         return narrow(granted, self.current_tier(principal, partition))
+
+    def rule_for(self, granted: Disclosure, principal: str, partition: str) -> DisclosureRule:
+        """The rule of a job admitted with `granted`, in one call: its tier (`disclosure_for`) and,
+        on `aggregate`, the Ladder in force (`ladder`)."""
+        tier = self.disclosure_for(granted, principal, partition)
+        return DisclosureRule(tier=tier, ladder=self.ladder(principal, partition) if tier == "aggregate" else None)

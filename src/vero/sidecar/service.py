@@ -58,7 +58,7 @@ from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob, JobStore, recover_interrupted
 from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Cost, Reservation, balances_of
-from vero.core.policy import AccessPolicy
+from vero.core.policy import AccessPolicy, DisclosureRule
 from vero.core.run import (
     EvaluationBackend,
     EvaluationLease,
@@ -89,12 +89,19 @@ from vero.errors import (
 from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
+from vero.sidecar.disclosure import (
+    broken_cases,
+    case_problem,
+    covers_granted_cases,
+    disclose,
+    job_view,
+    submission_view,
+    summary_view,
+)
 from vero.sidecar.gate import PartitionGate
 from vero.sidecar.intake import INTAKE_FILE, IntakeState
 from vero.sidecar.models import (
-    AttemptView,
     BudgetView,
-    CaseView,
     DisclosedResult,
     EvaluationPage,
     EvaluationRequest,
@@ -108,7 +115,7 @@ from vero.sidecar.models import (
 )
 from vero.sidecar.seal import SEAL_FILE, SealState
 from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
-from vero.spec.models import Disclosure, timing_quantum_sec
+from vero.spec.models import timing_quantum_sec
 
 if TYPE_CHECKING:
     from vero.core.usage import InferenceUsage
@@ -192,12 +199,6 @@ def _make_readable(root: Path, changed: tuple[str, ...] | None = None) -> None:
 
 def _ladder_key(job: EvaluationJob) -> LadderKey:
     return (job.principal, job.partition, tuple(job.cases))
-
-
-def _covers_granted_cases(job: EvaluationJob, result: EvaluationResult) -> bool:
-    """Whether `result` measured exactly the job's cases: an aggregate over any other set (e.g. with
-    unmeasured cases left out) may not be a union of blocks, so its score is never disclosed."""
-    return sorted(case.case for case in result.cases) == sorted(job.cases)
 
 
 def _remove_tree(path: Path) -> None:
@@ -577,80 +578,27 @@ class SidecarService:
     def _artifacts_dir(self, job_id: str) -> Path:
         return self.context_dir / job_id
 
-    def disclose(self, job: EvaluationJob) -> DisclosedResult | None:
-        """What the agent may see of a finished job: the narrower of its granted and current tier.
+    def _rule(self, job: EvaluationJob) -> DisclosureRule:
+        return self.policy.rule_for(job.disclosure, job.principal, job.partition)
 
-        `aggregate` shows the score and counts, except: a job judged by the Ladder shows only its
-        recorded Ladder answer (rounded score, `improved`) and the case count (attempt counts could
-        carry what the Ladder withholds); a job completed without a Ladder answer on a partition now
-        in Ladder mode shows no score; a result that does not cover exactly the granted cases (a
-        set that may not be a union of blocks) shows no score.
-        """
-        if job.state != "complete" or job.result is None:
+    def _artifacts_path(self, job: EvaluationJob) -> str | None:
+        """Where `main` finds the job's artifacts, once they are written (`full` only)."""
+        if not (self._artifacts_dir(job.id) / "result.json").is_file():
             return None
-        tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
-        result = job.result
-        if tier == "none":
-            return DisclosedResult(disclosure="none")
-        if tier == "aggregate":
-            if job.ladder is not None:
-                return DisclosedResult(
-                    disclosure="aggregate", score=job.ladder.score, improved=job.ladder.improved, n_cases=len(job.cases)
-                )
-            if self.policy.ladder(job.principal, job.partition) is not None or not _covers_granted_cases(job, result):
-                return DisclosedResult(disclosure="aggregate", n_cases=len(job.cases))
-        counts = {
-            "score": result.score,
-            "n_cases": result.n_cases,
-            "n_attempts": result.n_attempts,
-            "n_dead": result.n_dead,
-        }
-        if tier == "aggregate":
-            usage = result.inference.totals() if result.inference is not None else None
-            return DisclosedResult(disclosure="aggregate", inference=usage, **counts)
-        artifacts = self._artifacts_dir(job.id)
-        return DisclosedResult(
-            disclosure="full",
-            **counts,
-            inference=result.inference,
-            cases=[
-                CaseView(
-                    case=case.case,
-                    score=case.score,
-                    attempts=[
-                        AttemptView(reward=a.reward, exception_type=a.exception_type, outcome=a.kind.value)
-                        for a in case.attempts
-                    ],
-                )
-                for case in result.cases
-            ],
-            artifacts_path=str(self.context_path_in_main / job.id) if (artifacts / "result.json").is_file() else None,
-        )
+        return str(self.context_path_in_main / job.id)
+
+    def disclose(self, job: EvaluationJob) -> DisclosedResult | None:
+        """What the agent may see of a finished job (`vero.sidecar.disclosure.disclose` under the
+        job's rule now)."""
+        rule = self._rule(job)
+        return disclose(job, rule, self._artifacts_path(job) if rule.tier == "full" else None)
 
     def _quarantine(self, problems: list[CaseProblem]) -> None:
         for problem in problems:
             self._broken_cases.setdefault(problem.case, problem.code)
 
-    def _case_problem(
-        self, principal: str, partition: str, granted: Disclosure, code: str, cases: list[str]
-    ) -> CaseMisconfigured:
-        """The error the agent gets for broken `cases`: the code always, the case names only where
-        the tier discloses per-case results (`full`)."""
-        tier = self.policy.disclosure_for(granted, principal, partition)
-        return CaseMisconfigured(
-            f"{code}: a selected case cannot be measured; nothing was charged",
-            code=code,
-            cases=sorted(cases) if tier == "full" else [],
-        )
-
-    @staticmethod
-    def _job_broken_cases(job: EvaluationJob) -> list[str]:
-        if job.diagnostics is None:
-            return []
-        return sorted({p.case for p in job.diagnostics.problems if p.case in job.cases})
-
     def view(self, job: EvaluationJob) -> JobView:
-        """The agent's view of a job (no job dirs, no host paths, no trusted-only fields).
+        """The agent's view of a job (`vero.sidecar.disclosure.job_view` under the job's rule now).
 
         Built once per job snapshot: `JobStore` returns the same object while a job's record is
         unchanged, and the view depends only on the snapshot, the policy (fixed for the process)
@@ -659,26 +607,8 @@ class SidecarService:
         cached = self._views.get(job.id)
         if cached is not None and cached[0] is job:
             return cached[1]
-        broken = None
-        if (
-            job.state == "failed"
-            and job.error in CASE_PROBLEM_CODES
-            and self.policy.disclosure_for(job.disclosure, job.principal, job.partition) == "full"
-        ):
-            broken = self._job_broken_cases(job)
-        view = JobView(
-            id=job.id,
-            state=job.state,
-            partition=job.partition,
-            n_cases=len(job.cases),
-            version=job.version,
-            candidate=job.candidate,
-            created_at=job.created_at,
-            finished_at=job.finished_at,
-            error=job.error,
-            broken_cases=broken,
-            result=self.disclose(job),
-        )
+        rule = self._rule(job)
+        view = job_view(job, rule, self._artifacts_path(job) if rule.tier == "full" else None)
         self._views[job.id] = (job, view)
         while len(self._views) > _VIEW_CACHE_SIZE:
             del self._views[next(iter(self._views))]
@@ -686,16 +616,7 @@ class SidecarService:
 
     def summary(self, job: EvaluationJob) -> JobView:
         """`view` without per-case results (lists: `GET /status`, `GET /evaluations`)."""
-        view = self.view(job)
-        if view.result is None or view.result.cases is None:
-            return view
-        return view.model_copy(update={"result": view.result.model_copy(update={"cases": None})})
-
-    @staticmethod
-    def _submission_view(submission: Submission) -> SubmissionView:
-        return SubmissionView(
-            candidate=submission.candidate, version=submission.version, submitted_at=submission.submitted_at
-        )
+        return summary_view(self.view(job))
 
     def status(self, principal: str) -> StatusResponse:
         """`GET /status` for `principal`, in one read of the state store: partitions, budgets (unless
@@ -752,7 +673,7 @@ class SidecarService:
                 n_jobs=sum(n for states in counts.values() for n in states.values()),
                 job_counts=counts,
                 jobs=self._newest_that_fit([self.summary(job) for job in recent.jobs]),
-                submission=None if self.submission is None else self._submission_view(self.submission),
+                submission=None if self.submission is None else submission_view(self.submission),
             )
 
         return self.state.read(read)
@@ -809,7 +730,9 @@ class SidecarService:
         if job.state == "failed" and job.error == _INFRA_ERROR:
             raise InfrastructureFailure("the evaluation failed for infrastructure reasons; refunded")
         if job.state == "failed" and job.error in CASE_PROBLEM_CODES:
-            raise self._case_problem(principal, job.partition, job.disclosure, job.error, self._job_broken_cases(job))
+            raise case_problem(
+                self.policy.rule_for(job.disclosure, principal, job.partition), job.error, broken_cases(job)
+            )
         return job
 
     async def wait_evaluation(self, principal: str, job_id: str, wait_sec: float) -> JobView:
@@ -858,9 +781,8 @@ class SidecarService:
         grant = self.policy.authorize(principal, request.partition, request.cases, request.blocks)
         broken = [case for case in grant.cases if case in self._broken_cases]
         if broken:
-            raise self._case_problem(
-                principal, grant.partition, grant.disclosure, self._broken_cases[broken[0]], broken
-            )
+            rule = self.policy.rule_for(grant.disclosure, principal, grant.partition)
+            raise case_problem(rule, self._broken_cases[broken[0]], broken)
         assert self._admissions_idle is not None
         self._admissions += 1
         self._admissions_idle.clear()
@@ -1038,7 +960,7 @@ class SidecarService:
         end of the job it waited for), so that how long the run took never combines with how long
         the job waited (k would otherwise tell whether the run took longer than a threshold the
         agent chose by timing its request)."""
-        if self.policy.disclosure_for(job.disclosure, job.principal, job.partition) != "none":
+        if self._rule(job).tier != "none":
             return None
         quantum = self.timing_quantum_sec(job.partition)
         if quantum is None:
@@ -1058,11 +980,11 @@ class SidecarService:
     async def _complete(
         self, job: EvaluationJob, result: EvaluationResult, *, finished_at: datetime | None = None
     ) -> None:
-        tier = self.policy.disclosure_for(job.disclosure, job.principal, job.partition)
-        if tier == "full":
+        disclosure = self._rule(job)
+        if disclosure.tier == "full":
             await self._write_artifacts(job, result)
-        rule = self.policy.ladder(job.principal, job.partition) if tier == "aggregate" else None
-        if rule is None or not _covers_granted_cases(job, result):
+        rule = disclosure.ladder
+        if rule is None or not covers_granted_cases(job, result):
             # Not judged by the Ladder (`disclose` shows no score for it on a Ladder partition). One
             # transaction: the result, the terminal state and the settle.
             job = await self.jobs.finish(job.id, "complete", result=result, finished_at=finished_at)
@@ -1151,12 +1073,12 @@ class SidecarService:
             if not self.entrance_open:
                 raise SubmissionsClosed(_INTAKE_CLOSED_TEXT + ": no further submission")
             if self.submission is not None and self.submission.candidate == record.id:
-                return self._submission_view(self.submission), False
+                return submission_view(self.submission), False
             submission = Submission(candidate=record.id, version=version, submitted_at=_now())
             await record_submission(self.state, submission)
             self.submission = submission
             _logger.info("submission recorded: candidate %s", record.id)
-            return self._submission_view(submission), True
+            return submission_view(submission), True
 
     # -- intake ----------------------------------------------------------------------------------
 

@@ -1,0 +1,118 @@
+"""The agent's views of a job as pure functions of its record and its rule (`vero.sidecar.disclosure`),
+with the rule from one call to the policy (`AccessPolicy.rule_for`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from vero.core.diagnostics import CaseProblem, RunDiagnostics
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.core.jobs import EvaluationJob
+from vero.core.ladder import LadderDisclosure
+from vero.core.policy import AccessPolicy, DisclosureRule
+from vero.core.usage import InferenceUsage
+from vero.sidecar.disclosure import case_problem, disclose, job_view, summary_view
+from vero.spec.models import LadderSpec, PartitionAccess
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+FULL, AGGREGATE, NONE = DisclosureRule(tier="full"), DisclosureRule(tier="aggregate"), DisclosureRule(tier="none")
+LADDER = DisclosureRule(tier="aggregate", ladder=LadderSpec(margin=0.1))
+
+
+def result(cases: tuple[str, ...] = ("c1", "c2")) -> EvaluationResult:
+    return EvaluationResult(
+        partition="train",
+        candidate="a" * 40,
+        reward_key="reward",
+        cases=[
+            CaseResult(
+                case=case,
+                attempts=[AttemptResult(trial_name=f"{case}-t", reward=0.5, outcome=AttemptOutcome.SCORED)],
+                score=0.5,
+            )
+            for case in cases
+        ],
+        score=0.5,
+        started_at=NOW,
+        finished_at=NOW,
+        inference=InferenceUsage(calls=3),
+    )
+
+
+def job(**fields) -> EvaluationJob:
+    record = dict(
+        id="ev-0123456789abcdef",
+        principal="agent",
+        partition="train",
+        cases=["c1", "c2"],
+        full_partition=True,
+        version="HEAD",
+        candidate="a" * 40,
+        disclosure="full",
+        reservation_id="r-1",
+        state="complete",
+        created_at=NOW,
+        finished_at=NOW,
+        result=result(),
+    )
+    record.update(fields)
+    return EvaluationJob.model_validate(record)
+
+
+def test_each_tier_shows_what_its_rule_allows():
+    assert disclose(job(state="running", result=None), FULL) is None
+    assert disclose(job(), NONE).model_dump(exclude_none=True) == {"disclosure": "none"}
+    aggregate = disclose(job(), AGGREGATE)
+    assert (aggregate.score, aggregate.n_cases, aggregate.cases, aggregate.artifacts_path) == (0.5, 2, None, None)
+    assert aggregate.inference == InferenceUsage(calls=3).totals()
+    full = disclose(job(), FULL, "/context/ev-0123456789abcdef")
+    assert [c.case for c in full.cases] == ["c1", "c2"] and full.cases[0].attempts[0].outcome == "scored"
+    assert full.artifacts_path == "/context/ev-0123456789abcdef" and full.inference == InferenceUsage(calls=3)
+
+
+def test_aggregate_withholds_the_score_under_the_ladder_and_over_other_cases():
+    judged = job(ladder=LadderDisclosure(score=0.4, improved=False))
+    shown = disclose(judged, LADDER)
+    assert (shown.score, shown.improved, shown.n_cases, shown.n_attempts) == (0.4, False, 2, None)
+    # Completed without a Ladder answer on a partition now in Ladder mode: no score.
+    assert disclose(job(), LADDER).score is None
+    # A result over other cases than the granted ones may not be a union of blocks: no score.
+    assert disclose(job(result=result(("c1",))), AGGREGATE).score is None
+    assert disclose(job(result=result(("c1",))), FULL).score == 0.5
+
+
+def test_broken_cases_and_their_names_only_on_full():
+    failed = job(
+        state="failed",
+        result=None,
+        error="case_invalid",
+        diagnostics=RunDiagnostics(problems=[CaseProblem(case="c2", code="case_invalid", detail="bad")]),
+    )
+    assert job_view(failed, FULL).broken_cases == ["c2"]
+    assert job_view(failed, AGGREGATE).broken_cases is None
+    assert case_problem(FULL, "case_invalid", ["c2", "c1"]).cases == ["c1", "c2"]
+    assert case_problem(AGGREGATE, "case_invalid", ["c2"]).cases == []
+
+
+def test_a_summary_drops_the_cases_only():
+    view = job_view(job(), FULL)
+    summary = summary_view(view)
+    assert view.result.cases is not None and summary.result.cases is None
+    assert summary.result.score == view.result.score and summary.id == view.id
+
+
+def test_one_call_asks_the_policy_for_the_tier_and_the_ladder():
+    ladder = LadderSpec(margin=0.1)
+    policy = AccessPolicy(
+        {
+            "train": PartitionAccess(
+                disclosure="aggregate", min_aggregate_cases=1, ladder=ladder, total_runs=10, total_cases=100
+            ),
+            "open": PartitionAccess(disclosure="full", total_runs=10, total_cases=100),
+        },
+        {"train": ["c1"], "open": ["c2"]},
+    )
+    assert policy.rule_for("full", "agent", "train") == DisclosureRule(tier="aggregate", ladder=ladder)
+    assert policy.rule_for("none", "agent", "train") == DisclosureRule(tier="none")
+    assert policy.rule_for("full", "agent", "open") == DisclosureRule(tier="full")
+    assert policy.rule_for("full", "agent", "gone") == DisclosureRule(tier="none")  # fail closed
