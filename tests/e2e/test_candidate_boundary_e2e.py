@@ -54,7 +54,7 @@ from vero.spec.models import (
     SelectionSpec,
     TargetPartition,
 )
-from vero.verifier import verify
+from vero.verifier import VerifierPaths, verify
 
 from ._leaks import files_containing
 
@@ -266,15 +266,17 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         final = asyncio.run(
             verify(
                 config,
-                root / "export" / "session.tar.gz",
-                backend=backend,
-                cases_dir=copy_cases(HIDDEN, root / "verifier-cases"),
-                baseline_dir=harness.baseline_dir,
-                reward_path=root / "verifier" / "reward.json",
-                artifacts_dir=root / "verifier" / "artifacts",
+                VerifierPaths(
+                    session_archive=root / "export" / "session.tar.gz",
+                    cases_dir=copy_cases(HIDDEN, root / "verifier-cases"),
+                    baseline_dir=harness.baseline_dir,
+                    reward_path=root / "verifier" / "reward.json",
+                    artifacts_dir=root / "verifier" / "artifacts",
+                    work_dir=work,
+                ),
+                backend,
                 # Nested Harbor runs as this test's user; the agent candidate itself runs in its own host
                 # (a throw-away uid), which is the boundary under test.
-                work_dir=work,
                 env={},
                 run_as=None,
                 allow_root_runs=True,

@@ -94,19 +94,21 @@ def test_nested_runs_get_their_checkout_and_jobs_dir_handed_over(bench: Workbenc
 
     import asyncio
 
-    from vero.verifier import verify
+    from vero.verifier import VerifierPaths, verify
 
     out = tmp_path / "out"
     final = asyncio.run(
         verify(
             bench.config(),
-            archive,
-            backend=Recording({("hidden", bench.tree(a)): 0.5}),
-            cases_dir=bench.cases_dir,
-            baseline_dir=bench.baseline_files,
-            reward_path=out / "reward.json",
-            artifacts_dir=out / "artifacts",
-            work_dir=out / "work",
+            VerifierPaths(
+                session_archive=archive,
+                cases_dir=bench.cases_dir,
+                baseline_dir=bench.baseline_files,
+                reward_path=out / "reward.json",
+                artifacts_dir=out / "artifacts",
+                work_dir=out / "work",
+            ),
+            Recording({("hidden", bench.tree(a)): 0.5}),
             run_as=RunAs(uid=54321, gid=54321, home=tmp_path),
         )
     )

@@ -14,7 +14,7 @@ from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 from vero.core.archive import safe_extract, write_canonical_tar
 from vero.core.session import read_session
-from vero.verifier import verify
+from vero.verifier import VerifierPaths, verify
 from vero.verifier.selection import rank_recorded
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,13 +94,15 @@ def test_a_root_verifier_without_a_runner_user_runs_no_candidate_by_default(benc
     final = asyncio.run(
         verify(
             bench.config(target_failure=-1.0),
-            bench.seal(),
-            backend=backend,
-            cases_dir=bench.cases_dir,
-            baseline_dir=bench.baseline_files,
-            reward_path=out / "reward.json",
-            artifacts_dir=out / "artifacts",
-            work_dir=out / "work",
+            VerifierPaths(
+                session_archive=bench.seal(),
+                cases_dir=bench.cases_dir,
+                baseline_dir=bench.baseline_files,
+                reward_path=out / "reward.json",
+                artifacts_dir=out / "artifacts",
+                work_dir=out / "work",
+            ),
+            backend,
         )
     )
 

@@ -23,7 +23,7 @@ from vero.core.submission import record_submission
 from vero.harbor import HarborBackend
 from vero.spec.compiled import VerifierConfig
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec, SelectionSpec, TargetPartition
-from vero.verifier import verify
+from vero.verifier import VerifierPaths, verify
 
 MINIMAL = Path(__file__).resolve().parents[2] / "tasks" / "minimal"
 SPEC_DIGEST = "sha256:" + "d0" * 32
@@ -86,13 +86,15 @@ def test_verify_scores_the_submission_or_the_baseline_with_nested_harbor_runs(
     final = asyncio.run(
         verify(
             _config(baseline),
-            archive,
-            backend=HarborBackend(),
-            cases_dir=MINIMAL / "cases",
-            baseline_dir=MINIMAL / "target",
-            reward_path=out / "verifier" / "reward.json",
-            artifacts_dir=out / "verifier" / "artifacts",
-            work_dir=tmp_path / "work",
+            VerifierPaths(
+                session_archive=archive,
+                cases_dir=MINIMAL / "cases",
+                baseline_dir=MINIMAL / "target",
+                reward_path=out / "verifier" / "reward.json",
+                artifacts_dir=out / "verifier" / "artifacts",
+                work_dir=tmp_path / "work",
+            ),
+            HarborBackend(),
             # The candidates are the example's own baseline and fix: trusted code, run as whoever runs the test.
             allow_root_runs=True,
         )

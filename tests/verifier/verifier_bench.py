@@ -40,7 +40,7 @@ from vero.core.submission import record_submission
 from vero.errors import InfrastructureFailure
 from vero.spec.compiled import AGENT_PRINCIPAL, VerifierConfig
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec, SelectionSpec, TargetPartition
-from vero.verifier import Finalization, verify
+from vero.verifier import Finalization, VerifierPaths, verify
 
 SPEC_DIGEST = "sha256:" + "5e" * 32
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -333,14 +333,16 @@ class Workbench:
         return asyncio.run(
             verify(
                 config,
-                archive,
-                backend=backend,
-                cases_dir=self.cases_dir,
-                baseline_dir=self.baseline_files,
-                reward_path=out / "logs" / "verifier" / "reward.json",
-                artifacts_dir=out / "logs" / "verifier" / "artifacts",
-                mirror_dirs=[out / "logs" / "artifacts"],
-                work_dir=out / "work",
+                VerifierPaths(
+                    session_archive=archive,
+                    cases_dir=self.cases_dir,
+                    baseline_dir=self.baseline_files,
+                    reward_path=out / "logs" / "verifier" / "reward.json",
+                    artifacts_dir=out / "logs" / "verifier" / "artifacts",
+                    mirror_dirs=(out / "logs" / "artifacts",),
+                    work_dir=out / "work",
+                ),
+                backend,
                 env=env,
                 allow_root_runs=True,  # the table backend runs no candidate code
             )

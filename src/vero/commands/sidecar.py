@@ -75,21 +75,24 @@ def serve_command(
 
     def call() -> None:
         from vero.sidecar.app import serve
-        from vero.sidecar.service import DEFAULT_WORK_DIR
+        from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths
 
-        serve(
-            config,
+        paths = SidecarPaths(
             state_dir=state_dir,
-            host=host,
-            port=port,
             agent_repo=agent_repo,
             context_dir=context_dir,
             cases_dir=cases_dir,
             baseline_dir=baseline_dir,
             work_dir=work_dir or DEFAULT_WORK_DIR,
+            seal_root=seal_root,
+        )
+        serve(
+            config,
+            paths,
+            host=host,
+            port=port,
             runner_user=runner_user,
             allow_local_agent_calls=allow_local_agent_calls,
-            seal_root=seal_root,
         )
 
     run_command(call)

@@ -131,7 +131,7 @@ def verify_command(
 
     from vero.core.run import nested_secret_env
     from vero.spec.compiled import VerifierConfig, load_config
-    from vero.verifier import resolve_run_as, verify
+    from vero.verifier import VerifierPaths, resolve_run_as, verify
 
     _configure_logging()
 
@@ -145,16 +145,19 @@ def verify_command(
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
         env = nested_secret_env(loaded.secrets, os.environ, loaded.inference)
         backend = HarborBackend(session=new_session_id("verify"))
-        verification = verify(
-            loaded,
-            session,
-            backend=backend,
+        paths = VerifierPaths(
+            session_archive=session,
             cases_dir=cases_dir,
             baseline_dir=baseline_dir,
             reward_path=reward_path,
             artifacts_dir=artifacts_dir,
-            mirror_dirs=mirrors,
             work_dir=work,
+            mirror_dirs=tuple(mirrors),
+        )
+        verification = verify(
+            loaded,
+            paths,
+            backend,
             env=env,
             run_as=resolve_run_as(runner_user),
             allow_root_runs=allow_root_runs,

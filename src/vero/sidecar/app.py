@@ -35,7 +35,7 @@ from vero.harbor.process import RUNNER_USER, runner_identity
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
-from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths, SidecarService
+from vero.sidecar.service import SidecarPaths, SidecarService
 from vero.spec.compiled import SidecarConfig
 
 __all__ = ["DRAIN_LIMIT_BYTES", "GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
@@ -271,20 +271,15 @@ def _bind(addresses: list[str] | None, port: int) -> list[socket.socket] | None:
 
 def serve(
     config_path: Path,
+    paths: SidecarPaths,
     *,
-    state_dir: Path,
     host: str,
     port: int,
-    agent_repo: Path,
-    context_dir: Path,
-    cases_dir: Path,
-    baseline_dir: Path | None,
-    work_dir: Path = DEFAULT_WORK_DIR,
     runner_user: str = RUNNER_USER,
     allow_local_agent_calls: bool = False,
-    seal_root: Path | None = None,
 ) -> None:
-    """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM).
+    """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM), reading
+    and writing at `paths`.
 
     Nested runs execute as `runner_user` when this process is root (`runner_identity`). The agent
     surface refuses callers inside this container (`LocalCallerGuard`) unless
@@ -311,15 +306,6 @@ def serve(
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sockets = _bind(listen_addresses(config, host), port)
-    paths = SidecarPaths(
-        state_dir=state_dir,
-        agent_repo=agent_repo,
-        context_dir=context_dir,
-        cases_dir=cases_dir,
-        baseline_dir=baseline_dir,
-        work_dir=work_dir,
-        seal_root=seal_root,
-    )
     service = SidecarService(config, paths, HarborBackend(), run_as=runner_identity(runner_user))
     app = create_app(service, refuse_local_agent_calls=not allow_local_agent_calls)
     server = SidecarServer(

@@ -220,6 +220,9 @@ class SidecarPaths:
         seal_root: sealing writes only below this directory (None: anywhere outside the sidecar's
             own directories).
         context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
+
+    The paths derived from them are properties and methods (`seal_path`, `checkouts_dir`,
+    `slot_tree`, ...); strings given for a field are taken as paths.
     """
 
     state_dir: Path
@@ -230,6 +233,59 @@ class SidecarPaths:
     work_dir: Path = DEFAULT_WORK_DIR
     seal_root: Path | None = None
     context_path_in_main: PurePosixPath = CONTAINER_PATHS.context
+
+    def __post_init__(self) -> None:
+        for name in ("state_dir", "agent_repo", "context_dir", "cases_dir", "baseline_dir", "work_dir", "seal_root"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "context_path_in_main", PurePosixPath(self.context_path_in_main))
+
+    @property
+    def seal_path(self) -> Path:
+        """The seal record (`sealed_at`), beside the state."""
+        return self.state_dir / SEAL_FILE
+
+    @property
+    def intake_path(self) -> Path:
+        """The intake record (`IntakeState`: closed, when and why), beside the state."""
+        return self.state_dir / INTAKE_FILE
+
+    @property
+    def state_path(self) -> Path:
+        """The SQLite state store."""
+        return self.state_dir / STATE_FILE
+
+    @property
+    def checkouts_dir(self) -> Path:
+        """Runner-readable persistent work trees, one per evaluation slot (`slot-<n>`)."""
+        return self.work_dir / "checkouts"
+
+    def slot_tree(self, slot: int) -> Path:
+        """The work tree of evaluation slot `slot`."""
+        return self.checkouts_dir / f"slot-{slot}"
+
+    def slot_index(self, slot: int) -> Path:
+        """What the slot's work tree holds (git's index): root-only, beside the state."""
+        return self.state_dir / "checkouts" / f"slot-{slot}.index"
+
+    @property
+    def nested_jobs_dir(self) -> Path:
+        """The nested runs' Harbor job dirs (runner-writable)."""
+        return self.work_dir / "jobs"
+
+    def artifacts_dir(self, job_id: str) -> Path:
+        """Where a `full` job's artifacts are written (agent-readable)."""
+        return self.context_dir / job_id
+
+    def artifacts_path_in_main(self, job_id: str) -> PurePosixPath:
+        """`artifacts_dir(job_id)` as `main` sees it."""
+        return self.context_path_in_main / job_id
+
+    def own_dirs(self) -> list[Path]:
+        """Every directory of the sidecar's (a seal may write into none of them)."""
+        own = [self.state_dir, self.work_dir, self.context_dir, self.agent_repo, self.cases_dir]
+        return own if self.baseline_dir is None else [*own, self.baseline_dir]
 
 
 class SidecarService:
@@ -273,21 +329,13 @@ class SidecarService:
             raise ValueError("max_concurrent_evaluations must be at least 1")
         self.config = config
         self.paths = paths
-        self.state_dir = Path(paths.state_dir)
-        self.agent_repo = Path(paths.agent_repo)
-        self.context_dir = Path(paths.context_dir)
-        self.cases_dir = Path(paths.cases_dir)
         self.backend = backend
-        self.baseline_dir = Path(paths.baseline_dir) if paths.baseline_dir is not None else None
-        self.work_dir = Path(paths.work_dir)
         self._run_as_setting = run_as
         self.run_as: RunAs | None = None
         self.max_concurrent_evaluations = max_concurrent_evaluations
         self.nested_env = dict(nested_env or {})
-        self.context_path_in_main = PurePosixPath(paths.context_path_in_main)
         self.artifact_limits = artifact_limits or ArtifactLimits()
         self.principal = principal
-        self.seal_root = Path(paths.seal_root) if paths.seal_root is not None else None
         self.policy = AccessPolicy(config.agent_access, config.partitions, principals=(principal,))
 
         self.state: StateStore
@@ -328,26 +376,6 @@ class SidecarService:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    @property
-    def seal_path(self) -> Path:
-        return self.state_dir / SEAL_FILE
-
-    @property
-    def checkouts_dir(self) -> Path:
-        """Runner-readable persistent work trees, one per evaluation slot (`slot-<n>`)."""
-        return self.work_dir / "checkouts"
-
-    def _slot_tree(self, slot: int) -> Path:
-        return self.checkouts_dir / f"slot-{slot}"
-
-    def _slot_index(self, slot: int) -> Path:
-        # Root-only, beside the state: what the slot's work tree holds (git's index).
-        return self.state_dir / "checkouts" / f"slot-{slot}.index"
-
-    @property
-    def nested_jobs_dir(self) -> Path:
-        return self.work_dir / "jobs"
-
     async def start(self) -> None:
         """Open the durable state, recover interrupted jobs, rebuild the baseline, write the token.
 
@@ -374,9 +402,9 @@ class SidecarService:
         for job in recovered:
             _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
         await self._remove_leftovers()
-        if self.baseline_dir is not None:
+        if self.paths.baseline_dir is not None:
             await asyncio.to_thread(self._import_baseline)
-        self.admin_token = await asyncio.to_thread(generate_admin_token, self.state_dir)
+        self.admin_token = await asyncio.to_thread(generate_admin_token, self.paths.state_dir)
         if self.config.inference is not None:
             await self._start_gateway()
         _logger.info(
@@ -386,16 +414,16 @@ class SidecarService:
         )
 
     def _open_state(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Root-only: the admin token and the trusted records must not be readable by the runner.
         if os.geteuid() == 0:
-            os.chown(self.state_dir, 0, 0)
-        os.chmod(self.state_dir, 0o700)
+            os.chown(self.paths.state_dir, 0, 0)
+        os.chmod(self.paths.state_dir, 0o700)
         totals = {
             (partition, self.principal): BudgetTotals(runs=access.total_runs, cases=access.total_cases)
             for partition, access in self.config.agent_access.items()
         }
-        self.state = StateStore.open(self.state_dir / STATE_FILE)
+        self.state = StateStore.open(self.paths.state_path)
         self.ledger = BudgetLedger.open(self.state, totals)
         for line in self.ledger.config_drift:
             _logger.warning("budget ledger differs from the config (persisted figures kept): %s", line)
@@ -410,14 +438,14 @@ class SidecarService:
         for job in self.jobs.with_field("diagnostics"):
             if job.state == "failed" and job.error in CASE_PROBLEM_CODES and job.diagnostics is not None:
                 self._quarantine(job.diagnostics.problems)
-        self.candidates = CandidateStore.open(self.state_dir, self.state, limits=self.config.candidate_limits)
+        self.candidates = CandidateStore.open(self.paths.state_dir, self.state, limits=self.config.candidate_limits)
         # A crash mid-import can leave refs/vero/tmp/*; nothing imports yet, so removing them is safe.
         stale = self.candidates.remove_stale_temporary_refs()
         if stale:
             _logger.warning("removed %d temporary ref(s) left by an interrupted import", stale)
         self.submission = read_submission(self.state)
         try:
-            seal = SealState.model_validate_json(self.seal_path.read_bytes())
+            seal = SealState.model_validate_json(self.paths.seal_path.read_bytes())
         except FileNotFoundError:
             seal = None
         except (OSError, ValidationError):
@@ -426,32 +454,32 @@ class SidecarService:
             self.sealed_at = seal.sealed_at
             self.entrance_open = False
         try:
-            self.intake = IntakeState.model_validate_json((self.state_dir / INTAKE_FILE).read_bytes())
+            self.intake = IntakeState.model_validate_json((self.paths.intake_path).read_bytes())
         except FileNotFoundError:
             self.intake = None
         except (OSError, ValidationError):
             raise LedgerCorrupt("the intake record is unreadable") from None
         if self.intake is not None:
             self.entrance_open = False
-        self.context_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.context_dir, 0o755)  # the agent user in `main` reads it
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.work_dir, 0o755)
+        self.paths.context_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.paths.context_dir, 0o755)  # the agent user in `main` reads it
+        self.paths.work_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.paths.work_dir, 0o755)
         # Slot work trees persist (each update writes only what changed); anything else there is a
         # leftover of an older layout.
-        self.checkouts_dir.mkdir(mode=0o755, exist_ok=True)
-        os.chmod(self.checkouts_dir, 0o755)
-        slots = {self._slot_tree(slot).name for slot in range(self.max_concurrent_evaluations)}
-        for entry in os.scandir(self.checkouts_dir):
+        self.paths.checkouts_dir.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(self.paths.checkouts_dir, 0o755)
+        slots = {self.paths.slot_tree(slot).name for slot in range(self.max_concurrent_evaluations)}
+        for entry in os.scandir(self.paths.checkouts_dir):
             if entry.name not in slots:
                 if entry.is_dir(follow_symlinks=False):
                     _remove_tree(Path(entry.path))
                 else:
                     os.unlink(entry.path)
-        self._slot_index(0).parent.mkdir(mode=0o700, exist_ok=True)
-        self.nested_jobs_dir.mkdir(exist_ok=True, mode=0o700)
+        self.paths.slot_index(0).parent.mkdir(mode=0o700, exist_ok=True)
+        self.paths.nested_jobs_dir.mkdir(exist_ok=True, mode=0o700)
         if self.run_as is not None:
-            os.chown(self.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
+            os.chown(self.paths.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
 
     async def _start_gateway(self) -> None:
         """Serve the inference gateway; budgets spent by complete jobs stay spent across restarts."""
@@ -504,16 +532,16 @@ class SidecarService:
     def _import_baseline(self) -> None:
         from vero.core.baseline import commit_baseline
 
-        assert self.baseline_dir is not None
+        assert self.paths.baseline_dir is not None
         if self.candidates.contains(self.config.baseline_commit):
             # Checked against the baseline files when it was first imported; the store is trusted.
             _logger.info("baseline %s already in the candidate store", self.config.baseline_commit)
             return
-        if not self.baseline_dir.is_dir():
+        if not self.paths.baseline_dir.is_dir():
             raise SpecError.at("baseline_commit", "the baseline files are missing from the sidecar image")
         with tempfile.TemporaryDirectory(prefix="vero-baseline-") as tmp:
             work_tree = Path(tmp) / "baseline"
-            shutil.copytree(self.baseline_dir, work_tree, symlinks=True)
+            shutil.copytree(self.paths.baseline_dir, work_tree, symlinks=True)
             commit = commit_baseline(work_tree)
             if commit != self.config.baseline_commit:
                 raise SpecError.at(
@@ -575,17 +603,14 @@ class SidecarService:
 
     # -- views -----------------------------------------------------------------------------------
 
-    def _artifacts_dir(self, job_id: str) -> Path:
-        return self.context_dir / job_id
-
     def _rule(self, job: EvaluationJob) -> DisclosureRule:
         return self.policy.rule_for(job.disclosure, job.principal, job.partition)
 
     def _artifacts_path(self, job: EvaluationJob) -> str | None:
         """Where `main` finds the job's artifacts, once they are written (`full` only)."""
-        if not (self._artifacts_dir(job.id) / "result.json").is_file():
+        if not (self.paths.artifacts_dir(job.id) / "result.json").is_file():
             return None
-        return str(self.context_path_in_main / job.id)
+        return str(self.paths.artifacts_path_in_main(job.id))
 
     def disclose(self, job: EvaluationJob) -> DisclosedResult | None:
         """What the agent may see of a finished job (`vero.sidecar.disclosure.disclose` under the
@@ -787,7 +812,7 @@ class SidecarService:
         self._admissions += 1
         self._admissions_idle.clear()
         try:
-            record = await self.candidates.import_version(self.agent_repo, request.version)
+            record = await self.candidates.import_version(self.paths.agent_repo, request.version)
             # Sealing may have begun during the import; it waits for admissions, which stop here.
             self._check_entrance()
             job_id = JobStore.new_id()
@@ -828,7 +853,7 @@ class SidecarService:
 
     def _checkout(self, candidate: str, slot: int) -> Path:
         """The slot's persistent work tree, brought to `candidate` (only changed files written)."""
-        update = self.candidates.update_worktree(candidate, self._slot_tree(slot), self._slot_index(slot))
+        update = self.candidates.update_worktree(candidate, self.paths.slot_tree(slot), self.paths.slot_index(slot))
         _make_readable(update.path, update.changed)
         return update.path
 
@@ -839,9 +864,9 @@ class SidecarService:
             partition=job.partition,
             candidate=job.candidate,
             candidate_dir=checkout,
-            cases_dir=self.cases_dir,
+            cases_dir=self.paths.cases_dir,
             case_names=tuple(job.cases),
-            jobs_dir=self.nested_jobs_dir,
+            jobs_dir=self.paths.nested_jobs_dir,
             runtime=self.config.runtime,
             harbor=self.config.harbor,
             scoring=self.config.scoring,
@@ -850,7 +875,7 @@ class SidecarService:
             session=self.session_id,
             # The judge of a case where the candidate cannot be installed: the baseline (the
             # baseline itself is judged by its own attempts).
-            baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.baseline_dir,
+            baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.paths.baseline_dir,
         )
 
     async def _run_job(self, job_id: str) -> None:
@@ -1026,7 +1051,7 @@ class SidecarService:
                 copy_trial_artifacts,
                 result,
                 payload,
-                self._artifacts_dir(job.id),
+                self.paths.artifacts_dir(job.id),
                 secret_values=self._secret_values(),
                 limits=self.artifact_limits,
             )
@@ -1069,7 +1094,7 @@ class SidecarService:
             raise SubmissionsClosed(_INTAKE_CLOSED_TEXT + ": no further submission")
         assert self._submit_lock is not None
         async with self._submit_lock:
-            record = await self.candidates.import_version(self.agent_repo, version)
+            record = await self.candidates.import_version(self.paths.agent_repo, version)
             if not self.entrance_open:
                 raise SubmissionsClosed(_INTAKE_CLOSED_TEXT + ": no further submission")
             if self.submission is not None and self.submission.candidate == record.id:
@@ -1102,7 +1127,7 @@ class SidecarService:
             if self.intake is None:  # a concurrent call may have recorded it meanwhile
                 closed = IntakeState(closed_at=_now(), reason=reason)
                 try:
-                    await asyncio.to_thread(atomic_write_model, self.state_dir / INTAKE_FILE, closed)
+                    await asyncio.to_thread(atomic_write_model, self.paths.intake_path, closed)
                 except OSError as exc:
                     if is_out_of_space(exc):
                         raise StorageFull("the intake record could not be written: a file system is full") from None
@@ -1148,14 +1173,14 @@ class SidecarService:
                     if still:
                         await asyncio.gather(*still, return_exceptions=True)
                 sealed_at = _now()
-                await asyncio.to_thread(atomic_write_model, self.seal_path, SealState(sealed_at=sealed_at))
+                await asyncio.to_thread(atomic_write_model, self.paths.seal_path, SealState(sealed_at=sealed_at))
                 self.sealed_at = sealed_at
                 _logger.info("session sealed (%d job(s) cancelled and refunded)", n_cancelled)
             archive = Path(output_dir) / "session.tar.gz"
             try:
                 digest = await asyncio.to_thread(
                     write_session_archive,
-                    self.state_dir,
+                    self.paths.state_dir,
                     archive,
                     name=self.config.name,
                     spec_digest=self.config.spec_digest,
@@ -1180,12 +1205,9 @@ class SidecarService:
         archive holds every trusted record and must never land where the agent or a candidate
         reads (context dir, agent repository, work dir) or inside the state it describes."""
         target = Path(os.path.realpath(output_dir))
-        if self.seal_root is not None and not target.is_relative_to(os.path.realpath(self.seal_root)):
-            raise RequestInvalid(f"invalid request: output_dir: must be inside {self.seal_root}")
-        own = [self.state_dir, self.work_dir, self.context_dir, self.agent_repo, self.cases_dir]
-        if self.baseline_dir is not None:
-            own.append(self.baseline_dir)
-        for directory in own:
+        if self.paths.seal_root is not None and not target.is_relative_to(os.path.realpath(self.paths.seal_root)):
+            raise RequestInvalid(f"invalid request: output_dir: must be inside {self.paths.seal_root}")
+        for directory in self.paths.own_dirs():
             if target.is_relative_to(os.path.realpath(directory)):
                 raise RequestInvalid(
                     "invalid request: output_dir: must not be inside the sidecar's own "

@@ -6,7 +6,7 @@ each: `selection` (which candidate ships), `scoring` (the verifier's own nested 
 (`experiment.html`). Harbor itself is only reached through the `EvaluationBackend` the caller passes.
 """
 
-from vero.verifier._verify import RebuiltBaseline, rebuild_baseline, verify
+from vero.verifier._verify import RebuiltBaseline, VerifierPaths, rebuild_baseline, verify
 from vero.verifier.artifacts import Finalization, SessionStatus, build_status
 from vero.verifier.report import render_report, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
@@ -20,6 +20,7 @@ __all__ = [
     "Scorer",
     "Selection",
     "SessionStatus",
+    "VerifierPaths",
     "build_status",
     "failure_rewards",
     "rebuild_baseline",

@@ -107,17 +107,46 @@ def _trees(session: Session) -> dict[str, str]:
     return trees
 
 
+@dataclass(frozen=True)
+class VerifierPaths:
+    """Where one verification reads and writes (the container's paths: `vero.spec.compiled.CONTAINER_PATHS`).
+
+    Attributes:
+        session_archive: the sealed `session.tar.gz` (its `.sha256` beside it).
+        cases_dir: the cases of the target and selection partitions (`/opt/vero/cases`).
+        baseline_dir: the baseline files (`/opt/vero/baseline`).
+        reward_path: Harbor's reward file (`/logs/verifier/reward.json`); replaced, never followed.
+        artifacts_dir: operator artifacts (`/logs/verifier/artifacts`).
+        work_dir: scratch space (extracted session, checkouts, nested Harbor jobs); created.
+        mirror_dirs: more directories receiving the same artifacts (`/logs/artifacts`).
+
+    Strings given for a field are taken as paths.
+    """
+
+    session_archive: Path
+    cases_dir: Path
+    baseline_dir: Path
+    reward_path: Path
+    artifacts_dir: Path
+    work_dir: Path
+    mirror_dirs: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("session_archive", "cases_dir", "baseline_dir", "reward_path", "artifacts_dir", "work_dir"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+        object.__setattr__(self, "mirror_dirs", tuple(Path(d) for d in self.mirror_dirs))
+
+    @property
+    def artifact_dirs(self) -> list[Path]:
+        """`artifacts_dir` and each of `mirror_dirs`: where every artifact is written."""
+        return [self.artifacts_dir, *self.mirror_dirs]
+
+
 async def verify(
     config: VerifierConfig,
-    session_archive: str | Path,
-    *,
+    paths: VerifierPaths,
     backend: EvaluationBackend,
-    cases_dir: str | Path,
-    baseline_dir: str | Path,
-    reward_path: str | Path,
-    artifacts_dir: str | Path,
-    work_dir: str | Path,
-    mirror_dirs: Sequence[str | Path] = (),
+    *,
     env: Mapping[str, str] | None = None,
     run_as: RunAs | None = None,
     allow_root_runs: bool = False,
@@ -131,19 +160,14 @@ async def verify(
     `config.baseline_commit`); the baseline files are rebuilt and checked; the candidate is selected
     (`vero.verifier.selection`); it is scored on every target partition; `reward.json` is rewritten
     with the measured values (failure values where a target was not measured); then
-    `finalization.json`, `status.json` and `experiment.html` are written to `artifacts_dir` and
-    each of `mirror_dirs`.
+    `finalization.json`, `status.json` and `experiment.html` are written to `paths.artifacts_dir`
+    and each of `paths.mirror_dirs`.
 
     Args:
         config: the verifier's compiled config.
-        session_archive: the sealed `session.tar.gz` (its `.sha256` beside it).
+        paths: where it reads (the session archive, the cases, the baseline) and writes (the
+            reward, the artifacts and their mirrors, scratch space).
         backend: runs nested evaluations (`vero.harbor.HarborBackend`).
-        cases_dir: the cases of the target and selection partitions (`/opt/vero/cases`).
-        baseline_dir: the baseline files (`/opt/vero/baseline`).
-        reward_path: Harbor's reward file (`/logs/verifier/reward.json`); replaced, never followed.
-        artifacts_dir: operator artifacts (`/logs/verifier/artifacts`).
-        work_dir: scratch space (extracted session, checkouts, nested Harbor jobs); created.
-        mirror_dirs: more directories receiving the same artifacts (`/logs/artifacts`).
         env: extra environment of the nested runs (secret values by name); default none.
         run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
         inference_keys: provider keys by secret name for the inference gateway served during the
@@ -163,10 +187,8 @@ async def verify(
         asyncio.CancelledError: cancelled; `reward.json` then holds the failure values.
     """
     started_at = datetime.now(UTC)
-    archive = Path(session_archive)
-    reward_path = Path(reward_path)
-    work = Path(work_dir)
-    dirs = [Path(artifacts_dir), *(Path(d) for d in mirror_dirs)]
+    archive, reward_path, work = paths.session_archive, paths.reward_path, paths.work_dir
+    dirs = paths.artifact_dirs
     rewards = failure_rewards(config)
     write_reward_file(reward_path, rewards)
 
@@ -208,20 +230,20 @@ async def verify(
     targets: list[TargetOutcome] = []
     try:
         baseline_dest = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "tree"
-        baseline = await asyncio.to_thread(rebuild_baseline, Path(baseline_dir), baseline_dest, config.baseline_commit)
+        baseline = await asyncio.to_thread(rebuild_baseline, paths.baseline_dir, baseline_dest, config.baseline_commit)
         if baseline.error:
             errors.append(baseline.error)
         scorer = Scorer(
             backend=backend,
             config=config,
             checkout=_checkout_from(session, baseline, config),
-            cases_dir=Path(cases_dir),
+            cases_dir=paths.cases_dir,
             work_dir=work,
             env=env,
             run_as=run_as,
             refusal=refusal,
             runtime=runtime,
-            baseline_dir=Path(baseline_dir) if baseline.available else None,
+            baseline_dir=paths.baseline_dir if baseline.available else None,
         )
         selection = await _select(config, session, baseline, scorer)
         if selection.shipped is None:
