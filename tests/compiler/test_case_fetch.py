@@ -3,10 +3,10 @@ real git transport (`file://`, which takes the same path through git's transport
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.compiler.cases import CaseStore
 from vero.errors import SpecError
@@ -15,27 +15,24 @@ from vero.spec.cases import CaseSource
 pytestmark = pytest.mark.timeout(120)
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def task_repo(tmp_path) -> tuple[Path, str]:
     repo = tmp_path / "upstream"
-    task = repo / "tasks" / "hello"
-    (task / "tests").mkdir(parents=True)
-    (task / "task.toml").write_text('version = "1.0"\n')
-    (task / "instruction.md").write_text("Say hello.\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
-    _git(tmp_path, "init", "-q", str(repo))
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-qm", "task")
-    return repo, _git(repo, "rev-parse", "HEAD").strip()
+    commit = commit_files(
+        repo,
+        {
+            "tasks/hello/task.toml": 'version = "1.0"\n',
+            "tasks/hello/instruction.md": "Say hello.\n",
+            "tasks/hello/tests/test.sh": "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+        },
+        message="task",
+    )
+    return repo, commit
 
 
 def test_a_pinned_commit_is_fetched_without_its_git_dir(tmp_path, task_repo, monkeypatch):
     repo, commit = task_repo
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q", "--allow-empty", "-m", "later")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "later")
     # An inherited GIT_DIR would point git at another repository; the hardened runner drops it.
     monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))
     store = CaseStore(tmp_path / "staging", "cases.dataset")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import git as gitpython
 import pytest
+from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.candidates import CandidateStore
@@ -16,7 +17,7 @@ from vero.core.state import StateStore
 from vero.errors import CandidateRejected, CandidateTooLarge
 from vero.spec.models import CandidateLimits
 
-from .test_candidates import chown_agent, commit_files, git, snapshot
+from .test_candidates import chown_agent, snapshot
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.baseline import commit_baseline
 from vero.core.candidates import REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore
@@ -20,43 +21,6 @@ from vero.errors import CandidateRejected
 pytestmark = pytest.mark.timeout(120)
 
 AGENT_UID = 1001  # the `agent` user of the main container owns the workspace
-
-
-def git(repo: Path, *args: str, input: bytes | None = None) -> str:
-    """Plain git as the test's own tool (the agent's side), with a clean identity and config."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(repo),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "agent",
-        "GIT_AUTHOR_EMAIL": "agent@example.com",
-        "GIT_COMMITTER_NAME": "agent",
-        "GIT_COMMITTER_EMAIL": "agent@example.com",
-    }
-    result = subprocess.run(
-        ["git", "-c", "safe.directory=*", "-C", str(repo), *args], env=env, input=input, check=True, capture_output=True
-    )
-    return result.stdout.decode().strip()
-
-
-def commit_files(repo: Path, files: dict[str, str | tuple[str, str]], message: str = "change") -> str:
-    """Write files into the work tree (`("link", target)` makes a symlink) and commit them all."""
-    if not (repo / ".git").exists():
-        repo.mkdir(parents=True, exist_ok=True)
-        git(repo, "init", "-q", "-b", "main")
-    for rel, content in files.items():
-        path = repo / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, tuple):
-            kind, value = content
-            assert kind == "link"
-            path.symlink_to(value)
-        else:
-            path.write_text(content)
-    git(repo, "add", "-A", "-f")
-    git(repo, "commit", "-q", "--allow-empty", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
 
 
 def chown_agent(repo: Path) -> None:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from gitrepo import commit_file  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.archive import canonical_tar_bytes, file_digest
 from vero.core.candidates import CandidateStore
@@ -26,25 +27,13 @@ SPEC_DIGEST = "sha256:" + "1" * 64
 SEALED_AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
-def _commit(repo: Path, name: str, text: str) -> str:
-    (repo / name).write_text(text)
-    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
-    subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", name], check=True
-    )
-    return subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 @pytest.fixture
 def state(tmp_path: Path) -> tuple[Path, str, str]:
     """A sidecar-like state dir: two candidates, a ledger with one settled run, a job, a submission."""
     agent = tmp_path / "agent"
     agent.mkdir()
-    subprocess.run(["git", "init", "-q", str(agent)], check=True)
-    first = _commit(agent, "a.txt", "one")
-    second = _commit(agent, "b.txt", "two")
+    first = commit_file(agent, "a.txt", "one")
+    second = commit_file(agent, "b.txt", "two")
     state_dir = tmp_path / "state"
     state_store = StateStore.open(state_dir / "state.db")
     store = CandidateStore.open(state_dir, state_store)

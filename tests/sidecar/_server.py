@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -44,25 +43,20 @@ from vero.spec.models import (
     ScoringSpec,
 )
 
+try:  # the tests' one set of git helpers: tests/ is on sys.path under pytest
+    from gitrepo import commit_file, git
+except ModuleNotFoundError:  # `python -m tests.sidecar._server` (a child sidecar) runs from the repository root
+    from tests.gitrepo import commit_file, git
+
 __all__ = [
-    "GIT_ENV",
     "ServerThread",
     "SidecarHarness",
     "StubBackend",
     "commit_file",
+    "git",
     "make_config",
     "make_harness",
 ]
-
-GIT_ENV = {
-    **os.environ,
-    "GIT_AUTHOR_NAME": "agent",
-    "GIT_AUTHOR_EMAIL": "agent@example.invalid",
-    "GIT_COMMITTER_NAME": "agent",
-    "GIT_COMMITTER_EMAIL": "agent@example.invalid",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 DEFAULT_PARTITIONS = {
     "train": [f"t{i}" for i in range(1, 7)],
@@ -83,22 +77,6 @@ DEFAULT_ACCESS = {
         disclosure="none", min_aggregate_cases=1, total_runs=2, total_cases=6, timing_quantum_sec=0.2
     ),
 }
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def commit_file(repo: Path, name: str, content: str, message: str = "change") -> str:
-    """Write `name` in the agent repo, commit it, return the commit id."""
-    path = repo / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
 
 
 def make_config(
