@@ -162,6 +162,60 @@ def test_git_target_uses_the_committed_head_and_says_so(tmp_path):
     assert os.access(baseline / "run.sh", os.X_OK)
 
 
+def _git_commit_all(repo):
+    from gitrepo import git
+
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+
+
+def test_a_target_in_a_subdirectory_of_a_git_work_tree_uses_that_subdirectory_of_head(tmp_path):
+    # The work tree is the spec's whole folder; the target is its `target/` subdirectory (as
+    # tasks/*/target are in this repository). Edits not committed stay out of the baseline.
+    tree = make_spec_tree(tmp_path / "spec")
+    target = tree.root / "target"
+    _git_commit_all(tree.root)
+    (target / "prog.py").write_text('print("uncommitted")\n')
+    (target / "untracked.txt").write_text("not committed\n")
+    (tree.root / "elsewhere.txt").write_text("a change outside the target\n")
+    out = tmp_path / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "uncommitted" in done.stderr and "target/" in done.stderr
+    baseline = TaskLayout(out).main.baseline_dir
+    assert (baseline / "prog.py").read_text() == 'print("wrong")\n'
+    assert not (baseline / "untracked.txt").exists()
+    assert not (baseline / "target").exists() and not (baseline / "build.yaml").exists()
+    assert (baseline / "util-link.py").is_symlink()
+    assert os.access(baseline / "run.sh", os.X_OK)
+
+
+def test_a_clean_subdirectory_target_gets_no_note_though_the_work_tree_has_other_changes(tmp_path):
+    tree = make_spec_tree(tmp_path / "spec")
+    _git_commit_all(tree.root)
+    (tree.root / "elsewhere.txt").write_text("a change outside the target\n")
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "task"))
+    assert done.returncode == 0, done.stderr
+    assert "uncommitted" not in done.stderr
+
+
+def test_a_directory_inside_a_work_tree_that_head_does_not_track_is_a_plain_directory(tmp_path):
+    tree = make_spec_tree(tmp_path / "spec")
+    (tmp_path / "README").write_text("the work tree's only file\n")
+    _git_commit_all(tmp_path)  # commits everything, then the target leaves HEAD
+    from gitrepo import git
+
+    git(tmp_path, "rm", "-r", "-q", "--cached", "spec/target")
+    git(tmp_path, "commit", "-q", "-m", "the target leaves HEAD")
+    (tree.root / "target" / "prog.py").write_text('print("as it is")\n')
+    out = tmp_path / "out" / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "does not track it" in done.stderr
+    assert (TaskLayout(out).main.baseline_dir / "prog.py").read_text() == 'print("as it is")\n'
+
+
 def test_the_minimal_example_builds(tmp_path):
     done = run_vero(
         "harbor",

@@ -1,8 +1,11 @@
 """Export the target's baseline files, copy trees safely, and digest trees (docs/design.md §5).
 
-A target is a **Git target** when `target.path` is the top of a Git work tree (it holds `.git`):
-its baseline is `git archive HEAD`, so uncommitted and untracked changes are not part of it (the
-export says so in a note). Any other directory is a **plain directory** whose files are the baseline.
+A target is a **Git target** when `target.path` is the top of a Git work tree (it holds `.git`)
+or a directory inside one that the work tree's `HEAD` tracks: its baseline is `git archive HEAD`
+(of that subdirectory's tree, `HEAD:<prefix>`, for a subdirectory), so uncommitted and untracked
+changes are not part of it (the export says so in a note). The work tree is found as git finds it,
+by the nearest `.git` entry above the directory. Any other directory (also one inside a work tree
+whose `HEAD` does not track it) is a **plain directory** whose files are the baseline.
 
 Every tree that enters a compiled task (baseline, reference overlay, cases) is checked first: no
 link that is absolute or leaves the tree, no special file (device, socket, FIFO), and for the
@@ -183,12 +186,27 @@ def tree_digest(root: Path) -> str:
     return digest_json(entries)
 
 
-def _export_git(repo: Path, dest: Path) -> BaselineExport:
+def _enclosing_work_tree(target: Path) -> Path | None:
+    """The top of the Git work tree `target` lies strictly inside, or None.
+
+    Found as git discovers a repository (the nearest parent holding a `.git` entry, a directory or
+    a worktree's file), without running git: git's own discovery refuses a work tree owned by
+    another user, and the export would then silently take the uncommitted files.
+    """
+    for parent in target.parents:
+        if os.path.lexists(parent / ".git"):
+            return parent
+    return None
+
+
+def _export_git(repo: Path, dest: Path, *, prefix: str = "") -> BaselineExport:
+    """Export `HEAD` (or, with `prefix`, HEAD's tree at that subdirectory) of the work tree `repo`."""
     if run_git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")[0] != 0:
         raise SpecError.at("target.path", f"the Git repository {repo} has no commit at HEAD")
-    status, archive = run_git(repo, "archive", "--format=tar", "HEAD")
+    tree_ish = f"HEAD:{prefix}" if prefix else "HEAD"
+    status, archive = run_git(repo, "archive", "--format=tar", tree_ish)
     if status != 0:
-        raise SpecError.at("target.path", f"git archive HEAD failed in {repo}")
+        raise SpecError.at("target.path", f"git archive {tree_ish} failed in {repo}")
     dest.mkdir(parents=True)
     count = 0
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
@@ -214,13 +232,23 @@ def _export_git(repo: Path, dest: Path) -> BaselineExport:
     # Links (and reserved paths) are checked once the whole tree exists (a link may point at a later entry).
     check_tree(dest, "target.path", what="the target's HEAD", repository=True)
     notes: list[str] = []
-    status, changes = run_git(repo, "status", "--porcelain", "--untracked-files=normal")
+    pathspec = ["--", f":(top,literal){prefix}"] if prefix else []
+    status, changes = run_git(repo, "status", "--porcelain", "--untracked-files=normal", *pathspec)
     if status == 0 and changes.strip():
+        where = f"{prefix}/ in the Git repository {repo}" if prefix else "the Git repository"
         notes.append(
-            "target.path: the baseline is the committed HEAD of the Git repository; its uncommitted "
+            f"target.path: the baseline is the committed HEAD of {where}; its uncommitted "
             "and untracked changes are not part of the compiled task"
         )
     return BaselineExport("git", count, tuple(notes))
+
+
+def _tracked_prefix(repo: Path, target: Path) -> str | None:
+    """`target`'s path relative to the work tree `repo` when HEAD holds a tree there, else None."""
+    prefix = target.resolve().relative_to(repo.resolve()).as_posix()
+    # After `HEAD:` everything is a path (a `^{tree}` suffix would be read as part of it).
+    status, kind = run_git(repo, "cat-file", "-t", f"HEAD:{prefix}")
+    return prefix if status == 0 and kind.strip() == b"tree" else None
 
 
 def export_baseline(target: Path, dest: Path) -> BaselineExport:
@@ -230,17 +258,30 @@ def export_baseline(target: Path, dest: Path) -> BaselineExport:
         target: `target.path` of the spec (absolute).
         dest: directory to create; must not exist.
 
+    A directory inside a Git work tree whose HEAD tracks it is exported from HEAD, as the top of a
+    work tree is; one that HEAD does not track is read as a plain directory, with a note.
+
     Raises:
         SpecError: at `target.path` when the target has no commit (Git), its tree holds a link
             leaving it, an absolute link, a special file, nested Git data or the reserved `.vero/`,
             or it has no file at all.
     """
+    enclosing = None if os.path.lexists(target / ".git") else _enclosing_work_tree(target)
+    prefix = _tracked_prefix(enclosing, target) if enclosing is not None else None
     if os.path.lexists(target / ".git"):
         export = _export_git(target, dest)
+    elif enclosing is not None and prefix is not None:
+        export = _export_git(enclosing, dest, prefix=prefix)
     else:
         count = check_tree(target, "target.path", what="the target", repository=True)
         copy_tree(target, dest)
-        export = BaselineExport("directory", count)
+        notes: tuple[str, ...] = ()
+        if enclosing is not None:
+            notes = (
+                f"target.path: the directory is inside the Git work tree {enclosing}, whose HEAD does "
+                "not track it; the baseline is its files as they are",
+            )
+        export = BaselineExport("directory", count, notes)
     if export.n_files == 0:
         raise SpecError.at("target.path", "the target has no files; the baseline needs at least one")
     return export
