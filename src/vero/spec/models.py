@@ -3,7 +3,8 @@
 The file mirrors these models one to one; unknown keys are rejected everywhere. Cross-field rules
 (partitions disjoint, targets hidden, selection visible, pinned Harbor, ...) live in
 `vero.spec.validation` so that every problem is reported with its YAML path in one pass.
-docs/design.md §4 gives the meaning of each field.
+The attribute docstrings are the field reference: `docs/spec.md` is generated from them
+(`python -m vero.spec.reference docs/spec.md`; a test checks the committed file is current).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become field descriptions: the JSON schema and docs/spec.md read them.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class CandidateRuntime(_Model):
@@ -90,17 +92,22 @@ class CandidateLimits(_Model):
 
 class _TargetBase(_Model):
     path: Path
-    """The editable repository: a Git work tree (its `HEAD` is the baseline) or a plain directory."""
+    """The editable repository: a Git work tree, or a directory inside one that its `HEAD` tracks
+    (`HEAD`'s files are the baseline; uncommitted and untracked changes are left out, with a note),
+    or a plain directory (its files are the baseline)."""
     reference: Path | None = None
     """The oracle's reference change: a patch file (`git apply`) or a directory overlaid on the checkout."""
     limits: CandidateLimits = CandidateLimits()
-    """Size limits of every candidate (files, total bytes, largest file)."""
+    """Size limits of every candidate, as Git counts them (symlinks are files, submodule entries
+    nothing). A version over one is refused with 413
+    before anything is fetched, charged or run; the build refuses a baseline over them."""
 
 
 class AgentTarget(_TargetBase):
     """The candidate is a Harbor agent class inside the target repository."""
 
     kind: Literal["agent"]
+    """`agent` (the candidate is a Harbor agent class) or `program` (the candidate is files)."""
     agent_import_path: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     """`module.path:ClassName`, importable with the checkout on `PYTHONPATH`."""
 
@@ -112,10 +119,13 @@ class ProgramTarget(_TargetBase):
     """The candidate is files; the built-in install agent copies them into each case environment."""
 
     kind: Literal["program"]
+    """`agent` (the candidate is a Harbor agent class) or `program` (the candidate is files)."""
     install_path: str = Field(pattern=r"^/[^\x00]*$")
-    """Absolute path in each case environment that receives the checkout."""
+    """Absolute path in each case environment where vero's install agent uploads the checkout
+    (read-only to the candidate user afterwards)."""
     install_command: str | None = None
-    """Optional shell command run (as the case's agent user, in `install_path`) after the upload."""
+    """Optional shell command run in `install_path` after the upload, as the unprivileged candidate
+    user `vero-candidate` through `vero-kit run` (never as root); a failure is `install_failed`."""
 
     def runtime(self) -> CandidateRuntime:
         return CandidateRuntime(kind="program", install_path=self.install_path, install_command=self.install_command)
@@ -125,7 +135,8 @@ class CasesSpec(_Model):
     """Where the inner Harbor tasks come from and how they are split into partitions."""
 
     path: Path | None = None
-    """A local folder whose immediate subdirectories are Harbor task dirs (the case name is the dir name)."""
+    """A local folder whose immediate subdirectories are Harbor task dirs (the case name is the dir
+    name). Either this or `dataset`."""
     dataset: str | None = None
     """A registry dataset pinned as `name@version` (Harbor's JSON registry format)."""
     registry_path: Path | None = None
@@ -140,10 +151,16 @@ class ScoringSpec(_Model):
     """How a case trial's rewards become a score."""
 
     reward_key: str = "reward"
-    """Key read from each trial's `verifier_result.rewards`."""
+    """Key read from each case trial's rewards (`verifier_result.rewards`: what a case's tests
+    write, e.g. `vero-kit reward KEY=VALUE`). Not the key of the compiled task's own reward: that
+    is `targets.<partition>.reward_key`."""
     direction: Direction = "maximize"
+    """`maximize` (a larger reward is better) or `minimize`."""
     failure_value: float | None = None
-    """Score of a dead attempt (no valid reward). Default 0.0 when maximizing; required when minimizing."""
+    """Score of one dead attempt of a case (no valid reward, timed out, out of range, ...): a case
+    test that fails a candidate should write a real score (e.g. `vero-kit reward 0`), and
+    `vero-kit no-reward` only for a harness error, which scores this value too. Also the default of
+    each `targets.<partition>.failure_value`. Default 0.0 when maximizing; required when minimizing."""
     reward_range: tuple[float, float] | None = None
     """`[lo, hi]` (inclusive): a reward outside it is an invalid attempt, scored at the failure value
     and flagged `reward_out_of_range`. A guard for cases whose tests do not use the case kit (whose
@@ -205,6 +222,9 @@ class PartitionAccess(_Model):
     """What the coding agent may do with one partition."""
 
     disclosure: Disclosure
+    """`full` (score, per-case results, trial artifacts in `/vero/context/<job>/`), `aggregate`
+    (scores and counts over fixed blocks) or `none` (an acknowledgement, shown finished on a fixed
+    quantum)."""
     min_aggregate_cases: int = Field(default=5, ge=1)
     """Floor of an `aggregate` answer: the partition and each declared block must hold at least this many cases."""
     blocks: Annotated[int, Field(ge=1, strict=True)] | list[list[Name]] | None = None
@@ -250,7 +270,8 @@ class SelectionSpec(_Model):
     """How the verifier picks the candidate it scores."""
 
     mode: Literal["submit", "auto_best"] = "submit"
-    """`submit`: the agent's recorded submission; `auto_best`: the best full evaluation on `partition`."""
+    """`submit`: the agent's recorded submission (none recorded: the baseline); `auto_best`: the
+    best full evaluation on `partition`, the top `rescore_top_k` re-scored by the verifier."""
     partition: Name | None = None
     """Agent-accessible partition used by `auto_best` and `baseline_floor` (required for either)."""
     rescore_top_k: int = Field(default=1, ge=1)
@@ -263,16 +284,19 @@ class TargetPartition(_Model):
     """A hidden partition scored by the verifier."""
 
     reward_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    """Key in Harbor's `reward.json`. Default: `reward` for a single target, else the partition name."""
+    """Key the verifier writes this target's reward under in the compiled task's `reward.json`
+    (what the outer `harbor run` reports). Default: `reward` for a single target, else the
+    partition name. The cases' own key is `scoring.reward_key`."""
     failure_value: float | None = None
-    """Reward written when the target cannot be measured. Default: `scoring.failure_value`."""
+    """Reward written for the whole target when it cannot be measured (a broken case, no valid
+    measurement); it can never beat a real measurement. Default: `scoring.failure_value`."""
 
 
 class HarborSpec(_Model):
-    """Nested `harbor run` settings (docs/design.md §8)."""
+    """Nested `harbor run` settings (docs/architecture.md, "Nested runs")."""
 
     requirement: str = "harbor==0.26.0"
-    """Pinned requirement installed in the sidecar and verifier images (`harbor==X` or `harbor[modal]==X`)."""
+    """Exactly pinned requirement installed in the sidecar and verifier images (`harbor==X` or `harbor[modal]==X`)."""
     environment: str = "docker"
     """Harbor environment of the nested runs and of the compiled task (`docker`, `modal`, ...)."""
     n_concurrent: int = Field(default=2, ge=1)
@@ -346,23 +370,25 @@ class InferenceModel(_Model):
 
 
 class InferenceSpec(_Model):
-    """The inference gateway in the sidecar and the verifier (see the README's trust section).
+    """The inference gateway in the sidecar and the verifier (docs/trust-model.md).
 
     Candidate agents reach models only through it: per-evaluation tokens, this allow-list, metered
     tokens and cost, and each partition's `total_inference_usd`."""
 
     providers: dict[Name, InferenceProvider]
+    """Upstream providers by name (`inference.models.<model>.provider` names one)."""
     models: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")], InferenceModel]
     """The allow-list: model name candidates send -> its provider and price."""
     evaluation_limit_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Most one evaluation may spend (sidecar and verifier alike); default: no per-evaluation cap in the
     sidecar (the partition's budget still applies) and 10 US dollars per evaluation in the verifier."""
     route_case_services: bool = False
-    """Route the case containers' own model-backed services (a user simulator, a grader) through the
-    gateway: nested runs get `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`ANTHROPIC_BASE_URL`/
+    """`harbor.environment: docker` only, an explicit switch. Route the case containers' own
+    model-backed services (a user simulator, a grader) through the gateway: nested runs get
+    `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`ANTHROPIC_BASE_URL`/
     `ANTHROPIC_API_KEY` set to the gateway and the evaluation's token for the cases' `${VAR}`
     templates (never the provider keys, with or without this switch). The case containers must be
-    able to reach the role's gateway, which listens on its loopback (README, "Inference")."""
+    able to reach the role's gateway: one internal network per evaluation (docs/inference.md)."""
     timeout_sec: float = Field(default=300.0, gt=0)
     """Limit of one upstream call, streams included (seconds, from when the gateway forwards it).
     A call with no answer by then fails (504) and is not charged; a stream still going then is
@@ -376,32 +402,47 @@ class ImagesSpec(_Model):
     """Base images of the compiled task's containers. A local tag works where no registry is reachable."""
 
     main: str = "python:3.13-slim"
+    """Base image of `main`, the agent's container (pin an `@sha256:` digest for production)."""
     sidecar: str = "python:3.13-slim"
+    """Base image of `eval-sidecar`."""
     verifier: str = "python:3.13-slim"
+    """Base image of the verifier; with `harbor.environment: modal`, images must come from a
+    registry Modal can pull."""
 
 
 class OptimizationSpec(_Model):
     """The whole `build.yaml`."""
 
     schema_version: Literal[1] = 1
+    """The spec format's version: `1`."""
     name: Name
+    """The task's name (`vero/<name>` in Harbor)."""
     description: str = ""
+    """The goal, as the agent reads it in `instruction.md`."""
     target: Annotated[AgentTarget | ProgramTarget, Field(discriminator="kind")]
+    """The editable repository and what its candidates are (`kind`)."""
     cases: CasesSpec
+    """The evaluation cases (Harbor task dirs) and their partitions."""
     scoring: ScoringSpec = ScoringSpec()
+    """How a case trial's rewards become a score."""
     agent_access: dict[Name, PartitionAccess]
     """Partition -> what the agent may do with it. Partitions not listed are not agent-accessible."""
     disclose_budget: bool = True
     """Show budget figures in `/status` and the instruction (enforcement is the same either way)."""
     selection: SelectionSpec = SelectionSpec()
+    """How the verifier picks the candidate it scores."""
     targets: dict[Name, TargetPartition]
     """Hidden partitions scored by the verifier."""
     harbor: HarborSpec = HarborSpec()
+    """Nested `harbor run` settings and the compiled task's timeouts."""
     secrets: list[str] = Field(default_factory=list)
-    """Names of host environment variables passed to the trusted services (never their values)."""
+    """Names of host environment variables passed to the trusted services, the sidecar and the
+    verifier (never their values: compiled files hold `${NAME}` placeholders). A name may not be
+    substituted."""
     inference: InferenceSpec | None = None
     """The inference gateway for candidate agents' model calls (None: no gateway)."""
     images: ImagesSpec = ImagesSpec()
+    """Base images of the compiled task's containers."""
 
     @field_validator("secrets")
     @classmethod

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compiler.conftest import HIDDEN_PARTITION, SpecTree, make_spec_tree
 from typer.testing import CliRunner
 
 from vero.cli import app
-
-from .conftest import HIDDEN_PARTITION, SpecTree, make_spec_tree
 
 pytestmark = pytest.mark.timeout(120)
 
