@@ -101,7 +101,7 @@
 
 /* World-writable dirs every Debian-like image and Docker container has: /run/lock (and /var/lock, a link
  * to it) on Debian and Ubuntu, /dev/mqueue (POSIX message queues, mounted by Docker). Other
- * world-writable dirs a case image adds are not swept (README "Writing program cases"). */
+ * world-writable dirs a case image adds are not swept (docs/cases.md "Writing program cases"). */
 static const char *const TEMP_DIRS[] = {"/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue", NULL};
 
 struct candidate {

@@ -101,7 +101,7 @@ CHECK_CODES: dict[str, str] = {
     "probe_not_exercised": "--probe: the tests never opened a file of the installed candidate",
     "reference_not_better": "the reference beats the baseline on no case",
 }
-"""Every problem `vero harbor check` reports, by code (the README's table), in the order a row lists them."""
+"""Every problem `vero harbor check` reports, by code (docs/operating.md's table), in the order a row lists them."""
 
 
 class _Model(BaseModel):
@@ -443,7 +443,7 @@ async def _probe_one(
                 detail=(
                     "a process of the candidate user, planted when the tests first opened a file of the installed "
                     f"candidate, {'; '.join(found.findings)}: run candidate code only through vero-kit run and write "
-                    'the reward with vero-kit reward (README "Writing program cases")'
+                    'the reward with vero-kit reward (docs/cases.md "Writing program cases")'
                 ),
             )
         ]

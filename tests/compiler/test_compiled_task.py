@@ -30,7 +30,7 @@ HARBOR = str(Path(sys.executable).with_name("harbor"))
 
 ALLOWED_LINT_FINDINGS = {
     # environment: docker. Nested `harbor run`s in the sidecar and in the verifier reach the host's
-    # engine through its socket (docs/design.md §2, §8); that bind source necessarily lies outside the task.
+    # engine through its socket (docs/trust-model.md); that bind source necessarily lies outside the task.
     # It is mounted read-only from /run/docker.sock, so `compose-writable-bind-mount` and
     # `compose-symlink-bind-mount` (/var/run is a link to /run) do not fire: this one finding is left.
     ("compose-external-bind-mount", "environment/docker-compose.yaml", "services.eval-sidecar.volumes[2]"),

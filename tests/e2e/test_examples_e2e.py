@@ -150,7 +150,7 @@ def test_finalization_names_the_submitted_candidate(example, example_runs, tmp_p
 def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_runs):
     """`harbor lint` on the compiled example finds only `compose-external-bind-mount`, once for the
     sidecar's and once for the verifier's read-only Docker socket: nested `harbor run`s need the
-    host's engine, and the README ("`harbor lint` on compiled tasks") says why that mount is there.
+    host's engine, and docs/operating.md ("`harbor lint` on compiled tasks") says why that mount is there.
     Any other finding, or the rule firing on any other mount, fails."""
     task_dir = example_runs(example)["oracle"].task_dir
     done = subprocess.run(
@@ -181,7 +181,7 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
 def test_hidden_cases_are_only_in_the_verifier_image(example, example_runs):
     """Build the compiled task's three images (`environment/` compose: main and eval-sidecar;
     `tests/` compose: the verifier) and list every file of each: no path named after a hidden case
-    and no file with a hidden case's unique content is in main or eval-sidecar (docs/design.md §2: hidden
+    and no file with a hidden case's unique content is in main or eval-sidecar (docs/trust-model.md: hidden
     cases exist only in the verifier image), while the verifier image holds every hidden case and
     every marker, which shows the listing would catch a leak."""
     layout = TaskLayout(example_runs(example)["oracle"].task_dir)

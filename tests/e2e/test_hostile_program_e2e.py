@@ -5,7 +5,7 @@ A compiled task (a `word_count` program) has two kinds of cases, one of each in 
 `train` partition and in the hidden target partition:
 
 - `kit-*` cases run candidate code only through the case kit (`vero-kit run`) and write the reward
-  with `vero-kit reward`, as README "Writing program cases" says;
+  with `vero-kit reward`, as docs/cases.md "Writing program cases" says;
 - `nokit-*` cases run it as root and write `reward.txt` themselves, as many third-party cases do.
   The build warns about them, and `scoring.reward_range: [0, 1]` is the guard.
 

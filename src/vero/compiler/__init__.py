@@ -1,4 +1,4 @@
-"""The task compiler: optimization spec -> Harbor task tree -> canonical tarball (docs/design.md §5).
+"""The task compiler: optimization spec -> Harbor task tree -> canonical tarball (docs/operating.md).
 
 `compile_task` is the one entry point (`vero harbor build` calls it); `TaskLayout` names every file
 of a compiled task.

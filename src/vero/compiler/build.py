@@ -1,4 +1,4 @@
-"""Compile an optimization spec into a Harbor task tree and its canonical tarball (docs/design.md §5).
+"""Compile an optimization spec into a Harbor task tree and its canonical tarball (docs/operating.md).
 
 `compile_task` checks the build inputs before writing anything, assembles the whole task in a
 staging directory beside the output, checks it (Harbor's `TaskConfig` loads `task.toml`; no
@@ -7,7 +7,7 @@ its `.sha256`. Same spec and inputs -> same tarball bytes, whatever the output p
 file mtimes or the machine: every file is rendered from the spec alone, copied trees keep only
 names, contents, link targets and executable bits, and `vero.core.archive` fixes the rest.
 
-Where things go (the split-visibility rule of docs/design.md §2): cases of agent-accessible partitions only
+Where things go (the split-visibility rule of docs/trust-model.md): cases of agent-accessible partitions only
 into the sidecar's build context, cases of target partitions (and of the selection partition) only
 into the verifier's (`tests/`); `main` gets the baseline checkout, the wheel and the client's pins.
 """
@@ -49,7 +49,7 @@ from vero.spec.validation import check_build_secrets
 __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
 
 AGENT_UID = 1001
-"""uid of the `agent` user in `main` (docs/design.md §2)."""
+"""uid of the `agent` user in `main` (docs/trust-model.md)."""
 
 SIDECAR_PORT = 8000
 """Port `vero harbor serve` listens on inside `eval-sidecar` (docs/architecture.md)."""

@@ -215,7 +215,7 @@ def kit_advice(spec: OptimizationSpec) -> str:
         guard = "or at least set scoring.reward_range to reject impossible rewards"
     return (
         f"run candidate code through {KIT_NAME} run and write the reward with {KIT_NAME} reward ({guard}; "
-        'README "Writing program cases")'
+        'docs/cases.md "Writing program cases")'
     )
 
 

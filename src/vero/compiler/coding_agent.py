@@ -8,7 +8,7 @@ declares them for every agent alike, and Harbor refuses to run an agent whose cl
 declare the matching capability (`AgentCapabilities.mcp_servers` / `.skills`; the utility agents
 `oracle` and `nop` are exempt): `Trial._validate_agent_capabilities` raises `ValueError`. So a task
 compiled for a known agent declares only what that agent can take; a task compiled for no agent in
-particular declares both (every coding agent Harbor ships that has either has both, see the README).
+particular declares both (every coding agent Harbor ships that has either has both, see docs/agent-api.md).
 
 Some agents also need system tools in `main` before Harbor's setup can run them: terminus-2 drives a
 tmux session and records it with asciinema, and installs both as root from the network when they

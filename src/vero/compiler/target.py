@@ -1,4 +1,4 @@
-"""Export the target's baseline files, copy trees safely, and digest trees (docs/design.md §5).
+"""Export the target's baseline files, copy trees safely, and digest trees (docs/operating.md, "The compiled task").
 
 A target is a **Git target** when `target.path` is the top of a Git work tree (it holds `.git`)
 or a directory inside one that the work tree's `HEAD` tracks: its baseline is `git archive HEAD`

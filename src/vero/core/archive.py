@@ -1,4 +1,4 @@
-"""Canonical `.tar.gz` archives: same tree in, same bytes out (docs/design.md §5).
+"""Canonical `.tar.gz` archives: same tree in, same bytes out (docs/operating.md, "The compiled task").
 
 Rules: entries sorted by path (directories before their contents); mtime 0, uid/gid 0, empty user
 and group names; modes normalized to 0755 for directories and executable files, 0644 otherwise;

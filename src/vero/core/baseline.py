@@ -1,4 +1,4 @@
-"""The deterministic baseline commit (docs/design.md §5).
+"""The deterministic baseline commit (docs/operating.md, "The compiled task").
 
 The compiler, the `main` image build, the sidecar and the verifier each rebuild the baseline commit
 from the same files and must get the same commit id. Everything that feeds the id is fixed:

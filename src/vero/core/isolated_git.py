@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
-    # No hook and no fsmonitor daemon of any repository runs (docs/design.md §6: hooks off).
+    # No hook and no fsmonitor daemon of any repository runs (docs/agent-api.md: hooks off).
     ("core.hooksPath", os.devnull),
     ("core.fsmonitor", "false"),
     # Only local paths are fetchable; no ssh, http or ext:: helper can be reached.

@@ -48,7 +48,7 @@ async def finish_uncancellable[T](awaitable: Awaitable[T], on_cancel: Callable[[
     """Await `awaitable` to completion even if the caller is cancelled meanwhile, any number of times.
 
     Cleanup and commits that must happen (killing a process group, removing containers, a state
-    transaction) go through here, so a cancellation cannot cut them short (docs/design.md §2
+    transaction) go through here, so a cancellation cannot cut them short (docs/trust-model.md
     "cleanup survives cancellation").
 
     Args:

@@ -1,10 +1,10 @@
-"""Split-visibility policy: who may evaluate which partition, and what they learn (docs/design.md §2, §6).
+"""Split-visibility policy: who may evaluate which partition, and what they learn (docs/agent-api.md).
 
 The policy is a table (partition, principal) -> `PartitionAccess` (disclosure tier, floor, blocks,
 Ladder mode). It fails closed: a principal or partition that is not in the table is denied, and so
 is every malformed case selection. Denial messages are generic and never repeat the requested
 partition or case names, since a guessed name may be that of a hidden partition or case
-(docs/design.md §6: "error bodies are generic: no hidden names").
+(docs/agent-api.md: "error bodies are generic: no hidden names").
 
 Case selections (`cases`, or `blocks` by position):
 

@@ -127,7 +127,7 @@ class EvaluationBackend(Protocol):
 
 def provider_key_names(inference: InferenceSpec | None) -> set[str]:
     """The secret names of the inference providers' keys (`providers.*.api_key_secret`): only the
-    gateway reads them, never a nested run (README, "Inference")."""
+    gateway reads them, never a nested run (docs/inference.md)."""
     if inference is None:
         return set()
     return {p.api_key_secret for p in inference.providers.values() if p.api_key_secret}

@@ -1,5 +1,5 @@
 """Routing the case containers' own model-backed services (a user simulator, a grader) to the
-inference gateway on Docker: `inference.route_case_services` (README, "Inference").
+inference gateway on Docker: `inference.route_case_services` (docs/inference.md).
 
 The gateway listens on the loopback of the sidecar's (or the verifier's) process; nested case
 containers run on the host's Docker engine in Compose projects of their own and cannot reach it.

@@ -4,7 +4,7 @@
 Built with `cc -static`, it runs in any Linux case image of the host's architecture (Debian,
 Ubuntu, Alpine, images without Python, setpriv or sudo): it needs only the kernel and /proc. The
 install agent uploads it into every case container of a `kind: program` target at
-`KIT_PATH_IN_CASE`; the case's tests call it (README "Writing program cases").
+`KIT_PATH_IN_CASE`; the case's tests call it (docs/cases.md "Writing program cases").
 
 Where the binary comes from, first match wins (`kit_binary`):
 

@@ -98,7 +98,7 @@ INHERITED_ENV_NAMES: tuple[str, ...] = (
 admin settings) stays out. Secrets reach the run only through `NestedRun.env`."""
 
 FORCED_ENV: Mapping[str, str] = {
-    # No network to telemetry or to LiteLLM's cost-map host (docs/design.md §10).
+    # No network to telemetry or to LiteLLM's cost-map host (docs/operating.md).
     "HARBOR_TELEMETRY": "0",
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     # Keep the (possibly read-only) candidate checkout free of __pycache__ dirs.

@@ -2,7 +2,7 @@
 
 `harbor run -a vero.harbor.install_agent:InstallAgent --ak candidate_dir=... --ak install_path=...
 --ak kit_path=... [--ak install_command=...] [--ak install_timeout_sec=...]`. In each trial (in
-each step of a multi-step case) it builds the candidate sandbox (README "Trust model"; the kit is
+each step of a multi-step case) it builds the candidate sandbox (docs/trust-model.md; the kit is
 `casekit/vero-kit.c`):
 
 1. stages the candidate checkout without `.git` in a host temp dir (symlinks are copied as links,

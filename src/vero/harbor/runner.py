@@ -1,4 +1,4 @@
-"""`HarborBackend`: measure a candidate with nested `harbor run`s (docs/design.md §8).
+"""`HarborBackend`: measure a candidate with nested `harbor run`s (docs/architecture.md, "Nested runs").
 
 One evaluation is one or more *rounds*; each round is one `harbor run` (job `<evaluation_id>` for
 the first, `<evaluation_id>.retry-<n>` for retries, all in `run.jobs_dir`):
@@ -222,7 +222,7 @@ class HarborBackend:
 
     def bind_hosts_to(self, binding: HostBinding) -> None:
         """Tell `binding` (the process's inference gateway) which uids run each evaluation's
-        candidate hosts, so that its token works for them only (README, "Inference")."""
+        candidate hosts, so that its token works for them only (docs/inference.md)."""
         self.host_binding = binding
 
     async def remove_leftovers(

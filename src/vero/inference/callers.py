@@ -1,6 +1,6 @@
 """Who is calling the gateway: the owner of a TCP connection's other end, when it is in this host.
 
-A gateway token must work only from where its evaluation's candidate runs (README, "Inference").
+A gateway token must work only from where its evaluation's candidate runs (docs/inference.md).
 Candidate hosts are processes of throw-away uids in this container (`vero.harbor.boundary`), so a
 call over loopback (or to this container's own address on a case network) comes from a socket of
 this network namespace, and the kernel says whose: `/proc/net/tcp` and `/proc/net/tcp6` list every

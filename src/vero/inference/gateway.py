@@ -1,4 +1,4 @@
-"""The inference gateway: the only way a candidate agent reaches a model (README, "Trust model").
+"""The inference gateway: the only way a candidate agent reaches a model (docs/trust-model.md).
 
 It runs inside the sidecar and the verifier (`GatewayServer`, loopback by default) and serves:
 
@@ -351,7 +351,7 @@ class InferenceGateway:
                 del grant.hosts[uid]
 
     def environment(self, token: str, host: str | None = None) -> dict[str, str]:
-        """The variables a candidate (or a case service) finds the gateway by (README, "Inference")."""
+        """The variables a candidate (or a case service) finds the gateway by (docs/inference.md)."""
         return gateway_environment(self._base(host), token)
 
     def _base(self, host: str | None) -> str:

@@ -24,7 +24,7 @@
 Every status a route can answer is in its OpenAPI `responses` (the shared ones here, the route's
 own in its router); a test fuzzes every route against that document (`tests/sidecar/test_api_fuzz.py`).
 
-402 is used for an exhausted budget, not 429: HTTP clients retry 429 (docs/design.md §6). Bodies never
+402 is used for an exhausted budget, not 429: HTTP clients retry 429 (docs/agent-api.md). Bodies never
 carry hidden partition names, paths, secret values or exception text from git or Harbor.
 """
 

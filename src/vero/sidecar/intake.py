@@ -10,7 +10,7 @@ the sidecar's own container, so a candidate host cannot close it). From then on 
 `POST /evaluations` is refused with 403 and every `POST /submissions` with 409, both with problem
 code `intake_closed`; the seal closes intake too if the hook did not. What remains is the time
 between the agent's end and that call (Harbor's log download and upload, then the hook's
-`docker compose exec`), which the README gives as measured; after `main` is stopped nothing of the
+`docker compose exec`), which docs/operating.md gives as measured; after `main` is stopped nothing of the
 agent's can call at all. Harbor gives the separate verifier nothing of the agent's end it could
 trust (the trial's `result.json` stays on the host; `main`'s `/logs` are the agent's to write), so
 the sidecar's refusal is the boundary.

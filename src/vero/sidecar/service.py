@@ -1,7 +1,7 @@
 """The sidecar's orchestration: the only place that calls `vero.core` and the evaluation backend.
 
 Route handlers and MCP tools call one method each; every check lives here, in this order
-(docs/design.md §6):
+(docs/agent-api.md):
 
 ```
 POST /evaluations: entrance open -> policy (partition, cases, blocks) -> no quarantined case

@@ -1,4 +1,4 @@
-"""The optimization spec (`build.yaml`): models, loading and validation (docs/design.md §4)."""
+"""The optimization spec (`build.yaml`): models, loading and validation (docs/spec.md)."""
 
 from vero.errors import SpecError, SpecIssue
 from vero.spec.loading import load_spec, parse_spec

@@ -1,4 +1,4 @@
-"""Cross-field rules of the optimization spec, each reported with its YAML path (docs/design.md §2, §4).
+"""Cross-field rules of the optimization spec, each reported with its YAML path (docs/trust-model.md, docs/spec.md).
 
 `check_spec` runs after the models parsed; it collects every problem before raising so that an
 operator fixes a spec in one pass. `check_build_secrets` holds the rule that depends on the build

@@ -1,4 +1,4 @@
-"""The verifier: selection, final scoring, Harbor's reward file and the operator artifacts (docs/design.md §7).
+"""The verifier: selection, final scoring, Harbor's reward file and the operator artifacts (docs/operating.md).
 
 `verify` is the whole verification (`vero harbor verify` calls it); the submodules hold one concept
 each: `selection` (which candidate ships), `scoring` (the verifier's own nested runs), `reward`

@@ -1,4 +1,4 @@
-"""`verify`: from a sealed session to Harbor's reward and the operator artifacts (docs/design.md §7)."""
+"""`verify`: from a sealed session to Harbor's reward and the operator artifacts (docs/operating.md, "Verification")."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ async def verify(
             verification when `config.inference` is set (default: this process's environment).
         allow_root_runs: when False (the default, as in the CLI) and this process is root with
             `run_as` None, no nested run is started (candidate code never runs as root,
-            docs/design.md §2): every measurement fails, so the targets get their failure values
+            docs/trust-model.md): every measurement fails, so the targets get their failure values
             and the finalization says why. True (runs as root, with a warning) suits callers that
             contain the runs otherwise.
 

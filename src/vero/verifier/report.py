@@ -10,7 +10,7 @@ here from the records:
   partition; hollow: subset), full-partition evaluations joined per partition, and the verifier's
   own measurements (diamonds) at the seal time;
 - budget burn: the share of each partition's case budget charged over time (completed
-  evaluations stay charged; failed and cancelled ones are refunded, docs/design.md §6).
+  evaluations stay charged; failed and cancelled ones are refunded, docs/agent-api.md).
 
 Tables list the candidates, the evaluations, the budgets and, when a `Finalization` is given, the
 shipped candidate, how it was chosen and the rewards.

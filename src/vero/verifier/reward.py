@@ -1,4 +1,4 @@
-"""Harbor's reward file: what the verifier finally reports (docs/design.md §7).
+"""Harbor's reward file: what the verifier finally reports (docs/operating.md, "Verification").
 
 Harbor 0.26 (`verifier/verifier.py`) reads `/logs/verifier/reward.json` as a flat JSON object of
 finite numbers, one metric per key; a missing, empty or non-numeric file makes the trial's reward

@@ -6,7 +6,7 @@ one nested evaluation (`vero.core.run.EvaluationBackend`) and turns the outcome 
 and the reason, so the caller decides what an unmeasured candidate or target means (selection
 excludes it, the reward gets the failure value).
 
-When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (docs/design.md §2:
+When the verifier runs as root, nested runs run as the unprivileged `vero-runner` user (docs/trust-model.md:
 candidate code never runs as root); `kind: agent` candidates run in candidate hosts as throw-away
 uids (`vero.harbor.boundary`). The checkout and the Harbor jobs dir of each run are handed to that
 user; secrets reach the run by name from the verifier's environment (`config.secrets`), except the

@@ -1,4 +1,4 @@
-"""Which candidate the verifier ships (docs/design.md §7): submission replay, `auto_best`, the baseline floor.
+"""Which candidate the verifier ships (docs/operating.md): submission replay, `auto_best`, the baseline floor.
 
 Rules, in the order they apply:
 

@@ -13,7 +13,7 @@
 #
 # Candidate code is compiled and run only through vero-kit, as vero's unprivileged candidate user:
 # it can read neither /tests nor /logs/verifier, and every process it leaves is killed when each run
-# ends (README "Writing program cases"). Nothing the candidate's process says is believed, since its
+# ends (docs/cases.md "Writing program cases"). Nothing the candidate's process says is believed, since its
 # code can change anything in that process (even the libc functions it calls):
 # - the CPU time is what the kernel counted for the process, written by `vero-kit run --usage`
 #   after the run; benchmarks run with --nproc 1, so they can start no thread or process (work hidden

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Reward 1 when the candidate's word_count gives the expected count for tests/input.txt, else 0.
 #
-# Candidate code runs only through vero-kit (README "Writing program cases"): as the unprivileged
+# Candidate code runs only through vero-kit (docs/cases.md "Writing program cases"): as the unprivileged
 # candidate user, which can read neither /tests nor /logs/verifier, with limits, and with every
 # process it started killed afterwards. Its input comes on stdin (opened here, before the run);
 # its output goes to a private file, bounded by --fsize-mb. vero-kit writes the reward last.
