@@ -8,7 +8,7 @@ store holding the same one-file baseline: with the default `target.limits` (refu
 anything is fetched) and with limits raised out of the way (the previous behaviour: fetched,
 checked and recorded). It prints both wall times, their ratio and how much the store grew.
 
-No assertion: the README records the figures.
+No assertion: docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

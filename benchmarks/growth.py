@@ -24,7 +24,7 @@ Run from the repository root: `uv run python benchmarks/growth.py` (about 10 min
    of `python -c pass`, alternating, medians of `CLI_RUNS` rounds; `--cli-baseline REV` adds the
    agent CLI of a git revision to the same rounds (before/after). `--cli-only` measures just this.
 
-No assertion: the README records the figures, the issue's goals are ratios to read off the output.
+No assertion: docs/benchmarks.md records the figures, the issue's goals are ratios to read off the output.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Budgets of the compiled config are raised for the benchmark (it runs more evalua
 example allows); nothing else of the served config changes. Nested runs execute as this process's
 user (the compiled sidecar image runs them as `vero-runner`).
 
-What to expect (2 shared cores, Docker 20.10; README "Benchmarks"): the sidecar adds about 0.2 s
+What to expect (2 shared cores, Docker 20.10; docs/benchmarks.md): the sidecar adds about 0.2 s
 per evaluation (admission with a candidate import about 0.05 s, checkout 0.02 s, the rest bookkeeping
 and HTTP round trips), a ratio of about 1.02-1.04. Both paths pass the `--extra-docker-compose` file
 `build_command` writes, which gives each case's `main` an init process, so stopping a trial's

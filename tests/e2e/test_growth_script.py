@@ -1,6 +1,6 @@
 """`benchmarks/growth.py --smoke`: the benchmark runs end to end on a small scale.
 
-No figure is asserted (the README records them from a full run); this keeps the script working
+No figure is asserted (docs/benchmarks.md records them from a full run); this keeps the script working
 when the APIs it drives change (a refactor of `SidecarService` once broke it unnoticed).
 """
 
