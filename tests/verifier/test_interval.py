@@ -10,7 +10,7 @@ import pytest
 
 from vero.core.evaluation import AttemptResult, CaseResult
 from vero.verifier.interval import MIN_UNITS, mean_interval
-from vero.verifier.verdict import ArmRecord, judge
+from vero.verifier.verdict import ArmRecord, TargetRule, judge
 
 SIMULATIONS = 1000
 
@@ -52,7 +52,7 @@ def test_the_95_percent_interval_covers_the_true_lift_93_to_97_percent_of_the_ti
     widths = []
     for sim in range(SIMULATIONS):
         candidate, baseline = _paired_data(rng, n_cases=20, n_attempts=2, true_lift=0.25)
-        verdict = judge(
+        rule = TargetRule(
             partition="hidden",
             case_names=[f"case-{i}" for i in range(20)],
             n_attempts=2,
@@ -61,9 +61,8 @@ def test_the_95_percent_interval_covers_the_true_lift_93_to_97_percent_of_the_ti
             confidence=0.95,
             max_missing_fraction=0.1,
             seed=sim,
-            candidate=candidate,
-            baseline=baseline,
         )
+        verdict = judge(rule, candidate, baseline)
         assert verdict.interval is not None and verdict.n_cases == 20
         lo, hi = verdict.interval
         covered += lo <= true_lift <= hi

@@ -7,7 +7,7 @@ import pytest
 
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult
 from vero.verifier.interval import MIN_UNITS
-from vero.verifier.verdict import ArmRecord, classify_attempt, judge, verdict_seed
+from vero.verifier.verdict import ArmRecord, TargetRule, classify_attempt, judge, verdict_seed
 
 CASES = [f"c{i}" for i in range(8)]
 
@@ -24,7 +24,7 @@ def arm(values: dict[str, list[AttemptResult]], **kw) -> ArmRecord:
     return ArmRecord(cases={c: CaseResult.from_attempts(c, a, 0.0) for c, a in values.items()}, **kw)
 
 
-def run(candidate: ArmRecord, baseline: ArmRecord | None, **kw):
+def run(candidate: ArmRecord, baseline: ArmRecord | None, *, baseline_shipped: bool = False, **kw):
     args = {
         "partition": "hidden",
         "case_names": CASES,
@@ -34,10 +34,8 @@ def run(candidate: ArmRecord, baseline: ArmRecord | None, **kw):
         "confidence": 0.95,
         "max_missing_fraction": 0.1,
         "seed": 11,
-        "candidate": candidate,
-        "baseline": baseline,
     }
-    return judge(**{**args, **kw})
+    return judge(TargetRule(**{**args, **kw}), candidate, baseline, baseline_shipped=baseline_shipped)
 
 
 def uniform(values: list[float], cases: list[str] = CASES) -> ArmRecord:

@@ -76,6 +76,7 @@ __all__ = [
     "EvidenceKind",
     "MissingReason",
     "PairedCase",
+    "TargetRule",
     "Verdict",
     "VerdictName",
     "classify_attempt",
@@ -282,48 +283,47 @@ class _Arm:
     """Case -> mean of its valid and dead attempts (cases with none are absent)."""
 
 
-def _sort_arm(record: ArmRecord, case_names: Sequence[str], n_attempts: int, failure_value: float) -> _Arm:
-    n_valid = n_dead = 0
-    by_reason: dict[MissingReason, int] = {}
-    listed: list[AttemptEvidence] = []
-    scores: dict[str, float] = {}
+@dataclass
+class _Tally:
+    """An arm's attempts counted as `_sort_arm` goes through them."""
 
-    def note(evidence: AttemptEvidence, count: int = 1) -> None:
+    n_valid: int = 0
+    n_dead: int = 0
+    by_reason: dict[MissingReason, int] = field(default_factory=dict)
+    listed: list[AttemptEvidence] = field(default_factory=list)
+
+    def note(self, evidence: AttemptEvidence, count: int = 1) -> None:
+        """Count a dead or missing attempt (`count` of them) and list it while there is room."""
         if evidence.kind == "missing":
             reason: MissingReason = evidence.reason  # type: ignore[assignment]
-            by_reason[reason] = by_reason.get(reason, 0) + count
-        if len(listed) < MAX_LISTED_ATTEMPTS:
-            listed.append(evidence)
+            self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        if len(self.listed) < MAX_LISTED_ATTEMPTS:
+            self.listed.append(evidence)
 
+    def evidence(self, n_attempts: int) -> ArmEvidence:
+        return ArmEvidence(
+            n_attempts=n_attempts,
+            n_valid=self.n_valid,
+            n_dead=self.n_dead,
+            n_missing=sum(self.by_reason.values()),
+            by_reason=dict(sorted(self.by_reason.items())),
+            attempts=self.listed,
+        )
+
+
+def _sort_arm(record: ArmRecord, case_names: Sequence[str], n_attempts: int, failure_value: float) -> _Arm:
+    tally = _Tally()
+    scores: dict[str, float] = {}
     for case in case_names:
         result = None if record.error is not None else record.cases.get(case)
         if result is None:
             cause = f"the arm's measurement failed: {record.error}" if record.error else "the run did not report it"
-            note(AttemptEvidence(case=case, kind="missing", reason="unmeasured", cause=cause), n_attempts)
+            tally.note(AttemptEvidence(case=case, kind="missing", reason="unmeasured", cause=cause), n_attempts)
             continue
-        values: list[float] = []
-        for attempt in result.attempts:
-            kind, reason = classify_attempt(attempt)
-            if kind == "valid":
-                n_valid += 1
-                values.append(float(attempt.reward))  # type: ignore[arg-type]  # valid: set
-                continue
-            if kind == "dead":
-                n_dead += 1
-                values.append(failure_value)
-            note(
-                AttemptEvidence(
-                    case=case,
-                    kind=kind,
-                    reason=reason,
-                    trial_name=attempt.trial_name,
-                    exception_type=attempt.exception_type,
-                    cause=record.causes.get(attempt.trial_name) or _outcome_text(attempt),
-                )
-            )
+        values = _sort_attempts(record, case, result, failure_value, tally)
         shortfall = n_attempts - len(result.attempts)
         if shortfall > 0:
-            note(
+            tally.note(
                 AttemptEvidence(
                     case=case,
                     kind="missing",
@@ -334,16 +334,35 @@ def _sort_arm(record: ArmRecord, case_names: Sequence[str], n_attempts: int, fai
             )
         if values:
             scores[case] = mean_score(values)
-    n_missing = sum(by_reason.values())
-    evidence = ArmEvidence(
-        n_attempts=len(case_names) * n_attempts,
-        n_valid=n_valid,
-        n_dead=n_dead,
-        n_missing=n_missing,
-        by_reason=dict(sorted(by_reason.items())),
-        attempts=listed,
-    )
-    return _Arm(evidence, scores)
+    return _Arm(tally.evidence(len(case_names) * n_attempts), scores)
+
+
+def _sort_attempts(
+    record: ArmRecord, case: str, result: CaseResult, failure_value: float, tally: _Tally
+) -> list[float]:
+    """The scores of one case's valid and dead attempts (a dead one at `failure_value`), counted in
+    `tally` with every dead or missing attempt."""
+    values: list[float] = []
+    for attempt in result.attempts:
+        kind, reason = classify_attempt(attempt)
+        if kind == "valid":
+            tally.n_valid += 1
+            values.append(float(attempt.reward))  # type: ignore[arg-type]  # valid: set
+            continue
+        if kind == "dead":
+            tally.n_dead += 1
+            values.append(failure_value)
+        tally.note(
+            AttemptEvidence(
+                case=case,
+                kind=kind,
+                reason=reason,
+                trial_name=attempt.trial_name,
+                exception_type=attempt.exception_type,
+                cause=record.causes.get(attempt.trial_name) or _outcome_text(attempt),
+            )
+        )
+    return values
 
 
 def _outcome_text(attempt: AttemptResult) -> str:
@@ -370,44 +389,60 @@ def _gate(name: str, arm: _Arm, bound: float, partition: str) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class TargetRule:
+    """What a target's verdict is judged by: its cases and the spec's settings for it.
+
+    Attributes:
+        partition: the target partition.
+        case_names: its cases, in order.
+        n_attempts: attempts asked for per case and arm.
+        direction: `scoring.direction`.
+        failure_value: the per-case failure value (a dead attempt's score).
+        confidence: `targets.<p>.confidence`, in (0, 1).
+        max_missing_fraction: `targets.<p>.max_missing_fraction`, in [0, 1].
+        seed: resampling seed (`verdict_seed`).
+        resamples: bootstrap resamples.
+    """
+
+    partition: str
+    case_names: Sequence[str]
+    n_attempts: int
+    direction: Direction
+    failure_value: float
+    confidence: float
+    max_missing_fraction: float
+    seed: int
+    resamples: int = DEFAULT_RESAMPLES
+
+
 def judge(
-    *,
-    partition: str,
-    case_names: Sequence[str],
-    n_attempts: int,
-    direction: Direction,
-    failure_value: float,
-    confidence: float,
-    max_missing_fraction: float,
-    seed: int,
-    candidate: ArmRecord,
-    baseline: ArmRecord | None,
-    baseline_shipped: bool = False,
-    resamples: int = DEFAULT_RESAMPLES,
+    rule: TargetRule, candidate: ArmRecord, baseline: ArmRecord | None, *, baseline_shipped: bool = False
 ) -> Verdict:
     """The verdict of one target (see the module docstring for the rules).
 
     Args:
-        partition: the target partition.
-        case_names: its cases, in order.
-        n_attempts: attempts asked for per case and arm.
-        direction, failure_value: the spec's scoring (`scoring.direction`, the per-case failure value).
-        confidence: `targets.<p>.confidence`, in (0, 1).
-        max_missing_fraction: `targets.<p>.max_missing_fraction`, in [0, 1].
-        seed: resampling seed (`verdict_seed`).
+        rule: the target's cases and settings.
         candidate: the shipped candidate's measurement.
         baseline: the baseline's, run beside it; None when none was run (the baseline shipped, or
             `score_baseline: false`).
         baseline_shipped: the candidate *is* the baseline (compared with itself).
-        resamples: bootstrap resamples.
 
     Raises:
-        ValueError: `case_names` is empty or `n_attempts` is below 1.
+        ValueError: `rule.case_names` is empty or `rule.n_attempts` is below 1.
     """
-    if not case_names:
+    if not rule.case_names:
         raise ValueError("a target needs at least one case")
-    if n_attempts < 1:
+    if rule.n_attempts < 1:
         raise ValueError("n_attempts must be at least 1")
+    partition, case_names, n_attempts, failure_value = (
+        rule.partition,
+        rule.case_names,
+        rule.n_attempts,
+        rule.failure_value,
+    )
+    direction, confidence, max_missing_fraction = rule.direction, rule.confidence, rule.max_missing_fraction
+    seed, resamples = rule.seed, rule.resamples
     cand = _sort_arm(candidate, case_names, n_attempts, failure_value)
     base = _sort_arm(baseline, case_names, n_attempts, failure_value) if baseline is not None else None
     common = {
