@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -489,3 +491,74 @@ def test_writable_roots_are_what_any_uid_can_reach_and_write(tmp_path):
     roots = writable_roots(top, mountinfo)
     assert sorted(p.relative_to(top).as_posix() for p in roots.dirs) == ["ro/rw/open", "tmp", "tmp/handed"]
     assert [p.relative_to(top).as_posix() for p in roots.files] == ["usr/share/open.txt"]
+
+
+IPC_MAKER = """\
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+print(json.dumps({
+    "shm": libc.shmget(0, 4096, 0o1000 | 0o644),  # IPC_PRIVATE, IPC_CREAT
+    "sem": libc.semget(0, 1, 0o1000 | 0o644),
+    "msg": libc.msgget(0, 0o1000 | 0o644),
+}))
+"""
+
+
+def _ipc_of(uid: int) -> list[str]:
+    """The SysV IPC objects (kind and id) whose owner or creator is `uid`."""
+    found = []
+    for kind in ("shm", "sem", "msg"):
+        lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        header = lines[0].split()
+        for line in lines[1:]:
+            fields = line.split()
+            if str(uid) in (fields[header.index("uid")], fields[header.index("cuid")]):
+                found.append(f"{kind} {fields[1]}")
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@pytest.mark.timeout(120)
+def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_toolchain):
+    """Root in a Docker container (the sidecar, the verifier) lacks CAP_SYS_ADMIN, and without it
+    IPC_RMID of another uid's object is refused: a `none` evaluation's candidate left the case's data
+    in a segment that a later `full` evaluation's candidate read. The sweep, run here with that
+    capability dropped, removes the host uid's segment, semaphore set and message queue."""
+    python = portable_toolchain[1]
+    uid = 59_977
+    made = subprocess.run(
+        [python, "-I", "-c", IPC_MAKER],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert all(value >= 0 for value in json.loads(made.stdout).values()), made.stdout
+    try:
+        assert len(_ipc_of(uid)) == 3
+        sweep = subprocess.run(
+            [
+                "setpriv",
+                "--bounding-set=-sys_admin",
+                "--inh-caps=-sys_admin",
+                sys.executable,
+                "-c",
+                "import sys; from vero.harbor.boundary.sweep import WritableRoots, sweep_uid; "
+                f"print(sweep_uid({uid}, WritableRoots((), ()), sys.argv[1]).ipc_objects)",
+                python,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert sweep.returncode == 0, sweep.stderr
+        assert sweep.stdout.strip() == "3", (sweep.stdout, sweep.stderr)
+        assert _ipc_of(uid) == []
+    finally:
+        for entry in _ipc_of(uid):  # root here has the capability: leave nothing behind
+            kind, ipc_id = entry.split()
+            subprocess.run(["ipcrm", {"shm": "-m", "sem": "-s", "msg": "-q"}[kind], ipc_id], check=False)

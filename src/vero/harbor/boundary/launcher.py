@@ -216,7 +216,7 @@ class CandidateHostProcess:
             await asyncio.to_thread(remove_tree, self.scratch_dir)  # any depth the candidate made
             if self.isolated and self.sweep_roots is not None:
                 await _until_gone(self.uid)
-                swept = await asyncio.to_thread(sweep_uid, self.uid, self.sweep_roots)
+                swept = await asyncio.to_thread(sweep_uid, self.uid, self.sweep_roots, self.python)
                 if swept.entries or swept.ipc_objects:
                     logger.info(
                         "candidate host uid %d left %d file(s) and %d SysV IPC object(s) outside its "

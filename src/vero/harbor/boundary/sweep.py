@@ -15,7 +15,8 @@ enter. So, after every process of the uid is dead:
    same way (another host may have made one and handed it over), iteratively, so no depth a
    candidate chose can stop the sweep;
 3. every SysV shared memory segment, semaphore set and message queue whose owner or creator is the
-   uid (`/proc/sysvipc/*`) is removed (`IPC_RMID`).
+   uid (`/proc/sysvipc/*`) is removed (`IPC_RMID`) by a child that has become the uid: root in a
+   container without CAP_SYS_ADMIN (Docker's default) may not remove another uid's objects.
 
 POSIX shared memory and message queues are files in `/dev/shm` and `/dev/mqueue` (covered by 1-2).
 The uid's kernel keyrings (persistent per user namespace since Linux 5.3) are cleared by the kill
@@ -27,12 +28,12 @@ and anything outside the container's own file systems and IPC namespace.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import logging
 import os
 import stat
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,43 @@ __all__ = [
 logger = logging.getLogger("vero.harbor.boundary")
 
 _PSEUDO_ROOTS = ("/proc", "/sys")
-_IPC_RMID = 0
+_IPC_SWEEP_TIMEOUT_SEC = 30
+
+REMOVE_IPC_AS_UID = """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+me = os.getuid()
+removed = failed = 0
+for kind in ("shm", "sem", "msg"):
+    try:
+        with open("/proc/sysvipc/" + kind) as table:
+            lines = table.read().splitlines()
+    except OSError:
+        continue
+    if not lines:
+        continue
+    header = lines[0].split()
+    owner, creator = header.index("uid"), header.index("cuid")
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) <= max(owner, creator) or me not in (int(fields[owner]), int(fields[creator])):
+            continue
+        ipc_id = int(fields[1])
+        if kind == "shm":
+            result = libc.shmctl(ipc_id, 0, None)
+        elif kind == "sem":
+            result = libc.semctl(ipc_id, 0, 0)
+        else:
+            result = libc.msgctl(ipc_id, 0, None)
+        if result == 0:
+            removed += 1
+        else:
+            failed += 1
+print(removed, failed)
+"""
+"""Run as the host's uid (`python -I -c`) once none of its processes is left: removes (IPC_RMID, 0)
+every SysV shared memory segment, semaphore set and message queue whose owner or creator is the uid,
+and prints how many it removed and how many it could not."""
 
 KILL_AND_CLEAR_AS_UID = """\
 import ctypes, os, platform, signal
@@ -224,57 +261,43 @@ def _sweep_files(uid: int, roots: tuple[Path, ...]) -> int:
     return removed
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+def _sweep_ipc(uid: int, python: Path) -> int:
+    """Remove the uid's SysV IPC objects from a child that has become the uid.
+
+    `IPC_RMID` needs the object's owner or creator, or CAP_SYS_ADMIN (shmctl(2), semctl(2),
+    msgctl(2)); Docker's default capabilities leave root in the sidecar without it, so root cannot
+    remove them there. The creator's uid stays on an object whatever owner it was given (IPC_SET), so
+    the uid itself can always remove what it made."""
     try:
-        return ctypes.CDLL(name, use_errno=True)
-    except OSError:
-        return None
-
-
-def _sweep_ipc(uid: int, sysvipc: Path) -> int:
-    libc = _libc()
-    if libc is None:
+        done = subprocess.run(
+            [str(python), "-I", "-c", REMOVE_IPC_AS_UID],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            cwd="/",
+            timeout=_IPC_SWEEP_TIMEOUT_SEC,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.warning("candidate host uid %d: SysV IPC sweep did not run: %s", uid, error)
         return 0
-    removed = 0
-    for kind in ("shm", "sem", "msg"):
-        try:
-            lines = (sysvipc / kind).read_text().splitlines()
-        except OSError:
-            continue
-        if not lines:
-            continue
-        header = lines[0].split()
-        try:
-            id_column = 1
-            owner, creator = header.index("uid"), header.index("cuid")
-        except ValueError:
-            continue
-        for line in lines[1:]:
-            fields = line.split()
-            if len(fields) <= max(owner, creator):
-                continue
-            try:
-                if int(fields[owner]) != uid and int(fields[creator]) != uid:
-                    continue
-                ipc_id = int(fields[id_column])
-            except ValueError:
-                continue
-            if kind == "shm":
-                result = libc.shmctl(ipc_id, _IPC_RMID, None)
-            elif kind == "sem":
-                result = libc.semctl(ipc_id, 0, _IPC_RMID)
-            else:
-                result = libc.msgctl(ipc_id, _IPC_RMID, None)
-            if result == 0:
-                removed += 1
-            else:
-                logger.warning("candidate host uid %d: SysV %s %d could not be removed", uid, kind, ipc_id)
+    try:
+        removed, failed = (int(field) for field in done.stdout.split())
+    except ValueError:
+        logger.warning("candidate host uid %d: SysV IPC sweep failed (exit %s)", uid, done.returncode)
+        return 0
+    if failed:
+        logger.warning("candidate host uid %d: %d SysV IPC object(s) could not be removed", uid, failed)
     return removed
 
 
-def sweep_uid(uid: int, roots: WritableRoots, sysvipc: Path = Path("/proc/sysvipc")) -> SweepResult:
+def sweep_uid(uid: int, roots: WritableRoots, python: Path = Path(sys.executable)) -> SweepResult:
     """Remove everything `uid` owns in `roots.dirs` and its SysV IPC objects (see the module docstring).
+
+    `python` is an interpreter the uid may run (the hosts' own): the IPC objects are removed by a
+    child of it that has become the uid.
 
     Call only when no process of `uid` is left (it could otherwise create more), and never for a
     uid that trusted processes share. Errors are logged, never raised.
@@ -283,5 +306,5 @@ def sweep_uid(uid: int, roots: WritableRoots, sysvipc: Path = Path("/proc/sysvip
         How many file system entries and IPC objects were removed.
     """
     entries = _sweep_files(uid, roots.dirs)
-    ipc = _sweep_ipc(uid, sysvipc)
+    ipc = _sweep_ipc(uid, python)
     return SweepResult(entries=entries, ipc_objects=ipc)
