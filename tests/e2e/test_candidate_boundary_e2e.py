@@ -378,7 +378,9 @@ def _check_crossings(harness, crossed: dict, caplog: pytest.LogCaptureFixture) -
         - _ts(export[jobs[name]["id"]]["result"]["started_at"])
         for name in ("quick", "slow")
     }
-    assert seconds["slow"] - seconds["quick"] >= 15 and seconds["slow"] < QUANTUM_SEC, seconds
+    # (The slow one's record covers its 20 s sleep; how much longer than the quick one's it is
+    # depends on the machine's load, which a test must not assert. Neither record is the quantum.)
+    assert seconds["slow"] >= 20 and max(seconds.values()) < QUANTUM_SEC, seconds
     # ... and looked the same to the agent in every answer: while held, when done, in the long
     # poll (never answered before the time shown), in the list and in /status.
     for step in (
