@@ -1,9 +1,11 @@
-/* vero-kit: the case kit vero installs in every case container of a `kind: program` target.
+/* vero-kit: the case kit vero installs in every case container.
  *
- * A case's tests call it to run candidate code as an unprivileged candidate user and to write the
- * reward after that code is gone. It is one static binary (built with `gcc -static`), so it needs
- * nothing from the case image: no shell tools, no Python, no setpriv/sudo/su, no passwd utilities,
- * no particular libc. Only the Linux kernel ABI and /proc.
+ * In a `kind: program` case, the case's tests call it to run candidate code as an unprivileged
+ * candidate user and to write the reward after that code is gone. In a `kind: agent` case, vero's
+ * trusted candidate agent uses it to act with the case agent user's rights only and to clean the
+ * case before the tests (see "kind: agent targets" below). It is one static binary (built with
+ * `gcc -static`), so it needs nothing from the case image: no shell tools, no Python, no
+ * setpriv/sudo/su, no passwd utilities, no particular libc. Only the Linux kernel ABI and /proc.
  *
  *   vero-kit run [LIMITS] [--cwd DIR] [--env NAME[=VALUE]]... [--usage FILE] -- COMMAND [ARG]...
  *   vero-kit reward VALUE | KEY=VALUE...
@@ -12,9 +14,12 @@
  *   vero-kit kill
  *   vero-kit setup [--own PATH]          (vero's install agent)
  *   vero-kit end-install PATH            (vero's install agent)
+ *   vero-kit check-path PATH             (vero's install agent: the tests' vero-kit is this one)
+ *   vero-kit whoami                      (vero's candidate agent, as the case's agent user)
+ *   vero-kit prepare | put ... | get ... | discard ... | end-agent ...   (vero's candidate agent)
  *   vero-kit version
  *
- * Every subcommand but `version` must run as root (Harbor runs a case's tests as root unless the
+ * Every subcommand but `version` and `whoami` must run as root (Harbor runs a case's tests as root unless the
  * case sets [verifier].user). The candidate user is `vero-candidate`, created by `setup` with a uid
  * drawn at random from [CANDIDATE_UID_MIN, CANDIDATE_UID_MAX) so that concurrent trials on one host
  * never share a uid (RLIMIT_NPROC counts a uid's processes host-wide).
@@ -363,34 +368,143 @@ static long kill_candidate(const struct candidate *candidate) {
 
 /* ---- files ----------------------------------------------------------------------------------- */
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-    (void)st;
-    (void)ftw;
-    if (type == FTW_DP) {
-        rmdir(path);
-    } else {
-        unlink(path);
+#define REMOVE_MAX_DEPTH 64 /* descend at most this far before moving a deeper dir up (see remove_children) */
+
+/* A listing of the directory open as `fd` (a dup of it: fdopendir takes it over) from its first
+ * entry: a dup shares the file offset, which an earlier listing left at the end. */
+static DIR *open_listing(int fd) {
+    DIR *handle = fdopendir(fd);
+    if (handle != NULL) {
+        rewinddir(handle);
     }
-    return 0;
+    return handle;
 }
 
-/* Removes `path` whatever it is (a directory with everything in it), never following a link. */
-static int remove_tree(const char *path) {
+struct removal {
+    long remaining; /* entries a pass could not remove */
+    long progress;  /* entries it removed or moved */
+    long moved;     /* directories it moved up (to be seen by the next pass) */
+};
+
+static void remove_children(int top_fd, int dir_fd, int depth, struct removal *r);
+
+/* Removes the entry `name` of the directory `dir_fd`, whatever it is (a directory with everything
+ * in it, at any depth), never following a link. Returns 0, or -1 with errno set. */
+static int remove_at(int dir_fd, const char *name) {
     struct stat st;
-    if (lstat(path, &st) != 0) {
+    if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         return errno == ENOENT ? 0 : -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        return unlink(path);
+        return unlinkat(dir_fd, name, 0) == 0 || errno == ENOENT ? 0 : -1;
     }
-    nftw(path, remove_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-    return lstat(path, &st) == 0 ? -1 : 0;
+    int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    /* Passes until it is empty or a pass changes nothing: a pass moves what lies deeper than
+     * REMOVE_MAX_DEPTH up into this directory (renameat within the tree), so a chain of any depth
+     * goes in bounded stack and descriptors and never meets PATH_MAX (nftw(3) and rm(1) build
+     * whole path names, and fail there). */
+    for (;;) {
+        struct removal r = {0, 0, 0};
+        remove_children(fd, fd, 1, &r);
+        if (r.moved == 0 && (r.remaining == 0 || r.progress == 0)) {
+            break;
+        }
+    }
+    close(fd);
+    return unlinkat(dir_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* One pass over the directory `dir_fd` (`depth` levels below `top_fd`): removes files and
+ * subtrees, and moves directories at REMOVE_MAX_DEPTH up into `top_fd`. */
+static void remove_children(int top_fd, int dir_fd, int depth, struct removal *r) {
+    int scan = dup(dir_fd);
+    DIR *handle = scan < 0 ? NULL : open_listing(scan);
+    if (handle == NULL) {
+        if (scan >= 0) {
+            close(scan);
+        }
+        r->remaining++;
+        return;
+    }
+    static unsigned long moved = 0;
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+            continue;
+        }
+        struct stat st;
+        if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            continue; /* gone meanwhile */
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            *(unlinkat(dir_fd, name, 0) == 0 ? &r->progress : &r->remaining) += 1;
+            continue;
+        }
+        if (unlinkat(dir_fd, name, AT_REMOVEDIR) == 0) {
+            r->progress++; /* it was empty */
+            continue;
+        }
+        if (depth >= REMOVE_MAX_DEPTH && dir_fd != top_fd) {
+            char up[64];
+            snprintf(up, sizeof up, ".vero-kit-deep-%d-%lu", (int)getpid(), moved++);
+            if (renameat(dir_fd, name, top_fd, up) == 0) {
+                r->progress++;
+                r->moved++;
+            } else {
+                r->remaining++;
+            }
+            continue;
+        }
+        int child = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (child < 0) {
+            r->remaining++;
+            continue;
+        }
+        remove_children(top_fd, child, depth + 1, r);
+        close(child);
+        *(unlinkat(dir_fd, name, AT_REMOVEDIR) == 0 ? &r->progress : &r->remaining) += 1;
+    }
+    closedir(handle);
+}
+
+/* Removes `path` whatever it is (a directory with everything in it, at any depth), never following
+ * a link. Returns 0, or -1 with errno set. */
+static int remove_tree(const char *path) {
+    char parent[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL || slash[1] == '\0' || snprintf(parent, sizeof parent, "%.*s", (int)(slash - path), path) >=
+                                                 (int)sizeof parent) {
+        errno = EINVAL;
+        return -1;
+    }
+    int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno == ENOENT ? 0 : -1;
+    }
+    int done = remove_at(fd, slash + 1);
+    int error = errno;
+    close(fd);
+    errno = error;
+    return done;
 }
 
 /* Removes every entry inside directory `dir` (kept itself); with `owner` >= 0 only entries owned by it. */
 static long empty_dir(const char *dir, long owner) {
-    DIR *handle = opendir(dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    int scan = dup(fd);
+    DIR *handle = scan < 0 ? NULL : open_listing(scan);
     if (handle == NULL) {
+        if (scan >= 0) {
+            close(scan);
+        }
+        close(fd);
         return 0;
     }
     long removed = 0;
@@ -399,17 +513,17 @@ static long empty_dir(const char *dir, long owner) {
         if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) {
             continue;
         }
-        char path[PATH_MAX];
         struct stat st;
-        if (snprintf(path, sizeof path, "%s/%s", dir, entry->d_name) >= (int)sizeof path || lstat(path, &st) != 0) {
+        if (fstatat(fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             continue;
         }
         if (owner >= 0 && st.st_uid != (uid_t)owner) {
             continue;
         }
-        removed += remove_tree(path) == 0;
+        removed += remove_at(fd, entry->d_name) == 0;
     }
     closedir(handle);
+    close(fd);
     return removed;
 }
 
@@ -1252,6 +1366,985 @@ static int cmd_end_install(int argc, char **argv) {
     return 0;
 }
 
+/* ---- kind: agent targets: the case's agent user ------------------------------------------------- */
+
+/* vero's trusted `CandidateAgent` (vero.harbor.boundary) acts in the case container of an agent
+ * target with the case agent user's rights only: `whoami` (run as that user) tells it who that is;
+ * `put` and `get` move a candidate's uploads and downloads between a root-only staging dir (what
+ * `docker compose cp` and the like write and read, as root) and the candidate's paths through a
+ * child that has become that user, so a transfer can do exactly what that user could; `end-agent`
+ * cleans the case before the tests. */
+
+#define STAGING_ROOT "/run/vero-case"
+#define MAX_GROUPS 256
+#define MAX_TREE_DEPTH 64       /* deepest directory a transfer carries */
+#define MAX_TREE_ENTRIES 100000 /* most entries a transfer carries */
+#define SANITIZE_MAX_DEPTH 32   /* /logs/artifacts, /logs/agent: deeper entries are removed */
+#define SANITIZE_MAX_PATH 1024  /* ... and so are entries whose relative path is longer (bytes) */
+
+#define EXIT_NOT_FOUND_T 2
+#define EXIT_DENIED_T 3
+#define EXIT_TOO_LARGE_T 4
+#define EXIT_OS_ERROR_T 5
+
+struct identity {
+    uid_t uid;
+    gid_t gid;
+    int n_groups;
+    gid_t groups[MAX_GROUPS];
+};
+
+/* "UID:GID[:G1,G2,...]", as `whoami` prints it. */
+static struct identity parse_identity(const char *text) {
+    struct identity id;
+    memset(&id, 0, sizeof id);
+    char copy[8192];
+    if (strlen(text) >= sizeof copy) {
+        die("--as: identity too long");
+    }
+    strcpy(copy, text);
+    char *gid = strchr(copy, ':');
+    if (gid == NULL) {
+        die("--as expects UID:GID[:GROUPS], got %s", text);
+    }
+    *gid++ = '\0';
+    char *groups = strchr(gid, ':');
+    if (groups != NULL) {
+        *groups++ = '\0';
+    }
+    unsigned long u, g;
+    if (parse_id(copy, &u) != 0 || parse_id(gid, &g) != 0) {
+        die("--as expects numeric ids, got %s", text);
+    }
+    id.uid = (uid_t)u;
+    id.gid = (gid_t)g;
+    if (groups != NULL && *groups != '\0') {
+        for (char *save, *tok = strtok_r(groups, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            unsigned long value;
+            if (parse_id(tok, &value) != 0 || id.n_groups == MAX_GROUPS) {
+                die("--as: bad group list in %s", text);
+            }
+            id.groups[id.n_groups++] = (gid_t)value;
+        }
+    }
+    return id;
+}
+
+/* In a child: become `id` (its groups, gid and uid; no new privileges), or exit. */
+static void become(const struct identity *id) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || setgroups((size_t)id->n_groups, id->groups) != 0 ||
+        setgid(id->gid) != 0 || setuid(id->uid) != 0 || getuid() != id->uid || geteuid() != id->uid ||
+        getegid() != id->gid) {
+        fprintf(stderr, "vero-kit: cannot become uid %lu: %s\n", (unsigned long)id->uid, strerror(errno));
+        _exit(EXIT_KIT_ERROR);
+    }
+}
+
+static int cmd_whoami(int argc, char **argv) {
+    (void)argv;
+    if (argc != 2) {
+        die("usage: vero-kit whoami");
+    }
+    gid_t groups[MAX_GROUPS];
+    int n = getgroups(MAX_GROUPS, groups);
+    if (n < 0) {
+        die("getgroups: %s", strerror(errno));
+    }
+    printf("%lu:%lu:", (unsigned long)getuid(), (unsigned long)getgid());
+    for (int i = 0; i < n; i++) {
+        printf("%s%lu", i ? "," : "", (unsigned long)groups[i]);
+    }
+    putchar('\n');
+    return 0;
+}
+
+/* -- the tree stream: records of type (1 byte), mode (4), path length (4), size (8), path, data --
+
+ * 'D' a directory, 'F' a regular file (then `size` bytes), '!' an error (`size` is its errno), 'E'
+ * the end. The path is relative ("" for the source itself). Only directories and regular files
+ * travel: links, devices, fifos and sockets are left out, as the host side's tar packing does. */
+
+static int write_all(int fd, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *data, size_t len) {
+    char *p = data;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            if (n == 0) {
+                errno = EPIPE;
+            }
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_record(int out, char type, mode_t mode, const char *path, uint64_t size) {
+    unsigned char header[17];
+    uint32_t path_len = (uint32_t)strlen(path), m = (uint32_t)(mode & 07777);
+    header[0] = (unsigned char)type;
+    for (int i = 0; i < 4; i++) {
+        header[1 + i] = (unsigned char)(m >> (24 - 8 * i));
+        header[5 + i] = (unsigned char)(path_len >> (24 - 8 * i));
+    }
+    for (int i = 0; i < 8; i++) {
+        header[9 + i] = (unsigned char)(size >> (56 - 8 * i));
+    }
+    return write_all(out, header, sizeof header) == 0 && write_all(out, path, path_len) == 0 ? 0 : -1;
+}
+
+/* Exactly `size` bytes of `fd` (zeros if the file shrank meanwhile; a growth is cut off). */
+static int send_data(int out, int fd, uint64_t size) {
+    char buffer[65536];
+    while (size > 0) {
+        size_t want = size < sizeof buffer ? (size_t)size : sizeof buffer;
+        ssize_t n = read(fd, buffer, want);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            memset(buffer, 0, want);
+            n = (ssize_t)want;
+        }
+        if (write_all(out, buffer, (size_t)n) != 0) {
+            return -1;
+        }
+        size -= (uint64_t)n;
+    }
+    return 0;
+}
+
+/* Sends the entries of the directory `dir_fd` (relative path `rel`). Entries this process cannot
+ * read are left out. Returns 0, or -1 with errno set. */
+static int send_dir(int out, int dir_fd, const char *rel, int depth, long *entries) {
+    int scan = dup(dir_fd);
+    DIR *handle = scan < 0 ? NULL : open_listing(scan);
+    if (handle == NULL) {
+        if (scan >= 0) {
+            close(scan);
+        }
+        return 0;
+    }
+    int result = 0;
+    struct dirent *entry;
+    while (result == 0 && (entry = readdir(handle)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+            continue;
+        }
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s%s%s", rel, *rel ? "/" : "", name) >= (int)sizeof path) {
+            errno = ENAMETOOLONG;
+            result = -1;
+            break;
+        }
+        if (++*entries > MAX_TREE_ENTRIES) {
+            errno = E2BIG;
+            result = -1;
+            break;
+        }
+        struct stat st;
+        if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (depth + 1 > MAX_TREE_DEPTH) {
+                errno = ELOOP;
+                result = -1;
+                break;
+            }
+            int child = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child < 0) {
+                continue; /* not this user's to read */
+            }
+            result = send_record(out, 'D', st.st_mode, path, 0);
+            if (result == 0) {
+                result = send_dir(out, child, path, depth + 1, entries);
+            }
+            close(child);
+        } else if (S_ISREG(st.st_mode)) {
+            int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (fd < 0) {
+                continue;
+            }
+            if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+                result = send_record(out, 'F', st.st_mode, path, (uint64_t)st.st_size);
+                if (result == 0) {
+                    result = send_data(out, fd, (uint64_t)st.st_size);
+                }
+            }
+            close(fd);
+        }
+    }
+    int error = errno;
+    closedir(handle);
+    errno = error;
+    return result;
+}
+
+/* Sends `source` (a file or a directory; with `follow`, a link there is followed, with this
+ * process's rights), then the end record; on failure an error record. */
+static void send_source(int out, const char *source, int follow) {
+    int fd = open(source, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+    struct stat st;
+    int result = -1;
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        long entries = 0;
+        if (S_ISDIR(st.st_mode)) {
+            result = send_record(out, 'D', st.st_mode, "", 0);
+            if (result == 0) {
+                result = send_dir(out, fd, "", 0, &entries);
+            }
+        } else if (S_ISREG(st.st_mode)) {
+            result = send_record(out, 'F', st.st_mode, "", (uint64_t)st.st_size);
+            if (result == 0) {
+                result = send_data(out, fd, (uint64_t)st.st_size);
+            }
+        } else {
+            errno = EINVAL; /* neither a regular file nor a directory */
+        }
+    }
+    int error = errno ? errno : EIO;
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (result == 0) {
+        send_record(out, 'E', 0, "", 0);
+    } else {
+        send_record(out, '!', 0, "", (uint64_t)error);
+    }
+}
+
+struct received {
+    char type;
+    mode_t mode;
+    uint64_t size;
+    char path[PATH_MAX];
+};
+
+/* Reads one record header and path. Returns 0, or -1 with errno set (EPROTO: not a record). */
+static int read_record(int in, struct received *r) {
+    unsigned char header[17];
+    if (read_all(in, header, sizeof header) != 0) {
+        return -1;
+    }
+    uint32_t mode = 0, path_len = 0;
+    uint64_t size = 0;
+    for (int i = 0; i < 4; i++) {
+        mode = mode << 8 | header[1 + i];
+        path_len = path_len << 8 | header[5 + i];
+    }
+    for (int i = 0; i < 8; i++) {
+        size = size << 8 | header[9 + i];
+    }
+    if (path_len >= PATH_MAX || !strchr("DFE!", (char)header[0])) {
+        errno = EPROTO;
+        return -1;
+    }
+    if (read_all(in, r->path, path_len) != 0) {
+        return -1;
+    }
+    r->path[path_len] = '\0';
+    r->type = (char)header[0];
+    r->mode = (mode_t)mode;
+    r->size = size;
+    return 0;
+}
+
+/* A relative path made of real names only (no empty, ".", ".." or absolute component). */
+static int valid_relative(const char *path) {
+    if (path[0] == '/') {
+        return 0;
+    }
+    const char *p = path;
+    while (*p) {
+        const char *end = strchr(p, '/');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) {
+            return 0;
+        }
+        p += len + (end ? 1 : 0);
+        if (end && *p == '\0') {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Copies `size` bytes from the stream into `fd`, counting them against `*budget`. */
+static int receive_data(int in, int fd, uint64_t size, uint64_t *budget) {
+    char buffer[65536];
+    while (size > 0) {
+        size_t want = size < sizeof buffer ? (size_t)size : sizeof buffer;
+        if (want > *budget) {
+            errno = EFBIG;
+            return -1;
+        }
+        if (read_all(in, buffer, want) != 0) {
+            return -1;
+        }
+        *budget -= want;
+        if (fd >= 0 && write_all(fd, buffer, want) != 0) {
+            return -1;
+        }
+        size -= want;
+    }
+    return 0;
+}
+
+/* Creates the directory `path` and its missing parents, with this process's rights. */
+static int make_dirs(const char *path, mode_t mode) {
+    char copy[PATH_MAX];
+    if (snprintf(copy, sizeof copy, "%s", path) >= (int)sizeof copy) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = copy + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(copy, 0755) != 0 && errno != EEXIST) {
+                return -1;
+            }
+            *p = '/';
+        }
+    }
+    if (mkdir(copy, mode) != 0) {
+        struct stat st;
+        if (errno != EEXIST || stat(copy, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            if (errno == 0 || errno == EEXIST) {
+                errno = ENOTDIR;
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Receives a stream into `target`.
+ *
+ * `fresh` (get, as root): `target` must not exist; it becomes the source's copy with modes 0755 /
+ * 0644, and at most `max_bytes` of file data are taken (EFBIG past it). Otherwise (put, as the
+ * agent user): a directory source is merged into `target` (created with its parents), a file
+ * source becomes `target`, or `target/name` when `target` is a directory; modes are the source's
+ * (0777 bits). Sets `*kind` to 'D' or 'F'. Returns 0, or -1 with errno set (the source's errno for
+ * an error record). */
+static int receive_tree(int in, const char *target, const char *name, int fresh, uint64_t max_bytes, char *kind) {
+    struct received r;
+    uint64_t budget = max_bytes;
+    int root_fd = -1, result = -1;
+    long entries = 0;
+    if (read_record(in, &r) != 0) {
+        return -1;
+    }
+    if (r.type == '!') {
+        errno = (int)r.size ? (int)r.size : EIO;
+        return -1;
+    }
+    if (r.path[0] != '\0' || (r.type != 'D' && r.type != 'F')) {
+        errno = EPROTO;
+        return -1;
+    }
+    *kind = r.type;
+    if (r.type == 'F') {
+        char path[PATH_MAX];
+        struct stat st;
+        if (!fresh && name != NULL && stat(target, &st) == 0 && S_ISDIR(st.st_mode)) {
+            if (snprintf(path, sizeof path, "%s/%s", target, name) >= (int)sizeof path) {
+                errno = ENAMETOOLONG;
+                return -1;
+            }
+        } else {
+            snprintf(path, sizeof path, "%s", target);
+            char *slash = strrchr(path, '/');
+            if (!fresh && slash != NULL && slash != path) {
+                *slash = '\0';
+                int made = make_dirs(path, 0755);
+                *slash = '/';
+                if (made != 0) {
+                    return -1;
+                }
+            }
+        }
+        int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (fresh ? O_EXCL | O_NOFOLLOW : O_TRUNC);
+        int fd = open(path, flags, fresh ? ((r.mode & 0111) ? 0755 : 0644) : (r.mode & 0777));
+        if (fd < 0) {
+            return -1;
+        }
+        if (!fresh) {
+            fchmod(fd, r.mode & 0777);
+        }
+        result = receive_data(in, fd, r.size, &budget);
+        int error = errno;
+        if (close(fd) != 0 && result == 0) {
+            error = errno;
+            result = -1;
+        }
+        if (result == 0 && (read_record(in, &r) != 0 || r.type != 'E')) {
+            error = r.type == '!' ? (int)r.size : EPROTO;
+            result = -1;
+        }
+        errno = error;
+        return result;
+    }
+    if (fresh ? mkdir(target, 0755) != 0 : make_dirs(target, (r.mode & 0777) | S_IRWXU) != 0) {
+        return -1;
+    }
+    root_fd = open(target, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (fresh ? O_NOFOLLOW : 0));
+    if (root_fd < 0) {
+        return -1;
+    }
+    for (;;) {
+        if (read_record(in, &r) != 0) {
+            break;
+        }
+        if (r.type == 'E') {
+            result = 0;
+            break;
+        }
+        if (r.type == '!') {
+            errno = (int)r.size ? (int)r.size : EIO;
+            break;
+        }
+        if (!valid_relative(r.path) || ++entries > MAX_TREE_ENTRIES) {
+            errno = EPROTO;
+            break;
+        }
+        if (r.type == 'D') {
+            if (mkdirat(root_fd, r.path, fresh ? 0755 : (r.mode & 0777) | S_IRWXU) != 0) {
+                struct stat st;
+                if (fresh || errno != EEXIST || fstatat(root_fd, r.path, &st, 0) != 0 || !S_ISDIR(st.st_mode)) {
+                    if (!fresh && errno == EEXIST) {
+                        errno = ENOTDIR;
+                    }
+                    break;
+                }
+            }
+            continue;
+        }
+        int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (fresh ? O_EXCL | O_NOFOLLOW : O_TRUNC);
+        int fd = openat(root_fd, r.path, flags, fresh ? ((r.mode & 0111) ? 0755 : 0644) : (r.mode & 0777));
+        if (fd < 0) {
+            break;
+        }
+        if (!fresh) {
+            fchmod(fd, r.mode & 0777);
+        }
+        int copied = receive_data(in, fd, r.size, &budget);
+        int error = errno;
+        close(fd);
+        if (copied != 0) {
+            errno = error;
+            break;
+        }
+    }
+    int error = errno;
+    close(root_fd);
+    errno = error;
+    return result;
+}
+
+static int transfer_exit(int error) {
+    switch (error) {
+        case ENOENT:
+        case ENOTDIR:
+            return EXIT_NOT_FOUND_T;
+        case EACCES:
+        case EPERM:
+        case EROFS:
+            return EXIT_DENIED_T;
+        case EFBIG:
+        case E2BIG:
+            return EXIT_TOO_LARGE_T;
+        default:
+            return EXIT_OS_ERROR_T;
+    }
+}
+
+/* The root-only dir transfers are staged in (created when missing; a planted one is replaced). */
+static void ensure_staging_root(void) {
+    struct stat st;
+    if (mkdir("/run", 0755) != 0 && errno != EEXIST) {
+        die("cannot create /run: %s", strerror(errno));
+    }
+    if (stat("/run", &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        die("/run is not a directory only root can write: cannot stage transfers there");
+    }
+    if (lstat(STAGING_ROOT, &st) == 0 && (!S_ISDIR(st.st_mode) || st.st_uid != 0)) {
+        remove_tree(STAGING_ROOT);
+    }
+    if (mkdir(STAGING_ROOT, 0700) != 0 && errno != EEXIST) {
+        die("cannot create %s: %s", STAGING_ROOT, strerror(errno));
+    }
+    if (lstat(STAGING_ROOT, &st) != 0 || !S_ISDIR(st.st_mode) || lchown(STAGING_ROOT, 0, 0) != 0 ||
+        chmod(STAGING_ROOT, 0700) != 0) {
+        die("cannot prepare %s: %s", STAGING_ROOT, strerror(errno));
+    }
+}
+
+/* A path directly inside STAGING_ROOT (one plain name). */
+static void need_staged(const char *path, const char *command) {
+    size_t n = strlen(STAGING_ROOT);
+    if (strncmp(path, STAGING_ROOT "/", n + 1) != 0 || !valid_relative(path + n + 1) || strchr(path + n + 1, '/')) {
+        die("%s: %s is not a staging path under %s", command, path, STAGING_ROOT);
+    }
+}
+
+static int wait_child(pid_t pid) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) {
+            return -1;
+        }
+    }
+    return status;
+}
+
+/* Dies unless this binary and every directory above it are root's and writable by root only: the
+ * trusted side runs it as root again later, so the agent user must not be able to replace it. */
+static void check_own_path(void) {
+    char path[PATH_MAX];
+    if (realpath("/proc/self/exe", path) == NULL) {
+        die("cannot read /proc/self/exe: %s", strerror(errno));
+    }
+    for (;;) {
+        struct stat st;
+        if (lstat(path, &st) != 0 || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+            die("%s is not root's alone: the kit could be replaced there", path);
+        }
+        char *slash = strrchr(path, '/');
+        if (slash == NULL || slash == path) {
+            break;
+        }
+        *slash = '\0';
+    }
+    struct stat root;
+    if (lstat("/", &root) != 0 || root.st_uid != 0 || (root.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        die("/ is not root's alone");
+    }
+}
+
+static int cmd_prepare(int argc, char **argv) {
+    (void)argv;
+    if (argc != 2) {
+        die("usage: vero-kit prepare");
+    }
+    need_root("prepare");
+    check_own_path();
+    ensure_staging_root();
+    printf("%s\n", STAGING_ROOT);
+    return 0;
+}
+
+/* put --as ID [--name NAME] STAGED TARGET: the staged tree or file, written at TARGET as ID. */
+static int cmd_put(int argc, char **argv) {
+    const char *as = NULL, *name = NULL;
+    int i = 2;
+    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+        if (strcmp(argv[i], "--as") == 0) {
+            as = argv[i + 1];
+        } else if (strcmp(argv[i], "--name") == 0) {
+            name = argv[i + 1];
+        } else {
+            die("put: unknown option %s", argv[i]);
+        }
+    }
+    if (as == NULL || argc - i != 2 || argv[i + 1][0] != '/') {
+        die("usage: vero-kit put --as UID:GID[:GROUPS] [--name NAME] STAGED ABSOLUTE-TARGET");
+    }
+    if (name != NULL && (!valid_relative(name) || strchr(name, '/'))) {
+        die("put: --name must be a plain file name");
+    }
+    need_root("put");
+    struct identity id = parse_identity(as);
+    const char *staged = argv[i], *target = argv[i + 1];
+    need_staged(staged, "put");
+    signal(SIGPIPE, SIG_IGN);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+        die("pipe: %s", strerror(errno));
+    }
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (child == 0) {
+        close(pipe_fds[1]);
+        become(&id);
+        umask(0);
+        char kind;
+        if (receive_tree(pipe_fds[0], target, name, 0, UINT64_MAX, &kind) != 0) {
+            int error = errno;
+            fprintf(stderr, "vero-kit: put: %s: %s\n", target, strerror(error));
+            _exit(transfer_exit(error));
+        }
+        _exit(0);
+    }
+    close(pipe_fds[0]);
+    send_source(pipe_fds[1], staged, 0);
+    close(pipe_fds[1]);
+    int status = wait_child(child);
+    remove_tree(staged);
+    if (status < 0 || !WIFEXITED(status)) {
+        die("put: the transfer as uid %lu ended abnormally", (unsigned long)id.uid);
+    }
+    return WEXITSTATUS(status);
+}
+
+/* get --as ID --max-bytes N SOURCE STAGED: what ID can read at SOURCE, copied to STAGED (root's). */
+static int cmd_get(int argc, char **argv) {
+    const char *as = NULL;
+    unsigned long long max_bytes = 0;
+    int i = 2;
+    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+        if (strcmp(argv[i], "--as") == 0) {
+            as = argv[i + 1];
+        } else if (strcmp(argv[i], "--max-bytes") == 0) {
+            max_bytes = parse_size("--max-bytes", argv[i + 1], 1);
+        } else {
+            die("get: unknown option %s", argv[i]);
+        }
+    }
+    if (as == NULL || max_bytes == 0 || argc - i != 2) {
+        die("usage: vero-kit get --as UID:GID[:GROUPS] --max-bytes N SOURCE STAGED");
+    }
+    need_root("get");
+    struct identity id = parse_identity(as);
+    const char *source = argv[i], *staged = argv[i + 1];
+    need_staged(staged, "get");
+    ensure_staging_root();
+    remove_tree(staged);
+    signal(SIGPIPE, SIG_IGN);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+        die("pipe: %s", strerror(errno));
+    }
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        die("fork: %s", strerror(errno));
+    }
+    if (child == 0) {
+        close(pipe_fds[0]);
+        become(&id);
+        send_source(pipe_fds[1], source, 1);
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    char kind = '?';
+    int received = receive_tree(pipe_fds[0], staged, NULL, 1, (uint64_t)max_bytes, &kind);
+    int error = errno;
+    close(pipe_fds[0]);
+    if (received != 0) {
+        kill(child, SIGKILL);
+    }
+    wait_child(child);
+    if (received != 0) {
+        remove_tree(staged);
+        fprintf(stderr, "vero-kit: get: %s: %s\n", source, error == EFBIG ? "larger than the transfer limit"
+                                                                            : strerror(error));
+        return transfer_exit(error);
+    }
+    printf("%s\n", kind == 'D' ? "dir" : "file");
+    return 0;
+}
+
+static int cmd_discard(int argc, char **argv) {
+    if (argc != 3) {
+        die("usage: vero-kit discard STAGED");
+    }
+    need_root("discard");
+    need_staged(argv[2], "discard");
+    if (remove_tree(argv[2]) != 0) {
+        die("discard: cannot remove %s: %s", argv[2], strerror(errno));
+    }
+    return 0;
+}
+
+/* -- end-agent: the case as the tests must find it -- */
+
+struct sanitized {
+    long removed; /* links, devices, fifos, sockets, hard links to others' files, too deep or too long */
+    long modes;   /* entries made readable (and directories enterable) for the download */
+};
+
+/* Leaves only directories and regular files under `dir_fd` (see cmd_end_agent). */
+static void sanitize_children(int dir_fd, int depth, size_t rel_len, uid_t owner, struct sanitized *s) {
+    int scan = dup(dir_fd);
+    DIR *handle = scan < 0 ? NULL : open_listing(scan);
+    if (handle == NULL) {
+        if (scan >= 0) {
+            close(scan);
+        }
+        return;
+    }
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+            continue;
+        }
+        struct stat st;
+        if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            continue;
+        }
+        size_t len = rel_len + 1 + strlen(name);
+        int bad = !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode);
+        bad = bad || (S_ISREG(st.st_mode) && st.st_nlink > 1 && (st.st_uid != owner || owner == 0));
+        bad = bad || len > SANITIZE_MAX_PATH || (S_ISDIR(st.st_mode) && depth >= SANITIZE_MAX_DEPTH);
+        if (bad) {
+            s->removed += remove_at(dir_fd, name) == 0;
+            continue;
+        }
+        mode_t mode = st.st_mode & 07777, want = mode & ~(mode_t)(S_ISUID | S_ISGID);
+        want |= S_ISDIR(st.st_mode) ? (S_IRWXU | S_IRGRP | S_IXGRP | S_IROTH | S_IXOTH) : (S_IRUSR | S_IWUSR);
+        if (want != mode) {
+            s->modes += fchmodat(dir_fd, name, want, 0) == 0;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            int child = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child >= 0) {
+                sanitize_children(child, depth + 1, len, owner, s);
+                close(child);
+            }
+        }
+    }
+    closedir(handle);
+}
+
+/* Makes `path` a real, root-owned directory of mode `mode`; returns 1 when something else was there. */
+static int reset_dir(const char *path, mode_t mode) {
+    struct stat st;
+    int replaced = 0;
+    if (lstat(path, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        if (remove_tree(path) != 0) {
+            die("cannot remove %s: %s", path, strerror(errno));
+        }
+        replaced = 1;
+    }
+    if (mkdir(path, mode) != 0 && errno != EEXIST) {
+        die("cannot create %s: %s", path, strerror(errno));
+    }
+    lock_dir(path, mode);
+    return replaced;
+}
+
+/* end-agent --as ID: after a candidate agent's run, before the case's tests (see the file comment). */
+static int cmd_end_agent(int argc, char **argv) {
+    if (argc != 4 || strcmp(argv[2], "--as") != 0) {
+        die("usage: vero-kit end-agent --as UID:GID[:GROUPS]");
+    }
+    need_root("end-agent");
+    struct identity id = parse_identity(argv[3]);
+    long killed = 0;
+    if (id.uid != 0) {
+        /* kill(2) as that uid reaches every process whose real or saved uid is that uid. */
+        struct candidate user = {id.uid, id.gid};
+        long alive = killed = count_processes(id.uid);
+        for (int round = 0; alive > 0; round++) {
+            if (round == KILL_ROUNDS) {
+                die("%ld process(es) of uid %lu survive SIGKILL", alive, (unsigned long)id.uid);
+            }
+            kill_as(&user);
+            struct timespec pause = {0, round < 20 ? 1000000L : 50000000L};
+            nanosleep(&pause, NULL);
+            alive = count_processes(id.uid);
+        }
+    }
+    struct stat st;
+    long logs_protected = 0;
+    if (lstat(LOGS_DIR, &st) == 0 && S_ISDIR(st.st_mode) &&
+        (st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)) {
+        lock_dir(LOGS_DIR, (st.st_mode & 07777 & ~(mode_t)(S_IWGRP | S_IWOTH | S_ISUID | S_ISGID)) | S_IRWXU);
+        logs_protected = 1;
+    } else if (lstat(LOGS_DIR, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        logs_protected = reset_dir(LOGS_DIR, 0755);
+    }
+    long verifier = reset_dir(VERIFIER_DIR, 0777);
+    verifier += empty_dir(VERIFIER_DIR, -1);
+    lock_dir(VERIFIER_DIR, 0777);
+    struct sanitized logs = {0, 0};
+    const char *kept[] = {ARTIFACTS_DIR, AGENT_LOGS_DIR};
+    for (int i = 0; i < 2; i++) {
+        if (lstat(kept[i], &st) != 0) {
+            continue;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            logs.removed += reset_dir(kept[i], 0777);
+            continue;
+        }
+        int fd = open(kept[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            sanitize_children(fd, 1, 0, id.uid, &logs);
+            close(fd);
+        }
+        lock_dir(kept[i], 0777);
+    }
+    long tests = 0;
+    if (lstat(TESTS_DIR, &st) == 0 && (!S_ISDIR(st.st_mode) || (id.uid != 0 && st.st_uid == id.uid))) {
+        if (remove_tree(TESTS_DIR) != 0) {
+            die("cannot remove %s: %s", TESTS_DIR, strerror(errno));
+        }
+        tests = 1;
+    }
+    remove_tree(STAGING_ROOT);
+    printf("agent_user_root %d\nleftover_processes_killed %ld\nverifier_entries_removed %ld\n"
+           "log_entries_removed %ld\nlog_modes_fixed %ld\ntests_path_removed %ld\nlogs_dir_protected %ld\n",
+           id.uid == 0, killed, verifier, logs.removed, logs.modes, tests, logs_protected);
+    return 0;
+}
+
+/* ---- kind: program targets: the kit the tests call ------------------------------------------- */
+
+/* Whether the absolute, normalized `path` is `root` or lies under it. */
+static int within(const char *path, const char *root) {
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/') {
+        return 1;
+    }
+    return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* `path` made absolute (against the working directory) and normalized lexically (no ".", "..", "//"). */
+static int normalize(const char *path, char *out, size_t size) {
+    char joined[PATH_MAX * 2];
+    if (path[0] == '/') {
+        snprintf(joined, sizeof joined, "%s", path);
+    } else {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL) {
+            return -1;
+        }
+        snprintf(joined, sizeof joined, "%s/%s", cwd, path);
+    }
+    size_t used = 0;
+    out[0] = '\0';
+    for (char *save, *part = strtok_r(joined, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (strcmp(part, ".") == 0) {
+            continue;
+        }
+        if (strcmp(part, "..") == 0) {
+            char *slash = strrchr(out, '/');
+            used = slash ? (size_t)(slash - out) : 0;
+            out[used] = '\0';
+            continue;
+        }
+        size_t len = strlen(part);
+        if (used + len + 2 > size) {
+            return -1;
+        }
+        out[used++] = '/';
+        memcpy(out + used, part, len);
+        used += len;
+        out[used] = '\0';
+    }
+    if (used == 0) {
+        snprintf(out, size, "/");
+    }
+    return 0;
+}
+
+/* check-path INSTALL_PATH: whether the `vero-kit` the tests call (PATH as this process has it, the
+ * tests' environment) is this kit, and no PATH entry is in the candidate's tree (install path or
+ * the candidate user's home), where a candidate file would run as root by name. Prints one
+ * `kit_shadowed <why>` line per problem and exits 3, or prints `kit_path <path>` (or
+ * `kit_not_on_path`) and exits 0. */
+static int cmd_check_path(int argc, char **argv) {
+    if (argc != 3 || argv[2][0] != '/') {
+        die("usage: vero-kit check-path ABSOLUTE-INSTALL-PATH");
+    }
+    need_root("check-path");
+    char trees[4][PATH_MAX];
+    int n_trees = 0;
+    const char *roots[] = {argv[2], CANDIDATE_HOME};
+    for (int i = 0; i < 2; i++) {
+        if (normalize(roots[i], trees[n_trees], PATH_MAX) == 0) {
+            n_trees++;
+        }
+        if (realpath(roots[i], trees[n_trees]) != NULL) {
+            n_trees++;
+        }
+    }
+    struct stat self;
+    char exe[PATH_MAX];
+    if (stat("/proc/self/exe", &self) != 0 || realpath("/proc/self/exe", exe) == NULL) {
+        die("check-path: cannot read /proc/self/exe: %s", strerror(errno));
+    }
+    const char *value = getenv("PATH");
+    char path[65536];
+    snprintf(path, sizeof path, "%s", value ? value : DEFAULT_PATH);
+    int problems = 0, found = 0;
+    char found_path[PATH_MAX + 16] = "";
+    for (int t = 0; t < n_trees; t++) {
+        if (within(exe, trees[t])) {
+            printf("kit_shadowed the kit itself (%s) is in the candidate's tree (%s)\n", exe, trees[t]);
+            problems++;
+        }
+    }
+    char *cursor = path;
+    for (;;) {
+        char *colon = strchr(cursor, ':');
+        if (colon != NULL) {
+            *colon = '\0';
+        }
+        char entry[PATH_MAX], real[PATH_MAX];
+        if (normalize(*cursor ? cursor : ".", entry, sizeof entry) == 0) {
+            int in_tree = 0;
+            int has_real = realpath(entry, real) != NULL;
+            for (int t = 0; t < n_trees && !in_tree; t++) {
+                in_tree = within(entry, trees[t]) || (has_real && within(real, trees[t]));
+            }
+            int moved = has_real && strcmp(real, *cursor ? cursor : ".") != 0;
+            if (in_tree) {
+                printf("kit_shadowed the PATH entry %s%s%s is in the candidate's tree (%s or %s): a candidate file "
+                       "there would run as root by name\n",
+                       *cursor ? cursor : "(empty: the working directory)", moved ? " -> " : "", moved ? real : "",
+                       argv[2], CANDIDATE_HOME);
+                problems++;
+            }
+            char kit[PATH_MAX + 16];
+            struct stat st;
+            if (!found && snprintf(kit, sizeof kit, "%s/%s", entry, "vero-kit") < (int)sizeof kit &&
+                stat(kit, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111)) {
+                found = 1;
+                snprintf(found_path, sizeof found_path, "%s", kit);
+                if (st.st_dev != self.st_dev || st.st_ino != self.st_ino) {
+                    printf("kit_shadowed vero-kit on the tests' PATH is %s, not vero's kit (%s)\n", kit, exe);
+                    problems++;
+                }
+            }
+        }
+        if (colon == NULL) {
+            break;
+        }
+        cursor = colon + 1;
+    }
+    if (!problems) {
+        printf(found ? "kit_path %s\n" : "kit_not_on_path\n", found_path);
+    }
+    return problems ? 3 : 0;
+}
+
 static void usage(FILE *out) {
     fputs("usage: vero-kit run [--timeout SEC] [--nproc N] [--memory-mb MB] [--fsize-mb MB] [--cpu-sec SEC]\n"
           "                    [--nofile N] [--cwd DIR] [--env NAME[=VALUE]]... [--usage FILE] -- COMMAND [ARG]...\n"
@@ -1261,6 +2354,13 @@ static void usage(FILE *out) {
           "       vero-kit kill\n"
           "       vero-kit setup [--own PATH]\n"
           "       vero-kit end-install PATH\n"
+          "       vero-kit check-path INSTALL-PATH\n"
+          "       vero-kit whoami\n"
+          "       vero-kit prepare\n"
+          "       vero-kit put --as UID:GID[:GROUPS] [--name NAME] STAGED TARGET\n"
+          "       vero-kit get --as UID:GID[:GROUPS] --max-bytes N SOURCE STAGED\n"
+          "       vero-kit discard STAGED\n"
+          "       vero-kit end-agent --as UID:GID[:GROUPS]\n"
           "       vero-kit version\n",
           out);
 }
@@ -1291,6 +2391,17 @@ int main(int argc, char **argv) {
     }
     if (strcmp(command, "end-install") == 0) {
         return cmd_end_install(argc, argv);
+    }
+    static const struct {
+        const char *name;
+        int (*run)(int, char **);
+    } more[] = {{"check-path", cmd_check_path}, {"whoami", cmd_whoami}, {"prepare", cmd_prepare},
+                {"put", cmd_put},           {"get", cmd_get},       {"discard", cmd_discard},
+                {"end-agent", cmd_end_agent}};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        if (strcmp(command, more[i].name) == 0) {
+            return more[i].run(argc, argv);
+        }
     }
     if (strcmp(command, "version") == 0) {
         puts("vero-kit " KIT_VERSION);

@@ -264,3 +264,103 @@ def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, 
     (trial,) = [p for p in Path(result.job_dir).iterdir() if (p / "result.json").is_file()]
     metadata = json.loads((trial / "result.json").read_text())["agent_result"]["metadata"]
     assert 0 < metadata["vero_install_leftover_processes"] < INSTALL_MAX_PROCESSES, metadata
+
+
+AGENT_SCENARIO = HERE / "agent_kit_scenario.sh"
+
+
+def _phase(container: str, phase: str, *args: str, user: str | None = None) -> dict[str, str]:
+    done = _docker("exec", *(["-u", user] if user else []), container, "bash", "/scenario.sh", phase, *args)
+    assert done.returncode == 0, (phase, done.stdout + done.stderr)
+    pairs = (line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return {key: value.strip() for key, value in pairs}
+
+
+@pytest.mark.timeout(600)
+def test_agent_case_kit_acts_as_the_agent_user_and_cleans_the_case_on_a_debian_and_a_busybox_image(
+    case_kit, busybox_image
+):
+    """`kind: agent` (`agent_kit_scenario.sh`, `vero.harbor.boundary.case`): transfers with the agent
+    user's rights only, through the root-only staging dir; then what a hostile candidate agent
+    leaves for the tests (processes, a link over the reward, fifos, device nodes, unreadable and
+    deeper-than-PATH_MAX trees, a /tests that is a file) is gone after `end-agent`, and the
+    artifacts the agent made are kept, readable for Harbor's download."""
+    for image in (DEBIAN_IMAGE, busybox_image):
+        container = f"vero-test-agent-kit-{os.getpid()}"
+        started = _docker(
+            "run", "-d", "--rm", "--init", "--name", container, "--label", "org.vero.test=case-kit",
+            "-v", f"{case_kit.parent}:/kit:ro", "-v", f"{AGENT_SCENARIO}:/scenario.sh:ro", image, "sleep", "600",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        try:
+            assert case_kit.name == "vero-kit"
+            assert _phase(container, "setup") == {"prepare": "0", "staging": "root:700"}, image
+            # Who the agent user is, as Harbor's exec makes it (`docker exec -u`): groups included.
+            identity = _docker("exec", "-u", "1001", container, "bash", "/scenario.sh", "whoami").stdout.strip()
+            assert identity == "1001:1001:1001,1500", image
+            seen = _phase(container, "transfers", identity)
+            assert seen == {
+                # Uploads write only what the agent user may: never into /usr/local/bin or /etc.
+                "put_usr_local_bin": "3",
+                "staged_removed": "yes",
+                "put_python3": "3",
+                "put_etc": "3",
+                "put_home": "0",
+                "put_home_owner": "agent:agent hi 755",
+                "put_into_dir": "0",
+                "put_into_dir_file": "data",
+                "put_missing_stage": "2",
+                "put_outside_staging": "125",
+                # Downloads read only what it can read; links, fifos and root's files stay behind.
+                "get_shadow": "3",
+                "get_root_home": "3",
+                "get_tree": "dir 0",
+                "get_tree_listing": ". ./python3 ./sub ./sub/f ./x.txt",
+                "get_tree_modes": "root:755 root:644 root:755",
+                "get_too_large": "4",
+                "too_large_removed": "yes",
+                "get_file": "file 0 5000",
+                "get_device": "5",
+                "get_missing": "2",
+                "discard": "0",
+            }, image
+            assert _phase(container, "plant", user="1001") == {"planted": "0"}, image
+            assert _phase(container, "plant_root") == {"planted_root": "0"}, image
+            seen = _phase(container, "clean", identity)
+            # The daemon, the reward-writing loop and (sometimes, when caught alive) the loop's own sleep.
+            before = int(seen.pop("agent_processes_before"))
+            found = dict(zip(*[iter(seen.pop("end_agent").split())] * 2, strict=True))
+            assert 2 <= before <= 3 and 2 <= int(found.pop("leftover_processes_killed")) <= 3, (image, before, found)
+            assert found == {
+                "agent_user_root": "0",
+                "verifier_entries_removed": "6",
+                "log_entries_removed": "5",
+                "log_modes_fixed": "2",
+                "tests_path_removed": "1",
+                "logs_dir_protected": "0",
+            }, image
+            assert seen == {
+                "agent_processes_after": "0",
+                "verifier_after": "root:777",
+                "artifacts_after": ". ./closed ./nested ./out.txt ./own-hard-link ./unreadable",
+                "artifacts_modes": "600 755 777",
+                "artifacts_depth": "32",
+                "agent_logs_after": ". ./log.txt",
+                "tests_after": "absent",
+                "staging_after": "absent",
+            }, image
+            # kind: program: `check-path` refuses a PATH with a directory in the candidate's tree
+            # (wherever it stands, even missing or relative) and a vero-kit that is not this kit.
+            shadowed = "kit_shadowed the PATH entry"
+            other = "kit_shadowed vero-kit on the tests' PATH is"
+            assert _phase(container, "check_path") == {
+                "plain": "kit_path /usr/local/bin/vero-kit| 0",
+                "candidate_bin_first": f"{shadowed} /opt/cand/bin is in the candidat|{other} /opt/cand/bin/ve| 3",
+                "candidate_bin_last": f"{shadowed} /opt/cand/bin is in the candidat| 3",
+                "other_kit_first": f"{other} /opt/other/vero-| 3",
+                "no_kit": "kit_not_on_path| 0",
+                "candidate_home": f"{shadowed} /home/vero-candidate/.local/bin | 3",
+                "relative_in_tree": f"{shadowed} bin -> /opt/cand/bin is in the c|{other} /opt/cand/bin/ve| 3",
+            }, image
+        finally:
+            _docker("rm", "-f", container)
