@@ -16,12 +16,19 @@ Before an agent run is spent, `check_spec` answers "will these cases measure can
    no infrastructure retry), `concurrency` at a time. The baseline's run is its own install
    witness (`NestedRun.baseline_dir`): a baseline vero's install agent cannot install is the
    case's `install_failed`, never a score;
-3. with `probe` (`kind: program` only), the baseline is run once more per case under the probe
-   agent (`vero.harbor.probe`): a process planted as the candidate user, the moment the tests first
-   open a file of the installed candidate, tries to write the reward files and to read `/tests`;
-   the case is `forgeable` when it manages either (in any step), `probe_not_exercised` when the
-   tests never opened the candidate's files. A case whose tests all run in a separate verifier
-   environment is not probed (`not_applicable`: the candidate's files are not where its tests run);
+3. with `probe`, each case is run once more under a probe. `kind: program`: the baseline under the
+   probe agent (`vero.harbor.probe`): a process planted as the candidate user, the moment the tests
+   first open a file of the installed candidate, tries to write the reward files and to read
+   `/tests`; the case is `forgeable` when it manages either (in any step), `probe_not_exercised`
+   when the tests never opened the candidate's files. A case whose tests all run in a separate
+   verifier environment is not probed (`not_applicable`: the candidate's files are not where its
+   tests run). `kind: agent`: a planted candidate agent (`vero.harbor.agent_probe`) in place of the
+   baseline tries to upload where only root may write, download what only root may read, leave a
+   process that writes the reward and reads `/tests` during the tests, and break the collection of
+   the trial's files; the case is `forgeable` when any of it worked (or the case's agent user is
+   root), `held` otherwise. A `kind: agent` case whose agent user is root is `agent_user_root` (by
+   its `task.toml` and Dockerfile, `vero.compiler.case_audit.agent_user_is_root`, or by a run that
+   saw uid 0);
 4. the outcomes become problems (`CHECK_CODES`): per case, and for the spec as a whole
    "the reference beats the baseline on no case".
 
@@ -48,7 +55,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,7 +70,10 @@ from vero.core.run import (
 )
 from vero.core.usage import InferenceUsage
 from vero.errors import CaseMisconfigured, InfrastructureFailure, SpecError
-from vero.spec.models import OptimizationSpec, ProgramTarget
+from vero.spec.models import CandidateRuntime, OptimizationSpec, ProgramTarget
+
+if TYPE_CHECKING:
+    from vero.compiler.case_audit import CaseAudit
 
 __all__ = [
     "CHECK_CODES",
@@ -88,16 +98,19 @@ CHECK_CODES: dict[str, str] = {
     "missing_variables": "host variables the case requires are not declared secrets",
     "setup_rejected": "Harbor refuses the case's setup in the spec's environment",
     "reward_key_missing": "the case's rewards lack scoring.reward_key (the keys found are listed)",
+    "kit_shadowed": "kind: program: the vero-kit the case's tests call as root is not vero's, or its PATH has a "
+    "directory in the candidate's tree",
     "kit_missing": "kind: program: tests that run where the candidate is installed never call vero-kit, so "
     "candidate code they run can forge the reward or read /tests",
     "no_artifacts": "kind: program: a separate verifier environment is given no artifacts, so nothing of the "
     "candidate reaches its tests",
     "install_failed": "vero's install agent cannot install the baseline in the case (the upload or "
     "install_command failed), so no candidate can be measured there",
+    "agent_user_root": "kind: agent: the case's agent user is root, so a candidate agent owns the case container",
     "infrastructure": "the case's environment (or the case kit's sandbox, or the probe) could not be set up",
     "no_reward": "a run produced no valid reward (no reward file, a crash, a timeout, a non-finite reward)",
     "reward_out_of_range": "an honest candidate's reward is outside scoring.reward_range",
-    "forgeable": "--probe: a process of the candidate user wrote the reward files or read /tests during the tests",
+    "forgeable": "--probe: candidate code wrote the reward files, read /tests or wrote where only root may (listed)",
     "probe_not_exercised": "--probe: the tests never opened a file of the installed candidate",
     "reference_not_better": "the reference beats the baseline on no case",
 }
@@ -148,6 +161,8 @@ class ProbeRun(_Model):
     seconds: float = 0.0
     detail: str | None = None
     """Why there is no verdict (`error`, `not_applicable`)."""
+    report: dict[str, str] = Field(default_factory=dict)
+    """`kind: agent`: what each of the planted agent's attempts got (`vero.harbor.agent_probe`)."""
 
 
 class CaseCheck(_Model):
@@ -290,7 +305,10 @@ class _Runs:
     env: Mapping[str, str]
     runtime: EvaluationRuntime = EvaluationRuntime()
 
-    def lease(self, case: str, label: CandidateLabel, candidate_dir: Path) -> EvaluationLease:
+    def lease(
+        self, case: str, label: CandidateLabel, candidate_dir: Path, agent: CandidateRuntime | None = None
+    ) -> EvaluationLease:
+        """The lease of one run; `agent` replaces the target's runtime (the `kind: agent` probe)."""
         return self.runtime.lease(
             NestedRun(
                 evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}",
@@ -300,7 +318,7 @@ class _Runs:
                 cases_dir=self.cases_dir,
                 case_names=(case,),
                 jobs_dir=self.jobs_root / label,
-                runtime=self.spec.target.runtime(),
+                runtime=agent if agent is not None else self.spec.target.runtime(),
                 harbor=self.spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
                 scoring=self.spec.scoring,
                 env=dict(self.env),
@@ -408,10 +426,17 @@ async def _measure_one(
 async def _probe_one(
     backend: EvaluationBackend, runs: _Runs, case: str, candidate_dir: Path
 ) -> tuple[ProbeRun, list[CheckProblem]]:
-    """The baseline under the probe agent on one case, and the problem its verdict makes."""
+    """The probe on one case (the baseline under the probe agent, or for `kind: agent` the planted
+    probe candidate), and the problem its verdict makes."""
     from vero.harbor.probe import probe_verdict
 
-    lease = runs.lease(case, "probe", candidate_dir)
+    program = isinstance(runs.spec.target, ProgramTarget)
+    agent = None
+    if not program:
+        from vero.harbor.agent_probe import AGENT_PROBE_IMPORT_PATH
+
+        agent = CandidateRuntime(kind="agent", agent_import_path=AGENT_PROBE_IMPORT_PATH)
+    lease = runs.lease(case, "probe", candidate_dir, agent)
     started = time.monotonic()
     try:
         async with lease as run:
@@ -434,7 +459,10 @@ async def _probe_one(
         # Nothing to probe: the baseline's own run names the failure (`install_failed`).
         detail = f"probe: the baseline was not installed: {_trial_message(result)}"
         return ProbeRun(verdict="error", seconds=seconds, detail=detail), []
-    found = probe_verdict(attempt.flags, attempt.reward if attempt.reward is not None else attempt.rejected_reward)
+    reward = attempt.reward if attempt.reward is not None else attempt.rejected_reward
+    if not program:
+        return await asyncio.to_thread(_agent_probe_outcome, result.job_dir, attempt.flags, reward, seconds)
+    found = probe_verdict(attempt.flags, reward)
     probe = ProbeRun(verdict=found.verdict, findings=list(found.findings), attempted=found.attempted, seconds=seconds)
     if found.verdict == "forgeable":
         return probe, [
@@ -495,6 +523,77 @@ async def _serve_inference(
     return EvaluationRuntime(served, router, spec.inference.evaluation_limit_usd or VERIFIER_EVALUATION_LIMIT_USD)
 
 
+def _agent_probe_outcome(
+    job_dir: str | None, flags: list[str], reward: float | None, seconds: float
+) -> tuple[ProbeRun, list[CheckProblem]]:
+    """The `kind: agent` probe's verdict from its report in the job dir, and the problem it makes."""
+    from vero.harbor.agent_probe import agent_probe_verdict, read_agent_probe_report
+
+    report = read_agent_probe_report(Path(job_dir)) if job_dir else None
+    found = agent_probe_verdict(report, flags, reward)
+    probe = ProbeRun(
+        verdict=found.verdict,
+        findings=list(found.findings),
+        attempted=found.attempted,
+        seconds=seconds,
+        report=dict(report or {}),
+    )
+    if found.verdict == "forgeable":
+        return probe, [
+            CheckProblem(
+                code="forgeable",
+                detail=(
+                    f"a planted candidate agent {'; '.join(found.findings)}: give the case an unprivileged "
+                    "[agent].user whose tests kill its processes and read only what it may write (docs/trust-model.md "
+                    '"Trust model and its limits")'
+                ),
+            )
+        ]
+    if found.verdict == "not_exercised":
+        detail = "probe: the planted candidate agent did not run (no report)"
+        return ProbeRun(verdict="error", seconds=seconds, detail=detail), [
+            CheckProblem(code="infrastructure", detail=detail)
+        ]
+    return probe, []
+
+
+def _agent_user_root(why: str) -> str:
+    return (
+        f"its agent user is root ({why}), so a candidate agent owns the case container: its commands and "
+        "uploads act as root and can replace what the tests run or write the reward (set [agent].user to an "
+        'unprivileged user; docs/trust-model.md "Trust model and its limits")'
+    )
+
+
+def _audit(
+    spec: OptimizationSpec, fetched: Mapping[str, Path], runnable: list[str], problems: dict[str, list[CheckProblem]]
+) -> dict[str, CaseAudit]:
+    """What the build's case audit finds in the `runnable` cases, added to their `problems`:
+    `kind: program`, `kit_missing` and `no_artifacts` (the audits are returned, by case);
+    `kind: agent`, `agent_user_root` (no audits)."""
+    from vero.compiler.case_audit import agent_user_is_root, audit_case, kit_advice, no_artifacts_detail
+
+    if not isinstance(spec.target, ProgramTarget):
+        for case in runnable:
+            why = agent_user_is_root(fetched[case])
+            if why is not None:
+                problems[case].append(CheckProblem(code="agent_user_root", detail=_agent_user_root(why)))
+        return {}
+    audits = {case: audit_case(fetched[case]) for case in runnable}
+    for case, audit in audits.items():
+        if audit.kit_missing:
+            problems[case].append(
+                CheckProblem(
+                    code="kit_missing",
+                    detail="tests that run where the candidate is installed never call vero-kit, so candidate "
+                    f"code they run can forge the reward or read /tests: {kit_advice(spec)}",
+                )
+            )
+        if audit.without_artifacts:
+            problems[case].append(CheckProblem(code="no_artifacts", detail=no_artifacts_detail(audit)))
+    return audits
+
+
 async def check_spec(
     spec: OptimizationSpec,
     env: Mapping[str, str],
@@ -520,28 +619,23 @@ async def check_spec(
             `vero.commands.check.check_backends`).
         progress: told when each run starts and ends.
         cases: only these cases (default every case of every partition).
-        probe: also run the baseline under the probe agent on every case (`kind: program` only).
-        probe_backend: the backend of the probe's runs, required with `probe` (`vero harbor check`:
-            a `HarborBackend` with the probe agent, `vero.harbor.probe`).
+        probe: also run the probe on every case (module docstring, step 3).
+        probe_backend: the backend of the probe's runs, required with `probe` (`vero harbor check`,
+            `vero.commands.check.check_backends`: for `kind: program` a `HarborBackend` with the probe
+            agent, `vero.harbor.probe`; for `kind: agent`, whose probe is a planted candidate,
+            `vero.harbor.agent_probe`, one that gives the planted agent the reward key).
 
     Raises:
-        SpecError: the target, a case or the reference cannot be prepared, `cases` names an
-            unknown case, or `probe` is asked for a `kind: agent` target.
+        SpecError: the target, a case or the reference cannot be prepared, or `cases` names an
+            unknown case.
         InfrastructureFailure: Harbor cannot be found.
         ValueError: `probe` without a `probe_backend`.
     """
-    from vero.compiler.case_audit import audit_case, kit_advice, no_artifacts_detail
     from vero.compiler.secret_audit import secret_warnings
     from vero.harbor.case_checks import check_cases
     from vero.harbor.command import nested_variable_names
 
     program = isinstance(spec.target, ProgramTarget)
-    if probe and not program:
-        raise SpecError.at(
-            "--probe",
-            "the probe plants a process as the candidate user of a kind: program "
-            "target; this spec's target is kind: agent",
-        )
     # Absolute: the nested runs (and Harbor's agents in them) work in other directories.
     work_dir = work_dir.absolute()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -562,18 +656,7 @@ async def check_spec(
     for problem in static:
         problems[problem.case].append(CheckProblem(code=problem.code, detail=problem.detail))
     runnable = [case for case in selected if not problems[case]]  # Harbor can run them
-    audits = {case: audit_case(fetched[case]) for case in runnable} if program else {}
-    for case, audit in audits.items():
-        if audit.kit_missing:
-            problems[case].append(
-                CheckProblem(
-                    code="kit_missing",
-                    detail="tests that run where the candidate is installed never call vero-kit, so candidate "
-                    f"code they run can forge the reward or read /tests: {kit_advice(spec)}",
-                )
-            )
-        if audit.without_artifacts:
-            problems[case].append(CheckProblem(code="no_artifacts", detail=no_artifacts_detail(audit)))
+    audits = _audit(spec, fetched, runnable, problems)
     cases_dir = fetched[selected[0]].parent if selected else work_dir / "cases"
     # The providers' keys reach the gateway only, never a nested run (as in the sidecar and the verifier).
     secret_values = nested_secret_env(declared, env, spec.inference)
@@ -609,6 +692,8 @@ async def check_spec(
                 run, found = await _run_one(backend, nested, case, label, candidate_dir)
                 runs[case, label] = run
                 note(case, found)
+                if "agent_user_root" in run.flags:  # the case's image runs the agent as root
+                    note(case, [CheckProblem(code="agent_user_root", detail=_agent_user_root("it ran as uid 0"))])
                 if progress is not None:
                     progress.finished(case, label, run)
 
@@ -624,7 +709,7 @@ async def check_spec(
                         case, "probe", CandidateRun(candidate="probe", outcome=run.verdict, seconds=run.seconds)
                     )
 
-        probed = [case for case in runnable if probe and audits[case].kit_applies]
+        probed = [case for case in runnable if probe and (not program or audits[case].kit_applies)]
         for case in runnable if probe else ():
             if case not in probed:
                 probes[case] = ProbeRun(

@@ -281,6 +281,7 @@ CASE_PROBLEM_CODES: tuple[str, ...] = (
     "setup_rejected",
     "reward_key_missing",
     "install_failed",
+    "kit_shadowed",
 )
 """Codes of `CaseMisconfigured` (what each means: `vero.core.diagnostics`)."""
 
@@ -291,7 +292,7 @@ class CaseMisconfigured(InfrastructureFailure):
 
     Attributes:
         code: the first problem's code (`case_invalid`, `missing_variables`, `setup_rejected`,
-            `reward_key_missing`, `install_failed`); what the agent is told.
+            `reward_key_missing`, `install_failed`, `kit_shadowed`); what the agent is told.
         problems: every `CaseProblem` (case names and details: operator only); empty when rebuilt
             by the agent-side client from a problem body.
         cases: the cases concerned, when the agent may know them (empty otherwise).

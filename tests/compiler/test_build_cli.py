@@ -11,7 +11,7 @@ import pytest
 
 from vero.compiler import TaskLayout
 
-from .conftest import make_spec_tree, run_vero
+from .conftest import HIDDEN_CASES, make_spec_tree, run_vero
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -256,15 +256,35 @@ def test_program_cases_whose_tests_never_call_the_kit_are_warned_about_and_final
     assert "never call" not in TaskLayout(out).sidecar.config_path.read_text()
 
 
-def test_agent_targets_get_no_kit_warning(tmp_path):
+def test_agent_targets_get_no_kit_warning_but_one_per_case_whose_agent_user_is_root(tmp_path):
     def agent(document):
         document["target"] = {"kind": "agent", "path": "target", "agent_import_path": "agent_mod:Agent"}
 
     tree = make_spec_tree(tmp_path / "spec", agent)
     (tree.root / "target" / "agent_mod.py").write_text("class Agent: ...\n")
-    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "out" / "task"))
+    cases = tree.root / "cases"
+    # case-1 names an unprivileged agent user; case-2 leaves it unset but its image sets one; case-3
+    # says root outright; the hidden cases leave it unset on an image without USER (Harbor: root).
+    toml = cases / "case-1" / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\n", '[agent]\nuser = "agent"\n'))
+    dockerfile = cases / "case-2" / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN useradd -u 1001 agent\nUSER agent\n")
+    toml = cases / "case-3" / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\n", "[agent]\nuser = 0\n"))
+    out = tmp_path / "out" / "task"
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "vero-kit" not in done.stderr
+    warned = [line for line in done.stderr.splitlines() if "its agent user is root" in line]
+    named = sorted(line.split("'")[1] for line in warned)
+    assert named == sorted(["case-3", *HIDDEN_CASES]), done.stderr
+    assert any("'case-3'" in line and "[agent].user is 0" in line for line in warned), warned
+    assert all("owns the case container" in line for line in warned)
+    # finalization.json repeats the build's warnings (they travel in the verifier's config).
+    from vero.spec.compiled import VerifierConfig, load_config
+
+    config = load_config(TaskLayout(out).verifier.config_path, VerifierConfig)
+    assert len([w for w in config.build_warnings if "its agent user is root" in w]) == len(warned)
 
 
 def test_an_evaluation_time_that_cannot_fit_names_the_numbers(tmp_path):

@@ -14,7 +14,14 @@ the real code: candidate hosts as throw-away uids, the environment proxy, the ga
    the sidecar's evaluation and in the verifier's hidden scoring: every attempt is denied, its
    forged result and reward files never exist, its claims are not taken, the exception it names
    like an infrastructure failure is charged, its daemon is dead, the gateway refuses the off-list
-   model and stops it at the budget; it scores 0.
+   model and stops it at the budget; it scores 0. In the case container (issue 22) its uploads and
+   downloads have the agent user's rights only (no `python3` in `/usr/local/bin`, no `.pth` in
+   site-packages, nothing in `/etc` or `/root`, no `/etc/shadow`), the process it left to forge the
+   reward during the tests is killed before them, and what it planted to break the collection of
+   the trial's files is removed: every attempt is flagged, charged, and scores 0, also on the
+   cases written like a third party's (`THIRD_PARTY`: a `test.sh` that kills nothing and runs
+   `python3` as root), where without the clean case the left process and the fake `python3` would
+   have written reward 1.
 3. Nothing crosses between evaluations, tiers or tokens (`agents/crossing_candidate.py`): what a
    candidate evaluated on a `none` partition leaves in `/tmp`, `/var/tmp`, `/dev/shm`, a
    world-writable dir or SysV shared memory is gone before a candidate on a `full` partition runs,
@@ -73,6 +80,27 @@ SECRET = ["sum-numbers-1"]  # a `none` partition: its instruction and data must 
 POOL = ["count-lines-2", "decode-base64-1"]  # a `full` partition the crossing candidates try to reach
 SECRET_TEXT = "Compute their sum"  # from the secret case's instruction
 QUANTUM_SEC = 150.0  # the `none` partition's timing quantum: longer than any of its evaluations here
+THIRD_PARTY = {"reverse-string-1", "find-file-1"}
+"""Cases whose `test.sh` is replaced by `THIRD_PARTY_TEST`."""
+THIRD_PARTY_TEST = """#!/bin/bash
+# Written like a third party's: it kills nothing and runs python3 as root, not isolated.
+mkdir -p /logs/verifier
+python3 - <<'PY'
+import json
+
+
+def normalize(text):
+    return "\\n".join(line.rstrip() for line in text.strip("\\n").splitlines()).rstrip("\\n")
+
+
+expected = normalize(open("/tests/expected.txt").read())
+try:
+    answer = normalize(open("/app/answer.txt").read())
+except OSError:
+    answer = None
+json.dump({"reward": 1 if answer == expected else 0}, open("/logs/verifier/reward.json", "w"))
+PY
+"""
 IMPORT_PATH = "llm_puzzle_agent.agent:LlmPuzzleAgent"
 PRICE_IN, PRICE_OUT = 1e-6, 2e-6
 
@@ -81,6 +109,8 @@ def copy_cases(names: list[str], dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copytree(PUZZLE / "cases" / name, dest / name)
+        if name in THIRD_PARTY:
+            (dest / name / "tests" / "test.sh").write_text(THIRD_PARTY_TEST)
     dest.chmod(0o700)  # as the images make them: no candidate host may enter
     return dest
 
@@ -105,8 +135,20 @@ def assert_attacks_failed(report: dict, *, expect_budget_stop: bool) -> None:
         "docker_socket",
         "off_list_model",
         "exec_as_root",
+        # issue 22: uploads and downloads have the case agent user's rights only
+        "upload_python3",
+        "upload_etc",
+        "upload_root_home",
+        "upload_dir_usr_local_bin",
+        "upload_pth",
+        "download_shadow",
     ):
         assert report[attack].startswith("denied"), (attack, report)
+    assert report["upload_python3"] == "denied: PermissionError", report
+    assert report["download_shadow"] == "denied: PermissionError", report
+    # ... which still lets it write and read its own files.
+    assert report["upload_own"].startswith("ok") and report["download_own"].startswith("ok"), report
+    assert report["leftover"] == "started" and report["planted"] == "planted", report
     assert "PermissionDenied" in report["off_list_model"], report
     assert report["secret_in_own_env"] == "False" and report["token_is_the_evaluations"] == "True", report
     assert int(report["uid"]) >= 52000 and report["groups"] == "[]", report
@@ -117,16 +159,26 @@ def assert_attacks_failed(report: dict, *, expect_budget_stop: bool) -> None:
 
 
 def assert_trials_honest(job_dir: Path) -> None:
-    for result_path in job_dir.glob("*/result.json"):
+    results = sorted(job_dir.glob("*/result.json"))
+    assert results, job_dir
+    for result_path in results:
         result = json.loads(result_path.read_text())
         assert result["exception_info"]["exception_type"] == "CandidateAgentError", result["exception_info"]
         assert "EnvironmentStartTimeoutError" in result["exception_info"]["exception_message"]
+        # The honest reward: the left process, the fake python3 and the .pth never wrote theirs.
         assert result["verifier_result"]["rewards"] == {"reward": 0}
         agent = result["agent_result"]
         assert agent["n_input_tokens"] is None and agent["cost_usd"] is None
         assert "reward" not in (agent.get("metadata") or {})
+        # The clean case before the tests: its process killed, its plants removed (the verifier dir
+        # was collected: the download no longer fails), all of it recorded by the trusted side.
+        clean = agent["metadata"]["vero_case_clean"]
+        assert clean["agent_user_root"] == 0 and clean["leftover_processes_killed"] >= 1, clean
+        assert clean["verifier_entries_removed"] >= 4 and clean["log_entries_removed"] >= 3, clean
+        assert (result_path.parent / "verifier" / "test-stdout.txt").is_file()
         assert not (result_path.parent / "planted.json").exists()
     assert not (job_dir / "planted.json").exists()
+    assert {Path(p).parent.name.split("__")[0] for p in results} & THIRD_PARTY, "no third-party case was run"
 
 
 def test_candidate_boundary_and_gateway_on_docker(portable_toolchain, monkeypatch, caplog):
@@ -285,6 +337,10 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         assert final.rewards == {"reward": 0.0} and final.chosen.candidate == hostile, final
         (measurement,) = final.measurements
         assert measurement.score == 0.0 and measurement.inference is not None
+        # Charged attempts at the honest reward, each flagged with what the clean case found.
+        assert measurement.measured, measurement
+        for flag in ("agent_leftover_processes_killed", "verifier_dir_planted", "log_entries_removed"):
+            assert measurement.flags.get(flag) == len(HIDDEN), (flag, measurement.flags)
         assert measurement.inference.refused_calls["model_not_allowed"] == len(HIDDEN)
         assert measurement.inference.refused_calls["budget_exhausted"] >= 1
         assert measurement.inference.charged_micro_usd <= 400

@@ -22,6 +22,20 @@ no-kit cases the forged out-of-range values are caught by `reward_range` (flagge
 `reward_out_of_range`), and what the kit cannot protect there stays visible: reading `/tests` works.
 The no-kit cases cap their processes (`pids_limit`) only so that the fork bomb cannot hurt the shared
 test machine.
+
+Issue 22, both in the sidecar's evaluations and in the verifier's scoring, whose nested runs execute
+as an unprivileged runner (uid 1001 with the engine socket's group, as `vero-runner` does in the
+compiled images):
+
+- `break-collection`, run as root by a no-kit case, leaves a device node, a fifo and a mode-000
+  directory in `/logs/verifier`, so Harbor cannot collect the trial's files
+  (`DownloadVerifierDirError`). That is after candidate code ran: a dead attempt, charged and
+  flagged `verifier_download_failed`, never a refunded (free) re-run;
+- a third kind of case, `shadow-*`, runs candidate code through the kit, but its image puts the
+  install path's `bin/` first on `PATH` (as images with a project venv do), so a candidate's
+  `bin/vero-kit` would run as root when the tests call the kit. The install agent refuses it before
+  the tests, whatever the candidate: `kit_shadowed`, refunded, the case quarantined, the cause named;
+  the verifier's target over it is unmeasured (its failure value, status `partial`).
 """
 
 from __future__ import annotations
@@ -40,7 +54,9 @@ from sidecar._server import ServerThread, commit_file, git, wait_for_state  # te
 
 from vero.compiler import compile_task
 from vero.core.baseline import commit_baseline
+from vero.core.run import RunAs
 from vero.harbor import HarborBackend
+from vero.harbor.casekit import build_kit
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
 from vero.sidecar.seal import request_seal
@@ -75,12 +91,14 @@ echo "got ${got:-nothing}: reward $r"
 echo "$r" > /logs/verifier/reward.txt
 """
 
-# case -> (partition, input, expected count, kit?)
+# case -> (partition, input, expected count, kind: kit, nokit or shadow)
 CASES = {
-    "kit-train": ("train", "one two three", 3, True),
-    "nokit-train": ("train", "red green", 2, False),
-    "kit-hidden": ("hidden", "alpha beta gamma delta", 4, True),
-    "nokit-hidden": ("hidden", "x y z w v", 5, False),
+    "kit-train": ("train", "one two three", 3, "kit"),
+    "nokit-train": ("train", "red green", 2, "nokit"),
+    "kit-hidden": ("hidden", "alpha beta gamma delta", 4, "kit"),
+    "nokit-hidden": ("hidden", "x y z w v", 5, "nokit"),
+    "shadow-train": ("shadow", "a b", 2, "shadow"),
+    "shadow-hidden": ("shadowed", "p q r", 3, "shadow"),
 }
 
 SPEC = """\
@@ -97,6 +115,8 @@ cases:
   partitions:
     train: [kit-train, nokit-train]
     hidden: [kit-hidden, nokit-hidden]
+    shadow: [shadow-train]
+    shadowed: [shadow-hidden]
 scoring:
   reward_range: [0, 1]
 agent_access:
@@ -105,10 +125,19 @@ agent_access:
     min_aggregate_cases: 1
     total_runs: 20
     total_cases: 40
+  shadow:
+    disclosure: full
+    min_aggregate_cases: 1
+    total_runs: 5
+    total_cases: 5
 selection:
   mode: submit
+  partition: train
 targets:
-  hidden: {}
+  hidden:
+    reward_key: reward
+  shadowed:
+    reward_key: shadowed
 harbor:
   n_concurrent: 2
   case_timeout_sec: 60
@@ -222,6 +251,24 @@ def word_count(text: str) -> int:
 """,
         "true\n",
     ),
+    # Run as root by a no-kit case: what Harbor (as an unprivileged runner) cannot download.
+    "break-collection": (
+        """
+import os, stat
+for top in ("/logs/verifier", "/logs/artifacts"):
+    for make in (
+        lambda: os.mknod(top + "/null", stat.S_IFCHR | 0o666, os.makedev(1, 3)),
+        lambda: os.mkfifo(top + "/fifo"),
+        lambda: (os.makedirs(top + "/locked/inside"), os.chmod(top + "/locked", 0)),
+    ):
+        try:
+            make()
+        except OSError:
+            pass
+"""
+        + WRONG,
+        "true\n",
+    ),
     "fill-logs": (
         """
 import sys
@@ -248,11 +295,17 @@ def word_count(text: str) -> int:
 }
 
 
+SHADOW_KIT = """#!/bin/sh
+# A candidate's own vero-kit: where the tests would call it as root, it writes the reward.
+mkdir -p /logs/verifier && echo '{"reward": 1}' > /logs/verifier/reward.json
+"""
+
+
 def _write_spec(root: Path) -> Path:
     (root / "target").mkdir(parents=True)
     (root / "target" / "textstats.py").write_text(CANDIDATES["honest"][0].replace("text.split()", 'text.split(" ")'))
     (root / "target" / "install.sh").write_text("true\n")
-    for name, (_, text, expected, kit) in CASES.items():
+    for name, (_, text, expected, kind) in CASES.items():
         case = root / "cases" / name
         (case / "environment").mkdir(parents=True)
         (case / "tests").mkdir()
@@ -260,16 +313,18 @@ def _write_spec(root: Path) -> Path:
             'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n'
             "[verifier]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 300.0\n"
         )
+        # A shadow case's image puts the install path's bin/ first on PATH, as a project venv would.
+        path = "ENV PATH=/opt/candidate/bin:$PATH\n" if kind == "shadow" else ""
         (case / "environment" / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n"
+            f"FROM {BASE_IMAGE}\nRUN mkdir -p /opt/candidate\nWORKDIR /opt/candidate\n{path}"
         )
-        if not kit:
+        if kind == "nokit":
             # Only to keep the fork bomb (root here) from hurting the shared test machine.
             (case / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    pids_limit: 256\n")
         (case / "instruction.md").write_text(f"Case {name}.\n")
         (case / "tests" / "input.txt").write_text(text)
         (case / "tests" / "expected.txt").write_text(f"{expected}\n")
-        (case / "tests" / "test.sh").write_text(KIT_TEST if kit else NOKIT_TEST)
+        (case / "tests" / "test.sh").write_text(NOKIT_TEST if kind == "nokit" else KIT_TEST)
         os.chmod(case / "tests" / "test.sh", 0o755)
     spec = root / "build.yaml"
     spec.write_text(SPEC % {"image": BASE_IMAGE})
@@ -288,9 +343,23 @@ def workspace():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace: Path) -> None:
+def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace: Path, portable_toolchain) -> None:
     compiled = compile_task(_write_spec(workspace / "spec"), workspace / "task")
     layout = compiled.layout
+    # Nested runs as an unprivileged runner with the socket's group, as in the compiled images.
+    harbor, python = portable_toolchain
+    (workspace / "kit").mkdir(mode=0o755)
+    kit_binary = build_kit(workspace / "kit" / "vero-kit")
+    home = workspace / "home-1001"
+    home.mkdir()
+    os.chown(home, 1001, 1001)
+    run_as = RunAs(uid=1001, gid=1001, extra_groups=(os.stat("/var/run/docker.sock").st_gid,), home=home)
+
+    def backend() -> HarborBackend:
+        return HarborBackend(
+            harbor_executable=harbor, python_executable=python, case_kit=kit_binary, infra_wait=tenacity.wait_none()
+        )
+
     # The build names every no-kit case, and only those (beside the missing reference's warning).
     kit = [w for w in compiled.warnings if "vero-kit" in w]
     assert sorted(w.split("'")[1] for w in kit) == ["nokit-hidden", "nokit-train"]
@@ -306,6 +375,11 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
         git(agent_repo, "checkout", "-q", compiled.baseline_commit)
         (agent_repo / "install.sh").write_text(install)
         commits[name] = commit_file(agent_repo, "textstats.py", source, name)
+    git(agent_repo, "checkout", "-q", compiled.baseline_commit)
+    (agent_repo / "bin").mkdir()
+    (agent_repo / "bin" / "vero-kit").write_text(SHADOW_KIT)
+    (agent_repo / "bin" / "vero-kit").chmod(0o755)
+    shadow_kit = commit_file(agent_repo, "textstats.py", WRONG, "a vero-kit of its own")
 
     # -- through the sidecar: every candidate on train (one kit and one no-kit case) ---------------
     config = load_config(layout.sidecar.config_path, SidecarConfig)
@@ -318,7 +392,7 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
         baseline_dir=layout.sidecar.baseline_dir,
         work_dir=workspace / "work",
     )
-    app = create_app(SidecarService(config, paths, HarborBackend(infra_wait=tenacity.wait_none()), run_as=None))
+    app = create_app(SidecarService(config, paths, backend(), run_as=run_as))
     train: dict[str, dict[str, dict]] = {}
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60, trust_env=False) as client:
         jobs = {}
@@ -330,6 +404,18 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
             job = wait_for_state(client, job_id, JOB_TERMINAL_STATES, timeout_sec=1200)
             assert job.get("state") == "complete", (name, job)
             train[name] = {c["case"]: c for c in job["result"]["cases"]}
+        # The shadow case is refused whatever the candidate: the honest one's evaluation fails with
+        # the case problem (refunded), and the case is quarantined: the next request is refused at
+        # admission, before anything is charged or run.
+        shadowed = client.post("/evaluations", json={"partition": "shadow", "version": commits["honest"]})
+        assert shadowed.status_code == 202, shadowed.text
+        shadowed_id = shadowed.json()["id"]
+        problem = wait_for_state(client, shadowed_id, JOB_TERMINAL_STATES, timeout_sec=600)
+        assert problem["code"] == "kit_shadowed" and problem["cases"] == ["shadow-train"], problem
+        refused = client.post("/evaluations", json={"partition": "shadow", "version": shadow_kit})
+        assert refused.status_code == 502 and refused.json()["code"] == "kit_shadowed", refused.text
+        shadow_status = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "shadow")
+        assert shadow_status["budget"]["remaining_runs"] == 5, shadow_status  # refunded, nothing charged
         submitted = client.post("/submissions", json={"version": commits["test-daemon"]})
         assert submitted.status_code == 201, submitted.text
         sealed = request_seal(export_dir, token_file=state_dir / "admin-token", base_url=server.url, timeout_sec=120)
@@ -355,6 +441,9 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     assert nokit_train["read-tests"] == (1.0, "scored")  # the gap the kit closes: answers are readable
     for name in ("install-daemon", "symlink", "fork-bomb", "fill-logs"):
         assert nokit_train[name][0] == 0.0, (name, nokit_train[name])
+    # Harbor could not collect the verifier dir of break-collection's no-kit trial: charged, flagged.
+    assert nokit_train["break-collection"] == (0.0, "dead"), train["break-collection"]
+    assert attempt("break-collection", "nokit-train")["exception_type"] == "DownloadVerifierDirError"
     # What the kit noticed is kept with the trusted result (flags are not disclosed).
     flags = {
         name: {
@@ -364,6 +453,14 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     }
     assert "leftover_processes_killed" in flags["test-daemon"]["scored"], flags["test-daemon"]
     assert "install_leftover_processes_killed" in flags["install-daemon"]["scored"], flags["install-daemon"]
+    (broken,) = [
+        a for c in records[jobs["break-collection"]].result.cases if c.case == "nokit-train" for a in c.attempts
+    ]
+    assert broken.outcome == "dead" and "verifier_download_failed" in broken.flags, broken
+    shadow_record = records[shadowed_id]
+    (problem,) = shadow_record.diagnostics.problems
+    assert (problem.case, problem.code) == ("shadow-train", "kit_shadowed")
+    assert "PATH entry /opt/candidate/bin is in the candidate's tree" in problem.detail, problem.detail
     # Filling /logs got nowhere in the kit case: its trial dirs stay small.
     fill_job = Path(records[jobs["fill-logs"]].result.job_dir)
     (kit_trial,) = [p for p in fill_job.iterdir() if p.is_dir() and p.name.startswith("kit-train")]
@@ -382,11 +479,12 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
         return dest
 
     scorer = Scorer(
-        backend=HarborBackend(infra_wait=tenacity.wait_none()),
+        backend=backend(),
         config=verifier_config,
         checkout=checkout,
         cases_dir=layout.verifier.cases_dir,
         work_dir=workspace / "verify",
+        run_as=run_as,
     )
     slots = asyncio.Semaphore(2)
 
@@ -395,9 +493,14 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
             return await scorer.measure(commits[name], "hidden", "target")
 
     async def everything():
-        return dict(zip(CANDIDATES, await asyncio.gather(*(measure(n) for n in CANDIDATES)), strict=True))
+        found = await asyncio.gather(
+            *(measure(n) for n in CANDIDATES), scorer.measure(shadow_kit, "shadowed", "target")
+        )
+        return dict(zip(CANDIDATES, found[:-1], strict=True)), found[-1]
 
-    hidden = asyncio.run(everything())
+    hidden, shadow_measurement = asyncio.run(everything())
+    # The shadowed target is not measured at all: a case problem, named, whatever the candidate.
+    assert not shadow_measurement.measured and "kit_shadowed" in (shadow_measurement.error or ""), shadow_measurement
     for name, measurement in hidden.items():
         assert measurement.measured, (name, measurement.error)
     # Mean of the two cases: 1 for the honest candidate, 0 for every attack but reading the no-kit
@@ -408,18 +511,24 @@ def test_hostile_program_candidates_end_at_or_below_their_honest_score(workspace
     assert hidden["forge-files"].flags.get("reward_out_of_range") == 1
     assert hidden["test-daemon"].flags.get("reward_out_of_range") == 1
     assert hidden["test-daemon"].flags.get("leftover_processes_killed") == 1
+    assert (
+        hidden["break-collection"].n_dead == 1 and hidden["break-collection"].flags.get("verifier_download_failed") == 1
+    )
 
     # -- the verifier container on the sealed session (the daemon candidate was submitted) ---------
     logs = workspace / "logs-verifier"
     logs.mkdir()
     verified = run_verifier_image(layout, export_dir, logs, name="vero-test-e2e-hostile")
-    assert verified.returncode == 0, verified.diagnostics
-    assert verified.reward == {"reward": 0.0}, verified.diagnostics
+    assert verified.returncode == 16, verified.diagnostics  # `partial` (vero.commands.exit_codes)
+    assert verified.reward == {"reward": 0.0, "shadowed": 0.0}, verified.diagnostics
     final = verified.finalization
-    assert final["status"] == "scored" and final["session_sha256"] == sealed.sha256
+    # The shadowed target is at its failure value, its case problem named: partial, never scored.
+    assert final["status"] == "partial" and final["session_sha256"] == sealed.sha256, final["status"]
     assert final["chosen"]["candidate"] == commits["test-daemon"]
-    (target,) = final["targets"]
+    targets = {t["partition"]: t for t in final["targets"]}
+    target = targets["hidden"]
     assert target["flags"].get("reward_out_of_range") == 1 and target["flags"].get("leftover_processes_killed") == 1
+    assert [(p["case"], p["code"]) for p in final["problems"]] == [("shadow-hidden", "kit_shadowed")]
     assert "vero-runner" in final["run_as"]
     assert sum(w.startswith("build: case 'nokit-") for w in final["warnings"]) == 2, final["warnings"]
     assert any(

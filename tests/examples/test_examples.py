@@ -362,8 +362,12 @@ def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_p
 
 
 CHECKED_EXAMPLES = ("minimal", *EXAMPLES, "llm-puzzle-agent")
-PROBED_EXAMPLES = ("minimal", "c-matmul")
-"""The program examples: their checks run with `--probe` too (the probe is for program targets)."""
+PROBED_EXAMPLES = ("minimal", "c-matmul", "puzzle-agent")
+"""Their checks run with `--probe` too: the program examples under the probe agent, `puzzle-agent`
+with the planted candidate agent (`vero.harbor.agent_probe`)."""
+ROOT_AGENT_CASE = "count-lines-1"
+"""The case of the `puzzle-agent-root` check: a copy of `tasks/puzzle-agent` where this case leaves
+`[agent].user` unset (Harbor's default: root, its image setting no user)."""
 PROVIDER_KEY = "sk-check-provider-key-never-shown-7731"
 
 
@@ -388,8 +392,13 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         fake = stack.enter_context(
             FakeUpstream(responder=puzzle_model(reference_puzzle_solver(tmp_path_factory.mktemp("puzzle-solver"))))
         )
-        for example in CHECKED_EXAMPLES:
+        root_copy = tmp_path_factory.mktemp("puzzle-agent-root") / "puzzle-agent"
+        shutil.copytree(TASKS_DIR / "puzzle-agent", root_copy)
+        toml = root_copy / "cases" / ROOT_AGENT_CASE / "task.toml"
+        toml.write_text(toml.read_text().replace('user = "agent"\n', ""))
+        for example in (*CHECKED_EXAMPLES, "puzzle-agent-root"):
             work = tmp_path_factory.mktemp(f"check-{example}")
+            spec = root_copy / "build.yaml" if example == "puzzle-agent-root" else TASKS_DIR / example / "build.yaml"
             # c-matmul's rewards are timings: fewer of its runs at once.
             concurrency = "2" if example == "c-matmul" else "3"
             command = [
@@ -397,7 +406,7 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                 "harbor",
                 "check",
                 "-c",
-                str(TASKS_DIR / example / "build.yaml"),
+                str(spec),
                 "--concurrency",
                 concurrency,
                 "--work-dir",
@@ -405,6 +414,7 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                 "--report",
                 str(work / "report.json"),
                 *(["--probe"] if example in PROBED_EXAMPLES else []),
+                *(["--probe", "--case", ROOT_AGENT_CASE] if example == "puzzle-agent-root" else []),
             ]
             extra = (
                 {"OPENAI_API_KEY": PROVIDER_KEY, "VERO_EXAMPLE_OPENAI_BASE_URL": f"{fake.url}/v1"}
@@ -500,6 +510,31 @@ def test_the_llm_examples_check_serves_its_gateway(example_checks) -> None:
     for text in (run["stdout"], run["stderr"], run["report_text"]):
         assert PROVIDER_KEY not in text
     assert not run["report"]["warnings"], run["report"]["warnings"]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_check_reports_a_case_whose_agent_user_is_root_and_its_probe_forges_it(example_checks) -> None:
+    """`tasks/puzzle-agent` with one case's `[agent].user` removed: the case is `agent_user_root`
+    (by its task.toml, and by the runs, which saw uid 0), and the planted candidate agent's root-only
+    uploads and download work there, so the case is forgeable."""
+    run = example_checks["puzzle-agent-root"]
+    assert run["returncode"] == 18, run["stdout"][-4000:] + run["stderr"][-4000:]
+    (row,) = run["report"]["cases"]
+    assert row["case"] == ROOT_AGENT_CASE
+    assert [p["code"] for p in row["problems"]] == ["agent_user_root", "forgeable"], row["problems"]
+    assert "[agent].user is unset" in row["problems"][0]["detail"]
+    assert "agent_user_root" in row["baseline"]["flags"] and row["baseline"]["outcome"] == "scored", row
+    probe = row["probe"]
+    assert probe["verdict"] == "forgeable", probe
+    for finding in (
+        "uploaded an executable python3 into /usr/local/bin",
+        "uploaded a file into /etc",
+        "downloaded /etc/shadow",
+        "the case's agent user is root",
+    ):
+        assert finding in probe["findings"], probe
+    assert probe["report"]["upload_etc"].startswith("ok"), probe["report"]
 
 
 def _check_rewards(example_checks, example: str, candidate: str) -> dict[str, float]:

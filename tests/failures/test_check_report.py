@@ -9,6 +9,7 @@ or the error it would have raised.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from datetime import UTC, datetime
 
@@ -18,7 +19,8 @@ from failure_cases import write_spec
 from vero.check import check_spec
 from vero.core.diagnostics import RunDiagnostics, TrialFailure
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
-from vero.errors import InfrastructureFailure, SpecError
+from vero.errors import InfrastructureFailure
+from vero.harbor.agent_probe import AGENT_PROBE_IMPORT_PATH, AGENT_PROBE_REPORT, ROOT_ONLY_ATTEMPTS, agent_probe_verdict
 from vero.harbor.probe import PROBE_REWARD, probe_verdict
 from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget
@@ -151,16 +153,84 @@ def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
     assert rows["no-reward"].probe.verdict == "error"
 
 
-def test_probe_needs_a_program_target(tmp_path):
+class ProbeRuns(Runs):
+    """`Runs`, and for the `kind: agent` probe's run a job dir holding the planted agent's report."""
+
+    def __init__(self, table, reports: dict[str, dict[str, str]], root):
+        super().__init__(table)
+        self.reports = reports
+        self.root = root
+
+    async def evaluate(self, run):
+        result = await super().evaluate(run)
+        (case,) = run.case_names
+        if run.candidate != "probe":
+            return result
+        assert run.runtime.agent_import_path == AGENT_PROBE_IMPORT_PATH  # planted in place of the candidate
+        job_dir = self.root / f"job-{case}"
+        report = job_dir / "trial" / "agent" / "candidate" / AGENT_PROBE_REPORT
+        report.parent.mkdir(parents=True)
+        report.write_text(json.dumps(self.reports[case]))
+        return result.model_copy(update={"job_dir": str(job_dir)})
+
+
+def test_agent_targets_probe_and_root_agent_users_become_problems(tmp_path):
+    """`kind: agent`: a case whose agent user is root is `agent_user_root` (by its task.toml, and by
+    what the run saw), and the planted probe agent's report decides `held` or `forgeable`."""
     path = write_spec(tmp_path / "spec", {"train": ["good"], "hidden": ["same"]}, targets=["hidden"])
+    toml = tmp_path / "spec" / "cases" / "good" / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\n", '[agent]\nuser = "agent"\n'))
     spec = load_spec(path)
     agent = spec.model_copy(
         update={"target": AgentTarget(kind="agent", path=spec.target.path, agent_import_path="agent_mod:Agent")}
     )
-    with pytest.raises(SpecError, match="--probe"):
-        asyncio.run(
-            check_spec(agent, {}, work_dir=tmp_path / "work", backend=Runs({}), probe=True, probe_backend=Runs({}))
-        )
+    denied = dict.fromkeys(ROOT_ONLY_ATTEMPTS, "denied: PermissionError")
+    runs = ProbeRuns(
+        {
+            ("good", "baseline"): scored(0.0),
+            ("good", "reference"): scored(1.0),
+            ("good", "probe"): scored(0.0, "agent_leftover_processes_killed", "verifier_dir_planted"),
+            ("same", "baseline"): scored(1.0, "agent_user_root"),
+            ("same", "reference"): scored(1.0, "agent_user_root"),
+            ("same", "probe"): scored(PROBE_REWARD, "agent_user_root", "probe_reward_written"),
+        },
+        {"good": denied, "same": {**denied, "upload_python3": "ok: None", "download_shadow": "ok: None"}},
+        tmp_path,
+    )
+    report = asyncio.run(
+        check_spec(agent, {}, work_dir=tmp_path / "work", backend=runs, probe=True, probe_backend=runs)
+    )
+    rows = {row.case: row for row in report.cases}
+    assert [p.code for p in rows["good"].problems] == []
+    assert rows["good"].probe.verdict == "held" and rows["good"].probe.findings == []
+    assert rows["good"].probe.report == denied
+    assert [p.code for p in rows["same"].problems] == ["agent_user_root", "forgeable"]
+    assert "[agent].user is unset" in rows["same"].problems[0].detail
+    assert rows["same"].probe.verdict == "forgeable"
+    assert rows["same"].probe.findings == [
+        "uploaded an executable python3 into /usr/local/bin",
+        "downloaded /etc/shadow",
+        "what it left behind wrote /logs/verifier/reward.json or reward.txt during the tests",
+        f"the trial's reward was the probe's ({PROBE_REWARD})",
+        "the case's agent user is root",
+    ]
+    assert "a planted candidate agent uploaded an executable python3" in rows["same"].problems[1].detail
+
+
+@pytest.mark.parametrize(
+    ("report", "flags", "reward", "verdict", "n_findings"),
+    [
+        (None, (), None, "not_exercised", 0),
+        ({"upload_etc": "denied: PermissionError"}, ("agent_leftover_processes_killed",), 0.0, "held", 0),
+        ({"upload_etc": "ok: None"}, (), 0.0, "forgeable", 1),
+        ({}, ("probe_tests_read",), 0.0, "forgeable", 1),
+        ({}, (), PROBE_REWARD, "forgeable", 1),
+        ({}, ("agent_user_root",), 0.0, "forgeable", 1),
+    ],
+)
+def test_agent_probe_verdict(report, flags, reward, verdict, n_findings):
+    found = agent_probe_verdict(report, flags, reward)
+    assert (found.verdict, len(found.findings)) == (verdict, n_findings)
 
 
 @pytest.mark.parametrize(

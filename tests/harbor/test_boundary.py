@@ -190,6 +190,7 @@ def agent_for(root: Path, launcher: CandidateLauncher) -> CandidateAgent:
         agent_import_path="probe_agent:Probe",
         candidate_dir=str(root / "cand"),
         max_transfer_bytes=8192,
+        case_sandbox=False,  # a directory is no container: the kit's side runs on Docker (test_agent_case.py)
     )
 
 
@@ -290,6 +291,7 @@ def test_an_unimportable_class_fails_setup_as_the_candidate(world):
                 launcher=str(launcher.socket_path),
                 agent_import_path="broken_agent:Agent",
                 candidate_dir=str(root / "cand"),
+                case_sandbox=False,
             )
             await agent.setup(DirEnvironment(root / "case"))
 
@@ -326,6 +328,7 @@ def test_hosts_run_as_throw_away_uids_with_a_minimal_environment(world, monkeypa
                 launcher=str(launcher.socket_path),
                 agent_import_path="whoami_agent:Who",
                 candidate_dir=str(root / "cand"),
+                case_sandbox=False,
             )
             await agent.setup(DirEnvironment(root / "case"))
             await agent.run("x", DirEnvironment(root / "case"), AgentContext())
@@ -428,6 +431,7 @@ def test_nothing_a_host_leaves_outside_its_scratch_dir_survives_it(world):
                 launcher=str(launcher.socket_path),
                 agent_import_path="leaver_agent:Leaver",
                 candidate_dir=str(root / "cand"),
+                case_sandbox=False,
             )
             await agent.setup(DirEnvironment(root / "case"))
             await agent.run(instruction, DirEnvironment(root / "case"), AgentContext())

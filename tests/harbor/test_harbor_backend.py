@@ -468,12 +468,13 @@ def test_evaluation_id_must_be_a_portable_name(bad, cases_dir, program_candidate
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
 def test_agent_preflight_runs_as_the_unprivileged_user(
-    cases_dir, agent_candidate, shared_root, jobs_dir, run_as_toolchain
+    cases_dir, agent_candidate, shared_root, jobs_dir, run_as_toolchain, case_kit
 ):
     """A good agent passes the pre-flight as uid 1001 (so the run reaches Harbor, here with no engine);
-    a broken one is charged. Neither needs Docker."""
+    a broken one is charged. Neither needs Docker. (Agent cases get the case kit too: uid 1001 must
+    be able to read it.)"""
     harbor, python = run_as_toolchain
-    backend = HarborBackend(harbor_executable=harbor, python_executable=python, **FAST)
+    backend = HarborBackend(harbor_executable=harbor, python_executable=python, case_kit=case_kit, **FAST)
     run = make_run(
         evaluation_id="ev-runas-agent",
         cases_dir=cases_dir,

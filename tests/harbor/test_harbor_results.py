@@ -364,6 +364,57 @@ def test_case_kit_events_and_install_leftovers_become_flags(tmp_path):
     assert outcome.reward == 0.75
 
 
+def test_a_verifier_dir_harbor_could_not_collect_is_a_charged_dead_attempt_not_infrastructure(tmp_path):
+    """Candidate code can make Harbor's download of /logs/verifier fail (issue 22): charged, flagged."""
+    from vero.core.evaluation import AttemptOutcome
+
+    trial = variant(tmp_path, "collect", rewards=None, exception="DownloadVerifierDirError")
+    outcome = read_trial(trial, "reward")
+    assert (outcome.outcome, outcome.reward, outcome.infrastructure) == (AttemptOutcome.DEAD, None, False)
+    assert outcome.outcome.charged and "verifier_download_failed" in outcome.flags
+
+
+def test_a_case_the_install_agent_refused_is_a_case_problem_with_its_finding(tmp_path):
+    from vero.core.evaluation import AttemptOutcome
+
+    outcome = read_trial(variant(tmp_path, "shadow", exception="KitShadowedError"), "reward")
+    assert outcome.outcome is AttemptOutcome.KIT_SHADOWED and not outcome.outcome.charged
+    assert outcome.case_problem and outcome.exception_message == "x" and outcome.reward is None
+    attempts: dict[str, list] = {}
+    assert merge_outcomes(attempts, [outcome], {outcome.case}) == 0 and attempts == {}  # no attempt
+
+
+def test_what_the_clean_case_found_and_failed_artifacts_become_flags(tmp_path):
+    import json
+
+    clean = {
+        "agent_user_root": 0,
+        "leftover_processes_killed": 2,
+        "verifier_entries_removed": 3,
+        "log_entries_removed": 0,
+        "tests_path_removed": 1,
+        "logs_dir_protected": True,  # a bool is no count
+    }
+    trial = variant(tmp_path, "clean", metadata={"vero_case_clean": clean})
+    (trial / "artifacts").mkdir()
+    (trial / "artifacts" / "manifest.json").write_text(
+        json.dumps([{"source": "/logs/artifacts", "status": "failed"}, {"source": "/x", "status": "ok"}])
+    )
+    outcome = read_trial(trial, "reward")
+    assert outcome.flags == (
+        "agent_leftover_processes_killed",
+        "artifacts_download_failed",
+        "tests_path_planted",
+        "verifier_dir_planted",
+    )
+    assert outcome.reward == 0.75  # flags never change the score
+    root = read_trial(variant(tmp_path, "root", metadata={"vero_case_clean": {"agent_user_root": 1}}), "reward")
+    assert root.flags == ("agent_user_root",)
+    # Claims of the candidate's own are not the trusted side's record: a non-dict is ignored.
+    junk = read_trial(variant(tmp_path, "junk", metadata={"vero_case_clean": "agent_user_root"}), "reward")
+    assert junk.flags == ()
+
+
 def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_path):
     """Partial measurement: finished attempts keep their rewards; what did not finish (killed without
     a result, never started) is timed_out; a case whose trials were infrastructure stays unmeasured."""
@@ -392,3 +443,60 @@ def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_pa
     assert [a.kind for a in attempts["never-started"]] == [AttemptOutcome.TIMED_OUT] * 2
     assert {a.exception_type for a in attempts["never-started"]} == {"EvaluationTimeoutError"}
     assert CaseResult.from_attempts("multi.key", attempts["multi.key"], 0.0).score == pytest.approx(0.375)
+
+
+def _collect_failure_round(tmp_path):
+    from vero.harbor.results import JobCollation
+
+    trial = read_trial(variant(tmp_path, "collect", rewards=None, exception="DownloadVerifierDirError"), "reward")
+    scored = read_trial(variant(tmp_path, "scored"), "reward")
+    return JobCollation(job_dir=tmp_path / "job", job_finished=True, trials=(trial, scored))
+
+
+def test_a_collection_failure_is_infrastructure_only_when_the_engine_does_not_answer(tmp_path):
+    import asyncio
+
+    from harbor_cases import make_run
+
+    from vero.harbor import HarborBackend
+
+    collation = _collect_failure_round(tmp_path)
+    backend = HarborBackend()
+    down = asyncio.run(
+        backend._excuse_unreachable_engine(make_run(), {"DOCKER_HOST": "unix:///nonexistent.sock"}, collation)
+    )
+    assert [t.outcome for t in down.trials] == [AttemptOutcome.INFRASTRUCTURE, AttemptOutcome.SCORED]
+    # Where vero cannot ask the engine (not Docker), the failure stays the candidate's.
+    modal = make_run(harbor=make_run().harbor.model_copy(update={"environment": "modal"}))
+    kept = asyncio.run(backend._excuse_unreachable_engine(modal, {}, collation))
+    assert [t.outcome for t in kept.trials] == [AttemptOutcome.DEAD, AttemptOutcome.SCORED]
+
+
+@pytest.mark.docker
+def test_a_collection_failure_with_the_engine_answering_stays_charged(tmp_path):
+    import asyncio
+    import os
+
+    from harbor_cases import make_run
+
+    from vero.harbor import HarborBackend
+
+    collation = _collect_failure_round(tmp_path)
+    kept = asyncio.run(HarborBackend()._excuse_unreachable_engine(make_run(), dict(os.environ), collation))
+    assert [t.outcome for t in kept.trials] == [AttemptOutcome.DEAD, AttemptOutcome.SCORED]
+
+
+def test_a_refused_case_raises_its_case_problem_named_by_the_install_agents_finding(tmp_path):
+    from vero.errors import CaseMisconfigured
+    from vero.harbor.causes import CauseLog
+    from vero.harbor.results import JobCollation
+    from vero.harbor.runner import _raise_case_problems
+
+    shadowed = read_trial(variant(tmp_path, "shadow", exception="KitShadowedError"), "reward")
+    collation = JobCollation(job_dir=tmp_path / "job", job_finished=True, trials=(shadowed,))
+    with pytest.raises(CaseMisconfigured) as raised:
+        _raise_case_problems(collation, {shadowed.case}, "reward", CauseLog([]))
+    assert raised.value.code == "kit_shadowed"
+    (problem,) = raised.value.problems
+    assert (problem.case, problem.code, problem.detail) == (shadowed.case, "kit_shadowed", "x")
+    _raise_case_problems(collation, {"another-case"}, "reward", CauseLog([]))  # other cases: nothing

@@ -23,17 +23,21 @@ CHECK_HELP = (
     "a declared secret; its setup accepted by the environment), then evaluated once with the baseline "
     "and once with the reference (target.reference applied as the oracle does) in the spec's "
     "environment, one nested harbor run per case and candidate (a spec with inference gets its gateway, "
-    "with the provider keys from the environment or --env-file). With --probe, the baseline runs once "
-    "more per case under a probe: the first time the case's tests open a file of the installed "
+    "with the provider keys from the environment or --env-file). With --probe, each case runs once more "
+    "under a probe. kind: program: the first time the case's tests open a file of the installed "
     "candidate, a process is planted as the candidate user that keeps trying to write the reward files "
-    "and read /tests.\n\n"
+    "and read /tests. kind: agent: a planted candidate agent tries to upload where only root may write, "
+    "download what only root may read, leave a process that writes the reward during the tests, and "
+    "break the collection of the trial's files.\n\n"
     "The table shows each case's partition, both rewards, the probe's verdict, the time the runs took "
     "and its problems: case_invalid, missing_variables, setup_rejected, reward_key_missing (keys "
-    "found), kit_missing (program cases whose tests run where the candidate is installed and never "
+    "found), kit_shadowed (program cases whose tests could run a candidate file for vero-kit as root), "
+    "kit_missing (program cases whose tests run where the candidate is installed and never "
     "call vero-kit), no_artifacts (a separate verifier environment given no artifacts), install_failed "
-    "(the baseline cannot be installed), infrastructure, no_reward, reward_out_of_range, forgeable and "
-    "probe_not_exercised (--probe; not applicable where the tests run in a separate verifier "
-    "environment), and reference_not_better for the spec as a whole.\n\n"
+    "(the baseline cannot be installed), agent_user_root (agent cases whose agent user is root), "
+    "infrastructure, no_reward, reward_out_of_range, forgeable and probe_not_exercised (--probe; not "
+    "applicable where the tests run in a separate verifier environment), and reference_not_better for "
+    "the spec as a whole.\n\n"
     "Exit codes: 0 no problem; 18 some problem (listed); 2 invalid spec or usage; 5 Docker or Harbor "
     "unavailable."
 )
@@ -71,9 +75,10 @@ def check(
         bool,
         typer.Option(
             "--probe",
-            help="kind: program: also run the baseline once more per case with a process planted as the "
-            "candidate user that tries to rewrite the reward files and read /tests; a case where it "
-            "succeeds is forgeable.",
+            help="Also run each case once more under a probe (kind: program: a process planted as the "
+            "candidate user that tries to rewrite the reward files and read /tests; kind: agent: a planted "
+            "candidate agent that tries root-only uploads and downloads, a process that outlives its run, "
+            "and files that break the trial's collection); a case where it succeeds is forgeable.",
         ),
     ] = False,
     json_output: Annotated[
@@ -246,8 +251,9 @@ def check_backends(spec: OptimizationSpec, probe: bool) -> tuple[HarborBackend, 
     """The backends of `vero harbor check`: `HarborBackend` without its per-run case check (the
     check does it once) and with `kind: agent` candidate hosts as the caller's user (the candidates
     are the operator's own baseline and reference, so the caller's interpreter need not be runnable
-    by other users); with `probe` and a `kind: program` target, one with the probe agent
-    (`vero.harbor.probe`), else None (`check_spec` refuses a probe of a `kind: agent` target).
+    by other users); with `probe`, the probe's: for a `kind: program` target one with the probe
+    agent (`vero.harbor.probe`), for `kind: agent` one like the check's whose planted candidate
+    agent (`vero.harbor.agent_probe`) is given the reward key; else None.
 
     Raises:
         InfrastructureFailure: the probe cannot be built (no C compiler, or the static build failed).
@@ -256,13 +262,18 @@ def check_backends(spec: OptimizationSpec, probe: bool) -> tuple[HarborBackend, 
     from vero.spec.models import ProgramTarget
 
     backend = HarborBackend(check_cases=False, isolate_candidates=False)
-    if not probe or not isinstance(spec.target, ProgramTarget):
+    if not probe:
         return backend, None
+    if not isinstance(spec.target, ProgramTarget):
+        agent_probe = HarborBackend(
+            check_cases=False, isolate_candidates=False, agent_kwargs={"reward_key": spec.scoring.reward_key}
+        )
+        return backend, agent_probe
     from vero.harbor.probe import PROBE_AGENT_IMPORT_PATH, probe_binary
 
     probe_backend = HarborBackend(
         check_cases=False,
         program_agent=PROBE_AGENT_IMPORT_PATH,
-        program_agent_kwargs={"probe_path": str(probe_binary()), "reward_key": spec.scoring.reward_key},
+        agent_kwargs={"probe_path": str(probe_binary()), "reward_key": spec.scoring.reward_key},
     )
     return backend, probe_backend

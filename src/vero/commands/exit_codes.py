@@ -22,8 +22,9 @@
 | 17 | `vero harbor verify`/`run`: the verifier's status is `failed` (no target measured, or nothing shipped) |
 | 18 | `vero harbor check`: some case has a problem (see its table) |
 | 19 | vero's install agent cannot install the baseline in a case (`install_failed`); refunded |
+| 20 | a case's tests would run another `vero-kit`, or have the candidate's tree on `PATH` (`kit_shadowed`); refunded |
 
-Codes 12-15 and 19 tell the agent "the case is broken, not your candidate": nothing was charged, and the
+Codes 12-15, 19 and 20 tell the agent "the case is broken, not your candidate": nothing was charged, and the
 operator has the cause (`vero.core.diagnostics`).
 
 Messages are printed to stderr without tracebacks; exception text from parsers or subprocesses is
@@ -91,6 +92,7 @@ PROBLEM_EXIT_CODES: dict[str, int] = {
     "setup_rejected": 14,
     "reward_key_missing": 15,
     "install_failed": 19,
+    "kit_shadowed": 20,
 }
 """`CaseMisconfigured.code` -> exit code (`vero.core.diagnostics.ProblemCode`)."""
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import vero
-from vero.compiler.case_audit import check_evaluation_time, kit_warnings
+from vero.compiler.case_audit import agent_user_warnings, check_evaluation_time, kit_warnings
 from vero.compiler.cases import CaseStore
 from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME, CodingAgentSupport, coding_agent_support
 from vero.compiler.layout import RUNNER_USER, SIDECAR_SERVICE, TaskLayout
@@ -328,6 +328,7 @@ def compile_task(
             warnings = [
                 *kit_warnings(spec, case_dirs, scopes),
                 *secret_warnings(spec, case_dirs, scopes),
+                *agent_user_warnings(spec, case_dirs, scopes),
                 *_reference_warnings(spec),
             ]
 

@@ -24,6 +24,11 @@ The checks:
   declares no artifacts. The build still succeeds (third-party cases cannot always be changed);
   the operator is warned, and `finalization.json` repeats the warnings
   (`VerifierConfig.build_warnings`).
+- `agent_user_warnings`: a `kind: agent` case whose agent user is root (`[agent].user` unset, with
+  an image that sets no other user, or `root`/`0`) hands a candidate agent the whole case
+  container: its commands and files act as root, so it can replace what the tests run and forge
+  the reward. The build warns per case, `finalization.json` repeats it, and `vero harbor check`
+  reports such a case (`agent_user_root`).
 - `check_evaluation_time`: every evaluation the task can start must fit `harbor.evaluation_timeout_sec`,
   since a run cut by its wall clock charges the unfinished cases to the candidate
   (`vero.harbor.runner`). The largest evaluation of a partition is the whole partition:
@@ -37,6 +42,7 @@ The checks:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +50,15 @@ from typing import Literal
 
 from vero.errors import SpecError, SpecIssue
 from vero.harbor.casekit import KIT_NAME, mentions_kit
-from vero.spec.models import OptimizationSpec, ProgramTarget
+from vero.spec.models import AgentTarget, OptimizationSpec, ProgramTarget
 
 __all__ = [
     "EVALUATION_SETUP_MARGIN_SEC",
     "CaseAudit",
     "CaseTime",
     "Verification",
+    "agent_user_is_root",
+    "agent_user_warnings",
     "audit_case",
     "case_time",
     "check_evaluation_time",
@@ -254,6 +262,71 @@ def kit_warnings(
                 )
             if audit.without_artifacts:
                 warnings.append(f"case {case!r} (partition {partition}): {no_artifacts_detail(audit)}")
+    return warnings
+
+
+_DOCKERFILE_USER = re.compile(r"^\s*USER\s+(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def _image_user(case_dir: Path) -> str | None:
+    """The user the case's `environment/Dockerfile` leaves its image with (its last `USER`), if any."""
+    try:
+        text = (case_dir / "environment" / "Dockerfile").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _DOCKERFILE_USER.findall(text)
+    return found[-1].split(":", 1)[0] if found else None
+
+
+def _is_root(user: str | int | None) -> bool:
+    return str(user).strip() in ("root", "0")
+
+
+def agent_user_is_root(case_dir: Path) -> str | None:
+    """Why the case at `case_dir` runs its agent as root, or None when it does not (by its
+    `task.toml` and, for an unset `[agent].user`, its Dockerfile's last `USER`; Harbor 0.26 runs
+    agent commands as `[agent].user`, else as the image's user, `trial/trial.py`). Each step's
+    agent user counts too."""
+    from harbor.models.task.config import TaskConfig
+
+    try:
+        config = TaskConfig.model_validate_toml((case_dir / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    users = [config.agent.user, *((s.agent.user or config.agent.user) for s in config.steps or ())]
+    for user in users:
+        if user is None:
+            image = _image_user(case_dir)
+            if image is None or _is_root(image):
+                return "[agent].user is unset and its image sets no other user"
+        elif _is_root(user):
+            return f"[agent].user is {user!r}"
+    return None
+
+
+def agent_user_warnings(
+    spec: OptimizationSpec, case_dirs: Mapping[str, Path], partitions: Mapping[str, list[str]]
+) -> list[str]:
+    """One warning per `kind: agent` case whose agent user is root (none for program targets).
+
+    Args:
+        spec: the validated spec.
+        case_dirs: case name -> its fetched task dir.
+        partitions: partition -> case names, for the cases compiled into the task.
+    """
+    if not isinstance(spec.target, AgentTarget):
+        return []
+    warnings = []
+    for partition, names in sorted(partitions.items()):
+        for case in sorted(names):
+            why = agent_user_is_root(case_dirs[case])
+            if why is not None:
+                warnings.append(
+                    f"case {case!r} (partition {partition}): its agent user is root ({why}), so a kind: agent "
+                    "candidate owns the case container: its commands and uploads act as root and can replace "
+                    "what the tests run or write the reward (set [agent].user to an unprivileged user; "
+                    'docs/trust-model.md "Trust model and its limits")'
+                )
     return warnings
 
 

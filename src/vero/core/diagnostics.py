@@ -21,6 +21,10 @@ Problem codes (`ProblemCode`), each with its own CLI exit code (`vero.commands.e
   baseline's `install_command` fails there (e.g. the candidate user cannot write where it writes):
   no candidate can be measured. Found when a candidate's install fails and the baseline's fails
   too (`vero.harbor.install_witness`). The case's or the spec's.
+- `kit_shadowed`: `kind: program`: the `vero-kit` the case's tests would call, as root, is not vero's
+  kit, or a directory on the tests' `PATH` lies in the candidate's tree (`install_path` or the
+  candidate user's home), where a candidate file would run as root by name (`vero-kit
+  check-path`, run by the install agent before the tests). The case's image's.
 
 Every one is refunded and its case quarantined.
 
@@ -51,7 +55,9 @@ __all__ = [
     "clip",
 ]
 
-ProblemCode = Literal["case_invalid", "missing_variables", "setup_rejected", "reward_key_missing", "install_failed"]
+ProblemCode = Literal[
+    "case_invalid", "missing_variables", "setup_rejected", "reward_key_missing", "install_failed", "kit_shadowed"
+]
 """A case that cannot be measured, whatever the candidate (see the module table)."""
 
 PROBLEM_CODES: tuple[str, ...] = CASE_PROBLEM_CODES

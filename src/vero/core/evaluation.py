@@ -47,9 +47,10 @@ def mean_score(values: Iterable[float]) -> float:
 class AttemptOutcome(StrEnum):
     """How one trial ended, as vero scores it (classified in `vero.harbor.results`).
 
-    Everything but `scored`, `reward_key_missing` and `infrastructure` is a dead attempt charged to
-    the candidate at the failure value. Only `infrastructure` (the evaluation is re-run, or fails as
-    infrastructure when it cannot be) and `reward_key_missing` (a case problem) are refunded.
+    Everything but `scored`, `reward_key_missing`, `kit_shadowed` and `infrastructure` is a dead
+    attempt charged to the candidate at the failure value. Only `infrastructure` (the evaluation is
+    re-run, or fails as infrastructure when it cannot be) and the case problems `reward_key_missing`
+    and `kit_shadowed` are refunded.
     """
 
     SCORED = "scored"
@@ -74,6 +75,11 @@ class AttemptOutcome(StrEnum):
     """The case's verifier wrote valid rewards without `scoring.reward_key`: the case (or the spec)
     is misconfigured, not the candidate. Never kept as an attempt: the backend raises
     `CaseMisconfigured` (refunded)."""
+    KIT_SHADOWED = "kit_shadowed"
+    """`kind: program`: the install agent refused the case before its tests (`KitShadowedError`): the
+    `vero-kit` its tests would call is not vero's, or its `PATH` has a directory in the candidate's
+    tree. A case problem, decided by the case's image and `install_path`: never kept as an attempt;
+    the backend raises `CaseMisconfigured` (refunded, the case quarantined)."""
     INFRASTRUCTURE = "infrastructure"
     """Shown not to be the candidate's (environment build/start, Harbor setup before the candidate
     ran, the case kit could not be set up): no measurement, refunded."""
@@ -81,7 +87,11 @@ class AttemptOutcome(StrEnum):
     @property
     def charged(self) -> bool:
         """Whether the attempt is a measurement the candidate pays for."""
-        return self not in (AttemptOutcome.INFRASTRUCTURE, AttemptOutcome.REWARD_KEY_MISSING)
+        return self not in (
+            AttemptOutcome.INFRASTRUCTURE,
+            AttemptOutcome.REWARD_KEY_MISSING,
+            AttemptOutcome.KIT_SHADOWED,
+        )
 
 
 class _Record(BaseModel):

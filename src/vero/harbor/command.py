@@ -281,11 +281,16 @@ def _agent_kwargs(
     run: NestedRun, launcher_socket: Path | None, kit_path: Path | None, extra: Mapping[str, object] | None
 ) -> dict[str, object]:
     if run.runtime.kind == "agent":
-        return {
+        agent: dict[str, object] = {
             "launcher": str(launcher_socket),
             "agent_import_path": run.runtime.agent_import_path,
             "candidate_dir": str(run.candidate_dir.absolute()),
         }
+        if kit_path is not None:
+            agent["kit_path"] = str(kit_path.absolute())
+        if extra:
+            agent["candidate_kwargs"] = dict(extra)
+        return agent
     # Absolute: Harbor runs the install agent with the jobs dir as its working directory, so a
     # relative path would name another directory (or none) there.
     kwargs: dict[str, object] = {
@@ -320,7 +325,7 @@ def build_command(
     case_route: Mapping[str, Any] | None = None,
     environment_options: Mapping[str, Any] | None = None,
     program_agent: str = INSTALL_AGENT_IMPORT_PATH,
-    program_agent_kwargs: Mapping[str, object] | None = None,
+    agent_kwargs: Mapping[str, object] | None = None,
     disable_verification: bool = False,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
@@ -333,8 +338,9 @@ def build_command(
         harbor_executable: from `find_harbor_executable` (or a test's own).
         base_env: the caller's environment (default `os.environ`).
         launcher_socket: `kind: agent`: the `CandidateLauncher` socket `CandidateAgent` connects to.
-        kit_path: `kind: program`: the static case kit the install agent uploads (`--ak kit_path`;
-            without it the install agent finds one itself, `vero.harbor.casekit.kit_binary`).
+        kit_path: the static case kit the install agent (`kind: program`) or the candidate agent
+            (`kind: agent`) uploads into each case (`--ak kit_path`; without it the agent finds one
+            itself, `vero.harbor.casekit.kit_binary`).
         compose_labels: Docker: the labelling part of the compose override
             (`vero.harbor.leftovers.compose_labels`).
         case_route: Docker: the part attaching the case containers to the evaluation's gateway
@@ -343,7 +349,8 @@ def build_command(
             them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.leftovers.modal_options`.
         program_agent: `kind: program`: the agent class (`module:Class`), vero's install agent unless
             `vero harbor check --probe` runs its probe agent (`vero.harbor.probe`).
-        program_agent_kwargs: `kind: program`: further `--ak` arguments of that agent.
+        agent_kwargs: `kind: program`: further `--ak` arguments of that agent; `kind: agent`: the
+            candidate class's keyword arguments (`--ak candidate_kwargs`, passed on by `CandidateAgent`).
         disable_verification: `--disable-verification` (the trials run no tests: the baseline's
             install witness, `vero.harbor.install_witness`).
 
@@ -392,7 +399,7 @@ def build_command(
         argv += ["-c", str(path)]
     else:
         argv += ["-a", agent]
-    for key, value in _agent_kwargs(run, launcher_socket, kit_path, program_agent_kwargs).items():
+    for key, value in _agent_kwargs(run, launcher_socket, kit_path, agent_kwargs).items():
         argv += ["--ak", f"{key}={json.dumps(value)}"]
     if timeout_plan.agent_timeout_multiplier is not None:
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):

@@ -27,7 +27,14 @@ each step of a multi-step case) it builds the candidate sandbox (docs/trust-mode
    candidate's home root-owned and read-only to it (no set-id bits), removes what it left in the
    shared temp dirs and empties `/logs/agent`, `/logs/verifier` and `/logs/artifacts`. Only then
    does Harbor start the verifier: no candidate process is alive when `/tests` is uploaded. A
-   failure here comes after candidate code ran: `CandidateSandboxError`, a dead attempt.
+   failure here comes after candidate code ran: `CandidateSandboxError`, a dead attempt;
+6. where the case's tests run in this container (a shared verification), `vero-kit check-path`
+   checks, with the tests' `PATH` (the container's, or the case's `[verifier].env` `PATH`), that
+   the `vero-kit` the tests call is vero's kit and that no directory on that `PATH` is in the
+   candidate's tree (`install_path` or the candidate's home), where a candidate file (a
+   `bin/vero-kit`, a `bin/python3`) would run as root by name. If not,
+   the case is refused: `KitShadowedError`, a case problem (`kit_shadowed`: refunded, the case
+   quarantined), decided by the case's image and `install_path`, never by the candidate's files.
 
 A `CandidateInstallError` is never a measurement, whatever the case's tests then report (Harbor's
 error policy still runs them for an exception type it does not know, `models/trial/error_policy.py`):
@@ -62,6 +69,7 @@ __all__ = [
     "CandidateStagingError",
     "CaseKitSetupError",
     "InstallAgent",
+    "KitShadowedError",
 ]
 
 _LEFTOVERS_AFTER_RUN = re.compile(r"^vero-kit: leftover_processes_killed \(after run\): (\d+)$", re.MULTILINE)
@@ -105,7 +113,43 @@ def _tail(text: str, limit: int = _OUTPUT_TAIL_CHARS) -> str:
 
 class CandidateSandboxError(RuntimeError):
     """The sandbox could not be closed after the install (candidate processes or files could not be
-    removed): the attempt is dead, never scored."""
+    removed), or a `kind: agent` case could not be cleaned after the candidate's run: the attempt is
+    dead, never scored."""
+
+
+class KitShadowedError(RuntimeError):
+    """The case's tests would not call vero's kit as root, or could run a candidate file by name
+    (`vero-kit check-path`): a case problem (`kit_shadowed`); the message is the kit's finding."""
+
+
+def tests_in_main(environment: BaseEnvironment) -> tuple[bool, str | None]:
+    """Whether some verification of the case runs its tests in this container (Harbor's verifier
+    mode, per step: `models/task/verifier_mode.py`; a separate verifier environment holds no
+    candidate file), and the `PATH` the first such verification's `[verifier].env` sets as a plain
+    value (None: the container's own; Harbor's verifier runs its command with the container's
+    environment plus `[verifier].env`, `verifier/verifier.py`). Read from the `task.toml` beside
+    `environment.environment_dir`; a case whose config cannot be read counts as shared."""
+    from harbor.models.task.config import TaskConfig, VerifierEnvironmentMode
+    from harbor.models.task.verifier_mode import resolve_step_verifier_mode, resolve_task_verifier_mode
+
+    task_toml = Path(environment.environment_dir).parent / "task.toml"
+    try:
+        config = TaskConfig.model_validate_toml(task_toml.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True, None
+    shared = VerifierEnvironmentMode.SHARED
+    if config.steps:
+        envs = [
+            {**config.verifier.env, **step.verifier.env}
+            for step in config.steps
+            if resolve_step_verifier_mode(config, step) == shared
+        ]
+    else:
+        envs = [config.verifier.env] if resolve_task_verifier_mode(config) == shared else []
+    if not envs:
+        return False, None
+    value = envs[0].get("PATH")
+    return True, value if value and "${" not in value else None
 
 
 def _ignore_top_level_git(root: Path):
@@ -277,3 +321,20 @@ class InstallAgent(BaseAgent):
             # Also on a failed install and on Harbor's agent timeout (a cancellation): the verifier
             # must never start while candidate code is alive.
             await self._end_install(environment, context)
+            await self._check_kit_path(environment)
+
+    async def _check_kit_path(self, environment: BaseEnvironment) -> None:
+        """Step 6. Raises `KitShadowedError`."""
+        shared, path = await asyncio.to_thread(tests_in_main, environment)
+        if not shared:
+            return  # the tests run in a separate verifier environment, where no candidate file is
+        command = f"{shlex.quote(str(KIT_PATH_IN_CASE))} check-path {shlex.quote(self.install_path)}"
+        result = await environment.exec(command, user="root", env={"PATH": path} if path else None)
+        output = f"{result.stdout or ''}\n{result.stderr or ''}"
+        with open(self.logs_dir / SANDBOX_LOG_NAME, "a") as log:
+            log.write(f"$ vero-kit check-path\n{output.strip()}\n")
+        findings = [line[len("kit_shadowed ") :] for line in output.splitlines() if line.startswith("kit_shadowed ")]
+        if findings:
+            raise KitShadowedError("; ".join(findings)[:2000])
+        if result.return_code != 0:
+            raise KitShadowedError(f"the case kit could not check the tests' PATH (exit {result.return_code})")

@@ -56,6 +56,7 @@ __all__ = [
     "MODAL_APP_NAME",
     "compose_labels",
     "compose_project_prefix",
+    "engine_reachable",
     "modal_options",
     "new_session_id",
     "read_case_compose",
@@ -375,3 +376,28 @@ async def terminate_modal_sandboxes(
     if not tags:
         raise ValueError("terminate_modal_sandboxes needs a session or a job")
     return await asyncio.to_thread(_terminate_sync, tags, app_name)
+
+
+def _docker_ping(env: Mapping[str, str], timeout_sec: int) -> bool:
+    import docker
+
+    try:
+        client = docker.from_env(environment=dict(env), timeout=timeout_sec)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - DockerException, or any transport error: unreachable
+        return False
+
+
+async def engine_reachable(environment: str, env: Mapping[str, str], timeout_sec: int = 10) -> bool | None:
+    """Whether the nested runs' engine answers now: True, False, or None where vero cannot tell.
+
+    Docker: the engine's `/_ping` through the docker SDK, with the run's client environment
+    (`DOCKER_HOST`, ...). Other environments (Modal, ...): None. Used to tell an engine failure from
+    a candidate's after a trial's files could not be collected (`vero.harbor.runner`).
+    """
+    if environment != "docker":
+        return None
+    return await asyncio.to_thread(_docker_ping, env, timeout_sec)

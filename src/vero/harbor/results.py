@@ -3,8 +3,9 @@
 Results come only from the files Harbor writes (docs/harbor-notes.md §2 "Job output layout"): the job's
 `result.json` (`JobResult`) and one `result.json` (`TrialResult`) per trial dir, parsed with
 Harbor's own models, plus what the case kit wrote beside the reward (`verifier/vero-kit.jsonl`, and
-each step's `steps/<step>/verifier/vero-kit.jsonl` of a multi-step trial).
-Never from the exit code (0 even when every trial errored) or stdout.
+each step's `steps/<step>/verifier/vero-kit.jsonl` of a multi-step trial) and Harbor's artifact
+manifest (`artifacts/manifest.json`). Never from the exit code (0 even when every trial errored) or
+stdout.
 
 Each trial becomes one `TrialOutcome` whose `outcome` (`vero.core.evaluation.AttemptOutcome`) is
 decided by `classify_trial`, in this order:
@@ -17,11 +18,17 @@ decided by `classify_trial`, in this order:
    `environments/docker/docker.py`, so the type alone cannot tell; a trial cancelled in that phase
    is here too). Such trials are not attempts: they are dropped, and a case left with no attempt is
    re-run by the backend (docs/harbor-notes.md §8 row 3: scoring them 0 made an optimizer chase noise);
-2. **install_failed** — vero's install agent could not put the candidate into the case or its
+2. **kit_shadowed** — the install agent refused the case before its tests (`KitShadowedError`,
+   `vero-kit check-path`): the `vero-kit` its tests would call is not vero's, or a directory on the
+   tests' `PATH` is in the candidate's tree. Decided by the case's image and `install_path`, not by
+   the candidate: no attempt; the backend raises `CaseMisconfigured` (`kit_shadowed`), the detail
+   being the kit's finding (`TrialOutcome.exception_message`);
+   **install_failed** — vero's install agent could not put the candidate into the case or its
    `install_command` failed (`CandidateInstallError`, in any step): whatever the tests reported
    was measured on the image, so it is no score. A dead attempt, unless the baseline fails to
    install there too (the backend's witness, `vero.harbor.install_witness`: then a case problem);
-   **sandbox_error** — the install agent could not close the candidate sandbox after the install
+   **sandbox_error** — the install agent could not close the candidate sandbox after the install,
+   or vero's candidate agent could not clean the case after a `kind: agent` candidate's run
    (`CandidateSandboxError`): dead, whatever the verifier reported;
 3. a value under the reward key with `reward_valid` (Harbor: a verifier result whose every recorded
    exception keeps a valid reward, e.g. `AgentTimeoutError`, `NonZeroAgentExitCodeError`):
@@ -37,10 +44,21 @@ decided by `classify_trial`, in this order:
 5. **timed_out** — the trial was cancelled after the candidate started (only the wall-clock kill of
    the nested run cancels trials: `harbor.evaluation_timeout_sec` ran out);
 6. **dead** — no valid reward for any other reason (verifier crashed or timed out, no reward file,
-   the candidate's agent raised before the verifier ran, ...).
+   the candidate's agent raised before the verifier ran, ...). Among them: Harbor could not collect
+   the verifier's files (`DownloadVerifierDirError`: a device node, a fifo, an unreadable or very
+   deep tree under `/logs/verifier`, which candidate code in a case without the kit, or a root
+   agent user, can leave there): after candidate code ran, so charged and flagged
+   `verifier_download_failed`. Only the backend can show it was the engine's fault (the engine
+   unreachable right after the round: `vero.harbor.runner`), and then it is infrastructure.
 
-Every outcome but infrastructure and reward_key_missing is charged; every charged one but scored
-counts at the failure value. New kinds slot in as further steps of `classify_trial`.
+Every outcome but infrastructure, reward_key_missing and kit_shadowed is charged; every charged one
+but scored counts at the failure value. New kinds slot in as further steps of `classify_trial`.
+
+Flags (`read_kit_flags`), informational, never part of the score: the kit's events; the install
+agent's `install_leftover_processes_killed`; for `kind: agent`, what vero's candidate agent found
+when it cleaned the case before the tests (`agent_user_root`, `agent_leftover_processes_killed`,
+`verifier_dir_planted`, `log_entries_removed`, `tests_path_planted`); `verifier_download_failed`;
+and `artifacts_download_failed` when Harbor's manifest records an artifact it could not collect.
 
 A trial dir without a readable `result.json` (the run was killed mid-trial) yields no outcome; the
 backend decides what a case left without one means.
@@ -84,7 +102,6 @@ INFRASTRUCTURE_EXCEPTION_TYPES: frozenset[str] = frozenset(
         "GKEPodNotFoundError",
         "RuntimeRequestError",
         "AddTestsDirError",
-        "DownloadVerifierDirError",
         # vero's candidate boundary could not start a host for a `kind: agent` candidate, before any
         # candidate code ran (`vero.harbor.boundary.agent`).
         "CandidateHostUnavailableError",
@@ -107,6 +124,30 @@ SANDBOX_EXCEPTION_TYPE = "CandidateSandboxError"
 INSTALL_EXCEPTION_TYPE = "CandidateInstallError"
 """`vero.harbor.install_agent.CandidateInstallError` (named here: this module imports no agent)."""
 
+KIT_SHADOWED_EXCEPTION_TYPE = "KitShadowedError"
+"""`vero.harbor.install_agent.KitShadowedError`: the install agent refused the case (a case problem)."""
+
+DOWNLOAD_EXCEPTION_TYPE = "DownloadVerifierDirError"
+"""Harbor could not collect `/logs/verifier` (`verifier/verifier.py`): charged unless the backend
+shows the engine was unreachable (module docstring)."""
+
+CASE_CLEAN_FLAGS: dict[str, str] = {
+    "agent_user_root": "agent_user_root",
+    "leftover_processes_killed": "agent_leftover_processes_killed",
+    "verifier_entries_removed": "verifier_dir_planted",
+    "log_entries_removed": "log_entries_removed",
+    "tests_path_removed": "tests_path_planted",
+}
+"""`kind: agent`: what the clean case found (`vero.harbor.boundary.case.CLEAN_FINDINGS`, in the
+trial's `agent_result.metadata["vero_case_clean"]`, written by the trusted side) -> the flag."""
+
+_AGENT_EXCEPTION_OUTCOMES: tuple[tuple[str, AttemptOutcome], ...] = (
+    (KIT_SHADOWED_EXCEPTION_TYPE, AttemptOutcome.KIT_SHADOWED),
+    (INSTALL_EXCEPTION_TYPE, AttemptOutcome.INSTALL_FAILED),
+    (SANDBOX_EXCEPTION_TYPE, AttemptOutcome.SANDBOX_ERROR),
+)
+"""Step 2 of `classify_trial`: vero's agents' exceptions, first match wins (in this order)."""
+
 _MESSAGE_MAX_CHARS = 2000
 
 KIT_EVENTS_FILE = "vero-kit.jsonl"
@@ -128,7 +169,7 @@ class TrialOutcome:
         exception_message: that exception's message (Harbor's `exception_message`, clipped to its
             last 2000 characters; not yet scrubbed of secrets), if any.
         rejected_reward: the finite out-of-range value of a `reward_out_of_range` trial.
-        flags: what the case kit and the install agent noticed, sorted.
+        flags: what the case kit, the install agent and the candidate agent noticed, sorted.
         reward_keys: the keys of a `reward_key_missing` trial's rewards (sorted), else None.
     """
 
@@ -149,6 +190,11 @@ class TrialOutcome:
     @property
     def reward_key_missing(self) -> bool:
         return self.outcome is AttemptOutcome.REWARD_KEY_MISSING
+
+    @property
+    def case_problem(self) -> bool:
+        """A trial that found its case broken (no attempt: the backend raises `CaseMisconfigured`)."""
+        return self.outcome in (AttemptOutcome.REWARD_KEY_MISSING, AttemptOutcome.KIT_SHADOWED)
 
 
 @dataclass(frozen=True)
@@ -224,10 +270,9 @@ def classify_trial(
     types = {e.exception_type for e in result.recorded_exceptions()}
     if types & INFRASTRUCTURE_EXCEPTION_TYPES:
         return AttemptOutcome.INFRASTRUCTURE, None, None
-    if INSTALL_EXCEPTION_TYPE in types:
-        return AttemptOutcome.INSTALL_FAILED, None, None
-    if SANDBOX_EXCEPTION_TYPE in types:
-        return AttemptOutcome.SANDBOX_ERROR, None, None
+    decided = next((outcome for name, outcome in _AGENT_EXCEPTION_OUTCOMES if name in types), None)
+    if decided is not None:
+        return decided, None, None
     value = _raw_reward(result, reward_key)
     if value is not None:
         if not math.isfinite(value):
@@ -290,21 +335,54 @@ def _events_of(path: Path) -> set[str]:
     return flags
 
 
+def _clean_flags(agent_metadata: dict | None) -> set[str]:
+    """The flags of what vero's candidate agent found when it cleaned the case (`CASE_CLEAN_FLAGS`)."""
+    found = (agent_metadata or {}).get("vero_case_clean")
+    if not isinstance(found, dict):
+        return set()
+    return {
+        flag
+        for name, flag in CASE_CLEAN_FLAGS.items()
+        if isinstance(found.get(name), int) and not isinstance(found.get(name), bool) and found[name] > 0
+    }
+
+
+def _failed_artifacts(trial_dir: Path) -> bool:
+    """Whether Harbor's artifact manifest (`artifacts/manifest.json`) records an artifact it could not
+    collect (`trial/artifact_handler.py`: `status: failed`)."""
+    path = trial_dir / "artifacts" / "manifest.json"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _KIT_EVENTS_MAX_BYTES:
+            return False
+        entries = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    if isinstance(entries, dict):
+        entries = entries.get("artifacts", entries.get("entries", []))
+    return isinstance(entries, list) and any(isinstance(e, dict) and e.get("status") == "failed" for e in entries)
+
+
 def read_kit_flags(trial_dir: Path, agent_metadata: Iterable[dict | None] | dict | None = None) -> tuple[str, ...]:
     """The case kit's events of one trial as sorted flag names (`name` or `name:detail` for limits).
 
     Read from every file of `kit_event_files` (each step's of a multi-step trial), plus
-    `install_leftover_processes_killed` when the install agent had to kill candidate processes.
+    `install_leftover_processes_killed` when the install agent had to kill candidate processes,
+    the clean case's findings of a `kind: agent` trial (`CASE_CLEAN_FLAGS`) and
+    `artifacts_download_failed` (module docstring).
 
     Args:
         trial_dir: the trial's dir.
-        agent_metadata: the install agent's `AgentContext.metadata` of the trial, or of each step
-            (a multi-step trial runs the agent once per step).
+        agent_metadata: the agent's `AgentContext.metadata` of the trial, or of each step (a
+            multi-step trial runs the agent once per step).
     """
     metadata = [agent_metadata] if agent_metadata is None or isinstance(agent_metadata, dict) else agent_metadata
     flags: set[str] = set()
+    for entry in metadata:
+        flags |= _clean_flags(entry)
     if any((entry or {}).get("vero_install_leftover_processes") for entry in metadata):
         flags.add("install_leftover_processes_killed")
+    if _failed_artifacts(trial_dir):
+        flags.add("artifacts_download_failed")
     for path in kit_event_files(trial_dir):
         flags |= _events_of(path)
     return tuple(sorted(flags))
@@ -335,15 +413,22 @@ def read_trial(
     exceptions = result.recorded_exceptions()
     metadata = [result.agent_result.metadata if result.agent_result is not None else None]
     metadata += [step.agent_result.metadata for step in result.step_results or [] if step.agent_result is not None]
+    flags = read_kit_flags(trial_dir, metadata)
+    if any(e.exception_type == DOWNLOAD_EXCEPTION_TYPE for e in exceptions):
+        flags = tuple(sorted({*flags, "verifier_download_failed"}))
+    message = _clip(exceptions[0].exception_message) if exceptions else None
+    if outcome is AttemptOutcome.KIT_SHADOWED:
+        shadowed = (e.exception_message for e in exceptions if e.exception_type == KIT_SHADOWED_EXCEPTION_TYPE)
+        message = next(shadowed, None)
     return TrialOutcome(
         case=_case_of(result),
         trial_name=result.trial_name,
         outcome=outcome,
         reward=reward,
         exception_type=exceptions[0].exception_type if exceptions else None,
-        exception_message=_clip(exceptions[0].exception_message) if exceptions else None,
+        exception_message=message,
         rejected_reward=rejected,
-        flags=read_kit_flags(trial_dir, metadata),
+        flags=flags,
         reward_keys=_keys_without(result, reward_key) if outcome is AttemptOutcome.REWARD_KEY_MISSING else None,
     )
 
@@ -388,13 +473,13 @@ def merge_outcomes(
 ) -> int:
     """Append the charged outcomes of `cases` to `attempts` (case -> attempts, in trial order).
 
-    Infrastructure outcomes are dropped (they are no measurement); so are trials whose rewards
-    lack the key (a case problem the caller raises); outcomes of other cases are ignored. Returns
-    how many infrastructure outcomes were dropped.
+    Infrastructure outcomes are dropped (they are no measurement); so are trials that found their
+    case broken (`TrialOutcome.case_problem`: the caller raises it); outcomes of other cases are
+    ignored. Returns how many infrastructure outcomes were dropped.
     """
     dropped = 0
     for trial in trials:
-        if trial.case not in cases or trial.reward_key_missing:
+        if trial.case not in cases or trial.case_problem:
             continue
         if trial.infrastructure:
             dropped += 1

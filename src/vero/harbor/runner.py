@@ -68,6 +68,7 @@ reaches the hosts only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -106,6 +107,7 @@ from vero.harbor.command import (
 from vero.harbor.install_witness import WITNESS_JOB_SUFFIX, judge_install_failures
 from vero.harbor.leftovers import (
     compose_labels,
+    engine_reachable,
     modal_options,
     new_session_id,
     remove_docker_leftovers,
@@ -167,8 +169,9 @@ class HarborBackend:
         preflight_timeout_sec: limit of the `kind: agent` pre-flight (import and construction).
         tail_bytes: how much of Harbor's output is kept for the trusted log.
         base_env: environment the allow-listed variables are inherited from (default `os.environ`).
-        case_kit: the static case kit uploaded into program cases; default found or built on the
-            first program evaluation (`vero.harbor.casekit.kit_binary`). Must be readable by `run_as`.
+        case_kit: the static case kit uploaded into every case (program cases: the candidate sandbox;
+            agent cases: transfers as the agent user and the clean case); default found or built on
+            the first evaluation (`vero.harbor.casekit.kit_binary`). Must be readable by `run_as`.
         session: labels the runs that name no `NestedRun.session` (default: a fresh `ses-` id;
             the verifier passes a `verify-` id).
         case_check_timeout_sec: limit of the case check process (`vero.harbor.case_checks`).
@@ -176,7 +179,9 @@ class HarborBackend:
             has checked the cases itself).
         program_agent: the Harbor agent of `kind: program` runs (`module:Class`): vero's install agent,
             or `vero harbor check --probe`'s probe agent (`vero.harbor.probe`).
-        program_agent_kwargs: further `--ak` arguments of `program_agent`.
+        agent_kwargs: `kind: program`: further `--ak` arguments of `program_agent`; `kind: agent`:
+            keyword arguments of the candidate's agent class (`CandidateAgent`'s `candidate_kwargs`:
+            `vero harbor check --probe` gives its planted probe agent the reward key this way).
         isolate_candidates: `kind: agent`: run candidate hosts as throw-away uids (default: when this
             process is root; `vero.harbor.boundary.CandidateLauncher`). `vero harbor check` turns it
             off: it runs the operator's own baseline and reference, and the operator's interpreter
@@ -198,7 +203,7 @@ class HarborBackend:
         case_check_timeout_sec: float = 180.0,
         check_cases: bool = True,
         program_agent: str = INSTALL_AGENT_IMPORT_PATH,
-        program_agent_kwargs: Mapping[str, object] | None = None,
+        agent_kwargs: Mapping[str, object] | None = None,
         isolate_candidates: bool | None = None,
     ) -> None:
         self._harbor_executable = harbor_executable
@@ -216,7 +221,7 @@ class HarborBackend:
         self.case_check_timeout_sec = case_check_timeout_sec
         self.check_cases = check_cases
         self.program_agent = program_agent
-        self.program_agent_kwargs = dict(program_agent_kwargs or {})
+        self.agent_kwargs = dict(agent_kwargs or {})
         self.isolate_candidates = isolate_candidates
         self.host_binding: HostBinding | None = None
 
@@ -346,7 +351,7 @@ class HarborBackend:
             raise InfrastructureFailure("the candidate checkout is missing")
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
-        kit = await self.case_kit() if run.runtime.kind == "program" else None
+        kit = await self.case_kit()
         await asyncio.to_thread(run.jobs_dir.mkdir, parents=True, exist_ok=True)
         if os.geteuid() == 0 or run.jobs_dir.stat().st_uid == os.geteuid():
             # Harbor's job dirs (trial results, case outputs) are the runner's alone: candidate hosts
@@ -406,7 +411,7 @@ class HarborBackend:
             collation, timed_out = await self._run_round(
                 run, job_name, pending, plan, env, secrets, reward_key, launcher, kit, causes
             )
-            _raise_reward_key_missing(collation, set(pending), reward_key, causes)
+            _raise_case_problems(collation, set(pending), reward_key, causes)
             for trial in collation.trials:
                 if trial.case in pending and trial.outcome is AttemptOutcome.INSTALL_FAILED:
                     install_messages.setdefault(trial.case, trial.exception_message or "")
@@ -529,7 +534,7 @@ class HarborBackend:
             case_route=route,
             environment_options=options,
             program_agent=program_agent or self.program_agent,
-            program_agent_kwargs={} if program_agent else self.program_agent_kwargs,
+            agent_kwargs={} if program_agent else self.agent_kwargs,
             disable_verification=disable_verification,
         )
         try:
@@ -574,6 +579,7 @@ class HarborBackend:
         if secrets:
             await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
         collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key, run.scoring.reward_range)
+        collation = await self._excuse_unreachable_engine(run, env, collation)
         await asyncio.to_thread(causes.add_trials, command.job_dir, collation.trials)
         if outcome.timed_out or not collation.job_finished:
             # Harbor tears its environments down itself when it finishes; after a kill or a crash
@@ -587,6 +593,33 @@ class HarborBackend:
                 outcome.duration_sec,
             )
         return collation, outcome.timed_out
+
+    async def _excuse_unreachable_engine(
+        self, run: NestedRun, env: Mapping[str, str], collation: JobCollation
+    ) -> JobCollation:
+        """A trial whose verifier files Harbor could not collect (`verifier_download_failed`) ran
+        candidate code first, so it is a dead attempt, charged: a candidate can make the download
+        fail (a device node, a fifo, an unreadable or very deep tree under `/logs/verifier`) and
+        must not get a free re-run. Only when the engine does not answer right after the round
+        (`vero.harbor.leftovers.engine_reachable`) is it shown to be the engine's: infrastructure."""
+        suspects = {
+            t.trial_name
+            for t in collation.trials
+            if "verifier_download_failed" in t.flags and t.outcome is AttemptOutcome.DEAD
+        }
+        if not suspects or await engine_reachable(run.harbor.environment, env) is not False:
+            return collation
+        logger.warning(
+            "evaluation %s: %d trial(s) could not collect their verifier files and the engine is "
+            "unreachable: infrastructure",
+            run.evaluation_id,
+            len(suspects),
+        )
+        trials = tuple(
+            dataclasses.replace(t, outcome=AttemptOutcome.INFRASTRUCTURE) if t.trial_name in suspects else t
+            for t in collation.trials
+        )
+        return dataclasses.replace(collation, trials=trials)
 
     @staticmethod
     def _prepare_job_dir(command: HarborCommand) -> None:
@@ -798,29 +831,36 @@ def _charge_unfinished(
     return added
 
 
-def _raise_reward_key_missing(collation: JobCollation, cases: set[str], reward_key: str, causes: CauseLog) -> None:
-    """Raise `CaseMisconfigured` (`reward_key_missing`) when a trial of `cases` wrote rewards
-    without `reward_key`: its case cannot be scored whatever the candidate (one problem per case,
-    with the keys found)."""
-    found: dict[str, tuple[str, ...]] = {}
+def _raise_case_problems(collation: JobCollation, cases: set[str], reward_key: str, causes: CauseLog) -> None:
+    """Raise `CaseMisconfigured` when a trial of `cases` found its case broken, whatever the
+    candidate: `kit_shadowed` (the install agent refused the case before its tests: the finding is
+    the detail) or `reward_key_missing` (the verifier wrote rewards without `reward_key`: the keys
+    found are the detail). One problem per case; the error's code is the first problem's."""
+    found: dict[str, CaseProblem] = {}
     for trial in collation.trials:
-        if trial.case in cases and trial.reward_key_missing:
-            found.setdefault(trial.case, trial.reward_keys or ())
+        if trial.case not in cases or trial.case in found:
+            continue
+        if trial.outcome is AttemptOutcome.KIT_SHADOWED:
+            found[trial.case] = CaseProblem(
+                case=trial.case,
+                code="kit_shadowed",
+                detail=(trial.exception_message or "the case kit could be shadowed on the tests' PATH")[-2000:],
+            )
+        elif trial.reward_key_missing:
+            keys = trial.reward_keys or ()
+            found[trial.case] = CaseProblem(
+                case=trial.case,
+                code="reward_key_missing",
+                detail=f"its verifier wrote rewards with the keys {', '.join(keys) or '(none)'} "
+                f"but not {reward_key!r} (scoring.reward_key)",
+            )
     if not found:
         return
-    problems = [
-        CaseProblem(
-            case=case,
-            code="reward_key_missing",
-            detail=f"its verifier wrote rewards with the keys {', '.join(keys) or '(none)'} "
-            f"but not {reward_key!r} (scoring.reward_key)",
-        )
-        for case, keys in sorted(found.items())
-    ]
+    problems = [found[case] for case in sorted(found)]
     causes.add_problems(problems)
     raise CaseMisconfigured(
         "; ".join(f"case {p.case!r}: {p.code}: {p.detail}" for p in problems),
-        code="reward_key_missing",
+        code=problems[0].code,
         problems=problems,
         diagnostics=causes.build(),
     )

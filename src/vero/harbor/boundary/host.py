@@ -244,7 +244,9 @@ def _remote_environment_class() -> type:
             source = self._local(source_path, reading=True)
             if source.stat().st_size > self._max_transfer_bytes:
                 raise ValueError(f"file larger than the transfer limit ({self._max_transfer_bytes} bytes)")
-            await self._channel.call("upload_file", source.read_bytes(), target_path=str(target_path))
+            await self._channel.call(
+                "upload_file", source.read_bytes(), target_path=str(target_path), source_name=source.name
+            )
 
         async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
             source = self._local(source_dir, reading=True)
