@@ -135,13 +135,15 @@ static void event(const char *name) {
 
 /* ---- the planted process (the candidate user) ------------------------------------------------- */
 
+/* Written over in place, then cut to size: never O_TRUNC, so a reader between two rounds (the case's
+ * verifier, Harbor) sees the previous content or the new one, never an empty file. */
 static int put_file(const char *path, const char *content) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         return 0;
     }
     size_t size = strlen(content);
-    int ok = write(fd, content, size) == (ssize_t)size;
+    int ok = write(fd, content, size) == (ssize_t)size && ftruncate(fd, (off_t)size) == 0;
     close(fd);
     return ok;
 }
