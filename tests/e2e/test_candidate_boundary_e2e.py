@@ -385,7 +385,8 @@ def _cross(client, harness, versions: dict[str, str]) -> dict:
 
     def long_poll(name: str) -> None:
         while True:
-            body = client.get(f"/evaluations/{jobs[name]['id']}", params={"wait_sec": 60}).json()
+            # The sidecar holds the answer up to 60 s: the read timeout must be longer than that.
+            body = client.get(f"/evaluations/{jobs[name]['id']}", params={"wait_sec": 60}, timeout=120).json()
             if body.get("state") != "running":
                 polls[name] = (time.time(), body)
                 return
