@@ -60,6 +60,13 @@ JUSTIFIED_LINT_FINDINGS = {
     ("compose-external-bind-mount", "environment/docker-compose.yaml", "eval-sidecar"),
     ("compose-external-bind-mount", "tests/docker-compose.yaml", "main"),
 }
+AGENT_TARGET_LINT_FINDINGS = {
+    ("compose-additional-capabilities", "environment/docker-compose.yaml", "eval-sidecar"),
+    ("compose-additional-capabilities", "tests/docker-compose.yaml", "main"),
+}
+"""Also justified for `kind: agent` targets (`tasks/puzzle-agent`): `CAP_NET_ADMIN` for the candidate
+hosts' network fence in the sidecar and the verifier (`vero.harbor.boundary.fence`)."""
+AGENT_TARGET_EXAMPLES = {"puzzle-agent"}
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +157,10 @@ def test_finalization_names_the_submitted_candidate(example, example_runs, tmp_p
 def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_runs):
     """`harbor lint` on the compiled example finds only `compose-external-bind-mount`, once for the
     sidecar's and once for the verifier's read-only Docker socket: nested `harbor run`s need the
-    host's engine, and docs/operating.md ("`harbor lint` on compiled tasks") says why that mount is there.
-    Any other finding, or the rule firing on any other mount, fails."""
+    host's engine, and docs/operating.md ("`harbor lint` on compiled tasks") says why that mount is there;
+    for a `kind: agent` target also `compose-additional-capabilities`, once for each of the two
+    (`CAP_NET_ADMIN`, the candidate hosts' network fence). Any other finding, or a rule firing
+    anywhere else, fails."""
     task_dir = example_runs(example)["oracle"].task_dir
     done = subprocess.run(
         [HARBOR, "lint", "--json", str(task_dir)],
@@ -163,18 +172,26 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
     )
     assert done.returncode in (0, 1), f"harbor lint crashed: {done.stderr}"
     findings = json.loads(done.stdout)
-    assert {f["rule"] for f in findings} == JUSTIFIED_LINT_RULES, findings
+    fenced = example in AGENT_TARGET_EXAMPLES
+    expected = JUSTIFIED_LINT_FINDINGS | (AGENT_TARGET_LINT_FINDINGS if fenced else set())
+    assert {f["rule"] for f in findings} == {rule for rule, _, _ in expected}, findings
     located = set()
     for finding in findings:
+        compose = Path(finding["path"])
+        if finding["rule"] == "compose-additional-capabilities":
+            match = re.match(r"services\.([\w.-]+)\.cap_add:", finding["message"])
+            assert match, finding
+            assert yaml.safe_load(compose.read_text())["services"][match.group(1)]["cap_add"] == ["NET_ADMIN"]
+            located.add((finding["rule"], compose.relative_to(task_dir).as_posix(), match.group(1)))
+            continue
         # The message starts with the YAML location, e.g. `services.eval-sidecar.volumes[2]: ...`.
         match = re.match(r"services\.([\w.-]+)\.volumes\[(\d+)\]:", finding["message"])
         assert match, finding
-        compose = Path(finding["path"])
         service, index = match.group(1), int(match.group(2))
         volume = yaml.safe_load(compose.read_text())["services"][service]["volumes"][index]
         assert volume == "/run/docker.sock:/var/run/docker.sock:ro", (finding, volume)
         located.add((finding["rule"], compose.relative_to(task_dir).as_posix(), service))
-    assert located == JUSTIFIED_LINT_FINDINGS, findings
+    assert located == expected, findings
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

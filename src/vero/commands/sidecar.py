@@ -62,6 +62,15 @@ def serve_command(
             "only other hosts, i.e. `main`, may use it: candidate agents run beside the sidecar).",
         ),
     ] = False,
+    unfenced_candidates: Annotated[
+        bool,
+        typer.Option(
+            "--unfenced-candidates",
+            help="Let kind: agent candidate hosts use this process's network (by default they reach "
+            "only their gateway, which needs CAP_NET_ADMIN and nftables, and an evaluation whose fence "
+            "cannot be installed fails; for a sidecar run outside a container).",
+        ),
+    ] = False,
     seal_root: Annotated[
         Path, typer.Option("--seal-root", help="`POST /admin/seal` writes its archive only below this directory.")
     ] = Path(str(CONTAINER_PATHS.export.parent)),
@@ -74,7 +83,7 @@ def serve_command(
     """
 
     def call() -> None:
-        from vero.sidecar.app import serve
+        from vero.sidecar.app import CandidateGuards, serve
         from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths
 
         paths = SidecarPaths(
@@ -92,7 +101,9 @@ def serve_command(
             host=host,
             port=port,
             runner_user=runner_user,
-            allow_local_agent_calls=allow_local_agent_calls,
+            guards=CandidateGuards(
+                refuse_local_agent_calls=not allow_local_agent_calls, fence_network=not unfenced_candidates
+            ),
         )
 
     run_command(call)

@@ -97,6 +97,15 @@ def verify_command(
             "evaluations as root anyway (default: measure nothing and write failure values).",
         ),
     ] = False,
+    unfenced_candidates: Annotated[
+        bool,
+        typer.Option(
+            "--unfenced-candidates",
+            help="Let kind: agent candidate hosts use this process's network (by default they reach "
+            "only their gateway, which needs CAP_NET_ADMIN and nftables, and a target whose fence "
+            "cannot be installed is not measured; for a verifier run outside a container).",
+        ),
+    ] = False,
     subreaper: Annotated[
         bool,
         typer.Option(
@@ -124,6 +133,7 @@ def verify_command(
                     work_dir=work_dir,
                     runner_user=runner_user,
                     allow_root_runs=allow_root_runs,
+                    unfenced_candidates=unfenced_candidates,
                 )
             )
         )
@@ -145,6 +155,10 @@ def verify_command(
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
         env = nested_secret_env(loaded.secrets, os.environ, loaded.inference)
         backend = HarborBackend(session=new_session_id("verify"))
+        if not unfenced_candidates:
+            from vero.harbor.boundary.fence import NetworkFence
+
+            backend.confine_candidates(NetworkFence())  # the verifier serves nothing to other hosts
         paths = VerifierPaths(
             session_archive=session,
             cases_dir=cases_dir,

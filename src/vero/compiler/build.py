@@ -555,6 +555,9 @@ def _render_files(
 ) -> None:
     paths = CONTAINER_PATHS
     docker = spec.harbor.environment == "docker"
+    # kind: agent candidates run as host processes in the sidecar and the verifier: their network
+    # fence needs CAP_NET_ADMIN and nftables there (vero.harbor.boundary.fence).
+    candidate_fence = isinstance(spec.target, AgentTarget)
     secrets = spec.effective_secrets()
     sidecar_url = f"http://{SIDECAR_SERVICE}:{SIDECAR_PORT}"
     eval_partition = spec.selection.partition or next(iter(spec.agent_access), None)
@@ -655,6 +658,7 @@ def _render_files(
             **base,
             docker_socket=docker,
             sidecar_port=SIDECAR_PORT,
+            candidate_fence=candidate_fence,
         ),
     )
     _write(layout.dockerignore_path, render("compiler/dockerignore.j2", **base))
@@ -665,6 +669,7 @@ def _render_files(
             **base,
             image=spec.images.main,
             docker_client=False,
+            candidate_fence=False,
             agent_uid=AGENT_UID,
             baseline_git_env=sorted(BASELINE_GIT_ENV.items()),
             baseline_message=BASELINE_MESSAGE,
@@ -679,6 +684,7 @@ def _render_files(
             **base,
             image=spec.images.sidecar,
             docker_client=docker,
+            candidate_fence=candidate_fence,
         ),
     )
     _write(
@@ -688,12 +694,16 @@ def _render_files(
             **base,
             image=spec.images.verifier,
             docker_client=docker,
+            candidate_fence=candidate_fence,
             tests_dir="/tests",
         ),
     )
     if docker:
         # Only the engine socket needs a compose file; elsewhere the Dockerfile alone defines the verifier.
-        _write(layout.verifier_compose_path, render("verifier/docker-compose.yaml.j2", **base))
+        _write(
+            layout.verifier_compose_path,
+            render("verifier/docker-compose.yaml.j2", **base, candidate_fence=candidate_fence),
+        )
     _write(
         layout.test_path,
         render(

@@ -68,6 +68,7 @@ reaches the hosts only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -88,6 +89,7 @@ from vero.core.run import NestedRun
 from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.boundary import CandidateLauncher
+from vero.harbor.boundary.fence import FenceUnavailable, NetworkFence, endpoints_of
 from vero.harbor.boundary.launcher import HostBinding
 from vero.harbor.boundary.preflight import preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
@@ -224,6 +226,15 @@ class HarborBackend:
         self.agent_kwargs = dict(agent_kwargs or {})
         self.isolate_candidates = isolate_candidates
         self.host_binding: HostBinding | None = None
+        self.network_fence: NetworkFence | None = None
+
+    def confine_candidates(self, fence: NetworkFence) -> None:
+        """Run `kind: agent` candidate hosts behind `fence` (the composition roots `vero harbor
+        serve` and `vero harbor verify` do): each evaluation's hosts reach its gateway listeners
+        only, and an evaluation whose fence cannot be installed, or whose hosts would not run as
+        throw-away uids, fails as an infrastructure failure before any candidate code runs
+        (`vero.harbor.boundary.fence`). Without it hosts have this process's network."""
+        self.network_fence = fence
 
     def bind_hosts_to(self, binding: HostBinding) -> None:
         """Tell `binding` (the process's inference gateway) which uids run each evaluation's
@@ -315,7 +326,8 @@ class HarborBackend:
                 `harbor.infra_retries` retries with back-off (or, in a round cut by
                 `harbor.evaluation_timeout_sec`, its only trials were infrastructure), the candidate
                 checkout is missing, a selected case is not a valid Harbor task dir, `run_as` cannot
-                use the run's paths, the case kit is unavailable, or Harbor cannot be started (the
+                use the run's paths, the case kit is unavailable, Harbor cannot be started, or
+                (`confine_candidates`) the network fence cannot be installed, `FenceUnavailable` (the
                 caller refunds).
             ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
@@ -329,13 +341,23 @@ class HarborBackend:
             def on_host(uid: int, alive: bool) -> None:
                 (binding.bind_host if alive else binding.release_host)(token, uid)
 
-        async with CandidateLauncher(
-            self.python_executable,
-            agent_uid=agent_uid,
-            env=run.candidate_env,
-            isolate=self.isolate_candidates,
-            on_host=on_host,
-        ) as launcher:
+        async with contextlib.AsyncExitStack() as stack:
+            launcher = CandidateLauncher(
+                self.python_executable,
+                agent_uid=agent_uid,
+                env=run.candidate_env,
+                isolate=self.isolate_candidates,
+                on_host=on_host,
+            )
+            if self.network_fence is not None:
+                if not launcher.isolated:
+                    raise FenceUnavailable(
+                        "candidate hosts would run as this process's user, which the network fence does not "
+                        "confine (the sidecar and the verifier run as root); kind: agent evaluations do not "
+                        "run unconfined"
+                    )
+                await stack.enter_async_context(self.network_fence.admitting(endpoints_of(run.candidate_env)))
+            await stack.enter_async_context(launcher)
             return await self._evaluate(run, launcher)
 
     async def _evaluate(self, run: NestedRun, launcher: CandidateLauncher | None) -> EvaluationResult:

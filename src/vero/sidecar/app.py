@@ -22,7 +22,9 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI
@@ -37,6 +39,9 @@ from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
 from vero.sidecar.service import SidecarPaths, SidecarService
 from vero.spec.compiled import SidecarConfig
+
+if TYPE_CHECKING:
+    from vero.harbor.boundary.fence import ServiceListener
 
 __all__ = ["DRAIN_LIMIT_BYTES", "GRACEFUL_SHUTDOWN_SEC", "MAX_REQUEST_BYTES", "SidecarServer", "create_app", "serve"]
 
@@ -269,6 +274,40 @@ def _bind(addresses: list[str] | None, port: int) -> list[socket.socket] | None:
     return sockets
 
 
+@dataclass(frozen=True)
+class CandidateGuards:
+    """What `vero harbor serve` keeps from the `kind: agent` candidate hosts that run beside it in
+    its container (docs/trust-model.md). Both are on in the compiled task; a sidecar run outside a
+    container (tests, a developer's machine) turns them off.
+
+    Attributes:
+        refuse_local_agent_calls: the agent surface answers 403 to callers inside this container
+            (`LocalCallerGuard`).
+        fence_network: candidate hosts reach their evaluation's gateway listeners only
+            (`vero.harbor.boundary.fence`; needs CAP_NET_ADMIN and nftables); an evaluation whose
+            fence cannot be installed fails as an infrastructure failure (refunded).
+    """
+
+    refuse_local_agent_calls: bool = True
+    fence_network: bool = True
+
+
+def service_listeners(host: str, port: int, sockets: list[socket.socket] | None) -> list[ServiceListener]:
+    """The API's listeners as the network fence admits them from other hosts: the bound addresses
+    (loopback left out: the fence never filters it), or the port on every address for a wildcard."""
+    from vero.harbor.boundary.fence import ServiceListener
+
+    if sockets is not None:
+        bound = [sock.getsockname()[0] for sock in sockets]
+        return [ServiceListener(port, address) for address in bound if not address.startswith("127.")]
+    if host in ("0.0.0.0", "", "::"):
+        return [ServiceListener(port)]
+    try:
+        return [ServiceListener(port, host)]
+    except ValueError:  # a name or an IPv6 address: the port on every address
+        return [ServiceListener(port)]
+
+
 def serve(
     config_path: Path,
     paths: SidecarPaths,
@@ -276,14 +315,15 @@ def serve(
     host: str,
     port: int,
     runner_user: str = RUNNER_USER,
-    allow_local_agent_calls: bool = False,
+    guards: CandidateGuards | None = None,
 ) -> None:
     """Load the config and run the app under uvicorn until it is stopped (SIGINT/SIGTERM), reading
     and writing at `paths`.
 
-    Nested runs execute as `runner_user` when this process is root (`runner_identity`). The agent
-    surface refuses callers inside this container (`LocalCallerGuard`) unless
-    `allow_local_agent_calls` (for running the sidecar outside a container, e.g. in tests). On
+    Nested runs execute as `runner_user` when this process is root (`runner_identity`). `guards`
+    (default: both on) say what candidate hosts beside it are kept from: the agent surface (`LocalCallerGuard`) and,
+    for `kind: agent` evaluations, the network beyond their gateway (`NetworkFence`, which admits
+    this API's listeners from other hosts: `service_listeners`). On
     SIGTERM (`SidecarServer`): running jobs are interrupted at once (process groups killed, failed
     `interrupted`, refunded), held long polls are answered, their leftovers removed, then the
     process exits, within a few seconds.
@@ -305,9 +345,15 @@ def serve(
 
     config = load_config(config_path, SidecarConfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    guards = guards or CandidateGuards()
     sockets = _bind(listen_addresses(config, host), port)
-    service = SidecarService(config, paths, HarborBackend(), run_as=runner_identity(runner_user))
-    app = create_app(service, refuse_local_agent_calls=not allow_local_agent_calls)
+    backend = HarborBackend()
+    if guards.fence_network:
+        from vero.harbor.boundary.fence import NetworkFence
+
+        backend.confine_candidates(NetworkFence(service=service_listeners(host, port, sockets)))
+    service = SidecarService(config, paths, backend, run_as=runner_identity(runner_user))
+    app = create_app(service, refuse_local_agent_calls=guards.refuse_local_agent_calls)
     server = SidecarServer(
         uvicorn.Config(
             app,

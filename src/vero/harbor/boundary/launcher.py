@@ -27,6 +27,10 @@ of it; this holds in the sidecar and in the verifier alike. A host ends
 when the agent says `finish`, when the agent's connection drops (Harbor cancelled or crashed), or
 when the launcher closes at the end of the round.
 
+A host's network is the trusted process's unless that process fences the uids
+(`vero.harbor.boundary.fence`, which `vero.harbor.runner.HarborBackend` sets up around the launcher
+in the sidecar and the verifier): then it reaches its evaluation's gateway listeners only.
+
 Without root the launcher cannot switch users: hosts run as the caller, the pipe and environment
 boundaries still hold but files do not (`isolated` is False, and a warning is logged). The compiled
 sidecar and verifier always run as root.

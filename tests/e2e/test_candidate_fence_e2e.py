@@ -1,0 +1,133 @@
+"""A `kind: agent` candidate host's network is fenced in the compiled sidecar container, on Docker.
+
+`tasks/puzzle-agent` (a `kind: agent` target) is compiled; its compose file must give `eval-sidecar`
+`CAP_NET_ADMIN` (and the verifier's too), and its sidecar image is built as Compose builds it (the
+layer cache the examples' runs leave). Two containers of that image go on a network of their own,
+as `main` and `eval-sidecar` are on the task's: one stands in for `main` (`fence/main_side.py`: a
+TCP and a UDP listener, what a coding agent would run to receive a leak), the other runs, as root
+with the compose file's capabilities, the real `NetworkFence`, the real inference gateway and the
+real `CandidateLauncher` (`fence/scenario.py`), whose candidate host runs the hostile
+`agents/fence_candidate.py`.
+
+What it must show:
+1. root, whom the fence leaves alone, reaches `main` over TCP and UDP, resolves its name and reaches
+   a loopback listener: the targets are there (the control);
+2. the candidate's call to its own gateway answers 200, while its TCP and UDP to `main`, ICMP, the
+   loopback listener, the API port, DNS, IPv6 loopback and an IPv4-mapped address all fail, and
+   nothing it sent arrives in `main`;
+3. from `main`, the candidate's TCP listener (backlog 0) and UDP port look exactly like a port
+   nobody holds (each probe times out), the candidate accepts and receives nothing, and the
+   sidecar-style API port still answers;
+4. without `CAP_NET_ADMIN` the fence is not installed and says why (the evaluation would fail
+   closed, `FenceUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vero.compiler import compile_task
+
+from ._examples import TASKS_DIR, compose_build, harbor_env, remove_images, secret_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
+
+HERE = Path(__file__).resolve().parent
+MAIN_TCP, MAIN_UDP, LOOPBACK, API, LISTEN_TCP, LISTEN_UDP, NOBODY = 9999, 9998, 8124, 8000, 7777, 7777, 7775
+
+
+def _docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def test_candidate_host_reaches_only_its_gateway_in_the_compiled_sidecar(tmp_path: Path) -> None:
+    layout = compile_task(TASKS_DIR / "puzzle-agent" / "build.yaml", tmp_path / "task").layout
+    sidecar = yaml.safe_load(layout.compose_path.read_text())["services"]["eval-sidecar"]
+    assert sidecar.get("cap_add") == ["NET_ADMIN"], sidecar
+    verifier = yaml.safe_load(layout.verifier_compose_path.read_text())["services"]["main"]
+    assert verifier.get("cap_add") == ["NET_ADMIN"], verifier
+    project = f"vero-e2e-fence-{uuid.uuid4().hex[:8]}"
+    image, network = f"{project}-eval-sidecar", f"{project}-net"
+    main, side = f"{project}-main", f"{project}-side"
+    mounts = ["-v", f"{HERE / 'fence'}:/opt/fence-scenario:ro", "-v", f"{HERE / 'agents'}:/opt/fence:ro"]
+    try:
+        compose_build(layout.compose_path, project, {**harbor_env(), **secret_env("puzzle-agent")}, timeout_sec=1200)
+        _docker("network", "create", network)
+        _docker(
+            "run", "-d", "--name", main, "--network", network, *mounts, image,
+            "python", "/opt/fence-scenario/main_side.py", "listen", str(MAIN_TCP), str(MAIN_UDP),
+        )  # fmt: skip
+        main_ip = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", main).stdout
+        targets = {
+            "main": main_ip.strip(), "main_name": main, "main_tcp": MAIN_TCP, "main_udp": MAIN_UDP,
+            "loopback": LOOPBACK, "api": API, "listen_tcp": LISTEN_TCP, "listen_udp": LISTEN_UDP,
+        }  # fmt: skip
+        capabilities = [f"--cap-add={cap}" for cap in sidecar["cap_add"]]
+        scenario = subprocess.Popen(
+            [
+                "docker", "run", "--rm", "--init", "--name", side, "--network", network, *capabilities, *mounts,
+                image, "python", "/opt/fence-scenario/scenario.py", "fenced", json.dumps(targets),
+            ],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert scenario.stdout is not None
+            line = scenario.stdout.readline()
+            assert line.strip() == "LISTENING", line + scenario.stderr.read()[-3000:]  # type: ignore[union-attr]
+            side_ip = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", side).stdout
+            probe = _docker(
+                "exec", main, "python", "/opt/fence-scenario/main_side.py", "probe", side_ip.strip(),
+                str(LISTEN_TCP), str(NOBODY), str(API),
+            )  # fmt: skip
+            out, err = scenario.communicate(timeout=600)
+        finally:
+            if scenario.poll() is None:
+                scenario.kill()
+        assert scenario.returncode == 0, out[-3000:] + err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        received = [json.loads(x) for x in _docker("logs", main).stdout.splitlines() if x.startswith("{")]
+        unfenced = subprocess.run(
+            ["docker", "run", "--rm", *mounts, image, "python", "/opt/fence-scenario/scenario.py", "install"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        for container in (side, main):
+            _docker("rm", "-f", container, check=False)
+        _docker("network", "rm", network, check=False)
+        remove_images([image, f"{project}-main"])
+
+    # 1. The control: the targets are reachable for whoever the fence does not confine.
+    control = result["control"]
+    assert control["main_tcp"] == control["loopback_tcp"] == "connected" and control["main_udp"] == "sent", control
+    assert control["dns"] == targets["main"], control
+    assert any(r.get("tcp") == "CONTROL" for r in received) and any(r.get("udp") == "CONTROL" for r in received)
+
+    # 2. The candidate: its gateway works, nothing else does, and nothing of it reached `main`.
+    candidate = result["candidate"]
+    print(f"\n[e2e] candidate host behind the fence: {candidate}")
+    assert result["isolated"] is True and int(candidate["uid"]) >= 52000, candidate
+    assert candidate["gateway"] == "200 gpt-4o-mini", candidate
+    for attack in (
+        "main_tcp", "main_udp", "main_icmp", "loopback_tcp", "api_tcp",
+        "dns", "dns_udp", "ipv6_loopback", "ipv4_mapped",
+    ):  # fmt: skip
+        assert candidate[attack].startswith("denied"), (attack, candidate)
+    assert [r for r in received if "LEAK" in (r.get("tcp") or r.get("udp") or "")] == [], received
+
+    # 3. From `main`, the candidate's ports are a port nobody holds; the API still answers.
+    outcome = json.loads(probe.stdout.strip().splitlines()[-1])
+    print(f"[e2e] main's probes of the sidecar: {outcome}")
+    assert outcome[str(API)] == "connected", outcome
+    for key in ("", "_udp"):
+        assert outcome[f"{LISTEN_TCP}{key}"] == outcome[f"{NOBODY}{key}"] == "TimeoutError", outcome
+    assert candidate["listen"] == {"tcp_accepted": 0, "udp_received": 0}, candidate
+
+    # 4. No CAP_NET_ADMIN: no fence, and the cause is named.
+    refused = json.loads(unfenced.stdout.strip().splitlines()[-1])
+    assert refused["installed"] is False and "CAP_NET_ADMIN" in refused["error"], refused
