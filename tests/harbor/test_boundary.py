@@ -532,7 +532,7 @@ def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_
     in a segment that a later `full` evaluation's candidate read. The sweep, run here with that
     capability dropped, removes the host uid's segment, semaphore set and message queue."""
     python = portable_toolchain[1]
-    uid = 59_977
+    uid = 61_977  # outside CANDIDATE_UID_RANGE: no concurrent suite's host can own it
     made = subprocess.run(
         [python, "-I", "-c", IPC_MAKER],
         user=uid,
