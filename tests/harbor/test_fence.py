@@ -184,3 +184,25 @@ def test_an_agent_evaluation_behind_a_fence_that_cannot_be_installed_fails_close
     unisolated.confine_candidates(NetworkFence(nft=nft))
     with pytest.raises(FenceUnavailable, match="this process's user"):
         asyncio.run(unisolated.evaluate(run))
+
+
+def test_the_sidecar_api_is_admitted_where_it_listens():
+    """A wildcard bind admits the port on every address (no other socket can hold it then); bound
+    addresses admit exactly those (a candidate could bind the same port on another address)."""
+    import socket
+
+    from vero.sidecar.app import service_listeners
+
+    assert service_listeners("0.0.0.0", 8000, None) == [ServiceListener(8000)]
+    assert service_listeners("10.1.2.3", 8000, None) == [ServiceListener(8000, "10.1.2.3")]
+    assert service_listeners("eval-sidecar", 8000, None) == [ServiceListener(8000)]
+    bound = []
+    try:
+        for address in ("127.0.0.1", "127.0.0.2"):
+            sock = socket.socket()
+            sock.bind((address, 0))
+            bound.append(sock)
+        assert service_listeners("0.0.0.0", 8000, bound) == []  # loopback is never filtered
+    finally:
+        for sock in bound:
+            sock.close()
