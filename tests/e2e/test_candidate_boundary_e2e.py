@@ -204,7 +204,11 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
                         "output_cost_per_token": PRICE_OUT,
                     }
                 },
-                "evaluation_limit_usd": 0.0004,
+                # A call is forwarded only when its bound (its bytes plus the provider's overhead
+                # in, its max_tokens out: about $0.0022 for the hostile candidate's calls, $0.0036
+                # for the puzzle agent's) is free: the limits leave room for the good candidate's
+                # two calls and stop the hostile one's loop after a few dozen.
+                "evaluation_limit_usd": 0.006,
             }
         )
         backend = HarborBackend(python_executable=python, infra_wait=tenacity.wait_none())
@@ -220,13 +224,13 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             partitions={"train": TRAIN, "secret": SECRET, "pool": POOL},
             access={
                 "train": PartitionAccess(
-                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.0005
+                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.006
                 ),
                 "secret": PartitionAccess(
                     disclosure="none", total_runs=5, total_cases=5, timing_quantum_sec=QUANTUM_SEC
                 ),
                 "pool": PartitionAccess(
-                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.002
+                    disclosure="full", min_aggregate_cases=1, total_runs=5, total_cases=10, total_inference_usd=0.03
                 ),
             },
             secrets=[SECRET_NAME],
@@ -280,10 +284,10 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             }
             usage = bad["result"]["inference"]
             assert usage["refused_calls"]["model_not_allowed"] == len(TRAIN), usage
-            assert usage["refused_calls"]["budget_exhausted"] >= 1, usage
+            assert usage["refused_calls"]["over_budget"] >= 1, usage  # its next call's bound is not free
             budget = next(p for p in client.get("/status").json()["partitions"] if p["name"] == "train")["budget"]
-            assert budget["total_inference_usd"] == pytest.approx(0.0005)
-            assert 0 <= budget["remaining_inference_usd"] < 0.0001, budget
+            assert budget["total_inference_usd"] == pytest.approx(0.006)
+            assert 0 <= budget["remaining_inference_usd"] < 0.0025, budget  # less than one more call's bound
             crossed = _cross(client, harness, crossers)
             views = client.get("/status").text + json.dumps([good, bad])
             client.post("/submissions", json={"version": hostile}).raise_for_status()
@@ -342,8 +346,8 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
         for flag in ("agent_leftover_processes_killed", "verifier_dir_planted", "log_entries_removed"):
             assert measurement.flags.get(flag) == len(HIDDEN), (flag, measurement.flags)
         assert measurement.inference.refused_calls["model_not_allowed"] == len(HIDDEN)
-        assert measurement.inference.refused_calls["budget_exhausted"] >= 1
-        assert measurement.inference.charged_micro_usd <= 400
+        assert measurement.inference.refused_calls["over_budget"] >= 1
+        assert measurement.inference.charged_micro_usd <= 6000 and measurement.inference.overrun_usd == 0
         assert final.inference is not None and final.inference.calls == measurement.inference.calls
         verifier_jobs = next(work.glob("runs/*/jobs"))
         for report in attack_reports(verifier_jobs / measurement.evaluation_id):

@@ -6,8 +6,12 @@ Real HTTP (uvicorn in a thread). Behaviour per request is chosen by the model na
 `fake-delay` answers like `fake-ok` after a second;
 `fake-nousage` answers without usage; `fake-stall` streams its first events, then stalls (never
 finishes); `fake-trickle` streams its first event, then a comment line every 0.2 s (never finishes,
-never stalls); any other model answers `responder(body)` (default "hi"), the
-stand-in for a model's reply. Streaming (`"stream": true`) sends SSE in each wire format.
+never stalls); `fake-greedy` bills what it is asked, the most a provider could (input: the body's
+bytes, plus `HELD_INPUT_TOKENS` when it names input the provider holds; output: the request's limit
+times `n`, `UNLIMITED_OUTPUT_TOKENS` without a limit), recorded as `billed` with the request, and
+streams deltas without end when asked to stream (`fake-endless` too); any other model answers
+`responder(body)` (default "hi"), the stand-in for a model's reply. Streaming (`"stream": true`)
+sends SSE in each wire format.
 Every request's path, headers and body are recorded in `requests`.
 """
 
@@ -27,6 +31,29 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 INPUT_TOKENS = 11
 OUTPUT_TOKENS = 7
+HELD_INPUT_TOKENS = 1_000_000
+UNLIMITED_OUTPUT_TOKENS = 1_000_000_000
+_HELD = ("previous_response_id", "conversation", "file_id", "container", "mcp_servers", "web_search")
+
+
+def greedy_bill(raw: bytes, body: dict[str, Any]) -> tuple[int, int]:
+    """(input, output) tokens `fake-greedy` bills for a request (module docstring)."""
+    held = any(f'"{name}"'.encode() in raw for name in _HELD) or b'"url"' in raw or b"http" in raw
+    limit = next(
+        (body[k] for k in ("max_completion_tokens", "max_tokens", "max_output_tokens") if isinstance(body.get(k), int)),
+        UNLIMITED_OUTPUT_TOKENS,
+    )
+    n = body.get("n") if isinstance(body.get("n"), int) else 1
+    return len(raw) + (HELD_INPUT_TOKENS if held else 0), limit * n
+
+
+async def _endless(model: str, kind: str):
+    event = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "x"}}]}
+    if kind == "messages":
+        event = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    while True:  # ended by the caller going away or the server stopping
+        yield _sse([(None, event)])
+        await asyncio.sleep(0.01)
 
 
 def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
@@ -42,9 +69,21 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
     app = FastAPI()
 
     async def common(request: Request, kind: str):
-        body = await request.json()
-        requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+        raw = await request.body()
+        body = json.loads(raw)
+        record: dict[str, Any] = {"path": request.url.path, "headers": dict(request.headers), "body": body}
+        requests.append(record)
         model = body.get("model", "")
+        if model.endswith(("fake-greedy", "fake-endless")):
+            input_tokens, output_tokens = greedy_bill(raw, body)
+            record["billed"] = {"input": input_tokens, "output": output_tokens}
+            if body.get("stream") is True or model.endswith("fake-endless"):
+                return StreamingResponse(_endless(model, kind), media_type="text/event-stream")
+            usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens, "input_tokens": input_tokens}
+            usage["output_tokens"] = output_tokens
+            return JSONResponse(
+                {"id": "g1", "object": "chat.completion", "model": model, "choices": [], "usage": usage}
+            )
         key = request.headers.get("x-api-key") or request.headers.get("authorization", "")
         if model.endswith("fake-500"):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)

@@ -104,6 +104,11 @@ def chat(model: str, **extra) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
 
 
+def hold_of(gateway, body: dict, api: str = "openai", path: str = "/chat/completions") -> int:
+    """What the gateway holds for `body` (micro-USD): its bound, computed as the gateway does."""
+    return gateway.bound_of(json.loads(json.dumps(body)), api, path).micro_usd
+
+
 def test_metered_calls_in_every_format_streaming_and_not(upstream):
     async def body(gateway, client):
         token, grant = gateway.grant(
@@ -144,6 +149,8 @@ def test_metered_calls_in_every_format_streaming_and_not(upstream):
     sent = upstream.requests
     assert {r["body"]["model"] for r in sent} == {"up/fake-ok", "fake-ok"}
     assert sent[1]["body"]["stream_options"] == {"include_usage": True}
+    # A call naming no output limit is sent with the model's, so that its cost is bounded.
+    assert sent[0]["body"]["max_completion_tokens"] == 100 and sent[2]["body"]["max_output_tokens"] == 100
     assert all(r["headers"].get("authorization") == f"Bearer {KEY_OPENAI}" for r in sent[:4])
     assert all(r["headers"].get("x-api-key") == KEY_ANTHROPIC for r in sent[4:])
     assert not any("vero-ev-" in json.dumps(r["headers"]) for r in sent)
@@ -249,7 +256,8 @@ def test_a_token_works_only_for_its_own_evaluations_candidate_hosts(upstream, ca
 
 def test_refusals_allow_list_tokens_and_budget(upstream):
     async def body(gateway, client):
-        partition = BudgetPool(to_micro_usd(2.5 * CALL_USD))
+        hold = hold_of(gateway, chat("fake-nousage", max_tokens=7))
+        partition = BudgetPool(2 * hold + hold // 2)
         token, _ = gateway.grant("ev-2", "train", partition_pool=partition, evaluation_limit_usd=None)
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
@@ -262,17 +270,19 @@ def test_refusals_allow_list_tokens_and_budget(upstream):
             "wrong_family": await client.post("/openai/v1/chat/completions", json=chat("claude-fake"), headers=auth),
             "not_json": await client.post("/openai/v1/chat/completions", content=b"{", headers=auth),
         }
-        # The hold is the worst case (max_output_tokens=100): with 2.5 calls' money, the first call
-        # is held partially, charged its real cost, and so on until nothing is left.
+        # A call without usage is charged its whole hold: with 2.5 holds' money, two calls are
+        # answered; the third's bound is more than is left, so it is refused before the provider.
         spent = [
-            await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
-            for _ in range(4)
+            await client.post("/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=7), headers=auth)
+            for _ in range(3)
         ]
+        partition.spent = partition.total  # spent to the last micro-dollar: exhausted
+        spent.append(await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=1), headers=auth))
         usage = await gateway.revoke(token)
         out["after_revoke"] = await client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=auth)
-        return out, spent, usage, partition
+        return out, spent, usage, partition, hold
 
-    out, spent, usage, partition = run(with_gateway(upstream.url, body))
+    out, spent, usage, partition, hold = run(with_gateway(upstream.url, body))
     assert {k: v.status_code for k, v in out.items()} == {
         "no_token": 401,
         "bad_token": 401,
@@ -282,13 +292,14 @@ def test_refusals_allow_list_tokens_and_budget(upstream):
         "after_revoke": 401,
     }
     assert out["off_list"].json()["error"]["type"] == "model_not_allowed"
-    assert [r.status_code for r in spent[:2]] == [200, 200] and spent[-1].status_code == 402
-    assert spent[-1].json()["error"]["code"] == "budget_exhausted"
-    assert partition.spent <= partition.total and partition.held == 0
-    assert usage.refused_calls["model_not_allowed"] == 2 and usage.refused_calls["budget_exhausted"] >= 1
-    assert usage.refused_calls["bad_request"] == 1
+    assert [r.status_code for r in spent] == [200, 200, 402, 402]
+    assert {r.json()["error"]["code"] for r in spent[2:]} == {"budget_exhausted"}
+    assert "could cost up to" in spent[2].json()["error"]["message"]
+    assert "exhausted" in spent[3].json()["error"]["message"]
+    assert partition.held == 0 and usage.charged_micro_usd == 2 * hold
+    assert usage.refused_calls == {"model_not_allowed": 2, "bad_request": 1, "over_budget": 1, "budget_exhausted": 1}
     # Refused calls never reached the provider.
-    assert {r["body"]["model"] for r in upstream.requests} == {"up/fake-ok"}
+    assert [r["body"]["model"] for r in upstream.requests] == ["up/fake-nousage"] * 2
 
 
 def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, caplog):
@@ -311,9 +322,10 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
                 "/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=10), headers=auth
             ),
         }
-        return answers, await gateway.revoke(token), partition
+        holds = hold_of(gateway, chat("fake-nousage", max_tokens=10)) + hold_of(gateway, chat("fake-slow"))
+        return answers, await gateway.revoke(token), partition, holds
 
-    answers, usage, partition = run(with_gateway(upstream.url, body))
+    answers, usage, partition, holds = run(with_gateway(upstream.url, body))
     assert {k: v.status_code for k, v in answers.items()} == {
         "5xx": 502,
         "5xx_anthropic": 502,
@@ -325,11 +337,10 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     assert answers["5xx_anthropic"].json()["type"] == "error"
     assert usage.failed_calls == 4 and usage.unreachable_calls == 0  # the provider answered, badly
     assert usage.unreachable_failure() is None
-    # Only the answered calls cost anything: the 400 nothing, the usage-less answer its worst case.
-    assert usage.unmetered_calls == 1 and usage.calls == 1
-    prompt_tokens = -(len(json.dumps(chat("up/fake-nousage", max_tokens=10))) // -3)  # rounded up
-    held = to_micro_usd(prompt_tokens * PRICE_IN + 10 * PRICE_OUT)
-    assert 0 < usage.charged_micro_usd == partition.spent <= held + 2
+    # 5xx, the provider's 401 and its 400 cost nothing; the usage-less answer and the call the
+    # provider took but never answered (it may bill it) are charged their holds.
+    assert usage.unmetered_calls == 2 and usage.calls == 2
+    assert usage.charged_micro_usd == partition.spent == holds
     everything = "".join(a.text for a in answers.values()) + caplog.text + usage.model_dump_json()
     assert KEY_OPENAI not in everything and KEY_ANTHROPIC not in everything
     assert "sk-test" not in answers["401"].text
@@ -371,6 +382,9 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
             received_trickle = b"".join([chunk async for chunk in trickled.aiter_bytes()])
         took["trickle"] = time.monotonic() - started
         usage = await gateway.revoke(token)
+        took["holds"] = hold_of(gateway, chat("fake-stall", stream=True, max_tokens=40)) + hold_of(
+            gateway, chat("fake-trickle", stream=True, max_tokens=40)
+        )
         return refused, stalled.status_code, received, received_anthropic, received_trickle, took, usage, partition
 
     refused, status, received, received_anthropic, trickle, took, usage, partition = run(
@@ -394,11 +408,11 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     assert usage.failed_calls == 1 and usage.calls == 3 and usage.unmetered_calls == 2
     assert usage.input_tokens == INPUT_TOKENS
     assert usage.by_model["claude-fake-stall"].calls == 1 and usage.by_model["fake-stall"].calls == 1
-    # The stalled and the trickling OpenAI streams pay their holds (request bytes / 3 in, 40 out);
-    # the Anthropic one what its usage said (input tokens and the one output token counted).
-    hold = to_micro_usd(-(len(json.dumps(chat("up/fake-stall", stream=True, max_tokens=40))) // -3) * PRICE_IN)
-    assert usage.charged_micro_usd == partition.spent
-    assert usage.charged_micro_usd >= 2 * (hold + to_micro_usd(40 * PRICE_OUT))
+    # The stalled and the trickling OpenAI streams pay their holds; the Anthropic one what its
+    # usage said (input tokens and the one output token counted).
+    assert (
+        usage.charged_micro_usd == partition.spent == took["holds"] + to_micro_usd(INPUT_TOKENS * PRICE_IN + PRICE_OUT)
+    )
     assert partition.held == 0
 
     async def leaving(gateway, client):
@@ -412,33 +426,33 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
             first = await anext(answer.aiter_bytes())
         assert partition.held > 0 and grant.open_calls  # nothing settled while the stream is open
         await grant.idle.wait()  # settled when the caller left (the pytest timeout guards a hang)
-        return first, await gateway.revoke(token), partition
+        return first, await gateway.revoke(token), partition, hold_of(gateway, request)
 
-    first, usage, partition = run(with_gateway(upstream.url, leaving, timeout_sec=600.0))
+    first, usage, partition, hold = run(with_gateway(upstream.url, leaving, timeout_sec=600.0))
     assert first.startswith(b"data: ")
     assert usage.calls == 1 and usage.unmetered_calls == 1 and usage.failed_calls == 0
-    # Its hold (the request's size in input tokens plus max_tokens of output), not what it read.
-    assert usage.charged_micro_usd >= to_micro_usd(50 * PRICE_OUT) > to_micro_usd(CALL_USD)
-    assert partition.spent == usage.charged_micro_usd
+    # Its hold (its bound), not what it read.
+    assert usage.charged_micro_usd == partition.spent == hold > to_micro_usd(CALL_USD)
     assert partition.held == 0
 
 
 def test_evaluation_limit_caps_one_evaluation(upstream):
     async def body(gateway, client):
-        token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        hold = hold_of(gateway, chat("fake-nousage", max_tokens=7))
+        token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * hold / 1e6)
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         codes = [
             (
-                await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+                await client.post("/openai/v1/chat/completions", json=chat("fake-nousage", max_tokens=7), headers=auth)
             ).status_code
             for _ in range(3)
         ]
-        return codes, await gateway.revoke(token)
+        return codes, await gateway.revoke(token), hold
 
-    codes, usage = run(with_gateway(upstream.url, body))
-    assert codes[0] == 200 and codes[-1] == 402
-    assert usage.charged_micro_usd <= to_micro_usd(1.5 * CALL_USD)
+    codes, usage, hold = run(with_gateway(upstream.url, body))
+    assert codes == [200, 402, 402]
+    assert usage.charged_micro_usd == hold and usage.refused_calls == {"over_budget": 2}
 
 
 async def _started(upstream, n: int) -> None:
@@ -448,11 +462,12 @@ async def _started(upstream, n: int) -> None:
 
 
 def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
-    # 1.5 calls' money, less than one call's worst case: the first call holds all of it. A second
-    # call made meanwhile waits for the first to settle and gets what is left; only a call made
-    # when the money is spent is refused. Whether a call is refused never depends on timing.
+    # One call's bound and 1.5 calls' cost: the first call holds most of it. A second call made
+    # meanwhile waits for the first to settle and then fits; a call made when what is left is less
+    # than its bound is refused. Whether a call is refused never depends on timing.
     async def body(gateway, client):
-        token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        limit = hold_of(gateway, chat("fake-delay", max_tokens=7)) + 1.5 * to_micro_usd(CALL_USD)
+        token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
@@ -461,21 +476,22 @@ def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
         await _started(upstream, 1)
         second = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
         first_done_before_second_sent = len(upstream.requests) == 2 and first.done()
-        third = await client.post("/openai/v1/chat/completions", json=chat("fake-ok", max_tokens=7), headers=auth)
+        third = await client.post("/openai/v1/chat/completions", json=chat("fake-delay", max_tokens=7), headers=auth)
         return (await first), second, third, first_done_before_second_sent, await gateway.revoke(token)
 
     first, second, third, ordered, usage = run(with_gateway(upstream.url, body))
     assert (first.status_code, second.status_code, third.status_code) == (200, 200, 402), second.text
     assert ordered
-    assert usage.calls == 2 and usage.refused_calls == {"budget_exhausted": 1}
-    assert usage.charged_micro_usd == to_micro_usd(1.5 * CALL_USD)
+    assert usage.calls == 2 and usage.refused_calls == {"over_budget": 1}
+    assert usage.charged_micro_usd == 2 * to_micro_usd(CALL_USD)
 
 
 def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
     # A candidate must not park unbounded connections on the gateway for free: past
     # MAX_WAITING_CALLS waiting calls, further ones are answered 429 at once.
     async def body(gateway, client):
-        token, grant = gateway.grant("ev-7", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        limit = hold_of(gateway, chat("fake-slow", max_tokens=7)) + hold_of(gateway, chat("fake-ok", max_tokens=7)) // 2
+        token, grant = gateway.grant("ev-7", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
@@ -508,7 +524,10 @@ def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
 
 def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):
     async def body(gateway, client):
-        token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=1.5 * CALL_USD)
+        limit = (
+            hold_of(gateway, chat("fake-delay", max_tokens=7)) + hold_of(gateway, chat("fake-ok", max_tokens=7)) // 2
+        )
+        token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(

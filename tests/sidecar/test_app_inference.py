@@ -19,8 +19,9 @@ import pytest
 from inference.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
 
 from vero.core.run import NestedRun
-from vero.inference.pricing import to_micro_usd
-from vero.spec.models import InferenceSpec, PartitionAccess
+from vero.inference.bounds import bound_call
+from vero.inference.pricing import price_of, to_micro_usd
+from vero.spec.models import InferenceModel, InferenceSpec, PartitionAccess
 
 from ._server import StubBackend, make_harness, wait_for_state
 
@@ -30,6 +31,18 @@ KEY_NAME = "VERO_TEST_GATEWAY_KEY"
 KEY = "sk-sidecar-test-key-000111222"
 PRICE_IN, PRICE_OUT = 1e-6, 2e-6
 CALL_MICRO_USD = to_micro_usd(INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OUT)
+CALL_BODY = {"model": "fake-ok", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+HOLD_MICRO_USD = bound_call(
+    dict(CALL_BODY),
+    "openai",
+    "/chat/completions",
+    price_of(
+        "gpt-test", InferenceModel(provider="fake", input_cost_per_token=PRICE_IN, output_cost_per_token=PRICE_OUT)
+    ),
+).micro_usd
+"""What the gateway holds for one of `CallingBackend`'s calls (its bound): a budget must have this
+much left for the call to be forwarded."""
+TOTAL_MICRO_USD = HOLD_MICRO_USD + 10 * CALL_MICRO_USD
 
 
 @dataclass
@@ -63,7 +76,7 @@ class CallingBackend(StubBackend):
                 await client.post(
                     f"{env['OPENAI_BASE_URL']}/chat/completions",
                     headers={"authorization": f"Bearer {env['OPENAI_API_KEY']}"},
-                    json={"model": self.model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+                    json={**CALL_BODY, "model": self.model},
                 )
         if token and self.binding is not None:
             self.binding.release_host(token, os.getuid())
@@ -94,7 +107,7 @@ def upstream(monkeypatch):
 
 
 def harness_with(tmp_path, upstream, backend, *, route: bool = False, **access):
-    budget = dict(min_aggregate_cases=1, total_runs=10, total_cases=60, total_inference_usd=10 * CALL_MICRO_USD / 1e6)
+    budget = dict(min_aggregate_cases=1, total_runs=10, total_cases=60, total_inference_usd=TOTAL_MICRO_USD / 1e6)
     budget.update(access)
     return make_harness(
         tmp_path / "h",
@@ -136,7 +149,7 @@ def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, ups
         totals = aggregate["result"]["inference"]
         assert totals["calls"] == 2 and totals["by_model"] == {}  # aggregate: totals only
         budget = inference_budget(client, "train")
-        assert budget["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
+        assert budget["remaining_inference_usd"] == pytest.approx((TOTAL_MICRO_USD - 2 * CALL_MICRO_USD) / 1e6)
         # `none`: neither the job nor what is left of the budget says what its candidate spent
         # (its spending could carry what the tier withholds).
         blind = run_job(client, "blind")
@@ -145,28 +158,34 @@ def test_usage_is_metered_disclosed_by_tier_and_survives_a_restart(tmp_path, ups
         }
         for withheld in ("blind", "ladder"):  # the Ladder's answers would be bypassed by it too
             assert inference_budget(client, withheld) == {
-                "total_inference_usd": pytest.approx(10 * CALL_MICRO_USD / 1e6),
+                "total_inference_usd": pytest.approx(TOTAL_MICRO_USD / 1e6),
                 "remaining_inference_usd": None,
             }
         export = client.get("/admin/export", headers=harness.admin_headers()).json()
         assert all(job["result"]["inference"]["calls"] == 2 for job in export["jobs"])  # blind's too
     # What complete jobs spent stays spent across a restart.
     with harness.serve() as (_, client):
-        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(8 * CALL_MICRO_USD / 1e6)
+        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(
+            (TOTAL_MICRO_USD - 2 * CALL_MICRO_USD) / 1e6
+        )
     assert KEY not in json.dumps(export)
     assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in upstream.requests)
 
 
 def test_budget_exhaustion_is_refused_at_the_gateway_and_infrastructure_failures_refund(tmp_path, upstream):
     backend = CallingBackend(calls_per_run=4)
-    harness = harness_with(tmp_path, upstream, backend, total_inference_usd=5 * CALL_MICRO_USD / 1e6)
+    total = HOLD_MICRO_USD + 4 * CALL_MICRO_USD + CALL_MICRO_USD // 2
+    harness = harness_with(tmp_path, upstream, backend, total_inference_usd=total / 1e6)
     with harness.serve() as (_, client):
         first = run_job(client, "train", ["t1"])
         assert first["result"]["inference"]["calls"] == 4
-        second = run_job(client, "train", ["t1"])  # 1 call's money left: the rest are refused (402)
+        # One call's bound and half a call's cost left: one call fits, the rest are refused (402)
+        # before the provider, since what is left is less than their bound.
+        second = run_job(client, "train", ["t1"])
         usage = second["result"]["inference"]
-        assert usage["refused_calls"]["budget_exhausted"] >= 3 and usage["calls"] <= 1, usage
-        assert inference_budget(client, "train")["remaining_inference_usd"] == pytest.approx(0.0, abs=1e-6)
+        assert usage["refused_calls"] == {"over_budget": 3} and usage["calls"] == 1, usage
+        remaining = inference_budget(client, "train")["remaining_inference_usd"]
+        assert remaining == pytest.approx((total - 5 * CALL_MICRO_USD) / 1e6) and remaining < HOLD_MICRO_USD / 1e6
     harness = harness_with(tmp_path / "again", upstream, CallingBackend(calls_per_run=3, fail_with_infrastructure=True))
     with harness.serve() as (_, client):
         before = inference_budget(client, "train")

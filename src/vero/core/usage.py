@@ -4,7 +4,8 @@ Token counts come from the upstream provider's `usage` (OpenAI `usage.prompt_tok
 `completion_tokens` or `input_tokens`/`output_tokens`, Anthropic `usage.input_tokens`/
 `output_tokens` and cache fields), cost from the spec's prices (`vero.inference.pricing`).
 `charged_micro_usd` is what the evaluation's budget was charged: equal to the metered cost, except
-when one call ran past what was left (`overrun_usd`, recorded but never charged beyond the total).
+when a call cost more than its hold (only under a model's `unbounded_call_usd`, or a service tier
+the provider chose itself: `overrun_usd`, recorded but never charged beyond the total).
 """
 
 from __future__ import annotations
@@ -32,18 +33,21 @@ class InferenceUsage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     calls: int = 0
-    """Calls forwarded upstream that returned a response (metered)."""
+    """Calls forwarded upstream and charged: answered (metered), or taken by the provider and never
+    answered (charged their hold, also counted in `failed_calls` and `unmetered_calls`)."""
     refused_calls: dict[str, int] = Field(default_factory=dict)
-    """Reason (`model_not_allowed`, `budget_exhausted`, `bad_request`, ...) -> calls refused before
-    reaching the provider."""
+    """Reason (`model_not_allowed`, `unbounded_request`, `over_budget`, `budget_exhausted`,
+    `bad_request`, ...) -> calls refused before reaching the provider."""
     failed_calls: int = 0
-    """Calls the provider failed (5xx, timeout, connection); not charged."""
+    """Calls the provider failed (5xx, timeout, connection). 5xx and connection failures are not
+    charged; a call the provider took and never answered is charged its hold (it may be billed)."""
     unreachable_calls: int = 0
     """Of `failed_calls`, those that never reached the provider (no connection could be made, or
     its URL cannot be called). Nothing a candidate sends causes them, so an evaluation with any is
     an infrastructure failure, never a score (`unreachable_failure`)."""
     unmetered_calls: int = 0
-    """Responses without usage figures: charged what was held for them (the worst case)."""
+    """Calls charged without usage figures (no usage in the answer, a stream cut off, a call never
+    answered): charged what was held for them, their bound."""
     input_tokens: int = 0
     cached_input_tokens: int = 0
     output_tokens: int = 0

@@ -15,27 +15,34 @@ its evaluation's candidate runs: from a candidate host bound to it, `bind_host`,
 that host's uid in this network namespace, `vero.inference.callers`; or on its evaluation's own case
 route listener from that route's network; any other use is refused, logged and counted as
 `foreign_token` on the evaluation it came from) -> model on the allow-list and served by this
-endpoint's wire format (403 `model_not_allowed`) -> budget hold (402 `budget_exhausted`) -> upstream
-call with the provider key only the gateway holds (the caller's headers are never forwarded).
-A budget whose free money is all held by calls in flight is busy, not exhausted: the call waits
-until they settle and is refused only if nothing is free then (so whether a call of an agent that
-calls concurrently is refused never depends on timing, and `budget_exhausted` means spent); at
-most `MAX_WAITING_CALLS` per evaluation wait, further ones get 429 at once.
+endpoint's wire format (403 `model_not_allowed`) -> the call's bound (400 naming the field when the
+body cannot bound it, `vero.inference.bounds`) -> budget hold of the whole bound (402
+`budget_exhausted`) -> upstream call with the provider key only the gateway holds (the caller's
+headers are never forwarded).
 
-Metering: the hold is the call's worst case (request bytes / 3 input tokens plus the request's
-output limit, or the model's), at most what is left of the evaluation's limit and the partition's
-budget; after the response, the provider's `usage` is priced (`vero.inference.pricing`) and charged
-(at most what was held plus what is still free; the rest is recorded as `overrun_usd`), the rest
-of the hold released. Streaming responses are passed through as they arrive while their usage
-events are read (OpenAI chat streams get `stream_options.include_usage`); a response without usage
-is charged its hold, and so is a call whose caller goes away before it ends. Upstream 5xx, calls
-not answered within `timeout_sec` and connection failures answer 502/504 and charge nothing; a
-started stream that stalls (`stream_idle_timeout_sec`), runs past `timeout_sec` or breaks off ends
-with an error event in its format and is charged its hold unless its usage arrived (`_relay`); a
+Holds are upper bounds, so what the provider bills never exceeds the budgets: a call is forwarded
+only once its whole bound is held against the evaluation's limit and the partition's budget. A
+bound more than what is left once the calls in flight settle is refused at once (402, refusal
+`over_budget`, the message says the bound and what is left; `budget_exhausted` when nothing is
+left). A bound that is only short of money held by calls in flight waits until they settle (so
+whether a call of an agent that calls concurrently is refused never depends on timing); at most
+`MAX_WAITING_CALLS` per evaluation wait, further ones get 429 at once.
+
+Metering: after the response, the provider's `usage` is priced (`vero.inference.pricing`: service
+tier, context tier, cache reads and writes) and charged, the rest of the hold released; a call
+costs more than its hold only under a model's `unbounded_call_usd` or a tier the provider chose
+itself, and is then charged what is free, the rest recorded as `overrun_usd`. Streaming
+responses are passed through as they arrive while their usage events are read (OpenAI chat
+streams get `stream_options.include_usage`); a response without usage is charged its hold, and so
+is a call whose caller goes away before it ends. Who pays a failure: the provider may bill any
+call it took, so a call it took and did not answer (not within `timeout_sec`, an answer that
+broke off) is charged its hold (`_lost`), and a started stream that stalls
+(`stream_idle_timeout_sec`), runs past `timeout_sec` or breaks off ends with an error event in its
+format and is charged its hold unless its usage arrived (`_relay`); upstream 5xx (the provider
+says it failed) and connection failures (nothing reached it) answer 502/504 and charge nothing; a
 call that could not connect at all is counted `unreachable_calls`, which makes the evaluation an
-infrastructure failure; 4xx pass through (a
-provider's 401/403 becomes a generic 502: its body may echo a key). Key values are scrubbed from
-every body passed back, and never logged.
+infrastructure failure; 4xx pass through (a provider's 401/403 becomes a generic 502: its body may
+echo a key). Key values are scrubbed from every body passed back, and never logged.
 """
 
 from __future__ import annotations
@@ -48,7 +55,6 @@ import hashlib
 import ipaddress
 import json
 import logging
-import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -60,8 +66,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vero.core.usage import InferenceUsage, ModelUsage
+from vero.inference.bounds import CallBound, Unbounded, bound_call
 from vero.inference.callers import Peer, peer_of
-from vero.inference.pricing import ModelPrice, price_of, to_micro_usd
+from vero.inference.pricing import STANDARD_TIER, CacheTokens, ModelPrice, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
 
 if TYPE_CHECKING:
@@ -84,7 +91,6 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 DRAIN_LIMIT_BYTES = 128 * 1024 * 1024
 """Most of an oversized request body read (and dropped) before its 413 is sent, in bytes; a
 larger body is cut off and its caller may see a connection reset."""
-_INPUT_BYTES_PER_TOKEN = 3
 _ANTHROPIC_VERSION = "2023-06-01"
 _IDLE_WAIT_SEC = 10.0
 MAX_WAITING_CALLS = 8
@@ -104,6 +110,11 @@ class BudgetPool:
     def available(self) -> int | None:
         return None if self.total is None else max(0, self.total - self.spent - self.held)
 
+    @property
+    def unspent(self) -> int | None:
+        """What is left once every call in flight has settled at most its hold (None: unlimited)."""
+        return None if self.total is None else max(0, self.total - self.spent)
+
 
 def _min_available(pools: list[BudgetPool]) -> int | None:
     values = [p.available for p in pools if p.available is not None]
@@ -119,7 +130,7 @@ class _Call:
     """One forwarded call: what it holds until it is metered or released (exactly once)."""
 
     route: _Route
-    held: int
+    bound: CallBound
     done: bool = False
     started_at: float = field(default_factory=time.monotonic)
     """When the call was forwarded (`time.monotonic`, the event loop's clock): its `timeout_sec` counts from here."""
@@ -141,15 +152,19 @@ class InferenceGrant:
     waiting_calls: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def hold(self, estimate_micro_usd: int) -> int | None:
-        """Hold up to `estimate` against every pool; None when any pool is exhausted."""
+    def hold(self, bound_micro_usd: int) -> bool:
+        """Hold all of `bound` against every pool, or nothing (False: not free now)."""
         available = _min_available(self.pools)
-        if available is not None and available <= 0:
-            return None
-        amount = estimate_micro_usd if available is None else min(estimate_micro_usd, available)
+        if available is not None and available < bound_micro_usd:
+            return False
         for pool in self.pools:
-            pool.held += amount
-        return amount
+            pool.held += bound_micro_usd
+        return True
+
+    def can_ever_hold(self, bound_micro_usd: int) -> bool:
+        """Whether `bound` fits in what is left once the calls in flight settle (they settle at most
+        their holds, so a False here stays False)."""
+        return all(pool.unspent is None or pool.unspent >= bound_micro_usd for pool in self.pools)
 
     def settle(self, held: int, cost_micro_usd: int) -> int:
         """Release `held`, charge the metered cost (capped at what is free); returns the charge."""
@@ -185,7 +200,12 @@ class _Count:
     input_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    """Cache writes of all durations (Anthropic `cache_creation_input_tokens`)."""
+    cache_write_1h_tokens: int = 0
+    """Of `cache_write_tokens`, one-hour writes (`cache_creation.ephemeral_1h_input_tokens`)."""
     output_tokens: int = 0
+    service_tier: str | None = None
+    """The tier the provider says it served the call in (OpenAI's `service_tier`), if any."""
     seen: bool = False
 
     def absorb(self, usage: Any, api: Api) -> None:
@@ -203,6 +223,9 @@ class _Count:
             self.input_tokens = max(self.input_tokens, number("input_tokens"))
             self.cached_tokens = max(self.cached_tokens, number("cache_read_input_tokens"))
             self.cache_write_tokens = max(self.cache_write_tokens, number("cache_creation_input_tokens"))
+            self.cache_write_1h_tokens = max(
+                self.cache_write_1h_tokens, number("cache_creation", "ephemeral_1h_input_tokens")
+            )
             self.output_tokens = max(self.output_tokens, number("output_tokens"))
         else:
             prompt = number("prompt_tokens") or number("input_tokens")
@@ -224,9 +247,34 @@ class _Count:
             else:
                 self.absorb(event.get("usage"), api)
             return
-        if isinstance(event.get("response"), dict):  # responses API stream: response.completed etc.
-            self.absorb(event["response"].get("usage"), api)
-        self.absorb(event.get("usage"), api)
+        for holder in (event, event.get("response")):  # responses API stream: response.completed etc.
+            if isinstance(holder, dict):
+                self.absorb(holder.get("usage"), api)
+                if isinstance(holder.get("service_tier"), str):
+                    self.service_tier = holder["service_tier"]
+
+    def cost_usd(self, price: ModelPrice, bound: CallBound | None) -> float:
+        """The call's cost at `price`: in the tier the provider reports when it prices that tier,
+        else the one asked for; cache writes of unknown duration at the one-hour rate when the call
+        asked for one-hour writes."""
+        tier = bound.service_tier if bound is not None else STANDARD_TIER
+        reported = {"default": STANDARD_TIER, "auto": STANDARD_TIER}.get(self.service_tier or "", self.service_tier)
+        if reported is not None and reported in price.tiers:
+            tier = reported
+        one_hour = min(self.cache_write_1h_tokens, self.cache_write_tokens)
+        if bound is not None and bound.cache_write_1h and not one_hour:
+            one_hour = self.cache_write_tokens
+        cache = CacheTokens(read=self.cached_tokens, write=self.cache_write_tokens - one_hour, write_1h=one_hour)
+        return price.cost_usd(self.input_tokens, self.output_tokens, cache, tier)
+
+
+def _unauthorized(api: Api) -> JSONResponse:
+    return _error(
+        api,
+        401,
+        "authentication_error" if api == "anthropic" else "invalid_api_key",
+        "a valid evaluation token is required",
+    )
 
 
 def _error(api: Api, status: int, kind: str, message: str) -> JSONResponse:
@@ -435,12 +483,30 @@ class InferenceGateway:
         body = await _read_limited(request, MAX_REQUEST_BYTES)
         grant = self._authorize(request)
         if grant is None:
-            return _error(
-                api,
-                401,
-                "authentication_error" if api == "anthropic" else "invalid_api_key",
-                "a valid evaluation token is required",
-            )
+            return _unauthorized(api)
+        admitted = self._admit(grant, body, api, path)
+        if isinstance(admitted, Response):
+            return admitted
+        route, bound = admitted
+        refusal = await self._hold_or_refuse(grant, bound, api)
+        if refusal is not None:
+            return refusal
+        call = _Call(route, bound)
+        grant.open_calls.add(call)
+        grant.idle.clear()
+        try:
+            return await self._forward(grant, call, request, api, path)
+        except BaseException:
+            # Cancelled (the caller went away) while the provider may have answered: the call is
+            # charged what it holds, never released for free.
+            self._meter(grant, call, _Count())
+            raise
+
+    def _admit(
+        self, grant: InferenceGrant, body: bytes | None, api: Api, path: str
+    ) -> Response | tuple[_Route, CallBound]:
+        """Size, JSON, allow-list and bound checks: the route, the body to forward and its bound
+        (`vero.inference.bounds`), or the refusal."""
         if body is None:
             self._refuse(grant, "too_large")
             return _error(api, 413, "request_too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
@@ -451,8 +517,7 @@ class InferenceGateway:
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             self._refuse(grant, "bad_request")
             return _error(api, 400, "invalid_request_error", "expected a JSON object with a `model`")
-        name = payload["model"]
-        route = self._routes.get(name)
+        route = self._routes.get(payload["model"])
         if route is None or route.provider.api != api:
             self._refuse(grant, "model_not_allowed")
             return _error(
@@ -461,9 +526,34 @@ class InferenceGateway:
                 "permission_error" if api == "anthropic" else "model_not_allowed",
                 "this model is not on the evaluation's allow-list",
             )
-        estimate = _estimate_micro_usd(route, payload, len(body))
         try:
-            held = await self._hold(grant, estimate)
+            bound = self.bound_of(payload, api, path)
+        except Unbounded as exc:
+            self._refuse(grant, "unbounded_request")
+            return _error(api, 400, "invalid_request_error", f"the gateway cannot bound this call's cost: {exc}")
+        return route, bound
+
+    def bound_of(self, payload: dict[str, Any], api: Api, path: str) -> CallBound:
+        """The bound and the upstream body of a request to allow-listed model `payload["model"]`
+        (`vero.inference.bounds.bound_call`); `payload` becomes the upstream request (its model id,
+        its output limit, OpenAI chat streams asked for their usage).
+
+        Raises:
+            KeyError: the model is not allow-listed.
+            vero.inference.bounds.Unbounded: the request cannot be bounded.
+        """
+        route = self._routes[payload["model"]]
+        payload["model"] = route.upstream_model
+        if payload.get("stream") is True and api == "openai" and path == "/chat/completions":
+            requested = payload.get("stream_options")
+            options = requested if isinstance(requested, dict) else {}
+            payload["stream_options"] = {**options, "include_usage": True}
+        return bound_call(payload, api, path, route.price, route.model.unbounded_call_usd)
+
+    async def _hold_or_refuse(self, grant: InferenceGrant, bound: CallBound, api: Api) -> Response | None:
+        """Hold the call's bound (`_hold`); the refusal when it cannot be held (None: held)."""
+        try:
+            outcome = await self._hold(grant, bound.micro_usd)
         except _TooManyWaiting:
             self._refuse(grant, "too_many_waiting")
             return _error(
@@ -472,62 +562,45 @@ class InferenceGateway:
                 "rate_limit_error" if api == "anthropic" else "rate_limit_exceeded",
                 f"more than {MAX_WAITING_CALLS} calls are waiting for money held by calls in flight",
             )
-        if grant.closed:
-            if held is not None:
-                grant.release(held)
-                self._budget_freed()
-            return _error(
-                api,
-                401,
-                "authentication_error" if api == "anthropic" else "invalid_api_key",
-                "a valid evaluation token is required",
-            )
-        if held is None:
+        if outcome == "held":
+            return None
+        if outcome == "closed":
+            return _unauthorized(api)
+        if outcome == "spent":
             self._refuse(grant, "budget_exhausted")
             return _error(api, 402, "budget_exhausted", "the evaluation's inference budget is exhausted")
-        payload["model"] = route.upstream_model
-        stream = payload.get("stream") is True
-        if stream and api == "openai" and path == "/chat/completions":
-            requested = payload.get("stream_options")
-            options = requested if isinstance(requested, dict) else {}
-            payload["stream_options"] = {**options, "include_usage": True}
-        call = _Call(route, held)
-        grant.open_calls.add(call)
-        grant.idle.clear()
-        try:
-            return await self._forward(grant, call, payload, request, api, path, stream)
-        except BaseException:
-            # Cancelled (the caller went away) while the provider may have answered: the call is
-            # charged what it holds, never released for free.
-            self._meter(grant, call, _Count())
-            raise
+        self._refuse(grant, "over_budget")
+        left = min(p.unspent for p in grant.pools if p.unspent is not None)
+        return _error(
+            api,
+            402,
+            "budget_exhausted",
+            f"this call could cost up to {bound.micro_usd / 1e6:.6f} USD ({bound.input_tokens} input tokens "
+            f"from its size, {bound.output_tokens} output tokens from its limit) and the inference budget "
+            f"has {left / 1e6:.6f} USD left: ask for fewer output tokens or send less",
+        )
 
-    async def _forward(
-        self,
-        grant: InferenceGrant,
-        call: _Call,
-        payload: dict[str, Any],
-        request: Request,
-        api: Api,
-        path: str,
-        stream: bool,
-    ) -> Response:
+    async def _forward(self, grant: InferenceGrant, call: _Call, request: Request, api: Api, path: str) -> Response:
+        """Send the call upstream and answer with what came back (module docstring: who pays what)."""
         route = call.route
         try:
             upstream = self._client.build_request(
                 "POST",
                 _upstream_url(route.provider, path),
-                content=json.dumps(payload).encode(),
+                content=call.bound.body,
                 headers=_upstream_headers(route, request),
             )
             async with asyncio.timeout(self.spec.timeout_sec):
                 response = await self._client.send(upstream, stream=True)
         except TimeoutError:
-            self._fail(grant, call)
+            self._lost(grant, call)
             logger.warning("evaluation %s: the provider of %s did not answer in time", grant.evaluation_id, route.name)
             return _error(api, 504, "upstream_timeout", "the model provider did not answer in time")
         except httpx.HTTPError as exc:
-            self._fail(grant, call, unreachable=isinstance(exc, _UNREACHABLE))
+            if isinstance(exc, _UNREACHABLE):
+                self._fail(grant, call, unreachable=True)
+            else:  # the request went out: the provider may bill what it did with it
+                self._lost(grant, call)
             # The type and errno only: a message may carry the URL, and the URL a key.
             logger.warning(
                 "evaluation %s: calling the provider of %s failed (%s%s)",
@@ -556,12 +629,12 @@ class InferenceGateway:
                 status_code=response.status_code,
                 media_type=response.headers.get("content-type", "application/json"),
             )
-        if not stream or "text/event-stream" not in response.headers.get("content-type", ""):
+        if not call.bound.stream or "text/event-stream" not in response.headers.get("content-type", ""):
             try:
                 async with asyncio.timeout(max(0.0, call.started_at + self.spec.timeout_sec - time.monotonic())):
                     data = await response.aread()
             except (httpx.HTTPError, TimeoutError):
-                self._fail(grant, call)
+                self._lost(grant, call)
                 return _error(api, 502, "upstream_error", "the model provider's answer broke off")
             finally:
                 await response.aclose()
@@ -641,23 +714,26 @@ class InferenceGateway:
             # cut-off answer for a whole one.
             yield _stream_error(api, timeout=failure in ("stalled", "over_time"))
 
-    async def _hold(self, grant: InferenceGrant, estimate_micro_usd: int) -> int | None:
-        """Hold money for one call (`InferenceGrant.hold`), waiting while what is missing is only
+    async def _hold(self, grant: InferenceGrant, bound_micro_usd: int) -> Literal["held", "closed", "spent", "over"]:
+        """Hold a call's whole bound (`InferenceGrant.hold`), waiting while what is missing is only
         held by calls in flight (of this evaluation or of others sharing its partition's budget).
 
-        Returns the amount held, or None when the budget is spent (nothing free, nothing held) or
-        the token was closed meanwhile. The wait is bounded: every hold is settled or released when
-        its call ends, at the latest by `revoke` or the upstream timeout.
+        Returns `held`; `closed` when the token was closed meanwhile; `spent` when nothing is left;
+        `over` when the bound is more than what will be left however the calls in flight settle.
+        The wait is bounded: every hold is settled or released when its call ends, at the latest by
+        `revoke` or the upstream timeout.
 
         Raises:
             _TooManyWaiting: `MAX_WAITING_CALLS` calls of this evaluation are waiting already.
         """
         while True:
             freed = self._freed  # taken before the check: a settlement after it wakes this wait
-            held = grant.hold(estimate_micro_usd)
-            spent = any(pool.total is not None and pool.total - pool.spent <= 0 for pool in grant.pools)
-            if held is not None or grant.closed or spent:
-                return held
+            if grant.closed:
+                return "closed"
+            if not grant.can_ever_hold(bound_micro_usd):
+                return "spent" if any(pool.unspent == 0 for pool in grant.pools) else "over"
+            if grant.hold(bound_micro_usd):
+                return "held"
             if grant.waiting_calls >= MAX_WAITING_CALLS:
                 raise _TooManyWaiting
             grant.waiting_calls += 1
@@ -683,14 +759,21 @@ class InferenceGateway:
     def _end_call(self, grant: InferenceGrant, call: _Call) -> None:
         """Release the hold: the call cost nothing (the provider refused it, 4xx)."""
         if self._close_call(grant, call):
-            grant.release(call.held)
+            grant.release(call.bound.micro_usd)
             self._budget_freed()
+
+    def _lost(self, grant: InferenceGrant, call: _Call) -> None:
+        """The provider took the call and gave no answer (timed out, broke off): charged its hold,
+        as a call without usage is, and counted as failed."""
+        if not call.done:
+            grant.usage.failed_calls += 1
+        self._meter(grant, call, _Count())
 
     def _fail(self, grant: InferenceGrant, call: _Call, *, unreachable: bool = False) -> None:
         """The provider failed the call (5xx, timeout, connection): released, counted as failed;
         `unreachable` when no connection to it could be made (`InferenceUsage.unreachable_calls`)."""
         if self._close_call(grant, call):
-            grant.release(call.held)
+            grant.release(call.bound.micro_usd)
             self._budget_freed()
             grant.usage.failed_calls += 1
             if unreachable:
@@ -699,12 +782,10 @@ class InferenceGateway:
     def _meter(self, grant: InferenceGrant, call: _Call, count: _Count) -> None:
         if not self._close_call(grant, call):
             return
-        route, held = call.route, call.held
+        route, held = call.route, call.bound.micro_usd
         usage = grant.usage
         if count.seen:
-            cost = route.price.cost_usd(
-                count.input_tokens, count.output_tokens, count.cached_tokens, count.cache_write_tokens
-            )
+            cost = count.cost_usd(route.price, call.bound)
             cost_micro = to_micro_usd(cost)
         else:
             usage.unmetered_calls += 1
@@ -763,18 +844,6 @@ def gateway_environment(base_url: str, token: str) -> dict[str, str]:
         "ANTHROPIC_BASE_URL": anthropic,
         "ANTHROPIC_API_KEY": token,
     }
-
-
-def _estimate_micro_usd(route: _Route, payload: dict[str, Any], body_bytes: int) -> int:
-    limit = None
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = payload.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            limit = value
-            break
-    output = limit or route.price.max_output_tokens
-    input_tokens = math.ceil(body_bytes / _INPUT_BYTES_PER_TOKEN)
-    return max(1, to_micro_usd(route.price.cost_usd(input_tokens, output)))
 
 
 def _upstream_url(provider: InferenceProvider, path: str) -> str:

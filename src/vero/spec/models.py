@@ -365,8 +365,15 @@ class InferenceModel(_Model):
     output_cost_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """US dollars per output token; default from LiteLLM's model cost map."""
     max_output_tokens: int | None = Field(default=None, ge=1)
-    """Output tokens assumed for a call that sets no limit (when holding budget before the call);
-    default from the cost map, else 4096."""
+    """The most output tokens one call may ask for (a call asking more is refused; one that names no
+    limit is sent with this one, so that its cost is bounded before it is forwarded); default from
+    the cost map, else 4096."""
+    unbounded_call_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Accept requests whose cost their body cannot bound (provider-held input such as
+    `previous_response_id` or file ids, remote image or document URLs, inline files, tools the
+    provider runs; docs/inference.md), holding this many US dollars per such call on top of its
+    bound. Unset (the default): such requests are refused with 400 naming the field. A call that
+    costs more than its hold is charged what is free and the rest recorded as `overrun_usd`."""
 
 
 class InferenceSpec(_Model):

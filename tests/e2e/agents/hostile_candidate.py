@@ -210,7 +210,7 @@ class HostileCandidate(BaseAgent):
 
         _attempt(report, "off_list_model", lambda: call("gpt-4o"))
         calls = 0
-        for _ in range(60):
+        for _ in range(400):
             try:
                 call("gpt-4o-mini")
                 calls += 1
