@@ -15,7 +15,9 @@ input tokens for input it holds, streams without end): concurrent calls with `n 
 prompts, `max_tokens` 1e9, provider-held input (`previous_response_id`, file ids, remote images),
 endless streams, then plain calls until refused. It prints what each attack got and, last,
 `billed/limit: E (evaluation), P (partition)`: the most any evaluation was billed over its
-`evaluation_limit_usd`, and what all were billed over the partition's `total_inference_usd`.
+`evaluation_limit_usd`, and what all were billed over the partition's `total_inference_usd`. As in
+the sidecar, each evaluation is admitted with a reservation of the smaller of its limit and what
+is left of the partition's money (the ledger's `inference_micro_usd`) and its calls spend only that.
 
     uv run python benchmarks/gateway.py --adversarial
 """
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from inference.fake_upstream import FakeUpstream
 
-from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+from vero.inference.gateway import GatewayServer, InferenceGateway
 from vero.spec.models import InferenceSpec
 
 KEY = "sk-bench-0123456789"
@@ -94,7 +96,7 @@ async def main(calls: int) -> None:
         )
         gateway = InferenceGateway(spec, {"K": KEY})
         async with GatewayServer(gateway):
-            token, _ = gateway.grant("bench", "train", partition_pool=BudgetPool(10**12), evaluation_limit_usd=None)
+            token, _ = gateway.grant("bench", "train", limit_micro_usd=None)
             chat = {"model": "fake-ok", "messages": [{"role": "user", "content": "hello " * 50}], "max_tokens": 64}
             message = {**chat, "model": "claude-fake"}
             cases = [
@@ -247,16 +249,18 @@ async def adversarial() -> None:
             }
         )
         gateway = InferenceGateway(spec, {"K": KEY})
-        partition = BudgetPool(round(PARTITION_USD * 1e6))
+        # What the sidecar's ledger does at admission: each evaluation reserves the smaller of its
+        # limit and what is left of the partition's inference money, and spends only that.
+        left = [round(PARTITION_USD * 1e6)]
         outcomes: dict[str, dict[int, int]] = {}
         async with GatewayServer(gateway):
             limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
             async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120, limits=limits) as client:
 
                 async def evaluation(i: int) -> None:
-                    token, _ = gateway.grant(
-                        f"ev-{i}", "train", partition_pool=partition, evaluation_limit_usd=EVALUATION_LIMIT_USD
-                    )
+                    reserved = min(round(EVALUATION_LIMIT_USD * 1e6), left[0])
+                    left[0] -= reserved
+                    token, _ = gateway.grant(f"ev-{i}", "train", limit_micro_usd=reserved)
                     gateway.bind_host(token, os.getuid())  # this process is the candidate host
                     headers = {"authorization": f"Bearer {token}", "x-api-key": token}
                     marker = f"evaluation-{i}-marker"
@@ -269,7 +273,7 @@ async def adversarial() -> None:
                     for code in await _drain(client, headers, marker):
                         codes = outcomes.setdefault("plain calls until refused", {})
                         codes[code] = codes.get(code, 0) + 1
-                    await gateway.revoke(token)
+                    left[0] += reserved - (await gateway.revoke(token)).charged_micro_usd  # settled
 
                 await asyncio.gather(*(evaluation(i) for i in range(EVALUATIONS)))
         billed = dict.fromkeys(range(EVALUATIONS), 0.0)

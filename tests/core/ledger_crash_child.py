@@ -8,9 +8,11 @@ refunded. The parent kills the process with SIGKILL at random moments and checks
 agrees with every acknowledged line (a trailing `B` means the kill hit a transaction in flight).
 
 Two workers call the ledger directly; a third goes through the job store, as the sidecar does: it
-admits a job (`R`: reservation and job in one transaction) and finishes it complete (`S`: settled)
-or failed (`F`: refunded), so the parent can also check that no kill separates a job's end from its
-settle or refund.
+admits a job (`R`: reservation and job in one transaction, with up to `INFERENCE_ASK` of inference
+money, which the small entry often cannot give in full) and finishes it complete (`S <id> <spent>`:
+settled, its result's model calls charged `spent`) or cancelled (`F <id> <spent>`: refunded, `spent`
+staying charged), so the parent can also check that no kill separates a job's end from its settle
+or refund, nor from what it charges of the inference money.
 """
 
 from __future__ import annotations
@@ -20,16 +22,21 @@ import random
 import sys
 from datetime import UTC, datetime
 
+from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
+from vero.core.usage import InferenceUsage
 from vero.errors import BudgetExhausted
 
 TOTALS = {
     ("train", "agent"): BudgetTotals(runs=1_000_000, cases=5_000_000),
     # Small enough to run out, so exhaustion and refunds interleave with the crashes.
     ("val", "agent"): BudgetTotals(runs=4, cases=12),
-    ("jobs", "agent"): BudgetTotals(runs=1_000_000, cases=5_000_000),
+    ("jobs", "agent"): BudgetTotals(runs=1_000_000, cases=5_000_000, inference_micro_usd=3_000_000),
 }
+INFERENCE_ASK = 400_000
+"""Micro-dollars each job asks to reserve; the jobs entry's 3 USD run out, so reservations are cut
+to what is left and spending, settling and refunding interleave with the crashes."""
 
 
 async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_flight: set[str]) -> None:
@@ -88,17 +95,32 @@ async def job_worker(jobs: JobStore, rng: random.Random, prefix: str) -> None:
             created_at=datetime.now(UTC),
         )
         print(f"B {rid}", flush=True)
-        await jobs.admit(job, Cost.of_evaluation(1))
+        _, reservation = await jobs.admit(job, Cost.of_evaluation(1, inference_micro_usd=INFERENCE_ASK))
         print(f"R {rid}", flush=True)
+        spent = rng.randint(0, reservation.cost.inference_micro_usd)  # what its model calls were charged
         roll = rng.random()
         if roll < 0.9:
             print(f"B {rid}", flush=True)
-        if roll < 0.45:
-            await jobs.finish(job.id, "complete")
-            print(f"S {rid}", flush=True)
+        if roll < 0.3:
+            now = datetime.now(UTC)
+            result = EvaluationResult(
+                partition="jobs",
+                candidate="a" * 40,
+                reward_key="reward",
+                cases=[],
+                score=0.0,
+                started_at=now,
+                finished_at=now,
+                inference=InferenceUsage(calls=1, charged_micro_usd=spent),
+            )
+            await jobs.finish(job.id, "complete", result=result)
+            print(f"S {rid} {spent}", flush=True)
+        elif roll < 0.6:
+            await jobs.finish(job.id, "cancelled", error="cancelled", inference_charged_micro_usd=spent)
+            print(f"F {rid} {spent}", flush=True)
         elif roll < 0.9:
             await jobs.finish(job.id, "failed", error="infrastructure")
-            print(f"F {rid}", flush=True)
+            print(f"F {rid} 0", flush=True)
         # else: left queued, as an evaluation in flight would be
 
 

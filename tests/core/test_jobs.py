@@ -384,3 +384,31 @@ def test_the_job_state_literal_is_the_one_list_of_states():
 
     assert get_args(JobState) == JOB_STATES
     assert set(TERMINAL_JOB_STATES) < set(JOB_STATES)
+
+
+async def test_inference_money_follows_each_jobs_end(tmp_path, make_job):
+    """The ledger's `inference_micro_usd`: each job reserves up to its ask (what is left, if less);
+    a complete job is charged what its result's calls were charged, a cancelled one what its record
+    says stays charged, an infrastructure failure nothing, and a job a restart finds running all of
+    its reservation (what its calls cost died with the process); a queued one nothing."""
+    from vero.core.usage import InferenceUsage
+
+    totals = {("train", "agent"): BudgetTotals(runs=100, cases=1_000, inference_micro_usd=1_000_000)}
+    jobs = JobStore(BudgetLedger.open(tmp_path / "state.db", totals))
+    ask = Cost.of_evaluation(1, inference_micro_usd=300_000)
+    admitted = [(await jobs.admit(new_job(make_job), ask))[0] for _ in range(5)]
+    assert [jobs.ledger.reservation(j.id).cost.inference_micro_usd for j in admitted] == [300_000] * 3 + [100_000, 0]
+    complete, cancelled, failed, running, queued = admitted
+    result = result_for(complete).model_copy(update={"inference": InferenceUsage(calls=2, charged_micro_usd=120_000)})
+    await jobs.finish(complete.id, "complete", result=result)
+    await jobs.finish(cancelled.id, "cancelled", error="cancelled", inference_charged_micro_usd=50_000)
+    await jobs.finish(failed.id, "failed", error="infrastructure")
+    await jobs.update(running.id, state="running")
+    jobs = reopen(jobs)  # a restart
+    await recover_interrupted(jobs)
+    charged = {j.id: jobs.ledger.reservation(j.id).charged.get("inference_micro_usd") for j in admitted}
+    assert charged == {complete.id: 120_000, cancelled.id: 50_000, failed.id: 0, running.id: 100_000, queued.id: 0}
+    balance = jobs.ledger.balance("train", "agent")
+    assert balance.settled_inference_micro_usd == 270_000 and balance.reserved_inference_micro_usd == 0
+    assert balance.remaining_inference_micro_usd == 730_000
+    assert_consistent(jobs.ledger)

@@ -49,15 +49,18 @@ def check_raw_invariants(path: Path) -> None:
         for partition, principal, resource, total, settled, reserved in conn.execute(
             "SELECT partition, principal, resource, total, settled, reserved FROM budgets"
         ).fetchall():
+            # What a closed reservation charges: `charged` where set, else all if settled, none if refunded.
             sums = dict(
                 conn.execute(
-                    "SELECT r.state, sum(c.amount) FROM reservation_costs c "
-                    "JOIN reservations r ON r.id = c.reservation_id "
-                    "WHERE r.partition = ? AND r.principal = ? AND c.resource = ? GROUP BY r.state",
+                    "SELECT CASE WHEN r.state = 'reserved' THEN 'reserved' ELSE 'charged' END, "
+                    "sum(CASE WHEN r.state = 'reserved' THEN c.amount "
+                    "ELSE coalesce(c.charged, CASE WHEN r.state = 'settled' THEN c.amount ELSE 0 END) END) "
+                    "FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id "
+                    "WHERE r.partition = ? AND r.principal = ? AND c.resource = ? GROUP BY 1",
                     (partition, principal, resource),
                 )
             )
-            assert settled == sums.get("settled", 0) and reserved == sums.get("reserved", 0)
+            assert settled == sums.get("charged", 0) and reserved == sums.get("reserved", 0)
             remaining = total - settled - reserved
             assert remaining >= 0 and settled + reserved + remaining == total
     finally:
@@ -89,7 +92,7 @@ def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
     assert ledger_path.is_file()
     assert oct(ledger_path.stat().st_mode & 0o777) == "0o600"
     raw = ledger.state.export()
-    assert raw["schema_version"] == 1 and raw["reservations"] == [] and raw["jobs"] == []
+    assert raw["schema_version"] == 2 and raw["reservations"] == [] and raw["jobs"] == []
     assert [(b["partition"], b["resource"], b["total"]) for b in raw["budgets"]] == [
         ("train", "cases", 40),
         ("train", "runs", 10),
@@ -236,7 +239,7 @@ async def test_the_database_refuses_an_overspend_the_caller_did_not_check(ledger
             "INSERT INTO reservations (id, partition, principal, state, created_at) "
             "VALUES ('rs-x', 'val', 'agent', 'reserved', '2026-01-01T00:00:00Z')"
         )
-        conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1)")
+        conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1, NULL)")
 
     with pytest.raises(sqlite3.IntegrityError):
         await ledger.state.commit(unchecked)
@@ -301,6 +304,36 @@ async def test_a_thousand_concurrent_reservations_grant_exactly_the_total(ledger
     reopened = BudgetLedger.open(ledger_path, {("train", "agent"): BudgetTotals(runs=100, cases=100_000)})
     assert reopened.snapshot() == ledger.snapshot()
     assert reopened.balance("train", "agent") == balance
+    assert_consistent(ledger)
+
+
+@pytest.mark.timeout(120)
+async def test_concurrent_inference_reservations_take_what_is_left_and_charge_at_most_it(ledger_path):
+    """Inference money is reserved up to its amount: 200 concurrent evaluations asking 0.3 USD of a
+    10 USD budget get 33 full reservations, one of what was left and none after; closing them
+    charges what each says its calls cost (never more than it reserved), refunds the rest, and the
+    figures add up after a reopen."""
+    totals = {("train", "agent"): BudgetTotals(runs=1_000, cases=1_000, inference_micro_usd=10_000_000)}
+    ledger = BudgetLedger.open(ledger_path, totals)
+    granted = await asyncio.gather(
+        *(ledger.reserve("train", "agent", Cost.of_evaluation(1, inference_micro_usd=300_000)) for _ in range(200))
+    )
+    amounts = sorted((r.cost.inference_micro_usd for r in granted), reverse=True)
+    assert amounts[:34] == [300_000] * 33 + [100_000] and set(amounts[34:]) == {0}
+    assert ledger.balance("train", "agent").remaining_inference_micro_usd == 0
+
+    def close(conn):
+        for i, reservation in enumerate(granted):
+            ledger.charge_in(conn, reservation.id, "inference_micro_usd", 10**9 if i % 3 == 0 else 1_000)
+            ledger.close_in(conn, reservation.id, "settled" if i % 2 else "refunded", "measured")
+
+    await ledger.state.commit(close)
+    expected = sum(min(r.cost.inference_micro_usd, 10**9 if i % 3 == 0 else 1_000) for i, r in enumerate(granted))
+    balance = BudgetLedger.open(ledger_path, totals).balance("train", "agent")
+    assert balance.settled_inference_micro_usd == expected and balance.reserved_inference_micro_usd == 0
+    assert balance.remaining_inference_micro_usd == 10_000_000 - expected
+    with pytest.raises(ReservationConflict):  # a closed reservation's charge is final
+        await ledger.state.commit(lambda conn: ledger.charge_in(conn, granted[0].id, "inference_micro_usd", 0))
     assert_consistent(ledger)
 
 
@@ -425,7 +458,7 @@ _TAMPERINGS = {
     "open_but_closed": ["UPDATE reservations SET closed_at = created_at WHERE id = 'rs-c'"],
     "bad_state": ["UPDATE reservations SET state = 'spent' WHERE id = 'rs-a'"],
     "trigger_dropped": ["SELECT 1"],  # replaced below: the trigger stays dropped
-    "schema_version": ["PRAGMA user_version = 2"],
+    "schema_version": ["PRAGMA user_version = 3"],
     "extra_table": ["CREATE TABLE notes (x TEXT)"],
 }
 
@@ -560,7 +593,9 @@ def test_any_operation_sequence_keeps_the_invariants(tmp_path_factory, ops):
 def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     """Kill a reserving/settling/refunding child with SIGKILL 55 times; every reopen passes the
     open-time check, agrees with every operation the child acknowledged before it died, and finds
-    every job's state matching its reservation's (queued/reserved, complete/settled, failed/refunded).
+    every job's state matching its reservation's (queued/reserved, complete/settled,
+    failed/cancelled/refunded) and its inference money charged as acknowledged (never more than was
+    reserved, never more reserved than the entry's total).
 
     The moments are chosen by the child's progress (a random number of acknowledged operations,
     then a short random sleep), not by wall time alone, so a busy machine changes how long the test
@@ -568,6 +603,7 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
     path = tmp_path / "state.db"
     rng = random.Random(20261129)
     acknowledged: dict[str, str] = {}  # reservation id -> last acknowledged state
+    charged: dict[str, int] = {}  # job reservation id -> inference money acknowledged as charged
     kills = 0
     in_flight_kills = 0  # kills that hit a transaction between its start and its acknowledgement
     jobs_seen: set[str] = set()  # reservation ids of the jobs found in the database
@@ -602,7 +638,9 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
             in_flight_kills += 1
         for line in lines:
             if line.startswith(("R ", "S ", "F ")):
-                op, rid = line.split()
+                op, rid, *spent = line.split()
+                if spent:
+                    charged[rid] = int(spent[0])
                 if op == "R":
                     acknowledged.setdefault(rid, "reserved")
                 else:
@@ -613,21 +651,41 @@ def test_sigkill_at_random_moments_never_breaks_the_ledger(tmp_path):
         with StateStore.open(path) as state:  # raises LedgerCorrupt if a kill tore anything
             fresh = BudgetLedger.open(state, {})
             check_raw_invariants(path)
-            states = {r.id: r.state for r in fresh.reservations()}
+            reservations = {r.id: r for r in fresh.reservations()}
+            states = {rid: r.state for rid, r in reservations.items()}
             for job in JobStore(fresh).list():  # a job's end and its settle or refund: both or neither
                 closed = states[job.reservation_id]
-                assert (job.state, closed) in (("queued", "reserved"), ("complete", "settled"), ("failed", "refunded"))
+                assert (job.state, closed) in (
+                    ("queued", "reserved"),
+                    ("complete", "settled"),
+                    ("failed", "refunded"),
+                    ("cancelled", "refunded"),
+                )
                 jobs_seen.add(job.reservation_id)
+                reservation = reservations[job.reservation_id]
+                assert 0 <= reservation.cost.inference_micro_usd <= 400_000
+                if job.reservation_id in charged:  # its end was acknowledged with what it charged
+                    assert reservation.charged == {"inference_micro_usd": charged[job.reservation_id]}
             for rid, state_name in acknowledged.items():
                 assert rid in states, "an acknowledged reservation was lost"
                 if state_name != "reserved":
                     assert states[rid] == state_name, "an acknowledged settle/refund was lost"
+            jobs_budget = (
+                fresh.balance("jobs", "agent") if any(b.partition == "jobs" for b in fresh.balances()) else None
+            )
+            if jobs_budget is not None:  # the money settled is exactly what the ended jobs charged
+                ended = [r for r in reservations.values() if r.partition == "jobs" and r.state != "reserved"]
+                assert jobs_budget.settled_inference_micro_usd == sum(
+                    r.charged.get("inference_micro_usd", 0) for r in ended
+                )
+                assert 0 <= jobs_budget.remaining_inference_micro_usd <= 3_000_000
             for balance in fresh.balances():
                 assert balance.settled_runs + balance.reserved_runs + balance.remaining_runs == balance.total_runs
                 assert balance.settled_cases + balance.reserved_cases + balance.remaining_cases == balance.total_cases
                 assert balance.remaining_runs >= 0 and balance.remaining_cases >= 0
     assert len(acknowledged) > 100, "the children did too little work for the test to mean anything"
     assert sum(acknowledged.get(rid) in ("settled", "refunded") for rid in jobs_seen) > 10, "too few jobs ended"
+    assert sum(1 for v in charged.values() if v > 0) > 5, "too few jobs charged inference money"
     assert in_flight_kills > 0, "no kill hit a transaction in flight"
     with StateStore.open(path) as state:
         assert any(r.state == "reserved" for r in BudgetLedger.open(state, {}).reservations())

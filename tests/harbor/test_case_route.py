@@ -200,8 +200,8 @@ async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
     gateway = InferenceGateway(spec, {"KEY": KEY})
     async with GatewayServer(gateway):
         router = CaseRouter(gateway, {}, SESSION)
-        token_a, grant_a = gateway.grant("ev-a", "train", partition_pool=None, evaluation_limit_usd=1.0)
-        token_b, grant_b = gateway.grant("ev-b", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        token_a, grant_a = gateway.grant("ev-a", "train", limit_micro_usd=1_000_000)
+        token_b, grant_b = gateway.grant("ev-b", "train", limit_micro_usd=1_000_000)
         route_a = await router.open("ev-a")
         route_b = await router.open("ev-b")
         left = await router.open("ev-left")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from vero.inference.bounds import CALL_OVERHEAD_TOKENS, Unbounded, bound_call
-from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
+from vero.inference.gateway import GatewayServer, InferenceGateway
 from vero.inference.pricing import CacheTokens, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceSpec
 
@@ -73,8 +73,8 @@ def run_gateway(url: str, body, **greedy_extra):
     return asyncio.run(main())
 
 
-def grant(gateway, limit_usd: float | None, partition: BudgetPool | None = None):
-    token, _ = gateway.grant("ev", "train", partition_pool=partition, evaluation_limit_usd=limit_usd)
+def grant(gateway, limit_usd: float | None):
+    token, _ = gateway.grant("ev", "train", limit_micro_usd=None if limit_usd is None else to_micro_usd(limit_usd))
     gateway.bind_host(token, os.getuid())  # the caller is this test's process
     return token, {"authorization": f"Bearer {token}"}
 
@@ -231,8 +231,8 @@ def test_an_endless_stream_and_a_call_timing_out_pay_their_hold_and_no_more(upst
     async def body(gateway, client):
         request = chat(stream=True, max_tokens=1000)
         hold = gateway.bound_of(json.loads(json.dumps(request)), "openai", "/chat/completions").micro_usd
-        partition = BudgetPool(2 * hold)
-        token, auth = grant(gateway, None, partition)
+        token, auth = grant(gateway, 2 * hold / 1e6)
+        partition = next(iter(gateway._grants.values())).pools[0]
         async with client.stream("POST", "/openai/v1/chat/completions", json=request, headers=auth) as endless:
             tail = b"".join([c async for c in endless.aiter_bytes()]).rstrip().splitlines()[-1]
         anthropic = await client.post(

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from vero.inference.gateway import MAX_WAITING_CALLS, BudgetPool, GatewayServer, InferenceGateway
+from vero.inference.gateway import MAX_WAITING_CALLS, GatewayServer, InferenceGateway
 from vero.inference.pricing import PriceUnknown, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceSpec
 
@@ -111,9 +111,7 @@ def hold_of(gateway, body: dict, api: str = "openai", path: str = "/chat/complet
 
 def test_metered_calls_in_every_format_streaming_and_not(upstream):
     async def body(gateway, client):
-        token, grant = gateway.grant(
-            "ev-1", "train", partition_pool=BudgetPool(to_micro_usd(1.0)), evaluation_limit_usd=None
-        )
+        token, grant = gateway.grant("ev-1", "train", limit_micro_usd=to_micro_usd(1.0))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         answers = [
@@ -155,15 +153,15 @@ def test_metered_calls_in_every_format_streaming_and_not(upstream):
     assert all(r["headers"].get("x-api-key") == KEY_ANTHROPIC for r in sent[4:])
     assert not any("vero-ev-" in json.dumps(r["headers"]) for r in sent)
     # Holds are all released: the pool was charged exactly the metered cost.
-    (_evaluation_pool, partition_pool) = grant.pools
-    assert partition_pool.held == 0 and partition_pool.spent == usage.charged_micro_usd
+    (pool,) = grant.pools
+    assert pool.held == 0 and pool.spent == usage.charged_micro_usd
 
 
 def test_openai_sdk_streams_through_the_gateway(upstream):
     from openai import AsyncOpenAI
 
     async def body(gateway, client):
-        token, _ = gateway.grant("ev-sdk", "train", partition_pool=None, evaluation_limit_usd=1.0)
+        token, _ = gateway.grant("ev-sdk", "train", limit_micro_usd=to_micro_usd(1.0))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         env = gateway.environment(token)
         sdk = AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0)
@@ -215,8 +213,8 @@ def test_a_token_works_only_for_its_own_evaluations_candidate_hosts(upstream, ca
         return int(done.stdout.strip() or 0)
 
     async def body(gateway, client):
-        token_a, _ = gateway.grant("ev-a", "train", partition_pool=None, evaluation_limit_usd=1.0)
-        token_b, _ = gateway.grant("ev-b", "secret", partition_pool=None, evaluation_limit_usd=1.0)
+        token_a, _ = gateway.grant("ev-a", "train", limit_micro_usd=to_micro_usd(1.0))
+        token_b, _ = gateway.grant("ev-b", "secret", limit_micro_usd=to_micro_usd(1.0))
         gateway.bind_host(token_a, uid_a)
         gateway.bind_host(token_b, uid_b)
         base = gateway.base_url
@@ -257,8 +255,8 @@ def test_a_token_works_only_for_its_own_evaluations_candidate_hosts(upstream, ca
 def test_refusals_allow_list_tokens_and_budget(upstream):
     async def body(gateway, client):
         hold = hold_of(gateway, chat("fake-nousage", max_tokens=7))
-        partition = BudgetPool(2 * hold + hold // 2)
-        token, _ = gateway.grant("ev-2", "train", partition_pool=partition, evaluation_limit_usd=None)
+        token, grant_ = gateway.grant("ev-2", "train", limit_micro_usd=2 * hold + hold // 2)
+        partition = grant_.pools[0]
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         out = {
@@ -306,8 +304,8 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     caplog.set_level(logging.DEBUG)
 
     async def body(gateway, client):
-        partition = BudgetPool(to_micro_usd(1.0))
-        token, _ = gateway.grant("ev-3", "train", partition_pool=partition, evaluation_limit_usd=None)
+        token, grant_ = gateway.grant("ev-3", "train", limit_micro_usd=to_micro_usd(1.0))
+        partition = grant_.pools[0]
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         answers = {
@@ -355,8 +353,8 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     idle_sec, limit_sec = 1.0, 3.0
 
     async def failing(gateway, client):
-        partition = BudgetPool(to_micro_usd(1.0))
-        token, _ = gateway.grant("ev-5", "train", partition_pool=partition, evaluation_limit_usd=None)
+        token, grant_ = gateway.grant("ev-5", "train", limit_micro_usd=to_micro_usd(1.0))
+        partition = grant_.pools[0]
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         refused = await client.post("/openai/v1/chat/completions", json=chat("fake-500", stream=True), headers=auth)
@@ -416,8 +414,8 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
     assert partition.held == 0
 
     async def leaving(gateway, client):
-        partition = BudgetPool(to_micro_usd(1.0))
-        token, grant = gateway.grant("ev-6", "train", partition_pool=partition, evaluation_limit_usd=None)
+        token, grant = gateway.grant("ev-6", "train", limit_micro_usd=to_micro_usd(1.0))
+        partition = grant.pools[0]
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         request = chat("fake-stall", stream=True, max_tokens=50)
         async with client.stream(
@@ -439,7 +437,7 @@ def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(up
 def test_evaluation_limit_caps_one_evaluation(upstream):
     async def body(gateway, client):
         hold = hold_of(gateway, chat("fake-nousage", max_tokens=7))
-        token, _ = gateway.grant("ev-4", "hidden", partition_pool=None, evaluation_limit_usd=1.5 * hold / 1e6)
+        token, _ = gateway.grant("ev-4", "hidden", limit_micro_usd=int(1.5 * hold))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         codes = [
@@ -467,7 +465,7 @@ def test_a_budget_held_by_a_call_in_flight_is_busy_not_exhausted(upstream):
     # than its bound is refused. Whether a call is refused never depends on timing.
     async def body(gateway, client):
         limit = hold_of(gateway, chat("fake-delay", max_tokens=7)) + 1.5 * to_micro_usd(CALL_USD)
-        token, _ = gateway.grant("ev-5", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
+        token, _ = gateway.grant("ev-5", "train", limit_micro_usd=int(limit))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
@@ -491,7 +489,7 @@ def test_calls_waiting_for_money_are_bounded_per_evaluation(upstream):
     # MAX_WAITING_CALLS waiting calls, further ones are answered 429 at once.
     async def body(gateway, client):
         limit = hold_of(gateway, chat("fake-slow", max_tokens=7)) + hold_of(gateway, chat("fake-ok", max_tokens=7)) // 2
-        token, grant = gateway.grant("ev-7", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
+        token, grant = gateway.grant("ev-7", "train", limit_micro_usd=int(limit))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
@@ -527,7 +525,7 @@ def test_a_call_waiting_for_money_is_refused_when_its_token_closes(upstream):
         limit = (
             hold_of(gateway, chat("fake-delay", max_tokens=7)) + hold_of(gateway, chat("fake-ok", max_tokens=7)) // 2
         )
-        token, _ = gateway.grant("ev-6", "train", partition_pool=None, evaluation_limit_usd=limit / 1e6)
+        token, _ = gateway.grant("ev-6", "train", limit_micro_usd=int(limit))
         gateway.bind_host(token, os.getuid())  # the caller is this test's process
         auth = {"authorization": f"Bearer {token}"}
         first = asyncio.create_task(
@@ -568,7 +566,7 @@ def test_a_provider_nobody_can_connect_to_is_counted_unreachable_and_logged(capl
     try:
 
         async def body(gateway, client):
-            token, _ = gateway.grant("ev-9", "train", partition_pool=None, evaluation_limit_usd=1.0)
+            token, _ = gateway.grant("ev-9", "train", limit_micro_usd=to_micro_usd(1.0))
             gateway.bind_host(token, os.getuid())  # the caller is this test's process
             answer = await client.post(
                 "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": f"Bearer {token}"}

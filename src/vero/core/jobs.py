@@ -69,6 +69,12 @@ class EvaluationJob(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     error: str | None = None
+    inference_charged_micro_usd: int | None = Field(default=None, ge=0)
+    """Of a job that measured nothing, the inference money (micro-dollars) that stays charged when
+    its reservation is refunded: what its calls were charged when it was cancelled, all of its
+    reservation when a restart interrupted it running (what its calls cost died with the process);
+    None: nothing (an infrastructure failure gives its model calls back). A complete job is charged
+    `result.inference.charged_micro_usd`. At most the job's reservation (`BudgetLedger.charge_in`)."""
     """Generic reason for `failed`/`cancelled`: `interrupted`, `infrastructure`, `cancelled`, `sealed`."""
     result: EvaluationResult | None = None
     """The full trusted result (never sent to the agent as is)."""
@@ -242,6 +248,13 @@ class JobStore:
             updates["result"] = result
         finished = _changed(current, updates)
         self._store(conn, finished)
+        # Inference money: a complete job is charged what its calls were (at most its reservation);
+        # an unmeasured one what its record says stays charged (nothing by default: refunded).
+        spent = finished.inference_charged_micro_usd
+        if state == "complete":
+            usage = finished.result.inference if finished.result is not None else None
+            spent = usage.charged_micro_usd if usage is not None else 0
+        self.ledger.charge_in(conn, current.reservation_id, "inference_micro_usd", spent or 0)
         if state == "complete":
             self.ledger.close_in(conn, current.reservation_id, "settled", "measured")
         else:
@@ -260,8 +273,10 @@ class JobStore:
     ) -> EvaluationJob:
         """End a job and close its reservation, in one transaction.
 
-        `complete` settles the reservation (a measurement stays charged, zero scores included);
-        `failed` and `cancelled` refund it with `error` (or the state) as the reason.
+        `complete` settles the reservation (a measurement stays charged, zero scores included) and
+        charges the inference money its result says its calls were charged; `failed` and
+        `cancelled` refund it with `error` (or the state) as the reason, except the inference money
+        the field `inference_charged_micro_usd` says stays charged (default nothing).
 
         Args:
             job_id: the job.
@@ -281,7 +296,13 @@ class JobStore:
         """
         return await self.state.commit(
             lambda conn: self.finish_in(
-                conn, job_id, state, error=error, result=result, finished_at=finished_at, **fields
+                conn,
+                job_id,
+                state,
+                error=error,
+                result=result,
+                finished_at=finished_at,
+                **fields,
             )
         )
 
@@ -427,7 +448,9 @@ async def recover_interrupted(
     Call it once at startup, before the sidecar accepts requests: it treats every unfinished job and
     every open reservation as left over from the previous process. In one transaction, each
     unfinished job becomes `failed` with error `interrupted` and its reservation is refunded
-    (reason `interrupted`); with `reconcile_reservations` (the default) an open reservation that no
+    (reason `interrupted`), except the inference money of a job that was running: what its model
+    calls cost died with the process, and the provider may bill them, so all of it stays charged;
+    with `reconcile_reservations` (the default) an open reservation that no
     job owns (made with `BudgetLedger.reserve` alone) is refunded too.
 
     Idempotent: a second call finds nothing to do and returns an empty list.
@@ -446,11 +469,22 @@ async def recover_interrupted(
 
     def change(conn: sqlite3.Connection) -> list[EvaluationJob]:
         now = datetime.now(UTC)
-        ids = [
-            job_id
-            for (job_id,) in conn.execute(f"SELECT id FROM jobs WHERE state NOT IN {_terminal_sql()} ORDER BY seq")
+        unfinished = conn.execute(
+            "SELECT j.id, j.state, coalesce(c.amount, 0) FROM jobs j LEFT JOIN reservation_costs c "
+            "ON c.reservation_id = j.reservation_id AND c.resource = 'inference_micro_usd' "
+            f"WHERE j.state NOT IN {_terminal_sql()} ORDER BY j.seq"
+        ).fetchall()
+        recovered = [
+            jobs.finish_in(
+                conn,
+                job_id,
+                "failed",
+                error="interrupted",
+                finished_at=now,
+                inference_charged_micro_usd=reserved if state == "running" else 0,
+            )
+            for job_id, state, reserved in unfinished
         ]
-        recovered = [jobs.finish_in(conn, job_id, "failed", error="interrupted", finished_at=now) for job_id in ids]
         if reconcile_reservations:
             orphans = [
                 rid

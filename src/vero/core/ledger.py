@@ -3,18 +3,25 @@
 The ledger lives in the `budgets`, `reservations` and `reservation_costs` tables of
 `vero.core.state`: one row per (partition, principal, *resource*) with its total, settled and
 reserved figures, and every `Reservation` ever made with its cost per resource. Resources are
-named (`RESOURCES`: `runs`, `cases`); a further dimension (e.g. inference tokens or cost) is a new
-name, a field on `Cost` and `BudgetTotals`, and more rows: the database schema does not change.
+named (`RESOURCES`: `runs`, `cases`, `inference_micro_usd`); a further dimension is a new name, a
+field on `Cost` and `BudgetTotals`, and more rows: the database schema does not change.
+
+Inference money (`inference_micro_usd`) is reserved *up to* its amount (`UP_TO_RESOURCES`): an
+evaluation reserves the smaller of its per-evaluation limit and what is left, and its model calls
+are held against that reservation alone (`vero.inference.gateway`). What a reservation charges of a
+resource when it closes can be set while it is open (`charge_in`): its calls' metered cost, at most
+the reserved amount; a reservation closed without one charges all of it when settled and nothing
+when refunded.
 The invariants (settled + reserved + remaining = total, no negative figure, figures equal the sums
 over reservations, one reservation per job) are SQLite constraints and triggers, and are checked
 again when the store opens, so a tampered database is refused (`LedgerCorrupt`).
 
 Life of a reservation: `reserve` after every policy check and before the evaluation (cost = 1 run +
-the number of selected cases); then exactly one of `settle` (a completed measurement stays charged,
-zero scores included) or `refund` (cancellation, infrastructure failure, interruption). Both are
-idempotent in their own direction and refuse the other direction. A job's reservation is closed by
-`vero.core.jobs.JobStore.finish`, in the same transaction as the job's terminal state; the ledger
-refuses to close it on its own while the job is unfinished.
+the number of selected cases + its inference money); then exactly one of `settle` (a completed
+measurement stays charged, zero scores included) or `refund` (cancellation, infrastructure
+failure, interruption). Both are idempotent in their own direction and refuse the other direction.
+A job's reservation is closed by `vero.core.jobs.JobStore.finish`, in the same transaction as the
+job's terminal state; the ledger refuses to close it on its own while the job is unfinished.
 
 Opening: the persisted figures win over the configured totals. Differences are listed in
 `config_drift` and never applied. A (partition, principal) pair, or a resource of one, that is
@@ -54,8 +61,10 @@ __all__ = [
     "check_ledger_invariants",
 ]
 
-RESOURCES: tuple[str, ...] = ("runs", "cases")
+RESOURCES: tuple[str, ...] = ("runs", "cases", "inference_micro_usd")
 """The budget's named resources, in the order a reservation checks them (runs first)."""
+UP_TO_RESOURCES: frozenset[str] = frozenset({"inference_micro_usd"})
+"""Resources a reservation takes up to its amount (what is left, if less) instead of refusing."""
 
 
 class _Amounts(BaseModel):
@@ -70,14 +79,16 @@ class _Amounts(BaseModel):
 
 
 class Cost(_Amounts):
-    """What an evaluation costs: 1 run plus one case per selected case."""
+    """What an evaluation costs: 1 run plus one case per selected case, and the inference money
+    (micro-dollars) its model calls may spend."""
 
     runs: int = Field(ge=0)
     cases: int = Field(ge=0)
+    inference_micro_usd: int = Field(default=0, ge=0)
 
     @classmethod
-    def of_evaluation(cls, n_cases: int) -> Cost:
-        return cls(runs=1, cases=n_cases)
+    def of_evaluation(cls, n_cases: int, inference_micro_usd: int = 0) -> Cost:
+        return cls(runs=1, cases=n_cases, inference_micro_usd=inference_micro_usd)
 
 
 class BudgetTotals(_Amounts):
@@ -85,6 +96,15 @@ class BudgetTotals(_Amounts):
 
     runs: int = Field(ge=0)
     cases: int = Field(ge=0)
+    inference_micro_usd: int = Field(default=0, ge=0)
+
+    def amounts(self) -> dict[str, int]:
+        """As `_Amounts.amounts`, without inference money when there is none: a budget without
+        any has no row for it (its evaluations reserve none)."""
+        amounts = super().amounts()
+        if not amounts.get("inference_micro_usd"):
+            amounts.pop("inference_micro_usd", None)
+        return amounts
 
 
 class Reservation(BaseModel):
@@ -95,6 +115,9 @@ class Reservation(BaseModel):
     partition: str
     principal: str
     cost: Cost
+    charged: dict[str, int] = Field(default_factory=dict)
+    """Resource -> what closing charges of it, where set (`BudgetLedger.charge_in`); a resource not
+    listed is charged its whole cost when settled, nothing when refunded."""
     state: Literal["reserved", "settled", "refunded"]
     created_at: datetime
     closed_at: datetime | None = None
@@ -130,6 +153,9 @@ class BudgetBalance(BaseModel):
     settled_cases: int
     reserved_runs: int
     reserved_cases: int
+    total_inference_micro_usd: int = 0
+    settled_inference_micro_usd: int = 0
+    reserved_inference_micro_usd: int = 0
 
     @property
     def remaining_runs(self) -> int:
@@ -138,6 +164,10 @@ class BudgetBalance(BaseModel):
     @property
     def remaining_cases(self) -> int:
         return self.total_cases - self.settled_cases - self.reserved_cases
+
+    @property
+    def remaining_inference_micro_usd(self) -> int:
+        return self.total_inference_micro_usd - self.settled_inference_micro_usd - self.reserved_inference_micro_usd
 
     @classmethod
     def from_figures(cls, partition: str, principal: str, figures: Mapping[str, BudgetFigures]) -> BudgetBalance:
@@ -182,19 +212,30 @@ def check_ledger_invariants(budgets: list[BudgetFigures], reservations: list[Res
         seen.add(reservation.id)
         if (reservation.state == "reserved") != (reservation.closed_at is None):
             raise ValueError("a reservation's closed_at does not match its state")
-        for resource, amount in reservation.cost.amounts().items():
-            key = (reservation.partition, reservation.principal, resource)
-            if key not in sums:
-                if amount:
-                    raise ValueError("a reservation belongs to no budget")
-                continue
-            if reservation.state == "settled":
-                sums[key][0] += amount
-            elif reservation.state == "reserved":
-                sums[key][1] += amount
+        _add_reservation(sums, reservation)
     for row in budgets:
         if [row.settled, row.reserved] != sums[(row.partition, row.principal, row.resource)]:
             raise ValueError("a budget's figures differ from the sum of its reservations")
+
+
+def _add_reservation(sums: dict[tuple[str, str, str], list[int]], reservation: Reservation) -> None:
+    """Add what `reservation` holds (reserved) or charged (closed) to `sums` ([settled, reserved] per
+    budget row). Raises ValueError as `check_ledger_invariants`."""
+    for resource, amount in reservation.cost.amounts().items():
+        key = (reservation.partition, reservation.principal, resource)
+        if key not in sums:
+            if amount:
+                raise ValueError("a reservation belongs to no budget")
+            continue
+        charged = reservation.charged.get(resource)
+        if charged is not None and not 0 <= charged <= amount:
+            raise ValueError("a reservation charges more than it reserved")
+        if reservation.state == "reserved":
+            sums[key][1] += amount
+        elif charged is not None:
+            sums[key][0] += charged
+        elif reservation.state == "settled":
+            sums[key][0] += amount
 
 
 class LedgerExport(BaseModel):
@@ -218,17 +259,20 @@ def _no_entry() -> PolicyDenied:
 _RESERVATION_COLUMNS = (
     "r.id, r.partition, r.principal, r.state, r.created_at, r.closed_at, r.reason, "
     "(SELECT json_group_object(c.resource, c.amount) FROM reservation_costs c "
-    "WHERE c.reservation_id = r.id)"
+    "WHERE c.reservation_id = r.id), "
+    "(SELECT json_group_object(c.resource, c.charged) FROM reservation_costs c "
+    "WHERE c.reservation_id = r.id AND c.charged IS NOT NULL)"
 )
 
 
 def _reservation(row: tuple) -> Reservation:
-    rid, partition, principal, state, created_at, closed_at, reason, cost = row
+    rid, partition, principal, state, created_at, closed_at, reason, cost, charged = row
     return Reservation(
         id=rid,
         partition=partition,
         principal=principal,
         cost=Cost(**json.loads(cost or "{}")),
+        charged=json.loads(charged or "{}"),
         state=state,
         created_at=created_at,
         closed_at=closed_at,
@@ -348,11 +392,15 @@ class BudgetLedger:
         amounts = cost.amounts()
         for resource, amount in amounts.items():
             if resource not in remaining:
-                if amount:
+                if amount and resource not in UP_TO_RESOURCES:
                     raise _no_entry()
+                amounts[resource] = 0
                 continue
-            if amount > remaining[resource]:
+            if resource in UP_TO_RESOURCES:
+                amounts[resource] = min(amount, remaining[resource])
+            elif amount > remaining[resource]:
                 raise BudgetExhausted(partition, principal, resource, amount, remaining[resource])
+        cost = Cost(**amounts)
         reservation = Reservation(
             id=reservation_id,
             partition=partition,
@@ -371,6 +419,29 @@ class BudgetLedger:
             [(reservation_id, partition, principal, r, a) for r, a in amounts.items() if r in remaining],
         )
         return reservation
+
+    def charge_in(self, conn: sqlite3.Connection, reservation_id: str, resource: str, amount: int) -> int:
+        """Set what the open reservation charges of `resource` when it closes: `amount`, at most
+        what it reserved (returned). A resource it did not reserve charges nothing (0).
+
+        Raises:
+            ReservationConflict (a ValueError): the reservation is closed (its charge is final).
+        """
+        row = conn.execute(
+            "SELECT c.amount, r.state FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id "
+            "WHERE c.reservation_id = ? AND c.resource = ?",
+            (reservation_id, resource),
+        ).fetchone()
+        if row is None:
+            return 0
+        if row[1] != "reserved":
+            raise ReservationConflict(f"reservation is already {row[1]}")
+        charge = max(0, min(int(amount), row[0]))
+        conn.execute(
+            "UPDATE reservation_costs SET charged = ? WHERE reservation_id = ? AND resource = ?",
+            (charge, reservation_id, resource),
+        )
+        return charge
 
     def close_in(
         self, conn: sqlite3.Connection, reservation_id: str, target: Literal["settled", "refunded"], reason: str

@@ -20,13 +20,14 @@ One evaluation's runtime is an `EvaluationLease` (`EvaluationRuntime.lease`), en
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import EvaluationResult
@@ -97,6 +98,9 @@ class NestedRun(BaseModel):
     case_network: str | None = None
     """Docker: the evaluation's network to the inference gateway, which each round's case
     containers join (`vero.harbor.case_route`; `inference.route_case_services`)."""
+    inference_budget_micro_usd: int | None = Field(default=None, ge=0)
+    """The most this evaluation's model calls may spend (micro-dollars): the sidecar's ledger
+    reservation for its job; None: the runtime's `evaluation_limit_usd`."""
     baseline_dir: Path | None = None
     """`kind: program`: a checkout of the baseline (readable by `run_as`), the witness of a case
     where every attempt of the candidate failed to install (`vero.harbor.install_witness`): when the
@@ -146,9 +150,7 @@ def nested_secret_env(
 class TokenGateway(Protocol):
     """What a lease needs of the inference gateway (`vero.inference.gateway.InferenceGateway`)."""
 
-    def grant(
-        self, evaluation_id: str, partition: str, *, partition_pool: Any, evaluation_limit_usd: float | None
-    ) -> tuple[str, Any]:
+    def grant(self, evaluation_id: str, partition: str, *, limit_micro_usd: int | None) -> tuple[str, Any]:
         """Mint one evaluation's token; `(token, grant)`."""
         ...
 
@@ -194,15 +196,13 @@ class EvaluationRuntime:
     Attributes:
         gateway: the listening inference gateway, or None (no `inference` in the spec): no token.
         router: the case router (`inference.route_case_services` on Docker), or None: no route.
-        evaluation_limit_usd: the cap of each token in USD (None: no cap of its own).
-        partition_pools: partition -> the budget pool a token also draws on (the sidecar's agent
-            budgets; `vero.inference.gateway.BudgetPool`); a partition not listed draws on none.
+        evaluation_limit_usd: the cap of each token in USD (None: no cap), unless the run names
+            its own (`NestedRun.inference_budget_micro_usd`: the sidecar's ledger reservation).
     """
 
     gateway: TokenGateway | None = None
     router: CaseRoutes | None = None
     evaluation_limit_usd: float | None = None
-    partition_pools: Mapping[str, Any] = field(default_factory=dict)
 
     def lease(self, run: NestedRun) -> EvaluationLease:
         """The lease of `run` (its `env` and `candidate_env` are the base the lease adds to)."""
@@ -232,12 +232,11 @@ class EvaluationLease:
         gateway, run = self.runtime.gateway, self.run
         if gateway is None:
             return run
-        self._token, _ = gateway.grant(
-            run.evaluation_id,
-            run.partition,
-            partition_pool=self.runtime.partition_pools.get(run.partition),
-            evaluation_limit_usd=self.runtime.evaluation_limit_usd,
-        )
+        limit = run.inference_budget_micro_usd
+        if limit is None and self.runtime.evaluation_limit_usd is not None:
+            # Rounded up, as `vero.inference.pricing.to_micro_usd` does (core does not import it).
+            limit = math.ceil(self.runtime.evaluation_limit_usd * 1_000_000 - 1e-9)
+        self._token, _ = gateway.grant(run.evaluation_id, run.partition, limit_micro_usd=limit)
         env, candidate_env = dict(run.env), {**run.candidate_env, **gateway.environment(self._token)}
         try:
             if self.runtime.router is not None:

@@ -71,7 +71,7 @@ class SessionState(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     budgets: list[BudgetFigures]
     reservations: list[Reservation]
     jobs: list[EvaluationJob]

@@ -13,7 +13,7 @@ Tables (DDL in `_SCHEMA`; `PRAGMA user_version` is `SCHEMA_VERSION`):
 meta               key -> value (the store's identity: `format`, and the `session` id)
 budgets            (partition, principal, resource) -> total, settled, reserved
 reservations       id, partition, principal, state, created_at, closed_at, reason (creation order: seq)
-reservation_costs  (reservation id, resource) -> amount
+reservation_costs  (reservation id, resource) -> amount, charged (what closing charges; NULL: as its state says)
 jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
 candidates         id, parent, tree, subject, imported_at (import order: seq)
 checked_trees      tree id -> its symlinks, files and bytes (admission inspects only what changed from it)
@@ -68,7 +68,7 @@ from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """`PRAGMA user_version` of a state database this module writes and reads."""
 
 STATE_FILE = "state.db"
@@ -121,6 +121,7 @@ CREATE TABLE reservation_costs (
     principal TEXT NOT NULL,
     resource TEXT NOT NULL,
     amount INTEGER NOT NULL CHECK (amount >= 0),
+    charged INTEGER CHECK (charged IS NULL OR (charged >= 0 AND charged <= amount)),
     PRIMARY KEY (reservation_id, resource),
     FOREIGN KEY (partition, principal, resource) REFERENCES budgets (partition, principal, resource)
 ) STRICT, WITHOUT ROWID;
@@ -178,7 +179,10 @@ BEGIN
 END;
 
 CREATE TRIGGER reservation_cost_fixed BEFORE UPDATE ON reservation_costs
-BEGIN SELECT RAISE(ABORT, 'a reservation cost never changes'); END;
+WHEN NEW.reservation_id IS NOT OLD.reservation_id OR NEW.partition IS NOT OLD.partition
+  OR NEW.principal IS NOT OLD.principal OR NEW.resource IS NOT OLD.resource OR NEW.amount IS NOT OLD.amount
+  OR NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = OLD.reservation_id AND r.state = 'reserved')
+BEGIN SELECT RAISE(ABORT, 'a reservation cost never changes; what it charges is set while it is open'); END;
 
 CREATE TRIGGER reservation_cost_kept BEFORE DELETE ON reservation_costs
 BEGIN SELECT RAISE(ABORT, 'a reservation cost is never deleted'); END;
@@ -202,10 +206,9 @@ BEGIN
     UPDATE budgets SET
         reserved = reserved - (SELECT c.amount FROM reservation_costs c
                                WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource),
-        settled = settled + CASE WHEN NEW.state = 'settled'
-                                 THEN (SELECT c.amount FROM reservation_costs c
-                                       WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource)
-                                 ELSE 0 END
+        settled = settled + (SELECT coalesce(c.charged, CASE WHEN NEW.state = 'settled' THEN c.amount ELSE 0 END)
+                             FROM reservation_costs c
+                             WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource)
     WHERE partition = NEW.partition AND principal = NEW.principal
       AND resource IN (SELECT c.resource FROM reservation_costs c WHERE c.reservation_id = NEW.id);
 END;
@@ -463,8 +466,13 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
         )
     ]
     costs: dict[str, dict[str, int]] = {}
-    for rid, resource, amount in conn.execute("SELECT reservation_id, resource, amount FROM reservation_costs"):
+    charged: dict[str, dict[str, int]] = {}
+    for rid, resource, amount, charge in conn.execute(
+        "SELECT reservation_id, resource, amount, charged FROM reservation_costs"
+    ):
         costs.setdefault(rid, {})[resource] = amount
+        if charge is not None:
+            charged.setdefault(rid, {})[resource] = charge
     reservations = [
         {
             "id": rid,
@@ -472,6 +480,7 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
             "principal": q,
             "state": state,
             "cost": costs.get(rid, {}),
+            "charged": charged.get(rid, {}),
             "created_at": created,
             "closed_at": closed,
             "reason": reason,
@@ -575,8 +584,10 @@ def _verify(conn: sqlite3.Connection, path: Path) -> None:
         (
             "a budget's settled or reserved figure differs from the sum of its reservations",
             """SELECT 1 FROM budgets b WHERE
-              b.settled != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
-                            ON r.id = c.reservation_id WHERE r.state = 'settled' AND c.partition = b.partition
+              b.settled != (SELECT coalesce(sum(coalesce(c.charged, CASE WHEN r.state = 'settled'
+                                                                     THEN c.amount ELSE 0 END)), 0)
+                            FROM reservation_costs c JOIN reservations r
+                            ON r.id = c.reservation_id WHERE r.state != 'reserved' AND c.partition = b.partition
                             AND c.principal = b.principal AND c.resource = b.resource)
            OR b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
                              ON r.id = c.reservation_id WHERE r.state = 'reserved' AND c.partition = b.partition

@@ -345,18 +345,11 @@ class InferenceGateway:
 
     # -- grants ----------------------------------------------------------------------------------
 
-    def grant(
-        self,
-        evaluation_id: str,
-        partition: str,
-        *,
-        partition_pool: BudgetPool | None,
-        evaluation_limit_usd: float | None,
-    ) -> tuple[str, InferenceGrant]:
-        """Mint the token of one evaluation. Returns `(token, grant)`; the token is not kept."""
-        pools = [BudgetPool(to_micro_usd(evaluation_limit_usd) if evaluation_limit_usd is not None else None)]
-        if partition_pool is not None:
-            pools.append(partition_pool)
+    def grant(self, evaluation_id: str, partition: str, *, limit_micro_usd: int | None) -> tuple[str, InferenceGrant]:
+        """Mint the token of one evaluation, whose calls may spend `limit_micro_usd` (None: no
+        limit; in the sidecar, its job's reservation in the ledger). Returns `(token, grant)`; the
+        token is not kept."""
+        pools = [BudgetPool(limit_micro_usd)]
         token = "vero-ev-" + secrets.token_urlsafe(32)
         grant = InferenceGrant(evaluation_id=evaluation_id, partition=partition, pools=pools)
         grant.idle.set()

@@ -87,6 +87,7 @@ from vero.errors import (
     UnknownJob,
 )
 from vero.harbor.process import finish_uncancellable, runner_identity
+from vero.inference.pricing import to_micro_usd
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.auth import generate_admin_token
 from vero.sidecar.disclosure import (
@@ -118,8 +119,7 @@ from vero.spec.compiled import AGENT_PRINCIPAL, CONTAINER_PATHS, SidecarConfig
 from vero.spec.models import timing_quantum_sec
 
 if TYPE_CHECKING:
-    from vero.core.usage import InferenceUsage
-    from vero.inference.gateway import BudgetPool, InferenceGateway
+    from vero.inference.gateway import InferenceGateway
 
 __all__ = ["DEFAULT_WORK_DIR", "ExportResponse", "SidecarPaths", "SidecarService"]
 
@@ -368,9 +368,6 @@ class SidecarService:
         """Each job's lease of the gateway and the case routes (`_start_gateway`)."""
         self._resources = contextlib.AsyncExitStack()
         """What `stop` closes: the gateway's server."""
-        self.inference_pools: dict[str, BudgetPool] = {}
-        """Partition -> the agent's inference budget (micro-dollars); spent = complete jobs' charges
-        (durable through the job records) plus what running evaluations have been charged."""
         self._broken_cases: dict[str, str] = {}
         """Quarantined cases: case -> the problem code that broke it (rebuilt from the job records)."""
 
@@ -420,7 +417,11 @@ class SidecarService:
             os.chown(self.paths.state_dir, 0, 0)
         os.chmod(self.paths.state_dir, 0o700)
         totals = {
-            (partition, self.principal): BudgetTotals(runs=access.total_runs, cases=access.total_cases)
+            (partition, self.principal): BudgetTotals(
+                runs=access.total_runs,
+                cases=access.total_cases,
+                inference_micro_usd=to_micro_usd(access.total_inference_usd) if self.config.inference else 0,
+            )
             for partition, access in self.config.agent_access.items()
         }
         self.state = StateStore.open(self.paths.state_path)
@@ -482,21 +483,13 @@ class SidecarService:
             os.chown(self.paths.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
 
     async def _start_gateway(self) -> None:
-        """Serve the inference gateway; budgets spent by complete jobs stay spent across restarts."""
+        """Serve the inference gateway; each job's token spends its own reservation of the ledger's
+        `inference_micro_usd` (`_admission_cost`)."""
         from vero.harbor.case_route import case_router_for
-        from vero.inference.gateway import BudgetPool, GatewayServer, InferenceGateway
-        from vero.inference.pricing import to_micro_usd
+        from vero.inference.gateway import GatewayServer, InferenceGateway
 
         assert self.config.inference is not None
         keys = {name: os.environ[name] for name in self.config.secrets if os.environ.get(name)}
-        spent: dict[str, int] = {}
-        for job in self.jobs.list():
-            if job.state == "complete" and job.result is not None and job.result.inference is not None:
-                spent[job.partition] = spent.get(job.partition, 0) + job.result.inference.charged_micro_usd
-        self.inference_pools = {
-            name: BudgetPool(to_micro_usd(access.total_inference_usd), spent.get(name, 0))
-            for name, access in self.config.agent_access.items()
-        }
         gateway = InferenceGateway(self.config.inference, keys)
         await self._resources.enter_async_context(GatewayServer(gateway, host=self.gateway_host))
         self.gateway = gateway
@@ -511,9 +504,7 @@ class SidecarService:
             {**os.environ, **self.nested_env},
             self.session_id,
         )
-        self._runtime = EvaluationRuntime(
-            gateway, router, self.config.inference.evaluation_limit_usd, self.inference_pools
-        )
+        self._runtime = EvaluationRuntime(gateway, router, self.config.inference.evaluation_limit_usd)
 
     async def _remove_leftovers(self) -> None:
         """Remove whatever nested runs of this session left behind (containers, networks, volumes,
@@ -659,7 +650,7 @@ class SidecarService:
                 budget = None
                 if self.config.disclose_budget:
                     balance = self.ledger.balance(name, principal)
-                    pool = self.inference_pools.get(name)
+                    metered = self.config.inference is not None
                     # What is left moves with what the candidates spent, which they choose: on a
                     # `none` partition, or under the Ladder, it would disclose what the tier withholds.
                     spend_disclosed = access.disclosure != "none" and self.policy.ladder(principal, name) is None
@@ -668,9 +659,9 @@ class SidecarService:
                         total_cases=balance.total_cases,
                         remaining_runs=balance.remaining_runs,
                         remaining_cases=balance.remaining_cases,
-                        total_inference_usd=None if pool is None else (pool.total or 0) / 1e6,
-                        remaining_inference_usd=(pool.available or 0) / 1e6
-                        if pool is not None and spend_disclosed
+                        total_inference_usd=balance.total_inference_micro_usd / 1e6 if metered else None,
+                        remaining_inference_usd=balance.remaining_inference_micro_usd / 1e6
+                        if metered and spend_disclosed
                         else None,
                     )
                 blocks = self.policy.blocks(principal, name)
@@ -829,7 +820,7 @@ class SidecarService:
                 created_at=_now(),
             )
             # One transaction: a job never exists without its reservation, nor a reservation without it.
-            job, _ = await self.jobs.admit(job, Cost.of_evaluation(len(grant.cases)))
+            job, _ = await self.jobs.admit(job, self._admission_cost(len(grant.cases)))
             self._tasks[job.id] = asyncio.create_task(self._run_job(job.id), name=f"vero-job-{job.id}")
             _logger.info("job %s admitted: %d case(s), candidate %s", job.id, len(job.cases), record.id)
             return self.view(job)
@@ -876,17 +867,28 @@ class SidecarService:
             # The judge of a case where the candidate cannot be installed: the baseline (the
             # baseline itself is judged by its own attempts).
             baseline_dir=checkout if job.candidate == self.config.baseline_commit else self.paths.baseline_dir,
+            # Its model calls spend its own reservation of the partition's inference money.
+            inference_budget_micro_usd=self.ledger.reservation(job.reservation_id).cost.inference_micro_usd,
         )
 
-    async def _run_job(self, job_id: str) -> None:
-        unsettled: EvaluationLease | None = None  # left, its usage neither charged nor refunded yet
+    def _admission_cost(self, n_cases: int) -> Cost:
+        """What admitting an evaluation of `n_cases` reserves: a run, its cases and, with a gateway,
+        up to `evaluation_limit_usd` of inference money (all that is left without one; the ledger
+        takes what is left when that is less: `vero.core.ledger.UP_TO_RESOURCES`)."""
+        inference = self.config.inference
+        if inference is None:
+            return Cost.of_evaluation(n_cases)
+        limit = inference.evaluation_limit_usd
+        wanted = to_micro_usd(limit) if limit is not None else 2**62  # everything that is left
+        return Cost.of_evaluation(n_cases, inference_micro_usd=wanted)
 
-        def give_back_inference() -> None:
-            # Before the job's unmeasured end is recorded: whoever sees that end sees the refund.
-            nonlocal unsettled
-            if unsettled is not None and unsettled.usage is not None:
-                self._refund_inference(job_id, unsettled.usage)
-            unsettled = None
+    async def _run_job(self, job_id: str) -> None:
+        lease: EvaluationLease | None = None
+
+        def spent_by_calls() -> int:
+            # What a cancelled job's model calls were charged stays charged (the provider billed
+            # them; refunding would let an agent spend its inference money again by cancelling).
+            return lease.usage.charged_micro_usd if lease is not None and lease.usage is not None else 0
 
         shown_at: datetime | None = None  # `none` tier: when the job is shown finished
         measured: EvaluationResult | None = None
@@ -914,11 +916,11 @@ class SidecarService:
                     try:
                         job = await self.jobs.update(job_id, state="running", started_at=_now())
                         checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
-                        unsettled = self._runtime.lease(self._nested_run(job, checkout))
-                        async with unsettled as run:
+                        lease = self._runtime.lease(self._nested_run(job, checkout))
+                        async with lease as run:
                             result = await self.backend.evaluate(run)
                         # Model calls that never reached their provider: infrastructure, refunded.
-                        measured = result = unsettled.settle(result)
+                        measured = result = lease.settle(result)
                     except Exception:
                         await hold_until_shown(admitted)  # a failure is shown at the same time
                         raise
@@ -926,24 +928,19 @@ class SidecarService:
                 finally:
                     self._slots.put_nowait(slot)
                 await self._complete(job, result, finished_at=shown_at)
-                unsettled = None  # recorded with the complete job: it stays charged
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(job_id, "interrupted")
             # A job already complete was settled with its result: a measurement stays charged.
             state_now = self.jobs.get(job_id).state
-            if state_now == "complete":
-                unsettled = None
-            elif measured is not None and state_now not in TERMINAL_STATES:
+            if measured is not None and state_now not in TERMINAL_STATES:
                 # Measured (a `none` job held until its time): the measurement stands, charged.
                 try:
                     await finish_uncancellable(self._complete(self.jobs.get(job_id), measured))
-                    unsettled = None
                 except Conflict:
                     _logger.info("job %s had already been ended by the stop", job_id)
             elif state_now not in TERMINAL_STATES:
                 state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
-                give_back_inference()
-                await self._close_unmeasured(job_id, state, reason)
+                await self._close_unmeasured(job_id, state, reason, inference_charged_micro_usd=spent_by_calls())
             raise
         except CaseMisconfigured as exc:
             # Broken whatever the candidate: refunded, and quarantined so it is not refunded without end.
@@ -954,20 +951,16 @@ class SidecarService:
                 exc.code,
                 ", ".join(sorted({p.case for p in exc.problems})),
             )
-            give_back_inference()
             await self._close_unmeasured(job_id, "failed", exc.code, _diagnostics_of(exc), finished_at=shown_at)
         except InfrastructureFailure as exc:
             _logger.warning("job %s: infrastructure failure; refunded", job_id)
-            give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, _diagnostics_of(exc), finished_at=shown_at)
         except Exception as exc:
             # Nothing was measured: treat as infrastructure (refunded), keep the details in the log only.
             _logger.error("job %s failed unexpectedly (%s); refunded", job_id, type(exc).__name__, exc_info=exc)
-            give_back_inference()
             await self._close_unmeasured(job_id, "failed", _INFRA_ERROR, finished_at=shown_at)
         finally:
             self._tasks.pop(job_id, None)
-            give_back_inference()
 
     def timing_quantum_sec(self, partition: str) -> float | None:
         """The timing quantum of a `none` partition in seconds (`vero.spec.models.timing_quantum_sec`);
@@ -993,14 +986,6 @@ class SidecarService:
         elapsed = (_now() - turn_at).total_seconds()
         k = max(1, math.ceil(elapsed / quantum))
         return turn_at + timedelta(seconds=k * quantum)
-
-    def _refund_inference(self, job_id: str, usage: InferenceUsage) -> None:
-        """An evaluation that measured nothing gives back what its model calls were charged."""
-        job = self.jobs.get(job_id)
-        pool = self.inference_pools.get(job.partition)
-        if pool is not None and usage.charged_micro_usd:
-            pool.spent = max(0, pool.spent - usage.charged_micro_usd)
-            _logger.info("job %s: %d micro-USD of inference refunded", job_id, usage.charged_micro_usd)
 
     async def _complete(
         self, job: EvaluationJob, result: EvaluationResult, *, finished_at: datetime | None = None
@@ -1066,11 +1051,15 @@ class SidecarService:
         diagnostics: RunDiagnostics | None = None,
         *,
         finished_at: datetime | None = None,
+        **recorded: Any,
     ) -> None:
         """End a job that measured nothing and refund it, in one transaction (no-op if already ended);
-        `diagnostics` (the causes, for the operator) are recorded with the end."""
+        `diagnostics` (the causes, for the operator) and `recorded` (further job fields, e.g.
+        `inference_charged_micro_usd`: the inference money that stays charged; unset: its model
+        calls are given back, as for an infrastructure failure) are recorded with the end."""
         try:
             fields: dict[str, Any] = {"diagnostics": diagnostics} if diagnostics is not None else {}
+            fields.update(recorded)
             await self.jobs.finish(job_id, state, error=error, finished_at=finished_at, **fields)
         except Conflict:
             _logger.info("job %s had already finished", job_id)

@@ -246,7 +246,9 @@ class PartitionAccess(_Model):
     """Case evaluations (one per selected case per evaluation) the agent may spend on this partition."""
     total_inference_usd: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Model calls through the inference gateway the agent's evaluations of this partition may spend,
-    in US dollars at the spec's prices (default 0: every call is refused). Needs `inference`."""
+    in US dollars at the spec's prices (default 0: every call is refused). Needs `inference`. Kept in
+    the budget ledger (`inference_micro_usd`): each evaluation reserves its share at admission and
+    is charged what its calls cost when it ends (docs/inference.md)."""
 
 
 NONE_TIMING_MARGIN_SEC = 300.0
@@ -387,8 +389,11 @@ class InferenceSpec(_Model):
     models: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")], InferenceModel]
     """The allow-list: model name candidates send -> its provider and price."""
     evaluation_limit_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    """Most one evaluation may spend (sidecar and verifier alike); default: no per-evaluation cap in the
-    sidecar (the partition's budget still applies) and 10 US dollars per evaluation in the verifier."""
+    """Most one evaluation may spend (sidecar and verifier alike); in the sidecar each evaluation
+    reserves this much of its partition's `total_inference_usd` at admission (or what is left, if
+    less). Default: in the sidecar an evaluation reserves all that is left of its partition's money
+    (so evaluations of one partition do not spend at once); 10 US dollars per evaluation in the
+    verifier."""
     route_case_services: bool = False
     """`harbor.environment: docker` only, an explicit switch. Route the case containers' own
     model-backed services (a user simulator, a grader) through the gateway: nested runs get

@@ -121,7 +121,7 @@ async def fenced(targets: dict) -> dict:
     gateway = InferenceGateway(spec, {})
     fence = NetworkFence(service=[ServiceListener(targets["api"])])
     async with GatewayServer(gateway):
-        token, _ = gateway.grant("fence-e2e", "train", partition_pool=None, evaluation_limit_usd=None)
+        token, _ = gateway.grant("fence-e2e", "train", limit_micro_usd=None)
         env = {**gateway.environment(token), "VERO_FENCE_TARGETS": json.dumps(targets)}
 
         def on_host(uid: int, alive: bool) -> None:
