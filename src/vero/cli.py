@@ -1,4 +1,4 @@
-"""The `vero` command line: `vero harbor build|check|run|serve|seal|verify|eval|status|result|submit`, `vero report`.
+"""The `vero` command line: `vero harbor build|check|run|serve|seal|verify|report|eval|...`, `vero report`.
 
 Every command is registered here, in the order of `vero harbor --help` (as Harbor's `cli/main.py`
 does); the `vero.commands.*` modules define plain functions and never import this module. Each
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from vero.commands import agent, build, check, run, sidecar, verify
+from vero.commands import agent, build, check, report, run, sidecar, verify
 
 __all__ = ["app", "harbor_app", "main"]
 
@@ -37,6 +37,7 @@ for _name in agent.FORWARDED:
     _callback, _options = agent.forwarder(_name)
     harbor_app.command(_name, **_options)(_callback)
 harbor_app.command("verify", help=verify.VERIFY_HELP)(verify.verify_command)
+harbor_app.command("report", help=report.JOBS_REPORT_HELP)(report.jobs_report_command)
 app.command("report", help=verify.REPORT_HELP)(verify.report_command)
 
 

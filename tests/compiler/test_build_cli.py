@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -295,17 +296,43 @@ def test_an_evaluation_time_that_cannot_fit_names_the_numbers(tmp_path):
     out = tmp_path / "out" / "task"
     done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
     assert done.returncode == 2, done.stderr
-    # Each case: 30 s agent (case_timeout_sec) + 60 s verifier. train and the hidden partition have 2
-    # cases x 2 attempts on 1 slot = 4 waves = 480 s with the margin; holdout (1 case) needs 300 s.
+    # Each case: 30 s agent (case_timeout_sec) + 60 s verifier. train has 2 cases x 2 attempts on 1
+    # slot = 4 waves = 480 s with the margin; the hidden target runs the baseline beside the
+    # candidate (the verdict), so twice that: 8 waves = 840 s; holdout (1 case) needs 300 s.
     issues = [line.strip() for line in done.stderr.splitlines() if "cannot fit" in line]
     assert issues == [
         "- harbor.evaluation_timeout_sec: 470 s cannot fit partition 'train': ceil(2 case(s) x 2 attempt(s) / "
         "1 concurrent) = 4 wave(s) x 90 s (agent 30 s + verifier 60 s of the slowest case, 'case-2') + 120 s "
         "setup margin = 480 s",
         "- harbor.evaluation_timeout_sec: 470 s cannot fit partition 'zq-hidden-part': ceil(2 case(s) x 2 "
-        "attempt(s) / 1 concurrent) = 4 wave(s) x 90 s (agent 30 s + verifier 60 s of the slowest case, "
-        "'zq-hidden-case-5') + 120 s setup margin = 480 s",
+        "attempt(s) x 2 arms (targets.zq-hidden-part.score_baseline) / 1 concurrent) = 8 wave(s) x 90 s (agent "
+        "30 s + verifier 60 s of the slowest case, 'zq-hidden-case-5') + 120 s setup margin = 840 s",
     ], done.stderr
     assert not out.exists()
-    tree.write(lambda d: (slow(d), d["harbor"].update(evaluation_timeout_sec=480)))
+    # Without the baseline arm the target fits what train fits; with more attempts it needs more again.
+    tree.write(
+        lambda d: (
+            slow(d),
+            d["harbor"].update(evaluation_timeout_sec=480),
+            d["targets"]["zq-hidden-part"].update(score_baseline=False),
+        )
+    )
+    assert run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out)).returncode == 0
+    shutil.rmtree(out.parent)
+    tree.write(
+        lambda d: (
+            slow(d),
+            d["harbor"].update(evaluation_timeout_sec=840),
+            d["targets"]["zq-hidden-part"].update(score_baseline=True, n_attempts=3),
+        )
+    )
+    done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out))
+    assert done.returncode == 2 and "2 case(s) x 3 attempt(s) x 2 arms" in done.stderr and "1200 s" in done.stderr
+    tree.write(
+        lambda d: (
+            slow(d),
+            d["harbor"].update(evaluation_timeout_sec=840),
+            d["targets"]["zq-hidden-part"].update(score_baseline=True, n_attempts=None),
+        )
+    )
     assert run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out)).returncode == 0

@@ -314,7 +314,8 @@ def _run(root: Path, python: Path, caplog: pytest.LogCaptureFixture) -> None:
             secrets=[SECRET_NAME],
             inference=inference,
             selection=SelectionSpec(mode="submit", partition="train"),
-            targets={"hidden": TargetPartition()},
+            # The boundary is under test here, not the verdict: the candidate alone is scored.
+            targets={"hidden": TargetPartition(score_baseline=False)},
             reward_keys={"hidden": "reward"},
             failure_values={"hidden": 0.0},
         )

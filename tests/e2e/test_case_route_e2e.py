@@ -120,6 +120,11 @@ def test_case_services_reach_the_gateway_from_the_sidecar_and_the_verifier(tmp_p
     assert job.result.inference.charged_micro_usd > 0
     measured = [m for m in run.finalization["measurements"] if m.get("inference")]
     assert measured, run.finalization["measurements"]
+    # The baseline's arm of the hidden target ran as its own job beside the candidate's, with its own
+    # token and route, so that each arm's case services are metered on their own evaluation.
+    target = [m for m in measured if m["partition"] == "hidden"]
+    assert [m["purpose"] for m in target] == ["target", "target-baseline"], target
+    assert target[1]["evaluation_id"] == target[0]["evaluation_id"] + ".baseline"
     for measurement in measured:
         assert measurement["inference"]["calls"] == 2 * measurement["n_cases"], measurement
         assert measurement["inference"]["failed_calls"] == 0, measurement

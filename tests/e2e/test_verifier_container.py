@@ -218,5 +218,13 @@ def test_verifier_container_scores_the_submission_sealed_by_a_real_sidecar(works
     (target,) = finalization["targets"]
     assert target["partition"] == "hidden" and target["measured"] is True
     assert target["n_cases"] == 2 and target["n_dead"] == 0 and target["reward"] == 0.5
-    assert [(m["candidate"], m["purpose"]) for m in finalization["measurements"]] == [(improved, "target")]
+    # The baseline was scored beside it in the same nested run (the verdict): 0.0 on both hidden cases.
+    assert [(m["candidate"], m["purpose"]) for m in finalization["measurements"]] == [
+        (improved, "target"),
+        (compiled.baseline_commit, "target-baseline"),
+    ]
+    assert finalization["baseline"]["rewards"] == {"reward": 0.0}
+    (verdict,) = finalization["verdicts"]
+    assert (verdict["candidate_score"], verdict["baseline_score"], verdict["lift"]) == (0.5, 0.0, 0.5)
+    assert verdict["verdict"] == "no_detectable_change" and verdict["note"].startswith("too few cases")
     assert "vero-runner" in finalization["run_as"]  # candidate code ran unprivileged in the verifier

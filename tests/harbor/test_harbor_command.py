@@ -16,6 +16,7 @@ from vero.harbor.command import (
     CANDIDATE_AGENT_IMPORT_PATH,
     FORCED_ENV,
     INSTALL_AGENT_IMPORT_PATH,
+    AgentArm,
     AgentTimeoutPlan,
     build_command,
     case_glob,
@@ -124,7 +125,7 @@ def test_agent_argv_exact_with_multiplier(tmp_path):
         timeout_plan=AgentTimeoutPlan(agent_timeout_multiplier=0.5),
         harbor_executable=HARBOR,
         base_env={},
-        launcher_socket=launcher,
+        arms=[AgentArm(run.candidate_dir, launcher)],
     )
     # Harbor imports vero's trusted CandidateAgent, never the candidate's class.
     assert command.argv == (
@@ -383,3 +384,37 @@ def test_a_checkout_that_cannot_be_staged_is_the_machines_failure_before_anythin
     )
     with pytest.raises(CandidateStagingError, match=r"cannot stage the candidate checkout .*/gone on this machine"):
         asyncio.run(agent._prepare(environment=None))  # type: ignore[arg-type]
+
+
+def test_a_paired_round_gives_each_arm_its_own_agent_config_and_no_shared_ak(tmp_path):
+    """Two arms: one agent config per arm in the job config file, each naming its own checkout and
+    socket (Harbor adds `--ak` values to every config of the file, which would give both arms one
+    checkout); one arm left alone is passed by `--ak`, naming its trials the same way."""
+    run = make_run(
+        cases_dir=tmp_path / "cases",
+        jobs_dir=tmp_path / "jobs",
+        candidate_dir=tmp_path / "cand",
+        case_names=("a",),
+        runtime=CandidateRuntime(kind="agent", agent_import_path="pkg.mod:MyAgent"),
+    )
+    arms = [AgentArm(tmp_path / "cand", tmp_path / "s1"), AgentArm(tmp_path / "base", tmp_path / "s2")]
+    common = dict(
+        job_name="j", case_names=("a",), timeout_plan=AgentTimeoutPlan(), harbor_executable=HARBOR, base_env={}
+    )
+    paired = build_command(run, arms=arms, **common)
+    assert "--ak" not in paired.argv and "-a" not in paired.argv
+    assert paired.config_file is not None
+    agents = json.loads(paired.config_file[1])["agents"]
+    assert [(a["import_path"], a["kwargs"]["candidate_dir"], a["kwargs"]["launcher"]) for a in agents] == [
+        (CANDIDATE_AGENT_IMPORT_PATH, str(tmp_path / "cand"), str(tmp_path / "s1")),
+        (CANDIDATE_AGENT_IMPORT_PATH, str(tmp_path / "base"), str(tmp_path / "s2")),
+    ]
+    alone = build_command(run, arms=arms[1:], **common)
+    args = list(alone.argv)
+    assert args[args.index("-a") + 1] == CANDIDATE_AGENT_IMPORT_PATH and alone.config_file is None
+    assert f"candidate_dir={json.dumps(str(tmp_path / 'base'))}" in args
+    assert f"launcher={json.dumps(str(tmp_path / 's2'))}" in args
+    with pytest.raises(ValueError, match="launcher socket"):
+        build_command(run, arms=[AgentArm(tmp_path / "cand"), arms[1]], **common)
+    with pytest.raises(ValueError, match="at least one arm"):
+        build_command(run, arms=[], **common)

@@ -419,7 +419,7 @@ def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_pa
     """Partial measurement: finished attempts keep their rewards; what did not finish (killed without
     a result, never started) is timed_out; a case whose trials were infrastructure stays unmeasured."""
     from vero.core.evaluation import AttemptOutcome
-    from vero.harbor.runner import _charge_unfinished
+    from vero.harbor.arms import charge_unfinished
 
     variant(tmp_path, "multi.key")  # finished: scored
     (tmp_path / "job" / "multi.key__killed").mkdir()  # killed mid-trial: no result.json
@@ -434,7 +434,7 @@ def test_unfinished_attempts_of_a_round_cut_by_the_wall_clock_are_charged(tmp_pa
         t if not t.infrastructure else type(t)(**{**t.__dict__, "case": "multi.key.b"}) for t in collation.trials
     )
     merge_outcomes(attempts, trials, set(cases))
-    added = _charge_unfinished(
+    added = charge_unfinished(
         attempts, type(collation)(collation.job_dir, False, trials, 1), cases, before, n_attempts=2
     )
     assert added == 1 + 1 + 2

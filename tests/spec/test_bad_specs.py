@@ -187,6 +187,25 @@ BAD: dict[str, Bad] = {
         "selection.partition", _all(_set("selection.mode", "auto_best"), _delete("selection.partition"))
     ),
     "minimize without failure_value": Bad("scoring.failure_value", _set("scoring", {"direction": "minimize"})),
+    "lift reward without failure_value": Bad(
+        f"targets.{HIDDEN_PARTITION}.failure_value", _set(f"targets.{HIDDEN_PARTITION}", {"reward": "lift"})
+    ),
+    "lift reward without a baseline": Bad(
+        f"targets.{HIDDEN_PARTITION}.reward",
+        _set(f"targets.{HIDDEN_PARTITION}", {"reward": "lift", "failure_value": -100, "score_baseline": False}),
+    ),
+    "unknown reward kind": Bad(
+        f"targets.{HIDDEN_PARTITION}.reward", _set(f"targets.{HIDDEN_PARTITION}.reward", "mean")
+    ),
+    "fewer target attempts than the sidecar's": Bad(
+        f"targets.{HIDDEN_PARTITION}.n_attempts",
+        _all(_set("harbor.n_attempts", 2), _set(f"targets.{HIDDEN_PARTITION}.n_attempts", 1)),
+    ),
+    "confidence of 1": Bad(f"targets.{HIDDEN_PARTITION}.confidence", _set(f"targets.{HIDDEN_PARTITION}.confidence", 1)),
+    "missing fraction above 1": Bad(
+        f"targets.{HIDDEN_PARTITION}.max_missing_fraction",
+        _set(f"targets.{HIDDEN_PARTITION}.max_missing_fraction", 1.5),
+    ),
     "reward_range reversed": Bad("scoring.reward_range", _set("scoring", {"reward_range": [1, 0]})),
     "reward_range of one number": Bad("scoring.reward_range[1]", _set("scoring", {"reward_range": [0]})),
     "reward_range unbounded": Bad("scoring.reward_range", _set("scoring", {"reward_range": [0, float("inf")]})),

@@ -36,7 +36,12 @@ def rich_session(bench: Workbench) -> tuple[Path, TableBackend, dict[str, str]]:
     bench.evaluation(c, "select", None, cases=["select-1"], state="cancelled")
     bench.submit(b)
     backend = TableBackend(
-        {("hidden", bench.tree(b)): 0.66, ("select", bench.tree(b)): 0.6, ("select", bench.baseline_tree): 0.3}
+        {
+            ("hidden", bench.tree(b)): 0.66,
+            ("hidden", bench.baseline_tree): 0.21,
+            ("select", bench.tree(b)): 0.6,
+            ("select", bench.baseline_tree): 0.3,
+        }
     )
     return bench.seal(), backend, {"a": a, "b": b, "c": c}
 
@@ -61,9 +66,19 @@ def test_report_is_self_contained_and_describes_the_session(bench: Workbench) ->
     assert html.count("<tr><td><code>ev-") == 8
     assert 'id="rewards"' in html and ">0.66<" in html
     assert "strictly beats the baseline" in html
-    # 6 completed evaluations plotted + 3 verifier measurements (2 floor, 1 target).
+    # 6 completed evaluations plotted + 3 verifier measurements (2 floor, 1 target; the baseline's
+    # arm of the target is in the verdict's plot).
     score_plot = html.split('id="score-plot"')[1].split("</svg>")[0]
     assert score_plot.count('class="marker"') == 9
+    # The verdict: both arms' scores, the lift, no interval for two cases (said so), and the paired
+    # plot: per case a ring (baseline), a dot (candidate) and a segment coloured by the lift's sign.
+    table = html.split('id="verdict-table"')[1].split("</table>")[0]
+    assert "no detectable change" in table and ">0.66<" in table and ">0.21<" in table and "+0.45" in table
+    assert "too few cases for an interval: 2 paired case(s)" in html
+    paired = html.split('id="verdict-plot-hidden"')[1].split("</svg>")[0]
+    assert paired.count("<circle") == 4 and paired.count('fill="#ffffff"') == 2
+    assert paired.count('class="series"') == 2 and paired.count('stroke="#009e73"') == 2
+    assert "hidden-1: candidate 0.66" in paired and "hidden-2: baseline 0.21" in paired
     # The mirror gets the same page.
     assert (bench.root / "run" / "logs" / "artifacts" / "experiment.html").read_text() == html
 
@@ -91,6 +106,9 @@ def test_report_renders_in_chromium_without_console_errors(bench: Workbench, tmp
                 " return [r.width, r.height]; })()",
                 "series": "document.querySelectorAll('#score-plot polyline.series').length",
                 "burn_series": "document.querySelectorAll('#budget-plot polyline.series').length",
+                "paired_markers": "document.querySelectorAll('#verdict-plot-hidden .marker').length",
+                "paired_box": "(() => { const r = document.querySelector('#verdict-plot-hidden')"
+                ".getBoundingClientRect(); return [r.width, r.height]; })()",
                 "title": "document.title",
             },
         )
@@ -107,6 +125,7 @@ def test_report_renders_in_chromium_without_console_errors(bench: Workbench, tmp
     assert values["plot_box"][0] > 500 and values["plot_box"][1] > 200
     assert values["marker_box"][0] > 0 and values["marker_box"][1] > 0
     assert values["series"] == 2 and values["burn_series"] == 2
+    assert values["paired_markers"] == 4 and values["paired_box"][0] > 500 and values["paired_box"][1] > 150
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
 
 

@@ -108,12 +108,12 @@ def test_nested_runs_get_their_checkout_and_jobs_dir_handed_over(bench: Workbenc
                 artifacts_dir=out / "artifacts",
                 work_dir=out / "work",
             ),
-            Recording({("hidden", bench.tree(a)): 0.5}),
+            Recording({("hidden", bench.tree(a)): 0.5, ("hidden", bench.baseline_tree): 0.25}),
             run_as=RunAs(uid=54321, gid=54321, home=tmp_path),
         )
     )
     assert final.status == "scored" and final.run_as == "uid 54321"  # no account has that uid here
-    assert owners == [(54321, 54321, 54321)]
+    assert owners == [(54321, 54321, 54321)] * 2  # both arms' checkouts (candidate and baseline)
     assert (out / "work").stat().st_mode & 0o777 == 0o711
     (session_dir,) = (out / "work").glob("session-*")
     assert session_dir.stat().st_uid == 0 and session_dir.stat().st_mode & 0o077 == 0

@@ -38,19 +38,29 @@ def test_submission_is_replayed_on_the_targets(bench: Workbench) -> None:
     bench.evaluation(b, "select", 0.1)
     bench.submit(a)
     bench.submit(b)  # the last submission wins, whatever the recorded scores say
-    backend = TableBackend({("hidden", bench.tree(a)): 0.9, ("hidden", bench.tree(b)): 0.35})
+    backend = TableBackend(
+        {("hidden", bench.tree(a)): 0.9, ("hidden", bench.tree(b)): 0.35, ("hidden", bench.baseline_tree): 0.2}
+    )
 
     final = bench.verify(bench.config(), bench.seal(), backend)
 
     assert reward(bench) == {"reward": 0.35}
-    assert calls(backend) == [("hidden", bench.tree(b))]
-    assert backend.calls[0].case_names == ("hidden-1", "hidden-2")
+    # The baseline is scored beside the shipped candidate, in the same run (one evaluation id).
+    assert calls(backend) == [("hidden", bench.tree(b)), ("hidden", bench.baseline_tree)]
+    assert backend.calls[0].case_names == backend.calls[1].case_names == ("hidden-1", "hidden-2")
+    assert backend.calls[0].evaluation_id == backend.calls[1].evaluation_id
     assert final.status == "scored"
     assert final.selection.method == "submission"
     assert final.chosen.candidate == b and not final.chosen.is_baseline
     assert final.targets[0].evaluation_id == backend.calls[0].evaluation_id
     assert final.targets[0].evaluation_id.startswith("verify-target-hidden-")
-    assert final.baseline.rewards is None
+    assert final.baseline.rewards == {"reward": 0.2}
+    assert [m.purpose for m in final.measurements] == ["target", "target-baseline"]
+    (verdict,) = final.verdicts
+    assert (verdict.candidate_score, verdict.baseline_score, verdict.n_cases) == (0.35, 0.2, 2)
+    assert verdict.lift == pytest.approx(0.15) and verdict.interval is None  # two cases: too few
+    assert verdict.verdict == "no_detectable_change" and verdict.note.startswith("too few cases")
+    assert final.targets[0].verdict == "no_detectable_change"
 
 
 def test_no_submission_ships_the_baseline_and_says_so(bench: Workbench) -> None:
@@ -130,6 +140,7 @@ def test_auto_best_pools_candidates_with_the_same_tree(bench: Workbench) -> None
             ("select", bench.tree(a)): 0.99,
             ("hidden", bench.tree(b)): 0.5,
             ("hidden", bench.tree(a)): 0.8,
+            ("hidden", bench.baseline_tree): 0.1,
         }
     )
 
@@ -141,7 +152,7 @@ def test_auto_best_pools_candidates_with_the_same_tree(bench: Workbench) -> None
     assert pooled.candidates == [a, c] and pooled.representative == a
     assert pooled.mean == pytest.approx((0.9 + 0.5 + 0.4) / 3) and len(pooled.evaluation_ids) == 3
     # Only the top entry is re-scored (a's best single run, 0.9, does not count on its own).
-    assert calls(backend) == [("select", bench.tree(b)), ("hidden", bench.tree(b))]
+    assert calls(backend) == [("select", bench.tree(b)), ("hidden", bench.tree(b)), ("hidden", bench.baseline_tree)]
     assert final.selection.method == "auto_best_rescored"
     assert final.chosen.candidate == b and reward(bench) == {"reward": 0.5}
 
@@ -160,13 +171,14 @@ def test_auto_best_ignores_subsets_failed_jobs_and_other_partitions(bench: Workb
             ("hidden", bench.tree(a)): 0.3,
             ("select", bench.tree(d)): 1.0,
             ("hidden", bench.tree(d)): 1.0,
+            ("hidden", bench.baseline_tree): 0.1,
         }
     )
 
     final = bench.verify(bench.config(mode="auto_best", rescore_top_k=5), bench.seal(), backend)
 
     assert [e.candidates for e in final.selection.ranking] == [[a]]
-    assert calls(backend) == [("select", bench.tree(a)), ("hidden", bench.tree(a))]
+    assert calls(backend) == [("select", bench.tree(a)), ("hidden", bench.tree(a)), ("hidden", bench.baseline_tree)]
     assert final.chosen.candidate == a
 
 
@@ -177,7 +189,7 @@ def test_auto_best_rescores_the_top_k_in_recorded_order_and_the_best_rescore_win
     rescored = {"a": 0.5, "b": 0.6, "c": 0.95, "d": 1.0}
     table = {("select", bench.tree(ids[n])): v for n, v in rescored.items()}
     table |= {("hidden", bench.tree(ids[n])): 0.1 * (i + 1) for i, n in enumerate("abcd")}
-    backend = TableBackend(table)
+    backend = TableBackend(table | {("hidden", bench.baseline_tree): 0.05})
 
     final = bench.verify(bench.config(mode="auto_best", rescore_top_k=3), bench.seal(), backend)
 
@@ -186,6 +198,7 @@ def test_auto_best_rescores_the_top_k_in_recorded_order_and_the_best_rescore_win
         ("select", bench.tree(ids["b"])),
         ("select", bench.tree(ids["c"])),
         ("hidden", bench.tree(ids["c"])),
+        ("hidden", bench.baseline_tree),
     ]
     assert [r.measurement.score for r in final.selection.rescores] == [0.5, 0.6, 0.95]
     assert final.chosen.candidate == ids["c"]  # d would re-score higher but was not in the top 3
@@ -282,13 +295,22 @@ def test_floor_ships_the_baseline_unless_strictly_beaten(
 
     assert final.selection.floor.applied and final.selection.floor.shipped == shipped
     assert final.baseline.selection_score == 0.7
+    # The baseline's score on the target: as the shipped candidate, or beside the one shipped.
+    assert final.baseline.rewards == {"reward": 0.25}
     if shipped == "baseline":
         assert final.chosen.is_baseline and reward(bench) == {"reward": 0.25}
-        assert final.baseline.rewards == {"reward": 0.25}
+        assert [m.purpose for m in final.measurements] == ["floor-baseline", "floor-candidate", "target"]
+        assert final.verdicts[0].baseline_shipped and final.verdicts[0].lift == 0.0
     else:
         assert final.chosen.candidate == a and reward(bench) == {"reward": 0.8}
+        assert [m.purpose for m in final.measurements] == [
+            "floor-baseline",
+            "floor-candidate",
+            "target",
+            "target-baseline",
+        ]
+        assert final.verdicts[0].lift == pytest.approx(0.55) and not final.verdicts[0].baseline_shipped
     assert sorted(calls(backend)[:2]) == sorted([("select", bench.baseline_tree), ("select", bench.tree(a))])
-    assert [m.purpose for m in final.measurements] == ["floor-baseline", "floor-candidate", "target"]
 
 
 def test_floor_measures_baseline_and_candidate_side_by_side(bench: Workbench) -> None:
@@ -387,7 +409,7 @@ def _honest_session(bench: Workbench) -> tuple[Path, TableBackend]:
     a = bench.candidate("a\n")
     bench.evaluation(a, "select", 0.8)
     bench.submit(a)
-    return bench.seal(), TableBackend({("hidden", bench.tree(a)): 0.9})
+    return bench.seal(), TableBackend({("hidden", bench.tree(a)): 0.9, ("hidden", bench.baseline_tree): 0.4})
 
 
 def test_an_archive_with_one_flipped_byte_is_refused(bench: Workbench) -> None:
@@ -463,7 +485,12 @@ def test_artifacts_record_the_decision_budgets_and_the_session(bench: Workbench)
     bench.evaluation(a, "train", None, state="failed")
     archive = bench.seal()
     backend = TableBackend(
-        {("select", bench.tree(b)): 0.55, ("select", bench.baseline_tree): 0.5, ("hidden", bench.tree(b)): 0.7}
+        {
+            ("select", bench.tree(b)): 0.55,
+            ("select", bench.baseline_tree): 0.5,
+            ("hidden", bench.tree(b)): 0.7,
+            ("hidden", bench.baseline_tree): 0.3,
+        }
     )
     secret = "s3cr3t-value-never-written"
 
@@ -498,7 +525,12 @@ def test_artifacts_record_the_decision_budgets_and_the_session(bench: Workbench)
     assert written["rewards"] == {"reward": 0.7}
     assert written["baseline"]["selection_score"] == 0.5
     assert written["targets"][0]["evaluation_id"] == final.targets[0].evaluation_id
-    assert [m["purpose"] for m in written["measurements"]] == ["rescore", "floor-baseline", "target"]
+    assert [m["purpose"] for m in written["measurements"]] == ["rescore", "floor-baseline", "target", "target-baseline"]
+    (verdict,) = written["verdicts"]
+    assert verdict["partition"] == "hidden" and verdict["candidate_score"] == 0.7
+    assert verdict["baseline_score"] == 0.3 and verdict["lift"] == pytest.approx(0.4)
+    assert verdict["missing"]["candidate"]["n_missing"] == 0 and verdict["missing"]["baseline"]["n_valid"] == 2
+    assert [c["case"] for c in verdict["cases"]] == ["hidden-1", "hidden-2"]
     assert written["session_sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
 
     status = json.loads((bench.artifacts() / "status.json").read_text())
@@ -522,9 +554,11 @@ def test_reward_holds_failure_values_while_verification_runs(bench: Workbench) -
             return await super().evaluate(run)
 
     bench.verify(
-        bench.config(direction="minimize", failure_value=99.0), bench.seal(), Watching({("hidden", bench.tree(a)): 3.0})
+        bench.config(direction="minimize", failure_value=99.0),
+        bench.seal(),
+        Watching({("hidden", bench.tree(a)): 3.0, ("hidden", bench.baseline_tree): 5.0}),
     )
-    assert seen == [{"reward": 99.0}] and reward(bench) == {"reward": 3.0}
+    assert seen == [{"reward": 99.0}] * 2 and reward(bench) == {"reward": 3.0}
 
 
 def test_checkouts_are_fresh_and_removed_afterwards(bench: Workbench) -> None:
@@ -532,6 +566,7 @@ def test_checkouts_are_fresh_and_removed_afterwards(bench: Workbench) -> None:
     bench.verify(bench.config(), archive, backend)
     runs = list((bench.root / "run" / "work" / "runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "jobs").is_dir() and not (runs[0] / "candidate").exists()
+    assert not (runs[0] / "baseline").exists()
     (session_dir,) = (bench.root / "run" / "work").glob("session-*")
     assert os.stat(session_dir).st_mode & 0o077 == 0
     # The same work dir serves a second verification: fresh session and baseline dirs each time.

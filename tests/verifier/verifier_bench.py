@@ -33,7 +33,7 @@ from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
-from vero.core.run import EvaluationBackend, NestedRun
+from vero.core.run import NestedRun, PairedEvaluationBackend, PairedResult, RunArm
 from vero.core.session import Submission, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
@@ -50,6 +50,7 @@ PARTITIONS = {
     "select": ["select-1", "select-2"],
     "hidden": ["hidden-1", "hidden-2"],
     "hidden-b": ["hidden-b-1"],
+    "hidden-wide": [f"hidden-wide-{i}" for i in range(1, 9)],
 }
 AGENT_PARTITIONS = ("train", "select")
 
@@ -95,28 +96,50 @@ class Call:
     case_names: tuple[str, ...]
     env: dict[str, str]
     evaluation_id: str
+    n_attempts: int = 1
 
 
 class TableBackend:
-    """Deterministic `EvaluationBackend`: every case of (partition, tree) scores the table's value.
+    """Deterministic `EvaluationBackend`: every case of (partition, tree) scores the table's value
+    (a number, or case name -> number for cases that differ).
 
     A missing entry raises `InfrastructureFailure` (the run measured nothing).
     """
 
-    def __init__(self, table: Mapping[tuple[str, str], float]):
+    def __init__(self, table: Mapping[tuple[str, str], float | Mapping[str, float]]):
         self.table = dict(table)
         self.calls: list[Call] = []
 
     async def evaluate(self, run: NestedRun) -> EvaluationResult:
         assert run.candidate_dir.is_dir() and run.jobs_dir.is_dir()
         tree = await asyncio.to_thread(worktree_tree, run.candidate_dir)
-        self.calls.append(Call(run.partition, tree, run.candidate, run.case_names, dict(run.env), run.evaluation_id))
+        self.calls.append(
+            Call(
+                run.partition,
+                tree,
+                run.candidate,
+                run.case_names,
+                dict(run.env),
+                run.evaluation_id,
+                run.harbor.n_attempts,
+            )
+        )
         if (run.partition, tree) not in self.table:
             raise InfrastructureFailure("no trial produced a result")
         value = self.table[(run.partition, tree)]
         failure = run.scoring.effective_failure_value()
         cases = [
-            CaseResult.from_attempts(name, [AttemptResult(trial_name=f"{name}__a1", reward=value)], failure)
+            CaseResult.from_attempts(
+                name,
+                [
+                    AttemptResult(
+                        trial_name=f"{name}__{run.candidate[:7]}-{k}",
+                        reward=value[name] if isinstance(value, Mapping) else value,
+                    )
+                    for k in range(run.harbor.n_attempts)
+                ],
+                failure,
+            )
             for name in run.case_names
         ]
         return EvaluationResult.from_cases(
@@ -129,8 +152,33 @@ class TableBackend:
             job_dir=str(run.jobs_dir / run.evaluation_id),
         )
 
+    async def evaluate_paired(self, run: NestedRun, baseline: RunArm) -> PairedResult:
+        """Both arms, each as `evaluate` scores it; as the real backend does, only the candidate's
+        arm fails the run: a baseline without a table entry comes back without attempts."""
+        candidate = await self.evaluate(run)
+        arm = run.model_copy(
+            update={
+                "candidate": baseline.candidate,
+                "candidate_dir": baseline.candidate_dir,
+                "candidate_env": baseline.candidate_env,
+            }
+        )
+        try:
+            base = await self.evaluate(arm)
+        except InfrastructureFailure:
+            failure = run.scoring.effective_failure_value()
+            base = EvaluationResult.from_cases(
+                partition=run.partition,
+                candidate=baseline.candidate,
+                reward_key=run.scoring.reward_key,
+                cases=[CaseResult.from_attempts(name, [], failure) for name in run.case_names],
+                started_at=T0,
+                finished_at=T0,
+            )
+        return PairedResult(candidate=candidate, baseline=base)
 
-_backend_check: type[EvaluationBackend] = TableBackend  # the stub satisfies the protocol statically
+
+_backend_check: type[PairedEvaluationBackend] = TableBackend  # the stub satisfies the protocol statically
 
 
 class AgentRepo:
@@ -299,7 +347,9 @@ class Workbench:
         target_failure: float | None = None,
         spec_digest: str = SPEC_DIGEST,
         secrets: list[str] | None = None,
+        target: Mapping[str, object] | None = None,
     ) -> VerifierConfig:
+        """The verifier's config over this bench; `target` sets `TargetPartition` fields of every target."""
         scoring = ScoringSpec(direction=direction, failure_value=failure_value)
         keys = {targets[0]: "reward"} if len(targets) == 1 else {t: t for t in targets}
         fail = target_failure if target_failure is not None else scoring.effective_failure_value()
@@ -315,7 +365,7 @@ class Workbench:
             selection=SelectionSpec(
                 mode=mode, partition=partition, rescore_top_k=rescore_top_k, baseline_floor=baseline_floor
             ),
-            targets={t: TargetPartition() for t in targets},
+            targets={t: TargetPartition.model_validate(target or {}) for t in targets},
             reward_keys=keys,
             failure_values=dict.fromkeys(targets, fail),
         )

@@ -23,6 +23,7 @@
 | 18 | `vero harbor check`: some case has a problem (see its table) |
 | 19 | vero's install agent cannot install the baseline in a case (`install_failed`); refunded |
 | 20 | a case's tests would run another `vero-kit`, or have the candidate's tree on `PATH` (`kit_shadowed`); refunded |
+| 21 | `vero harbor verify`/`run`: the verifier's status is `unmeasurable` (a target's verdict is) |
 
 Codes 12-15, 19 and 20 tell the agent "the case is broken, not your candidate": nothing was charged, and the
 operator has the cause (`vero.core.diagnostics`).
@@ -96,7 +97,13 @@ PROBLEM_EXIT_CODES: dict[str, int] = {
 }
 """`CaseMisconfigured.code` -> exit code (`vero.core.diagnostics.ProblemCode`)."""
 
-VERIFIER_STATUS_EXIT_CODES: dict[str, int] = {"scored": EXIT_OK, "refused": 10, "partial": 16, "failed": 17}
+VERIFIER_STATUS_EXIT_CODES: dict[str, int] = {
+    "scored": EXIT_OK,
+    "refused": 10,
+    "partial": 16,
+    "failed": 17,
+    "unmeasurable": 21,
+}
 """`finalization.json` status -> exit code of `vero harbor verify` and `vero harbor run`."""
 
 EXIT_CHECK_PROBLEMS = 18

@@ -13,10 +13,12 @@ from vero.commands.options import ConfigOption, EnvFileOption, EnvironmentOption
 RUN_HELP = (
     "Compile the spec to a temporary task, run it with Harbor and print the reward(s).\n\n"
     "Checks the agent name and Docker (or Modal credentials) before building anything, streams "
-    "Harbor's progress, then prints the rewards, the candidate the verifier chose and where the trial, "
+    "Harbor's progress, then prints the rewards, the candidate the verifier chose, each target's verdict "
+    "beside the baseline and where the trial, "
     "the artifacts and the compiled task are. When the verifier did not score every target, the causes "
     "(finalization.json errors and case problems) are printed too.\n\n"
-    "Exit codes: 0 the verifier's status is scored; 16 partial (some target at its failure value); 17 "
+    "Exit codes: 0 the verifier's status is scored; 21 unmeasurable (a target's verdict is: its causes "
+    "are printed); 16 partial (some target at its failure value); 17 "
     "failed (no target measured, or nothing shipped); 10 the verifier refused the session; 1 the trial "
     "errored, produced no reward or no finalization.json; 2 bad usage or invalid spec; 5 Docker or "
     "Harbor unavailable."
@@ -101,6 +103,7 @@ def report_outcome(outcome) -> int:
         rows.append(("selected by", str(selection["method"])))
     if final.get("status"):
         rows.append(("verifier status", str(final["status"])))
+    rows += _verdict_lines(final)
     if outcome.exception_type:
         rows.append(("trial error", outcome.exception_type))
     table = Table(title="vero harbor run", show_header=True)
@@ -143,3 +146,20 @@ def report_outcome(outcome) -> int:
 
 
 _MAX_CAUSE_LINES = 20
+
+
+def _verdict_lines(final: dict) -> list[tuple[str, str]]:
+    """(row label, `Verdict.summary()`) per target of `finalization.json`'s `verdicts`: `verdict`
+    for a single target, `verdict[<partition>]` otherwise; entries that do not parse are skipped."""
+    from pydantic import ValidationError
+
+    from vero.verifier.verdict import Verdict
+
+    verdicts = []
+    for entry in final.get("verdicts") or []:
+        try:
+            verdicts.append(Verdict.model_validate(entry))
+        except ValidationError:
+            continue
+    single = len(verdicts) == 1
+    return [("verdict" if single else f"verdict[{v.partition}]", v.summary()) for v in verdicts]

@@ -2,7 +2,7 @@
 
 Both are thin: parse options, call `vero.verifier`, print one JSON document on stdout, exit by
 outcome. `verify` exits by the finalization's status (`VERIFIER_STATUS_EXIT_CODES`): 0 `scored`,
-16 `partial`, 17 `failed`, 10 `refused`; 2 for an unreadable config.
+21 `unmeasurable`, 16 `partial`, 17 `failed`, 10 `refused`; 2 for an unreadable config.
 Harbor ignores the verifier's exit code (docs/harbor-notes.md §1): the reward file is what counts, and
 `verify` writes it in every case but one: a config it cannot read names no reward keys, so no file
 is written and Harbor marks the reward invalid (`RewardFileNotFoundError`), which no real
@@ -39,7 +39,9 @@ VERIFY_HELP = (
     "container. Elsewhere, point --config, --cases-dir and --baseline-dir at the compiled task's "
     "tests/config.json, tests/cases and tests/baseline, and choose --session, --reward-path, "
     "--artifacts-dir and --mirror-dir.\n\n"
-    "Exit codes: 0 every target measured (status scored); 16 some target got its failure value "
+    "Exit codes: 0 every target measured (status scored); 21 every target has its reward but some "
+    "target's verdict is unmeasurable (too much missing evidence; status unmeasurable); 16 some target "
+    "got its failure value "
     "(partial); 17 no target was measured or nothing was shipped (failed); 10 the session archive "
     "was refused; 2 the config cannot be read (then no reward.json is written; in every other case "
     "it is). finalization.json's errors and problems say why."
@@ -191,6 +193,7 @@ def verify_command(
                 "status": finalization.status,
                 "rewards": finalization.rewards,
                 "chosen": finalization.chosen.model_dump(mode="json") if finalization.chosen else None,
+                "verdicts": {v.partition: v.summary() for v in finalization.verdicts},
                 "errors": finalization.errors,
             },
             indent=2,

@@ -375,6 +375,10 @@ def check_evaluation_time(
 ) -> None:
     """Refuse a spec whose `harbor.evaluation_timeout_sec` cannot fit the largest evaluation of a scope.
 
+    A target's evaluation runs `targets.<p>.n_attempts` attempts per case (default
+    `harbor.n_attempts`), twice over when the baseline is scored beside the candidate
+    (`targets.<p>.score_baseline`, the default: both arms in one nested job).
+
     Args:
         spec: the validated spec.
         case_dirs: case name -> its fetched task dir.
@@ -404,16 +408,23 @@ def check_evaluation_time(
     for partition, names in sorted(scopes.items()):
         slowest = max(names, key=lambda c: (times[c].total_sec or 0.0, c))
         per_wave = times[slowest].total_sec or 0.0
-        waves = math.ceil(len(names) * harbor.n_attempts / harbor.n_concurrent)
+        attempts, arms = harbor.n_attempts, 1
+        target = spec.targets.get(partition)
+        if target is not None:
+            # The verifier runs the baseline beside the candidate in the same nested job (the verdict).
+            attempts = target.n_attempts or harbor.n_attempts
+            arms = 2 if target.score_baseline else 1
+        waves = math.ceil(len(names) * attempts * arms / harbor.n_concurrent)
         needed = waves * per_wave + EVALUATION_SETUP_MARGIN_SEC
         if needed > limit:
             time = times[slowest]
+            both = " x 2 arms (targets.<p>.score_baseline)".replace("<p>", partition) if arms == 2 else ""
             issues.append(
                 SpecIssue(
                     loc,
                     (
                         f"{limit:g} s cannot fit partition {partition!r}: ceil({len(names)} case(s) x "
-                        f"{harbor.n_attempts} attempt(s) / {harbor.n_concurrent} concurrent) = {waves} wave(s) x "
+                        f"{attempts} attempt(s){both} / {harbor.n_concurrent} concurrent) = {waves} wave(s) x "
                         f"{per_wave:g} s (agent "
                         f"{time.agent_sec:g} s + verifier {time.verifier_sec:g} s of the slowest case, {slowest!r}) + "
                         f"{EVALUATION_SETUP_MARGIN_SEC:g} s setup margin = {needed:g} s"

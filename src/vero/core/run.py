@@ -43,6 +43,9 @@ __all__ = [
     "EvaluationLease",
     "EvaluationRuntime",
     "NestedRun",
+    "PairedEvaluationBackend",
+    "PairedResult",
+    "RunArm",
     "RunAs",
     "TokenGateway",
     "nested_secret_env",
@@ -109,6 +112,27 @@ class NestedRun(BaseModel):
     baseline (its own attempts decide). None: install failures stay the candidate's."""
 
 
+class RunArm(BaseModel):
+    """A second candidate measured in the same nested Harbor job as `NestedRun.candidate`: the
+    verifier's baseline arm (`vero.verifier.verdict`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    candidate: str
+    """Commit id of the arm's candidate."""
+    candidate_dir: Path
+    """A checkout of it (readable by the run's `run_as`), another directory than the run's."""
+    candidate_env: dict[str, str] = {}
+    """`kind: agent`: the arm's own candidate-host environment (its own gateway token)."""
+
+
+class PairedResult(BaseModel):
+    """Both arms of a paired run: each one's cases, attempts and diagnostics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    candidate: EvaluationResult
+    baseline: EvaluationResult
+
+
 class EvaluationBackend(Protocol):
     """Measures a candidate. Implementations: `vero.harbor.HarborBackend` (real), test stubs.
 
@@ -125,6 +149,24 @@ class EvaluationBackend(Protocol):
         Raises:
             InfrastructureFailure: no trial produced a result for infrastructure reasons even after
                 `harbor.infra_retries` retries with back-off (the caller refunds the budget).
+        """
+        ...
+
+
+class PairedEvaluationBackend(EvaluationBackend, Protocol):
+    """A backend that can also measure two candidates side by side (the verifier's targets)."""
+
+    async def evaluate_paired(self, run: NestedRun, baseline: RunArm) -> PairedResult:
+        """Run the selected cases with `run`'s candidate and with `baseline` in one nested job.
+
+        Both arms get the same cases and `harbor.n_attempts` attempts per case, and their trials of
+        each case run next to each other (Harbor orders a job's trials by attempt, then case, then
+        agent config: `job_plan.py`), so what drifts on the machine drifts for both.
+
+        Raises:
+            InfrastructureFailure: as `evaluate`, for the candidate's arm only: cases the baseline's
+                arm could not measure come back without attempts (missing evidence, not a failure
+                of the candidate's measurement).
         """
         ...
 

@@ -31,6 +31,15 @@ The faithful rendering is "every selected case's agent phase gets exactly `case_
 - when they differ, or a case declares none (no limit), no single multiplier can; then the agent is
   given by a job config file (`-c`) carrying `AgentConfig.override_timeout_sec = case_timeout_sec`
   instead of `-a` (Harbor's `-a` replaces the config's agent list, dropping the override).
+
+Paired runs (several `arms`: the verifier's target with its baseline, `vero.verifier.verdict`): one
+agent config per arm in the job config file, each with its own `candidate_dir` (and, for `kind:
+agent`, its own launcher socket) in `kwargs`, and no `--ak` (Harbor adds `--ak` values to every agent
+config of the file, `cli/jobs.py`, which would give both arms one checkout). A round of one arm
+(any run's, or a paired run's arm left alone to measure) passes its `candidate_dir` by `--ak`, which
+names its trials the same way. Harbor then builds the trials
+attempt by attempt, case by case, agent config by agent config (`job_plan.py`
+`build_trial_configs`), so both arms' trials of a case are next to each other in its queue.
 """
 
 from __future__ import annotations
@@ -56,8 +65,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CANDIDATE_AGENT_IMPORT_PATH",
     "INSTALL_AGENT_IMPORT_PATH",
+    "AgentArm",
     "AgentTimeoutPlan",
     "HarborCommand",
+    "arm_key",
     "build_command",
     "case_glob",
     "declared_agent_timeouts",
@@ -277,14 +288,33 @@ def nested_env(run: NestedRun, base_env: Mapping[str, str] | None = None) -> dic
     return env
 
 
+@dataclass(frozen=True)
+class AgentArm:
+    """One arm of a round, as its agent config names it: the checkout and (`kind: agent`) the
+    launcher socket of its candidate hosts (`CandidateAgent` connects to it)."""
+
+    candidate_dir: Path
+    launcher_socket: Path | None = None
+
+
+def arm_key(candidate_dir: Path) -> str:
+    """How a paired run's agent config names an arm's checkout (its `candidate_dir` kwarg), and so
+    how its trials are told apart (`vero.harbor.results.TrialOutcome.candidate_dir`)."""
+    return str(candidate_dir.absolute())
+
+
 def _agent_kwargs(
-    run: NestedRun, launcher_socket: Path | None, kit_path: Path | None, extra: Mapping[str, object] | None
+    run: NestedRun,
+    launcher_socket: Path | None,
+    kit_path: Path | None,
+    extra: Mapping[str, object] | None,
+    candidate_dir: str | None = None,
 ) -> dict[str, object]:
     if run.runtime.kind == "agent":
         agent: dict[str, object] = {
             "launcher": str(launcher_socket),
             "agent_import_path": run.runtime.agent_import_path,
-            "candidate_dir": str(run.candidate_dir.absolute()),
+            "candidate_dir": candidate_dir or str(run.candidate_dir.absolute()),
         }
         if kit_path is not None:
             agent["kit_path"] = str(kit_path.absolute())
@@ -295,7 +325,7 @@ def _agent_kwargs(
     # relative path would name another directory (or none) there.
     kwargs: dict[str, object] = {
         **(extra or {}),
-        "candidate_dir": str(run.candidate_dir.absolute()),
+        "candidate_dir": candidate_dir or str(run.candidate_dir.absolute()),
         "install_path": run.runtime.install_path,
     }
     if kit_path is not None:
@@ -319,7 +349,6 @@ def build_command(
     timeout_plan: AgentTimeoutPlan,
     harbor_executable: Path,
     base_env: Mapping[str, str] | None = None,
-    launcher_socket: Path | None = None,
     kit_path: Path | None = None,
     compose_labels: Mapping[str, Any] | None = None,
     case_route: Mapping[str, Any] | None = None,
@@ -327,6 +356,7 @@ def build_command(
     program_agent: str = INSTALL_AGENT_IMPORT_PATH,
     agent_kwargs: Mapping[str, object] | None = None,
     disable_verification: bool = False,
+    arms: Sequence[AgentArm] | None = None,
 ) -> HarborCommand:
     """The `harbor run` command for `case_names` of `run`, as job `job_name` in `run.jobs_dir`.
 
@@ -337,7 +367,6 @@ def build_command(
         timeout_plan: from `plan_agent_timeout`.
         harbor_executable: from `find_harbor_executable` (or a test's own).
         base_env: the caller's environment (default `os.environ`).
-        launcher_socket: `kind: agent`: the `CandidateLauncher` socket `CandidateAgent` connects to.
         kit_path: the static case kit the install agent (`kind: program`) or the candidate agent
             (`kind: agent`) uploads into each case (`--ak kit_path`; without it the agent finds one
             itself, `vero.harbor.casekit.kit_binary`).
@@ -353,24 +382,18 @@ def build_command(
             candidate class's keyword arguments (`--ak candidate_kwargs`, passed on by `CandidateAgent`).
         disable_verification: `--disable-verification` (the trials run no tests: the baseline's
             install witness, `vero.harbor.install_witness`).
+        arms: the round's arms (see the module docstring): one (the run's candidate, or a paired
+            run's arm left alone), or a paired run's, the run's own candidate first. `kind: agent`:
+            each with its launcher socket. None: the run's candidate with no launcher socket.
 
     Raises:
         ValueError: `case_names` is empty, the runtime lacks its agent import path / install path,
-            or a `kind: agent` run has no launcher socket.
+            a `kind: agent` run (or arm) has no launcher socket, or `arms` is empty.
     """
     if not case_names:
         raise ValueError("a nested run needs at least one case")
-    runtime = run.runtime
-    if runtime.kind == "agent":
-        if not runtime.agent_import_path:
-            raise ValueError("runtime.agent_import_path is required for kind 'agent'")
-        if launcher_socket is None:
-            raise ValueError("a kind 'agent' run needs a candidate launcher socket")
-        agent = CANDIDATE_AGENT_IMPORT_PATH
-    else:
-        if not runtime.install_path:
-            raise ValueError("runtime.install_path is required for kind 'program'")
-        agent = program_agent
+    arms = list(arms) if arms is not None else [AgentArm(run.candidate_dir)]
+    agent = _agent_import_path(run, arms, program_agent)
     jobs_dir = run.jobs_dir.absolute()
     argv: list[str] = [str(harbor_executable), "run", "-y", "-q", "-p", str(run.cases_dir.absolute())]
     for name in case_names:
@@ -388,19 +411,39 @@ def build_command(
         str(jobs_dir),
     ]
     config_file: tuple[Path, str] | None = None
-    if timeout_plan.override_timeout_sec is not None:
-        path = jobs_dir / f"{job_name}.agent-config.json"
-        text = json.dumps(
-            {"agents": [{"import_path": agent, "override_timeout_sec": timeout_plan.override_timeout_sec}]},
-            indent=2,
-            sort_keys=True,
+    override = (
+        {"override_timeout_sec": timeout_plan.override_timeout_sec}
+        if timeout_plan.override_timeout_sec is not None
+        else {}
+    )
+    if len(arms) > 1:
+        agents = [
+            {
+                "import_path": agent,
+                "kwargs": _agent_kwargs(
+                    run, arm.launcher_socket, kit_path, agent_kwargs, candidate_dir=arm_key(arm.candidate_dir)
+                ),
+                **override,
+            }
+            for arm in arms
+        ]
+        config_file = (jobs_dir / f"{job_name}.agent-config.json", _job_config_text(agents))
+        argv += ["-c", str(config_file[0])]
+    elif override:
+        config_file = (
+            jobs_dir / f"{job_name}.agent-config.json",
+            _job_config_text([{"import_path": agent, **override}]),
         )
-        config_file = (path, text)
-        argv += ["-c", str(path)]
+        argv += ["-c", str(config_file[0])]
     else:
         argv += ["-a", agent]
-    for key, value in _agent_kwargs(run, launcher_socket, kit_path, agent_kwargs).items():
-        argv += ["--ak", f"{key}={json.dumps(value)}"]
+    if len(arms) == 1:
+        (arm,) = arms
+        kwargs = _agent_kwargs(
+            run, arm.launcher_socket, kit_path, agent_kwargs, candidate_dir=arm_key(arm.candidate_dir)
+        )
+        for key, value in kwargs.items():
+            argv += ["--ak", f"{key}={json.dumps(value)}"]
     if timeout_plan.agent_timeout_multiplier is not None:
         if not math.isfinite(timeout_plan.agent_timeout_multiplier):
             raise ValueError("agent timeout multiplier must be finite")
@@ -423,6 +466,33 @@ def build_command(
         config_file=config_file,
         compose_file=compose_file,
     )
+
+
+def _agent_import_path(run: NestedRun, arms: Sequence[AgentArm], program_agent: str) -> str:
+    """The agent Harbor imports for `run`'s trials: vero's `CandidateAgent` (`kind: agent`, each arm
+    with its launcher socket) or `program_agent` (`kind: program`).
+
+    Raises:
+        ValueError: no arm, the runtime lacks its agent import path / install path, or an arm of a
+            `kind: agent` run has no launcher socket.
+    """
+    runtime = run.runtime
+    if not arms:
+        raise ValueError("a nested run needs at least one arm")
+    if runtime.kind == "agent":
+        if not runtime.agent_import_path:
+            raise ValueError("runtime.agent_import_path is required for kind 'agent'")
+        if any(arm.launcher_socket is None for arm in arms):
+            raise ValueError("a kind 'agent' run needs a candidate launcher socket")
+        return CANDIDATE_AGENT_IMPORT_PATH
+    if not runtime.install_path:
+        raise ValueError("runtime.install_path is required for kind 'program'")
+    return program_agent
+
+
+def _job_config_text(agents: list[dict[str, Any]]) -> str:
+    """The job config file (`-c`) holding the agent configs (Harbor's `JobConfig.agents`)."""
+    return json.dumps({"agents": agents}, indent=2, sort_keys=True)
 
 
 def _is_bool_like(value: str) -> bool:

@@ -171,6 +171,8 @@ class TrialOutcome:
         rejected_reward: the finite out-of-range value of a `reward_out_of_range` trial.
         flags: what the case kit, the install agent and the candidate agent noticed, sorted.
         reward_keys: the keys of a `reward_key_missing` trial's rewards (sorted), else None.
+        candidate_dir: the `candidate_dir` kwarg of the trial's agent config (which arm of a
+            paired run it belongs to), as Harbor recorded it; None without one.
     """
 
     case: str
@@ -182,6 +184,7 @@ class TrialOutcome:
     flags: tuple[str, ...] = ()
     reward_keys: tuple[str, ...] | None = None
     exception_message: str | None = None
+    candidate_dir: str | None = None
 
     @property
     def infrastructure(self) -> bool:
@@ -430,7 +433,15 @@ def read_trial(
         rejected_reward=rejected,
         flags=flags,
         reward_keys=_keys_without(result, reward_key) if outcome is AttemptOutcome.REWARD_KEY_MISSING else None,
+        candidate_dir=_candidate_dir(result),
     )
+
+
+def _candidate_dir(result) -> str | None:
+    """The agent config's `candidate_dir` kwarg (`config.agent.kwargs`, written by Harbor from the job
+    config vero gave it), or None."""
+    value = (getattr(result.config.agent, "kwargs", None) or {}).get("candidate_dir")
+    return value if isinstance(value, str) else None
 
 
 def _job_finished(job_dir: Path) -> bool:

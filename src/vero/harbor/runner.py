@@ -44,6 +44,15 @@ Leftovers are found by the labels every round puts on its environments (`vero.se
 `vero.job`: `vero.harbor.leftovers`) and by the trial dirs of its job dir. After `interrupt()` (the
 process is stopping) the group is killed without a grace period and the removal is one quick pass.
 
+Paired runs (`evaluate_paired`: the verifier's target with its baseline, `vero.verifier.verdict`):
+each round is still one `harbor run`, with one agent config per arm that has cases left
+(`vero.harbor.command`), so both arms' trials of a case run next to each other; a trial belongs to
+the arm whose checkout its agent config names. Each arm keeps its own attempts and pending cases;
+an arm whose `kind: agent` pre-flight fails gets its dead attempts and leaves the rounds to the
+other. Only the candidate's arm can make the evaluation an `InfrastructureFailure`: what the
+baseline's arm still lacks after the retries comes back as cases without attempts, which the
+verdict counts as missing evidence (the candidate's measurement stands as it would alone).
+
 Diagnostics and secrets: the last `tail_bytes` of Harbor's merged output, secret values scrubbed,
 go to the trusted log `<jobs_dir>/<job_name>.harbor.log` (mode 0600) and the `vero.harbor` logger,
 never into exception messages. The same tails, the case problems and each failed trial's exception
@@ -78,16 +87,17 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import tenacity
 
 from vero.core.diagnostics import CaseProblem
-from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
-from vero.core.run import NestedRun
+from vero.core.evaluation import AttemptOutcome, EvaluationResult
+from vero.core.run import NestedRun, PairedResult, RunArm
 from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
+from vero.harbor.arms import EVALUATION_TIMEOUT_EXCEPTION, Arm, RoundContext, now
 from vero.harbor.boundary import CandidateLauncher
 from vero.harbor.boundary.fence import FenceUnavailable, NetworkFence, endpoints_of
 from vero.harbor.boundary.launcher import HostBinding
@@ -97,7 +107,6 @@ from vero.harbor.case_route import case_route_compose
 from vero.harbor.causes import CauseLog
 from vero.harbor.command import (
     INSTALL_AGENT_IMPORT_PATH,
-    AgentTimeoutPlan,
     HarborCommand,
     build_command,
     declared_agent_timeouts,
@@ -116,7 +125,7 @@ from vero.harbor.leftovers import (
     terminate_modal_sandboxes,
 )
 from vero.harbor.process import ProcessOutcome, finish_uncancellable, run_process_group
-from vero.harbor.results import JobCollation, collate_job, merge_outcomes
+from vero.harbor.results import JobCollation, collate_job
 
 __all__ = ["EVALUATION_TIMEOUT_EXCEPTION", "PREFLIGHT_TIMEOUT_EXCEPTION", "HarborBackend"]
 
@@ -125,10 +134,6 @@ logger = logging.getLogger("vero.harbor")
 PREFLIGHT_TIMEOUT_EXCEPTION = "AgentImportTimeoutError"
 """Exception type recorded on dead attempts when the candidate's agent class took longer than the
 pre-flight limit to import and construct."""
-
-EVALUATION_TIMEOUT_EXCEPTION = "EvaluationTimeoutError"
-"""Exception type recorded on the `timed_out` attempts vero adds for trials that never finished
-before `harbor.evaluation_timeout_sec` ran out."""
 
 _CASE_CHECKS: dict[tuple, tuple[CaseProblem, ...]] = {}
 """Per process: (cases dir, case, environment, available names, uid) -> that case's problems.
@@ -139,16 +144,14 @@ _SCRUB_MAX_BYTES = 16 * 1024 * 1024
 
 
 class _Unmeasured(Exception):
-    """A round left cases without any kept attempt (internal; retried, then InfrastructureFailure)."""
+    """A round left cases without any kept attempt (internal; retried, then InfrastructureFailure
+    when `primary`: the candidate's arm is among them)."""
 
-    def __init__(self, n_unmeasured: int, reason: str):
+    def __init__(self, n_unmeasured: int, reason: str, primary: bool = True):
         super().__init__(f"{n_unmeasured} case(s) unmeasured: {reason}")
         self.n_unmeasured = n_unmeasured
         self.reason = reason
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
+        self.primary = primary
 
 
 def _dedupe(names: Sequence[str]) -> list[str]:
@@ -331,45 +334,109 @@ class HarborBackend:
                 caller refunds).
             ValueError: `run.case_names` is empty or `run.evaluation_id` is not a portable name.
         """
+        (result,) = await self._evaluate_arms(run, [Arm(None, run.candidate, run.candidate_dir, run.candidate_env)])
+        return result
+
+    async def evaluate_paired(self, run: NestedRun, baseline: RunArm) -> PairedResult:
+        """Run the selected cases with `run`'s candidate and with `baseline`, in one Harbor job per
+        round (one agent config per arm, `vero.harbor.command`; `PairedEvaluationBackend`).
+
+        Every round runs the arms that still have cases to measure; a case the baseline's arm could
+        not measure after every retry comes back without attempts instead of failing the run.
+        `kind: agent`: each arm has its own `CandidateLauncher` and so its own hosts and gateway
+        token (`RunArm.candidate_env`).
+
+        Raises:
+            As `evaluate` (infrastructure failures count for the candidate's arm only).
+        """
+        if baseline.candidate_dir.absolute() == run.candidate_dir.absolute():
+            raise ValueError("the two arms of a paired run need two checkouts")
+        candidate, base = await self._evaluate_arms(
+            run,
+            [
+                Arm("candidate", run.candidate, run.candidate_dir, run.candidate_env),
+                Arm("baseline", baseline.candidate, baseline.candidate_dir, baseline.candidate_env),
+            ],
+        )
+        return PairedResult(candidate=candidate, baseline=base)
+
+    async def _evaluate_arms(self, run: NestedRun, arms: list[Arm]) -> list[EvaluationResult]:
         if run.runtime.kind != "agent":
-            return await self._evaluate(run, None)
+            return await self._evaluate(run, arms)
         agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
-        token, binding = run.candidate_env.get("VERO_INFERENCE_TOKEN"), self.host_binding
-        on_host = None
-        if token and binding is not None:
-
-            def on_host(uid: int, alive: bool) -> None:
-                (binding.bind_host if alive else binding.release_host)(token, uid)
-
         async with contextlib.AsyncExitStack() as stack:
-            launcher = CandidateLauncher(
-                self.python_executable,
-                agent_uid=agent_uid,
-                env=run.candidate_env,
-                isolate=self.isolate_candidates,
-                on_host=on_host,
-            )
-            if self.network_fence is not None:
-                if not launcher.isolated:
-                    raise FenceUnavailable(
-                        "candidate hosts would run as this process's user, which the network fence does not "
-                        "confine (the sidecar and the verifier run as root); kind: agent evaluations do not "
-                        "run unconfined"
-                    )
-                await stack.enter_async_context(self.network_fence.admitting(endpoints_of(run.candidate_env)))
-            await stack.enter_async_context(launcher)
-            return await self._evaluate(run, launcher)
+            for arm in arms:
+                launcher = CandidateLauncher(
+                    self.python_executable,
+                    agent_uid=agent_uid,
+                    env=arm.candidate_env,
+                    isolate=self.isolate_candidates,
+                    on_host=self._host_callback(arm.candidate_env),
+                )
+                await self._fence(stack, launcher, arm.candidate_env)
+                arm.launcher = await stack.enter_async_context(launcher)
+            return await self._evaluate(run, arms)
 
-    async def _evaluate(self, run: NestedRun, launcher: CandidateLauncher | None) -> EvaluationResult:
-        started_at = _now()
+    async def _fence(
+        self, stack: contextlib.AsyncExitStack, launcher: CandidateLauncher, candidate_env: Mapping[str, str]
+    ) -> None:
+        """With `confine_candidates`: admit an arm's gateway endpoints (from its hosts' variables:
+        each arm its own token and, with a case route, its own listener) to the fence until `stack`
+        closes, before its launcher opens.
+
+        Raises:
+            FenceUnavailable: the hosts would not run as throw-away uids, or the fence cannot be installed.
+        """
+        if self.network_fence is None:
+            return
+        if not launcher.isolated:
+            raise FenceUnavailable(
+                "candidate hosts would run as this process's user, which the network fence does not "
+                "confine (the sidecar and the verifier run as root); kind: agent evaluations do not "
+                "run unconfined"
+            )
+        await stack.enter_async_context(self.network_fence.admitting(endpoints_of(candidate_env)))
+
+    def _host_callback(self, candidate_env: Mapping[str, str]) -> Callable[[int, bool], None] | None:
+        """Binds each candidate host's uid to the arm's gateway token while the host lives."""
+        token, binding = candidate_env.get("VERO_INFERENCE_TOKEN"), self.host_binding
+        if not token or binding is None:
+            return None
+
+        def on_host(uid: int, alive: bool) -> None:
+            (binding.bind_host if alive else binding.release_host)(token, uid)
+
+        return on_host
+
+    async def _evaluate(self, run: NestedRun, arms: list[Arm]) -> list[EvaluationResult]:
+        """Steps 0-4 of the module docstring for `arms`: one `EvaluationResult` per arm, in order."""
+        ctx = await self._begin(run, arms)
+        for arm in arms:
+            arm.start(ctx.case_names)
+        await self._preflight_arms(ctx, arms)
+        if not any(arm.pending for arm in arms):
+            return ctx.results(arms, 0)
+        rounds = await self._measure(ctx, arms)
+        await self._judge_installs(ctx, arms)
+        return ctx.results(arms, rounds - 1)
+
+    async def _begin(self, run: NestedRun, arms: Sequence[Arm]) -> RoundContext:
+        """Step 0 (the jobs dir made the runner's on the way), and what every round of `run` shares.
+
+        Raises:
+            ValueError: no case, or the evaluation id is not a portable name.
+            InfrastructureFailure: an arm's checkout is missing, the case kit is unavailable, or
+                `run_as` cannot use the run's paths (`_check_access`).
+            CaseMisconfigured: a selected case cannot be run here (`_check_cases`).
+        """
+        started_at = now()
         case_names = _dedupe(run.case_names)
         if not case_names:
             raise ValueError("an evaluation needs at least one case")
         if not _JOB_NAME.match(run.evaluation_id):
             raise ValueError("evaluation_id must be a portable name ([A-Za-z0-9][A-Za-z0-9._-]*)")
-        reward_key = run.reward_key or run.scoring.reward_key
         failure_value = run.failure_value if run.failure_value is not None else run.scoring.effective_failure_value()
-        if not run.candidate_dir.is_dir():
+        if not all(arm.candidate_dir.is_dir() for arm in arms):
             raise InfrastructureFailure("the candidate checkout is missing")
         env = nested_env(run, self._base_env)
         secrets = list(run.env.values())
@@ -379,91 +446,52 @@ class HarborBackend:
             # Harbor's job dirs (trial results, case outputs) are the runner's alone: candidate hosts
             # of `kind: agent` targets run as other uids and must not even read them.
             await asyncio.to_thread(os.chmod, run.jobs_dir, 0o700)
-        await self._check_access(run, env, kit)
+        for arm in arms:
+            await self._check_access(run.model_copy(update={"candidate_dir": arm.candidate_dir}), env, kit)
         causes = CauseLog(secrets)
         if self.check_cases:
             await self._check_cases(run, case_names, causes)
         declared = await asyncio.to_thread(declared_agent_timeouts, run.cases_dir, case_names)
-        plan = plan_agent_timeout(run.harbor.case_timeout_sec, declared)
+        return RoundContext(
+            run=run,
+            case_names=case_names,
+            plan=plan_agent_timeout(run.harbor.case_timeout_sec, declared),
+            env=env,
+            secrets=secrets,
+            reward_key=run.reward_key or run.scoring.reward_key,
+            failure_value=failure_value,
+            kit=kit,
+            causes=causes,
+            paired=len(arms) > 1,
+            started_at=started_at,
+        )
 
-        def result(attempts: Mapping[str, list[AttemptResult]], job_dir: Path | None, retries: int) -> EvaluationResult:
-            cases = [CaseResult.from_attempts(name, attempts[name], failure_value) for name in case_names]
-            diagnostics = causes.build()  # kept only when something failed: clean runs stay small
-            return EvaluationResult.from_cases(
-                partition=run.partition,
-                candidate=run.candidate,
-                reward_key=reward_key,
-                cases=cases,
-                started_at=started_at,
-                finished_at=_now(),
-                job_dir=str(job_dir) if job_dir is not None else None,
-                infra_retries=retries,
-                diagnostics=diagnostics if diagnostics.has_failures or retries else None,
+    async def _preflight_arms(self, ctx: RoundContext, arms: Sequence[Arm]) -> None:
+        """Step 1 for every `kind: agent` arm: an arm whose candidate fails it gets its dead
+        attempts and leaves the rounds to the others."""
+        for arm in arms:
+            if arm.launcher is None:
+                continue
+            failure_type = await self._preflight(
+                ctx.run.model_copy(update={"candidate_dir": arm.candidate_dir}), arm.launcher
             )
-
-        if launcher is not None:
-            failure_type = await self._preflight(run, launcher)
             if failure_type is not None:
                 logger.info(
-                    "evaluation %s: candidate agent failed its import pre-flight (%s)", run.evaluation_id, failure_type
+                    "evaluation %s: candidate agent failed its import pre-flight (%s)",
+                    ctx.run.evaluation_id,
+                    failure_type,
                 )
-                dead = {
-                    name: [
-                        AttemptResult(
-                            trial_name=f"{name}__preflight-{i}",
-                            exception_type=failure_type,
-                            outcome=AttemptOutcome.DEAD,
-                        )
-                        for i in range(run.harbor.n_attempts)
-                    ]
-                    for name in case_names
-                }
-                return result(dead, None, 0)
+                arm.fail_preflight(ctx.case_names, ctx.run.harbor.n_attempts, failure_type, ctx.paired)
 
-        attempts: dict[str, list[AttemptResult]] = {name: [] for name in case_names}
-        install_messages: dict[str, str] = {}
-        pending = list(case_names)
+    async def _measure(self, ctx: RoundContext, arms: Sequence[Arm]) -> int:
+        """Steps 2-3: rounds until every arm's cases are measured, retried with back-off while some
+        are not. Returns how many rounds ran.
+
+        Raises:
+            InfrastructureFailure: the candidate's arm (the first) still has unmeasured cases.
+        """
+        run = ctx.run
         rounds = 0
-        first_job_dir = run.jobs_dir.absolute() / run.evaluation_id
-
-        async def one_round() -> None:
-            nonlocal pending, rounds
-            job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
-            rounds += 1
-            collation, timed_out = await self._run_round(
-                run, job_name, pending, plan, env, secrets, reward_key, launcher, kit, causes
-            )
-            _raise_case_problems(collation, set(pending), reward_key, causes)
-            for trial in collation.trials:
-                if trial.case in pending and trial.outcome is AttemptOutcome.INSTALL_FAILED:
-                    install_messages.setdefault(trial.case, trial.exception_message or "")
-            before = {name: len(attempts[name]) for name in pending}
-            n_infra = merge_outcomes(attempts, collation.trials, set(pending))
-            n_timed_out = 0
-            if timed_out:
-                n_timed_out = _charge_unfinished(attempts, collation, pending, before, run.harbor.n_attempts)
-            pending = [name for name in pending if not attempts[name]]
-            logger.info(
-                "evaluation %s: job %s read: %d trial(s), %d infrastructure, %d unfinished, "
-                "%d attempt(s) timed out, %d case(s) unmeasured",
-                run.evaluation_id,
-                job_name,
-                len(collation.trials),
-                n_infra,
-                collation.n_unfinished,
-                n_timed_out,
-                len(pending),
-            )
-            if pending and timed_out:
-                raise InfrastructureFailure(
-                    f"nested evaluation hit its wall clock ({run.harbor.evaluation_timeout_sec:g} s) with "
-                    f"{len(pending)} of {len(case_names)} case(s) measured by infrastructure failures only",
-                    diagnostics=causes.build(),
-                )
-            if pending:
-                reason = "no trial result" if not collation.trials else "only infrastructure failures"
-                raise _Unmeasured(len(pending), reason)
-
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(run.harbor.infra_retries + 1),
             wait=self.infra_wait,
@@ -480,84 +508,130 @@ class HarborBackend:
         try:
             async for attempt in retrying:
                 with attempt:
-                    await one_round()
+                    job_name = run.evaluation_id if rounds == 0 else f"{run.evaluation_id}.retry-{rounds}"
+                    rounds += 1
+                    await self._one_round(ctx, arms, job_name)
         except _Unmeasured as exc:
+            if exc.primary:
+                raise InfrastructureFailure(
+                    f"nested evaluation measured nothing for {exc.n_unmeasured} of {len(ctx.case_names)} case(s) "
+                    f"after {rounds} attempt(s): {exc.reason}",
+                    diagnostics=ctx.causes.build(),
+                ) from None
+            logger.warning(
+                "evaluation %s: the baseline arm left %d case(s) unmeasured after %d attempt(s): %s",
+                run.evaluation_id,
+                exc.n_unmeasured,
+                rounds,
+                exc.reason,
+            )
+        return rounds
+
+    async def _one_round(self, ctx: RoundContext, arms: Sequence[Arm], job_name: str) -> None:
+        """One round of the arms with cases left, read into each arm.
+
+        Raises:
+            CaseMisconfigured: a trial found its case broken (`_raise_case_problems`).
+            InfrastructureFailure: the round hit the wall clock with cases of the candidate's arm
+                measured by infrastructure failures only.
+            _Unmeasured: some arm still has cases without a kept attempt (retried).
+        """
+        run = ctx.run
+        running = [arm for arm in arms if arm.pending]
+        cases = [name for name in ctx.case_names if any(name in arm.pending for arm in running)]
+        collation, timed_out = await self._run_round(ctx, job_name, cases, running)
+        by_arm = [(arm, arm.own_trials(collation, ctx.paired)) for arm in running]
+        for arm, own in by_arm:
+            arm.ran = True
+            await asyncio.to_thread(ctx.causes.add_trials, collation.job_dir, own.trials, arm.label)
+        _raise_case_problems(collation, set(cases), ctx.reward_key, ctx.causes)
+        for arm, own in by_arm:
+            n_infra, n_timed_out = arm.read(own, timed_out=timed_out, n_attempts=run.harbor.n_attempts)
+            logger.info(
+                "evaluation %s: job %s read%s: %d trial(s), %d infrastructure, %d unfinished, "
+                "%d attempt(s) timed out, %d case(s) unmeasured",
+                run.evaluation_id,
+                job_name,
+                f" ({arm.label} arm)" if ctx.paired else "",
+                len(own.trials),
+                n_infra,
+                collation.n_unfinished,
+                n_timed_out,
+                len(arm.pending),
+            )
+        primary = arms[0]
+        if primary.pending and timed_out:
             raise InfrastructureFailure(
-                f"nested evaluation measured nothing for {exc.n_unmeasured} of {len(case_names)} case(s) "
-                f"after {rounds} attempt(s): {exc.reason}",
-                diagnostics=causes.build(),
-            ) from None
+                f"nested evaluation hit its wall clock ({run.harbor.evaluation_timeout_sec:g} s) with "
+                f"{len(primary.pending)} of {len(ctx.case_names)} case(s) measured by infrastructure failures only",
+                diagnostics=ctx.causes.build(),
+            )
+        pending = [arm for arm in arms if arm.pending]
+        if pending and not timed_out:  # past the wall clock, what another arm left unmeasured stays so
+            reason = "no trial result" if not collation.trials else "only infrastructure failures"
+            raise _Unmeasured(len(pending[0].pending), reason, primary=bool(primary.pending))
+
+    async def _judge_installs(self, ctx: RoundContext, arms: Sequence[Arm]) -> None:
+        """Step 4 (`vero.harbor.install_witness`). In a paired run the baseline's own arm is the
+        witness of every case: where it could not install either, the case is broken; where it did,
+        the candidate's install failures are its own dead attempts."""
+        run, witness_arm = ctx.run, arms[-1]
+        if ctx.paired:
+            run = run.model_copy(
+                update={"candidate_dir": witness_arm.candidate_dir, "baseline_dir": witness_arm.candidate_dir}
+            )
 
         async def witness_round(witness: NestedRun, cases: list[str]) -> JobCollation:
+            own = Arm(None, ctx.run.candidate, witness.candidate_dir, {})
             collation, _ = await self._run_round(
-                witness,
-                f"{run.evaluation_id}{WITNESS_JOB_SUFFIX}",
+                dataclasses.replace(ctx, run=witness, paired=False),
+                f"{ctx.run.evaluation_id}{WITNESS_JOB_SUFFIX}",
                 cases,
-                plan,
-                env,
-                secrets,
-                reward_key,
-                None,
-                kit,
-                causes,
-                program_agent=INSTALL_AGENT_IMPORT_PATH,
-                disable_verification=True,
+                [own],
+                witness=True,
             )
+            await asyncio.to_thread(ctx.causes.add_trials, collation.job_dir, collation.trials)
             return collation
 
         await judge_install_failures(
-            run, attempts, install_messages, run_witness=witness_round, secrets=secrets, causes=causes
+            run,
+            witness_arm.attempts,
+            witness_arm.install_messages,
+            run_witness=witness_round,
+            secrets=ctx.secrets,
+            causes=ctx.causes,
         )
-        return result(attempts, first_job_dir, rounds - 1)
 
     async def _run_round(
         self,
-        run: NestedRun,
+        ctx: RoundContext,
         job_name: str,
         case_names: Sequence[str],
-        plan: AgentTimeoutPlan,
-        env: Mapping[str, str],
-        secrets: Sequence[str],
-        reward_key: str,
-        launcher: CandidateLauncher | None,
-        kit: Path | None,
-        causes: CauseLog,
+        arms: Sequence[Arm],
         *,
-        program_agent: str | None = None,
-        disable_verification: bool = False,
+        witness: bool = False,
     ) -> tuple[JobCollation, bool]:
-        """One `harbor run` of `case_names` (step 2 of the module docstring); `program_agent` (with
-        no extra arguments) and `disable_verification` serve the install witness
-        (`vero.harbor.install_witness`)."""
-        session = run.session or self.session
-        labels = options = route = None
-        if run.harbor.environment == "docker":
-            labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
-            if run.case_network is not None:
-                route = await asyncio.to_thread(case_route_compose, run.case_network, run.cases_dir, case_names)
-                if route is None:
-                    logger.warning(
-                        "evaluation %s: case services not routed to the gateway: a selected case's network "
-                        "is not public",
-                        run.evaluation_id,
-                    )
-        elif run.harbor.environment == "modal":
-            options = modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
+        """One `harbor run` of `case_names` (step 2 of the module docstring) with the `arms` that have
+        cases left (one agent config each when several; a single arm by `--ak`); `witness`: the
+        install witness's round (`vero.harbor.install_witness`: vero's install agent with no extra
+        arguments, no tests). Returns the round's collation and whether the wall clock cut it."""
+        run, env, secrets, causes = ctx.run, ctx.env, ctx.secrets, ctx.causes
+        labels, route, options = await self._round_environment(run, case_names)
         command = build_command(
             run,
             job_name=job_name,
             case_names=case_names,
-            timeout_plan=plan,
+            timeout_plan=ctx.plan,
             harbor_executable=self.harbor_executable,
             base_env=self._base_env,
-            launcher_socket=launcher.socket_path if launcher is not None else None,
-            kit_path=kit,
+            kit_path=ctx.kit,
             compose_labels=labels,
             case_route=route,
             environment_options=options,
-            program_agent=program_agent or self.program_agent,
-            agent_kwargs={} if program_agent else self.agent_kwargs,
-            disable_verification=disable_verification,
+            program_agent=INSTALL_AGENT_IMPORT_PATH if witness else self.program_agent,
+            agent_kwargs={} if witness else self.agent_kwargs,
+            disable_verification=witness,
+            arms=[arm.agent_arm() for arm in arms],
         )
         try:
             await asyncio.to_thread(self._prepare_job_dir, command)
@@ -600,9 +674,8 @@ class HarborBackend:
         )
         if secrets:
             await asyncio.to_thread(_scrub_tree, command.job_dir, secrets)
-        collation = await asyncio.to_thread(collate_job, command.job_dir, reward_key, run.scoring.reward_range)
+        collation = await asyncio.to_thread(collate_job, command.job_dir, ctx.reward_key, run.scoring.reward_range)
         collation = await self._excuse_unreachable_engine(run, env, collation)
-        await asyncio.to_thread(causes.add_trials, command.job_dir, collation.trials)
         if outcome.timed_out or not collation.job_finished:
             # Harbor tears its environments down itself when it finishes; after a kill or a crash
             # the job's Compose projects may still be up.
@@ -615,6 +688,28 @@ class HarborBackend:
                 outcome.duration_sec,
             )
         return collation, outcome.timed_out
+
+    async def _round_environment(
+        self, run: NestedRun, case_names: Sequence[str]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
+        """The environment-specific parts of a round's command: Docker's compose labels and (with
+        `NestedRun.case_network`) the case route, Modal's options (`vero.harbor.leftovers`,
+        `vero.harbor.case_route`)."""
+        session = run.session or self.session
+        if run.harbor.environment == "modal":
+            return None, None, modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
+        if run.harbor.environment != "docker":
+            return None, None, None
+        labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
+        route = None
+        if run.case_network is not None:
+            route = await asyncio.to_thread(case_route_compose, run.case_network, run.cases_dir, case_names)
+            if route is None:
+                logger.warning(
+                    "evaluation %s: case services not routed to the gateway: a selected case's network is not public",
+                    run.evaluation_id,
+                )
+        return labels, route, None
 
     async def _excuse_unreachable_engine(
         self, run: NestedRun, env: Mapping[str, str], collation: JobCollation
@@ -817,40 +912,6 @@ class HarborBackend:
             return await asyncio.wait_for(preflight_in_host(launcher, run), self.preflight_timeout_sec)
         except TimeoutError:
             return PREFLIGHT_TIMEOUT_EXCEPTION
-
-
-def _charge_unfinished(
-    attempts: dict[str, list[AttemptResult]],
-    collation: JobCollation,
-    cases: Sequence[str],
-    before: Mapping[str, int],
-    n_attempts: int,
-) -> int:
-    """After a round cut by the wall clock: every attempt of `cases` that did not finish this round
-    becomes a `timed_out` dead attempt. Returns how many were added.
-
-    A case expects `n_attempts` trials per round; those that finished (kept in `attempts` since
-    `before`) or were shown to be infrastructure count, the rest (killed without a result, or never
-    started) did not finish.
-    """
-    infra: dict[str, int] = {}
-    for trial in collation.trials:
-        if trial.infrastructure:
-            infra[trial.case] = infra.get(trial.case, 0) + 1
-    added = 0
-    for name in cases:
-        finished = len(attempts[name]) - before[name]
-        missing = n_attempts - finished - infra.get(name, 0)
-        for index in range(max(missing, 0)):
-            attempts[name].append(
-                AttemptResult(
-                    trial_name=f"{name}__unfinished-{index + 1}",
-                    outcome=AttemptOutcome.TIMED_OUT,
-                    exception_type=EVALUATION_TIMEOUT_EXCEPTION,
-                )
-            )
-            added += 1
-    return added
 
 
 def _raise_case_problems(collation: JobCollation, cases: set[str], reward_key: str, causes: CauseLog) -> None:

@@ -283,7 +283,7 @@ class SelectionSpec(_Model):
 
 
 class TargetPartition(_Model):
-    """A hidden partition scored by the verifier."""
+    """A hidden partition scored by the verifier, and how its verdict is reached (`vero.verifier.verdict`)."""
 
     reward_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     """Key the verifier writes this target's reward under in the compiled task's `reward.json`
@@ -291,7 +291,23 @@ class TargetPartition(_Model):
     partition name. The cases' own key is `scoring.reward_key`."""
     failure_value: float | None = None
     """Reward written for the whole target when it cannot be measured (a broken case, no valid
-    measurement); it can never beat a real measurement. Default: `scoring.failure_value`."""
+    measurement); it can never beat a real measurement. Default: `scoring.failure_value`; required
+    with `reward: lift` (a lift may be negative, so no default can be below every real one)."""
+    score_baseline: bool = True
+    """Score the baseline on this target beside the shipped candidate (the same cases and attempts,
+    both arms in one nested Harbor job, interleaved per case), for the verdict. False: only the
+    candidate is scored and the verdict is `not_compared`."""
+    n_attempts: int | None = Field(default=None, ge=1)
+    """Attempts per case and arm on this target (default `harbor.n_attempts`; not fewer)."""
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
+    """Level of the interval of the mean lift (0.95: a 95% interval)."""
+    max_missing_fraction: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
+    """Most of an arm's attempts that may lack a valid measurement (no reward, an invalid reward,
+    infrastructure, unmeasured) before the verdict is `unmeasurable` (0.1: a tenth)."""
+    reward: Literal["score", "lift"] = "score"
+    """What Harbor's reward holds: `score`, the candidate's score (as without a verdict), or `lift`,
+    the mean paired lift over the baseline in the scoring direction (positive is better); the
+    failure value when the verdict is `unmeasurable`."""
 
 
 class HarborSpec(_Model):

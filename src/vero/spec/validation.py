@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from vero.errors import SpecError, SpecIssue
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases, read_partition_file
-from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec
+from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec, TargetPartition
 
 __all__ = ["check_build_secrets", "check_spec"]
 
@@ -71,6 +71,7 @@ def check_spec(spec: OptimizationSpec, *, source: str | None = None) -> Optimiza
     if not any(i.loc.startswith("cases") for i in issues):
         _check_cases_exist(spec, partitions, declared, add, issues)
     _check_access_and_targets(spec, partitions, add, issues)
+    _check_verdicts(spec, add)
     _check_selection_and_scoring(spec, add)
     _check_harbor(spec, add)
     _check_inference(spec, add)
@@ -202,6 +203,32 @@ def _check_access_and_targets(
     keys = spec.target_reward_keys() if spec.targets else {}
     if len(set(keys.values())) != len(keys):
         add("targets", "reward_key values must be unique")
+
+
+def _check_verdicts(spec: OptimizationSpec, add: Add) -> None:
+    """Each target's verdict settings (`_check_verdict`)."""
+    for name, target in spec.targets.items():
+        _check_verdict(spec, name, target, add)
+
+
+def _check_verdict(spec: OptimizationSpec, name: str, target: TargetPartition, add: Add) -> None:
+    """How a target's verdict is reached (`vero.verifier.verdict`): a lift reward needs a baseline
+    to be lifted over and a failure value no real lift goes below; attempts never fall under the
+    sidecar's (the final number would rest on less evidence than the agent's own)."""
+    if target.reward == "lift":
+        if not target.score_baseline:
+            add(f"targets.{name}.reward", "reward: lift needs score_baseline: true (the lift is over the baseline)")
+        if target.failure_value is None:
+            add(
+                f"targets.{name}.failure_value",
+                "required with reward: lift (a lift may be negative: choose a value no real lift goes below)",
+            )
+    if target.n_attempts is not None and target.n_attempts < spec.harbor.n_attempts:
+        add(
+            f"targets.{name}.n_attempts",
+            f"expected at least harbor.n_attempts ({spec.harbor.n_attempts}): the final score may ask for more "
+            "attempts than the sidecar's, never fewer",
+        )
 
 
 def _check_selection_and_scoring(spec: OptimizationSpec, add: Add) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vero.core.archive import file_digest
 from vero.core.diagnostics import CaseProblem
-from vero.core.run import EvaluationBackend, EvaluationRuntime, RunAs
+from vero.core.run import EvaluationBackend, EvaluationRuntime, PairedEvaluationBackend, RunAs
 from vero.core.session import Session, read_session
 from vero.core.usage import InferenceUsage
 from vero.errors import SessionInvalid
@@ -27,6 +27,7 @@ from vero.verifier.artifacts import (
     BaselineInfo,
     ChosenCandidate,
     Finalization,
+    FinalizationStatus,
     SessionStatus,
     TargetOutcome,
     build_status,
@@ -37,6 +38,7 @@ from vero.verifier.report import REPORT_FILE, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD, Scorer
 from vero.verifier.selection import Measurement, Selection, select_candidate
+from vero.verifier.verdict import ArmRecord, TargetRule, Verdict, judge, verdict_seed
 
 __all__ = ["RebuiltBaseline", "rebuild_baseline", "verify"]
 
@@ -145,7 +147,7 @@ class VerifierPaths:
 async def verify(
     config: VerifierConfig,
     paths: VerifierPaths,
-    backend: EvaluationBackend,
+    backend: PairedEvaluationBackend,
     *,
     env: Mapping[str, str] | None = None,
     run_as: RunAs | None = None,
@@ -158,16 +160,22 @@ async def verify(
     later still leaves a reward no real measurement loses to); the archive is copied to the
     artifacts; it is checked and extracted (`read_session` against `config.spec_digest` and
     `config.baseline_commit`); the baseline files are rebuilt and checked; the candidate is selected
-    (`vero.verifier.selection`); it is scored on every target partition; `reward.json` is rewritten
-    with the measured values (failure values where a target was not measured); then
-    `finalization.json`, `status.json` and `experiment.html` are written to `paths.artifacts_dir`
-    and each of `paths.mirror_dirs`.
+    (`vero.verifier.selection`); it is scored on every target partition, beside the baseline
+    (one paired run per target: `targets.<p>.score_baseline`) and judged (`vero.verifier.verdict`);
+    `reward.json` is rewritten with the measured values (failure values where a target was not
+    measured); then `finalization.json`, `status.json` and `experiment.html` are written to
+    `paths.artifacts_dir` and each of `paths.mirror_dirs`.
+
+    The status is `scored` when every target has its reward and a verdict that is not
+    `unmeasurable`; `unmeasurable` when every target has its reward but some verdict is
+    `unmeasurable` (the cause, naming the cases, is in `errors`); `partial`/`failed` when some or
+    every target's reward is its failure value; `refused` for a session that fails its checks.
 
     Args:
         config: the verifier's compiled config.
         paths: where it reads (the session archive, the cases, the baseline) and writes (the
             reward, the artifacts and their mirrors, scratch space).
-        backend: runs nested evaluations (`vero.harbor.HarborBackend`).
+        backend: runs nested evaluations, the targets' paired ones too (`vero.harbor.HarborBackend`).
         env: extra environment of the nested runs (secret values by name); default none.
         run_as: unprivileged identity of the nested runs (`scoring.resolve_run_as()`), or None.
         inference_keys: provider keys by secret name for the inference gateway served during the
@@ -228,6 +236,7 @@ async def verify(
     selection: Selection | None = None
     scorer: Scorer | None = None
     targets: list[TargetOutcome] = []
+    verdicts: list[Verdict] = []
     try:
         baseline_dest = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "tree"
         baseline = await asyncio.to_thread(rebuild_baseline, paths.baseline_dir, baseline_dest, config.baseline_commit)
@@ -249,7 +258,9 @@ async def verify(
         if selection.shipped is None:
             errors.append("nothing was shipped: " + (selection.floor.reason or "; ".join(selection.notes)))
         else:
-            targets, rewards = await _score_targets(config, scorer, selection.shipped, errors, warnings)
+            targets, rewards, verdicts = await _score_targets(
+                _TargetScoring(config, scorer, selection, baseline.available, session_sha256), errors, warnings
+            )
     except Exception as exc:  # the reward keeps its failure values; the operator is told
         logger.exception("verification failed")
         errors.append(f"verification failed: {type(exc).__name__}")
@@ -263,8 +274,7 @@ async def verify(
     write_reward_file(reward_path, rewards)
     if not targets:
         targets = _failure_targets(config, reason="not scored: nothing was shipped")
-    n_measured = sum(t.measured for t in targets)
-    status = "scored" if n_measured == len(targets) else ("partial" if n_measured else "failed")
+    status = _status(targets, verdicts)
     chosen = _chosen(config, session, baseline, selection)
     measurements = scorer.measurements if scorer is not None else []
     errors.extend(_cause_lines(measurements))
@@ -281,14 +291,13 @@ async def verify(
         selection=selection,
         rewards=rewards,
         targets=targets,
+        verdicts=verdicts,
         baseline=BaselineInfo(
             commit=config.baseline_commit,
             rebuilt=baseline.available,
             tree=baseline.tree,
             selection_score=floor_baseline.score if floor_baseline is not None else None,
-            rewards={t.reward_key: t.reward for t in targets if t.measured}
-            if chosen is not None and chosen.is_baseline
-            else None,
+            rewards=_baseline_rewards(config, scorer.measurements if scorer is not None else [], chosen),
         ),
         measurements=measurements,
         run_as=run_as_label,
@@ -399,35 +408,130 @@ async def _select(config: VerifierConfig, session: Session, baseline: RebuiltBas
     )
 
 
+def _status(targets: Sequence[TargetOutcome], verdicts: Sequence[Verdict]) -> FinalizationStatus:
+    """`scored` when every target has its reward and no verdict is `unmeasurable`; `unmeasurable`
+    when every target has its reward but some verdict is; else `partial` (some) or `failed` (none)."""
+    n_measured = sum(t.measured for t in targets)
+    if n_measured < len(targets):
+        return "partial" if n_measured else "failed"
+    return "unmeasurable" if any(v.verdict == "unmeasurable" for v in verdicts) else "scored"
+
+
+@dataclass(frozen=True)
+class _TargetScoring:
+    """What scoring the shipped candidate on the targets needs (`_score_targets`)."""
+
+    config: VerifierConfig
+    scorer: Scorer
+    selection: Selection
+    baseline_available: bool
+    """The baseline files rebuild the compiled baseline commit (else no paired run can be made)."""
+    session_sha256: str | None
+    """The sealed session's digest: the verdicts' resampling seeds (`verdict_seed`)."""
+
+
 async def _score_targets(
-    config: VerifierConfig, scorer: Scorer, shipped: str, errors: list[str], warnings: list[str]
-) -> tuple[list[TargetOutcome], dict[str, float]]:
-    """Measure `shipped` on every target partition (sorted): the outcomes and the reward values;
-    each measurement's error and flags are added to `errors` and `warnings`."""
+    scoring: _TargetScoring, errors: list[str], warnings: list[str]
+) -> tuple[list[TargetOutcome], dict[str, float], list[Verdict]]:
+    """Measure the shipped candidate on every target partition (sorted), beside the baseline, and
+    judge each target: the outcomes, the reward values and the verdicts. Each measurement's error
+    and flags are added to `errors` and `warnings`, and each `unmeasurable` verdict's cause to
+    `errors`.
+
+    A target's measurement (`vero.verifier.verdict`): the baseline itself shipped -> one measurement,
+    judged against itself; `score_baseline: false` -> the candidate's alone (`not_compared`); else
+    one paired run of both arms (`Scorer.measure_paired`). Without a rebuilt baseline the paired run
+    cannot be made: the candidate is measured alone and the verdict is `unmeasurable`.
+    """
+    config, scorer, selection = scoring.config, scoring.scorer, scoring.selection
+    baseline_available, session_sha256 = scoring.baseline_available, scoring.session_sha256
+    shipped = selection.shipped
+    assert shipped is not None  # the caller scores only a shipped candidate
     targets: list[TargetOutcome] = []
-    scores: dict[str, float | None] = {}
+    rewards: dict[str, float] = {}
+    verdicts: list[Verdict] = []
+    failure_value = config.scoring.effective_failure_value()
     for partition in sorted(config.targets):
-        measurement = await scorer.measure(shipped, partition, "target")
-        scores[partition] = measurement.score
+        target = config.targets[partition]
+        n_attempts = target.n_attempts or config.harbor.n_attempts
+        baseline_record: ArmRecord | None = None
+        if selection.shipped_is_baseline or not target.score_baseline:
+            measurement = await scorer.measure(shipped, partition, "target", n_attempts=n_attempts)
+        elif not baseline_available:
+            measurement = await scorer.measure(shipped, partition, "target", n_attempts=n_attempts)
+            baseline_record = ArmRecord(error="the baseline files do not rebuild the compiled baseline commit")
+        else:
+            measurement, baseline_measurement = await scorer.measure_paired(
+                shipped, config.baseline_commit, partition, n_attempts=n_attempts
+            )
+            baseline_record = _arm_record(baseline_measurement)
+            if baseline_measurement.error and not measurement.error:
+                errors.append(f"target {partition}: the baseline's arm: {baseline_measurement.error}")
+        rule = TargetRule(
+            partition=partition,
+            case_names=config.partitions.get(partition) or [partition],
+            n_attempts=n_attempts,
+            direction=config.scoring.direction,
+            failure_value=failure_value,
+            confidence=target.confidence,
+            max_missing_fraction=target.max_missing_fraction,
+            seed=verdict_seed(session_sha256, partition),
+        )
+        verdict = judge(rule, _arm_record(measurement), baseline_record, baseline_shipped=selection.shipped_is_baseline)
+        verdicts.append(verdict)
         key = config.reward_keys[partition]
+        if target.reward == "lift":
+            measured = verdict.verdict != "unmeasurable" and verdict.lift is not None
+            reward = float(verdict.lift) if measured and verdict.lift is not None else config.failure_values[partition]
+        else:
+            measured = measurement.measured
+            reward = reward_values(config, {partition: measurement.score})[key]
+        rewards[key] = reward
         targets.append(
             TargetOutcome(
                 partition=partition,
                 reward_key=key,
-                reward=reward_values(config, {partition: measurement.score})[key],
-                measured=measurement.measured,
+                reward=reward,
+                measured=measured,
                 score=measurement.score,
                 evaluation_id=measurement.evaluation_id,
                 n_cases=measurement.n_cases,
                 n_dead=measurement.n_dead,
                 flags=measurement.flags,
                 error=measurement.error,
+                verdict=verdict.verdict,
             )
         )
         if measurement.error:
             errors.append(f"target {partition}: {measurement.error}")
+        if verdict.verdict == "unmeasurable" and measurement.measured:
+            errors.append(f"target {partition}: unmeasurable: {verdict.cause}")
         warnings.extend(_flag_warnings(config, partition, measurement.flags))
-    return targets, reward_values(config, scores)
+    return targets, rewards, verdicts
+
+
+def _arm_record(measurement: Measurement) -> ArmRecord:
+    """What `judge` reads of one arm's measurement: its cases, its error, each failed trial's cause."""
+    failures = measurement.diagnostics.trial_failures if measurement.diagnostics is not None else []
+    return ArmRecord(
+        cases={case.case: case for case in measurement.cases},
+        error=measurement.error if not measurement.measured else None,
+        causes={f.trial_name: f.cause() for f in failures},
+    )
+
+
+def _baseline_rewards(
+    config: VerifierConfig, measurements: Sequence[Measurement], chosen: ChosenCandidate | None
+) -> dict[str, float] | None:
+    """Reward key -> the baseline's score on each target it was measured on (its arm of the paired
+    run, or the target measurement itself when it shipped); None when it was measured on none."""
+    purposes = {"target"} if chosen is not None and chosen.is_baseline else {"target-baseline"}
+    found = {
+        config.reward_keys[m.partition]: m.score
+        for m in measurements
+        if m.purpose in purposes and m.score is not None and m.partition in config.reward_keys
+    }
+    return dict(sorted(found.items())) or None
 
 
 def _chosen(

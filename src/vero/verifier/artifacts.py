@@ -26,6 +26,7 @@ from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.core.usage import InferenceUsage
 from vero.verifier.selection import Measurement, Selection
+from vero.verifier.verdict import Verdict
 
 __all__ = [
     "FINALIZATION_FILE",
@@ -50,9 +51,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-FinalizationStatus = Literal["scored", "partial", "failed", "refused"]
-"""`scored`: every target measured; `partial`: some targets at their failure value; `failed`: no
-target measured (or nothing may be shipped); `refused`: the session archive failed its checks."""
+FinalizationStatus = Literal["scored", "unmeasurable", "partial", "failed", "refused"]
+"""`scored`: every target measured, and no verdict `unmeasurable`; `unmeasurable`: every target has
+its reward, but some target's verdict is `unmeasurable` (too much missing evidence; the cause is in
+`errors`); `partial`: some targets at their failure value; `failed`: no target measured (or nothing
+may be shipped); `refused`: the session archive failed its checks."""
 
 
 class ChosenCandidate(_Model):
@@ -82,6 +85,8 @@ class TargetOutcome(_Model):
     """Attempts per notable outcome and case-kit flag of the target's measurement (e.g.
     `reward_out_of_range`, `timed_out`, `leftover_processes_killed`)."""
     error: str | None = None
+    verdict: str | None = None
+    """The target's verdict (`vero.verifier.verdict.VerdictName`; details in `Finalization.verdicts`)."""
 
 
 class BaselineInfo(_Model):
@@ -95,7 +100,8 @@ class BaselineInfo(_Model):
     selection_score: float | None = None
     """The baseline's score on the selection partition, when the floor measured it."""
     rewards: dict[str, float] | None = None
-    """Reward key -> measured value, when the baseline itself was scored on the targets."""
+    """Reward key -> the baseline's score on each target it was scored on (beside the candidate, or
+    as the shipped candidate), as the target's own score is computed; None when none."""
 
 
 class Finalization(_Model):
@@ -116,6 +122,9 @@ class Finalization(_Model):
     rewards: dict[str, float]
     """Exactly what `reward.json` holds."""
     targets: list[TargetOutcome] = []
+    verdicts: list[Verdict] = []
+    """One per target, in the targets' order: the candidate's score beside the baseline's, the paired
+    lift, its interval, the missing evidence per arm, and the verdict (`vero.verifier.verdict`)."""
     baseline: BaselineInfo
     measurements: list[Measurement] = []
     """Every nested run the verifier made, in order."""

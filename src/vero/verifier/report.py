@@ -10,7 +10,11 @@ here from the records:
   partition; hollow: subset), full-partition evaluations joined per partition, and the verifier's
   own measurements (diamonds) at the seal time;
 - budget burn: the share of each partition's case budget charged over time (completed
-  evaluations stay charged; failed and cancelled ones are refunded, docs/agent-api.md).
+  evaluations stay charged; failed and cancelled ones are refunded, docs/agent-api.md);
+- per target, the paired plot of its verdict (`vero.verifier.verdict`): each case's baseline score
+  (ring) and candidate score (dot) joined by a segment, green where the candidate is better in the
+  scoring direction, orange where it is worse; a case where an arm has no evidence shows only the
+  other arm. The baseline's own target measurement (`target-baseline`) is plotted there only.
 
 Tables list the candidates, the evaluations, the budgets and, when a `Finalization` is given, the
 shipped candidate, how it was chosen and the rewards.
@@ -33,6 +37,7 @@ from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SessionInvalid
 from vero.verifier.artifacts import FINALIZATION_FILE, Finalization, build_status
+from vero.verifier.verdict import Verdict
 
 __all__ = ["REPORT_FILE", "REPORT_TEMPLATE", "read_manifest", "render_report", "report_from_archive", "write_report"]
 
@@ -88,6 +93,7 @@ class Plot:
     marks: list[tuple[float, str]] = field(default_factory=list)
     """Labelled vertical lines (x, label), e.g. the seal."""
     empty_message: str | None = None
+    x_label: str = "time since the first evaluation"
 
 
 class _Scale:
@@ -165,7 +171,11 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     plot = Plot(id="score-plot", title="Scores per partition over time", y_label="score")
     scores = {j.id: j.result.score for j in session.jobs if j.state == "complete" and j.result is not None}
     jobs = [j for j in session.jobs if j.id in scores]
-    verifier = [(m, m.score) for m in (finalization.measurements if finalization else []) if m.score is not None]
+    verifier = [
+        (m, m.score)
+        for m in (finalization.measurements if finalization else [])
+        if m.score is not None and m.purpose != "target-baseline"  # the verdict's plot shows it
+    ]
     if not jobs and not verifier:
         plot.empty_message = "No completed evaluation in this session."
         return plot
@@ -254,6 +264,64 @@ def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
     return plot
 
 
+BETTER, WORSE, EVEN = "#009e73", "#d55e00", "#7f7f7f"
+"""Segment colours of the paired plot: the candidate better, worse, or equal on a case."""
+CANDIDATE_COLOR, BASELINE_COLOR = "#0072b2", "#555555"
+
+
+def _verdict_plot(verdict: Verdict) -> Plot:
+    """The per-case paired plot of one target's verdict (see the module docstring)."""
+    plot = Plot(
+        id=f"verdict-plot-{verdict.partition}",
+        title=f"{verdict.partition}: each case, the candidate beside the baseline",
+        y_label="case score",
+        x_label="case",
+        height=260,
+        inner_height=260 - _TOP - _BOTTOM,
+    )
+    values = [v for c in verdict.cases for v in (c.candidate, c.baseline) if v is not None]
+    if not values:
+        plot.empty_message = "No case has a measurement."
+        return plot
+    pad = (max(values) - min(values)) * 0.08
+    y = _Scale(min(values) - pad, max(values) + pad, plot.top + plot.inner_height, plot.top)
+    plot.y_ticks = [(y(v), _fmt(v)) for v in y.ticks()]
+    n = len(verdict.cases)
+    step = plot.inner_width / n
+    every = max(1, math.ceil(n / 16))  # at most 16 labels; every case keeps its markers and titles
+    for index, case in enumerate(verdict.cases):
+        x = round(plot.left + (index + 0.5) * step, 2)
+        if index % every == 0:
+            plot.x_ticks.append((x, case.case if len(case.case) <= 14 else case.case[:13] + "…"))
+        if case.candidate is not None and case.baseline is not None and not verdict.baseline_shipped:
+            lift = case.lift or 0.0
+            color = BETTER if lift > 0 else WORSE if lift < 0 else EVEN
+            plot.series.append(
+                Series(
+                    name=f"{case.case}: lift {_fmt(lift)}",
+                    color=color,
+                    points=f"{x},{y(case.baseline)} {x},{y(case.candidate)}",
+                )
+            )
+        for value, color, shape, arm in (
+            (case.baseline, BASELINE_COLOR, "ring", "baseline"),
+            (case.candidate, CANDIDATE_COLOR, "dot", "candidate"),
+        ):
+            if value is None or (arm == "baseline" and verdict.baseline_shipped):
+                continue
+            plot.markers.append(
+                Marker(x=x, y=y(value), color=color, shape=shape, title=f"{case.case}: {arm} {_fmt(value)}")
+            )
+    plot.legend = [("candidate (shipped)", CANDIDATE_COLOR, "dot")]
+    if not verdict.baseline_shipped and verdict.compared:
+        plot.legend += [
+            ("baseline", BASELINE_COLOR, "ring"),
+            ("candidate better", BETTER, "line"),
+            ("candidate worse", WORSE, "line"),
+        ]
+    return plot
+
+
 def _candidate_rows(session: Session, finalization: Finalization | None) -> list[dict]:
     shipped = finalization.chosen.candidate if finalization and finalization.chosen else None
     submitted = session.submission.candidate if session.submission else None
@@ -333,7 +401,12 @@ def render_report(session: Session | None, finalization: Finalization | None = N
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    context: dict = {"session": session, "finalization": finalization, "fmt": _fmt}
+    context: dict = {
+        "session": session,
+        "finalization": finalization,
+        "fmt": _fmt,
+        "verdict_plots": {v.partition: _verdict_plot(v) for v in (finalization.verdicts if finalization else [])},
+    }
     if session is not None:
         partitions = sorted(
             {j.partition for j in session.jobs}

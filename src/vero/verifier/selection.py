@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import RunDiagnostics
-from vero.core.evaluation import mean_score
+from vero.core.evaluation import CaseResult, mean_score
 from vero.core.jobs import EvaluationJob
 from vero.core.usage import InferenceUsage
 from vero.spec.models import Direction
@@ -71,12 +71,17 @@ class Measurement(_Model):
     candidate: str
     """Commit id of the measured candidate."""
     purpose: str
-    """Why it was run: `rescore`, `floor-baseline`, `floor-candidate`, `target`."""
+    """Why it was run: `rescore`, `floor-baseline`, `floor-candidate`, `target`, `target-baseline`
+    (the baseline's arm of a target's paired run: the same `evaluation_id` as its `target`)."""
     score: float | None = None
     """Mean case score in the reward's units; None when nothing could be measured."""
     n_cases: int = 0
+    n_attempts: int = 1
+    """Attempts asked for per case."""
     n_dead: int = 0
     """Attempts without a valid reward (scored as the failure value inside `score`)."""
+    cases: list[CaseResult] = Field(default_factory=list)
+    """Each case the run reported: its attempts (outcome, reward, exception, flags) and score."""
     error: str | None = None
     """Why `score` is None (e.g. `InfrastructureFailure: ...`)."""
     flags: dict[str, int] = Field(default_factory=dict)
