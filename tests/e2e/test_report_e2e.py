@@ -1,10 +1,12 @@
 """The verdict end to end on Docker (issue 26), two runs side by side:
 
-1. `tasks/minimal` compiled with `vero harbor build`, then a plain `harbor run -k 3` of it with the
-   `oracle`; `vero harbor report` over that job: three trials, each with its reward, its verdict
-   (one hidden case: the lift is shown, and the note says one case is too few for an interval),
-   the shipped candidate and what it spent, then the lift pooled over the trials (three are too
-   few for an interval too, and it says so), as a table, as JSON and as an HTML page;
+1. `tasks/minimal` with its target's `score_baseline` turned on (the example opts out: one hidden
+   case is too few for an interval), compiled with `vero harbor build`, then a plain
+   `harbor run -k 3` of it with the `oracle`; `vero harbor report` over that job: three trials,
+   each with its reward, its verdict (one hidden case: the lift is shown, and the note says one
+   case is too few for an interval), the shipped candidate and what it spent, then the lift pooled
+   over the trials (three are too few for an interval too, and it says so), as a table, as JSON
+   and as an HTML page;
 2. `vero harbor run` of a spec whose hidden case's test never writes a reward: the target is
    `unmeasurable` (never `scored`), the command exits 21, and the cause it prints names the case
    and carries the test's own last line; `finalization.json` and `experiment.html` keep it.
@@ -16,6 +18,7 @@ failure cases' one `python:3.13-slim` image).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -49,13 +52,18 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[
 def runs(tmp_path_factory: pytest.TempPathFactory):
     """Both runs, started together; each one's output, exit code and dirs."""
     k3 = tmp_path_factory.mktemp("report-k3")
+    minimal = k3 / "minimal"
+    shutil.copytree(TASKS_DIR / "minimal", minimal)
+    spec_text = (minimal / "build.yaml").read_text()
+    assert spec_text.count("    score_baseline: false\n") == 1
+    (minimal / "build.yaml").write_text(spec_text.replace("    score_baseline: false\n", "    score_baseline: true\n"))
     built = subprocess.run(
         [
             VERO,
             "harbor",
             "build",
             "--config",
-            str(TASKS_DIR / "minimal" / "build.yaml"),
+            str(minimal / "build.yaml"),
             "--output",
             str(k3 / "task"),
             "--agent",
