@@ -6,13 +6,17 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 from vero.core.archive import safe_extract, write_canonical_tar
+from vero.core.run import RunAs
 from vero.core.session import read_session
 from vero.verifier import VerifierPaths, verify
 from vero.verifier.selection import rank_recorded
@@ -709,3 +713,47 @@ def test_a_target_whose_model_calls_cannot_reach_the_provider_is_unmeasured(benc
     assert not final.targets[0].measured
     assert "could not reach the provider" in final.targets[0].error
     assert any("could not reach the provider" in e for e in final.errors)
+
+
+CANDIDATE_LIKE_UID = 61_978  # outside CANDIDATE_UID_RANGE: no concurrent suite's host can own it
+
+
+def _as_candidate(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv),
+        user=CANDIDATE_LIKE_UID,
+        group=CANDIDATE_LIKE_UID,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the candidate is another uid")
+def test_a_candidate_cannot_replace_the_sealed_session_beside_the_verifier(bench: Workbench) -> None:
+    """Harbor copies the sealed session into the verifier world-writable (0777, no sticky bit); an
+    outside attack had a candidate agent scored there rename root's `session.tar.gz` and plant its
+    own. With an unprivileged runner the verifier closes the directory before any candidate runs."""
+    sealed, backend = _honest_session(bench)
+    export = Path(tempfile.mkdtemp(prefix="vero-export-"))  # /tmp: the candidate uid can reach it
+    try:
+        export.chmod(0o777)
+        archive = export / sealed.name
+        for source in (sealed, sealed.with_name(sealed.name + ".sha256")):
+            shutil.copy2(source, export / source.name)
+        assert _as_candidate("touch", str(export / "planted")).returncode == 0  # as Harbor leaves it
+        home = bench.root / "runner-home"
+        home.mkdir()
+        runner = RunAs(uid=CANDIDATE_LIKE_UID, gid=CANDIDATE_LIKE_UID, home=home)
+
+        final = bench.verify(bench.config(), archive, backend, run_as=runner)
+
+        assert final.status == "scored"
+        moved = _as_candidate("mv", str(archive), str(export / "moved"))
+        assert moved.returncode != 0 and "Permission denied" in moved.stderr, moved.stderr
+        assert _as_candidate("touch", str(export / "planted-later")).returncode != 0
+        assert archive.is_file() and not (export / "moved").exists()
+    finally:
+        shutil.rmtree(export)

@@ -33,7 +33,7 @@ from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
-from vero.core.run import NestedRun, PairedEvaluationBackend, PairedResult, RunArm
+from vero.core.run import NestedRun, PairedEvaluationBackend, PairedResult, RunArm, RunAs
 from vero.core.session import Submission, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
@@ -378,6 +378,7 @@ class Workbench:
         *,
         env: dict[str, str] | None = None,
         tag: str = "run",
+        run_as: RunAs | None = None,
     ) -> Finalization:
         out = self.root / tag
         return asyncio.run(
@@ -394,6 +395,7 @@ class Workbench:
                 ),
                 backend,
                 env=env,
+                run_as=run_as,
                 allow_root_runs=True,  # the table backend runs no candidate code
             )
         )

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -358,6 +359,20 @@ def _root_refusal(run_as: RunAs | None, allow_root_runs: bool, errors: list[str]
     return refusal
 
 
+def _close_to_candidates(directory: Path) -> None:
+    """Drop group and other write from the sealed session's directory before any candidate runs.
+
+    Harbor copies the sidecar's artifacts into the verifier world-writable (0777, no sticky bit),
+    so a candidate agent scored here (another uid) could rename or replace `session.tar.gz` and its
+    `.sha256` beside the copy the verifier already took. A missing directory is left to the
+    archive check that follows."""
+    try:
+        mode = directory.stat().st_mode
+    except FileNotFoundError:
+        return
+    os.chmod(directory, stat.S_IMODE(mode) & ~0o022)
+
+
 async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, private_runner: bool) -> Session:
     """Check and extract the archive into a fresh private (0700) dir under `work` (a reused work
     dir never mixes two verifications). Raises SessionInvalid or OSError."""
@@ -365,6 +380,7 @@ async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, pr
     if private_runner:
         # The runner must traverse the work dir to reach its own run dirs, nothing more.
         os.chmod(work, 0o711)
+        _close_to_candidates(archive.parent)
     if not archive.is_file():
         raise SessionInvalid(f"the session archive {archive} does not exist")
     session_dir = Path(tempfile.mkdtemp(prefix="session-", dir=work))
