@@ -650,7 +650,11 @@ async def check_spec(
     declared = set(spec.effective_secrets())
     available = nested_variable_names(spec)
     static = await asyncio.to_thread(
-        check_cases, {c: fetched[c] for c in selected}, environment=spec.harbor.environment, available=available
+        check_cases,
+        {c: fetched[c] for c in selected},
+        environment=spec.harbor.environment,
+        available=available,
+        options=spec.harbor.environment_options,
     )
     problems: dict[str, list[CheckProblem]] = {case: [] for case in selected}
     for problem in static:

@@ -19,12 +19,16 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from vero.errors import InfrastructureFailure, SpecError
+from vero.errors import InfrastructureFailure, SpecError, SpecIssue
+from vero.spec.environments import SUPPORTED, environment_kind
 from vero.spec.models import OptimizationSpec
 
 __all__ = [
+    "HarborArgs",
     "PreparedTask",
+    "RunEnvironments",
     "TaskRunOutcome",
     "check_agent_name",
     "check_execution_target",
@@ -35,22 +39,18 @@ __all__ = [
 
 
 @dataclass
-class TaskRunOutcome:
-    """What one `vero harbor run` produced.
+class TrialRunOutcome:
+    """What one trial of the task produced.
 
     Attributes:
-        job_dir: Harbor's job directory on the host.
-        trial_dir: the (single) trial's directory, if one was created.
+        trial_dir: the trial's directory.
         rewards: Harbor's rewards of the trial (`verifier_result.rewards`), empty when none.
         exception_type: the trial's exception type, if it errored.
         finalization: the verifier's `finalization.json`, if collected.
         artifacts_dir: where the operator artifacts landed on the host, if any.
-        task_dir: the compiled task directory.
     """
 
-    job_dir: Path
-    task_dir: Path
-    trial_dir: Path | None = None
+    trial_dir: Path
     rewards: dict[str, float] = field(default_factory=dict)
     exception_type: str | None = None
     finalization: dict | None = None
@@ -59,7 +59,27 @@ class TaskRunOutcome:
     @property
     def ok(self) -> bool:
         """True when the trial finished without an exception and produced a reward."""
-        return self.trial_dir is not None and self.exception_type is None and bool(self.rewards)
+        return self.exception_type is None and bool(self.rewards)
+
+
+@dataclass
+class TaskRunOutcome:
+    """What one `vero harbor run` produced: one trial, or `-k` of them.
+
+    Attributes:
+        job_dir: Harbor's job directory on the host.
+        task_dir: the compiled task directory.
+        trials: each trial Harbor wrote a `result.json` for, by trial directory name.
+    """
+
+    job_dir: Path
+    task_dir: Path
+    trials: list[TrialRunOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when there is a trial and every trial finished without an exception with a reward."""
+        return bool(self.trials) and all(trial.ok for trial in self.trials)
 
 
 def load_env_file(path: Path) -> dict[str, str]:
@@ -113,13 +133,8 @@ def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
             )
 
 
-def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
-    outcome = TaskRunOutcome(job_dir=job_dir, task_dir=task_dir)
-    trials = sorted(p.parent for p in job_dir.glob("*/result.json"))
-    if not trials:
-        return outcome
-    trial = trials[-1]
-    outcome.trial_dir = trial
+def _read_trial(trial: Path) -> TrialRunOutcome:
+    outcome = TrialRunOutcome(trial_dir=trial)
     try:
         result = json.loads((trial / "result.json").read_text())
     except (OSError, ValueError):
@@ -139,12 +154,47 @@ def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
     return outcome
 
 
+def _read_outcome(job_dir: Path, task_dir: Path) -> TaskRunOutcome:
+    trials = sorted(p.parent for p in job_dir.glob("*/result.json"))
+    return TaskRunOutcome(job_dir=job_dir, task_dir=task_dir, trials=[_read_trial(t) for t in trials])
+
+
+@dataclass(frozen=True)
+class RunEnvironments:
+    """Where a trial and its nested runs run (`vero harbor run`'s `-e`, `--nested-environment`,
+    `--ek`)."""
+
+    trial: str | None = None
+    """The trial's environment (`docker`, `modal`); also the nested runs' unless `nested` is given
+    (default: `harbor.environment`)."""
+    nested: str | None = None
+    """The nested runs' environment (overrides `harbor.environment`)."""
+    trial_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of the trial's environment (Harbor's `--ek`, JSON values), checked against its
+    options model before anything is built (e.g. Modal's `modal_vm_runtime`); the nested runs take
+    theirs from `harbor.environment_options`."""
+
+
+@dataclass(frozen=True)
+class HarborArgs:
+    """What `vero harbor run` passes through to `harbor run` as it is."""
+
+    job_name: str | None = None
+    """Harbor job name (default: `vero-<spec name>-<random>`)."""
+    n_concurrent: int | None = None
+    """Trials at once (Harbor's `-n`)."""
+    n_attempts: int | None = None
+    """Trials of the task (Harbor's `-k`), each with its own agent, sidecar and verifier."""
+    extra: tuple[str, ...] = ()
+    """Further `harbor run` arguments."""
+
+
 @dataclass
 class PreparedTask:
     """A spec compiled for one run.
 
     Attributes:
-        spec: the validated spec, with the environment override applied.
+        spec: the validated spec, with the nested environment override applied.
         task_dir: the compiled task directory (kept after the run, for inspection).
         env: the environment Harbor runs with (this process's plus the env file; holds secrets).
         warnings: the build's warnings (`CompileResult.warnings`).
@@ -154,6 +204,8 @@ class PreparedTask:
     task_dir: Path
     env: dict[str, str] = field(repr=False)
     warnings: tuple[str, ...] = ()
+    environment: str = ""
+    """Where the task's trial runs (Harbor's `-e`); the nested runs use `spec.harbor.environment`."""
 
 
 def check_agent_name(agent: str) -> None:
@@ -178,23 +230,47 @@ def check_agent_name(agent: str) -> None:
 
 
 def load_run_spec(
-    config: Path, *, environment: str | None = None, env_file: Path | None = None
+    config: Path,
+    *,
+    environment: str | None = None,
+    env_file: Path | None = None,
+    nested_environment: str | None = None,
 ) -> tuple[OptimizationSpec, dict[str, str]]:
-    """The spec and the environment Harbor will run with, the execution target checked.
+    """`_load_run_spec` without the trial's environment."""
+    spec, env, _ = _load_run_spec(
+        config, environment=environment, env_file=env_file, nested_environment=nested_environment
+    )
+    return spec, env
+
+
+def _load_run_spec(
+    config: Path,
+    *,
+    environment: str | None = None,
+    env_file: Path | None = None,
+    nested_environment: str | None = None,
+) -> tuple[OptimizationSpec, dict[str, str], str]:
+    """The spec and the environment Harbor will run with, the execution targets checked.
 
     Args:
         config: the spec (`build.yaml`).
-        environment: overrides `harbor.environment` (switching to `modal` also adds Harbor's
-            `modal` extra to an exact `harbor==X` requirement).
+        environment: where the task's trial runs; also the nested runs' environment unless
+            `nested_environment` is given.
         env_file: dotenv file whose variables (secrets, provider keys) join the environment.
+        nested_environment: overrides `harbor.environment`, the nested runs' environment (e.g. the
+            trial on Docker, its evaluations on Modal). Switching it to `modal` also adds Harbor's
+            `modal` extra to an exact `harbor==X` requirement.
 
     Returns:
-        `(spec, env)`: `env` is this process's environment plus the env file, with Harbor's
-        telemetry off and LiteLLM's local cost map on unless set (it holds secrets: never log it).
+        `(spec, env, trial environment)`: the spec with the nested environment applied; `env` is
+        this process's environment plus the env file, with Harbor's telemetry off and LiteLLM's
+        local cost map on unless set (it holds secrets: never log it); where the trial runs.
 
     Raises:
-        SpecError: the spec is invalid or the env file is missing.
-        InfrastructureFailure: the execution target is not reachable.
+        SpecError: the spec is invalid, the env file is missing, an environment is not one vero
+            supports, or the nested runs need the Docker engine's socket where the trial runs
+            without one (`--nested-environment docker` under a Modal trial).
+        InfrastructureFailure: an execution target is not reachable.
     """
     from vero.spec import load_spec
     from vero.spec.validation import check_spec
@@ -205,46 +281,83 @@ def load_run_spec(
     env.setdefault("HARBOR_TELEMETRY", "0")
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     spec = load_spec(config, env=env)
-    if environment is not None and environment != spec.harbor.environment:
-        harbor = spec.harbor.model_copy(update={"environment": environment})
-        if environment == "modal" and harbor.requirement.startswith("harbor=="):
-            harbor = harbor.model_copy(update={"requirement": "harbor[modal]" + harbor.requirement[len("harbor") :]})
+    outer = environment or spec.harbor.environment
+    nested = nested_environment or environment or spec.harbor.environment
+    _check_outer_environment(outer, nested, "--environment" if environment else "harbor.environment")
+    if nested != spec.harbor.environment:
+        harbor = spec.harbor.model_copy(update={"environment": nested})
+        kind = environment_kind(nested)
+        if kind is not None and kind.extra and harbor.requirement.startswith("harbor=="):
+            harbor = harbor.model_copy(
+                update={"requirement": f"harbor[{kind.extra}]" + harbor.requirement[len("harbor") :]}
+            )
         spec = check_spec(spec.model_copy(update={"harbor": harbor}), source=str(config))
-    check_execution_target(spec.harbor.environment, env)
-    return spec, env
+    for target in dict.fromkeys((outer, nested)):
+        check_execution_target(target, env)
+    return spec, env, outer
+
+
+def _check_outer_environment(outer: str, nested: str, where: str) -> None:
+    """The trial's own environment must be one vero supports, and must give the nested runs what
+    they need (Docker's nested runs use the host engine's socket, which only a Docker trial mounts).
+
+    Raises:
+        SpecError: at `where` (or `--nested-environment`).
+    """
+    outer_kind, nested_kind = environment_kind(outer), environment_kind(nested)
+    if outer_kind is None:
+        raise SpecError.at(where, f"vero runs tasks on {' and '.join(SUPPORTED)} only (got {outer!r})")
+    if nested_kind is not None and nested_kind.engine_socket and not outer_kind.engine_socket:
+        raise SpecError.at(
+            "--nested-environment",
+            f"nested runs on {nested} need the Docker engine's socket, which a trial on {outer} does not have; "
+            f"run the trial on {nested} too, or the nested runs on {outer}",
+        )
 
 
 def prepare_task(
     config: Path,
     *,
-    environment: str | None = None,
+    environments: RunEnvironments | None = None,
     env_file: Path | None = None,
     work_dir: Path | None = None,
     agent: str | None = None,
 ) -> PreparedTask:
-    """Load the spec, check the execution target, and compile the task into a fresh directory.
+    """Load the spec, check the execution targets, and compile the task into a fresh directory.
 
     Args:
         config: the spec (`build.yaml`).
-        environment: overrides `harbor.environment` (switching to `modal` also adds Harbor's
-            `modal` extra to an exact `harbor==X` requirement).
+        environments: where the trial and the nested runs run (`_load_run_spec`), and the
+            trial's environment options (`--ek`), checked before building.
         env_file: dotenv file whose variables (secrets, provider keys) join the environment.
         work_dir: parent of the compiled task (default: a new temporary directory).
         agent: the Harbor agent the task is compiled for (`compile_task`'s `agent`): what it
             cannot take is not declared, what it needs is installed in main.
 
     Raises:
-        SpecError: the spec is invalid, the env file is missing, or a secret is unset.
-        InfrastructureFailure: the execution target is not reachable (checked before compiling).
+        SpecError: the spec is invalid, the env file is missing, a secret is unset, or an
+            environment option is refused.
+        InfrastructureFailure: an execution target is not reachable (checked before compiling).
     """
     from vero.compiler import compile_task
 
-    spec, env = load_run_spec(config, environment=environment, env_file=env_file)
+    where = environments or RunEnvironments()
+    spec, env, outer = _load_run_spec(
+        config, environment=where.trial, env_file=env_file, nested_environment=where.nested
+    )
+    if where.trial_options:
+        _check_trial_options(outer, where.trial_options)
     work = work_dir or Path(tempfile.mkdtemp(prefix=f"vero-{spec.name}-"))
     task_dir = work / spec.name
     # Secrets are checked in `env` at build time; only their names are written.
     compiled = compile_task(spec, task_dir, tarball=work / f"{spec.name}.tar.gz", env=env, agent=agent)
-    return PreparedTask(spec=spec, task_dir=task_dir, env=env, warnings=compiled.warnings)
+    return PreparedTask(
+        spec=spec,
+        task_dir=task_dir,
+        env=env,
+        warnings=compiled.warnings,
+        environment=outer,
+    )
 
 
 def run_task(
@@ -252,32 +365,31 @@ def run_task(
     *,
     agent: str = "oracle",
     model: str | None = None,
-    environment: str | None = None,
+    environments: RunEnvironments | None = None,
     env_file: Path | None = None,
     jobs_dir: Path = Path("jobs"),
-    job_name: str | None = None,
-    extra_args: list[str] | None = None,
+    harbor_args: HarborArgs | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> TaskRunOutcome:
-    """Compile `config` and run it with Harbor; return what the trial produced.
+    """Compile `config` and run it with Harbor; return what the trial(s) produced.
 
     Args:
         config: the spec (`build.yaml`).
         agent: Harbor agent for `main`: a name (`oracle`, `nop`, `claude-code`, `codex`, ...) or
             `module:Class`.
         model: model name for the agent (`-m`), if it needs one.
-        environment: overrides `harbor.environment` of the spec (`docker`, `modal`).
+        environments: where the trial (`-e`) and the nested runs run, and the trial's `--ek`
+            (`RunEnvironments`; default: `harbor.environment` for both, no options).
         env_file: dotenv file with secrets (and provider keys); loaded into the Harbor process's
             environment, never passed as arguments.
         jobs_dir: Harbor's jobs directory on the host.
-        job_name: Harbor job name (default: `vero-<spec name>-<random>`).
-        extra_args: further `harbor run` arguments, passed through.
+        harbor_args: job name, `-n`, `-k` and further arguments passed through (`HarborArgs`).
         on_warning: called with each build warning, before Harbor starts.
 
     Raises:
-        SpecError: the agent name is unknown, the spec is invalid, a secret is missing, or
-            `jobs_dir` cannot be created.
-        InfrastructureFailure: the `harbor` command is missing or the execution target is not
+        SpecError: the agent name is unknown, the spec is invalid, a secret is missing, an
+            environment option is refused, or `jobs_dir` cannot be created.
+        InfrastructureFailure: the `harbor` command is missing or an execution target is not
             reachable (both checked before compiling), or Harbor could not start.
     """
     check_agent_name(agent)
@@ -285,12 +397,14 @@ def run_task(
 
     jobs_dir = jobs_dir.absolute()
     harbor = str(find_harbor_executable())
-    prepared = prepare_task(config, environment=environment, env_file=env_file, agent=agent)
+    where = environments or RunEnvironments()
+    passed = harbor_args or HarborArgs()
+    prepared = prepare_task(config, environments=where, env_file=env_file, agent=agent)
     if on_warning is not None:
         for warning in prepared.warnings:
             on_warning(warning)
     spec = prepared.spec
-    job_name = job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
+    job_name = passed.job_name or f"vero-{spec.name}-{uuid.uuid4().hex[:8]}"
     argv = [
         harbor,
         "run",
@@ -300,7 +414,7 @@ def run_task(
         "-a",
         agent,
         "-e",
-        spec.harbor.environment,
+        prepared.environment,
         "-o",
         str(jobs_dir),
         "--job-name",
@@ -308,7 +422,13 @@ def run_task(
     ]
     if model:
         argv += ["-m", model]
-    argv += list(extra_args or [])
+    if passed.n_concurrent is not None:
+        argv += ["-n", str(passed.n_concurrent)]
+    if passed.n_attempts is not None:
+        argv += ["-k", str(passed.n_attempts)]
+    for key, value in where.trial_options.items():
+        argv += ["--ek", f"{key}={json.dumps(value, sort_keys=True)}"]
+    argv += list(passed.extra)
     try:
         jobs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -319,3 +439,18 @@ def run_task(
     except OSError as exc:
         raise InfrastructureFailure(f"could not start harbor ({type(exc).__name__})") from None
     return _read_outcome(jobs_dir / job_name, prepared.task_dir)
+
+
+def _check_trial_options(environment: str, options: Mapping[str, Any]) -> None:
+    """Harbor's options model of the trial's environment must accept `options` (`--ek`).
+
+    Raises:
+        SpecError: at `--ek`, one issue per refused option.
+    """
+    from vero.harbor.catalog import environment_option_problems
+
+    problems = environment_option_problems(environment, options)
+    if problems:
+        raise SpecError(
+            [SpecIssue("--ek", f"{option}: {problem} (Harbor's {environment} options)") for option, problem in problems]
+        )

@@ -160,7 +160,7 @@ def test_no_secret_value_in_any_compiled_byte(tmp_path):
     assert config["verifier"]["env"] == {SECRET_NAME: "${" + SECRET_NAME + "}"}
     compose = _compose(layout.compose_path)
     assert compose["services"]["main"]["environment"][SECRET_NAME] == ""
-    expected = f"${{{SECRET_NAME}:?{SECRET_NAME} must be set}}"
+    expected = f"${{{SECRET_NAME}}}"
     assert compose["services"]["eval-sidecar"]["environment"][SECRET_NAME] == expected
     assert load_config(layout.sidecar.config_path, SidecarConfig).secrets == [SECRET_NAME]
 
@@ -213,15 +213,42 @@ def test_modal_has_no_socket_and_passes_modal_tokens_to_trusted_roles_only(tmp_p
     assert not layout.verifier_compose_path.exists()
     services = _compose(layout.compose_path)["services"]
     for name in tokens:
-        assert services["eval-sidecar"]["environment"][name] == f"${{{name}:?{name} must be set}}"
+        # `${NAME}`: the form Harbor's Modal environment hands to Compose (`${NAME:?}` it does not)
+        assert services["eval-sidecar"]["environment"][name] == f"${{{name}}}"
         assert services["main"]["environment"][name] == ""  # blanked in the agent's container
+    settings = ("MODAL_ENVIRONMENT", "MODAL_SERVER_URL")
+    for name in settings:  # the client's settings: when the host sets them, never required
+        assert services["eval-sidecar"]["environment"][name] == f"${{{name}:-}}"
+        assert name not in services["main"]["environment"]
     config = tomllib.loads(layout.config_path.read_text())
-    assert config["verifier"]["env"] == {name: "${" + name + "}" for name in tokens}
+    assert config["verifier"]["env"] == {
+        **{name: "${" + name + "}" for name in tokens},
+        **{name: "${" + name + ":-}" for name in settings},
+    }
     assert "env" not in config.get("environment", {})  # nothing reaches main through Harbor's task env
-    assert load_config(layout.sidecar.config_path, SidecarConfig).secrets == sorted(tokens)
-    assert load_config(layout.verifier.config_path, VerifierConfig).secrets == sorted(tokens)
+    for role in (SidecarConfig, VerifierConfig):
+        loaded = load_config(getattr(layout, role.model_fields["role"].default).config_path, role)
+        assert loaded.secrets == sorted(tokens) and loaded.settings == list(settings)
     assert "docker-cli" not in layout.sidecar.dockerfile.read_text()
     assert "harbor[modal]==0.26.0" in layout.sidecar.requirements_path.read_text().splitlines()
+
+
+def test_nested_run_knobs_reach_both_role_configs(tmp_path):
+    """`harbor.max_concurrent_evaluations` and `harbor.environment_options` are compiled into the
+    sidecar's and the verifier's configs (what `vero harbor serve` and the nested runs read)."""
+
+    def edit(document: dict) -> None:
+        _modal(document)
+        document["harbor"].update(
+            max_concurrent_evaluations=16, environment_options={"region": "us-east", "modal_vm_runtime": False}
+        )
+
+    tree = make_spec_tree(tmp_path / "spec", edit)
+    layout = _compile(tree, tmp_path / "task", env={"MODAL_TOKEN_ID": "id-1", "MODAL_TOKEN_SECRET": "secret-1"}).layout
+    for role in (SidecarConfig, VerifierConfig):
+        harbor = load_config(getattr(layout, role.model_fields["role"].default).config_path, role).harbor
+        assert harbor.max_concurrent_evaluations == 16
+        assert harbor.environment_options == {"region": "us-east", "modal_vm_runtime": False}
 
 
 def test_instruction_names_only_accessible_partitions_and_hides_budgets_when_asked(tmp_path):

@@ -121,6 +121,24 @@ def test_the_variables_the_nested_run_has_are_what_counts(cases_dir, tmp_path, m
     assert problems == []
 
 
+def test_the_environment_options_are_checked_with_the_case(cases_dir, tmp_path):
+    """The nested run's `harbor.environment_options` reach the setup check (`--options` of
+    `python -m vero.harbor.case_checks`): an option Harbor's Docker environment refuses is the
+    case's setup problem, as `harbor run --ek` would refuse it, before anything runs."""
+    run = make_run(cases_dir, tmp_path, "good")
+    bad = run.harbor.model_copy(update={"environment_options": {"frobnicate": 1}})
+    with pytest.raises(CaseMisconfigured) as info:
+        evaluate(run.model_copy(update={"harbor": bad}))
+    assert info.value.code == "setup_rejected" and "frobnicate" in info.value.problems[0].detail
+    good = run.harbor.model_copy(update={"environment_options": {"keep_containers": False}})
+    problems = asyncio.run(
+        HarborBackend()._run_case_checks(
+            run.model_copy(update={"harbor": good}), ["good"], runner_module.nested_env(run)
+        )
+    )
+    assert problems == []
+
+
 def test_each_case_is_checked_once_per_process(cases_dir, tmp_path, monkeypatch):
     calls = []
     real = HarborBackend._run_case_checks

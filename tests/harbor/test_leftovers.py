@@ -21,7 +21,9 @@ from vero.harbor.leftovers import (
     LABEL_SESSION,
     compose_labels,
     compose_project_prefix,
+    modal_app_name,
     modal_options,
+    nested_environment_options,
     new_session_id,
     remove_docker_leftovers,
     terminate_modal_sandboxes,
@@ -158,6 +160,31 @@ def test_modal_runs_carry_the_labels_as_tags_and_a_bounded_sandbox_lifetime(tmp_
     # Harbor's own Modal options accept them.
     assert ModalOptions.model_validate(options).labels == {LABEL_JOB: "ev-m", LABEL_SESSION: SESSION}
     assert modal_options(None, "ev-m", 10 * 24 * 3600)["sandbox_timeout_secs"] == 24 * 3600
+
+
+def test_nested_runs_take_the_specs_options_and_vero_sets_its_own_on_top():
+    """`harbor.environment_options` reach every nested run's `--ek`; on Modal vero's labels and
+    lifetime are added, and its cleanup looks in the spec's `app_name`."""
+    from harbor.environments.modal import ModalOptions
+
+    harbor = HarborSpec(
+        environment="modal",
+        evaluation_timeout_sec=600,
+        environment_options={"region": "us-east", "modal_vm_runtime": False, "app_name": "lab"},
+    )
+    options = nested_environment_options(harbor, SESSION, "ev-7")
+    assert options == {
+        "region": "us-east",
+        "modal_vm_runtime": False,
+        "app_name": "lab",
+        "labels": {LABEL_JOB: "ev-7", LABEL_SESSION: SESSION},
+        "sandbox_timeout_secs": 900,
+    }
+    assert ModalOptions.model_validate(options).app_name == "lab"  # Harbor accepts the merged set
+    assert modal_app_name(harbor.environment_options) == "lab"
+    assert modal_app_name({}) == "__harbor__"
+    docker = HarborSpec(environment="docker", environment_options={"keep_containers": True})
+    assert nested_environment_options(docker, SESSION, "ev-7") == {"keep_containers": True}
 
 
 class FakeModal:

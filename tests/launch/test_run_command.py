@@ -6,26 +6,30 @@ starts, where a mistake must fail fast, clearly, and before anything is built.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 from compiler.conftest import all_files, make_spec_tree, run_vero
 
 from vero.errors import InfrastructureFailure, SpecError
-from vero.launch import prepare_task
+from vero.launch import HarborArgs, RunEnvironments, prepare_task
 
 pytestmark = pytest.mark.timeout(300)
 
 SECRET_VALUE = "tok-4f9a1c77e2b84d0b9c1e"
 
 
-def _custom_env(document: dict) -> None:
-    # Any Harbor environment name is allowed; vero checks docker and modal only, so this reaches the compiler.
-    document["harbor"]["environment"] = "mylab"
+@pytest.fixture
+def no_target_check(monkeypatch) -> list[str]:
+    """The execution-target check recorded instead of run (no Docker engine or Modal needed)."""
+    checked: list[str] = []
+    monkeypatch.setattr("vero.launch.check_execution_target", lambda environment, env: checked.append(environment))
+    return checked
 
 
-def test_env_file_secrets_reach_the_build_but_no_compiled_file(tmp_path: Path) -> None:
-    tree = make_spec_tree(tmp_path / "spec", lambda d: (_custom_env(d), d.update(secrets=["LAB_TOKEN"])))
+def test_env_file_secrets_reach_the_build_but_no_compiled_file(tmp_path: Path, no_target_check) -> None:
+    tree = make_spec_tree(tmp_path / "spec", lambda d: d.update(secrets=["LAB_TOKEN"]))
     env_file = tmp_path / "run.env"
     env_file.write_text(f"LAB_TOKEN={SECRET_VALUE}\n# comment\nOTHER=1\n")
     prepared = prepare_task(tree.path, env_file=env_file, work_dir=tmp_path / "work")
@@ -36,9 +40,11 @@ def test_env_file_secrets_reach_the_build_but_no_compiled_file(tmp_path: Path) -
     assert "${LAB_TOKEN}" in (prepared.task_dir / "task.toml").read_text()
 
 
-def test_a_secret_missing_from_env_and_env_file_fails_before_anything_is_written(tmp_path: Path, monkeypatch) -> None:
+def test_a_secret_missing_from_env_and_env_file_fails_before_anything_is_written(
+    tmp_path: Path, monkeypatch, no_target_check
+) -> None:
     monkeypatch.delenv("LAB_TOKEN", raising=False)
-    tree = make_spec_tree(tmp_path / "spec", lambda d: (_custom_env(d), d.update(secrets=["LAB_TOKEN"])))
+    tree = make_spec_tree(tmp_path / "spec", lambda d: d.update(secrets=["LAB_TOKEN"]))
     with pytest.raises(SpecError) as info:
         prepare_task(tree.path, work_dir=tmp_path / "work")
     assert info.value.issues[0].loc == "secrets[0]"
@@ -49,19 +55,20 @@ def test_switching_to_modal_checks_modal_before_building(tmp_path: Path, monkeyp
     tree = make_spec_tree(tmp_path / "spec")
     monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
     with pytest.raises(InfrastructureFailure) as info:
-        prepare_task(tree.path, environment="modal", work_dir=tmp_path / "work")
+        prepare_task(tree.path, environments=RunEnvironments(trial="modal"), work_dir=tmp_path / "work")
     # Either the extra is missing here or the credentials are: both are said before building.
     assert "modal" in str(info.value).lower()
     assert not (tmp_path / "work").exists()
 
 
-def test_switching_to_modal_adds_the_modal_extra_to_an_exact_harbor_pin(tmp_path: Path, monkeypatch) -> None:
+def test_switching_to_modal_adds_the_modal_extra_to_an_exact_harbor_pin(tmp_path: Path, no_target_check) -> None:
     tree = make_spec_tree(tmp_path / "spec")  # harbor==0.26.0 on docker
-    checked: list[str] = []
-    monkeypatch.setattr("vero.launch.check_execution_target", lambda environment, env: checked.append(environment))
+    checked = no_target_check
     env_file = tmp_path / "modal.env"
     env_file.write_text("MODAL_TOKEN_ID=id-zq-0001\nMODAL_TOKEN_SECRET=secret-zq-0002\n")
-    prepared = prepare_task(tree.path, environment="modal", env_file=env_file, work_dir=tmp_path / "work")
+    prepared = prepare_task(
+        tree.path, environments=RunEnvironments(trial="modal"), env_file=env_file, work_dir=tmp_path / "work"
+    )
     assert checked == ["modal"]
     assert prepared.spec.harbor.environment == "modal"
     assert prepared.spec.harbor.requirement == "harbor[modal]==0.26.0"
@@ -123,8 +130,9 @@ def test_cli_unknown_agent_is_refused_before_anything_is_built(tmp_path: Path) -
     assert list(scratch.iterdir()) == [] and not (tmp_path / "jobs").exists()
 
 
+@pytest.mark.docker  # the execution target (Docker) is checked before the jobs dir
 def test_cli_jobs_dir_that_cannot_be_created_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
-    tree = make_spec_tree(tmp_path / "spec", _custom_env)  # no Docker check for a custom environment
+    tree = make_spec_tree(tmp_path / "spec")
     blocker = tmp_path / "file"
     blocker.write_text("not a directory\n")
     done = run_vero(
@@ -138,7 +146,7 @@ def test_the_outcome_is_printed_as_text_and_a_broken_case_is_a_cause_not_a_score
     """The chosen candidate's subject is the agent's text: printed as is, never read as markup. A
     target left unmeasured by a case where no candidate installs exits 17 with the cause."""
     from vero.commands.run import report_outcome
-    from vero.launch import TaskRunOutcome
+    from vero.launch import TaskRunOutcome, TrialRunOutcome
 
     trial = tmp_path / "trial"
     trial.mkdir()
@@ -151,16 +159,132 @@ def test_the_outcome_is_printed_as_text_and_a_broken_case_is_a_cause_not_a_score
     outcome = TaskRunOutcome(
         job_dir=tmp_path,
         task_dir=tmp_path / "task",
-        trial_dir=trial,
-        rewards={"reward": 0.0},
-        finalization={
-            "status": "failed",
-            "chosen": {"candidate": "c" * 40, "is_baseline": False, "subject": "[bold]faster[/bold] loops"},
-            "problems": [problem],
-            "errors": ["target hidden: CaseMisconfigured (install_failed): ..."],
-        },
+        trials=[
+            TrialRunOutcome(
+                trial_dir=trial,
+                rewards={"reward": 0.0},
+                finalization={
+                    "status": "failed",
+                    "chosen": {"candidate": "c" * 40, "is_baseline": False, "subject": "[bold]faster[/bold] loops"},
+                    "problems": [problem],
+                    "errors": ["target hidden: CaseMisconfigured (install_failed): ..."],
+                },
+            )
+        ],
     )
     assert report_outcome(outcome) == 17
     printed = capsys.readouterr()
     assert "[bold]faster[/bold] loops" in printed.out
     assert f"cause: case 'log-report': install_failed: {problem['detail']}" in printed.err
+
+
+MODAL_ENV = "MODAL_TOKEN_ID=id-zq-0001\nMODAL_TOKEN_SECRET=secret-zq-0002\n"
+
+
+def test_the_trial_on_docker_can_send_its_nested_runs_to_modal(tmp_path: Path, no_target_check) -> None:
+    tree = make_spec_tree(tmp_path / "spec")  # harbor.environment: docker
+    env_file = tmp_path / "modal.env"
+    env_file.write_text(MODAL_ENV)
+    prepared = prepare_task(
+        tree.path, environments=RunEnvironments(nested="modal"), env_file=env_file, work_dir=tmp_path / "work"
+    )
+    assert prepared.environment == "docker"  # Harbor's -e of the trial
+    assert prepared.spec.harbor.environment == "modal"  # what the sidecar and the verifier run on
+    assert no_target_check == ["docker", "modal"]  # both checked before building
+    compose = (prepared.task_dir / "environment" / "docker-compose.yaml").read_text()
+    assert "docker.sock" not in compose and "MODAL_TOKEN_ID" in compose
+
+
+def test_nested_runs_on_docker_under_a_modal_trial_are_refused_before_building(tmp_path: Path, no_target_check) -> None:
+    tree = make_spec_tree(tmp_path / "spec")
+    with pytest.raises(SpecError) as info:
+        prepare_task(
+            tree.path, environments=RunEnvironments(trial="modal", nested="docker"), work_dir=tmp_path / "work"
+        )
+    assert info.value.issues[0].loc == "--nested-environment" and "socket" in info.value.issues[0].message
+    assert not (tmp_path / "work").exists() and no_target_check == []
+
+
+def test_a_trial_environment_vero_does_not_support_is_refused(tmp_path: Path, no_target_check) -> None:
+    tree = make_spec_tree(tmp_path / "spec")
+    with pytest.raises(SpecError) as info:
+        prepare_task(
+            tree.path, environments=RunEnvironments(trial="daytona", nested="docker"), work_dir=tmp_path / "work"
+        )
+    assert info.value.issues[0].loc == "--environment" and "docker and modal" in info.value.issues[0].message
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.fixture
+def recording_harbor(tmp_path: Path, monkeypatch) -> Path:
+    """A `harbor` executable that records its argv (one per line) and writes no job."""
+    argv_file = tmp_path / "argv.txt"
+    script = tmp_path / "harbor"
+    script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {argv_file}\n')
+    script.chmod(0o755)
+    monkeypatch.setattr("vero.harbor.command.find_harbor_executable", lambda: script)
+    return argv_file
+
+
+def test_run_passes_trials_attempts_and_the_trial_options_to_harbor(
+    tmp_path: Path, no_target_check, recording_harbor
+) -> None:
+    from vero.launch import run_task
+
+    tree = make_spec_tree(tmp_path / "spec")
+    outcome = run_task(
+        tree.path,
+        jobs_dir=tmp_path / "jobs",
+        harbor_args=HarborArgs(job_name="j1", n_concurrent=2, n_attempts=3),
+        environments=RunEnvironments(trial_options={"keep_containers": True}),
+    )
+    argv = recording_harbor.read_text().splitlines()
+    pairs = set(itertools.pairwise(argv))
+    assert {("-e", "docker"), ("-n", "2"), ("-k", "3"), ("--ek", "keep_containers=true"), ("--job-name", "j1")} <= pairs
+    assert outcome.trials == [] and not outcome.ok  # no trial written: not a success
+
+
+def test_a_trial_option_harbor_refuses_stops_the_run_before_building(
+    tmp_path: Path, no_target_check, recording_harbor
+) -> None:
+    from vero.launch import run_task
+
+    tree = make_spec_tree(tmp_path / "spec")
+    with pytest.raises(SpecError) as info:
+        run_task(
+            tree.path,
+            jobs_dir=tmp_path / "jobs",
+            environments=RunEnvironments(trial_options={"modal_vm_runtime": False}),
+        )
+    issue = info.value.issues[0]
+    assert issue.loc == "--ek" and "modal_vm_runtime" in issue.message and "docker" in issue.message
+    assert not recording_harbor.exists() and not (tmp_path / "jobs").exists()
+
+
+def test_cli_reports_every_trial_of_k_and_exits_by_the_worst(tmp_path: Path, no_target_check, monkeypatch) -> None:
+    """With `-k 2`, one table per trial; a scored trial beside an errored one exits 1."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from vero.cli import app
+
+    jobs = tmp_path / "jobs"
+    scored = jobs / "j2" / "minimal__aaaaaaa"
+    errored = jobs / "j2" / "minimal__bbbbbbb"
+    script = tmp_path / "harbor"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"mkdir -p {scored}/verifier/artifacts {errored}\n"
+        f"echo '{json.dumps({'verifier_result': {'rewards': {'reward': 0.75}}})}' > {scored}/result.json\n"
+        f"echo '{json.dumps({'status': 'scored'})}' > {scored}/verifier/artifacts/finalization.json\n"
+        f"echo '{json.dumps({'exception_info': {'exception_type': 'AgentTimeoutError'}})}' > {errored}/result.json\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setattr("vero.harbor.command.find_harbor_executable", lambda: script)
+    tree = make_spec_tree(tmp_path / "spec")
+    args = ["harbor", "run", "-c", str(tree.path), "-k", "2", "-n", "2", "--jobs-dir", str(jobs), "--job-name", "j2"]
+    result = CliRunner().invoke(app, args, env={"TMPDIR": str(tmp_path)})
+    assert result.exit_code == 1, result.output
+    assert "minimal__aaaaaaa" in result.output and "minimal__bbbbbbb" in result.output
+    assert "0.75" in result.output and "AgentTimeoutError" in result.output

@@ -298,7 +298,7 @@ class SidecarHarness:
     cases_dir: Path
     config: SidecarConfig
     backend: Any
-    max_concurrent_evaluations: int = 2
+    max_concurrent_evaluations: int | None = 2
     nested_env: dict[str, str] = field(default_factory=dict)
 
     def service(self, **overrides):
@@ -332,7 +332,8 @@ class SidecarHarness:
         `SidecarPaths`, any option of `SidecarService` or of `create_app`."""
         from vero.sidecar.app import create_app
 
-        app_options = {k: overrides.pop(k) for k in ("max_request_bytes", "refuse_local_agent_calls") if k in overrides}
+        app_names = ("max_request_bytes", "refuse_local_agent_calls")
+        app_options = {k: overrides.pop(k) for k in app_names if k in overrides}
         return create_app(self.service(**overrides), **app_options)
 
     @contextmanager

@@ -626,6 +626,31 @@ def test_concurrency_limit_keeps_extra_jobs_queued(tmp_path):
         assert harness.backend.max_running == 2
 
 
+def test_the_configs_max_concurrent_evaluations_sets_the_slots(tmp_path):
+    """`harbor.max_concurrent_evaluations` of the compiled config (not a fixed 2): 3 jobs run at
+    once, the 4th waits `queued`, and there are 3 checkout slots."""
+    harness = make_harness(tmp_path, backend=StubBackend(block=threading.Event()))
+    harbor = harness.config.harbor.model_copy(update={"max_concurrent_evaluations": 3})
+    harness.config = harness.config.model_copy(update={"harbor": harbor})
+    harness.max_concurrent_evaluations = None  # as `vero harbor serve` builds it: from the config
+    with harness.serve() as (_, client):
+        ids = [
+            client.post("/evaluations", json={"partition": "train", "cases": [f"t{i % 2 + 1}"]}).json()["id"]
+            for i in range(4)
+        ]
+        for _ in range(3):
+            assert harness.backend.started.acquire(timeout=30)
+        assert not harness.backend.started.acquire(timeout=0.5)
+        states = [client.get(f"/evaluations/{i}").json()["state"] for i in ids]
+        assert sorted(states) == ["queued", "running", "running", "running"]
+        harness.backend.block.set()
+        for job_id in ids:
+            assert wait_for_state(client, job_id, {"complete"})["state"] == "complete"
+        assert harness.backend.max_running == 3
+    slots = sorted(p.name for p in (harness.work_dir / "checkouts").iterdir())
+    assert slots == ["slot-0", "slot-1", "slot-2"]
+
+
 def test_status_lists_the_newest_jobs_that_fit_whatever_the_history(tmp_path):
     """What the history adds to `/status` is bounded: at most 10 jobs and 8 KiB of them, however long
     the agent's version names (256 characters of 4-byte UTF-8 here), plus one submission and counts."""

@@ -349,3 +349,39 @@ def test_intake_closes_when_the_agent_ends_before_the_seal_and_survives_a_restar
         assert client.post("/intake/close").status_code == 403  # a caller inside the sidecar
     with fresh.serve() as (_, client):
         assert client.get("/status").json()["entrance_open"] is True
+
+
+def test_serve_without_a_secret_of_its_config_exits_5_naming_it(tmp_path):
+    """The compiled compose file passes secrets as `${NAME}` (the form Harbor's Modal environment
+    hands to Compose), which an unset host variable leaves blank: the sidecar then refuses to start,
+    naming the secret, instead of running evaluations that cannot work."""
+    harness = make_harness(tmp_path / "h")
+    config = tmp_path / "config.json"
+    config.write_text(harness.config.model_copy(update={"secrets": ["ZQ_SIDECAR_KEY"]}).model_dump_json())
+    argv = [
+        VERO,
+        "harbor",
+        "serve",
+        "--allow-local-agent-calls",
+        "--config",
+        str(config),
+        "--state-dir",
+        str(harness.state_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+        "--agent-repo",
+        str(harness.agent_repo),
+        "--context-dir",
+        str(harness.context_dir),
+        "--baseline-dir",
+        str(harness.baseline_dir),
+        "--work-dir",
+        str(harness.work_dir),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "ZQ_SIDECAR_KEY"}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, "ZQ_SIDECAR_KEY": ""})
+    assert result.returncode == 5, result.stderr
+    assert "ZQ_SIDECAR_KEY" in result.stderr and "Traceback" not in result.stderr
+    assert not harness.state_dir.exists()  # refused before any state was opened

@@ -215,6 +215,35 @@ BAD: dict[str, Bad] = {
         "harbor.evaluation_timeout_sec", setup=_write("cases/case-1/task.toml", 'schema_version = "1.4"\n')
     ),
     "unpinned harbor": Bad("harbor.requirement", _set("harbor.requirement", "harbor>=0.26")),
+    # vero reads Harbor 0.26's formats: an older (or newer) series would write what it cannot parse.
+    "harbor of another series": Bad("harbor.requirement", _set("harbor.requirement", "harbor==0.18.0")),
+    "environment vero does not support": Bad("harbor.environment", _set("harbor.environment", "daytona")),
+    "custom environment class": Bad("harbor.environment", _set("harbor.environment", "mylab.env:LabEnvironment")),
+    "environment option vero sets itself": Bad(
+        "harbor.environment_options.labels",
+        _all(
+            _set("harbor.environment", "modal"),
+            _set("harbor.requirement", "harbor[modal]==0.26.0"),
+            _set("harbor.environment_options", {"labels": {"team": "a"}}),
+        ),
+        env=MODAL_TOKENS,
+    ),
+    "environment option Harbor does not know": Bad(
+        "harbor.environment_options.frobnicate", _set("harbor.environment_options", {"frobnicate": 1})
+    ),
+    "environment option of the wrong type": Bad(
+        "harbor.environment_options.modal_vm_runtime",
+        _all(
+            _set("harbor.environment", "modal"),
+            _set("harbor.requirement", "harbor[modal]==0.26.0"),
+            _set("harbor.environment_options", {"modal_vm_runtime": "sometimes"}),
+        ),
+        env=MODAL_TOKENS,
+    ),
+    "environment option that cannot work nested": Bad(
+        "harbor.environment_options.auto_mounting", _set("harbor.environment_options", {"auto_mounting": True})
+    ),
+    "no concurrent evaluation": Bad("harbor.max_concurrent_evaluations", _set("harbor.max_concurrent_evaluations", 0)),
     "modal without the modal extra": Bad("harbor.requirement", _set("harbor.environment", "modal"), env=MODAL_TOKENS),
     "modal tokens unset": Bad(
         "harbor.environment",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["ConfigOption", "EnvFileOption", "EnvironmentOption"]
+__all__ = ["ConfigOption", "EnvFileOption", "EnvironmentOption", "parse_options"]
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="The optimization spec (build.yaml).")]
 
@@ -28,3 +28,18 @@ EnvFileOption = Annotated[
         "command line.",
     ),
 ]
+
+
+def parse_options(items: list[str], option: str) -> dict[str, object]:
+    """`KEY=VALUE` items -> a dict, parsed exactly as Harbor parses `--ek` (JSON or a Python
+    literal when it is one, else the string: `vero.harbor.catalog.parse_kwargs`).
+
+    Raises:
+        typer.BadParameter: an item has no `=` (naming `option`).
+    """
+    from vero.harbor.catalog import parse_kwargs
+
+    try:
+        return parse_kwargs(items)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None

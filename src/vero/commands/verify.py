@@ -143,6 +143,7 @@ def verify_command(
 
     from vero.core.run import nested_secret_env
     from vero.spec.compiled import VerifierConfig, load_config
+    from vero.spec.environments import drop_empty_settings
     from vero.verifier import VerifierPaths, resolve_run_as, verify
 
     _configure_logging()
@@ -155,7 +156,8 @@ def verify_command(
         mirrors = mirror_dirs if mirror_dirs is not None else [Path(_P.artifacts_mirror)]
         mirrors = [m for m in mirrors if m.resolve() != artifacts_dir.resolve()]
         work = work_dir or Path(tempfile.mkdtemp(prefix="vero-verify-"))
-        env = nested_secret_env(loaded.secrets, os.environ, loaded.inference)
+        drop_empty_settings(loaded.settings, os.environ)
+        env = nested_secret_env([*loaded.secrets, *loaded.settings], os.environ, loaded.inference)
         backend = HarborBackend(session=new_session_id("verify"))
         if not unfenced_candidates:
             from vero.harbor.boundary.fence import NetworkFence

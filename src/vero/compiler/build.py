@@ -42,6 +42,7 @@ from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
+from vero.spec.environments import environment_kind
 from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess, timing_quantum_sec
 from vero.spec.validation import check_build_secrets
@@ -233,7 +234,12 @@ def _check_cases(spec: OptimizationSpec, case_dirs: Mapping[str, Path]) -> None:
     available = nested_variable_names(spec)
     owner = {case: partition for partition, names in spec.cases.partitions.items() for case in names}
     issues: list[SpecIssue] = []
-    for problem in check_cases(case_dirs, environment=spec.harbor.environment, available=available):
+    for problem in check_cases(
+        case_dirs,
+        environment=spec.harbor.environment,
+        available=available,
+        options=spec.harbor.environment_options,
+    ):
         if problem.code == "missing_variables":
             issues.append(
                 SpecIssue(
@@ -469,6 +475,7 @@ def _write_configs(
         scoring=spec.scoring,
         harbor=spec.harbor,
         secrets=spec.effective_secrets(),
+        settings=spec.environment_settings(),
         inference=spec.inference,
     )
     _write_json(
@@ -554,7 +561,8 @@ def _render_files(
     support: CodingAgentSupport,
 ) -> None:
     paths = CONTAINER_PATHS
-    docker = spec.harbor.environment == "docker"
+    kind = environment_kind(spec.harbor.environment)
+    docker = kind is not None and kind.engine_socket
     # kind: agent candidates run as host processes in the sidecar and the verifier: their network
     # fence needs CAP_NET_ADMIN and nftables there (vero.harbor.boundary.fence).
     candidate_fence = isinstance(spec.target, AgentTarget)
@@ -579,6 +587,7 @@ def _render_files(
         runner_user=RUNNER_USER,
         wheel=wheel_filename,
         secrets=secrets,
+        settings=spec.environment_settings(),
         sidecar_url=sidecar_url,
         mcp_url=sidecar_url + SIDECAR_MCP_PATH,
         mcp_server_name=MCP_SERVER_NAME,

@@ -46,8 +46,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vero.core.diagnostics import CaseProblem, clip
 
@@ -245,8 +246,9 @@ class SetupUncheckable(Exception):
     here, or the name is no Harbor environment type this Harbor knows)."""
 
 
-def _environment_config(environment: str, trials_dir: Path):
-    """The trial's `EnvironmentConfig`, as `harbor run -e <environment>` and vero's nested runs build it.
+def _environment_config(environment: str, trials_dir: Path, options: Mapping[str, Any] | None = None):
+    """The trial's `EnvironmentConfig`, as `harbor run -e <environment> --ek ...` and vero's nested
+    runs build it (`options`: the spec's `harbor.environment_options`).
 
     Raises:
         SetupUncheckable: `environment` is neither `module:Class` nor one of Harbor's environment types.
@@ -256,8 +258,9 @@ def _environment_config(environment: str, trials_dir: Path):
 
     from vero.harbor.command import render_compose_override
 
+    kwargs = dict(options or {})
     if ":" in environment:
-        return EnvironmentConfig(import_path=environment)
+        return EnvironmentConfig(import_path=environment, kwargs=kwargs)
     if environment not in {e.value for e in EnvironmentType}:
         raise SetupUncheckable(f"{environment!r} is not one of Harbor's environment types")
     extra = []
@@ -265,7 +268,7 @@ def _environment_config(environment: str, trials_dir: Path):
         compose = trials_dir / "vero.compose.yaml"
         compose.write_text(render_compose_override())
         extra = [compose]
-    return EnvironmentConfig(type=environment, extra_docker_compose=extra)
+    return EnvironmentConfig(type=environment, extra_docker_compose=extra, kwargs=kwargs)
 
 
 class _NoOverrideNotice(logging.Filter):
@@ -278,7 +281,7 @@ class _NoOverrideNotice(logging.Filter):
         return "are not propagated to separate verifier environments" not in record.getMessage()
 
 
-async def _setup_problem(case_dir: Path, environment: str) -> str | None:
+async def _setup_problem(case_dir: Path, environment: str, options: Mapping[str, Any] | None = None) -> str | None:
     from harbor.environments.factory import EnvironmentFactory
     from harbor.models.task.verifier_mode import resolve_verifier_environment_definition
     from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
@@ -296,7 +299,7 @@ async def _setup_problem(case_dir: Path, environment: str) -> str | None:
                     task=TaskConfig(path=case_dir.absolute()),
                     trials_dir=trials_dir,
                     agent=AgentConfig(name="nop"),
-                    environment=_environment_config(environment, trials_dir),
+                    environment=_environment_config(environment, trials_dir, options),
                 )
             )
             config = trial.task.config
@@ -355,7 +358,9 @@ def _run(coro):
     return result[0]
 
 
-def setup_problem(case_dir: Path, environment: str, variables: Collection[str] = ()) -> str | None:
+def setup_problem(
+    case_dir: Path, environment: str, variables: Collection[str] = (), options: Mapping[str, Any] | None = None
+) -> str | None:
     """Why Harbor refuses to set the case up on `environment`, or None (check 3).
 
     Args:
@@ -363,27 +368,36 @@ def setup_problem(case_dir: Path, environment: str, variables: Collection[str] =
         environment: `docker`, `modal`, ... or `module:Class` (as `harbor.environment`).
         variables: required variable names to stand in for while Harbor's constructors resolve
             templates (their values are never needed to judge the setup).
+        options: the environment's options (`harbor.environment_options`; Modal's
+            `modal_vm_runtime` decides, e.g., whether GPUs can be had).
 
     Raises:
         SetupUncheckable: the environment's provider is not installed here (e.g. Harbor's modal
             extra), or the name is no Harbor environment type: the setup cannot be judged here.
     """
     with _placeholders(variables):
-        return _run(_setup_problem(case_dir, environment))
+        return _run(_setup_problem(case_dir, environment, options))
+
+
+@dataclass(frozen=True)
+class SetupTarget:
+    """Where check 3 sets a case up: `harbor.environment` and its `harbor.environment_options`."""
+
+    environment: str
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def check_case(
-    name: str, case_dir: Path, *, environment: str, available: Collection[str], setup: bool = True
+    name: str, case_dir: Path, *, available: Collection[str], setup: SetupTarget | None
 ) -> list[CaseProblem]:
     """Every problem of one case (checks 1-3; an invalid task stops there).
 
     Args:
         name: the case name (reported).
         case_dir: its Harbor task dir.
-        environment: `harbor.environment`.
         available: names of the host variables the nested run has (secrets, inherited names).
-        setup: run check 3 (it imports Harbor's trial machinery; skipped when the environment's
-            provider is missing, see `setup_problem`).
+        setup: where check 3 sets the case up; None skips it (it imports Harbor's trial
+            machinery; skipped when the environment's provider is missing, see `setup_problem`).
     """
     reason = task_problem(case_dir)
     if reason is not None:
@@ -400,9 +414,12 @@ def check_case(
                 case=name, code="missing_variables", detail=f"host variables not available to the nested run: {detail}"
             )
         )
-    if setup:
+    if setup is not None:
+        environment = setup.environment
         try:
-            rejected = setup_problem(case_dir, environment, [v.name for v in required_variables(case_dir)])
+            rejected = setup_problem(
+                case_dir, environment, [v.name for v in required_variables(case_dir)], setup.options
+            )
         except SetupUncheckable as exc:
             logger.warning("case %s: its setup on environment %s cannot be checked here: %s", name, environment, exc)
             rejected = None
@@ -418,29 +435,50 @@ def check_case(
 
 
 def check_cases(
-    cases: Mapping[str, Path], *, environment: str, available: Collection[str], setup: bool = True
+    cases: Mapping[str, Path],
+    *,
+    environment: str,
+    available: Collection[str],
+    setup: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> list[CaseProblem]:
     """`check_case` for each of `cases` (name -> task dir), in name order."""
     problems: list[CaseProblem] = []
     for name in sorted(cases):
-        problems += check_case(name, cases[name], environment=environment, available=available, setup=setup)
+        target = SetupTarget(environment, dict(options or {})) if setup else None
+        problems += check_case(name, cases[name], available=available, setup=target)
     return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m vero.harbor.case_checks ENVIRONMENT CASES_DIR CASE...`: the problems on stdout.
+    """`python -m vero.harbor.case_checks [--options JSON] ENVIRONMENT CASES_DIR CASE...`: the
+    problems on stdout (`--options`: the environment's options, a JSON object).
 
     What is available is this process's environment. Exit 0 with a last line `CASE_CHECKS_MARK`
     followed by a JSON list of problems (possibly empty); exit 2 on bad arguments.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m vero.harbor.case_checks [--options JSON] ENVIRONMENT CASES_DIR CASE..."
+    options: Any = {}
+    if args[:1] == ["--options"]:
+        try:
+            options = json.loads(args[1]) if len(args) > 1 else None
+        except ValueError:
+            options = None
+        if not isinstance(options, dict):
+            print(usage, file=sys.stderr)
+            return 2
+        args = args[2:]
     if len(args) < 3:
-        print("usage: python -m vero.harbor.case_checks ENVIRONMENT CASES_DIR CASE...", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     environment, cases_dir, names = args[0], Path(args[1]), args[2:]
     logging.disable(logging.INFO)  # Harbor logs its trial construction at DEBUG and INFO
     problems = check_cases(
-        {name: cases_dir / name for name in names}, environment=environment, available=set(os.environ)
+        {name: cases_dir / name for name in names},
+        environment=environment,
+        available=set(os.environ),
+        options=options,
     )
     sys.stderr.flush()
     sys.stdout.write("\n" + CASE_CHECKS_MARK + json.dumps([p.model_dump(mode="json") for p in problems]) + "\n")

@@ -8,12 +8,13 @@ Harbor loads on the first call, never at import.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harbor.models.registry import DatasetSpec
 
-__all__ = ["agent_class", "agent_names", "registry_datasets"]
+__all__ = ["agent_class", "agent_names", "environment_option_problems", "parse_kwargs", "registry_datasets"]
 
 
 def agent_names() -> list[str]:
@@ -53,3 +54,46 @@ def registry_datasets(rows: Any) -> list[DatasetSpec]:
     from harbor.models.registry import DatasetSpec
 
     return [DatasetSpec.model_validate(row) for row in rows]
+
+
+def environment_option_problems(environment: str, options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What Harbor refuses of `options` (`--ek` kwargs, JSON values) for `environment`: a list of
+    `(option, problem)`, empty when Harbor accepts them all.
+
+    The check is Harbor's own: the environment class's `options_model` validates the kwargs as
+    `harbor run --ek` parses them (Harbor 0.26 `environments/base.py` `parse_options`, called by
+    `EnvironmentFactory.validate_options` before a job starts). No provider SDK is needed: Harbor's
+    environment modules import their SDK lazily or optionally.
+
+    Raises:
+        ValueError: `environment` is not one of Harbor's environment types.
+    """
+    from harbor.environments.factory import EnvironmentFactory
+    from harbor.models.environment_type import EnvironmentType
+    from pydantic import ValidationError
+
+    model = EnvironmentFactory.get_environment_class(EnvironmentType(environment)).options_model
+    if model is None:
+        return [(name, f"environment {environment} takes no options") for name in sorted(options)]
+    try:
+        model.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False, include_input=False):
+            option = ".".join(str(part) for part in error["loc"]) or "<options>"
+            what = "unknown option" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append((option, what))
+        return problems
+    return []
+
+
+def parse_kwargs(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings as `harbor run --ek/--ak` parses them (Harbor 0.26 `cli/utils.py`
+    `parse_kwargs`: JSON, else a Python literal, else the string).
+
+    Raises:
+        ValueError: an item has no `=`.
+    """
+    from harbor.cli.utils import parse_kwargs as harbor_parse_kwargs
+
+    return harbor_parse_kwargs(items)

@@ -47,7 +47,10 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vero.spec.models import HarborSpec
 
 __all__ = [
     "LABEL_GATEWAY",
@@ -57,7 +60,9 @@ __all__ = [
     "compose_labels",
     "compose_project_prefix",
     "engine_reachable",
+    "modal_app_name",
     "modal_options",
+    "nested_environment_options",
     "new_session_id",
     "read_case_compose",
     "remove_docker_leftovers",
@@ -155,6 +160,23 @@ def compose_labels(session: str | None, job: str, cases_dir: Path, case_names: S
     if volumes:
         document["volumes"] = volumes
     return document
+
+
+def nested_environment_options(harbor: HarborSpec, session: str | None, job: str) -> dict[str, Any]:
+    """The `--ek` options of one nested run: the spec's `harbor.environment_options`, then what vero
+    sets itself on that environment (Modal: `modal_options`; the build refuses a spec that sets
+    those, `vero.spec.environments`)."""
+    options: dict[str, Any] = dict(harbor.environment_options)
+    if harbor.environment == "modal":
+        options.update(modal_options(session, job, harbor.evaluation_timeout_sec))
+    return options
+
+
+def modal_app_name(environment_options: Mapping[str, object]) -> str:
+    """The Modal app a nested run's sandboxes are created in: `app_name` of the spec's
+    `harbor.environment_options`, else Harbor's default (`MODAL_APP_NAME`)."""
+    name = environment_options.get("app_name")
+    return name if isinstance(name, str) and name else MODAL_APP_NAME
 
 
 def modal_options(session: str | None, job: str, evaluation_timeout_sec: float) -> dict[str, Any]:

@@ -119,7 +119,8 @@ from vero.harbor.install_witness import WITNESS_JOB_SUFFIX, judge_install_failur
 from vero.harbor.leftovers import (
     compose_labels,
     engine_reachable,
-    modal_options,
+    modal_app_name,
+    nested_environment_options,
     new_session_id,
     remove_docker_leftovers,
     terminate_modal_sandboxes,
@@ -136,7 +137,7 @@ PREFLIGHT_TIMEOUT_EXCEPTION = "AgentImportTimeoutError"
 pre-flight limit to import and construct."""
 
 _CASE_CHECKS: dict[tuple, tuple[CaseProblem, ...]] = {}
-"""Per process: (cases dir, case, environment, available names, uid) -> that case's problems.
+"""Per process: (cases dir, case, environment, its options, available names, uid) -> that case's problems.
 Cases do not change under a running sidecar or verifier, so each is checked once."""
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -245,7 +246,13 @@ class HarborBackend:
         self.host_binding = binding
 
     async def remove_leftovers(
-        self, *, environment: str, env: Mapping[str, str], session: str, jobs: Iterable[str] | None = None
+        self,
+        *,
+        environment: str,
+        env: Mapping[str, str],
+        session: str,
+        jobs: Iterable[str] | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> int:
         """Remove what interrupted nested runs of `session` (of `jobs` only, if given) left: Docker
         containers, networks, volumes and built images, or Modal sandboxes (`vero.harbor.leftovers`).
@@ -257,6 +264,7 @@ class HarborBackend:
             env: extra environment of the Docker client (e.g. `DOCKER_HOST`).
             session: the session the runs were labelled with.
             jobs: their evaluation ids (None: every run of the session).
+            options: the runs' `harbor.environment_options` (Modal: `app_name`, where to look).
 
         Returns:
             How many objects were removed.
@@ -265,9 +273,10 @@ class HarborBackend:
             base = os.environ if self._base_env is None else self._base_env
             return await remove_docker_leftovers({**base, **env}, session=session, jobs=jobs, settle_sec=None)
         if environment == "modal":
+            app_name = modal_app_name(options or {})
             if jobs is None:
-                return await terminate_modal_sandboxes(session=session)
-            return sum([await terminate_modal_sandboxes(session=session, job=job) for job in jobs])
+                return await terminate_modal_sandboxes(session=session, app_name=app_name)
+            return sum([await terminate_modal_sandboxes(session=session, job=job, app_name=app_name) for job in jobs])
         return 0
 
     def interrupt(self) -> None:
@@ -693,13 +702,13 @@ class HarborBackend:
         self, run: NestedRun, case_names: Sequence[str]
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
         """The environment-specific parts of a round's command: Docker's compose labels and (with
-        `NestedRun.case_network`) the case route, Modal's options (`vero.harbor.leftovers`,
-        `vero.harbor.case_route`)."""
+        `NestedRun.case_network`) the case route; the `--ek` options: the spec's
+        `harbor.environment_options` and what vero sets itself (Modal's tags and lifetime cap:
+        `vero.harbor.leftovers.nested_environment_options`, `vero.harbor.case_route`)."""
         session = run.session or self.session
-        if run.harbor.environment == "modal":
-            return None, None, modal_options(session, run.evaluation_id, run.harbor.evaluation_timeout_sec)
+        options = nested_environment_options(run.harbor, session, run.evaluation_id) or None
         if run.harbor.environment != "docker":
-            return None, None, None
+            return None, None, options
         labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
         route = None
         if run.case_network is not None:
@@ -709,7 +718,7 @@ class HarborBackend:
                     "evaluation %s: case services not routed to the gateway: a selected case's network is not public",
                     run.evaluation_id,
                 )
-        return labels, route, None
+        return labels, route, options
 
     async def _excuse_unreachable_engine(
         self, run: NestedRun, env: Mapping[str, str], collation: JobCollation
@@ -776,7 +785,9 @@ class HarborBackend:
             )
             kind = "docker object(s)"
         elif run.harbor.environment == "modal":
-            removed = await terminate_modal_sandboxes(session=session, job=run.evaluation_id)
+            removed = await terminate_modal_sandboxes(
+                session=session, job=run.evaluation_id, app_name=modal_app_name(run.harbor.environment_options)
+            )
             kind = "modal sandbox(es)"
         else:
             return
@@ -798,7 +809,8 @@ class HarborBackend:
         uid = run.run_as.uid if run.run_as is not None else os.geteuid()
         cases_dir = str(run.cases_dir.resolve())
         available = frozenset(env)
-        keys = {name: (cases_dir, name, run.harbor.environment, available, uid) for name in case_names}
+        options = json.dumps(run.harbor.environment_options, sort_keys=True)
+        keys = {name: (cases_dir, name, run.harbor.environment, options, available, uid) for name in case_names}
         unchecked = [name for name in case_names if keys[name] not in _CASE_CHECKS]
         if unchecked:
             found = await self._run_case_checks(run, unchecked, env)
@@ -829,6 +841,7 @@ class HarborBackend:
             "-I",
             "-m",
             "vero.harbor.case_checks",
+            *(["--options", json.dumps(run.harbor.environment_options)] if run.harbor.environment_options else []),
             run.harbor.environment,
             str(run.cases_dir.absolute()),
             *case_names,

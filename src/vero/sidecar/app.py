@@ -335,15 +335,23 @@ def serve(
     Raises:
         SpecError: the config cannot be read or validated, or the baseline does not match.
         LedgerCorrupt: durable state is unreadable (the sidecar refuses to start; nothing is reset).
-        InfrastructureFailure: running as root without the runner user, a directory cannot be
-            prepared, the port cannot be bound, or (routing case services) the Docker engine
-            cannot say which networks this container is on.
+        InfrastructureFailure: a secret of the config is unset or empty, running as root without
+            the runner user, a directory cannot be prepared, the port cannot be bound, or (routing
+            case services) the Docker engine cannot say which networks this container is on.
     """
     from vero.errors import InfrastructureFailure
     from vero.harbor import HarborBackend
     from vero.spec.compiled import load_config
+    from vero.spec.environments import drop_empty_settings
 
     config = load_config(config_path, SidecarConfig)
+    # Secrets arrive by name from the host (compose `${NAME}`, blank when the host lacks them): a
+    # sidecar without one would run evaluations that cannot work, so it does not start.
+    missing = [name for name in config.secrets if not os.environ.get(name)]
+    if missing:
+        raise InfrastructureFailure(f"the sidecar's environment lacks the secret(s) {', '.join(missing)}")
+    # An unset client setting arrives as "" from compose; the SDKs must see it unset.
+    drop_empty_settings(config.settings, os.environ)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     guards = guards or CandidateGuards()
     sockets = _bind(listen_addresses(config, host), port)

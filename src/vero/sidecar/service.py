@@ -301,7 +301,8 @@ class SidecarService:
             `harbor run`; chosen by the composition root, `vero.sidecar.app.serve`).
         run_as: identity of nested runs; "auto" resolves `vero-runner` when root (see
             `vero.harbor.process.runner_identity`), None runs as this process.
-        max_concurrent_evaluations: nested runs at once; further jobs stay `queued`.
+        max_concurrent_evaluations: nested runs at once, each in its own checkout slot; further
+            jobs stay `queued`. Default: the config's `harbor.max_concurrent_evaluations`.
         nested_env: extra trusted environment for every nested run (e.g. `DOCKER_HOST`).
         artifact_limits: caps on copied trial artifacts.
         principal: the principal of the agent surface.
@@ -319,20 +320,24 @@ class SidecarService:
         backend: EvaluationBackend,
         *,
         run_as: RunAs | Literal["auto"] | None = "auto",
-        max_concurrent_evaluations: int = 2,
+        max_concurrent_evaluations: int | None = None,
         nested_env: Mapping[str, str] | None = None,
         artifact_limits: ArtifactLimits | None = None,
         principal: str = AGENT_PRINCIPAL,
         gateway_host: str = "127.0.0.1",
     ) -> None:
-        if max_concurrent_evaluations < 1:
+        self.max_concurrent_evaluations = (
+            config.harbor.max_concurrent_evaluations
+            if max_concurrent_evaluations is None
+            else max_concurrent_evaluations
+        )
+        if self.max_concurrent_evaluations < 1:
             raise ValueError("max_concurrent_evaluations must be at least 1")
         self.config = config
         self.paths = paths
         self.backend = backend
         self._run_as_setting = run_as
         self.run_as: RunAs | None = None
-        self.max_concurrent_evaluations = max_concurrent_evaluations
         self.nested_env = dict(nested_env or {})
         self.artifact_limits = artifact_limits or ArtifactLimits()
         self.principal = principal
@@ -515,7 +520,10 @@ class SidecarService:
             return
         assert self.session_id is not None
         removed = await remove(
-            environment=self.config.harbor.environment, env=self._nested_env(), session=self.session_id
+            environment=self.config.harbor.environment,
+            env=self._nested_env(),
+            session=self.session_id,
+            options=self.config.harbor.environment_options,
         )
         if removed:
             _logger.warning("removed %d leftover(s) of earlier nested runs of this session", removed)
@@ -837,7 +845,13 @@ class SidecarService:
         for name in self.config.secrets:
             if name not in gateway_keys and name not in os.environ:
                 _logger.warning("secret %s is not set in the sidecar's environment", name)
-        return {**self.nested_env, **nested_secret_env(self.config.secrets, os.environ, self.config.inference)}
+        # Client settings are optional, unlike secrets: passed only when set (`vero.spec.environments`).
+        settings = {name: os.environ[name] for name in self.config.settings if os.environ.get(name)}
+        return {
+            **self.nested_env,
+            **nested_secret_env(self.config.secrets, os.environ, self.config.inference),
+            **settings,
+        }
 
     def _secret_values(self) -> list[str]:
         return [os.environ[name] for name in self.config.secrets if os.environ.get(name)]

@@ -111,6 +111,9 @@ class _Config(BaseModel):
     harbor: HarborSpec
     secrets: list[str] = Field(default_factory=list)
     """Secret names the role forwards to nested runs (values come from its environment)."""
+    settings: list[str] = Field(default_factory=list)
+    """Names of the environment's client settings the role forwards to nested runs when set and not
+    empty (`vero.spec.environments`: Modal's `MODAL_ENVIRONMENT`, `MODAL_SERVER_URL`)."""
     partitions: dict[str, list[str]]
     """Partition -> case names, restricted to what this role may know."""
     inference: InferenceSpec | None = None

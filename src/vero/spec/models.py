@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from vero.spec.environments import environment_kind
 
 __all__ = [
     "NONE_TIMING_MARGIN_SEC",
@@ -314,11 +316,22 @@ class HarborSpec(_Model):
     """Nested `harbor run` settings (docs/architecture.md, "Nested runs")."""
 
     requirement: str = "harbor==0.26.0"
-    """Exactly pinned requirement installed in the sidecar and verifier images (`harbor==X` or `harbor[modal]==X`)."""
+    """Exactly pinned requirement installed in the sidecar and verifier images (`harbor==X` or
+    `harbor[modal]==X`), of the Harbor series vero reads (`vero.spec.environments.HARBOR_SERIES`,
+    0.26; `harbor==0.18.0` is refused)."""
     environment: str = "docker"
-    """Harbor environment of the nested runs and of the compiled task (`docker`, `modal`, ...)."""
+    """Harbor environment of the nested runs and of the compiled task: `docker` or `modal`
+    (`vero.spec.environments`; any other is refused at build)."""
+    environment_options: dict[str, JsonValue] = Field(default_factory=dict)
+    """Options of that environment for every nested run, passed as Harbor's `--ek name=<json>`
+    (Modal: `region`, `registry_secret`, `modal_vm_runtime`, `app_name`, ...); the names and values
+    are checked at build against the environment's own options model (Harbor's `options_model`)."""
     n_concurrent: int = Field(default=2, ge=1)
     """Trials a nested run executes at once (`-n`)."""
+    max_concurrent_evaluations: int = Field(default=2, ge=1, le=256)
+    """Evaluations the sidecar runs at once (each is one nested `harbor run`, with its own
+    checkout slot); further admitted jobs wait `queued`. So up to `max_concurrent_evaluations x
+    n_concurrent` case environments run at once."""
     n_attempts: int = Field(default=1, ge=1)
     """Attempts per case (`-k`); the case score is the mean over attempts."""
     case_timeout_sec: float | None = Field(default=None, gt=0)
@@ -497,8 +510,13 @@ class OptimizationSpec(_Model):
         return self.scoring.effective_failure_value() if value is None else value
 
     def effective_secrets(self) -> list[str]:
-        """Declared secrets plus what the environment needs (Modal's token names on `modal`), sorted."""
-        names = set(self.secrets)
-        if self.harbor.environment == "modal":
-            names |= {"MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"}
-        return sorted(names)
+        """Declared secrets plus the credentials the environment needs (Modal's token names on
+        `modal`: `vero.spec.environments`), sorted."""
+        kind = environment_kind(self.harbor.environment)
+        return sorted(set(self.secrets) | set(kind.credentials if kind else ()))
+
+    def environment_settings(self) -> list[str]:
+        """Variables of the environment's client passed by name to the trusted services when set
+        (Modal: `MODAL_ENVIRONMENT`, `MODAL_SERVER_URL`), sorted; never required, never a secret."""
+        kind = environment_kind(self.harbor.environment)
+        return sorted(set(kind.settings if kind else ()) - set(self.secrets))

@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
+from packaging.version import InvalidVersion, Version
+
 from vero.errors import SpecError, SpecIssue
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases, read_partition_file
+from vero.spec.environments import HARBOR_SERIES, SUPPORTED, environment_kind
 from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec, TargetPartition
 
 __all__ = ["check_build_secrets", "check_spec"]
@@ -242,13 +245,54 @@ def _check_selection_and_scoring(spec: OptimizationSpec, add: Add) -> None:
 
 
 def _check_harbor(spec: OptimizationSpec, add: Add) -> None:
-    pinned = _PINNED_HARBOR.match(spec.harbor.requirement.replace(" ", ""))
+    """The nested runs' Harbor: a pinned version of the series vero reads, an environment vero
+    supports (with its extra), and options that environment accepts (`vero.spec.environments`)."""
+    harbor = spec.harbor
+    kind = environment_kind(harbor.environment)
+    pinned = _PINNED_HARBOR.match(harbor.requirement.replace(" ", ""))
     if not pinned:
-        add("harbor.requirement", "expected an exactly pinned requirement like harbor==0.26.0 or harbor[modal]==0.26.0")
-    elif spec.harbor.environment == "modal" and "modal" not in (pinned.group("extras") or "").split(","):
-        add("harbor.requirement", "environment modal needs the modal extra: harbor[modal]==X")
-    if not re.match(r"^[A-Za-z0-9_.:-]+$", spec.harbor.environment):
-        add("harbor.environment", "expected a Harbor environment name (docker, modal, ...) or module:Class")
+        add(
+            "harbor.requirement",
+            f"expected an exactly pinned requirement like harbor=={HARBOR_SERIES}.0 or "
+            f"harbor[modal]=={HARBOR_SERIES}.0",
+        )
+    elif not _in_series(pinned.group("version")):
+        add(
+            "harbor.requirement",
+            f"vero reads the formats of Harbor {HARBOR_SERIES}.x (its CLI, result files and task layout): "
+            f"pin a {HARBOR_SERIES}.x version (got {pinned.group('version')})",
+        )
+    elif kind is not None and kind.extra and kind.extra not in (pinned.group("extras") or "").split(","):
+        add(
+            "harbor.requirement",
+            f"environment {kind.name} needs the {kind.extra} extra: harbor[{kind.extra}]=={pinned.group('version')}",
+        )
+    if kind is None:
+        add(
+            "harbor.environment",
+            f"vero runs nested evaluations on {' and '.join(SUPPORTED)} only (got {harbor.environment!r}): it "
+            "knows neither the credentials nor the cleanup of other environments",
+        )
+        return
+    for name in sorted(harbor.environment_options):
+        if name in kind.managed_options:
+            add(f"harbor.environment_options.{name}", f"set by vero on every nested run: {kind.managed_options[name]}")
+        elif name in kind.refused_options:
+            add(f"harbor.environment_options.{name}", f"cannot work for nested runs: {kind.refused_options[name]}")
+    if harbor.environment_options:
+        from vero.harbor.catalog import environment_option_problems
+
+        for option, problem in environment_option_problems(kind.name, harbor.environment_options):
+            add(f"harbor.environment_options.{option}", f"{problem} (Harbor's {kind.name} options)")
+
+
+def _in_series(version: str) -> bool:
+    """Whether a pinned version string is of `HARBOR_SERIES` (`0.26.0`, `0.26.3`, `0.26.1rc1`)."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    return f"{parsed.major}.{parsed.minor}" == HARBOR_SERIES
 
 
 def _check_names_and_images(spec: OptimizationSpec, add: Add) -> None:
