@@ -332,7 +332,7 @@ class SidecarHarness:
         `SidecarPaths`, any option of `SidecarService` or of `create_app`."""
         from vero.sidecar.app import create_app
 
-        app_names = ("max_request_bytes", "refuse_local_agent_calls")
+        app_names = ("max_request_bytes", "refuse_local_agent_calls", "agent_uid")
         app_options = {k: overrides.pop(k) for k in app_names if k in overrides}
         return create_app(self.service(**overrides), **app_options)
 

@@ -856,6 +856,66 @@ def test_the_agent_surface_refuses_callers_inside_the_sidecar(harness):
         assert client.get("/admin/export").status_code == 401
 
 
+CALL_SIDECAR = """
+import json, sys, urllib.error, urllib.request
+base = sys.argv[1]
+answers = []
+for path, body in (("/status", None), ("/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "status", "arguments": {}}})):
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"content-type": "application/json",
+                                       "accept": "application/json, text/event-stream"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + path, data=data, headers=headers), timeout=30) as r:
+            text = r.read().decode()
+            reply = json.loads(text) if path == "/mcp" else {}
+            failed = path == "/mcp" and ("error" in reply or reply.get("result", {}).get("isError", True))
+            answers.append([r.status, failed])
+    except urllib.error.HTTPError as error:
+        answers.append([error.code, True])
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="callers of other uids need root")
+def test_under_host_networking_main_reaches_the_agent_surface_from_loopback(harness, portable_toolchain):
+    """Harbor's Modal gVisor runtime gives every service the host's network (`main` calls the
+    sidecar at 127.0.0.1). The guard tells `main` by the uid the kernel lists for the calling
+    socket: the agent's uid (1001) gets the agent surface and the MCP tools (real processes, real
+    loopback connections); this process (root), a candidate host's uid and any other get 403."""
+    import subprocess
+
+    from vero.harbor.boundary.launcher import CANDIDATE_UID_RANGE
+    from vero.spec.compiled import AGENT_UID
+
+    assert AGENT_UID not in CANDIDATE_UID_RANGE  # no candidate host can pass for main
+    python = str(portable_toolchain[1])
+
+    def call_as(uid: int, base: str) -> list:
+        done = subprocess.run(
+            [python, "-I", "-c", CALL_SIDECAR, base],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    with harness.serve(refuse_local_agent_calls=True) as (server, client):
+        assert server.url.startswith("http://127.0.0.1:")
+        assert call_as(AGENT_UID, server.url) == [[200, False], [200, False]]
+        for uid in (CANDIDATE_UID_RANGE.start + 7, 1002):
+            assert call_as(uid, server.url) == [[403, True], [403, True]], uid
+        assert client.get("/status").status_code == 403  # root, in this process
+    # Without the agent's uid, every local caller is refused (the bridge network's rule).
+    with harness.serve(refuse_local_agent_calls=True, agent_uid=None) as (server, _):
+        assert call_as(AGENT_UID, server.url) == [[403, True], [403, True]]
+
+
 def test_an_oversized_body_gets_a_readable_413_and_the_connection_stays_usable(harness):
     """A 413 sent before the body was read closes the connection with unread data, which the
     kernel turns into a reset: the client loses the answer. The sidecar reads the rest first, so

@@ -41,16 +41,20 @@ from vero.errors import CandidateTooLarge, SpecError, SpecIssue
 from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases
-from vero.spec.compiled import CONTAINER_PATHS, SIDECAR_MCP_PATH, SidecarConfig, VerifierConfig, digest_json
+from vero.spec.compiled import (
+    AGENT_UID,
+    CONTAINER_PATHS,
+    SIDECAR_MCP_PATH,
+    SidecarConfig,
+    VerifierConfig,
+    digest_json,
+)
 from vero.spec.environments import environment_kind
 from vero.spec.loading import load_spec
 from vero.spec.models import AgentTarget, OptimizationSpec, PartitionAccess, timing_quantum_sec
 from vero.spec.validation import check_build_secrets
 
 __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "compile_task", "portable_spec"]
-
-AGENT_UID = 1001
-"""uid of the `agent` user in `main` (docs/trust-model.md)."""
 
 SIDECAR_PORT = 8000
 """Port `vero harbor serve` listens on inside `eval-sidecar` (docs/architecture.md)."""

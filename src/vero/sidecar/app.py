@@ -38,7 +38,7 @@ from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, probl
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.routes import ROUTERS
 from vero.sidecar.service import SidecarPaths, SidecarService
-from vero.spec.compiled import SidecarConfig
+from vero.spec.compiled import AGENT_UID, SidecarConfig
 
 if TYPE_CHECKING:
     from vero.harbor.boundary.fence import ServiceListener
@@ -86,21 +86,44 @@ class LocalCallerGuard:
     caller is local when its address is loopback or the very address the connection arrived on.
     `/health` (the container's healthcheck) and `/admin/*` (bearer token; `vero harbor seal` runs
     in this container) stay open.
+
+    Under host networking (Harbor's Modal gVisor runtime gives every service `network_mode: host`
+    and maps the other services' names to 127.0.0.1: `environments/modal.py`
+    `_build_host_network_overlay`) `main` shares this network namespace and calls from loopback
+    too. Such a local caller is `main` when the kernel says its socket belongs to `agent_uid`, the
+    agent's user in `main` (`vero.inference.callers.peer_of`: the socket table lists the uid that
+    created each socket). No process of this container runs as that uid (candidate hosts get
+    uids of `CANDIDATE_UID_RANGE`, nested runs the runner's), so nothing here can pass for it;
+    any other local caller, root in `main` included, is refused.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, agent_uid: int | None = None) -> None:
         self.app = app
+        self.agent_uid = agent_uid
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not (scope["path"] == "/health" or scope["path"].startswith("/admin/")):
-            client = (scope.get("client") or ("", 0))[0]
-            server = (scope.get("server") or ("", 0))[0]
-            if client.startswith("127.") or client in ("::1", "localhost") or (client and client == server):
+            client = scope.get("client") or ("", 0)
+            server = scope.get("server") or ("", 0)
+            host = client[0]
+            local = host.startswith("127.") or host in ("::1", "localhost") or (host and host == server[0])
+            if local and not self._is_agent(client, server):
                 await problem_response(403, "the agent surface does not answer callers inside the sidecar")(
                     scope, receive, send
                 )
                 return
         await self.app(scope, receive, send)
+
+    def _is_agent(self, client: tuple[str, int], server: tuple[str, int]) -> bool:
+        if self.agent_uid is None:
+            return False
+        from vero.inference.callers import peer_of
+
+        try:
+            peer = peer_of((client[0], int(client[1])), (server[0], int(server[1])))
+        except (ValueError, TypeError):  # not an IP address (an in-process request's made-up server)
+            return False
+        return peer.local and peer.uid == self.agent_uid
 
 
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
@@ -177,6 +200,7 @@ def create_app(
     *,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     refuse_local_agent_calls: bool = False,
+    agent_uid: int | None = AGENT_UID,
 ) -> FastAPI:
     """The sidecar's app around a built service; the app's lifespan starts and stops it.
 
@@ -185,6 +209,8 @@ def create_app(
         max_request_bytes: larger request bodies are answered 413.
         refuse_local_agent_calls: answer 403 to agent-surface calls from inside this container
             (`LocalCallerGuard`; `serve` sets it: only `main` may use that surface).
+        agent_uid: with the guard, a local caller whose socket this uid owns is `main` sharing this
+            network namespace (host networking); None refuses every local caller.
 
     Returns:
         The app; `app.state.service` is `service`. If startup fails, the exception is kept in
@@ -221,7 +247,7 @@ def create_app(
     app.router.routes.append(Route(MCP_PATH, endpoint=mcp, methods=["POST"]))
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if refuse_local_agent_calls:
-        app.add_middleware(LocalCallerGuard)
+        app.add_middleware(LocalCallerGuard, agent_uid=agent_uid)
     return app
 
 

@@ -140,12 +140,15 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
 _TOOL_ROUTES = r"^/(health|status|evaluations|evaluations/\{job_id\}|submissions)$"
 
 
-_mcp_caller: ContextVar[tuple[str, int] | None] = ContextVar("vero_mcp_caller", default=None)
-"""The client address of the MCP request being served (set by `SidecarMCP.__call__`)."""
+_mcp_caller: ContextVar[tuple[tuple[str, int], tuple[str, int] | None] | None] = ContextVar(
+    "vero_mcp_caller", default=None
+)
+"""The client and server addresses of the MCP request being served (set by `SidecarMCP.__call__`)."""
 
 
 def _as_mcp_caller(app: ASGIApp) -> ASGIApp:
-    """`app` with each in-process request's `client` set to the MCP request's real caller.
+    """`app` with each in-process request's `client` (and `server`) set to the MCP request's real
+    caller (and the address it called), so that `LocalCallerGuard` can look the connection up.
 
     The tool call runs in a task started while the MCP request was being served, so it inherits
     that request's context (asyncio copies the context into every task it creates).
@@ -154,7 +157,8 @@ def _as_mcp_caller(app: ASGIApp) -> ASGIApp:
     async def call(scope: Scope, receive: Receive, send: Send) -> None:
         caller = _mcp_caller.get()
         if caller is not None and scope["type"] == "http":
-            scope = {**scope, "client": caller}
+            client, server = caller
+            scope = {**scope, "client": client, **({"server": server} if server is not None else {})}
         await app(scope, receive, send)
 
     return call
@@ -224,8 +228,10 @@ class SidecarMCP:
         if self._mcp_app is None:
             await problem_response(500)(scope, receive, send)
             return
-        client = scope.get("client")
-        token = _mcp_caller.set((str(client[0]), int(client[1])) if client else None)
+        client, server = scope.get("client"), scope.get("server")
+        token = _mcp_caller.set(
+            ((str(client[0]), int(client[1])), (str(server[0]), int(server[1])) if server else None) if client else None
+        )
         try:
             await self._mcp_app(scope, receive, send)
         finally:

@@ -30,6 +30,7 @@ from vero.spec.models import (
 
 __all__ = [
     "AGENT_PRINCIPAL",
+    "AGENT_UID",
     "CONTAINER_PATHS",
     "SIDECAR_MCP_PATH",
     "ContainerPaths",
@@ -42,6 +43,11 @@ __all__ = [
 
 SIDECAR_MCP_PATH = "/mcp"
 """Path of the sidecar's MCP endpoint (streamable HTTP), served beside its HTTP API."""
+
+AGENT_UID = 1001
+"""The uid of the agent's user in `main` (`[agent] user = "agent"`); never used in the sidecar's or
+the verifier's containers, so the sidecar can tell `main` by it when they share a network
+namespace (`vero.sidecar.app.LocalCallerGuard`)."""
 
 AGENT_PRINCIPAL = "agent"
 """The principal name of the coding agent in `main` (budgets and policy are kept per principal)."""
