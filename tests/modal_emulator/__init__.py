@@ -110,12 +110,24 @@ class ModalEmulator:
         finally:
             self.service.before_exec = None
 
+    def inner_services(self, sandbox: SandboxRecord) -> dict[str, str]:
+        """Compose service -> its running inner container's id, in a DinD sandbox (tests' probes)."""
+        assert sandbox.container_id is not None
+        return self.engine.inner_services(sandbox.container_id)
+
     def inner_exec(
-        self, sandbox: SandboxRecord, service: str, argv: Sequence[str], *, user: str | None = None, stdin: bytes = b""
+        self,
+        sandbox: SandboxRecord,
+        service: str,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes = b"",
+        inner_id: str | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run `argv` in Compose service `service` inside a DinD sandbox (for tests' probes)."""
         assert sandbox.container_id is not None
-        return self.engine.inner_exec(sandbox.container_id, service, argv, user=user, stdin=stdin)
+        return self.engine.inner_exec(sandbox.container_id, service, argv, user=user, stdin=stdin, inner_id=inner_id)
 
 
 def _free_port(host: str) -> int:

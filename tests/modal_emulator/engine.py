@@ -441,21 +441,53 @@ class Engine:
                 raise EngineError(f"could not load {name} into the sandbox: {loaded.stderr.decode()[-500:]}")
             self.exec(container_id, ["docker", "tag", image_id, name], env={}, workdir=None, timeout_sec=60)
 
-    def inner_exec(
-        self, container_id: str, service: str, argv: Sequence[str], *, user: str | None = None, stdin: bytes = b""
-    ) -> tuple[int, bytes, bytes]:
-        """Run `argv` in the inner container of Compose service `service` of a DinD sandbox."""
+    def inner_services(self, container_id: str) -> dict[str, str]:
+        """Compose service -> the id of its running inner container, in a DinD sandbox.
+
+        Raises:
+            EngineError: the inner `docker ps` failed or timed out (-1), or a service has two
+                running containers; the message has its exit status and output.
+        """
         code, out, err = self.exec(
             container_id,
-            ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.service={service}"],
+            ["docker", "ps", "--format", '{{.ID}} {{.Label "com.docker.compose.service"}}'],
             env={},
             workdir=None,
-            timeout_sec=60,
+            timeout_sec=300,
         )
-        ids = out.decode().split()
-        if code != 0 or len(ids) != 1:
-            raise EngineError(f"no single running container of service {service!r}: {err.decode()[-300:]}")
-        command = ["docker", "exec", "-i", *(["-u", user] if user else []), ids[0], *argv]
+        if code != 0:
+            raise EngineError(f"the sandbox's docker ps exited {code}: {(err or out).decode(errors='replace')[-300:]}")
+        services: dict[str, str] = {}
+        for line in out.decode().splitlines():
+            inner_id, _, service = line.partition(" ")
+            if service in services:
+                raise EngineError(f"service {service!r} has more than one running container: {out.decode()[-300:]}")
+            if service:
+                services[service] = inner_id
+        return services
+
+    def inner_exec(
+        self,
+        container_id: str,
+        service: str,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes = b"",
+        inner_id: str | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Run `argv` in the inner container of Compose service `service` of a DinD sandbox
+        (`inner_id` if given: one of `inner_services`, looked up before a slow probe).
+
+        Raises:
+            EngineError: as `inner_services`, or no container of `service` is running.
+        """
+        if inner_id is None:
+            running = self.inner_services(container_id)
+            if service not in running:
+                raise EngineError(f"no running container of service {service!r} (running: {sorted(running)})")
+            inner_id = running[service]
+        command = ["docker", "exec", "-i", *(["-u", user] if user else []), inner_id, *argv]
         return self.exec(container_id, command, env={}, workdir=None, timeout_sec=600, stdin=stdin)
 
     # -- teardown -------------------------------------------------------------------------------
