@@ -254,6 +254,8 @@ class CandidateStore:
         self._home = self._env_dir / "home"
         self._template = self._env_dir / "template"
         self._publish_lock = threading.Lock()
+        self._known_refs: set[str] = set()
+        """Candidate ids whose `refs/vero/candidates/<id>` this process has seen."""
         self._config_lock = threading.Lock()
         self._configs: set[Path] = set()
         # Imports share the object store; a repack takes it alone.
@@ -333,9 +335,15 @@ class CandidateStore:
         return self._git(self._home, git_dir=self.git_dir, safe_directories=safe_directories)
 
     def _candidate_ref_exists(self, store: IsolatedGit, oid: str) -> bool:
+        # The store never deletes a candidate ref, so one seen once stays (a git process saved per
+        # admission and per checkout of a known candidate).
+        if oid in self._known_refs:
+            return True
         status, _, _ = store.show_ref(
             "--verify", "--quiet", CANDIDATE_REF_PREFIX + oid, with_extended_output=True, with_exceptions=False
         )
+        if status == 0:
+            self._known_refs.add(oid)
         return status == 0
 
     def temporary_refs(self) -> list[str]:
@@ -396,6 +404,9 @@ class CandidateStore:
         oid = oid.strip()
         if not _OID.fullmatch(oid):
             raise CandidateRejected("the repository does not use SHA-1 object ids")
+        existing = self._existing(self._store_git(safe), oid)
+        if existing is not None:  # a candidate evaluated again: nothing to fetch or measure
+            return existing
         return self._import_oid(source_git_dir, safe, oid, abort, self._negotiation_tips(agent, oid), agent)
 
     def _negotiation_tips(self, agent: IsolatedGit, oid: str) -> list[str]:
@@ -638,6 +649,7 @@ class CandidateStore:
             if existing is not None:
                 return existing
             store.update_ref("-m", "vero: import candidate", CANDIDATE_REF_PREFIX + record.id, record.id)
+            self._known_refs.add(record.id)
 
             def change(conn: sqlite3.Connection) -> CandidateRecord:
                 row = conn.execute(
@@ -730,6 +742,8 @@ class CandidateStore:
             or not self._candidate_ref_exists(store, candidate_id)
         ):
             raise KeyError(candidate_id)
+        if self.state is not None:  # the record's tree was read from this commit object at import
+            return self.get(candidate_id).tree
         return store.rev_parse("--verify", "--end-of-options", f"{candidate_id}^{{tree}}").strip()
 
     def checkout(self, candidate_id: str, dest: str | Path) -> Path:
@@ -793,7 +807,9 @@ class CandidateStore:
             index_file.unlink(missing_ok=True)
             raise
         changed: tuple[str, ...] | None = None
-        if previous is not None:
+        if previous == tree:
+            changed = ()  # the same tree again: read-tree restored what differed, nothing changed
+        elif previous is not None:
             names = store.diff_tree(
                 "-r", "-z", "--name-only", "--no-renames", "--end-of-options", previous, tree, stdout_as_string=False
             )

@@ -1,0 +1,185 @@
+"""Fan-out: 64 evaluations at once through one sidecar with `harbor.max_concurrent_evaluations: 64`.
+
+Run from the repository root: `uv run python benchmarks/fan_out.py` (about a minute here). The
+sidecar is the real app under uvicorn in a child process (the test harness's `create_app`, real
+git repositories and state store), its config compiled with `max_concurrent_evaluations: 64` and
+served as `vero harbor serve` serves it (the service takes its slots from the config). The
+evaluation backend is a stub that takes a fixed `STUB_SEC` (2 s) per evaluation, as a nested run
+that long would; everything else is the sidecar's own work.
+
+Per round, 64 clients post `POST /evaluations` at once, each for its own commit of the agent's
+repository (64 candidates imported, checked, reserved and checked out into 64 slots), then
+long-poll their job until it completes. Reported, medians over `ROUNDS` rounds after a warm-up
+round (which creates the 64 slot work trees):
+
+- wall time from the first post to the last completion, and its ratio to `STUB_SEC` (the goal:
+  at most 1.25, i.e. the 64 evaluations overlap and the sidecar adds at most half a second);
+- admission latency (post until 202) p50 and p99;
+- the sidecar process's CPU time (user + system, from `/proc/<pid>/stat`) per evaluation.
+
+No assertion: the README records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for `tests.sidecar._server` (also in the spawned server process)
+
+import httpx
+
+EVALUATIONS = 64
+STUB_SEC = 2.0
+ROUNDS = 5
+
+
+def _serve(root: str, evaluations: int, stub_sec: float, conn) -> None:
+    """Child process: the sidecar with `max_concurrent_evaluations = evaluations`, until SIGTERM."""
+    import logging
+
+    import uvicorn
+
+    from tests.sidecar._server import StubBackend, make_harness
+    from vero.spec.models import HarborSpec, PartitionAccess
+
+    class FixedTimeBackend(StubBackend):
+        """The test stub, after `stub_sec` of (cancellable) waiting, as a nested run would take."""
+
+        async def evaluate(self, run):
+            await asyncio.sleep(stub_sec)
+            return await super().evaluate(run)
+
+    logging.getLogger("vero").setLevel(logging.WARNING)
+    access = {
+        "train": PartitionAccess(
+            disclosure="full", min_aggregate_cases=1, total_runs=10_000_000, total_cases=100_000_000
+        )
+    }
+    harness = make_harness(
+        Path(root),
+        backend=FixedTimeBackend(write_job_dir=False),
+        partitions={"train": ["t1", "t2", "t3"]},
+        access=access,
+        harbor=HarborSpec(max_concurrent_evaluations=evaluations, infra_retries=0, drain_timeout_sec=5),
+    )
+    harness.max_concurrent_evaluations = None  # from the config, as `vero harbor serve` does
+    app = harness.create_app()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
+    )
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                conn.send(None)
+                return
+            await asyncio.sleep(0.02)
+        conn.send((server.servers[0].sockets[0].getsockname()[1], str(harness.agent_repo)))
+        await task
+
+    asyncio.run(main())
+
+
+def _cpu_sec(pid: int) -> float:
+    """CPU time of the sidecar process and of its waited-for children (git), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime, stime, cutime, cstime
+
+
+async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
+    """All evaluations at once: (wall from the first post to the last completion, admissions)."""
+    limits = httpx.Limits(max_connections=len(versions) * 2, max_keepalive_connections=len(versions) * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False, limits=limits) as client:
+        await asyncio.gather(*(client.get("/health") for _ in versions))  # connections open first
+        admissions: list[float] = []
+        started = time.perf_counter()
+
+        async def one(version: str) -> None:
+            posted = time.perf_counter()
+            response = await client.post("/evaluations", json={"partition": "train", "version": version})
+            admissions.append(time.perf_counter() - posted)
+            response.raise_for_status()
+            job_id = response.json()["id"]
+            while True:
+                answer = await client.get(f"/evaluations/{job_id}", params={"wait_sec": 30})
+                answer.raise_for_status()
+                if answer.json()["state"] not in ("queued", "running"):
+                    break
+            if answer.json()["state"] != "complete":
+                raise SystemExit(f"an evaluation ended {answer.json()['state']}")
+
+        await asyncio.gather(*(one(v) for v in versions))
+        return time.perf_counter() - started, admissions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--evaluations", type=int, default=EVALUATIONS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument(
+        "--one-version", action="store_true", help="every evaluation of one commit (imported once), not one commit each"
+    )
+    args = parser.parse_args()
+    from tests.sidecar._server import commit_file
+
+    with tempfile.TemporaryDirectory(prefix="vero-fan-out-") as tmp:
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        process = context.Process(target=_serve, args=(tmp, args.evaluations, STUB_SEC, child_end))
+        process.start()
+        if not parent_end.poll(180) or (ready := parent_end.recv()) is None:
+            raise SystemExit("the sidecar did not start")
+        port, agent_repo = ready
+        url = f"http://127.0.0.1:{port}"
+        n = 0
+        walls, admissions, cpu = [], [], []
+        try:
+            for round_number in range(args.rounds + 1):
+                versions = []
+                for _ in range(1 if args.one_version else args.evaluations):
+                    n += 1
+                    versions.append(commit_file(Path(agent_repo), f"variant_{n}.py", f"print({n})\n", f"version {n}"))
+                versions = versions * (args.evaluations // len(versions))
+                cpu_before = _cpu_sec(process.pid)
+                wall, admitted = asyncio.run(_round(url, versions))
+                cpu_used = _cpu_sec(process.pid) - cpu_before
+                label = "warm-up" if round_number == 0 else f"round {round_number}"
+                print(
+                    f"{label}: wall {wall:.2f} s ({wall / STUB_SEC:.2f} x {STUB_SEC:g} s), admission p50 "
+                    f"{statistics.median(admitted) * 1e3:.0f} ms, sidecar CPU {cpu_used / args.evaluations * 1e3:.1f} "
+                    "ms per evaluation",
+                    flush=True,
+                )
+                if round_number:
+                    walls.append(wall)
+                    admissions.extend(admitted)
+                    cpu.append(cpu_used / args.evaluations)
+        finally:
+            process.terminate()
+            process.join(60)
+    admissions.sort()
+    print(
+        f"\n{args.evaluations} evaluations at once ({'one commit' if args.one_version else 'one commit each'}), "
+        f"max_concurrent_evaluations {args.evaluations}, stub {STUB_SEC:g} s, "
+        f"medians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):\n"
+        f"  wall, first post to last completion: {statistics.median(walls):.2f} s = "
+        f"{statistics.median(walls) / STUB_SEC:.2f} x the stub's {STUB_SEC:g} s (goal: at most 1.25)\n"
+        f"  admission p50 / p99: {statistics.median(admissions) * 1e3:.0f} / "
+        f"{admissions[int(len(admissions) * 0.99) - 1] * 1e3:.0f} ms\n"
+        f"  sidecar CPU time per evaluation (the process and its git children): {statistics.median(cpu) * 1e3:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
