@@ -17,7 +17,7 @@ round (which creates the 64 slot work trees):
 - admission latency (post until 202) p50 and p99;
 - the sidecar process's CPU time (user + system, from `/proc/<pid>/stat`) per evaluation.
 
-No assertion: the README records the figures.
+No assertion: docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ validation, the compiler and the nested runs read (no Harbor import here):
 
 - `extra`: the Harbor extra `harbor.requirement` must name (`harbor[modal]==X`);
 - `credentials`: variables the nested runs cannot work without, passed by name to the trusted
-  services only (compose `${NAME:?}` to `eval-sidecar`, `[verifier.env]`), blanked in `main`;
+  services only (compose `${NAME}` to `eval-sidecar`, `[verifier.env]`), blanked in `main`;
 - `settings`: variables of the environment's client passed the same way when set (and left out when
   not): Modal's `MODAL_ENVIRONMENT` (which Modal environment of the workspace) and `MODAL_SERVER_URL`
   (which Modal API server), so nested runs reach the Modal the outer run reached;
