@@ -51,6 +51,8 @@ CLIENT_DIR = "/opt/vero-modal-emulator"
 """Where sandboxes find the emulator's `modal` package."""
 SLOT_LOCK_DIR = Path("/tmp/vero-modal-emulator-slots")
 SLOT_VOLUME_PREFIX = "vero-modal-emulator-dind-"
+RUNTIME_SLOTS = {"vm": 0, "gvisor": 1}
+"""The slot a DinD sandbox of each runtime tries first (`acquire_slot`)."""
 LABEL = "vero-modal-emulator"
 TAG_LABEL_PREFIX = f"{LABEL}.tag."
 # Every capability but CAP_SYS_RESOURCE, which this engine cannot grant (`--privileged` fails).
@@ -517,14 +519,17 @@ class DindSlot:
             handle.close()  # closing the file drops the lock
 
 
-def acquire_slot(client: docker.DockerClient, limit: int = 32) -> DindSlot:
-    """The first free slot of this machine (its volume created if missing).
+def acquire_slot(client: docker.DockerClient, prefer: int = 0, limit: int = 32) -> DindSlot:
+    """Slot `prefer` if it is free, else the first free slot of this machine (its volume created if
+    missing). The service prefers one slot per runtime (`RUNTIME_SLOTS`): the inner builds of the
+    two runtimes are cached apart anyway (Harbor's gVisor overlay builds with `build.network: host`),
+    so each slot keeps one runtime's cache warm, and a trial of each runtime can run at once.
 
     Raises:
         EngineError: every one of `limit` slots is held.
     """
     SLOT_LOCK_DIR.mkdir(mode=0o777, exist_ok=True)
-    for index in range(limit):
+    for index in dict.fromkeys([prefer, *range(limit)]):
         handle = (SLOT_LOCK_DIR / f"{index}.lock").open("a")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -39,7 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from modal_emulator.engine import Built, DindSlot, Engine, EngineError, acquire_slot
+from modal_emulator.engine import RUNTIME_SLOTS, Built, DindSlot, Engine, EngineError, acquire_slot
 
 logger = logging.getLogger("modal_emulator")
 
@@ -489,7 +489,7 @@ class ControlService:
             self.sandboxes[record.id] = record
         try:
             if record.dind:
-                record.slot = acquire_slot(self.engine.client)
+                record.slot = acquire_slot(self.engine.client, prefer=RUNTIME_SLOTS[record.runtime])
             cpu = body.cpu[-1] if isinstance(body.cpu, list) else body.cpu
             memory = body.memory[-1] if isinstance(body.memory, list) else body.memory
             record.container_id = self.engine.start(
