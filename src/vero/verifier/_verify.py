@@ -365,12 +365,20 @@ def _close_to_candidates(directory: Path) -> None:
     Harbor copies the sidecar's artifacts into the verifier world-writable (0777, no sticky bit),
     so a candidate agent scored here (another uid) could rename or replace `session.tar.gz` and its
     `.sha256` beside the copy the verifier already took. A missing directory is left to the
-    archive check that follows."""
+    archive check that follows; a directory already closed, or on a read-only mount (as operators
+    and tests mount a session), is left as it is. One that cannot be closed otherwise is logged and
+    the verification goes on: the archive was already copied, checked and is read before any
+    candidate runs, so the reward does not depend on it."""
     try:
-        mode = directory.stat().st_mode
+        mode = stat.S_IMODE(directory.stat().st_mode)
     except FileNotFoundError:
         return
-    os.chmod(directory, stat.S_IMODE(mode) & ~0o022)
+    if not mode & 0o022 or os.statvfs(directory).f_flag & os.ST_RDONLY:
+        return
+    try:
+        os.chmod(directory, mode & ~0o022)
+    except OSError as exc:
+        logger.warning("the session's directory %s stays writable by other users: %s", directory, exc)
 
 
 async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, private_runner: bool) -> Session:
