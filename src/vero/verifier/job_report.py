@@ -356,16 +356,9 @@ def render_html(report: JobsReport) -> str:
     """The report as one self-contained HTML page (no script, no external load; autoescaped)."""
     import jinja2
 
-    from vero._assets import asset_dir
+    from vero._assets import asset_dir, template_environment
 
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(asset_dir("verifier")),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    env = template_environment(jinja2.FileSystemLoader(asset_dir("verifier")), autoescape=True)
     return env.get_template(JOBS_REPORT_TEMPLATE).render(
         report=report, rewards_text=rewards_text, spend_text=trial_spend_text
     )

@@ -389,18 +389,11 @@ def render_report(session: Session | None, finalization: Finalization | None = N
     """
     import jinja2
 
-    from vero._assets import asset_dir
+    from vero._assets import asset_dir, template_environment
 
     if session is None and finalization is None:
         raise ValueError("a report needs a session or a finalization")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(asset_dir("verifier")),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    env = template_environment(jinja2.FileSystemLoader(asset_dir("verifier")), autoescape=True)
     context: dict = {
         "session": session,
         "finalization": finalization,
