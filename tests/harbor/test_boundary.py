@@ -526,12 +526,17 @@ def _ipc_of(uid: int) -> list[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 @pytest.mark.timeout(120)
-def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_toolchain):
+def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_toolchain, caplog):
     """Root in a Docker container (the sidecar, the verifier) lacks CAP_SYS_ADMIN, and without it
     IPC_RMID of another uid's object is refused: a `none` evaluation's candidate left the case's data
     in a segment that a later `full` evaluation's candidate read. The sweep, run here with that
-    capability dropped, removes the host uid's segment, semaphore set and message queue."""
+    capability dropped, removes the host uid's segment, semaphore set and message queue. The child
+    that removes them starts only when the uid holds an object (a sweep given an interpreter that
+    does not exist says it could not run exactly then)."""
+    from vero.harbor.boundary.sweep import WritableRoots, sweep_uid
+
     python = portable_toolchain[1]
+    missing = Path("/nonexistent/vero-test-python")
     uid = 61_977  # outside CANDIDATE_UID_RANGE: no concurrent suite's host can own it
     made = subprocess.run(
         [python, "-I", "-c", IPC_MAKER],
@@ -545,6 +550,10 @@ def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_
     )
     assert all(value >= 0 for value in json.loads(made.stdout).values()), made.stdout
     try:
+        assert len(_ipc_of(uid)) == 3
+        with caplog.at_level(logging.WARNING, logger="vero.harbor.boundary"):
+            assert sweep_uid(uid, WritableRoots((), ()), missing).ipc_objects == 0
+        assert f"candidate host uid {uid}: SysV IPC sweep did not run" in caplog.text
         assert len(_ipc_of(uid)) == 3
         sweep = subprocess.run(
             [
@@ -565,6 +574,10 @@ def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_
         assert sweep.returncode == 0, sweep.stderr
         assert sweep.stdout.strip() == "3", (sweep.stdout, sweep.stderr)
         assert _ipc_of(uid) == []
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="vero.harbor.boundary"):
+            assert sweep_uid(uid, WritableRoots((), ()), missing).ipc_objects == 0
+        assert "SysV IPC sweep" not in caplog.text  # nothing of the uid left: no child started
     finally:
         for entry in _ipc_of(uid):  # root here has the capability: leave nothing behind
             kind, ipc_id = entry.split()

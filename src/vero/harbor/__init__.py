@@ -5,13 +5,34 @@ Public names: `HarborBackend` (the real `vero.core.run.EvaluationBackend`: the c
 and `RunAs` live in `vero.core.run`), `runner_identity` (the `RunAs` of the unprivileged
 `RUNNER_USER`, for the sidecar and the verifier), and the building blocks other code may reuse:
 `build_command`, `collate_job`, `TrialOutcome`, `INSTALL_AGENT_IMPORT_PATH`. Importing this package does not import
-Harbor; Harbor loads when a run is built, read or started.
+Harbor, nor any of its modules: each public name loads its module on first use (PEP 562), because
+every candidate host process (`python -m vero.harbor.boundary.host`) imports this package first and
+needs none of it (importing the modules here cost each host about 150 ms of CPU).
 """
 
-from vero.harbor.command import INSTALL_AGENT_IMPORT_PATH, HarborCommand, build_command
-from vero.harbor.process import RUNNER_USER, runner_identity
-from vero.harbor.results import INFRASTRUCTURE_EXCEPTION_TYPES, JobCollation, TrialOutcome, collate_job
-from vero.harbor.runner import HarborBackend
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vero.harbor.command import INSTALL_AGENT_IMPORT_PATH, HarborCommand, build_command
+    from vero.harbor.process import RUNNER_USER, runner_identity
+    from vero.harbor.results import INFRASTRUCTURE_EXCEPTION_TYPES, JobCollation, TrialOutcome, collate_job
+    from vero.harbor.runner import HarborBackend
+
+_MODULE_OF = {
+    "INFRASTRUCTURE_EXCEPTION_TYPES": "vero.harbor.results",
+    "INSTALL_AGENT_IMPORT_PATH": "vero.harbor.command",
+    "RUNNER_USER": "vero.harbor.process",
+    "HarborBackend": "vero.harbor.runner",
+    "HarborCommand": "vero.harbor.command",
+    "JobCollation": "vero.harbor.results",
+    "TrialOutcome": "vero.harbor.results",
+    "build_command": "vero.harbor.command",
+    "collate_job": "vero.harbor.results",
+    "runner_identity": "vero.harbor.process",
+}
 
 __all__ = [
     "INFRASTRUCTURE_EXCEPTION_TYPES",
@@ -25,3 +46,17 @@ __all__ = [
     "collate_job",
     "runner_identity",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use (then cached in this module).
+
+    Raises:
+        AttributeError: `name` is not one of `__all__`.
+    """
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -90,20 +90,22 @@ every SysV shared memory segment, semaphore set and message queue whose owner or
 and prints how many it removed and how many it could not."""
 
 KILL_AND_CLEAR_AS_UID = """\
-import ctypes, os, platform, signal
+import ctypes, os, signal
 try:
     os.kill(-1, signal.SIGKILL)
 except ProcessLookupError:
     pass
 # KEYCTL_CLEAR (7) of the user (-4) and user-session (-5) keyrings: they outlive the uid's processes.
-number = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+number = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 if number is not None:
     libc = ctypes.CDLL(None, use_errno=True)
     for keyring in (-4, -5):
         libc.syscall(number, 7, keyring)
 """
 """Run as the host's uid (`python -I -c`): kills every process of the uid but itself (kill(2) with
-pid -1) and empties the uid's keyrings (keyctl(2); refused under Docker's seccomp, harmlessly)."""
+pid -1) and empties the uid's keyrings (keyctl(2); refused under Docker's seccomp, harmlessly). It
+runs twice per host end, so it imports no more than it needs (`platform` alone cost each run 5 ms of
+CPU; `os.uname().machine` is what `platform.machine()` returns)."""
 
 
 @dataclass(frozen=True)
@@ -261,13 +263,42 @@ def _sweep_files(uid: int, roots: tuple[Path, ...]) -> int:
     return removed
 
 
+def _holds_ipc_objects(uid: int) -> bool:
+    """Whether `/proc/sysvipc/{shm,sem,msg}` (world-readable) list an object whose owner or creator is
+    `uid`, read the way `REMOVE_IPC_AS_UID` reads them; True when a table cannot be read or parsed,
+    so that the child decides."""
+    for kind in ("shm", "sem", "msg"):
+        try:
+            lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        except FileNotFoundError:
+            continue  # no SysV IPC in this kernel: nothing to remove, as the child would find
+        except OSError:
+            return True
+        if not lines:
+            continue
+        header = lines[0].split()
+        try:
+            owner, creator = header.index("uid"), header.index("cuid")
+            for line in lines[1:]:
+                fields = line.split()
+                if len(fields) > max(owner, creator) and uid in (int(fields[owner]), int(fields[creator])):
+                    return True
+        except ValueError:
+            return True
+    return False
+
+
 def _sweep_ipc(uid: int, python: Path) -> int:
     """Remove the uid's SysV IPC objects from a child that has become the uid.
 
     `IPC_RMID` needs the object's owner or creator, or CAP_SYS_ADMIN (shmctl(2), semctl(2),
     msgctl(2)); Docker's default capabilities leave root in the sidecar without it, so root cannot
     remove them there. The creator's uid stays on an object whatever owner it was given (IPC_SET), so
-    the uid itself can always remove what it made."""
+    the uid itself can always remove what it made. The child (an interpreter start, about 20 ms of
+    CPU) runs only when the tables list an object of the uid: no process of the uid is left
+    (`sweep_uid`'s precondition), so none can appear after the tables were read."""
+    if not _holds_ipc_objects(uid):
+        return 0
     try:
         done = subprocess.run(
             [str(python), "-I", "-c", REMOVE_IPC_AS_UID],
