@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -537,7 +538,10 @@ def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_
 
     python = portable_toolchain[1]
     missing = Path("/nonexistent/vero-test-python")
-    uid = 61_977  # outside CANDIDATE_UID_RANGE: no concurrent suite's host can own it
+    # Outside CANDIDATE_UID_RANGE, so no concurrent suite's host can own it, and drawn per run: two
+    # suites on one machine (one kernel's SysV IPC) running this test at once with one fixed uid saw
+    # each other's objects.
+    uid = next(u for u in iter(lambda: 60_100 + secrets.randbelow(4_900), None) if not _ipc_of(u))
     made = subprocess.run(
         [python, "-I", "-c", IPC_MAKER],
         user=uid,
