@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vero.core.evaluation import AttemptOutcome
+from vero.core.evaluation import AttemptOutcome, DependencyInstall
 from vero.core.run import (
     EvaluationBackend,
     EvaluationLease,
@@ -146,6 +146,8 @@ class CandidateRun(_Model):
     """What the case kit noticed in the trial (`AttemptResult.flags`)."""
     inference: InferenceUsage | None = None
     """The run's model calls through the gateway (a spec with `inference` only)."""
+    dependencies: DependencyInstall | None = None
+    """`kind: agent`: the install of the candidate's declared dependencies (its time, or reused)."""
 
 
 class ProbeRun(_Model):
@@ -377,7 +379,9 @@ async def _measure_one(
     if attempt is None:
         detail = f"no attempt of the {label} was kept"
         return (
-            CandidateRun(candidate=label, outcome="dead", seconds=seconds, detail=detail),
+            CandidateRun(
+                candidate=label, dependencies=result.dependencies, outcome="dead", seconds=seconds, detail=detail
+            ),
             [CheckProblem(code="no_reward", detail=detail)],
         )
     kind, flags = attempt.kind, list(attempt.flags)
@@ -389,6 +393,7 @@ async def _measure_one(
         return (
             CandidateRun(
                 candidate=label,
+                dependencies=result.dependencies,
                 outcome=kind.value,
                 exception_type=attempt.exception_type,
                 seconds=seconds,
@@ -405,6 +410,7 @@ async def _measure_one(
         return (
             CandidateRun(
                 candidate=label,
+                dependencies=result.dependencies,
                 outcome=kind.value,
                 exception_type=attempt.exception_type,
                 seconds=seconds,
@@ -415,6 +421,7 @@ async def _measure_one(
         )
     return CandidateRun(
         candidate=label,
+        dependencies=result.dependencies,
         reward=attempt.reward,
         outcome=kind.value,
         exception_type=attempt.exception_type,

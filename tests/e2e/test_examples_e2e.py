@@ -196,6 +196,39 @@ def test_finalization_names_the_submitted_candidate(example, example_runs, tmp_p
     assert nop.finalization["selection"]["method"] == "baseline_no_submission"
 
 
+def test_agent_dependencies_are_installed_in_the_sidecar_and_the_verifier(example_runs, tmp_path):
+    """`tasks/puzzle-agent` declares `humanize` (outside Harbor's closure) in its `pyproject.toml`
+    and its agent imports it when it runs: the sidecar's evaluation of the oracle's candidate and the
+    verifier's measurements (the oracle's candidate; the nop run's baseline) installed it, and every
+    attempt scored (the rewards above: the reference's 1.0). The install records are kept."""
+    runs = example_runs("puzzle-agent")
+    oracle = runs["oracle"]
+    config = oracle.verifier_config
+    session = read_session(
+        oracle.session_archive,
+        tmp_path / "session",
+        spec_digest=config.spec_digest,
+        baseline_commit=config.baseline_commit,
+    )
+    results = [job.result for job in session.jobs if job.result is not None]
+    assert results, oracle.diagnostics()
+    for result in results:
+        installed = result.dependencies
+        assert installed is not None and installed.source == "pyproject.toml", oracle.diagnostics()
+        assert installed.error is None and installed.size_bytes > 0
+        assert result.n_dead == 0, oracle.diagnostics()
+    figures = [f"sidecar {r.dependencies.install_sec:.1f} s (reused: {r.dependencies.reused})" for r in results]
+    for run in runs.values():
+        measurements = run.finalization["measurements"]
+        assert measurements, run.diagnostics()
+        for measurement in measurements:
+            installed = measurement["dependencies"]
+            assert installed is not None and installed["source"] == "pyproject.toml", run.diagnostics()
+            assert installed["error"] is None and measurement["n_dead"] == 0, run.diagnostics()
+            figures.append(f"verifier ({run.agent}) {installed['install_sec']:.1f} s (reused: {installed['reused']})")
+    print("\n[e2e] puzzle-agent dependency installs: " + "; ".join(figures))
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_runs):
     """`harbor lint` on the compiled example finds only `compose-external-bind-mount`, once for the

@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harbor_cases import BASE_IMAGE, ECHO_AGENT, RUN_AS_UID, reward_script, write_case
 
+from vero.harbor.boundary.dependencies import CandidateSites
+
 
 @pytest.fixture(scope="session")
 def shared_root():
@@ -156,3 +158,24 @@ def run_as_toolchain(portable_toolchain):
     if os.geteuid() != 0:
         pytest.skip("run_as needs root")
     return portable_toolchain
+
+
+@pytest.fixture(scope="session")
+def anyone_uv() -> Path:
+    """The `uv` running these tests, copied where any uid may run it (the real one may sit under /root)."""
+    found = os.environ.get("UV") or shutil.which("uv")
+    assert found, "uv is needed (it runs the tests)"
+    root = Path(tempfile.mkdtemp(prefix="vero-uv-"))
+    root.chmod(0o755)
+    shutil.copy2(Path(found).resolve(), root / "uv")
+    (root / "uv").chmod(0o755)
+    yield root / "uv"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def sites(shared_root, anyone_uv) -> CandidateSites:
+    """A fresh cache of candidate sites that install uids and hosts can traverse to, installing with `anyone_uv`."""
+    parent = Path(tempfile.mkdtemp(prefix="sites-", dir=shared_root))
+    parent.chmod(0o755)  # hosts and installs traverse to the cache, as to /var/cache/vero in the images
+    return CandidateSites(parent / "cache", anyone_uv)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -105,11 +106,18 @@ def test_program_candidate_pass_and_fail(cases_dir, program_candidate, jobs_dir)
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_toolchain):
+def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_toolchain, sites):
+    """The agent imports a package outside Harbor's closure (humanize, declared in its
+    `pyproject.toml`): the first evaluation installs it, the second finds it in the cache."""
+    candidate = agent_candidate.parent / "agent-candidate-humanized"
+    shutil.copytree(agent_candidate, candidate)
+    (candidate / "pyproject.toml").write_text('[project]\nname = "echo"\ndependencies = ["humanize"]\n')
+    init = candidate / "cand_agent" / "__init__.py"
+    init.write_text("import humanize  # declared in pyproject.toml\n" + init.read_text())
     run = make_run(
         evaluation_id="ev-agent",
         cases_dir=cases_dir,
-        candidate_dir=agent_candidate,
+        candidate_dir=candidate,
         jobs_dir=jobs_dir,
         case_names=("agent-echo",),
         runtime=AGENT,
@@ -117,9 +125,13 @@ def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_t
         env={"VERO_TEST_SECRET": "zq-secret-4711"},
     )
     backend = HarborBackend(python_executable=portable_toolchain[1], **FAST)
+    backend._candidate_sites = sites
     result = asyncio.run(backend.evaluate(run))
     (case,) = result.cases
     assert case.score == 1.0 and case.attempts[0].exception_type is None
+    installed = result.dependencies
+    assert installed is not None and installed.source == "pyproject.toml" and not installed.reused
+    assert installed.install_sec > 0 and installed.size_bytes > 0 and installed.error is None
     # The secret reached the case (task env template) and was scrubbed from every file of the job.
     (trial,) = trial_dirs(jobs_dir / "ev-agent")
     assert "leak=***" in (trial / "verifier" / "test-stdout.txt").read_text()
@@ -130,6 +142,9 @@ def test_agent_candidate_reward(cases_dir, agent_candidate, jobs_dir, portable_t
     run_bonus = run.model_copy(update={"evaluation_id": "ev-agent-bonus", "reward_key": "bonus"})
     result = asyncio.run(backend.evaluate(run_bonus))
     assert result.reward_key == "bonus" and result.score == 7.0
+    assert result.dependencies is not None and result.dependencies.reused
+    assert result.dependencies.key == installed.key and result.dependencies.install_sec == 0.0
+    print(f"\n[deps] humanize installed in {installed.install_sec:.2f} s; the second evaluation reused it")
 
 
 @pytest.mark.docker

@@ -180,6 +180,14 @@ class _Progress:
         if self._overall is not None:
             self._progress.advance(self._overall)
         outcome = f"{run.reward:g}" if run.reward is not None else run.outcome
+        installed = getattr(run, "dependencies", None)
+        if installed is not None:
+            outcome += (
+                " (dependencies reused)"
+                if installed.reused
+                else f" (dependencies installed in {installed.install_sec:.1f} s"
+                + (", failed)" if installed.error else ")")
+            )
         self._progress.console.print(f"{case} ({candidate}): {outcome} in {run.seconds:.1f} s", markup=False)
 
 

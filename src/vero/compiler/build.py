@@ -587,6 +587,8 @@ def _render_files(
         baseline_dir=str(paths.baseline),
         dist_dir=str(paths.dist),
         venv_dir="/opt/vero/venv",
+        target_python=getattr(spec.target, "python", None),
+        interpreters_dir="/opt/vero/python",
         state_dir=str(paths.state),
         runner_user=RUNNER_USER,
         wheel=wheel_filename,

@@ -32,6 +32,7 @@ from vero.compiler.target import walk_tree
 
 __all__ = [
     "CLIENT_PACKAGES",
+    "INSTALLER_REQUIREMENT",
     "BuiltWheel",
     "build_wheel",
     "client_requirements",
@@ -41,6 +42,10 @@ __all__ = [
 DISTRIBUTION = "vero"
 CLIENT_PACKAGES = ("httpx", "pydantic", "pyyaml", "rich", "tenacity", "typer")
 """What the agent-side CLI in `main` needs beside the wheel (installed there with `--no-deps`)."""
+
+INSTALLER_REQUIREMENT = "uv==0.13.9"
+"""The installer of `kind: agent` candidates' declared dependencies in the sidecar and verifier
+images (`vero.harbor.boundary.dependencies`); also makes `target.python`'s interpreter there."""
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -169,7 +174,8 @@ def runtime_requirements(harbor_requirement: str) -> list[str]:
     """Exact pins of vero's unconditional dependencies for the trusted images, sorted.
 
     Harbor is not taken from vero's metadata but from the spec (`harbor.requirement`, already
-    validated as an exact pin), so the nested runs use the Harbor the operator pinned.
+    validated as an exact pin), so the nested runs use the Harbor the operator pinned; the installer
+    (`INSTALLER_REQUIREMENT`) is pinned beside them.
     """
     pins = [_pin(req) for req in _declared() if req.marker is None and req.name.lower() != "harbor"]
-    return sorted([*pins, harbor_requirement.replace(" ", "")], key=str.lower)
+    return sorted([*pins, harbor_requirement.replace(" ", ""), INSTALLER_REQUIREMENT], key=str.lower)

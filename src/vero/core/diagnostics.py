@@ -169,7 +169,7 @@ class RunDiagnostics(_Record):
     def summary(self) -> list[str]:
         """One line per case problem, then one per distinct trial outcome and exception type (with
         its count, the arm in a paired run, and the first such trial's case and the last line its
-        test printed)."""
+        test printed, or for a trial that never reached Harbor its message)."""
         lines = [*self.causes, *(f"case {p.case!r}: {p.code}: {p.detail}" for p in self.problems)]
         kinds: dict[tuple[str, str], list[TrialFailure]] = {}
         for failure in self.trial_failures:
@@ -179,5 +179,8 @@ class RunDiagnostics(_Record):
             first = failures[0]
             said = [line.strip() for line in (first.test_output_tail or "").splitlines() if line.strip()]
             example = f"; case {first.case!r}, the test's last line: {said[-1][:300]}" if said else ""
+            if not said and first.job_name == "preflight" and first.message:
+                # Never reached Harbor (dependency install, import pre-flight): the message is the cause.
+                example = f"; {' '.join(first.message.split())[:300]}"
             lines.append(f"{arm}{len(failures)} trial(s) {kind}{example}")
         return lines

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.usage import InferenceUsage
 
-__all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "EvaluationResult", "mean_score"]
+__all__ = ["AttemptOutcome", "AttemptResult", "CaseResult", "DependencyInstall", "EvaluationResult", "mean_score"]
 
 
 def mean_score(values: Iterable[float]) -> float:
@@ -146,6 +146,26 @@ class CaseResult(_Record):
         return cls(case=case, attempts=attempts, score=mean_score(values))
 
 
+class DependencyInstall(_Record):
+    """How a `kind: agent` candidate's declared dependencies were provided to its hosts
+    (`vero.harbor.boundary.dependencies`; trusted side only)."""
+
+    source: str | None = None
+    """The declaration (`uv.lock`, `pyproject.toml`, `requirements.txt`); None if it was refused."""
+    key: str | None = None
+    """The cache key of the installed site (None when the install failed)."""
+    reused: bool = False
+    """True when the site was in the cache already: nothing was installed."""
+    install_sec: float = 0.0
+    """Wall time of the install this evaluation ran (0.0 when reused), seconds."""
+    size_bytes: int = 0
+    """Bytes of the installed files."""
+    python_version: str | None = None
+    """The candidate hosts' interpreter version."""
+    error: str | None = None
+    """The installer's error when the install failed (the attempts are dead)."""
+
+
 class EvaluationResult(_Record):
     """The measurement of one candidate on a set of cases of one partition."""
 
@@ -166,6 +186,8 @@ class EvaluationResult(_Record):
     """Model calls of the evaluation, metered by the inference gateway (None without a gateway)."""
     diagnostics: RunDiagnostics | None = None
     """What the nested runs said about failed trials (trusted side only; never disclosed)."""
+    dependencies: DependencyInstall | None = None
+    """`kind: agent`: the candidate's declared dependencies, when it declares any."""
 
     @property
     def n_cases(self) -> int:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from vero.core.diagnostics import RunDiagnostics
-from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
+from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, DependencyInstall, EvaluationResult
 from vero.core.run import NestedRun
 from vero.harbor.boundary import CandidateLauncher
 from vero.harbor.causes import CauseLog
@@ -57,6 +57,8 @@ class Arm:
     """Case -> the message of one of its attempts that failed to install (the install witness)."""
     ran: bool = False
     """Some round ran this arm (its job dir holds trials of it)."""
+    dependencies: DependencyInstall | None = None
+    """`kind: agent`: how the checkout's declared dependencies were installed (None: it declares none)."""
 
     def start(self, case_names: Sequence[str]) -> None:
         """Every case of `case_names` pending, nothing kept."""
@@ -151,6 +153,7 @@ class RoundContext:
                 job_dir=str(self.first_job_dir) if arm.ran else None,
                 infra_retries=retries,
                 diagnostics=self._arm_diagnostics(kept, arm, first=index == 0),
+                dependencies=arm.dependencies,
             )
             for index, arm in enumerate(arms)
         ]

@@ -157,6 +157,23 @@ class CauseLog:
                 )
             )
 
+    def add_unrun(self, case: str, trial_name: str, exception_type: str, message: str, arm: str | None = None) -> None:
+        """A dead attempt that never reached Harbor (the candidate's dependency install or import
+        pre-flight failed): job `preflight`, its message scrubbed and clipped; `arm` as `add_trials`."""
+        self._n_failures += 1
+        if len(self._failures) < MAX_TRIAL_FAILURES:
+            self._failures.append(
+                TrialFailure(
+                    job_name="preflight",
+                    trial_name=trial_name,
+                    case=case,
+                    outcome="dead",
+                    exception_type=exception_type,
+                    message=self._clean(message),
+                    arm=arm,
+                )
+            )
+
     @staticmethod
     def _read_exception(trial_dir: Path) -> dict | None:
         path = trial_dir / "result.json"

@@ -85,6 +85,7 @@ import os
 import re
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -93,15 +94,21 @@ from typing import Any
 import tenacity
 
 from vero.core.diagnostics import CaseProblem
-from vero.core.evaluation import AttemptOutcome, EvaluationResult
+from vero.core.evaluation import AttemptOutcome, DependencyInstall, EvaluationResult
 from vero.core.run import NestedRun, PairedResult, RunArm
 from vero.core.storage import atomic_write_bytes, is_out_of_space
 from vero.errors import CaseMisconfigured, InfrastructureFailure
 from vero.harbor.arms import EVALUATION_TIMEOUT_EXCEPTION, Arm, RoundContext, now
 from vero.harbor.boundary import CandidateLauncher
+from vero.harbor.boundary.dependencies import (
+    INSTALL_FAILED_EXCEPTION,
+    CandidateSites,
+    DependencyInstallError,
+    find_uv,
+)
 from vero.harbor.boundary.fence import FenceUnavailable, NetworkFence, endpoints_of
 from vero.harbor.boundary.launcher import HostBinding
-from vero.harbor.boundary.preflight import preflight_in_host
+from vero.harbor.boundary.preflight import PreflightFailure, preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
 from vero.harbor.case_route import case_route_compose
 from vero.harbor.causes import CauseLog
@@ -139,6 +146,9 @@ pre-flight limit to import and construct."""
 _CASE_CHECKS: dict[tuple, tuple[CaseProblem, ...]] = {}
 """Per process: (cases dir, case, environment, its options, available names, uid) -> that case's problems.
 Cases do not change under a running sidecar or verifier, so each is checked once."""
+
+_INDEX_VARIABLES = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_NO_INDEX")
+"""The trusted process's installer settings handed to dependency installs (an operator's mirror or wheelhouse)."""
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SCRUB_MAX_BYTES = 16 * 1024 * 1024
@@ -231,6 +241,9 @@ class HarborBackend:
         self.isolate_candidates = isolate_candidates
         self.host_binding: HostBinding | None = None
         self.network_fence: NetworkFence | None = None
+        self._candidate_sites: CandidateSites | None = None
+        self.interpreters_dir = Path("/opt/vero/python")
+        """Where the images install the interpreters `target.python` may ask for: `<X.Y>/bin/python`."""
 
     def confine_candidates(self, fence: NetworkFence) -> None:
         """Run `kind: agent` candidate hosts behind `fence` (the composition roots `vero harbor
@@ -374,9 +387,10 @@ class HarborBackend:
             return await self._evaluate(run, arms)
         agent_uid = run.run_as.uid if run.run_as is not None and os.geteuid() == 0 else None
         async with contextlib.AsyncExitStack() as stack:
+            python = await asyncio.to_thread(self.host_python, run.runtime.python)
             for arm in arms:
                 launcher = CandidateLauncher(
-                    self.python_executable,
+                    python,
                     agent_uid=agent_uid,
                     env=arm.candidate_env,
                     isolate=self.isolate_candidates,
@@ -476,21 +490,27 @@ class HarborBackend:
         )
 
     async def _preflight_arms(self, ctx: RoundContext, arms: Sequence[Arm]) -> None:
-        """Step 1 for every `kind: agent` arm: an arm whose candidate fails it gets its dead
-        attempts and leaves the rounds to the others."""
+        """Step 1 for every `kind: agent` arm: its checkout's declared dependencies installed for
+        its hosts, then the import pre-flight (`_prepare_candidate`). An arm whose candidate fails
+        either gets its dead attempts, each with the failure's message in `ctx.causes` (job
+        `preflight`), and leaves the rounds to the others."""
         for arm in arms:
             if arm.launcher is None:
                 continue
-            failure_type = await self._preflight(
-                ctx.run.model_copy(update={"candidate_dir": arm.candidate_dir}), arm.launcher
+            run = ctx.run.model_copy(update={"candidate_dir": arm.candidate_dir})
+            failure, arm.dependencies = await self._prepare_candidate(run, arm.launcher)
+            if failure is None:
+                continue
+            logger.info(
+                "evaluation %s: candidate agent%s failed before Harbor (%s)",
+                ctx.run.evaluation_id,
+                f" ({arm.label} arm)" if ctx.paired else "",
+                failure.exception_type,
             )
-            if failure_type is not None:
-                logger.info(
-                    "evaluation %s: candidate agent failed its import pre-flight (%s)",
-                    ctx.run.evaluation_id,
-                    failure_type,
-                )
-                arm.fail_preflight(ctx.case_names, ctx.run.harbor.n_attempts, failure_type, ctx.paired)
+            arm.fail_preflight(ctx.case_names, ctx.run.harbor.n_attempts, failure.exception_type, ctx.paired)
+            for name in ctx.case_names:
+                for attempt in arm.attempts[name]:
+                    ctx.causes.add_unrun(name, attempt.trial_name, failure.exception_type, failure.message, arm.label)
 
     async def _measure(self, ctx: RoundContext, arms: Sequence[Arm]) -> int:
         """Steps 2-3: rounds until every arm's cases are measured, retried with back-off while some
@@ -914,8 +934,84 @@ class HarborBackend:
                 "cases or the case kit, or cannot write the jobs dir or its home"
             )
 
-    async def _preflight(self, run: NestedRun, launcher: CandidateLauncher) -> str | None:
-        """Import and construct the candidate agent in a candidate host; the failure's type, or None.
+    async def _prepare_candidate(
+        self, run: NestedRun, launcher: CandidateLauncher
+    ) -> tuple[PreflightFailure | None, DependencyInstall | None]:
+        """Install the candidate's declared dependencies (`vero.harbor.boundary.dependencies`) for
+        `run.candidate_dir`'s hosts (`launcher.site_dir` set to the site), then run the import
+        pre-flight in a host.
+
+        Returns:
+            `(failure, install)`: why the candidate's attempts are dead (None when both passed;
+            `DependencyInstallError` when the install failed, its message the installer's error);
+            the install record (None when the checkout declares no dependencies).
+
+        Raises:
+            InfrastructureFailure: the install's cache or installer, or the host, cannot run.
+        """
+        try:
+            site = await self.candidate_sites().site_for(
+                run.candidate_dir,
+                launcher.python,
+                timeout_sec=run.runtime.install_timeout_sec,
+                max_bytes=run.runtime.max_install_bytes,
+            )
+        except DependencyInstallError as exc:
+            failed = DependencyInstall(install_sec=round(exc.install_sec, 2), error=exc.message)
+            return PreflightFailure(INSTALL_FAILED_EXCEPTION, exc.message), failed
+        install: DependencyInstall | None = None
+        launcher.site_dir = site.path if site is not None else None
+        if site is not None:
+            install = DependencyInstall(
+                source=site.source,
+                key=site.key,
+                reused=site.reused,
+                install_sec=round(site.install_sec, 2),
+                size_bytes=site.size_bytes,
+                python_version=site.python_version,
+            )
+        return await self._preflight(run, launcher), install
+
+    def candidate_sites(self) -> CandidateSites:
+        """The cache of candidates' installed dependencies (`vero.harbor.boundary.dependencies`):
+        `/var/cache/vero/candidate-sites` when isolating candidates, else a per-uid dir under the temp dir; the
+        installer is `vero.harbor.boundary.dependencies.find_uv`'s (none found: a checkout that
+        declares dependencies fails as infrastructure).
+        """
+        if self._candidate_sites is None:
+            uv = find_uv(self.python_executable)
+            isolate = os.geteuid() == 0 if self.isolate_candidates is None else self.isolate_candidates
+            root = (
+                Path("/var/cache/vero/candidate-sites")
+                if isolate
+                else Path(tempfile.gettempdir()) / f"vero-candidate-sites-{os.geteuid()}"
+            )
+            index = {k: v for k, v in os.environ.items() if k in _INDEX_VARIABLES}
+            self._candidate_sites = CandidateSites(root, uv, env=index, isolate=isolate)
+        return self._candidate_sites
+
+    def host_python(self, version: str | None) -> Path:
+        """The interpreter of `kind: agent` candidate hosts for `target.python` = `version` (`X.Y`):
+        `python_executable` when `version` is None or its own, else `<interpreters_dir>/<X.Y>/bin/python`
+        (the images install it there, with Harbor and vero).
+
+        Raises:
+            InfrastructureFailure: no interpreter of that version is here (the image was not built
+                for it), or it reports another version.
+        """
+        default = self.python_executable
+        if version is None:
+            return default
+        sites = self.candidate_sites()
+        if sites.python_version(default).startswith(f"{version}."):
+            return default
+        python = self.interpreters_dir / version / "bin" / "python"
+        if not os.access(python, os.X_OK) or not sites.python_version(python).startswith(f"{version}."):
+            raise InfrastructureFailure(f"target.python {version}: no such interpreter with Harbor here ({python})")
+        return python
+
+    async def _preflight(self, run: NestedRun, launcher: CandidateLauncher) -> PreflightFailure | None:
+        """Import and construct the candidate agent in a candidate host; the failure, or None.
 
         Raises:
             InfrastructureFailure: no host could be started, or the host reported (before any
@@ -924,7 +1020,10 @@ class HarborBackend:
         try:
             return await asyncio.wait_for(preflight_in_host(launcher, run), self.preflight_timeout_sec)
         except TimeoutError:
-            return PREFLIGHT_TIMEOUT_EXCEPTION
+            return PreflightFailure(
+                PREFLIGHT_TIMEOUT_EXCEPTION,
+                f"importing and constructing the agent class took longer than {self.preflight_timeout_sec:g} s",
+            )
 
 
 def _raise_case_problems(collation: JobCollation, cases: set[str], reward_key: str, causes: CauseLog) -> None:

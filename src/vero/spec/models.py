@@ -73,6 +73,12 @@ class CandidateRuntime(_Model):
     """Absolute path in each case environment where the checkout is uploaded (kind `program`)."""
     install_command: str | None = None
     """Shell command run in the case environment after the upload, in `install_path` (kind `program`)."""
+    python: str | None = None
+    """`X.Y` of the candidate hosts' interpreter (kind `agent`); None: the trusted interpreter's."""
+    install_timeout_sec: float = 600.0
+    """Bound of one install of the candidate's declared dependencies (kind `agent`), seconds."""
+    max_install_bytes: int = 2 * 2**30
+    """Bound of the installed dependencies' size (kind `agent`), bytes."""
 
 
 class CandidateLimits(_Model):
@@ -112,9 +118,33 @@ class AgentTarget(_TargetBase):
     """`agent` (the candidate is a Harbor agent class) or `program` (the candidate is files)."""
     agent_import_path: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     """`module.path:ClassName`, importable with the checkout on `PYTHONPATH`."""
+    python: str | None = Field(default=None, pattern=r"^3\.[0-9]{1,2}$")
+    """Python version (`X.Y`) the candidate's class runs on. Default: the version of the trusted
+    images' interpreter. Another version is installed in the sidecar and verifier images (from the
+    base image's own `python3.X`, else its Debian archive), with Harbor and vero beside it
+    (docs/cases.md, "Dependencies of agent targets")."""
+    install_timeout_sec: float = Field(default=600.0, gt=0)
+    """Bound of one install of the candidate's declared dependencies (PEP 621 `dependencies` in
+    its `pyproject.toml`, its `uv.lock`, or a `requirements.txt`), seconds; past it the install is
+    killed and the candidate's attempts are dead."""
+    max_install_bytes: int = Field(default=2 * 2**30, ge=1)
+    """Bound of the installed dependencies' size, bytes (default 2 GiB); over it the attempts are dead."""
+
+    @field_validator("python")
+    @classmethod
+    def _harbor_runs_on_it(cls, value: str | None) -> str | None:
+        if value is not None and int(value.split(".")[1]) < 12:
+            raise ValueError(f"Harbor needs Python 3.12 or later, got {value}")
+        return value
 
     def runtime(self) -> CandidateRuntime:
-        return CandidateRuntime(kind="agent", agent_import_path=self.agent_import_path)
+        return CandidateRuntime(
+            kind="agent",
+            agent_import_path=self.agent_import_path,
+            python=self.python,
+            install_timeout_sec=self.install_timeout_sec,
+            max_install_bytes=self.max_install_bytes,
+        )
 
 
 class ProgramTarget(_TargetBase):

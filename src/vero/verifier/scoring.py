@@ -386,6 +386,7 @@ class Scorer:
             inference=lease.usage,
             diagnostics=result.diagnostics,
             cases=[by_case[name] for name in case_names if name in by_case],
+            dependencies=result.dependencies,
         )
 
     def discard_checkouts(self) -> None:

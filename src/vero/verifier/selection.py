@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import RunDiagnostics
-from vero.core.evaluation import CaseResult, mean_score
+from vero.core.evaluation import CaseResult, DependencyInstall, mean_score
 from vero.core.jobs import EvaluationJob
 from vero.core.usage import InferenceUsage
 from vero.spec.models import Direction
@@ -94,6 +94,8 @@ class Measurement(_Model):
     diagnostics: RunDiagnostics | None = None
     """Why it failed, or which trials failed inside it: case problems, each nested run's output
     tail, each failed trial's exception (scrubbed; `vero.core.diagnostics`). None for a clean run."""
+    dependencies: DependencyInstall | None = None
+    """`kind: agent`: the install of the candidate's declared dependencies (time, size, reused)."""
 
     @property
     def measured(self) -> bool:

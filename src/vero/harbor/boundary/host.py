@@ -11,7 +11,7 @@ host  -> agent  hello {exposed}             # trusted prologue done: Harbor impo
                                             #   which probe paths this uid can read
                 | host-error {reason}       #   (before any candidate code ran: the only trusted answers)
 host  -> agent  ready {name, version}       # the candidate's class imported and constructed
-                | failed {exception_type}   #   the pre-flight verdict (root cause of the failure)
+                | failed {exception_type, message}  # the pre-flight verdict (root cause)
 agent -> host   setup {environment} / run {instruction, environment}
 host  -> agent  call {id, method, ...}*     # the candidate's environment calls, answered with
 agent -> host   reply {id, ...} | raise {id, exception_type, message}
@@ -275,6 +275,39 @@ def _remote_environment_class() -> type:
     return RemoteEnvironment
 
 
+def _construct_agent(header: dict, logs_dir: Path, candidate_dir: Path) -> Any:
+    """The candidate's agent class, imported from its checkout (and its installed dependencies)
+    and constructed the way Harbor's `AgentFactory` does. Runs candidate code: any exception is the
+    candidate's."""
+    from harbor.agents.base import BaseAgent
+    from harbor.agents.factory import AgentFactory
+    from harbor.models.task.config import MCPServerConfig
+    from harbor.models.trial.config import AgentConfig
+
+    site_dir = os.environ.get("VERO_CANDIDATE_SITE")
+    if site_dir:
+        # The candidate's declared dependencies (`vero.harbor.boundary.dependencies`), after the
+        # interpreter's own packages: Harbor and vero, imported already, cannot be shadowed.
+        import site
+
+        site.addsitedir(site_dir)
+    sys.path.insert(0, str(candidate_dir))
+    config = AgentConfig(
+        import_path=str(header["import_path"]),
+        model_name=header.get("model_name"),
+        kwargs=dict(header.get("kwargs") or {}),
+    )
+    extra: dict[str, Any] = {}
+    if header.get("mcp_servers"):
+        extra["mcp_servers"] = [MCPServerConfig.model_validate(s) for s in header["mcp_servers"]]
+    if header.get("skills_dir"):
+        extra["skills_dir"] = str(header["skills_dir"])
+    agent = AgentFactory.create_agent_from_config(config, logs_dir=logs_dir, **extra)
+    if not isinstance(agent, BaseAgent):
+        raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
+    return agent
+
+
 async def _serve(fd: int) -> int:
     sock = socket.socket(fileno=fd)
     reader, raw_writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
@@ -290,10 +323,12 @@ async def _serve(fd: int) -> int:
 
     # Trusted prologue: nothing of the candidate has run yet, so these answers can be believed.
     try:
-        from harbor.agents.base import BaseAgent
-        from harbor.agents.factory import AgentFactory
-        from harbor.models.task.config import MCPServerConfig
-        from harbor.models.trial.config import AgentConfig
+        # Harbor (and what `_construct_agent` takes from it) from the interpreter's own packages,
+        # before any candidate code or installed dependency is on the path.
+        import harbor.agents.base
+        import harbor.agents.factory
+        import harbor.models.task.config
+        import harbor.models.trial.config  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - any failure here is the host's, never the candidate's
         await writer.send({"op": "host-error", "reason": "harbor-unavailable", "detail": type(exc).__name__})
         return 3
@@ -306,24 +341,13 @@ async def _serve(fd: int) -> int:
 
     logs_dir = scratch / "logs"
     logs_dir.mkdir(exist_ok=True)
-    sys.path.insert(0, str(candidate_dir))
     try:
-        config = AgentConfig(
-            import_path=str(header["import_path"]),
-            model_name=header.get("model_name"),
-            kwargs=dict(header.get("kwargs") or {}),
-        )
-        extra: dict[str, Any] = {}
-        if header.get("mcp_servers"):
-            extra["mcp_servers"] = [MCPServerConfig.model_validate(s) for s in header["mcp_servers"]]
-        if header.get("skills_dir"):
-            extra["skills_dir"] = str(header["skills_dir"])
-        agent = AgentFactory.create_agent_from_config(config, logs_dir=logs_dir, **extra)
-        if not isinstance(agent, BaseAgent):
-            raise TypeError("the agent class must subclass harbor.agents.base.BaseAgent")
+        agent = _construct_agent(header, logs_dir, candidate_dir)
         name, version = str(type(agent).name()), agent.version()
     except BaseException as exc:  # noqa: BLE001 - the candidate's failure, reported by type
-        await writer.send({"op": "failed", "stage": "import", "exception_type": type(_root_cause(exc)).__name__})
+        cause = _root_cause(exc)
+        text = "".join(traceback.format_exception_only(type(cause), cause))[-2000:]
+        await writer.send({"op": "failed", "stage": "import", "exception_type": type(cause).__name__, "message": text})
         return 4
     await writer.send({"op": "ready", "name": name[:200], "version": str(version)[:200]})
 

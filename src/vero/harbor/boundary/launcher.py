@@ -68,6 +68,7 @@ __all__ = [
     "CandidateLauncher",
     "HostBinding",
     "request_candidate_host",
+    "uid_in_use",
 ]
 
 logger = logging.getLogger("vero.harbor.boundary")
@@ -101,7 +102,8 @@ class HostBinding(Protocol):
     def release_host(self, token: str, uid: int) -> None: ...
 
 
-def _uid_in_use(uid: int) -> bool:
+def uid_in_use(uid: int) -> bool:
+    """Whether `uid` has a passwd entry or owns a running process."""
     try:
         pwd.getpwuid(uid)
         return True
@@ -280,6 +282,9 @@ class CandidateLauncher:
         self._server_task: asyncio.Task[None] | None = None
         self._listener: socket.socket | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self.site_dir: Path | None = None
+        """The candidate's installed dependencies (`vero.harbor.boundary.dependencies`), given to
+        hosts started from now on as `VERO_CANDIDATE_SITE` (the host adds it after Harbor)."""
 
     @property
     def socket_path(self) -> Path:
@@ -335,7 +340,7 @@ class CandidateLauncher:
             return os.geteuid()
         for _ in range(64):
             uid = CANDIDATE_UID_RANGE.start + secrets.randbelow(len(CANDIDATE_UID_RANGE))
-            if uid not in self._uids and not _uid_in_use(uid):
+            if uid not in self._uids and not uid_in_use(uid):
                 self._uids.add(uid)
                 return uid
         raise RuntimeError("no free uid for a candidate host")
@@ -367,6 +372,7 @@ class CandidateLauncher:
                 "TMPDIR": str(scratch / "tmp"),
                 "VERO_CANDIDATE_SCRATCH": str(scratch),
                 **self.env,
+                **({"VERO_CANDIDATE_SITE": str(self.site_dir)} if self.site_dir is not None else {}),
             }
             identity: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if self.isolated else {}
             try:

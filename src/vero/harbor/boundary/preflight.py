@@ -12,25 +12,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 from vero.core.run import NestedRun
 from vero.errors import InfrastructureFailure
 from vero.harbor.boundary.launcher import CandidateLauncher
 from vero.harbor.boundary.wire import FrameError, FrameWriter, read_frame
 
-__all__ = ["preflight_in_host"]
+__all__ = ["PreflightFailure", "preflight_in_host"]
 
 logger = logging.getLogger("vero.harbor.boundary")
 
 _FAILED_WITHOUT_TYPE = "AgentImportError"
 
 
-async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str | None:
+@dataclass(frozen=True)
+class PreflightFailure:
+    """Why the candidate's class did not import or construct: the candidate's dead attempts.
+
+    Attributes:
+        exception_type: the root cause's type name (`AgentImportError` when the host said nothing).
+        message: the root cause as Python prints it (candidate text, at most 2000 characters).
+    """
+
+    exception_type: str
+    message: str = ""
+
+
+async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> PreflightFailure | None:
     """Import and construct `run.runtime.agent_import_path` from `run.candidate_dir` in a host.
 
     Returns:
-        None when the class constructs and is a `BaseAgent`; otherwise the exception type of the
-        root cause (`AgentImportError` when the host died without saying).
+        None when the class constructs and is a `BaseAgent`; otherwise the root cause's type and
+        message (`AgentImportError` when the host died without saying).
 
     Raises:
         InfrastructureFailure: no host could be started, or the host could not import Harbor or
@@ -74,12 +88,15 @@ async def preflight_in_host(launcher: CandidateLauncher, run: NestedRun) -> str 
         try:
             header, _ = await read_frame(reader, 0)
         except (asyncio.IncompleteReadError, ConnectionError, FrameError):
-            return _FAILED_WITHOUT_TYPE
+            return PreflightFailure(_FAILED_WITHOUT_TYPE, "the candidate host ended while importing the agent class")
         if header.get("op") == "ready":
             with contextlib.suppress(Exception):
                 await writer.send({"op": "exit"})
             return None
         exception_type = str(header.get("exception_type") or _FAILED_WITHOUT_TYPE)
-        return exception_type if exception_type.isidentifier() else _FAILED_WITHOUT_TYPE
+        return PreflightFailure(
+            exception_type if exception_type.isidentifier() else _FAILED_WITHOUT_TYPE,
+            str(header.get("message") or "")[:2000],
+        )
     finally:
         await host.finish(grace_sec=1.0)

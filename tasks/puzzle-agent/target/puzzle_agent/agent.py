@@ -135,6 +135,10 @@ class PuzzleAgent(BaseAgent):
 
     @override
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        # A declared dependency (pyproject.toml), not in Harbor's closure: vero installs it for the
+        # candidate's hosts. Imported here so that the strategy table can be read without it.
+        import humanize
+
         puzzle = parse_puzzle(instruction)
         if puzzle is None:
             context.metadata = {"puzzle_kind": None}
@@ -146,7 +150,8 @@ class PuzzleAgent(BaseAgent):
         result = await environment.exec(command, timeout_sec=COMMAND_TIMEOUT_SEC)
         context.metadata["return_code"] = result.return_code
         (self.logs_dir / "puzzle-agent.txt").write_text(
-            f"kind: {kind}\ncommand: {command}\nreturn_code: {result.return_code}\n"
+            f"kind: {kind}\ninstruction: {humanize.naturalsize(len(instruction))}\n"
+            f"command: {command}\nreturn_code: {result.return_code}\n"
             f"stdout:\n{result.stdout or ''}\nstderr:\n{result.stderr or ''}\n",
             encoding="utf-8",
         )
