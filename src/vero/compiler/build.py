@@ -699,6 +699,7 @@ def _render_files(
             **base,
             image=spec.images.sidecar,
             docker_client=docker,
+            trusted_image=True,
             candidate_fence=candidate_fence,
         ),
     )
@@ -709,6 +710,7 @@ def _render_files(
             **base,
             image=spec.images.verifier,
             docker_client=docker,
+            trusted_image=True,
             candidate_fence=candidate_fence,
             tests_dir="/tests",
         ),
