@@ -31,6 +31,7 @@ __all__ = [
     "EXAMPLES",
     "HARBOR",
     "ExampleRun",
+    "build_image",
     "compose_build",
     "harbor_env",
     "hidden_cases",
@@ -371,6 +372,16 @@ def compose_build(compose_file: Path, project: str, env: dict[str, str], timeout
     assert done.returncode == 0, (
         f"docker compose build {compose_file} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
+
+
+def build_image(context: Path, tag: str, env: dict[str, str], timeout_sec: float) -> None:
+    """Build `context`'s Dockerfile as `tag` through `compose_build`: BuildKit keeps its layer cache
+    after `remove_images` (this engine's plain `docker build` is the legacy builder, whose cache is
+    the intermediate images `docker rmi` deletes, so every run would build cold)."""
+    compose_file = context.parent / f"{context.name}.build-compose.yaml"
+    compose_file.write_text(json.dumps({"services": {"image": {"build": {"context": str(context)}, "image": tag}}}))
+    project = "vero-build-" + hashlib.sha256(tag.encode()).hexdigest()[:12]
+    compose_build(compose_file, project, env, timeout_sec)
 
 
 def image_exists(image: str) -> bool:

@@ -9,6 +9,10 @@ with `target.python: "3.12"` and that base image; its baseline asserts at import
 3.12. Only the sidecar image is built (the verifier's comes from the same template include); in it,
 the production path runs as the sidecar runs it: `HarborBackend.host_python`, the dependency
 install, a `CandidateLauncher` host and the import pre-flight.
+
+Both images are built by BuildKit (`_examples.build_image`), whose layer cache outlives the removed
+tags: on a warm engine only the layers from the vero wheel on are rebuilt (measured on the shared
+two-core machine: 131 s cold with the new layers, 19 s warm).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import yaml
 
 from vero.compiler import compile_task
 
-from ._examples import TASKS_DIR, remove_images
+from ._examples import TASKS_DIR, build_image, harbor_env, remove_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
@@ -108,7 +112,7 @@ def two_python_base(tmp_path_factory) -> str:
         "    && python3 --version\n"
     )
     tag = f"vero-test-two-python:{uuid.uuid4().hex[:12]}"
-    _run(["docker", "build", "-q", "-t", tag, str(context)], 600)
+    build_image(context, tag, harbor_env(), 600)
     yield tag
     remove_images([tag])
 
@@ -133,7 +137,7 @@ def test_target_python_runs_the_candidate_host_on_the_asked_version(two_python_b
     assert f"/opt/vero/python/{SECOND_VERSION}" in dockerfile
     tag = f"vero-test-python-sidecar:{uuid.uuid4().hex[:12]}"
     try:
-        _run(["docker", "build", "-q", "-t", tag, str(sidecar_context)], 900)
+        build_image(sidecar_context, tag, harbor_env(), 900)
         done = _run(["docker", "run", "--rm", tag, "python", "-I", "-c", IN_IMAGE], 600)
     finally:
         remove_images([tag])
