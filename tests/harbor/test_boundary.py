@@ -538,10 +538,10 @@ def test_a_hosts_ipc_objects_are_swept_by_a_root_without_cap_sys_admin(portable_
 
     python = portable_toolchain[1]
     missing = Path("/nonexistent/vero-test-python")
-    # Outside CANDIDATE_UID_RANGE, so no concurrent suite's host can own it, and drawn per run: two
-    # suites on one machine (one kernel's SysV IPC) running this test at once with one fixed uid saw
-    # each other's objects.
-    uid = next(u for u in iter(lambda: 60_100 + secrets.randbelow(4_900), None) if not _ipc_of(u))
+    # Outside CANDIDATE_UID_RANGE and INSTALL_UID_RANGE (the uids vero hands out), so no concurrent
+    # suite's host or dependency install runs as it, and drawn per run: two suites on one machine
+    # (one kernel's SysV IPC) running this test at once with one fixed uid saw each other's objects.
+    uid = next(u for u in iter(lambda: 61_000 + secrets.randbelow(4_000), None) if not _ipc_of(u))
     made = subprocess.run(
         [python, "-I", "-c", IPC_MAKER],
         user=uid,
