@@ -757,3 +757,50 @@ def test_a_candidate_cannot_replace_the_sealed_session_beside_the_verifier(bench
         assert archive.is_file() and not (export / "moved").exists()
     finally:
         shutil.rmtree(export)
+
+
+def test_a_candidate_whose_dependencies_do_not_install_is_dead_and_finalization_says_why(
+    tmp_path: Path, portable_toolchain
+) -> None:
+    """Issue 30: a `kind: agent` target whose declared dependency does not exist. The real
+    `HarborBackend` installs each arm's declaration (real uv, the real package index) before any
+    host or Harbor run: the shipped candidate's and the baseline's attempts are dead, each arm's
+    record says why, and `finalization.json`'s `errors` name the kind and the installer's words."""
+    from vero.harbor import HarborBackend
+    from vero.harbor.boundary.dependencies import INSTALL_FAILED_EXCEPTION, CandidateSites
+    from vero.spec.models import CandidateRuntime
+
+    package = "vero-no-such-package-4712"
+    bench = Workbench(tmp_path, baseline_extra={"requirements.txt": f"{package}==1.0\n"})
+    for case in bench.cases_dir.iterdir():  # valid Harbor task dirs (no trial starts: nothing builds them)
+        (case / "environment").mkdir()
+        (case / "environment" / "Dockerfile").write_text("FROM scratch\n")
+        (case / "instruction.md").write_text("A case.\n")
+        (case / "tests").mkdir()
+        (case / "tests" / "test.sh").write_text("#!/bin/sh\nexit 1\n")
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    shared = Path(tempfile.mkdtemp(prefix="vero-verify-sites-"))
+    try:
+        shared.chmod(0o755)  # install uids traverse to the cache, as to /var/cache/vero in the images
+        uv = shutil.which("uv") or os.environ.get("UV")
+        assert uv, "uv runs these tests"
+        shutil.copy2(Path(uv).resolve(), shared / "uv")
+        (shared / "uv").chmod(0o755)
+        backend = HarborBackend(python_executable=portable_toolchain[1], check_cases=False)
+        backend._candidate_sites = CandidateSites(shared / "cache", shared / "uv")
+        runtime = CandidateRuntime(kind="agent", agent_import_path="agent:Agent")
+        final = bench.verify(bench.config(runtime=runtime), bench.seal(), backend)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+    assert final.chosen.candidate == a and reward(bench) == {"reward": 0.0}
+    by_purpose = {m.purpose: m for m in final.measurements}
+    assert set(by_purpose) == {"target", "target-baseline"}
+    for measurement in by_purpose.values():
+        assert measurement.n_dead == measurement.n_cases * measurement.n_attempts > 0, measurement
+        assert measurement.dependencies is not None and package in (measurement.dependencies.error or "")
+    assert not any(bench.root.rglob("result.json"))  # no Harbor job ran
+    said = [e for e in final.errors if INSTALL_FAILED_EXCEPTION in e and package in e]
+    assert any(e.startswith("target hidden") for e in said), final.errors
+    assert any("candidate arm" in e for e in said) and any("baseline arm" in e for e in said), final.errors

@@ -215,6 +215,8 @@ class AgentRepo:
 class Workbench:
     root: Path
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: {"train": (20, 200), "select": (10, 40)})
+    baseline_extra: dict[str, str] = field(default_factory=dict)
+    """More files of the baseline (name -> text), in every candidate too."""
 
     def __post_init__(self) -> None:
         self.baseline_files = self.root / "baseline"
@@ -223,6 +225,8 @@ class Workbench:
         (self.baseline_files / "README.md").write_text("# target\n")
         (self.baseline_files / "run.sh").write_text("#!/bin/sh\ncat solution.txt\n")
         (self.baseline_files / "run.sh").chmod(0o755)
+        for name, text in self.baseline_extra.items():
+            (self.baseline_files / name).write_text(text)
         self.agent = AgentRepo(self.root / "agent", self.baseline_files)
         self.baseline_commit = self.agent.baseline
         self.baseline_tree = self.agent.tree(self.baseline_commit)
@@ -348,8 +352,10 @@ class Workbench:
         spec_digest: str = SPEC_DIGEST,
         secrets: list[str] | None = None,
         target: Mapping[str, object] | None = None,
+        runtime: CandidateRuntime | None = None,
     ) -> VerifierConfig:
-        """The verifier's config over this bench; `target` sets `TargetPartition` fields of every target."""
+        """The verifier's config over this bench; `target` sets `TargetPartition` fields of every target;
+        `runtime` the target's kind (default `kind: program`)."""
         scoring = ScoringSpec(direction=direction, failure_value=failure_value)
         keys = {targets[0]: "reward"} if len(targets) == 1 else {t: t for t in targets}
         fail = target_failure if target_failure is not None else scoring.effective_failure_value()
@@ -357,7 +363,7 @@ class Workbench:
             name="demo",
             spec_digest=spec_digest,
             baseline_commit=self.baseline_commit,
-            runtime=CandidateRuntime(kind="program", install_path="/opt/candidate"),
+            runtime=runtime or CandidateRuntime(kind="program", install_path="/opt/candidate"),
             scoring=scoring,
             harbor=HarborSpec(),
             secrets=secrets or [],
@@ -374,7 +380,7 @@ class Workbench:
         self,
         config: VerifierConfig,
         archive: Path,
-        backend: TableBackend,
+        backend: PairedEvaluationBackend,
         *,
         env: dict[str, str] | None = None,
         tag: str = "run",
