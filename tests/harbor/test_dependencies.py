@@ -296,3 +296,19 @@ def test_each_arm_of_a_paired_run_installs_its_own_declaration(sites, shared_roo
             for line in result.diagnostics.summary()
         ), result.diagnostics.summary()
     assert not any(p.is_dir() for p in jobs_dir.iterdir())  # Harbor never ran
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs run as an install uid only when root")
+def test_an_interpreter_the_install_uid_cannot_run_is_infrastructure(sites, shared_root, portable_toolchain):
+    """The hosts' interpreter behind a directory only root may enter: uv, as the install uid, could
+    not inspect it, which is the trusted side's fault (an image or machine misconfigured), never the
+    candidate's dead attempt; nothing is cached."""
+    closed = Path(tempfile.mkdtemp(prefix="root-only-", dir=shared_root))
+    closed.chmod(0o700)
+    python = closed / "python"
+    python.symlink_to(portable_toolchain[1])
+    checkout = candidate(shared_root, "fine-declaration", {"requirements.txt": "humanize\n"})
+    with pytest.raises(InfrastructureFailure, match="cannot run as an install uid"):
+        asyncio.run(sites.site_for(checkout, python))
+    assert not [p for p in sites.root.iterdir() if not p.name.startswith(".")]
+    assert not list(sites.root.glob(".staging-*"))

@@ -35,8 +35,10 @@ How (`CandidateSites.site_for`), in the trusted process that measures the candid
 
 A failure (uv's exit status, a timeout, the size bound, a malformed declaration) raises
 `DependencyInstallError` carrying the installer's error: the candidate's dead attempt, not an
-infrastructure failure. A missing installer, an unusable cache root, or an index that does not
-answer (uv's connection errors: the candidate cannot name another host) raises `InfrastructureFailure`.
+infrastructure failure. A missing installer, an unusable cache root, a hosts' interpreter the
+install uid cannot run (checked by running it as that uid before uv, not read from uv's error, which
+a declaration could imitate), or an index that does not answer (uv's connection errors: the
+candidate cannot name another host) raises `InfrastructureFailure`.
 
 Candidate hosts run the trusted interpreter (`python -I`) and add the site with `site.addsitedir`
 only after their trusted prologue (`vero.harbor.boundary.host`): Harbor and vero are imported from
@@ -93,6 +95,8 @@ it, so that confining candidate hosts' network by uid leaves installs the packag
 INSTALL_FAILED_EXCEPTION = "DependencyInstallError"
 """Exception type of the dead attempts of a candidate whose dependencies could not be installed."""
 
+_INTERPRETER_CHECK_SEC = 60.0
+"""How long the hosts' interpreter may take to start as an install uid (`_check_interpreter`)."""
 _UNREACHABLE = re.compile(
     r"error sending request|dns error|failed to lookup address|connection refused|network is unreachable"
     r"|tcp connect error|connection reset|certificate verify failed",
@@ -429,6 +433,8 @@ class CandidateSites:
                     os.lchown(dirpath, uid, uid)
                     for entry in [*dirnames, *filenames]:
                         os.lchown(os.path.join(dirpath, entry), uid, uid)
+            if uid is not None:
+                await _check_interpreter(python, uid)
             deadline = (time.monotonic() + timeout_sec, timeout_sec)
             if declaration.source == "uv.lock":
                 await self._run(
@@ -521,6 +527,45 @@ class CandidateSites:
                 # The index itself did not answer: not the candidate's (it cannot name another host).
                 raise InfrastructureFailure(f"the package index could not be reached: {text[-500:]}")
             raise DependencyInstallError(f"uv {arguments[0]} failed: {text}", time.monotonic() - started)
+
+
+async def _check_interpreter(python: Path, uid: int) -> None:
+    """The install uid can run the hosts' interpreter (uv inspects it as that uid).
+
+    Raises:
+        InfrastructureFailure: it cannot (an image or machine whose interpreter other uids may not
+            run): the trusted side's fault, so never the candidate's dead attempt. Checked apart from
+            uv, whose error text a candidate's declaration could imitate.
+    """
+    try:
+        process = await asyncio.create_subprocess_exec(
+            str(python),
+            "-I",
+            "-c",
+            "",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            cwd="/",
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            start_new_session=True,
+        )
+        _, error = await asyncio.wait_for(process.communicate(), _INTERPRETER_CHECK_SEC)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        raise InfrastructureFailure(
+            f"{python} did not start as an install uid within {_INTERPRETER_CHECK_SEC:g} s"
+        ) from None
+    except OSError as exc:
+        raise InfrastructureFailure(f"{python} cannot run as an install uid ({uid}): {exc}") from None
+    if process.returncode != 0:
+        said = error.decode(errors="replace").strip()[-500:]
+        raise InfrastructureFailure(f"{python} cannot run as an install uid ({uid}): exit {process.returncode}: {said}")
 
 
 def _free_install_uid() -> int:
