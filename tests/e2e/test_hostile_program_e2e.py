@@ -59,8 +59,9 @@ from vero.harbor import HarborBackend
 from vero.harbor.casekit import build_kit
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
+from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.seal import request_seal
-from vero.sidecar.service import SidecarPaths, SidecarService
+from vero.sidecar.service import SidecarService
 from vero.spec.compiled import SidecarConfig, VerifierConfig, load_config
 from vero.verifier.scoring import Scorer
 

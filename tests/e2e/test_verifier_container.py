@@ -40,8 +40,9 @@ from vero.core.baseline import commit_baseline
 from vero.harbor import HarborBackend
 from vero.sidecar.app import create_app
 from vero.sidecar.client import JOB_TERMINAL_STATES
+from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.seal import request_seal
-from vero.sidecar.service import SidecarPaths, SidecarService
+from vero.sidecar.service import SidecarService
 from vero.spec.compiled import SidecarConfig, load_config
 
 from ._verifier import run_verifier_image

@@ -306,7 +306,8 @@ class SidecarHarness:
         of `SidecarPaths` or any option of `SidecarService`."""
         import dataclasses
 
-        from vero.sidecar.service import SidecarPaths, SidecarService
+        from vero.sidecar.paths import SidecarPaths
+        from vero.sidecar.service import SidecarService
 
         path_fields = {f.name for f in dataclasses.fields(SidecarPaths)}
         paths = {

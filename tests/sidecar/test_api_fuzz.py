@@ -75,7 +75,8 @@ def make_config_app():
     from pathlib import Path
 
     from vero.sidecar.app import create_app
-    from vero.sidecar.service import SidecarPaths, SidecarService
+    from vero.sidecar.paths import SidecarPaths
+    from vero.sidecar.service import SidecarService
 
     from ._server import StubBackend, make_config
 

@@ -4,6 +4,7 @@ repos and state dirs; only the evaluation backend is a stub (the real one needs 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -592,6 +593,39 @@ def test_corrupt_state_refuses_to_start(harness):
     with pytest.raises(RuntimeError, match="LedgerCorrupt"), ServerThread(app):
         pass
     assert (harness.state_dir / "state.db").read_bytes() == b"{ corrupt"
+
+
+@pytest.mark.parametrize("record", ["seal.json", "intake.json"])
+def test_an_unreadable_seal_or_intake_record_refuses_to_start_and_resets_nothing(harness, record):
+    """The sidecar must not reopen intake because its close can no longer be read; once the record
+    reads again, the same state opens (the refused start left the state store closed, not half open)."""
+    from vero.errors import LedgerCorrupt
+
+    with harness.serve() as (_, client):
+        assert client.post("/intake/close").is_success
+        if record == "seal.json":
+            assert client.post(
+                "/admin/seal",
+                json={"output_dir": str(harness.root / "sealed")},
+                headers=harness.admin_headers(),
+            ).is_success
+    path = harness.state_dir / record
+    good = path.read_bytes()
+    path.write_bytes(b"{ corrupt")
+
+    async def start_and_stop() -> bool:
+        service = harness.service()
+        try:
+            await service.start()
+            return service.entrance_open
+        finally:
+            await service.stop()
+
+    with pytest.raises(LedgerCorrupt, match=record.split(".")[0]):
+        asyncio.run(start_and_stop())
+    assert path.read_bytes() == b"{ corrupt"
+    path.write_bytes(good)
+    assert asyncio.run(start_and_stop()) is False
 
 
 def test_baseline_mismatch_refuses_to_start(harness):

@@ -155,7 +155,7 @@ def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_pa
         service = server.app.state.service
         both_completing = threading.Event()
         completing: list[str] = []
-        complete, finish = service._complete, service.jobs.finish
+        complete, finish = service.runner._complete, service.jobs.finish
 
         async def counted_complete(job, result, **options):
             completing.append(job.id)
@@ -171,7 +171,7 @@ def test_two_evaluations_finishing_at_once_are_judged_one_after_the_other(tmp_pa
                     await asyncio.sleep(0.01)
             return await finish(job_id, state, **changes)
 
-        service._complete, service.jobs.finish = counted_complete, held_finish
+        service.runner._complete, service.jobs.finish = counted_complete, held_finish
         harness.backend.block = release
         harness.backend.scores = dict.fromkeys(CASES, 0.8)
         while harness.backend.started.acquire(blocking=False):

@@ -9,9 +9,10 @@ from vero.core.diagnostics import CaseProblem, RunDiagnostics
 from vero.core.evaluation import AttemptOutcome, AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob
 from vero.core.ladder import LadderDisclosure
+from vero.core.ledger import BudgetBalance
 from vero.core.policy import AccessPolicy, DisclosureRule
 from vero.core.usage import InferenceUsage
-from vero.sidecar.disclosure import case_problem, disclose, job_view, summary_view
+from vero.sidecar.disclosure import budget_view, case_problem, disclose, job_view, summary_view
 from vero.spec.models import LadderSpec, PartitionAccess
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -116,3 +117,42 @@ def test_one_call_asks_the_policy_for_the_tier_and_the_ladder():
     assert policy.rule_for("none", "agent", "train") == DisclosureRule(tier="none")
     assert policy.rule_for("full", "agent", "open") == DisclosureRule(tier="full")
     assert policy.rule_for("full", "agent", "gone") == DisclosureRule(tier="none")  # fail closed
+
+
+def test_a_budget_shows_what_is_left_of_the_money_only_where_the_tier_shows_scores():
+    balance = BudgetBalance(
+        partition="train",
+        principal="agent",
+        total_runs=10,
+        total_cases=100,
+        settled_runs=2,
+        settled_cases=20,
+        reserved_runs=1,
+        reserved_cases=10,
+        total_inference_micro_usd=5_000_000,
+        settled_inference_micro_usd=1_250_000,
+    )
+    shown = {
+        disclosure: budget_view(
+            balance,
+            PartitionAccess(disclosure=disclosure, min_aggregate_cases=1, total_runs=10, total_cases=100),
+            metered=True,
+            ladder=None,
+        )
+        for disclosure in ("full", "aggregate", "none")
+    }
+    assert (shown["full"].remaining_runs, shown["full"].remaining_cases) == (7, 70)
+    assert shown["full"].remaining_inference_usd == shown["aggregate"].remaining_inference_usd == 3.75
+    # What is left moves with what the candidates spent: on `none` and under the Ladder it is withheld.
+    assert shown["none"].remaining_inference_usd is None and shown["none"].total_inference_usd == 5.0
+    under_ladder = budget_view(
+        balance,
+        PartitionAccess(disclosure="aggregate", min_aggregate_cases=1, total_runs=10, total_cases=100),
+        metered=True,
+        ladder=LadderSpec(margin=0.1),
+    )
+    assert under_ladder.remaining_inference_usd is None and under_ladder.remaining_runs == 7
+    unmetered = budget_view(
+        balance, PartitionAccess(disclosure="full", total_runs=10, total_cases=100), metered=False, ladder=None
+    )
+    assert unmetered.total_inference_usd is None and unmetered.remaining_inference_usd is None

@@ -84,7 +84,7 @@ def serve_command(
 
     def call() -> None:
         from vero.sidecar.app import CandidateGuards, serve
-        from vero.sidecar.service import DEFAULT_WORK_DIR, SidecarPaths
+        from vero.sidecar.paths import DEFAULT_WORK_DIR, SidecarPaths
 
         paths = SidecarPaths(
             state_dir=state_dir,

@@ -36,8 +36,9 @@ from vero import __version__
 from vero.harbor.process import RUNNER_USER, runner_identity
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
+from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.routes import ROUTERS
-from vero.sidecar.service import SidecarPaths, SidecarService
+from vero.sidecar.service import SidecarService
 from vero.spec.compiled import AGENT_UID, SidecarConfig
 
 if TYPE_CHECKING:

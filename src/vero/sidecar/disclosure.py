@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import EvaluationJob
+from vero.core.ledger import BudgetBalance
 from vero.core.policy import DisclosureRule
 from vero.core.submission import Submission
 from vero.errors import CASE_PROBLEM_CODES, CaseMisconfigured
-from vero.sidecar.models import AttemptView, CaseView, DisclosedResult, JobView, SubmissionView
+from vero.sidecar.models import AttemptView, BudgetView, CaseView, DisclosedResult, JobView, SubmissionView
+from vero.spec.models import LadderSpec, PartitionAccess
 
 __all__ = [
     "broken_cases",
+    "budget_view",
     "case_problem",
     "covers_granted_cases",
     "disclose",
@@ -132,4 +135,25 @@ def submission_view(submission: Submission) -> SubmissionView:
     """The agent's view of the submission."""
     return SubmissionView(
         candidate=submission.candidate, version=submission.version, submitted_at=submission.submitted_at
+    )
+
+
+def budget_view(
+    balance: BudgetBalance, access: PartitionAccess, *, metered: bool, ladder: LadderSpec | None
+) -> BudgetView:
+    """What `GET /status` shows of a partition's budget (where budgets are disclosed at all).
+
+    Runs and cases always; the inference money only with a gateway (`metered`), and what is left of
+    it only where the tier shows scores without the Ladder: what is left moves with what the
+    candidates spent, which they choose, so on a `none` partition or under the Ladder it would
+    disclose what the tier withholds.
+    """
+    spend_disclosed = access.disclosure != "none" and ladder is None
+    return BudgetView(
+        total_runs=balance.total_runs,
+        total_cases=balance.total_cases,
+        remaining_runs=balance.remaining_runs,
+        remaining_cases=balance.remaining_cases,
+        total_inference_usd=balance.total_inference_micro_usd / 1e6 if metered else None,
+        remaining_inference_usd=balance.remaining_inference_micro_usd / 1e6 if metered and spend_disclosed else None,
     )

@@ -8,7 +8,7 @@ from vero.sidecar.auth import require_admin
 from vero.sidecar.deps import Service
 from vero.sidecar.errors import PROBLEM_RESPONSES, STORAGE_FULL_RESPONSE, problem_doc
 from vero.sidecar.models import SealRequest, SealResponse
-from vero.sidecar.service import ExportResponse
+from vero.sidecar.records import ExportResponse
 
 router = APIRouter(
     prefix="/admin",

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 from vero.sidecar.deps import Principal, Service
 from vero.sidecar.errors import PROBLEM_RESPONSES, STORAGE_FULL_RESPONSE, problem_doc
 from vero.sidecar.models import EvaluationPage, EvaluationRequest, JobView
-from vero.sidecar.service import MAX_PAGE_SIZE
+from vero.sidecar.views import MAX_PAGE_SIZE
 
 router = APIRouter(prefix="/evaluations", tags=["agent"], responses=PROBLEM_RESPONSES)
 
