@@ -100,37 +100,14 @@ def check_execution_target(environment: str, env: Mapping[str, str]) -> None:
 
     `docker`: `docker info` must answer (and the Compose v2 plugin exist). `modal`: Harbor's modal
     extra must be installed and `MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET` set (or `~/.modal.toml`).
+    Each kind's own module says so (`vero.harbor.environments`, `NestedEnvironment.preflight`).
 
     Raises:
         InfrastructureFailure: with what is missing and how to fix it.
     """
-    if environment == "docker":
-        for argv, what in (
-            (["docker", "info"], "the Docker engine"),
-            (["docker", "compose", "version"], "the Docker Compose v2 plugin"),
-        ):
-            try:
-                ok = subprocess.run(argv, capture_output=True, timeout=60, env=dict(env)).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-            if not ok:
-                raise InfrastructureFailure(
-                    f"{what} is not reachable (`{' '.join(argv)}` failed); start Docker first "
-                    "(on these machines: ../shared/ci/docker-up.sh)"
-                )
-    elif environment == "modal":
-        try:
-            import modal  # noqa: F401
-        except ImportError:
-            raise InfrastructureFailure(
-                "environment modal needs Harbor's modal extra: pip install 'vero[modal]'"
-            ) from None
-        has_tokens = env.get("MODAL_TOKEN_ID") and env.get("MODAL_TOKEN_SECRET")
-        if not has_tokens and not (Path.home() / ".modal.toml").is_file():
-            raise InfrastructureFailure(
-                "environment modal needs MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (e.g. in --env-file) "
-                "or ~/.modal.toml (`modal token new`)"
-            )
+    from vero.harbor.environments import nested_environment
+
+    nested_environment(environment).preflight(env)
 
 
 def _read_trial(trial: Path) -> TrialRunOutcome:

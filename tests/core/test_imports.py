@@ -6,7 +6,11 @@
 - every third-party package `src/vero` imports is declared in `pyproject.toml`, not only pulled in by another;
 - no module of `src/vero` takes part in an import cycle when it loads;
 - no package imports another package's private (`_`-prefixed) module: what a package offers the
-  others is in its public modules (`vero.core.isolated_git`, not a `vero.core._git`).
+  others is in its public modules (`vero.core.isolated_git`, not a `vero.core._git`);
+- no module compares an environment's name with a kind's (`== "docker"`, `in ("modal", ...)`,
+  `case "docker":`) outside the environment modules (`vero.spec.environments`, what vero supports
+  per kind, and `vero.harbor.environments`, what it does there): what differs per kind is asked
+  of the kind.
 """
 
 from __future__ import annotations
@@ -244,3 +248,48 @@ def test_core_imports_stay_light_in_a_fresh_interpreter():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == []
+
+
+ENVIRONMENT_KINDS = {"docker", "modal"}
+ENVIRONMENT_MODULES = ("vero.spec.environments", "vero.harbor.environments")
+
+
+def _environment_name_comparisons(tree: ast.AST) -> Iterator[int]:
+    """Lines of `tree` that compare something with an environment kind's name."""
+
+    def names_a_kind(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in ENVIRONMENT_KINDS
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_a_kind(e) for e in node.elts)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(names_a_kind(side) for side in (node.left, *node.comparators)):
+            yield node.lineno
+        elif isinstance(node, ast.MatchValue) and names_a_kind(node.value):
+            yield node.lineno
+
+
+def _name_comparisons_outside_environment_modules(modules: dict[str, Path]) -> list[str]:
+    found = []
+    for module, path in sorted(modules.items()):
+        if module.startswith(ENVIRONMENT_MODULES):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{module}:{line}" for line in _environment_name_comparisons(tree)]
+    return found
+
+
+def test_no_module_compares_environment_names_outside_the_environment_modules(tmp_path):
+    # The check finds each form of the comparison.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        'a = env == "docker"\nb = "modal" != env\nc = env in ("docker", "x")\n'
+        'match env:\n    case "modal":\n        pass\nd = env == "podman"\ne = ["docker", "info"]\n'
+    )
+    assert _name_comparisons_outside_environment_modules({"vero.probe": probe}) == [
+        "vero.probe:1",
+        "vero.probe:2",
+        "vero.probe:3",
+        "vero.probe:5",
+    ]
+    assert _name_comparisons_outside_environment_modules(MODULES) == []

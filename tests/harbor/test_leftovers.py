@@ -16,17 +16,15 @@ import yaml
 from harbor_cases import make_run
 
 from vero.harbor.command import AgentTimeoutPlan, build_command
+from vero.harbor.environments import nested_environment
+from vero.harbor.environments.modal import modal_app_name, modal_options, terminate_modal_sandboxes
 from vero.harbor.leftovers import (
     LABEL_JOB,
     LABEL_SESSION,
     compose_labels,
     compose_project_prefix,
-    modal_app_name,
-    modal_options,
-    nested_environment_options,
     new_session_id,
     remove_docker_leftovers,
-    terminate_modal_sandboxes,
 )
 from vero.spec.models import HarborSpec
 
@@ -172,7 +170,7 @@ def test_nested_runs_take_the_specs_options_and_vero_sets_its_own_on_top():
         evaluation_timeout_sec=600,
         environment_options={"region": "us-east", "modal_vm_runtime": False, "app_name": "lab"},
     )
-    options = nested_environment_options(harbor, SESSION, "ev-7")
+    options = nested_environment("modal").run_options(harbor, SESSION, "ev-7")
     assert options == {
         "region": "us-east",
         "modal_vm_runtime": False,
@@ -184,7 +182,7 @@ def test_nested_runs_take_the_specs_options_and_vero_sets_its_own_on_top():
     assert modal_app_name(harbor.environment_options) == "lab"
     assert modal_app_name({}) == "__harbor__"
     docker = HarborSpec(environment="docker", environment_options={"keep_containers": True})
-    assert nested_environment_options(docker, SESSION, "ev-7") == {"keep_containers": True}
+    assert nested_environment("docker").run_options(docker, SESSION, "ev-7") == {"keep_containers": True}
 
 
 class FakeModal:
@@ -330,3 +328,22 @@ def test_docker_leftovers_are_removed_by_session_job_and_project():
             except docker.errors.APIError:
                 pass
         client.close()
+
+
+def test_each_environment_kind_answers_for_itself_and_others_get_nothing(monkeypatch, tmp_path):
+    from vero.errors import InfrastructureFailure
+    from vero.harbor.environments import DockerEnvironment, ModalEnvironment, NestedEnvironment
+
+    docker, modal, other = (nested_environment(name) for name in ("docker", "modal", "daytona"))
+    assert (type(docker), type(modal), type(other)) == (DockerEnvironment, ModalEnvironment, NestedEnvironment)
+    # Only Docker's trials are Compose projects vero's files apply to (labels, init, case networks).
+    assert (docker.compose, modal.compose, other.compose) == (True, False, False)
+    spec = HarborSpec(environment="daytona", environment_options={"keep": True})
+    assert other.run_options(spec, SESSION, "ev-1") == {"keep": True}
+    assert asyncio.run(other.sweep({}, session=SESSION, jobs=None, options={})) == 0
+    assert asyncio.run(other.engine_reachable({})) is None and asyncio.run(modal.engine_reachable({})) is None
+    # Modal refuses to start without a token pair (the extra missing, or no tokens and no ~/.modal.toml).
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(InfrastructureFailure, match="modal"):
+        modal.preflight({})
+    other.preflight({})  # nothing vero knows to check

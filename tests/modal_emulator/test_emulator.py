@@ -185,14 +185,14 @@ def test_what_the_emulator_cannot_do_is_refused_not_faked(emulator):
 
 
 def test_vero_terminates_an_interrupted_jobs_sandboxes_by_tag(emulator):
-    """`vero.harbor.leftovers.terminate_modal_sandboxes` (what the sidecar and the verifier run after
+    """`vero.harbor.environments.modal.terminate_modal_sandboxes` (what the sidecar and the verifier run after
     a cancel, a timeout or a restart) through the SDK surface: only the job's own sandboxes end."""
     session, other = "ses-00000000000000aa", "ses-00000000000000bb"
     out = client(
         emulator,
         f"""
         import asyncio
-        from vero.harbor.leftovers import terminate_modal_sandboxes
+        from vero.harbor.environments.modal import terminate_modal_sandboxes
         app = modal.App.lookup("__harbor__", create_if_missing=True)
         image = modal.Image.from_registry("{IMAGE}")
         made = {{}}

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from vero.core.diagnostics import CaseProblem, clip
+from vero.spec.environments import uses_compose
 
 __all__ = [
     "CASE_CHECKS_MARK",
@@ -264,7 +265,7 @@ def _environment_config(environment: str, trials_dir: Path, options: Mapping[str
     if environment not in {e.value for e in EnvironmentType}:
         raise SetupUncheckable(f"{environment!r} is not one of Harbor's environment types")
     extra = []
-    if environment == "docker":
+    if uses_compose(environment):
         compose = trials_dir / "vero.compose.yaml"
         compose.write_text(render_compose_override())
         extra = [compose]

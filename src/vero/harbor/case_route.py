@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from vero.core.offloop import finish_uncancellable
 from vero.errors import InfrastructureFailure
 from vero.harbor.leftovers import LABEL_GATEWAY, LABEL_JOB, LABEL_SESSION, read_case_compose
+from vero.spec.environments import uses_compose
 
 if TYPE_CHECKING:
     from vero.inference.gateway import GatewayServer, InferenceGateway
@@ -338,7 +339,7 @@ def case_router_for(
 ) -> CaseRouter | None:
     """The router of each evaluation's network to `gateway` when `inference.route_case_services`
     is set and the cases run on Docker (the sidecar, the verifier and `check` alike); else None."""
-    if inference is None or not inference.route_case_services or environment != "docker":
+    if inference is None or not inference.route_case_services or not uses_compose(environment):
         return None
     return CaseRouter(gateway, docker_env, session)
 

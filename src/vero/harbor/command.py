@@ -58,6 +58,7 @@ import yaml
 
 from vero.core.run import NestedRun
 from vero.errors import InfrastructureFailure
+from vero.spec.environments import uses_compose
 
 if TYPE_CHECKING:
     from vero.spec.models import OptimizationSpec
@@ -375,7 +376,7 @@ def build_command(
         case_route: Docker: the part attaching the case containers to the evaluation's gateway
             network (`vero.harbor.case_route.case_route_compose`).
         environment_options: `--ek` options of the environment (JSON-encoded, as Harbor parses
-            them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.leftovers.modal_options`.
+            them: `cli/utils.py` `parse_kwargs`), e.g. `vero.harbor.environments.modal.modal_options`.
         program_agent: `kind: program`: the agent class (`module:Class`), vero's install agent unless
             `vero harbor check --probe` runs its probe agent (`vero.harbor.probe`).
         agent_kwargs: `kind: program`: further `--ak` arguments of that agent; `kind: agent`: the
@@ -451,7 +452,7 @@ def build_command(
     if disable_verification:
         argv.append("--disable-verification")
     compose_file: tuple[Path, str] | None = None
-    if run.harbor.environment == "docker":
+    if uses_compose(run.harbor.environment):
         # Only Docker takes extra compose files (Harbor refuses them where the environment has no
         # compose capability); it merges them after the case's own compose file.
         compose_file = (jobs_dir / f"{job_name}.compose.yaml", render_compose_override(compose_labels, case_route))

@@ -22,20 +22,21 @@ How they get there (`compose_labels`, merged by `vero.harbor.command`):
   labelled object belongs to that job, and a trial's projects share one prefix
   (`<trial>__env`, `<trial>__verifier__<key>`: `compose_project_prefix`).
 - Modal: `--ek labels=...` (Harbor's `ModalOptions.labels` become sandbox tags) and a sandbox
-  lifetime capped near the evaluation's wall clock (`modal_options`), so a sandbox whose owner
-  died does not run Harbor's default 24 h. A Modal trial has no networks or volumes of its own (a
-  compose case runs Docker inside its sandbox and ends with it).
+  lifetime capped near the evaluation's wall clock (`vero.harbor.environments.modal.modal_options`),
+  so a sandbox whose owner died does not run Harbor's default 24 h. A Modal trial has no networks
+  or volumes of its own (a compose case runs Docker inside its sandbox and ends with it).
 - Other environments get no labels; vero removes nothing there (Harbor's own teardown only).
 
 The per-evaluation gateway networks of `vero.harbor.case_route` carry the same two labels and
 `vero.gateway`; they belong to no Compose project. Their owner removes them when the evaluation
 ends; a removal by session (a restarted sidecar's sweep) takes what a killed process left.
 
-Removal: `remove_docker_leftovers` (containers with their anonymous volumes, then networks, the
-gateway networks after disconnecting whatever is still on them, then volumes, then the images
-Compose built for those projects; twice, a moment apart, for objects the engine was still creating
-when the run was killed) and `terminate_modal_sandboxes`. Engine and
-API errors are logged, never raised: cleanup must not turn an interruption into another failure.
+Removal is the environment's (`vero.harbor.environments`: `NestedEnvironment.sweep` and
+`clean_up`): on Docker `remove_docker_leftovers` (here) (containers with their anonymous volumes, then
+networks, the gateway networks after disconnecting whatever is still on them, then volumes, then
+the images Compose built for those projects; twice, a moment apart, for objects the engine was
+still creating when the run was killed), on Modal `terminate_modal_sandboxes`. Engine and API
+errors are logged, never raised: cleanup must not turn an interruption into another failure.
 """
 
 from __future__ import annotations
@@ -47,27 +48,19 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from vero.spec.models import HarborSpec
+from typing import Any
 
 __all__ = [
     "LABEL_GATEWAY",
     "LABEL_JOB",
     "LABEL_SESSION",
-    "MODAL_APP_NAME",
+    "SESSION_ID",
     "compose_labels",
     "compose_project_prefix",
-    "engine_reachable",
-    "modal_app_name",
-    "modal_options",
-    "nested_environment_options",
     "new_session_id",
     "read_case_compose",
     "remove_docker_leftovers",
     "remove_network",
-    "terminate_modal_sandboxes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,14 +71,8 @@ LABEL_GATEWAY = "vero.gateway"
 """On the per-evaluation gateway networks of `vero.harbor.case_route` (value `1`)."""
 _PROJECT_LABEL = "com.docker.compose.project"
 
-MODAL_APP_NAME = "__harbor__"
-"""The Modal app Harbor 0.26 creates sandboxes in (`ModalOptions.app_name`'s default)."""
-
-MODAL_SANDBOX_SLACK_SEC = 300
-"""A Modal sandbox may outlive its evaluation's wall clock by this much (seconds)."""
-
-_MODAL_MAX_SANDBOX_SEC = 24 * 3600
-_SESSION = re.compile(r"^(ses|verify)-[0-9a-f]{16}$")
+SESSION_ID = re.compile(r"^(ses|verify)-[0-9a-f]{16}$")
+"""What `new_session_id` makes (removal by session refuses anything else)."""
 
 
 def new_session_id(kind: str = "ses") -> str:
@@ -162,32 +149,7 @@ def compose_labels(session: str | None, job: str, cases_dir: Path, case_names: S
     return document
 
 
-def nested_environment_options(harbor: HarborSpec, session: str | None, job: str) -> dict[str, Any]:
-    """The `--ek` options of one nested run: the spec's `harbor.environment_options`, then what vero
-    sets itself on that environment (Modal: `modal_options`; the build refuses a spec that sets
-    those, `vero.spec.environments`)."""
-    options: dict[str, Any] = dict(harbor.environment_options)
-    if harbor.environment == "modal":
-        options.update(modal_options(session, job, harbor.evaluation_timeout_sec))
-    return options
-
-
-def modal_app_name(environment_options: Mapping[str, object]) -> str:
-    """The Modal app a nested run's sandboxes are created in: `app_name` of the spec's
-    `harbor.environment_options`, else Harbor's default (`MODAL_APP_NAME`)."""
-    name = environment_options.get("app_name")
-    return name if isinstance(name, str) and name else MODAL_APP_NAME
-
-
-def modal_options(session: str | None, job: str, evaluation_timeout_sec: float) -> dict[str, Any]:
-    """`--ek` options of a nested run on Modal: the labels as sandbox tags, and a sandbox lifetime of
-    the evaluation's wall clock plus `MODAL_SANDBOX_SLACK_SEC` (at most Modal's 24 h)."""
-    labels = {LABEL_JOB: job} | ({LABEL_SESSION: session} if session else {})
-    lifetime = min(int(evaluation_timeout_sec) + MODAL_SANDBOX_SLACK_SEC, _MODAL_MAX_SANDBOX_SEC)
-    return {"labels": labels, "sandbox_timeout_secs": lifetime}
-
-
-# -- Docker -----------------------------------------------------------------------------------------
+# -- Docker: removal by label and project (`vero.harbor.environments.docker`) ------------------------
 
 
 def _owner_matches(labels: Mapping[str, str], session: str | None, jobs: frozenset[str] | None) -> bool:
@@ -350,76 +312,10 @@ async def remove_docker_leftovers(
         raise ValueError("remove_docker_leftovers needs a session, jobs or job dirs")
     if job_set is not None and not job_set and not prefixes:
         return 0
-    if session is not None and not _SESSION.match(session):
+    if session is not None and not SESSION_ID.match(session):
         raise ValueError("session must be a vero session id")
     removed = await asyncio.to_thread(_remove_sync, env, session, job_set, prefixes, timeout_sec)
     if settle_sec is not None:
         await asyncio.sleep(settle_sec)
         removed += await asyncio.to_thread(_remove_sync, env, session, job_set, prefixes, timeout_sec)
     return removed
-
-
-# -- Modal ------------------------------------------------------------------------------------------
-
-
-def _terminate_sync(tags: dict[str, str], app_name: str) -> int:
-    try:
-        import modal
-    except ImportError:
-        logger.warning("modal cleanup skipped: the modal package is not installed (vero[modal])")
-        return 0
-    try:
-        app = modal.App.lookup(app_name)
-        terminated = 0
-        for sandbox in modal.Sandbox.list(app_id=app.app_id, tags=tags):
-            sandbox.terminate()
-            terminated += 1
-        return terminated
-    except Exception as exc:  # noqa: BLE001 - any SDK or API failure: logged, cleanup never raises
-        logger.warning("modal cleanup incomplete: %s", type(exc).__name__)
-        return 0
-
-
-async def terminate_modal_sandboxes(
-    *, session: str | None = None, job: str | None = None, app_name: str = MODAL_APP_NAME
-) -> int:
-    """Terminate the Modal sandboxes tagged with `session` and/or `job` (see `modal_options`).
-
-    Uses the `modal` SDK (credentials from this process's environment, as Harbor's Modal
-    environment does). SDK and API errors are logged, never raised.
-
-    Returns:
-        How many sandboxes were terminated.
-
-    Raises:
-        ValueError: neither `session` nor `job` is given.
-    """
-    tags = {key: value for key, value in ((LABEL_SESSION, session), (LABEL_JOB, job)) if value}
-    if not tags:
-        raise ValueError("terminate_modal_sandboxes needs a session or a job")
-    return await asyncio.to_thread(_terminate_sync, tags, app_name)
-
-
-def _docker_ping(env: Mapping[str, str], timeout_sec: int) -> bool:
-    import docker
-
-    try:
-        client = docker.from_env(environment=dict(env), timeout=timeout_sec)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 - DockerException, or any transport error: unreachable
-        return False
-
-
-async def engine_reachable(environment: str, env: Mapping[str, str], timeout_sec: int = 10) -> bool | None:
-    """Whether the nested runs' engine answers now: True, False, or None where vero cannot tell.
-
-    Docker: the engine's `/_ping` through the docker SDK, with the run's client environment
-    (`DOCKER_HOST`, ...). Other environments (Modal, ...): None. Used to tell an engine failure from
-    a candidate's after a trial's files could not be collected (`vero.harbor.runner`).
-    """
-    if environment != "docker":
-        return None
-    return await asyncio.to_thread(_docker_ping, env, timeout_sec)

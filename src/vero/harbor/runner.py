@@ -122,16 +122,9 @@ from vero.harbor.command import (
     plan_agent_timeout,
     scrub,
 )
+from vero.harbor.environments import nested_environment
 from vero.harbor.install_witness import WITNESS_JOB_SUFFIX, judge_install_failures
-from vero.harbor.leftovers import (
-    compose_labels,
-    engine_reachable,
-    modal_app_name,
-    nested_environment_options,
-    new_session_id,
-    remove_docker_leftovers,
-    terminate_modal_sandboxes,
-)
+from vero.harbor.leftovers import compose_labels, new_session_id
 from vero.harbor.process import ProcessOutcome, finish_uncancellable, run_process_group
 from vero.harbor.results import JobCollation, collate_job
 
@@ -282,15 +275,10 @@ class HarborBackend:
         Returns:
             How many objects were removed.
         """
-        if environment == "docker":
-            base = os.environ if self._base_env is None else self._base_env
-            return await remove_docker_leftovers({**base, **env}, session=session, jobs=jobs, settle_sec=None)
-        if environment == "modal":
-            app_name = modal_app_name(options or {})
-            if jobs is None:
-                return await terminate_modal_sandboxes(session=session, app_name=app_name)
-            return sum([await terminate_modal_sandboxes(session=session, job=job, app_name=app_name) for job in jobs])
-        return 0
+        base = os.environ if self._base_env is None else self._base_env
+        return await nested_environment(environment).sweep(
+            {**base, **env}, session=session, jobs=None if jobs is None else list(jobs), options=options or {}
+        )
 
     def interrupt(self) -> None:
         """The calling process is stopping: from now on a cancelled or timed-out run's process group
@@ -724,10 +712,11 @@ class HarborBackend:
         """The environment-specific parts of a round's command: Docker's compose labels and (with
         `NestedRun.case_network`) the case route; the `--ek` options: the spec's
         `harbor.environment_options` and what vero sets itself (Modal's tags and lifetime cap:
-        `vero.harbor.leftovers.nested_environment_options`, `vero.harbor.case_route`)."""
+        `vero.harbor.environments`, `vero.harbor.case_route`)."""
         session = run.session or self.session
-        options = nested_environment_options(run.harbor, session, run.evaluation_id) or None
-        if run.harbor.environment != "docker":
+        environment = nested_environment(run.harbor.environment)
+        options = environment.run_options(run.harbor, session, run.evaluation_id) or None
+        if not environment.compose:
             return None, None, options
         labels = await asyncio.to_thread(compose_labels, session, run.evaluation_id, run.cases_dir, case_names)
         route = None
@@ -747,13 +736,13 @@ class HarborBackend:
         candidate code first, so it is a dead attempt, charged: a candidate can make the download
         fail (a device node, a fifo, an unreadable or very deep tree under `/logs/verifier`) and
         must not get a free re-run. Only when the engine does not answer right after the round
-        (`vero.harbor.leftovers.engine_reachable`) is it shown to be the engine's: infrastructure."""
+        (`NestedEnvironment.engine_reachable`) is it shown to be the engine's: infrastructure."""
         suspects = {
             t.trial_name
             for t in collation.trials
             if "verifier_download_failed" in t.flags and t.outcome is AttemptOutcome.DEAD
         }
-        if not suspects or await engine_reachable(run.harbor.environment, env) is not False:
+        if not suspects or await nested_environment(run.harbor.environment).engine_reachable(env) is not False:
             return collation
         logger.warning(
             "evaluation %s: %d trial(s) could not collect their verifier files and the engine is "
@@ -793,26 +782,16 @@ class HarborBackend:
     async def _cleanup(self, run: NestedRun, job_dir: Path, env: Mapping[str, str]) -> None:
         """Remove what the run's environments left (`vero.harbor.leftovers`): by the run's labels
         and its trial dirs on Docker, by tags on Modal; one quick pass once interrupted."""
-        session = run.session or self.session
-        if run.harbor.environment == "docker":
-            removed = await remove_docker_leftovers(
-                env,
-                session=session,
-                jobs=[run.evaluation_id],
-                job_dirs=[job_dir],
-                settle_sec=0.2 if self._interrupted else 1.0,
-                timeout_sec=5 if self._interrupted else 60,
-            )
-            kind = "docker object(s)"
-        elif run.harbor.environment == "modal":
-            removed = await terminate_modal_sandboxes(
-                session=session, job=run.evaluation_id, app_name=modal_app_name(run.harbor.environment_options)
-            )
-            kind = "modal sandbox(es)"
-        else:
-            return
+        environment = nested_environment(run.harbor.environment)
+        removed = await environment.clean_up(run, env, run.session or self.session, job_dir, self._interrupted)
         if removed:
-            logger.info("evaluation %s: removed %d %s left by %s", run.evaluation_id, removed, kind, job_dir.name)
+            logger.info(
+                "evaluation %s: removed %d %s left by %s",
+                run.evaluation_id,
+                removed,
+                environment.leftovers_noun,
+                job_dir.name,
+            )
 
     async def _check_cases(self, run: NestedRun, case_names: Sequence[str], causes: CauseLog) -> None:
         """Refuse cases that cannot be measured whatever the candidate (`vero.harbor.case_checks`).

@@ -40,6 +40,7 @@ from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.routes import ROUTERS
 from vero.sidecar.service import SidecarService
 from vero.spec.compiled import AGENT_UID, SidecarConfig
+from vero.spec.environments import uses_compose
 
 if TYPE_CHECKING:
     from vero.harbor.boundary.fence import ServiceListener
@@ -268,7 +269,7 @@ def listen_addresses(config: SidecarConfig, host: str) -> list[str] | None:
     if (
         inference is None
         or not inference.route_case_services
-        or config.harbor.environment != "docker"
+        or not uses_compose(config.harbor.environment)
         or host not in ("0.0.0.0", "")
     ):
         return None

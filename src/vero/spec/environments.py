@@ -12,7 +12,12 @@ validation, the compiler and the nested runs read (no Harbor import here):
   (which Modal API server), so nested runs reach the Modal the outer run reached;
 - `managed_options`: `--ek` options vero sets on every nested run itself (a spec may not), and why;
 - `refused_options`: `--ek` options that cannot work for nested runs, and why;
-- `engine_socket`: nested runs need the host's Docker socket (so the outer trial must run on Docker).
+- `engine_socket`: nested runs need the host's Docker socket (so the outer trial must run on Docker);
+- `compose`: each trial is a Docker Compose project on an engine vero's process reaches: vero's extra
+  compose files apply (labels, `init`) and case containers can join a network of the sidecar's
+  (`inference.route_case_services`).
+
+What vero does on each kind lives in one module per kind, `vero.harbor.environments`.
 
 Any other environment (`daytona`, `e2b`, a `module:Class`, ...) is refused at build: vero knows
 neither its credentials nor how to find what an interrupted run left (`SUPPORTED`).
@@ -24,7 +29,15 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["ENVIRONMENTS", "HARBOR_SERIES", "SUPPORTED", "EnvironmentKind", "drop_empty_settings", "environment_kind"]
+__all__ = [
+    "ENVIRONMENTS",
+    "HARBOR_SERIES",
+    "SUPPORTED",
+    "EnvironmentKind",
+    "drop_empty_settings",
+    "environment_kind",
+    "uses_compose",
+]
 
 HARBOR_SERIES = "0.26"
 """The Harbor release series whose formats vero's code reads (its CLI flags, `result.json`, task
@@ -43,6 +56,7 @@ class EnvironmentKind:
     managed_options: Mapping[str, str] = field(default_factory=dict)
     refused_options: Mapping[str, str] = field(default_factory=dict)
     engine_socket: bool = False
+    compose: bool = False
 
 
 ENVIRONMENTS: Mapping[str, EnvironmentKind] = MappingProxyType(
@@ -50,6 +64,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentKind] = MappingProxyType(
         "docker": EnvironmentKind(
             name="docker",
             engine_socket=True,
+            compose=True,
             refused_options={
                 # The nested `harbor` runs in the sidecar's or verifier's container, against the
                 # host's engine: bind-mount sources would be that container's paths, not the host's.
@@ -76,6 +91,13 @@ SUPPORTED: tuple[str, ...] = tuple(sorted(ENVIRONMENTS))
 def environment_kind(name: str) -> EnvironmentKind | None:
     """The kind of `harbor.environment` `name`, or None when vero does not support it."""
     return ENVIRONMENTS.get(name)
+
+
+def uses_compose(name: str) -> bool:
+    """Whether trials on environment `name` are Compose projects on an engine vero reaches
+    (`EnvironmentKind.compose`); False for an environment vero does not support."""
+    kind = ENVIRONMENTS.get(name)
+    return kind is not None and kind.compose
 
 
 def drop_empty_settings(names: Iterable[str], environ: MutableMapping[str, str]) -> list[str]:

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from vero.errors import SpecError, SpecIssue
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases, read_partition_file
-from vero.spec.environments import HARBOR_SERIES, SUPPORTED, environment_kind
+from vero.spec.environments import HARBOR_SERIES, SUPPORTED, environment_kind, uses_compose
 from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec, TargetPartition
 
 __all__ = ["check_build_secrets", "check_spec"]
@@ -321,7 +321,7 @@ def _check_inference(spec: OptimizationSpec, add: Add) -> None:
         return
     if not inference.models:
         add("inference.models", "expected at least one allow-listed model")
-    if inference.route_case_services and spec.harbor.environment != "docker":
+    if inference.route_case_services and not uses_compose(spec.harbor.environment):
         add(
             "inference.route_case_services",
             "case containers reach the gateway over a Docker network: needs harbor.environment "
