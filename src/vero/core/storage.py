@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel
 
 from vero.core.offloop import run_to_completion
-from vero.errors import StorageFull
+from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = [
     "atomic_copy",
@@ -34,6 +34,7 @@ __all__ = [
     "awrite_bytes",
     "fsync_dir",
     "is_out_of_space",
+    "read_model",
     "remove_tree",
 ]
 
@@ -126,6 +127,21 @@ def atomic_write_json(path: str | Path, value: Any, mode: int = 0o600) -> None:
 def atomic_write_model(path: str | Path, model: BaseModel, mode: int = 0o600) -> None:
     """`atomic_write_json` of a pydantic model in JSON mode."""
     atomic_write_json(path, model.model_dump(mode="json"), mode)
+
+
+def read_model[M: BaseModel](path: Path, model: type[M], what: str) -> M | None:
+    """The record `atomic_write_model` wrote at `path`, as `model`; None when there is none.
+
+    Raises:
+        LedgerCorrupt: the file exists but cannot be read or validated ("`what` is unreadable"):
+            durable state that cannot be read is never taken as absent.
+    """
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+        raise LedgerCorrupt(f"{what} is unreadable") from None
 
 
 async def awrite_bytes(path: str | Path, data: bytes, mode: int = 0o600) -> None:

@@ -22,14 +22,11 @@ intake closed.
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from vero.errors import LedgerCorrupt
-
-__all__ = ["INTAKE_FILE", "IntakeState", "read_intake"]
+__all__ = ["INTAKE_FILE", "IntakeState"]
 
 INTAKE_FILE = "intake.json"
 """`<state dir>/intake.json`."""
@@ -42,17 +39,3 @@ class IntakeState(BaseModel):
     schema_version: Literal[1] = 1
     closed_at: datetime
     reason: Literal["agent_ended", "sealed"]
-
-
-def read_intake(path: Path) -> IntakeState | None:
-    """The persisted close of intake at `path`; None while intake is open.
-
-    Raises:
-        LedgerCorrupt: the record exists but cannot be read or validated (the sidecar refuses to start).
-    """
-    try:
-        return IntakeState.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValidationError):
-        raise LedgerCorrupt("the intake record is unreadable") from None

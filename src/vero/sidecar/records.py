@@ -31,13 +31,13 @@ from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Reservation, balances_of
 from vero.core.session import SessionState, write_session_archive
 from vero.core.state import StateStore
-from vero.core.storage import is_out_of_space
+from vero.core.storage import is_out_of_space, read_model
 from vero.core.submission import Submission, read_submission
 from vero.errors import CASE_PROBLEM_CODES, GitFailed, RequestInvalid, SpecError, StorageFull
 from vero.inference.pricing import to_micro_usd
-from vero.sidecar.intake import IntakeState, read_intake
+from vero.sidecar.intake import IntakeState
 from vero.sidecar.paths import SidecarPaths
-from vero.sidecar.seal import read_seal
+from vero.sidecar.seal import SealState
 from vero.spec.compiled import SidecarConfig
 
 __all__ = [
@@ -152,7 +152,7 @@ def _read_records(config: SidecarConfig, paths: SidecarPaths, principal: str, st
     stale = candidates.remove_stale_temporary_refs()
     if stale:
         _logger.warning("removed %d temporary ref(s) left by an interrupted import", stale)
-    seal = read_seal(paths.seal_path)
+    seal = read_model(paths.seal_path, SealState, "the seal record")
     return SessionRecords(
         state=state,
         ledger=ledger,
@@ -162,7 +162,7 @@ def _read_records(config: SidecarConfig, paths: SidecarPaths, principal: str, st
         quarantine=_rebuilt_quarantine(jobs),
         submission=read_submission(state),
         sealed_at=None if seal is None else seal.sealed_at,
-        intake=read_intake(paths.intake_path),
+        intake=read_model(paths.intake_path, IntakeState, "the intake record"),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vero.errors import LedgerCorrupt, SidecarUnavailable, VeroError
+from vero.errors import SidecarUnavailable, VeroError
 from vero.sidecar.client import error_from_response
 from vero.sidecar.models import SealRequest, SealResponse
 
@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_SEAL_TIMEOUT_SEC",
     "SEAL_FILE",
     "SealState",
-    "read_seal",
     "request_seal",
 ]
 
@@ -53,20 +52,6 @@ class SealState(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     schema_version: Literal[1] = 1
     sealed_at: datetime
-
-
-def read_seal(path: Path) -> SealState | None:
-    """The persisted seal at `path`; None when the session was never sealed.
-
-    Raises:
-        LedgerCorrupt: the record exists but cannot be read or validated (the sidecar refuses to start).
-    """
-    try:
-        return SealState.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValidationError):
-        raise LedgerCorrupt("the seal record is unreadable") from None
 
 
 def request_seal(
