@@ -19,7 +19,16 @@ What it must show:
    nobody holds (each probe times out), the candidate accepts and receives nothing, and the
    sidecar-style API port still answers;
 4. without `CAP_NET_ADMIN` the fence is not installed and says why (the evaluation would fail
-   closed, `FenceUnavailable`).
+   closed, `FenceUnavailable`), and without `CAP_SYS_ADMIN` the launcher does not open
+   (`NamespacesUnavailable`, naming it);
+5. each host is in namespaces of its own (`vero.harbor.boundary.namespaces`, with the compose
+   file's `CAP_SYS_ADMIN`): the first host leaves a marker in `/tmp`, `/var/tmp`, `/dev/shm`, a
+   POSIX queue, a SysV segment and an abstract unix socket and sees them (the control), while a
+   host alive at the same time and a later one find none of them (nor does root in the real
+   `/tmp`, `/var/tmp`, `/dev/shm`); every host is pid 1 of its own pid namespace and sees only its
+   own processes, has only a loopback, cannot read `/workspace` or `/vero/context` (planted
+   readable by anyone, as their volumes come), and holds no capability (CapEff, CapPrm, CapBnd,
+   CapAmb 0, `no_new_privs`).
 """
 
 from __future__ import annotations
@@ -49,9 +58,9 @@ def _docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
 def test_candidate_host_reaches_only_its_gateway_in_the_compiled_sidecar(tmp_path: Path) -> None:
     layout = compile_task(TASKS_DIR / "puzzle-agent" / "build.yaml", tmp_path / "task").layout
     sidecar = yaml.safe_load(layout.compose_path.read_text())["services"]["eval-sidecar"]
-    assert sidecar.get("cap_add") == ["NET_ADMIN"], sidecar
+    assert sidecar.get("cap_add") == ["NET_ADMIN", "SYS_ADMIN"], sidecar
     verifier = yaml.safe_load(layout.verifier_compose_path.read_text())["services"]["main"]
-    assert verifier.get("cap_add") == ["NET_ADMIN"], verifier
+    assert verifier.get("cap_add") == ["NET_ADMIN", "SYS_ADMIN"], verifier
     project = f"vero-e2e-fence-{uuid.uuid4().hex[:8]}"
     image, network = f"{project}-eval-sidecar", f"{project}-net"
     main, side = f"{project}-main", f"{project}-side"
@@ -114,10 +123,12 @@ def test_candidate_host_reaches_only_its_gateway_in_the_compiled_sidecar(tmp_pat
     assert result["isolated"] is True and int(candidate["uid"]) >= 52000, candidate
     assert candidate["gateway"] == "200 gpt-4o-mini", candidate
     for attack in (
-        "main_tcp", "main_udp", "main_icmp", "loopback_tcp", "api_tcp",
-        "dns", "dns_udp", "ipv6_loopback", "ipv4_mapped",
+        "main_tcp", "main_udp", "main_icmp", "loopback_tcp", "api_tcp", "dns", "ipv6_loopback", "ipv4_mapped",
     ):  # fmt: skip
         assert candidate[attack].startswith("denied"), (attack, candidate)
+    # In its own network namespace 127.0.0.11 is its own loopback, where no resolver listens (the
+    # lookup above fails); the datagram goes nowhere else.
+    assert candidate["dns_udp"].startswith("denied") or candidate["dns_udp"] == "sent", candidate
     assert [r for r in received if "LEAK" in (r.get("tcp") or r.get("udp") or "")] == [], received
 
     # 3. From `main`, the candidate's ports are a port nobody holds; the API still answers.
@@ -128,6 +139,32 @@ def test_candidate_host_reaches_only_its_gateway_in_the_compiled_sidecar(tmp_pat
         assert outcome[f"{LISTEN_TCP}{key}"] == outcome[f"{NOBODY}{key}"] == "TimeoutError", outcome
     assert candidate["listen"] == {"tcp_accepted": 0, "udp_received": 0}, candidate
 
-    # 4. No CAP_NET_ADMIN: no fence, and the cause is named.
+    # 4. No CAP_NET_ADMIN: no fence; no CAP_SYS_ADMIN: no launcher; each names its cause.
     refused = json.loads(unfenced.stdout.strip().splitlines()[-1])
     assert refused["installed"] is False and "CAP_NET_ADMIN" in refused["error"], refused
+    assert refused["namespaces"] is False and "CAP_SYS_ADMIN" in refused["namespaces_error"], refused
+
+    # 5. One host's leftovers reach neither a host beside it nor a later one; each sees only itself.
+    first, concurrent, later = candidate["namespace"], result["concurrent"], result["later"]
+    print(f"[e2e] hosts' views: first {first}\n  concurrent {concurrent}\n  later {later}")
+    marker = next(name for name in first["listings"]["/tmp"] if name.startswith("vero-marker-"))
+    assert all(marker in first["listings"][p] for p in ("/tmp", "/var/tmp", "/dev/shm")), first
+    assert first["mqueue"] >= 0 and first["shm_key"] >= 0 and first["sysv"][0], first
+    assert first["unix_names"] and first["abstract_connect"] == "connected", first
+    assert result["first_alive"] is True, result  # the concurrent host looked while the first held them
+    assert result["real"] == {"/tmp": [], "/var/tmp": [], "/dev/shm": []}, result["real"]
+    for seen in (concurrent, later):
+        assert "stderr" not in seen, seen
+        assert not any(marker in name for names in seen["listings"].values() for name in names or []), seen
+        assert seen["sysv"] == [[], [], []] and seen["shm_key"] == -1 and seen["mqueue"] == -1, seen
+        assert seen["unix_names"] == [] and seen["abstract_connect"] == "ConnectionRefusedError", seen
+    for seen in (first, concurrent, later):
+        assert seen["pid"] == 1 and seen["foreign_pids"] == [] and len(seen["pids"]) <= 4, seen
+        status = seen["status"]
+        assert {status[k] for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb")} == {"0000000000000000"}, status
+        assert status["NoNewPrivs"] == "1", status
+        assert seen["interfaces"] == ["lo"] and seen["hostname"] == "vero-candidate", seen
+        trusted = {"/workspace", "/vero/context", "/workspace/secret.txt", "/vero/context/secret.txt"}
+        assert set(seen["readable"]) == set(result["hidden"]) == trusted, seen
+        assert all(answer.startswith("refused") for answer in seen["readable"].values()), seen
+    assert len({first["uid"], concurrent["uid"], later["uid"]}) == 3

@@ -65,7 +65,8 @@ AGENT_TARGET_LINT_FINDINGS = {
     ("compose-additional-capabilities", "tests/docker-compose.yaml", "main"),
 }
 """Also justified for `kind: agent` targets (`tasks/puzzle-agent`): `CAP_NET_ADMIN` for the candidate
-hosts' network fence in the sidecar and the verifier (`vero.harbor.boundary.fence`)."""
+hosts' network fence and `CAP_SYS_ADMIN` for their namespaces, in the sidecar and the verifier
+(`vero.harbor.boundary.fence`, `vero.harbor.boundary.namespaces`)."""
 AGENT_TARGET_EXAMPLES = {"puzzle-agent"}
 
 
@@ -235,8 +236,8 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
     sidecar's and once for the verifier's read-only Docker socket: nested `harbor run`s need the
     host's engine, and docs/operating.md ("`harbor lint` on compiled tasks") says why that mount is there;
     for a `kind: agent` target also `compose-additional-capabilities`, once for each of the two
-    (`CAP_NET_ADMIN`, the candidate hosts' network fence). Any other finding, or a rule firing
-    anywhere else, fails."""
+    (`CAP_NET_ADMIN` and `CAP_SYS_ADMIN`: the candidate hosts' network fence and namespaces). Any
+    other finding, or a rule firing anywhere else, fails."""
     task_dir = example_runs(example)["oracle"].task_dir
     done = subprocess.run(
         [HARBOR, "lint", "--json", str(task_dir)],
@@ -257,7 +258,8 @@ def test_harbor_lint_reports_only_the_justified_socket_mounts(example, example_r
         if finding["rule"] == "compose-additional-capabilities":
             match = re.match(r"services\.([\w.-]+)\.cap_add:", finding["message"])
             assert match, finding
-            assert yaml.safe_load(compose.read_text())["services"][match.group(1)]["cap_add"] == ["NET_ADMIN"]
+            service = yaml.safe_load(compose.read_text())["services"][match.group(1)]
+            assert service["cap_add"] == ["NET_ADMIN", "SYS_ADMIN"], service
             located.add((finding["rule"], compose.relative_to(task_dir).as_posix(), match.group(1)))
             continue
         # The message starts with the YAML location, e.g. `services.eval-sidecar.volumes[2]: ...`.

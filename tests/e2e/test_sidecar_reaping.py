@@ -5,7 +5,9 @@ A candidate host's leftovers (a daemon its uid started outside its session) are 
 host ends, and as orphans they belong to PID 1 by then. So PID 1 must reap: the compiled compose
 file gives `eval-sidecar` an init (`init: true`), and this test runs the compiled sidecar image the
 way that file says (`docker run --init` exactly when it asks for one), with the real
-`CandidateLauncher` as root inside it (`reaping/lifecycles.py`)."""
+`CandidateLauncher` as root inside it (`reaping/lifecycles.py`), each host in its own namespaces
+(with `CAP_NET_ADMIN` and `CAP_SYS_ADMIN`, which a `kind: agent` target's compose file gives): they leave no mount
+in the container either."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def test_a_thousand_candidate_host_lifecycles_leave_nothing_in_the_sidecar(tmp_p
         done = subprocess.run(
             [
                 "docker", "run", "--rm", *(["--init"] if service.get("init") else []),
+                "--cap-add=NET_ADMIN", "--cap-add=SYS_ADMIN",
                 "-v", f"{SCRIPT}:/opt/lifecycles.py:ro",
                 image, "python", "/opt/lifecycles.py", str(LIFECYCLES),
             ],
@@ -53,3 +56,4 @@ def test_a_thousand_candidate_host_lifecycles_leave_nothing_in_the_sidecar(tmp_p
     assert report["zombies"] == [], report["zombies"][:10]
     assert report["candidate_processes"] == [], report["candidate_processes"][:10]
     assert report["other_processes"] == [], report["other_processes"][:10]
+    assert report["mounts"] == [], report["mounts"][:10]

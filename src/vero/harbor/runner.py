@@ -108,6 +108,7 @@ from vero.harbor.boundary.dependencies import (
 )
 from vero.harbor.boundary.fence import FenceUnavailable, NetworkFence, endpoints_of
 from vero.harbor.boundary.launcher import HostBinding
+from vero.harbor.boundary.namespaces import HIDDEN_FROM_HOSTS, HostNamespaces
 from vero.harbor.boundary.preflight import PreflightFailure, preflight_in_host
 from vero.harbor.case_checks import CASE_CHECKS_MARK
 from vero.harbor.case_route import case_route_compose
@@ -239,11 +240,14 @@ class HarborBackend:
         """Where the images install the interpreters `target.python` may ask for: `<X.Y>/bin/python`."""
 
     def confine_candidates(self, fence: NetworkFence) -> None:
-        """Run `kind: agent` candidate hosts behind `fence` (the composition roots `vero harbor
-        serve` and `vero harbor verify` do): each evaluation's hosts reach its gateway listeners
-        only, and an evaluation whose fence cannot be installed, or whose hosts would not run as
-        throw-away uids, fails as an infrastructure failure before any candidate code runs
-        (`vero.harbor.boundary.fence`). Without it hosts have this process's network."""
+        """Run `kind: agent` candidate hosts behind `fence` and each in namespaces of its own (the
+        composition roots `vero harbor serve` and `vero harbor verify` do): each evaluation's hosts
+        reach its gateway listeners only (`vero.harbor.boundary.fence`), see none of each other's
+        kernel state, none of `HIDDEN_FROM_HOSTS` and hold no capability
+        (`vero.harbor.boundary.namespaces`); an evaluation whose fence cannot be installed, whose
+        hosts' namespaces cannot be made, or whose hosts would not run as throw-away uids, fails as
+        an infrastructure failure before any candidate code runs. Without it hosts have this
+        process's network and namespaces."""
         self.network_fence = fence
 
     def bind_hosts_to(self, binding: HostBinding) -> None:
@@ -384,19 +388,19 @@ class HarborBackend:
                     isolate=self.isolate_candidates,
                     on_host=self._host_callback(arm.candidate_env),
                 )
-                await self._fence(stack, launcher, arm.candidate_env)
+                await self._fence(stack, launcher, arm)
                 arm.launcher = await stack.enter_async_context(launcher)
             return await self._evaluate(run, arms)
 
-    async def _fence(
-        self, stack: contextlib.AsyncExitStack, launcher: CandidateLauncher, candidate_env: Mapping[str, str]
-    ) -> None:
+    async def _fence(self, stack: contextlib.AsyncExitStack, launcher: CandidateLauncher, arm: Arm) -> None:
         """With `confine_candidates`: admit an arm's gateway endpoints (from its hosts' variables:
         each arm its own token and, with a case route, its own listener) to the fence until `stack`
-        closes, before its launcher opens.
+        closes, and confine its launcher's hosts in namespaces of their own (the arm's checkout
+        kept, `HIDDEN_FROM_HOSTS` covered), before its launcher opens.
 
         Raises:
-            FenceUnavailable: the hosts would not run as throw-away uids, or the fence cannot be installed.
+            FenceUnavailable: the hosts would not run as throw-away uids, or the fence cannot be installed
+                (`NamespacesUnavailable`, raised when the launcher opens, is one).
         """
         if self.network_fence is None:
             return
@@ -406,7 +410,8 @@ class HarborBackend:
                 "confine (the sidecar and the verifier run as root); kind: agent evaluations do not "
                 "run unconfined"
             )
-        await stack.enter_async_context(self.network_fence.admitting(endpoints_of(candidate_env)))
+        launcher.confine(HostNamespaces.for_hosts(arm.candidate_env, [arm.candidate_dir], HIDDEN_FROM_HOSTS))
+        await stack.enter_async_context(self.network_fence.admitting(endpoints_of(arm.candidate_env)))
 
     def _host_callback(self, candidate_env: Mapping[str, str]) -> Callable[[int, bool], None] | None:
         """Binds each candidate host's uid to the arm's gateway token while the host lives."""

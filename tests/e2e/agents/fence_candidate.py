@@ -8,6 +8,13 @@ work), then tries: TCP and UDP to `main`, ICMP to `main`, the loopback listener 
 DNS (Docker's resolver), IPv6 loopback and IPv4-mapped IPv6, and finally listens on TCP and UDP
 ports for `main` to reach. It prints one line `FENCE-REPORT <json>` on stderr (the launcher keeps
 the host's stderr) and never raises.
+
+Its instruction says which host it is (`tests/e2e/fence/scenario.py` starts three): `leave:<marker>`
+first leaves the marker in every shared place it can write (`namespace_probe.write`: files in
+`/tmp`, `/var/tmp`, `/dev/shm`, a POSIX queue, a SysV segment, an abstract unix socket), keeps
+them while it probes and listens, and reports its own view (`namespace`); `look:<marker>` (a host
+alive at the same time, and a later one) only reports its view (`NS-REPORT <json>`), looking for
+the marker and for the trusted paths in `VERO_FENCE_TARGETS["hidden"]`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 import urllib.request
 
 from harbor.agents.base import BaseAgent
+from namespace_probe import view, write
 
 LISTEN_SEC = 25.0
 
@@ -123,8 +131,14 @@ class FenceCandidate(BaseAgent):
 
     async def run(self, instruction, environment, context) -> None:
         targets = json.loads(os.environ["VERO_FENCE_TARGETS"])
+        mode, _, marker = instruction.partition(":")
+        if mode == "look":
+            print("NS-REPORT " + json.dumps(view(marker, targets["hidden"])), flush=True, file=sys.stderr)
+            return
+        held = write(marker)
         main = targets["main"]
         report = {
+            "namespace": view(marker, targets["hidden"]),
             "uid": os.getuid(),
             "gateway": _gateway(),
             "main_tcp": _tcp(socket.AF_INET, (main, targets["main_tcp"])),
@@ -140,3 +154,4 @@ class FenceCandidate(BaseAgent):
         print("FENCE-LISTENING", flush=True, file=sys.stderr)
         report["listen"] = _listen(targets["listen_tcp"], targets["listen_udp"])
         print("FENCE-REPORT " + json.dumps(report), flush=True, file=sys.stderr)
+        del held

@@ -1,6 +1,9 @@
 """Run inside the compiled sidecar image by `test_sidecar_reaping.py`: N candidate-host lifecycles
-through the real `CandidateLauncher`, each leaving what a candidate leaves (a daemon of the host's
-uid outside its session), then report what is left in the container as JSON on stdout."""
+through the real `CandidateLauncher`, each host in its own namespaces as the sidecar starts them
+(`HostNamespaces`, with the capabilities an agent target's compose file gives), each leaving
+what a candidate leaves (a daemon of the host's uid outside its session), then report what is left
+in the container as JSON on stdout: processes, zombies, and mounts the container's mount table did
+not have before."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 from pathlib import Path
 
 from vero.harbor.boundary.launcher import CANDIDATE_UID_RANGE, CandidateLauncher
+from vero.harbor.boundary.namespaces import HIDDEN_FROM_HOSTS, HostNamespaces
 
 LIFECYCLES = int(sys.argv[1])
 AT_ONCE = 8
@@ -57,9 +61,15 @@ def leftovers() -> dict[str, list]:
     return {"zombies": zombies, "candidate_processes": candidates, "other_processes": others}
 
 
+def mounts() -> set[str]:
+    return {" ".join(line.split()[3:5]) for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
 async def main() -> None:
+    before = mounts()
     started = time.monotonic()
-    async with CandidateLauncher(Path(sys.executable)) as launcher:
+    namespaces = HostNamespaces.for_hosts({}, [], HIDDEN_FROM_HOSTS)
+    async with CandidateLauncher(Path(sys.executable)).confine(namespaces) as launcher:
         assert launcher.isolated, "the sidecar runs as root: hosts get throw-away uids"
         done = 0
         while done < LIFECYCLES:
@@ -67,7 +77,8 @@ async def main() -> None:
             await asyncio.gather(*(lifecycle(launcher) for _ in range(batch)))
             done += batch
     await asyncio.sleep(1)  # PID 1 reaps asynchronously (SIGCHLD)
-    print(json.dumps({"lifecycles": done, "seconds": round(time.monotonic() - started, 1), **leftovers()}))
+    seconds = round(time.monotonic() - started, 1)
+    print(json.dumps({"lifecycles": done, "seconds": seconds, "mounts": sorted(mounts() - before), **leftovers()}))
 
 
 asyncio.run(main())

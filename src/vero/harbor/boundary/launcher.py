@@ -29,7 +29,10 @@ when the launcher closes at the end of the round.
 
 A host's network is the trusted process's unless that process fences the uids
 (`vero.harbor.boundary.fence`, which `vero.harbor.runner.HarborBackend` sets up around the launcher
-in the sidecar and the verifier): then it reaches its evaluation's gateway listeners only.
+in the sidecar and the verifier): then it reaches its evaluation's gateway listeners only. There the
+launcher is also `confine`d: each host starts in a pid, ipc, mount, uts and network namespace of its
+own with no capability (`vero.harbor.boundary.namespaces`), its gateway reached through a relay
+whose outer end runs as its uid here, so nothing of one host reaches another through the kernel.
 
 Without root the launcher cannot switch users: hosts run as the caller, the pipe and environment
 boundaries still hold but files do not (`isolated` is False, and a warning is logged). The compiled
@@ -52,7 +55,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vero.core.storage import remove_tree
 from vero.harbor.boundary.sweep import (
@@ -61,6 +64,9 @@ from vero.harbor.boundary.sweep import (
     process_writable_roots,
     sweep_uid,
 )
+
+if TYPE_CHECKING:
+    from vero.harbor.boundary.namespaces import HostNamespaces
 
 __all__ = [
     "CANDIDATE_UID_RANGE",
@@ -149,6 +155,28 @@ async def _until_gone(uid: int, timeout_sec: float = 5.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def _tail_of(path: Path) -> str:
+    """The last `_STDERR_TAIL_BYTES` of a host's stderr file, decoded ("" if it is unreadable)."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - _STDERR_TAIL_BYTES))
+            return stream.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def kill_uid(python: Path, uid: int) -> None:
+    """Kill every process of `uid` and clear its keyrings, from a child that has become the uid
+    (`KILL_AND_CLEAR_AS_UID`); returns once that child has exited."""
+    killer = await asyncio.create_subprocess_exec(
+        str(python), "-I", "-c", KILL_AND_CLEAR_AS_UID, user=uid, group=uid, extra_groups=[],
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL, cwd="/",
+    )  # fmt: skip
+    await killer.wait()
+
+
 @dataclass(eq=False)
 class CandidateHostProcess:
     """One running candidate host, as the launcher sees it.
@@ -170,6 +198,8 @@ class CandidateHostProcess:
     """The hosts' interpreter: runnable by the host's uid, so it also runs the uid-wide kill."""
     sweep_roots: WritableRoots | None = None
     """Where the uid may have left files (isolated hosts only; swept at `finish`)."""
+    relay: asyncio.subprocess.Process | None = None
+    """The outer end of its gateway relay (confined hosts: `vero.harbor.boundary.relay`)."""
     on_finish: Callable[[], None] | None = None
     """Called once when the host is gone (the launcher frees its uid and slot)."""
     _finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -194,31 +224,14 @@ class CandidateHostProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             if self.isolated:
-                # Whatever left the session (setsid, double fork) still has the uid.
+                # Whatever left the session (setsid, double fork) still has the uid; so does the
+                # outer end of a confined host's relay.
                 for _ in range(2):
-                    killer = await asyncio.create_subprocess_exec(
-                        str(self.python),
-                        "-I",
-                        "-c",
-                        KILL_AND_CLEAR_AS_UID,
-                        user=self.uid,
-                        group=self.uid,
-                        extra_groups=[],
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.DEVNULL,
-                        cwd="/",
-                    )
-                    await killer.wait()
-            if self.process.returncode is None:
-                await self.process.wait()
-            try:
-                with open(self.stderr_path, "rb") as stream:
-                    stream.seek(0, os.SEEK_END)
-                    stream.seek(max(0, stream.tell() - _STDERR_TAIL_BYTES))
-                    self._tail = stream.read().decode(errors="replace")
-            except OSError:
-                self._tail = ""
+                    await kill_uid(self.python, self.uid)
+            for process in (self.process, self.relay):
+                if process is not None and process.returncode is None:
+                    await process.wait()
+            self._tail = _tail_of(self.stderr_path)
             await asyncio.to_thread(remove_tree, self.scratch_dir)  # any depth the candidate made
             if self.isolated and self.sweep_roots is not None:
                 await _until_gone(self.uid)
@@ -255,6 +268,8 @@ class CandidateLauncher:
         on_host: called with `(uid, True)` when a host starts and `(uid, False)` once it has ended
             and its uid's leftovers are gone (the inference gateway binds the evaluation's token
             to the uids of its hosts: `InferenceGateway.bind_host`).
+
+    `confine(namespaces)` before opening starts each host in namespaces of its own.
     """
 
     def __init__(
@@ -285,6 +300,20 @@ class CandidateLauncher:
         self.site_dir: Path | None = None
         """The candidate's installed dependencies (`vero.harbor.boundary.dependencies`), given to
         hosts started from now on as `VERO_CANDIDATE_SITE` (the host adds it after Harbor)."""
+        self.namespaces: HostNamespaces | None = None
+
+    def confine(self, namespaces: HostNamespaces) -> CandidateLauncher:
+        """Start each host in namespaces of its own (`vero.harbor.boundary.namespaces`); call before
+        opening, which then tries them once and raises `NamespacesUnavailable` when they cannot be
+        made here.
+
+        Raises:
+            PermissionError: the hosts are not isolated (namespaces are made by root, per uid).
+        """
+        if not self.isolated:
+            raise PermissionError("confining candidate hosts needs isolated hosts (root)")
+        self.namespaces = namespaces
+        return self
 
     @property
     def socket_path(self) -> Path:
@@ -312,8 +341,31 @@ class CandidateLauncher:
         listener.listen(64)
         listener.setblocking(False)
         self._listener = listener
+        if self.namespaces is not None:
+            try:
+                await self._try_namespaces(self.namespaces)
+            except BaseException:
+                await self.close()
+                raise
         self._server_task = asyncio.create_task(self._serve(), name="vero-candidate-launcher")
         return self
+
+    async def _try_namespaces(self, namespaces: HostNamespaces) -> None:
+        """`HostNamespaces.check` as a free uid, before any host is asked for.
+
+        Raises:
+            NamespacesUnavailable: the namespaces cannot be made here, with the cause.
+        """
+        assert self._root is not None
+        uid = await asyncio.to_thread(self._allocate_uid)
+        probe = self._root / f"probe-{uid}"
+        try:
+            probe.mkdir(mode=0o700)
+            os.chown(probe, uid, uid)
+            await namespaces.check(self.python, uid, probe)
+        finally:
+            remove_tree(probe)
+            self._uids.discard(uid)
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
@@ -366,23 +418,13 @@ class CandidateLauncher:
                     os.chown(path, uid, uid)
             stderr_path = self._root / "stderr" / f"{scratch.name}.log"
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            env = {
-                **_BASE_ENV,
-                "HOME": str(scratch),
-                "TMPDIR": str(scratch / "tmp"),
-                "VERO_CANDIDATE_SCRATCH": str(scratch),
-                **self.env,
-                **({"VERO_CANDIDATE_SITE": str(self.site_dir)} if self.site_dir is not None else {}),
-            }
-            identity: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if self.isolated else {}
+            argv, env, identity = self._host_command(uid, scratch, child_end.fileno())
+            relay = None
             try:
+                relay = await self._start_relay(uid, scratch)
                 with open(stderr_path, "wb") as stderr:
                     process = await asyncio.create_subprocess_exec(
-                        str(self.python),
-                        "-I",
-                        "-m",
-                        "vero.harbor.boundary.host",
-                        str(child_end.fileno()),
+                        *argv,
                         stdin=asyncio.subprocess.DEVNULL,
                         stdout=stderr,
                         stderr=stderr,
@@ -394,6 +436,8 @@ class CandidateLauncher:
                     )
             except BaseException:
                 parent_end.close()
+                if self.isolated:
+                    await kill_uid(self.python, uid)  # a relay started before the host
                 remove_tree(scratch)
                 self._uids.discard(uid)
                 raise
@@ -411,6 +455,7 @@ class CandidateLauncher:
             isolated=self.isolated,
             python=self.python,
             sweep_roots=sweep_roots,
+            relay=relay,
         )
 
         def release() -> None:
@@ -425,6 +470,43 @@ class CandidateLauncher:
         if self._on_host is not None:
             self._on_host(uid, True)
         return host
+
+    def _host_command(self, uid: int, scratch: Path, pipe_fd: int) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        """A host's argv, environment and the identity to start it with (`spawn`)."""
+        env = {
+            **_BASE_ENV,
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch / "tmp"),
+            "VERO_CANDIDATE_SCRATCH": str(scratch),
+            **self.env,
+            **({"VERO_CANDIDATE_SITE": str(self.site_dir)} if self.site_dir is not None else {}),
+        }
+        argv = [str(self.python), "-I", "-m", "vero.harbor.boundary.host", str(pipe_fd)]
+        if self.namespaces is not None:
+            # Root starts the namespaces; the trusted step inside drops to the uid (setpriv).
+            site = () if self.site_dir is None else (self.site_dir,)
+            command = self.namespaces.command(self.python, uid, scratch, argv, site)
+            return command, self.namespaces.host_env(env), {}
+        identity: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if self.isolated else {}
+        return argv, env, identity
+
+    async def _start_relay(self, uid: int, scratch: Path) -> asyncio.subprocess.Process | None:
+        """The outer end of a confined host's gateway relay, as its uid, in this network namespace."""
+        argv = None if self.namespaces is None else self.namespaces.relay_command(self.python, scratch)
+        if argv is None:
+            return None
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd="/",
+            env={"PATH": _BASE_ENV["PATH"], "LANG": "C.UTF-8"},
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[],
+        )  # ended with the uid (`CandidateHostProcess.finish`)
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()

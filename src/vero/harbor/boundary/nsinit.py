@@ -1,0 +1,159 @@
+"""The trusted step inside a candidate host's new namespaces (root, pid 1, before any candidate code).
+
+Run by the launcher under util-linux `unshare` as `python -I -S <this file> <spec json>`: a file of
+the standard library only, so it starts without vero's or Harbor's imports. What it does, and why,
+is `vero.harbor.boundary.namespaces` (steps 1-4); the spec is `HostNamespaces.command`'s. When a
+step fails it prints the cause on stderr and exits 125 without starting the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+"""Directories any uid may write: each host gets an empty tmpfs of its own on each that exists."""
+
+HOSTNAME = "vero-candidate"
+FAILED = 125
+"""Exit status when the host's namespaces could not be made."""
+
+
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND = 0x2, 0x4, 0x8, 0x1000
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2). Directly, not util-linux `mount`: a process per mount (about a dozen per host)
+    cost the 1,000-lifecycle test a fifth of its time; the bind of `/proc/self/fd/N` must not be
+    re-resolved by name either, which the syscall never does."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    encoded = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    if libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {fstype or 'bind'} on {target}: {os.strerror(code)}")
+
+
+def _is_real_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _cover(private: Iterable[str], hide: Iterable[str]) -> None:
+    for path in private:
+        if _is_real_dir(path):
+            _mount("vero-private", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for path in hide:
+        if os.path.islink(path) or not os.path.exists(path):
+            continue
+        if os.path.isdir(path):
+            _mount("vero-hidden", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0711")
+        else:
+            _mount("/dev/null", path, None, _MS_BIND)
+
+
+def _bind_back(kept: Mapping[str, int]) -> None:
+    """Bind each kept dir (open by `kept[path]`) at its own path again, if covering hid it."""
+    for path, fd in kept.items():
+        held = os.fstat(fd)
+        try:
+            now = os.stat(path)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                continue
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o066)  # the dirs leading to it: traversable, not listable
+        try:
+            os.makedirs(path, mode=0o711, exist_ok=True)
+        finally:
+            os.umask(old)
+        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise OSError(f"{path} is not the kept dir after binding it")
+
+
+def _loopback_up() -> None:
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, request))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
+def _drop(spec: Mapping) -> list[str]:
+    uid = str(int(spec["uid"]))
+    return [
+        spec["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+    ]  # fmt: skip
+
+
+def _start_relay(spec: Mapping, drop: Sequence[str]) -> None:
+    """The host's end of its gateway relay, as its uid; returns once it listens (it writes a byte to
+    the pipe it is given), so the host's first call finds it."""
+    ready, ready_w = os.pipe()
+    relay = [spec["python"], "-I", "-S", spec["relay"], "in", spec["relay_dir"], f"--ready-fd={ready_w}"]
+    subprocess.Popen(
+        [*drop, *relay, *(str(p) for p in spec["ports"])],
+        stdin=subprocess.DEVNULL,
+        pass_fds=(ready_w,),
+    )
+    os.close(ready_w)
+    try:
+        if os.read(ready, 1) != b"1":
+            raise OSError("the gateway relay did not start")
+    finally:
+        os.close(ready)
+
+
+def confine(spec: Mapping) -> list[str]:
+    """Make the host's view (steps 1-3 of the module docstring) and return the argv to exec.
+
+    Raises:
+        OSError: a mount, the loopback or the hostname could not be set.
+    """
+    if os.getpid() != 1:
+        raise OSError("not the first process of a new pid namespace")
+    kept = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in spec["keep"]}
+    _cover(PRIVATE_DIRS, spec["hide"])
+    _bind_back(kept)
+    for fd in kept.values():
+        os.close(fd)
+    os.chdir(spec["keep"][0])  # the scratch dir as bound, not the covered one
+    if _is_real_dir("/dev/mqueue"):
+        _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    socket.sethostname(HOSTNAME)
+    try:
+        _loopback_up()
+    except OSError as exc:
+        message = f"the loopback of the host's network namespace: {exc.strerror} (CAP_NET_ADMIN)"
+        raise OSError(exc.errno, message) from exc
+    drop = _drop(spec)
+    if spec.get("relay_dir"):
+        _start_relay(spec, drop)
+    return [*drop, *spec["argv"]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: `python -I -S nsinit.py <spec json>` (under `unshare`)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        spec = json.loads(args[0])
+        command = confine(spec)
+        os.execv(command[0], command)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        denied = getattr(exc, "errno", None) in (errno.EPERM, errno.EACCES) or "denied" in str(exc)
+        hint = " (the trusted process needs CAP_SYS_ADMIN)" if denied and "CAP_" not in str(exc) else ""
+        print(f"vero: candidate host namespaces: {exc}{hint}", file=sys.stderr, flush=True)
+        os._exit(FAILED)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What a candidate leaves for another and what it can see, inside a candidate host's namespaces.
+
+Used by `tests/harbor/test_namespaces.py` (as a script: `write|read <marker> <hidden,paths> <hold
+sec>` prints one JSON line) and by `fence_candidate.py` in the compiled sidecar image (`write` and
+`view`): `write` leaves the marker in every shared place a host can write (files in `/tmp`,
+`/var/tmp`, `/dev/shm`, a POSIX queue, a SysV segment, an abstract unix socket it keeps listening)
+and returns what must stay alive; `view` is what the host sees: those places, its processes, its
+capabilities, its hostname and interfaces, and whether the trusted paths are readable."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import sys
+import time
+
+IPC_CREAT, IPC_PRIVATE_KEY = 0o1000, 0x7E5A
+PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+
+
+def _status() -> dict:
+    fields = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+    return {k: fields[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")}
+
+
+def view(marker: str, hidden: list[str]) -> dict:
+    libc = ctypes.CDLL(None, use_errno=True)
+    me = os.getuid()
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        abstract.connect("\0" + marker)
+        abstract_connect = "connected"
+    except OSError as exc:
+        abstract_connect = type(exc).__name__
+    abstract.close()
+    return {
+        "uid": me,
+        "pid": os.getpid(),
+        "pids": sorted(pids),
+        "foreign_pids": [p for p in pids if _owner(p) not in (me, None)],
+        "status": _status(),
+        "hostname": socket.gethostname(),
+        "listings": {place: sorted(os.listdir(place)) if os.path.isdir(place) else None for place in PLACES},
+        "sysv": [open(f"/proc/sysvipc/{k}").read().splitlines()[1:] for k in ("shm", "sem", "msg")],
+        "shm_key": libc.shmget(IPC_PRIVATE_KEY, 0, 0),
+        "mqueue": libc.mq_open(f"/{marker}".encode(), os.O_RDONLY),
+        "unix_names": [line for line in open("/proc/net/unix").read().splitlines() if marker in line],
+        "abstract_connect": abstract_connect,
+        "readable": {path: _readable(path) for path in hidden},
+        "interfaces": sorted(name for _, name in socket.if_nameindex()),
+    }
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _readable(path: str) -> str:
+    try:
+        if os.path.isdir(path):
+            return "listed: " + ",".join(sorted(os.listdir(path)))
+        with open(path, "rb") as stream:
+            return "read: " + stream.read(40).decode(errors="replace")
+    except OSError as exc:
+        return f"refused: {type(exc).__name__}"
+
+
+def write(marker: str) -> list:
+    """Leave `marker` everywhere a host can write outside its scratch dir; keep what needs a holder."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for place in ("/tmp", "/var/tmp", "/dev/shm"):
+        with open(os.path.join(place, marker), "w") as stream:
+            stream.write(marker)
+    libc.mq_open(f"/{marker}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    segment = libc.shmget(IPC_PRIVATE_KEY, 4096, IPC_CREAT | 0o666)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + marker)
+    listener.listen(1)
+    return [listener, segment]
+
+
+def main() -> None:
+    mode, marker, hidden, hold = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
+    held = write(marker) if mode == "write" else []
+    print(json.dumps({"mode": mode, **view(marker, hidden)}), flush=True)
+    time.sleep(hold)
+    del held
+
+
+if __name__ == "__main__":
+    main()
