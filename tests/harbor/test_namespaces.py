@@ -98,6 +98,38 @@ def test_hosts_share_nothing_through_the_kernel_and_hold_no_capability(place):
         assert seen["hostname"] == "vero-candidate" and seen["interfaces"] == ["lo"], seen
 
 
+def test_what_a_host_reads_leaves_no_access_time(place):
+    """Access times are state every uid can read and, on a `relatime` mount, any reader can set: a
+    host marking which shared files it read (the dependency cache, the image's files) would pass
+    bits to a later host. Inside a host every mount is `noatime`; outside, the same read moves the
+    time (the control: this filesystem does record reads)."""
+    root, trusted, python, toolchain = place
+    shared = root / "shared.txt"
+    shared.write_text("read me")
+    shared.chmod(0o644)
+
+    def age() -> float:
+        stat = shared.stat()
+        os.utime(shared, ns=(stat.st_mtime_ns - 10**11, stat.st_mtime_ns))  # read before the change
+        return shared.stat().st_atime
+
+    uid = CANDIDATE_UID_RANGE.stop - 4
+    scratch = root / "reader"
+    scratch.mkdir(mode=0o700)
+    os.chown(scratch, uid, uid)
+    namespaces = HostNamespaces(keep=(root, toolchain), hide=(trusted,))
+    before = age()
+    done = subprocess.run(
+        namespaces.command(python, uid, scratch, ["/bin/cat", str(shared)]),
+        capture_output=True, text=True, timeout=60, check=False, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "read me", done.stdout + done.stderr
+    assert shared.stat().st_atime == before
+    before = age()
+    subprocess.run(["cat", str(shared)], capture_output=True, timeout=60, check=True)
+    assert shared.stat().st_atime > before
+
+
 def test_the_launcher_refuses_to_open_without_cap_sys_admin(portable_toolchain):
     script = (
         "import asyncio, sys; from pathlib import Path\n"

@@ -27,7 +27,12 @@ FAILED = 125
 """Exit status when the host's namespaces could not be made."""
 
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND = 0x2, 0x4, 0x8, 0x1000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x1000
+_MS_REMOUNT, _MS_NOATIME = 0x20, 0x400
+_KEPT_FLAGS = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+"""Per-mount flags a remount keeps (statvfs's ST_RDONLY .. ST_NOEXEC have the same values)."""
+_NO_ATIME_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "mqueue", "devpts", "securityfs", "debugfs"})
+"""Pseudo filesystems: no file there keeps what a host read, so their mounts are left as they are."""
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -77,6 +82,50 @@ def _bind_back(kept: Mapping[str, int]) -> None:
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
             raise OSError(f"{path} is not the kept dir after binding it")
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: octal escapes (`\\040` for a space) decoded."""
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="surrogateescape")
+
+
+def _no_atime_everywhere(mountinfo: str = "/proc/self/mountinfo") -> None:
+    """Remount every mount of the host's view `noatime`, keeping its other per-mount flags.
+
+    A file's access time is state any uid can read (`stat`) and, on a `relatime` mount, any reader
+    can set (the first read after a change moves it): a host could mark which shared files (the
+    dependency cache, the interpreter, the image's files) it read, and a later host read the marks.
+    With `noatime` nothing a host reads changes an inode. (A candidate in a user namespace of its
+    own cannot undo it: the kernel locks the atime flags of the mounts it inherits.)
+
+    Raises:
+        OSError: a reachable mount still records access times afterwards.
+    """
+    with open(mountinfo) as handle:
+        lines = [line.split() for line in handle.read().splitlines()]
+    for fields in lines:
+        mount_id, target, fstype = fields[0], _unescape(fields[4]), fields[fields.index("-") + 1]
+        if fstype in _NO_ATIME_FS or not _reaches(target, mount_id):
+            continue  # a pseudo filesystem, or covered since by another mount: no path reaches it
+        flags = os.statvfs(target).f_flag
+        if flags & os.ST_NOATIME:
+            continue
+        _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_NOATIME | (flags & _KEPT_FLAGS))
+        if not os.statvfs(target).f_flag & os.ST_NOATIME:
+            raise OSError(f"{target} still records access times after its remount")
+
+
+def _reaches(path: str, mount_id: str) -> bool:
+    """Whether `path` leads to the mount `mount_id` (`/proc/self/fdinfo`'s `mnt_id`, Linux 3.15)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as info:
+            return any(line.split() == ["mnt_id:", mount_id] for line in info)
+    finally:
+        os.close(fd)
 
 
 def _loopback_up() -> None:
@@ -129,6 +178,7 @@ def confine(spec: Mapping) -> list[str]:
     os.chdir(spec["keep"][0])  # the scratch dir as bound, not the covered one
     if _is_real_dir("/dev/mqueue"):
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _no_atime_everywhere()
     socket.sethostname(HOSTNAME)
     try:
         _loopback_up()
