@@ -12,8 +12,9 @@ needs none of it (importing the modules here cost each host about 150 ms of CPU)
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from vero._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vero.harbor.command import INSTALL_AGENT_IMPORT_PATH, HarborCommand, build_command
@@ -48,15 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use (then cached in this module).
-
-    Raises:
-        AttributeError: `name` is not one of `__all__`.
-    """
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _MODULE_OF)

@@ -12,8 +12,9 @@ its modules: each public name loads its module on first use (PEP 562), so that a
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from vero._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vero.harbor.boundary.launcher import CandidateHostProcess, CandidateLauncher
@@ -28,15 +29,4 @@ _MODULE_OF = {
 __all__ = ["CANDIDATE_AGENT_IMPORT_PATH", "CandidateHostProcess", "CandidateLauncher"]
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use (then cached in this module).
-
-    Raises:
-        AttributeError: `name` is not one of `__all__`.
-    """
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _MODULE_OF)
