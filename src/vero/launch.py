@@ -403,6 +403,13 @@ def run_task(
         argv += ["-n", str(passed.n_concurrent)]
     if passed.n_attempts is not None:
         argv += ["-k", str(passed.n_attempts)]
+    env = prepared.env
+    access = _agent_access(spec, agent)
+    if access is not None:
+        # The agent's gateway: the token reaches main through Harbor's agent environment, its
+        # digest the sidecar; the provider keys stay in the sidecar (vero.inference.agent_access).
+        argv += access.harbor_args()
+        env = {**env, **access.harbor_env()}
     for key, value in where.trial_options.items():
         argv += ["--ek", f"{key}={json.dumps(value, sort_keys=True)}"]
     argv += list(passed.extra)
@@ -412,10 +419,19 @@ def run_task(
         raise SpecError.at("--jobs-dir", f"cannot create {jobs_dir}: {exc.strerror or type(exc).__name__}") from None
     try:
         # Harbor's own progress display streams to the terminal.
-        subprocess.run(argv, env=prepared.env, stdin=subprocess.DEVNULL, check=False)
+        subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False)
     except OSError as exc:
         raise InfrastructureFailure(f"could not start harbor ({type(exc).__name__})") from None
     return _read_outcome(jobs_dir / job_name, prepared.task_dir)
+
+
+def _agent_access(spec: OptimizationSpec, agent: str):
+    """The coding agent's gateway access for this run (`vero.inference.agent_access`), if any."""
+    from vero.compiler.build import SIDECAR_PORT
+    from vero.compiler.layout import SIDECAR_SERVICE
+    from vero.inference.agent_access import agent_access_for
+
+    return agent_access_for(spec.inference, f"http://{SIDECAR_SERVICE}:{SIDECAR_PORT}", agent)
 
 
 def _check_trial_options(environment: str, options: Mapping[str, Any]) -> None:

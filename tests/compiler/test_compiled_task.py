@@ -350,3 +350,42 @@ def test_agent_target_compiles_with_its_import_path(tmp_path):
     assert "git apply" not in solve and "cp -R" not in solve and "git commit" not in solve
     assert "vero harbor eval --partition train --wait" in solve and "vero harbor submit" in solve
     assert not layout.reference_dir.exists() and not layout.reference_patch_path.exists()
+
+
+def _with_agent_inference(spec: dict, *, agent_models: list[str], limit: float | None = 0.1) -> None:
+    spec["secrets"] = [SECRET_NAME]
+    spec["agent_access"]["train"]["total_inference_usd"] = 1.0
+    spec["inference"] = {
+        "providers": {"p": {"api": "anthropic", "base_url": "https://example.invalid", "api_key_secret": SECRET_NAME}},
+        "models": {"m": {"provider": "p", "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}},
+        "agent": {"models": agent_models, "total_usd": 2.0},
+        **({"evaluation_limit_usd": limit} if limit is not None else {}),
+    }
+
+
+def test_the_agent_scope_gives_the_sidecar_the_token_digest_by_name_and_main_nothing(tmp_path):
+    tree = make_spec_tree(tmp_path / "spec", lambda d: _with_agent_inference(d, agent_models=["m"]))
+    result = compile_task(tree.path, tmp_path / "task", env={SECRET_NAME: SECRET_VALUE})
+    compose = _compose(TaskLayout(result.task_dir).compose_path)
+    name = "VERO_AGENT_INFERENCE_TOKEN_SHA256"
+    assert compose["services"]["eval-sidecar"]["environment"][name] == "${" + name + ":-}"
+    assert name not in compose["services"]["main"]["environment"]
+    assert compose["services"]["main"]["environment"][SECRET_NAME] == ""  # the key: blank in main
+    served = load_config(TaskLayout(result.task_dir).sidecar.config_path, SidecarConfig)
+    assert served.inference is not None and served.inference.agent is not None
+    assert served.inference.agent.models == ["m"] and served.inference.agent.total_usd == 2.0
+    assert not any("evaluation_limit_usd" in w for w in result.warnings)
+
+
+def test_agent_models_must_be_allow_listed_and_a_missing_evaluation_limit_is_warned(tmp_path):
+    tree = make_spec_tree(tmp_path / "bad", lambda d: _with_agent_inference(d, agent_models=["m", "other"]))
+    with pytest.raises(SpecError) as refused:
+        compile_task(tree.path, tmp_path / "bad-task", env={SECRET_NAME: SECRET_VALUE})
+    assert [(i.loc, i.message) for i in refused.value.issues] == [
+        ("inference.agent.models[1]", "'other' is not in inference.models")
+    ]
+    tree = make_spec_tree(tmp_path / "nolimit", lambda d: _with_agent_inference(d, agent_models=["m"], limit=None))
+    result = compile_task(tree.path, tmp_path / "task", env={SECRET_NAME: SECRET_VALUE})
+    assert any(
+        w.startswith("inference.evaluation_limit_usd is not set: an evaluation of train") for w in result.warnings
+    )

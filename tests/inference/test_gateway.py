@@ -581,3 +581,94 @@ def test_a_provider_nobody_can_connect_to_is_counted_unreachable_and_logged(capl
     assert usage.unreachable_failure() is not None
     assert "ConnectError: ECONNREFUSED" in caplog.text
     assert KEY_OPENAI not in caplog.text and "127.0.0.1" not in caplog.text
+
+
+class _Journal:
+    """A `CallJournal` recording what the gateway tells it; `fail` makes `opened` raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.events: list[tuple[str, str, int]] = []
+
+    async def opened(self, call_id: str, held_micro_usd: int) -> None:
+        if self.fail:
+            raise OSError("disk full")
+        self.events.append(("opened", call_id, held_micro_usd))
+
+    def closed(self, call_id: str, charged_micro_usd: int) -> None:
+        self.events.append(("closed", call_id, charged_micro_usd))
+
+
+def test_the_agent_scope_is_its_own_listener_models_and_pool_and_journals_each_call(upstream):
+    import hashlib
+
+    from vero.inference.gateway import create_gateway_app
+
+    agent_token = "vero-ag-unit-test-token"
+    journal = _Journal()
+
+    async def body(gateway, client):
+        with pytest.raises(ValueError, match="64 hex digits"):
+            gateway.grant_agent("not-a-digest", ["fake-ok"], limit_micro_usd=1)
+        with pytest.raises(ValueError, match="not allow-listed: nope"):
+            gateway.grant_agent("0" * 64, ["nope"], limit_micro_usd=1)
+        # Room for one call and not quite a second: what is left after it is short of its bound by 1.
+        limit = (
+            hold_of(gateway, chat("claude-fake", max_tokens=10), "anthropic", "/messages") + to_micro_usd(CALL_USD) - 1
+        )
+        agent = gateway.grant_agent(
+            hashlib.sha256(agent_token.encode()).hexdigest(), ["claude-fake"], limit_micro_usd=limit, journal=journal
+        )
+        eval_token, eval_grant = gateway.grant("ev-1", "train", limit_micro_usd=to_micro_usd(1.0))
+        gateway.bind_host(eval_token, os.getuid())
+        transport = httpx.ASGITransport(app=create_gateway_app(gateway, scope="agent"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as agent_client:
+            mine = {"x-api-key": agent_token}
+            ok = await agent_client.post(
+                "/anthropic/v1/messages", json=chat("claude-fake", max_tokens=10), headers=mine
+            )
+            # Off the agent's list (though on the allow-list): 403 before the provider.
+            off = await agent_client.post("/openai/v1/chat/completions", json=chat("fake-ok"), headers=mine)
+            # The evaluation's token on the agent's listener: 401, counted on that evaluation.
+            crossed = await agent_client.post(
+                "/anthropic/v1/messages", json=chat("claude-fake"), headers={"x-api-key": eval_token}
+            )
+            spent = await agent_client.post(
+                "/anthropic/v1/messages", json=chat("claude-fake", max_tokens=10), headers=mine
+            )
+        # The agent's token on the candidates' listener (even from a bound host's uid): 401.
+        on_candidates = await client.post("/anthropic/v1/messages", json=chat("claude-fake"), headers=mine)
+        return ok, off, crossed, spent, on_candidates, agent, eval_grant
+
+    ok, off, crossed, spent, on_candidates, agent, eval_grant = run(with_gateway(upstream.url, body))
+    assert ok.status_code == 200 and off.status_code == 403 and crossed.status_code == 401
+    assert on_candidates.status_code == 401
+    assert eval_grant.usage.refused_calls == {"foreign_token": 1}
+    assert spent.status_code == 402 and spent.json()["type"] == "error"
+    assert "coding agent's inference budget" in spent.json()["error"]["message"]
+    assert agent.usage.calls == 1 and agent.usage.refused_calls == {"model_not_allowed": 1, "over_budget": 1}
+    (opened, closed) = journal.events
+    assert opened[0] == "opened" and closed[:2] == ("closed", opened[1])
+    assert opened[2] > closed[2] == to_micro_usd(CALL_USD)  # held the bound, charged the usage
+    assert len(upstream.requests) == 1
+
+
+def test_a_call_the_journal_cannot_record_is_not_forwarded(upstream):
+    import hashlib
+
+    from vero.inference.gateway import create_gateway_app
+
+    async def body(gateway, client):
+        grant = gateway.grant_agent(
+            hashlib.sha256(b"vero-ag-x").hexdigest(), ["fake-ok"], limit_micro_usd=10**6, journal=_Journal(fail=True)
+        )
+        transport = httpx.ASGITransport(app=create_gateway_app(gateway, scope="agent"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as agent_client:
+            answer = await agent_client.post(
+                "/openai/v1/chat/completions", json=chat("fake-ok"), headers={"authorization": "Bearer vero-ag-x"}
+            )
+        return answer, grant
+
+    answer, grant = run(with_gateway(upstream.url, body))
+    assert answer.status_code == 503 and upstream.requests == []
+    assert grant.pools[0].held == 0 and grant.pools[0].spent == 0 and not grant.open_calls

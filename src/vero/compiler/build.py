@@ -42,6 +42,7 @@ from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases
 from vero.spec.compiled import (
+    AGENT_TOKEN_DIGEST_ENV,
     AGENT_UID,
     CONTAINER_PATHS,
     SIDECAR_MCP_PATH,
@@ -275,6 +276,23 @@ def _reference_warnings(spec: OptimizationSpec) -> list[str]:
     ]
 
 
+def _inference_warnings(spec: OptimizationSpec) -> list[str]:
+    """Candidate inference without `evaluation_limit_usd`: each evaluation reserves all that is left
+    of its partition's money, so evaluations of that partition cannot run at once."""
+    inference = spec.inference
+    if inference is None or inference.evaluation_limit_usd is not None:
+        return []
+    metered = sorted(name for name, access in spec.agent_access.items() if access.total_inference_usd > 0)
+    if not metered:
+        return []
+    return [
+        "inference.evaluation_limit_usd is not set: an evaluation of "
+        + ", ".join(metered)
+        + " reserves all that is left of its partition's total_inference_usd, so a second one waits "
+        "(or gets nothing) until it ends; set a per-evaluation limit"
+    ]
+
+
 def compile_task(
     spec: OptimizationSpec | str | Path,
     output: str | Path,
@@ -340,6 +358,7 @@ def compile_task(
                 *secret_warnings(spec, case_dirs, scopes),
                 *agent_user_warnings(spec, case_dirs, scopes),
                 *_reference_warnings(spec),
+                *_inference_warnings(spec),
             ]
 
             spec_digest = digest_json(
@@ -594,6 +613,7 @@ def _render_files(
         wheel=wheel_filename,
         secrets=secrets,
         settings=spec.environment_settings(),
+        agent_token_digest_env=AGENT_TOKEN_DIGEST_ENV if spec.inference and spec.inference.agent else None,
         sidecar_url=sidecar_url,
         mcp_url=sidecar_url + SIDECAR_MCP_PATH,
         mcp_server_name=MCP_SERVER_NAME,

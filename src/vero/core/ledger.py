@@ -50,6 +50,7 @@ from vero.core.state import StateStore, iso
 from vero.errors import BudgetExhausted, PolicyDenied, ReservationConflict, UnknownReservation
 
 __all__ = [
+    "AGENT_INFERENCE_PARTITION",
     "RESOURCES",
     "BudgetBalance",
     "BudgetFigures",
@@ -61,6 +62,9 @@ __all__ = [
     "check_ledger_invariants",
 ]
 
+AGENT_INFERENCE_PARTITION = "@agent"
+"""The ledger entry of the coding agent's own model calls (`inference.agent`; one reservation per
+call, `vero.sidecar.agent_inference`): not a partition name (those start with a letter or digit)."""
 RESOURCES: tuple[str, ...] = ("runs", "cases", "inference_micro_usd")
 """The budget's named resources, in the order a reservation checks them (runs first)."""
 UP_TO_RESOURCES: frozenset[str] = frozenset({"inference_micro_usd"})

@@ -57,9 +57,9 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 from fastapi import FastAPI, Request
@@ -75,7 +75,9 @@ if TYPE_CHECKING:
     import uvicorn
 
 __all__ = [
+    "AGENT_TOKEN_PREFIX",
     "BudgetPool",
+    "CallJournal",
     "GatewayServer",
     "InferenceGateway",
     "InferenceGrant",
@@ -86,6 +88,15 @@ __all__ = [
 logger = logging.getLogger("vero.inference")
 
 Api = Literal["openai", "anthropic"]
+Scope = Literal["evaluation", "agent"]
+"""Whose calls a grant pays for: one evaluation's candidate, or the coding agent in `main` (its
+producer scope, served on the sidecar's API at `/inference`). A token works only on the listener
+of its own scope."""
+
+AGENT_TOKEN_PREFIX = "vero-ag-"
+"""Prefix of a coding agent's token (`vero.launch` mints it); evaluation tokens are `vero-ev-...`."""
+_OFFLOOP_PARSE_BYTES = 256 * 1024
+"""Bodies larger than this are parsed and bounded in a worker thread, not on the event loop."""
 
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 DRAIN_LIMIT_BYTES = 128 * 1024 * 1024
@@ -121,8 +132,29 @@ def _min_available(pools: list[BudgetPool]) -> int | None:
     return min(values) if values else None
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """A call refused before any money was held: the `refused_calls` reason and the answer."""
+
+    reason: str
+    response: Response
+
+
 class _TooManyWaiting(Exception):
     """Raised by `InferenceGateway._hold` when an evaluation has too many calls waiting."""
+
+
+class CallJournal(Protocol):
+    """Where a grant's calls are also recorded durably (the coding agent's scope: the sidecar's
+    budget ledger, `vero.sidecar.agent_inference`): each forwarded call once when its hold is
+    taken, and once when it is settled."""
+
+    async def opened(self, call_id: str, held_micro_usd: int) -> None:
+        """Record the hold before the call is forwarded; raising refuses the call (503)."""
+
+    def closed(self, call_id: str, charged_micro_usd: int) -> None:
+        """Record what the call was charged (0: released). Called on the event loop, without
+        awaiting: the write must complete on its own."""
 
 
 @dataclass(eq=False)
@@ -131,6 +163,7 @@ class _Call:
 
     route: _Route
     bound: CallBound
+    id: str = field(default_factory=lambda: "ic-" + secrets.token_hex(8))
     done: bool = False
     started_at: float = field(default_factory=time.monotonic)
     """When the call was forwarded (`time.monotonic`, the event loop's clock): its `timeout_sec` counts from here."""
@@ -151,6 +184,10 @@ class InferenceGrant:
     the local callers the token works for."""
     waiting_calls: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    scope: Scope = "evaluation"
+    models: frozenset[str] | None = None
+    """The model names this grant may call (None: the whole allow-list)."""
+    journal: CallJournal | None = None
 
     def hold(self, bound_micro_usd: int) -> bool:
         """Hold all of `bound` against every pool, or nothing (False: not free now)."""
@@ -356,6 +393,41 @@ class InferenceGateway:
         self._grants[_digest(token)] = grant
         return token, grant
 
+    def grant_agent(
+        self,
+        token_sha256: str,
+        models: Iterable[str],
+        *,
+        limit_micro_usd: int,
+        journal: CallJournal | None = None,
+    ) -> InferenceGrant:
+        """Open the coding agent's scope: calls with the token whose SHA-256 (hex) is
+        `token_sha256` may call `models` (names of the allow-list) for `limit_micro_usd` in all,
+        on the agent listener only (`create_gateway_app(..., scope="agent")`). The token itself is
+        never given to the gateway: `vero harbor run` minted it and gave it to `main` alone.
+
+        Raises:
+            ValueError: `token_sha256` is not 64 hex digits, or a model is not allow-listed.
+        """
+        digest = token_sha256.strip().lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError("the agent token's digest must be 64 hex digits (SHA-256)")
+        allowed = frozenset(models)
+        unknown = sorted(allowed - set(self._routes))
+        if unknown:
+            raise ValueError(f"inference.agent.models: not allow-listed: {', '.join(unknown)}")
+        grant = InferenceGrant(
+            evaluation_id="agent",
+            partition="",
+            pools=[BudgetPool(limit_micro_usd)],
+            scope="agent",
+            models=allowed,
+            journal=journal,
+        )
+        grant.idle.set()
+        self._grants[digest] = grant
+        return grant
+
     async def revoke(self, token: str) -> InferenceUsage:
         """Close the token (further calls: 401), wait briefly for calls in flight, return the usage."""
         grant = self._grants.get(_digest(token))
@@ -422,6 +494,12 @@ class InferenceGateway:
         grant = self._grants.get(_digest(token))
         if grant is None or grant.closed:
             return None
+        scope: Scope = "agent" if getattr(request.app.state, "scope", None) == "agent" else "evaluation"
+        if not self._in_scope(grant, scope):
+            return None
+        if scope == "agent":
+            # Served on the sidecar's API, behind its guard: only `main` reaches it.
+            return grant
         only = getattr(request.app.state, "evaluation_id", None)
         if only is not None and grant.evaluation_id != only:
             self._misused(grant, f"on the case route of evaluation {only}", self._grant_of(only))
@@ -439,6 +517,18 @@ class InferenceGateway:
             return grant
         self._misused(grant, "from outside its case route", self._grant_of(only) if only is not None else None)
         return None
+
+    def _in_scope(self, grant: InferenceGrant, scope: Scope) -> bool:
+        """Whether `grant` may be used on a listener of `scope`. An agent token on a candidate's
+        listener, or an evaluation token on the agent's, is refused and logged (the latter counted
+        `foreign_token` on its evaluation): each works only where its own scope is served."""
+        if grant.scope == scope:
+            return True
+        whose = "an evaluation's token" if grant.scope == "evaluation" else "the coding agent's token"
+        logger.warning("%s was used on the %s gateway: refused", whose, scope)
+        if grant.scope == "evaluation":
+            self._refuse(grant, "foreign_token")
+        return False
 
     def _grant_of(self, evaluation_id: str) -> InferenceGrant | None:
         found = [g for g in self._grants.values() if g.evaluation_id == evaluation_id and not g.closed]
@@ -462,12 +552,14 @@ class InferenceGateway:
             grant.usage.refused_calls[reason] = grant.usage.refused_calls.get(reason, 0) + 1
 
     def models_response(self, request: Request) -> Response:
+        """`GET /openai/v1/models`: the OpenAI models the token may call (401 without a valid one)."""
         if self._authorize(request) is None:
             return _error("openai", 401, "invalid_api_key", "a valid evaluation token is required")
+        grant = self._authorize(request)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "vero-gateway"}
             for name, route in sorted(self._routes.items())
-            if route.provider.api == "openai"
+            if route.provider.api == "openai" and (grant is None or grant.models is None or name in grant.models)
         ]
         return JSONResponse({"object": "list", "data": data})
 
@@ -477,9 +569,13 @@ class InferenceGateway:
         grant = self._authorize(request)
         if grant is None:
             return _unauthorized(api)
-        admitted = self._admit(grant, body, api, path)
-        if isinstance(admitted, Response):
-            return admitted
+        if body is not None and len(body) > _OFFLOOP_PARSE_BYTES:
+            admitted = await asyncio.to_thread(self._admit, grant.models, body, api, path)
+        else:
+            admitted = self._admit(grant.models, body, api, path)
+        if isinstance(admitted, _Refused):
+            self._refuse(grant, admitted.reason)  # on the loop: usage is only changed here
+            return admitted.response
         route, bound = admitted
         refusal = await self._hold_or_refuse(grant, bound, api)
         if refusal is not None:
@@ -487,6 +583,8 @@ class InferenceGateway:
         call = _Call(route, bound)
         grant.open_calls.add(call)
         grant.idle.clear()
+        if grant.journal is not None and not await self._journal_opened(grant, call):
+            return _error(api, 503, "unavailable", "the gateway could not record the call; nothing was sent")
         try:
             return await self._forward(grant, call, request, api, path)
         except BaseException:
@@ -495,35 +593,49 @@ class InferenceGateway:
             self._meter(grant, call, _Count())
             raise
 
+    async def _journal_opened(self, grant: InferenceGrant, call: _Call) -> bool:
+        """Record `call`'s hold in the grant's journal; False (hold released) when it cannot be."""
+        assert grant.journal is not None
+        try:
+            await grant.journal.opened(call.id, call.bound.micro_usd)
+        except Exception as exc:  # noqa: BLE001 - nothing was recorded: released here, not in the journal
+            if self._close_call(grant, call):
+                grant.release(call.bound.micro_usd)
+                self._budget_freed()
+            logger.error("%s: recording an inference call failed (%s)", grant.evaluation_id, type(exc).__name__)
+            return False
+        except BaseException:  # cancelled once recorded (the store completes its commits): closed at 0
+            self._end_call(grant, call)
+            raise
+        return True
+
     def _admit(
-        self, grant: InferenceGrant, body: bytes | None, api: Api, path: str
-    ) -> Response | tuple[_Route, CallBound]:
-        """Size, JSON, allow-list and bound checks: the route, the body to forward and its bound
-        (`vero.inference.bounds`), or the refusal."""
+        self, models: frozenset[str] | None, body: bytes | None, api: Api, path: str
+    ) -> _Refused | tuple[_Route, CallBound]:
+        """Size, JSON, allow-list (`models`: the grant's, None for all) and bound checks: the route,
+        the body to forward and its bound (`vero.inference.bounds`), or the refusal. Changes no
+        state (it may run in a worker thread)."""
         if body is None:
-            self._refuse(grant, "too_large")
-            return _error(api, 413, "request_too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            return _Refused(
+                "too_large", _error(api, 413, "request_too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            )
         try:
             payload = json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            self._refuse(grant, "bad_request")
-            return _error(api, 400, "invalid_request_error", "expected a JSON object with a `model`")
-        route = self._routes.get(payload["model"])
-        if route is None or route.provider.api != api:
-            self._refuse(grant, "model_not_allowed")
-            return _error(
-                api,
-                403,
-                "permission_error" if api == "anthropic" else "model_not_allowed",
-                "this model is not on the evaluation's allow-list",
+            return _Refused(
+                "bad_request", _error(api, 400, "invalid_request_error", "expected a JSON object with a `model`")
             )
+        route = self._routes.get(payload["model"])
+        if route is None or route.provider.api != api or (models is not None and route.name not in models):
+            kind = "permission_error" if api == "anthropic" else "model_not_allowed"
+            return _Refused("model_not_allowed", _error(api, 403, kind, "this model is not on the allow-list"))
         try:
             bound = self.bound_of(payload, api, path)
         except Unbounded as exc:
-            self._refuse(grant, "unbounded_request")
-            return _error(api, 400, "invalid_request_error", f"the gateway cannot bound this call's cost: {exc}")
+            message = f"the gateway cannot bound this call's cost: {exc}"
+            return _Refused("unbounded_request", _error(api, 400, "invalid_request_error", message))
         return route, bound
 
     def bound_of(self, payload: dict[str, Any], api: Api, path: str) -> CallBound:
@@ -559,9 +671,10 @@ class InferenceGateway:
             return None
         if outcome == "closed":
             return _unauthorized(api)
+        whose = "the coding agent's" if grant.scope == "agent" else "the evaluation's"
         if outcome == "spent":
             self._refuse(grant, "budget_exhausted")
-            return _error(api, 402, "budget_exhausted", "the evaluation's inference budget is exhausted")
+            return _error(api, 402, "budget_exhausted", f"{whose} inference budget is exhausted")
         self._refuse(grant, "over_budget")
         left = min(p.unspent for p in grant.pools if p.unspent is not None)
         return _error(
@@ -569,8 +682,8 @@ class InferenceGateway:
             402,
             "budget_exhausted",
             f"this call could cost up to {bound.micro_usd / 1e6:.6f} USD ({bound.input_tokens} input tokens "
-            f"from its size, {bound.output_tokens} output tokens from its limit) and the inference budget "
-            f"has {left / 1e6:.6f} USD left: ask for fewer output tokens or send less",
+            f"from its size, {bound.output_tokens} output tokens from its limit) and {whose} inference "
+            f"budget has {left / 1e6:.6f} USD left: ask for fewer output tokens or send less",
         )
 
     async def _forward(self, grant: InferenceGrant, call: _Call, request: Request, api: Api, path: str) -> Response:
@@ -754,6 +867,12 @@ class InferenceGateway:
         if self._close_call(grant, call):
             grant.release(call.bound.micro_usd)
             self._budget_freed()
+            self._journal_closed(grant, call, 0)
+
+    @staticmethod
+    def _journal_closed(grant: InferenceGrant, call: _Call, charged_micro_usd: int) -> None:
+        if grant.journal is not None:
+            grant.journal.closed(call.id, charged_micro_usd)
 
     def _lost(self, grant: InferenceGrant, call: _Call) -> None:
         """The provider took the call and gave no answer (timed out, broke off): charged its hold,
@@ -768,6 +887,7 @@ class InferenceGateway:
         if self._close_call(grant, call):
             grant.release(call.bound.micro_usd)
             self._budget_freed()
+            self._journal_closed(grant, call, 0)
             grant.usage.failed_calls += 1
             if unreachable:
                 grant.usage.unreachable_calls += 1
@@ -786,6 +906,7 @@ class InferenceGateway:
             cost = held / 1_000_000
         charged = grant.settle(held, cost_micro)
         self._budget_freed()
+        self._journal_closed(grant, call, charged)
         usage.calls += 1
         usage.input_tokens += count.input_tokens
         usage.cached_input_tokens += count.cached_tokens + count.cache_write_tokens
@@ -903,15 +1024,20 @@ def create_gateway_app(
     gateway: InferenceGateway,
     evaluation_id: str | None = None,
     remote_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+    *,
+    scope: Scope = "evaluation",
 ) -> FastAPI:
     """The gateway's FastAPI app (no docs routes: it serves candidates, not people).
 
     With `evaluation_id`, the app accepts only that evaluation's token (any other: 401): the
     listener a case network reaches (`vero.inference.case_route`) serves one evaluation only, to
     callers from `remote_network` (that network) or its own bound candidate hosts. Without it, only
-    bound candidate hosts in this network namespace are served."""
+    bound candidate hosts in this network namespace are served. With `scope="agent"` the app
+    serves the coding agent's token only (`InferenceGateway.grant_agent`), whoever calls: it is
+    mounted in the sidecar's API, whose guard lets only `main` in."""
     app = FastAPI(title="vero inference gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.state.scope = scope
     app.state.evaluation_id = evaluation_id
     app.state.remote_network = remote_network
 

@@ -13,6 +13,7 @@ and stops it (unfinished jobs failed `interrupted` and refunded). Nothing is mod
 | `GET /evaluations/{id}` | agent | `JobView`; 502 when the job failed for infrastructure reasons |
 | `POST /submissions` | agent | 201 (recorded) / 200 (unchanged) + `SubmissionView` |
 | `POST /mcp` | agent | the agent routes as MCP tools |
+| `/inference/openai/v1/...`, `/inference/anthropic/v1/messages` | agent | its own model calls (`inference.agent`) |
 | `POST /admin/seal`, `GET /admin/export` | admin (bearer token) | seal, full records |
 """
 
@@ -34,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vero import __version__
 from vero.harbor.process import RUNNER_USER, runner_identity
+from vero.sidecar.agent_inference import AGENT_INFERENCE_PATH, AgentInferenceMount
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.paths import SidecarPaths
@@ -162,12 +164,14 @@ class BodyLimitMiddleware:
     client reads a problem body rather than a connection reset.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt_prefix: str | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt_prefix = exempt_prefix
+        """Paths under it keep their own limit (the agent's gateway: model requests are larger)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.exempt_prefix and scope["path"].startswith(self.exempt_prefix)):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):
@@ -247,7 +251,9 @@ def create_app(
         app.include_router(router)
     mcp = SidecarMCP(app)
     app.router.routes.append(Route(MCP_PATH, endpoint=mcp, methods=["POST"]))
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    # The coding agent's gateway (`inference.agent`): its own body limit, the gateway's.
+    app.mount(AGENT_INFERENCE_PATH, AgentInferenceMount(service.runner))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes, exempt_prefix=AGENT_INFERENCE_PATH + "/")
     if refuse_local_agent_calls:
         app.add_middleware(LocalCallerGuard, agent_uid=agent_uid)
     return app

@@ -72,6 +72,15 @@ class BudgetView(_Wire):
     )
 
 
+class AgentInferenceView(_Wire):
+    """The coding agent's own model calls through the sidecar's gateway (`inference.agent`)."""
+
+    total_usd: float = Field(description="Most the agent's calls may cost in the whole session (US dollars).")
+    spent_usd: float = Field(description="What its finished calls were charged.")
+    remaining_usd: float = Field(description="What is left (calls in flight hold their whole bound).")
+    calls: int = Field(description="Calls forwarded to a provider so far.")
+
+
 class LadderView(_Wire):
     """Ladder disclosure (Blum & Hardt 2015) of an `aggregate` partition."""
 
@@ -248,6 +257,11 @@ class StatusResponse(_Wire):
         )
     )
     submission: SubmissionView | None = Field(default=None, description="The current submission, if any.")
+    agent_inference: AgentInferenceView | None = Field(
+        default=None,
+        description="The agent's own model calls through the sidecar (with `inference.agent`, unless "
+        "budgets are hidden).",
+    )
 
 
 class EvaluationPage(_Wire):

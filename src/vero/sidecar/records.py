@@ -35,6 +35,7 @@ from vero.core.storage import is_out_of_space, read_model
 from vero.core.submission import Submission, read_submission
 from vero.errors import CASE_PROBLEM_CODES, GitFailed, RequestInvalid, SpecError, StorageFull
 from vero.inference.pricing import to_micro_usd
+from vero.sidecar.agent_inference import agent_budget_totals, agent_scope
 from vero.sidecar.intake import IntakeState
 from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.seal import SealState
@@ -97,7 +98,9 @@ class SessionRecords:
 
 
 def _budget_totals(config: SidecarConfig, principal: str) -> dict[tuple[str, str], BudgetTotals]:
-    return {
+    """The configured ledger entries: each agent-accessible partition's, and the coding agent's
+    own inference money with `inference.agent` (`vero.sidecar.agent_inference`)."""
+    totals = {
         (partition, principal): BudgetTotals(
             runs=access.total_runs,
             cases=access.total_cases,
@@ -105,6 +108,7 @@ def _budget_totals(config: SidecarConfig, principal: str) -> dict[tuple[str, str
         )
         for partition, access in config.agent_access.items()
     }
+    return totals | agent_budget_totals(agent_scope(config), principal)
 
 
 def _rebuilt_quarantine(jobs: JobStore) -> Quarantine:

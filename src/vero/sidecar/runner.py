@@ -48,6 +48,7 @@ from vero.core.run import (
 from vero.core.storage import remove_tree
 from vero.errors import CaseMisconfigured, Conflict, InfrastructureFailure
 from vero.harbor.process import finish_uncancellable, runner_identity
+from vero.sidecar.agent_inference import AGENT_TOKEN_DIGEST_ENV, LedgerCallJournal, agent_scope, open_agent_scope
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
 from vero.sidecar.disclosure import covers_granted_cases
 from vero.sidecar.gate import PartitionGate
@@ -178,6 +179,9 @@ class JobRunner:
         self.runtime = EvaluationRuntime()
         """Each job's lease of the gateway and the case routes (`serve_gateway`)."""
         self.gateway: InferenceGateway | None = None
+        self.agent_inference_app: Any = None
+        """The gateway's app of the coding agent's scope, once open (`vero.sidecar.agent_inference`)."""
+        self._agent_journal: LedgerCallJournal | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
         self._slots: asyncio.Queue[int] | None = None
@@ -231,9 +235,15 @@ class JobRunner:
         self._ladder_lock = asyncio.Lock()
         self._gate = PartitionGate()
 
-    async def serve_gateway(self, resources: contextlib.AsyncExitStack, host: str) -> None:
+    async def serve_gateway(self, resources: contextlib.AsyncExitStack, host: str, principal: str) -> None:
         """Serve the inference gateway on `host` until `resources` closes; each job's token spends
-        its own reservation of the ledger's `inference_micro_usd` (`NestedRun.inference_budget_micro_usd`)."""
+        its own reservation of the ledger's `inference_micro_usd` (`NestedRun.inference_budget_micro_usd`).
+        With `inference.agent`, the coding agent's scope (`principal`'s ledger entry) opens on the
+        same gateway (`agent_inference_app`).
+
+        Raises:
+            ValueError: the agent token's digest is malformed.
+        """
         from vero.harbor.case_route import case_router_for
         from vero.inference.gateway import GatewayServer, InferenceGateway
 
@@ -254,6 +264,25 @@ class JobRunner:
             self.records.state.session_id,
         )
         self.runtime = EvaluationRuntime(gateway, router, self.config.inference.evaluation_limit_usd)
+        self._open_agent_scope(gateway, principal)
+
+    def _open_agent_scope(self, gateway: InferenceGateway, principal: str) -> None:
+        agent = agent_scope(self.config)
+        if agent is None:
+            return
+        from vero.inference.gateway import create_gateway_app
+
+        token_sha256 = os.environ.get(AGENT_TOKEN_DIGEST_ENV)
+        self._agent_journal = open_agent_scope(gateway, agent, self.records.ledger, principal, token_sha256)
+        if self._agent_journal is not None:
+            self.agent_inference_app = create_gateway_app(gateway, scope="agent")
+
+    async def settle_agent_calls(self, *, until_idle: bool = True) -> None:
+        """Wait for the settlements of the coding agent's calls: every one, including those that
+        end meanwhile (`until_idle`: the seal exports the ledger after this), or those pending now
+        (a `/status` read after a call's answer sees its charge). Nothing without the agent's scope."""
+        if self._agent_journal is not None:
+            await (self._agent_journal.drain() if until_idle else self._agent_journal.written())
 
     async def remove_leftovers(self) -> None:
         """Remove whatever nested runs of this session left behind (containers, networks, volumes,

@@ -43,6 +43,7 @@ from vero.errors import (
     SubmissionsClosed,
 )
 from vero.inference.pricing import to_micro_usd
+from vero.sidecar.agent_inference import settle_interrupted_agent_calls
 from vero.sidecar.artifacts import ArtifactLimits
 from vero.sidecar.auth import generate_admin_token
 from vero.sidecar.disclosure import case_problem, submission_view
@@ -176,6 +177,9 @@ class SidecarService:
         self.records = await asyncio.to_thread(open_records, self.config, self.paths, self.principal)
         self.entrance_open = self.records.sealed_at is None and self.records.intake is None
         await asyncio.to_thread(self.runner.open, self.records)
+        # Before jobs are recovered (which refunds open reservations no job owns): the agent's
+        # calls a stopped process left open stay charged their bound.
+        await settle_interrupted_agent_calls(self.records.ledger, self.principal)
         for job in await recover_interrupted(self.jobs):
             _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
         await self.runner.remove_leftovers()
@@ -183,7 +187,7 @@ class SidecarService:
             await asyncio.to_thread(import_baseline, self.config, self.paths, self.candidates)
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.paths.state_dir)
         if self.config.inference is not None:
-            await self.runner.serve_gateway(self._resources, self.gateway_host)
+            await self.runner.serve_gateway(self._resources, self.gateway_host, self.principal)
         closed = "closed: " + ("sealed" if self.records.sealed_at else "the agent phase is over")
         _logger.info("sidecar %s started (intake %s)", self.config.name, "open" if self.entrance_open else closed)
 
@@ -231,8 +235,10 @@ class SidecarService:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def status(self, principal: str) -> StatusResponse:
-        """`GET /status` for `principal`, in one read of the state store (`vero.sidecar.views.status_view`)."""
+    async def status(self, principal: str) -> StatusResponse:
+        """`GET /status` for `principal`, in one read of the state store (`vero.sidecar.views.status_view`),
+        after the coding agent's calls answered so far are settled in the ledger."""
+        await self.runner.settle_agent_calls(until_idle=False)
         open_now = self.entrance_open
         return self.records.state.read(
             lambda _conn: status_view(self.config, self.views, self.records, principal, entrance_open=open_now)
@@ -451,6 +457,7 @@ class SidecarService:
                 await asyncio.to_thread(atomic_write_model, self.paths.seal_path, SealState(sealed_at=sealed_at))
                 self.records.sealed_at = sealed_at
                 _logger.info("session sealed (%d job(s) cancelled and refunded)", n_cancelled)
+            await self.runner.settle_agent_calls()  # the agent's last calls settled before the export
             archive = Path(output_dir) / "session.tar.gz"
             digest = await write_sealed_archive(self.config, self.paths, self.records, archive)
             return SealResponse(

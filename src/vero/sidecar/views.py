@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from vero.core.jobs import EvaluationJob
 from vero.core.policy import AccessPolicy, DisclosureRule
 from vero.errors import CASE_PROBLEM_CODES, InfrastructureFailure, UnknownJob
+from vero.sidecar.agent_inference import agent_inference_view
 from vero.sidecar.disclosure import (
     broken_cases,
     budget_view,
@@ -164,4 +165,5 @@ def status_view(
         job_counts=counts,
         jobs=_newest_that_fit([views.summary(job) for job in recent.jobs]),
         submission=None if records.submission is None else submission_view(records.submission),
+        agent_inference=agent_inference_view(records.ledger, principal) if config.disclose_budget else None,
     )

@@ -29,7 +29,9 @@ from vero.spec.models import (
 )
 
 __all__ = [
+    "AGENT_INFERENCE_PATH",
     "AGENT_PRINCIPAL",
+    "AGENT_TOKEN_DIGEST_ENV",
     "AGENT_UID",
     "CONTAINER_PATHS",
     "SIDECAR_MCP_PATH",
@@ -51,6 +53,13 @@ namespace (`vero.sidecar.app.LocalCallerGuard`)."""
 
 AGENT_PRINCIPAL = "agent"
 """The principal name of the coding agent in `main` (budgets and policy are kept per principal)."""
+
+AGENT_INFERENCE_PATH = "/inference"
+"""Where the sidecar's API serves the coding agent's gateway (`inference.agent`):
+`<sidecar>/inference/openai/v1`, `<sidecar>/inference/anthropic`."""
+AGENT_TOKEN_DIGEST_ENV = "VERO_AGENT_INFERENCE_TOKEN_SHA256"
+"""The sidecar's variable holding the SHA-256 (hex) of the coding agent's gateway token, never the
+token (`vero harbor run` mints it and gives it to `main` alone)."""
 
 
 def canonical_json(value: Any) -> bytes:

@@ -21,6 +21,7 @@ from vero.spec.environments import environment_kind
 
 __all__ = [
     "NONE_TIMING_MARGIN_SEC",
+    "AgentInference",
     "AgentTarget",
     "CandidateLimits",
     "CandidateRuntime",
@@ -437,6 +438,18 @@ class InferenceModel(_Model):
     costs more than its hold is charged what is free and the rest recorded as `overrun_usd`."""
 
 
+class AgentInference(_Model):
+    """The coding agent's own model calls (the producer scope, docs/inference.md): which models it
+    may call through the sidecar's gateway, and the most they may cost altogether."""
+
+    models: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")]] = Field(min_length=1)
+    """Names in `inference.models` the coding agent may call (its own allow-list)."""
+    total_usd: float = Field(gt=0, allow_inf_nan=False)
+    """Most the coding agent's calls may cost over the whole run, in US dollars: a call whose bound
+    is more than what is left is refused with 402 before the provider is called. Kept in the
+    sidecar's budget ledger, so a restart does not reset it."""
+
+
 class InferenceSpec(_Model):
     """The inference gateway in the sidecar and the verifier (docs/trust-model.md).
 
@@ -467,6 +480,10 @@ class InferenceSpec(_Model):
     stream_idle_timeout_sec: float = Field(default=30.0, gt=0)
     """Longest a stream may send nothing (seconds); a stream that stalls longer is ended with an
     error event in its own format and charged its hold (the provider took the request)."""
+    agent: AgentInference | None = None
+    """The coding agent's producer scope: with it, `vero harbor run` gives `main` a token and the
+    sidecar's gateway URLs (`ANTHROPIC_BASE_URL`, `OPENAI_BASE_URL`) instead of any provider key,
+    and the agent's calls are metered and capped at `total_usd`. None: the agent gets no gateway."""
 
 
 class ImagesSpec(_Model):

@@ -17,7 +17,7 @@ from vero.errors import SpecError, SpecIssue
 from vero.spec.blocks import resolve_blocks
 from vero.spec.cases import discover_cases, read_partition_file
 from vero.spec.environments import HARBOR_SERIES, SUPPORTED, environment_kind, uses_compose
-from vero.spec.models import NAME_PATTERN, AgentTarget, OptimizationSpec, TargetPartition
+from vero.spec.models import NAME_PATTERN, AgentTarget, InferenceSpec, OptimizationSpec, TargetPartition
 
 __all__ = ["check_build_secrets", "check_spec"]
 
@@ -333,6 +333,7 @@ def _check_inference(spec: OptimizationSpec, add: Add) -> None:
                 f"inference.providers.{name}.api_key_secret",
                 f"{provider.api_key_secret} must be listed in `secrets` (the gateway reads it by name)",
             )
+    _check_agent_inference(inference, add)
     for name, model in inference.models.items():
         if model.provider not in inference.providers:
             add(f"inference.models.{name}.provider", f"unknown provider {model.provider!r}")
@@ -344,6 +345,14 @@ def _check_inference(spec: OptimizationSpec, add: Add) -> None:
                 "not in LiteLLM's model cost map: give input_cost_per_token and "
                 "output_cost_per_token (US dollars per token)",
             )
+
+
+def _check_agent_inference(inference: InferenceSpec, add: Add) -> None:
+    """The coding agent's models are on the allow-list."""
+    if inference.agent is not None:
+        for index, name in enumerate(inference.agent.models):
+            if name not in inference.models:
+                add(f"inference.agent.models[{index}]", f"{name!r} is not in inference.models")
 
 
 def check_build_secrets(spec: OptimizationSpec, env: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import CaseProblem
+from vero.core.ledger import AGENT_INFERENCE_PARTITION
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.core.usage import InferenceUsage
@@ -104,6 +105,38 @@ class BaselineInfo(_Model):
     as the shipped candidate), as the target's own score is computed; None when none."""
 
 
+class AgentInferenceSpend(_Model):
+    """The coding agent's own model calls through the sidecar (`inference.agent`), from the
+    sealed ledger: one reservation per call, settled at what it was charged."""
+
+    total_usd: float
+    """The cap, `inference.agent.total_usd`."""
+    spent_usd: float
+    """What its calls were charged (calls a restart interrupted: their whole bound)."""
+    calls: int
+    """Calls forwarded to a provider."""
+    interrupted_calls: int = 0
+    """Of `calls`, those a sidecar restart cut off (charged their bound)."""
+
+
+def agent_inference_spend(session: Session) -> AgentInferenceSpend | None:
+    """`Finalization.agent_inference` of a session (None: the agent had no gateway)."""
+    money = [
+        b
+        for b in session.state.budgets
+        if b.partition == AGENT_INFERENCE_PARTITION and b.resource == "inference_micro_usd"
+    ]
+    if not money:
+        return None
+    calls = [r for r in session.state.reservations if r.partition == AGENT_INFERENCE_PARTITION]
+    return AgentInferenceSpend(
+        total_usd=sum(b.total for b in money) / 1e6,
+        spent_usd=sum(b.settled + b.reserved for b in money) / 1e6,
+        calls=len(calls),
+        interrupted_calls=sum(1 for r in calls if r.reason == "interrupted"),
+    )
+
+
 class Finalization(_Model):
     """`finalization.json`: the verifier's decision and its evidence."""
 
@@ -143,6 +176,8 @@ class Finalization(_Model):
     inference: InferenceUsage | None = None
     """Model calls of all the verifier's measurements, metered by its inference gateway (per
     measurement in `measurements`); None without a gateway."""
+    agent_inference: AgentInferenceSpend | None = None
+    """The coding agent's own model calls (`inference.agent`), from the sealed ledger."""
 
 
 class BudgetStatus(_Model):
@@ -194,6 +229,7 @@ def build_status(session: Session) -> SessionStatus:
             remaining_cases=b.remaining_cases,
         )
         for b in sorted(session.balances, key=lambda b: (b.partition, b.principal))
+        if b.partition != AGENT_INFERENCE_PARTITION  # not a partition: `Finalization.agent_inference`
     ]
     evaluations: dict[str, dict[str, int]] = {}
     for job in session.jobs:

@@ -33,6 +33,7 @@ from pathlib import Path
 from vero.core.archive import file_digest
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.jobs import EvaluationJob
+from vero.core.ledger import AGENT_INFERENCE_PARTITION, BudgetBalance
 from vero.core.session import SealManifest, Session, read_session
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SessionInvalid
@@ -225,10 +226,15 @@ def _score_plot(session: Session, finalization: Finalization | None, colors: dic
     return plot
 
 
+def _partition_balances(session: Session) -> list[BudgetBalance]:
+    """The session's budgets of partitions (the coding agent's own inference entry is not one)."""
+    return [b for b in session.balances if b.partition != AGENT_INFERENCE_PARTITION]
+
+
 def _burn_plot(session: Session, colors: dict[str, str]) -> Plot:
     plot = Plot(id="budget-plot", title="Case budget spent over time", y_label="% of case budget")
     totals: dict[str, int] = {}
-    for balance in session.balances:
+    for balance in _partition_balances(session):
         totals[balance.partition] = totals.get(balance.partition, 0) + balance.total_cases
     if not totals:
         plot.empty_message = "The session has no budget entries."
@@ -403,7 +409,7 @@ def render_report(session: Session | None, finalization: Finalization | None = N
     if session is not None:
         partitions = sorted(
             {j.partition for j in session.jobs}
-            | {b.partition for b in session.balances}
+            | {b.partition for b in _partition_balances(session)}
             | ({m.partition for m in finalization.measurements} if finalization else set())
         )
         colors = _colors(partitions)

@@ -16,4 +16,4 @@ async def get_status(service: Service, principal: Principal) -> StatusResponse:
     and cases), how many evaluations the agent ran per partition and state, the newest ones without
     per-case results (`GET /evaluations` lists the rest), the submission, and whether the entrance is
     still open."""
-    return service.status(principal)
+    return await service.status(principal)
