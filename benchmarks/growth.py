@@ -361,7 +361,7 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
         await full.start()
         full_start = time.perf_counter() - started
         status_started = time.perf_counter()
-        status = full.status(PRINCIPAL)
+        status = await full.status(PRINCIPAL)
         status_ms = (time.perf_counter() - status_started) * 1e3
         await full.stop()
         return {
