@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from examples.conftest import EXAMPLES, HARBOR, REPO_ROOT, TASKS_DIR, harbor_env, kill_group  # tests/ on sys.path
+from examples.conftest import (  # tests/ on sys.path
+    EXAMPLES,
+    HARBOR,
+    REPO_ROOT,
+    TASKS_DIR,
+    harbor_env,
+    kill_group,
+    matmul_test_sized,
+)
 
 from vero.spec import load_spec
 from vero.spec.compiled import VerifierConfig, load_config
@@ -38,6 +46,7 @@ __all__ = [
     "image_exists",
     "kill_group",
     "list_image",
+    "matmul_test_sized",
     "remove_images",
     "secret_env",
     "start_run",

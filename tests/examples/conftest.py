@@ -45,6 +45,24 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+MATMUL_TEST_PROFILE = {"MATMUL_ROUNDS": "3", "MATMUL_REPS": "2"}
+"""`tasks/c-matmul`'s test-sized workload (its README, "Test-sized profile"): 3 rounds of 2
+multiplies per binary instead of 5 of 5, about a quarter of each case's CPU."""
+
+
+def matmul_test_sized(dest: Path) -> Path:
+    """Copy `tasks/c-matmul` to `dest/c-matmul` with `MATMUL_TEST_PROFILE` in every case's
+    `[verifier.env]` (the knobs its `tests/test.sh` reads); returns the copy's `build.yaml`."""
+    root = dest / "c-matmul"
+    shutil.copytree(TASKS_DIR / "c-matmul", root)
+    lines = "".join(f'{name} = "{value}"\n' for name, value in MATMUL_TEST_PROFILE.items())
+    for toml in sorted((root / "cases").glob("*/task.toml")):
+        text = toml.read_text(encoding="utf-8")
+        assert text.count("[verifier.env]\n") == 1 and not any(name in text for name in MATMUL_TEST_PROFILE), toml
+        toml.write_text(text.replace("[verifier.env]\n", "[verifier.env]\n" + lines), encoding="utf-8")
+    return root / "build.yaml"
+
+
 def load_example(name: str) -> OptimizationSpec:
     """The validated spec of `tasks/<name>/build.yaml` (absolute paths, partitions merged)."""
     return load_spec(TASKS_DIR / name / "build.yaml")
