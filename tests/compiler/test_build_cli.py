@@ -9,10 +9,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from _support.cli import run_vero
+from _support.git import commit_files, git
+from _support.specs import HIDDEN_CASES, make_spec_tree
 
 from vero.compiler import TaskLayout
-
-from .conftest import HIDDEN_CASES, make_spec_tree, run_vero
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -141,14 +142,9 @@ def test_help_documents_every_option():
 
 
 def test_git_target_uses_the_committed_head_and_says_so(tmp_path):
-    import subprocess
-
     tree = make_spec_tree(tmp_path / "spec")
     target = tree.root / "target"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-C", str(target)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    commit_files(target, {}, "first")
     (target / "prog.py").write_text('print("uncommitted")\n')
     (target / "untracked.txt").write_text("not committed\n")
     out = tmp_path / "task"
@@ -163,20 +159,12 @@ def test_git_target_uses_the_committed_head_and_says_so(tmp_path):
     assert os.access(baseline / "run.sh", os.X_OK)
 
 
-def _git_commit_all(repo):
-    from gitrepo import git
-
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "first")
-
-
 def test_a_target_in_a_subdirectory_of_a_git_work_tree_uses_that_subdirectory_of_head(tmp_path):
     # The work tree is the spec's whole folder; the target is its `target/` subdirectory (as
     # tasks/*/target are in this repository). Edits not committed stay out of the baseline.
     tree = make_spec_tree(tmp_path / "spec")
     target = tree.root / "target"
-    _git_commit_all(tree.root)
+    commit_files(tree.root, {}, "first")
     (target / "prog.py").write_text('print("uncommitted")\n')
     (target / "untracked.txt").write_text("not committed\n")
     (tree.root / "elsewhere.txt").write_text("a change outside the target\n")
@@ -194,7 +182,7 @@ def test_a_target_in_a_subdirectory_of_a_git_work_tree_uses_that_subdirectory_of
 
 def test_a_clean_subdirectory_target_gets_no_note_though_the_work_tree_has_other_changes(tmp_path):
     tree = make_spec_tree(tmp_path / "spec")
-    _git_commit_all(tree.root)
+    commit_files(tree.root, {}, "first")
     (tree.root / "elsewhere.txt").write_text("a change outside the target\n")
     done = run_vero("harbor", "build", "-c", str(tree.path), "-o", str(tmp_path / "task"))
     assert done.returncode == 0, done.stderr
@@ -204,9 +192,7 @@ def test_a_clean_subdirectory_target_gets_no_note_though_the_work_tree_has_other
 def test_a_directory_inside_a_work_tree_that_head_does_not_track_is_a_plain_directory(tmp_path):
     tree = make_spec_tree(tmp_path / "spec")
     (tmp_path / "README").write_text("the work tree's only file\n")
-    _git_commit_all(tmp_path)  # commits everything, then the target leaves HEAD
-    from gitrepo import git
-
+    commit_files(tmp_path, {}, "first")  # commits everything, then the target leaves HEAD
     git(tmp_path, "rm", "-r", "-q", "--cached", "spec/target")
     git(tmp_path, "commit", "-q", "-m", "the target leaves HEAD")
     (tree.root / "target" / "prog.py").write_text('print("as it is")\n')

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
+from _support.git import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.compiler.cases import CaseStore
 from vero.errors import SpecError

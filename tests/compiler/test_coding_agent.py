@@ -16,13 +16,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _support.cli import run_vero
 
 from vero.compiler import compile_task
 from vero.compiler.coding_agent import MCP_SERVER_NAME, SKILL_NAME
 from vero.errors import SpecError
 from vero.spec.compiled import CONTAINER_PATHS
-
-from .conftest import run_vero
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.cli import all_files, run_vero
+from _support.specs import HIDDEN_CASES, HIDDEN_MARKER, HIDDEN_PARTITION, make_spec_tree
 
 from vero.compiler import TaskLayout, compile_task
 from vero.errors import SpecError
 from vero.spec.compiled import SidecarConfig, VerifierConfig, load_config
-
-from .conftest import HIDDEN_CASES, HIDDEN_MARKER, HIDDEN_PARTITION, all_files, make_spec_tree, run_vero
 
 pytestmark = pytest.mark.timeout(300)
 

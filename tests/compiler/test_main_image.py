@@ -6,10 +6,9 @@ import subprocess
 import uuid
 
 import pytest
+from _support.specs import make_spec_tree
 
 from vero.compiler import compile_task
-
-from .conftest import make_spec_tree
 
 
 def _docker(*args: str, timeout_sec: float = 600) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import git as gitpython
 import pytest
-from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
+from _support.git import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.candidate_limits import TreeSize, measure_tree
 from vero.core.candidates import CandidateStore

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gitrepo import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
+from _support.git import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.baseline import commit_baseline
 from vero.core.candidates import REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import git
 import pytest
+from _support.git import commit_file
+from _support.git import git as run_git  # `git` is GitPython here
 
 from vero.core.isolated_git import IsolatedGit, commit_trees, private_git_env
 from vero.errors import GitFailed, VeroError
@@ -25,19 +25,8 @@ def test_git_failures_leave_as_gitfailed_never_as_gitpythons(tmp_path):
 
 def test_commit_trees_reads_known_commits_and_leaves_out_the_rest(tmp_path):
     repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "a.txt").write_text("a\n")
-    subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
-    subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-qm", "a"],
-        check=True,
-    )
-    commit = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    tree = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD^{tree}"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit_file(repo, "a.txt", "a\n", "a")
+    tree = run_git(repo, "rev-parse", "HEAD^{tree}")
     assert commit_trees(repo, [commit, "f" * 40, "--output=x"]) == {commit: tree}
     assert commit_trees(repo / ".git", [commit], bare=True) == {commit: tree}
     assert not (repo / "x").exists()

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from gitrepo import commit_file  # tests/ is on sys.path: the tests' one set of git helpers
+from _support.git import commit_file  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.archive import canonical_tar_bytes, file_digest
 from vero.core.candidates import CandidateStore

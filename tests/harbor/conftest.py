@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harbor_cases import BASE_IMAGE, ECHO_AGENT, RUN_AS_UID, reward_script, write_case
+from _support.cases import BASE_IMAGE, reward_script, write_case
+from harbor_cases import ECHO_AGENT, RUN_AS_UID
 
 from vero.harbor.boundary.dependencies import CandidateSites
 

@@ -1,89 +1,15 @@
-"""Tiny real Harbor task dirs for the nested-run tests (and the fixture generator).
-
-Every case is `FROM python:3.13-slim` (a local tag here) with a `tests/test.sh` that writes
-`/logs/verifier/reward.json` (or deliberately nothing).
+"""What the nested-run tests (and the fixture generator) share besides their cases (those are
+written by `_support.cases.write_case`): the candidate agent, the run as an unprivileged uid, a
+`NestedRun` for a checkout, the fixture jobs.
 """
 
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 from vero.core.run import NestedRun, RunAs
 from vero.spec.models import CandidateRuntime, HarborSpec, ScoringSpec
-
-BASE_IMAGE = "python:3.13-slim"
-
-
-def reward_script(body: str) -> str:
-    """A `tests/test.sh` running `body` (bash) with `set -u`."""
-    return "#!/bin/bash\nset -u\n" + textwrap.dedent(body).strip() + "\n"
-
-
-def write_case(
-    root: Path,
-    name: str,
-    *,
-    test_sh: str,
-    agent_timeout_sec: float | None = 60,
-    agent_user: str | None = None,
-    verifier_timeout_sec: float = 60,
-    build_timeout_sec: float = 300,
-    dockerfile: str | None = None,
-    solve_sh: str | None = None,
-    steps: dict[str, str] | None = None,
-    extra_toml: str = "",
-) -> Path:
-    """Write a Harbor task dir `root/name` and return it.
-
-    Args:
-        root: the cases dir.
-        name: the case (task dir) name.
-        test_sh: content of `tests/test.sh` (ignored for multi-step cases).
-        agent_timeout_sec: `[agent].timeout_sec` (None: no limit).
-        agent_user: `[agent].user`, if any.
-        verifier_timeout_sec: `[verifier].timeout_sec`.
-        build_timeout_sec: `[environment].build_timeout_sec`.
-        dockerfile: `environment/Dockerfile` (default: the base image with `WORKDIR /app`).
-        solve_sh: `solution/solve.sh` for the oracle agent, if any.
-        steps: multi-step case: step name -> that step's `tests/test.sh`.
-        extra_toml: appended to `task.toml`.
-    """
-    case = root / name
-    (case / "environment").mkdir(parents=True)
-    agent = f"timeout_sec = {agent_timeout_sec}\n" if agent_timeout_sec is not None else ""
-    if agent_user is not None:
-        agent += f'user = "{agent_user}"\n'
-    toml = (
-        f'schema_version = "1.4"\n\n[agent]\n{agent}\n[verifier]\ntimeout_sec = {verifier_timeout_sec}\n\n'
-        f"[environment]\nbuild_timeout_sec = {build_timeout_sec}\n"
-    )
-    if steps:
-        for step in steps:
-            toml += f'\n[[steps]]\nname = "{step}"\n'
-    (case / "task.toml").write_text(toml + extra_toml)
-    (case / "environment" / "Dockerfile").write_text(dockerfile or f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
-    if steps:
-        for step, script in steps.items():
-            step_dir = case / "steps" / step
-            (step_dir / "tests").mkdir(parents=True)
-            (step_dir / "instruction.md").write_text(f"Step {step}.\n")
-            _write_exec(step_dir / "tests" / "test.sh", script)
-    else:
-        (case / "instruction.md").write_text(f"Case {name}.\n")
-        (case / "tests").mkdir()
-        _write_exec(case / "tests" / "test.sh", test_sh)
-    if solve_sh is not None:
-        (case / "solution").mkdir()
-        _write_exec(case / "solution" / "solve.sh", solve_sh)
-    return case
-
-
-def _write_exec(path: Path, text: str) -> None:
-    path.write_text(text)
-    os.chmod(path, 0o755)
-
 
 ECHO_AGENT = '''
 """A tiny candidate agent: writes a line to /app/out.txt in the case environment."""

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import tenacity
-from harbor_cases import make_run, reward_script, write_case
+from _support.cases import reward_script, write_case
+from harbor_cases import make_run
 
 from vero.core.evaluation import AttemptOutcome
 from vero.harbor import HarborBackend

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from _support.cases import write_case as write_task_dir
 from harbor_cases import make_run
 from inference.fake_upstream import FakeUpstream  # tests/ is on sys.path
 
@@ -37,14 +38,15 @@ TASK_TOML = "[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n{ver
 
 
 def write_case(cases: Path, name: str, compose: dict | None, environment: str = "", verifier: str = "") -> None:
-    (cases / name / "environment").mkdir(parents=True)
-    (cases / name / "tests").mkdir()
-    (cases / name / "task.toml").write_text(TASK_TOML.format(environment=environment, verifier=verifier))
-    (cases / name / "instruction.md").write_text("x\n")
-    (cases / name / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\n")
-    (cases / name / "tests" / "test.sh").write_text("#!/bin/bash\n")
-    if compose is not None:
-        (cases / name / "environment" / "docker-compose.yaml").write_text(yaml.safe_dump(compose))
+    write_task_dir(
+        cases,
+        name,
+        task_toml=TASK_TOML.format(environment=environment, verifier=verifier),
+        instruction="x\n",
+        dockerfile="FROM python:3.13-slim\n",
+        test_sh="#!/bin/bash\n",
+        compose=yaml.safe_dump(compose) if compose is not None else None,
+    )
 
 
 def test_the_override_attaches_main_and_the_shared_services_only(tmp_path):

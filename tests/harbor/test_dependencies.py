@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harbor_cases import make_run, reward_script, write_case
+from _support.cases import reward_script, write_case
+from harbor_cases import make_run
 
 from vero.core.run import RunArm
 from vero.errors import InfrastructureFailure

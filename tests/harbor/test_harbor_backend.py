@@ -318,7 +318,7 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, p
         scoring=ScoringSpec(direction="minimize", failure_value=100.0),
     )
     (shared_root / "no-cases-needed").mkdir(exist_ok=True)
-    from harbor_cases import reward_script, write_case
+    from _support.cases import reward_script, write_case
 
     for name in ("c1", "c2"):
         if not (shared_root / "no-cases-needed" / name).exists():
@@ -338,7 +338,7 @@ def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, port
     (candidate / "plain.py").write_text("class Agent:\n    def __init__(self, **kwargs):\n        pass\n")
     cases = shared_root / "no-cases-needed-2"
     cases.mkdir(exist_ok=True)
-    from harbor_cases import reward_script, write_case
+    from _support.cases import reward_script, write_case
 
     if not (cases / "c1").exists():
         write_case(cases, "c1", test_sh=reward_script("true"))
@@ -521,7 +521,7 @@ def test_compose_case_with_its_own_service_and_init(tmp_path, program_candidate,
     """A case written the way other Harbor authors do multi-container tasks (its own
     `environment/docker-compose.yaml` with a service `main` depends on) still runs with vero's extra
     compose file merged in, and `main` gets the init process that file adds."""
-    from harbor_cases import BASE_IMAGE, reward_script, write_case
+    from _support.cases import BASE_IMAGE, reward_script, write_case
 
     cases = tmp_path / "cases"
     case = write_case(

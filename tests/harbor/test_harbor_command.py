@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harbor_cases import make_run, reward_script, write_case
+from _support.cases import reward_script, write_case
+from harbor_cases import make_run
 
 from vero.core.run import RunAs
 from vero.errors import InfrastructureFailure

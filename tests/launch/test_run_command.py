@@ -10,7 +10,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-from compiler.conftest import all_files, make_spec_tree, run_vero
+from _support.cli import all_files, run_vero
+from _support.specs import make_spec_tree
 
 from vero.errors import InfrastructureFailure, SpecError
 from vero.launch import HarborArgs, RunEnvironments, prepare_task

@@ -44,9 +44,9 @@ from vero.spec.models import (
 )
 
 try:  # the tests' one set of git helpers: tests/ is on sys.path under pytest
-    from gitrepo import commit_file, git
+    from _support.git import commit_file, git
 except ModuleNotFoundError:  # `python -m tests.sidecar._server` (a child sidecar) runs from the repository root
-    from tests.gitrepo import commit_file, git
+    from tests._support.git import commit_file, git
 
 __all__ = [
     "ServerThread",

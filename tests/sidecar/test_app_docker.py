@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tenacity
+from _support.cases import write_case as write_task_dir
 
 from vero.core.state import StateStore
 from vero.harbor import HarborBackend
@@ -34,21 +35,17 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-BASE_IMAGE = "python:3.13-slim"
-
 
 def write_case(root: Path, name: str, test_sh: str) -> None:
-    case = root / name
-    (case / "environment").mkdir(parents=True)
-    (case / "tests").mkdir()
-    (case / "task.toml").write_text(
-        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 120\n\n'
-        "[verifier]\ntimeout_sec = 120\n\n[environment]\nbuild_timeout_sec = 600\n"
+    """A case of these tests: bash `test_sh`, timeouts long enough for image builds under load."""
+    write_task_dir(
+        root,
+        name,
+        test_sh="#!/bin/bash\n" + test_sh,
+        agent_timeout_sec=120,
+        verifier_timeout_sec=120,
+        build_timeout_sec=600,
     )
-    (case / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
-    (case / "instruction.md").write_text(f"Case {name}.\n")
-    (case / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
-    os.chmod(case / "tests" / "test.sh", 0o755)
 
 
 def reward_if(condition: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _support.cases import write_case
 
 from vero.core.jobs import JobStore
 from vero.core.ledger import BudgetLedger
@@ -41,16 +42,6 @@ sleep 600 &
 echo "$$ $!" > "$PWD/stubborn-harbor.pids"
 wait
 """
-
-
-def write_case(cases: Path, name: str) -> None:
-    case = cases / name
-    (case / "environment").mkdir(parents=True)
-    (case / "tests").mkdir()
-    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60\n')
-    (case / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\n")
-    (case / "instruction.md").write_text("A case.\n")
-    (case / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
 
 
 def alive(pid: int) -> bool:

@@ -1,6 +1,6 @@
 """Bad specs and bad build inputs: exit code 2, the offending YAML path (or option) named, nothing written.
 
-Each row edits the standard spec tree (`conftest.make_spec_tree`), optionally changes files around it,
+Each row edits the standard spec tree (`_support.specs.make_spec_tree`), optionally changes files around it,
 and runs `vero harbor build` in-process through typer's runner (the same app the console script runs).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compiler.conftest import HIDDEN_PARTITION, SpecTree, make_spec_tree
+from _support.specs import HIDDEN_PARTITION, SpecTree, make_spec_tree
 from typer.testing import CliRunner
 
 from vero.cli import app

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _support.cases import write_case
 
 from vero.errors import SpecError, SpecIssue
 from vero.spec import load_spec, parse_spec
@@ -14,8 +15,7 @@ from vero.spec.loading import substitute
 
 def make_cases(root: Path, names: list[str]) -> Path:
     for name in names:
-        (root / name).mkdir(parents=True)
-        (root / name / "task.toml").write_text('schema_version = "1.4"\n')
+        write_case(root, name)
     return root
 
 

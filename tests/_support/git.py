@@ -4,8 +4,9 @@ repositories, so that every test makes and commits them the same way.
 `git` runs with a clean identity and configuration (no system or global config, `HOME` the
 repository, any directory safe: tests hand repositories to other uids) and returns its output
 stripped; `commit_files` writes files (a `("link", target)` value makes a symlink) and commits
-them, creating the repository (branch `main`) on first use. Importable from every test package:
-`tests/` is on `sys.path` (pytest's rootdir insertion).
+them, creating the repository (branch `main`) on first use (`commit_files(repo, {})` commits the
+work tree as it is). `tests/core/test_baseline.py` keeps its own runner: it reads git's raw output
+byte for byte, unstripped.
 """
 
 from __future__ import annotations
