@@ -9,7 +9,6 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from vero.core.ladder import LadderBoard, LadderDisclosure, ladder_step, round_to_precision
 from vero.spec.models import LadderSpec
@@ -74,27 +73,6 @@ def test_rounding():
     assert round_to_precision(1234.5678, 1e-3) == 1234.568
     with pytest.raises(ValueError):
         round_to_precision(math.nan, 0.1)
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"margin": 0},
-        {"margin": -0.1},
-        {"margin": math.inf},
-        {"margin": 0.1, "precision": 0.2},
-        {"margin": 0.1, "precision": 0},
-        {"margin": 0.1, "extra": 1},
-    ],
-)
-def test_bad_ladder_settings_are_refused(bad):
-    with pytest.raises(ValidationError):
-        LadderSpec.model_validate(bad)
-
-
-def test_precision_defaults_to_the_margin():
-    assert LadderSpec(margin=0.02).effective_precision == 0.02
-    assert LadderSpec(margin=0.02, precision=0.005).effective_precision == 0.005
 
 
 def test_rebuild_restores_the_best_in_any_order():
