@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _support.cases import write_case
 
 from vero.harbor import HarborBackend
 from vero.spec.models import HarborSpec, PartitionAccess
@@ -118,13 +119,8 @@ def test_jobs_dir_full_fails_the_job_as_infrastructure_and_refunds_it(tmp_path):
         # A case timeout on a case declaring none: the run writes its agent config into the jobs dir first.
         harbor=HarborSpec(environment="stand-in", infra_retries=0, evaluation_timeout_sec=120, case_timeout_sec=60),
     )
-    case = harness.cases_dir / "c1"  # a valid Harbor task: only the full jobs dir can stop the run
-    (case / "environment").mkdir(parents=True)
-    (case / "environment" / "Dockerfile").write_text("FROM scratch\n")
-    (case / "tests").mkdir()
-    (case / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
-    (case / "instruction.md").write_text("Case c1.\n")
-    (case / "task.toml").write_text('schema_version = "1.4"\n')
+    # A valid Harbor task declaring no agent timeout: only the full jobs dir can stop the run.
+    write_case(harness.cases_dir, "c1", dockerfile="FROM scratch\n", agent_timeout_sec=None)
     jobs = harness.work_dir / "jobs"
     with small_filesystem(jobs, 1), harness.serve() as (_, client):
         filler = fill(jobs)

@@ -8,6 +8,7 @@ import pwd
 from pathlib import Path
 
 import pytest
+from _support.cases import write_case
 from typer.testing import CliRunner
 from verifier_bench import Workbench
 
@@ -157,13 +158,7 @@ def test_sigterm_stops_the_verification_and_kills_its_nested_runs_at_once(tmp_pa
     harbor = tmp_path / "stubborn-harbor"
     harbor.write_text(STUBBORN_HARBOR)
     harbor.chmod(0o755)
-    case = tmp_path / "cases" / "c1"
-    (case / "environment").mkdir(parents=True)
-    (case / "tests").mkdir()
-    (case / "task.toml").write_text('schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60\n')
-    (case / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\n")
-    (case / "instruction.md").write_text("A case.\n")
-    (case / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    write_case(tmp_path / "cases", "c1")  # never run: the stand-in harbor reads no case
     (tmp_path / "candidate").mkdir()
     jobs = tmp_path / "jobs"
     backend = HarborBackend(harbor_executable=harbor, kill_grace_sec=600.0, session=new_session_id("verify"))
