@@ -520,6 +520,12 @@ def test_the_store_is_repacked_in_the_foreground_and_no_git_child_outlives_a_cal
     assert int(counts["count"]) <= 2 * 4 and store.pack_count() <= 3, counts
     git(store.git_dir, "fsck", "--full", "--no-dangling")
     assert len(store.list()) == REPACK_EVERY_IMPORTS + 2
+    # the repack packed the refs too: only the two candidates imported since then are loose files
+    loose = [p for p in (store.git_dir / "refs").rglob("*") if p.is_file()]
+    assert len(loose) == 2 and all(p.parent.name == "candidates" for p in loose), loose
+    packed = (store.git_dir / "packed-refs").read_text()
+    assert sum(line.endswith(tuple(versions[:REPACK_EVERY_IMPORTS])) for line in packed.splitlines()) >= 1
+    assert all(store.contains(v) for v in versions)
 
 
 def test_source_without_plain_git_dir_is_rejected(store, tmp_path, agent_repo):
@@ -588,6 +594,71 @@ def test_no_hook_fsmonitor_or_config_command_of_the_agent_repo_runs(store, tmp_p
 
     assert not marker.exists(), marker.read_text() if marker.exists() else ""
     assert store_refs(store) == [f"refs/vero/candidates/{head}"]
+
+
+def test_the_signature_program_of_the_agent_repo_never_runs(store, tmp_path):
+    """`git log` honours a repository's `log.showSignature` and then runs its `gpg.program` on a
+    signed commit: the store walks the agent's history (the nearest checked tree, the fetch's
+    negotiation tips) without it. Before, the walk was `git log` and the program ran as the sidecar."""
+    repo = tmp_path / "signed"
+    commit_files(repo, {"f.txt": "x\n"})
+    parent = git(repo, "rev-parse", "HEAD")
+    marker = tmp_path / "marker"
+    program = tmp_path / "gpg.sh"
+    program.write_text(f'#!/bin/sh\necho "$*" >> {marker}\ncat >/dev/null 2>&1\nexit 0\n')
+    program.chmod(0o755)
+    signed = git(repo, "cat-file", "commit", parent).replace(
+        "\n\n", "\ngpgsig -----BEGIN PGP SIGNATURE-----\n \n -----END PGP SIGNATURE-----\n\n", 1
+    )
+    signed_id = subprocess.run(
+        ["git", "-C", str(repo), "hash-object", "-t", "commit", "-w", "--stdin"],
+        input=signed,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    git(repo, "update-ref", "refs/heads/main", signed_id)
+    child = commit_files(repo, {"f.txt": "y\n"}, message="child of a signed commit")
+    with (repo / ".git" / "config").open("a") as config:
+        config.write(f"[log]\n\tshowSignature = true\n[gpg]\n\tprogram = {program}\n")
+    chown_agent(repo)
+    # the repository's own `git log` does run it: the condition is real
+    git(repo, "log", "--format=%T", "-1", signed_id)
+    assert marker.exists()
+    marker.unlink()
+
+    assert store.import_version_sync(repo, signed_id).id == signed_id
+    assert store.import_version_sync(repo, child).id == child  # its checked parent found by the walk
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_false_history_in_the_agent_repo_only_picks_another_checked_tree(store, tmp_path):
+    """The nearest checked tree is taken from the agent's history, which it controls (here through
+    `info/grafts`): the store still compares the fetched tree with that checked tree exactly."""
+    repo = tmp_path / "grafted"
+    first = commit_files(repo, {"a.txt": "1\n"})
+    other = commit_files(repo, {"b.txt": "2\n"}, message="other")
+    bad = commit_files(repo, {".vero/x": "no\n", "c": ("link", "../../outside")}, message="hostile")
+    chown_agent(repo)
+    assert store.import_version_sync(repo, first).id == first
+    assert store.import_version_sync(repo, other).id == other
+    # claim the hostile commit's parent is the first (its tree lacks b.txt), then itself (a loop)
+    for claimed in (first, bad):
+        (repo / ".git" / "info").mkdir(exist_ok=True)
+        (repo / ".git" / "info" / "grafts").write_text(f"{bad} {claimed}\n")
+        with pytest.raises(CandidateRejected, match="reserved path"):
+            store.import_version_sync(repo, bad)
+    assert [r.id for r in store.list()] == [first, other] and store.temporary_refs() == []
+    # an acceptable commit under a false history: measured exactly (3 files, 6 bytes), not as its
+    # claimed parent's figures plus a wrong difference
+    (repo / ".vero" / "x").unlink()
+    (repo / "c").unlink()
+    fine = commit_files(repo, {"d.txt": "3\n"}, message="fine")
+    (repo / ".git" / "info" / "grafts").write_text(f"{fine} {first}\n")
+    chown_agent(repo)
+    record = store.import_version_sync(repo, fine)
+    rows = store.state.rows("SELECT files, bytes FROM checked_trees WHERE tree = ?", (record.tree,))
+    assert rows == [(3, 6)]
 
 
 # --- cancellation ---------------------------------------------------------------------------

@@ -50,7 +50,14 @@ class TreeSize:
     """Sum of the files' sizes, bytes."""
 
 
-def measure_tree(git: _Git, tree: str, limits: CandidateLimits, base: tuple[str, TreeSize] | None = None) -> TreeSize:
+def measure_tree(
+    git: _Git,
+    tree: str,
+    limits: CandidateLimits,
+    base: tuple[str, TreeSize] | None = None,
+    *,
+    diff: bytes | None = None,
+) -> TreeSize:
     """Measure `tree` and check it against `limits`.
 
     Args:
@@ -60,6 +67,9 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits, base: tuple[str,
         limits: the limits to enforce.
         base: an already measured tree and its figures; the measurement then reads only the
             entries that differ from it.
+        diff: with `base`, the `git diff-tree -r [-t] -z --no-renames --raw <base> <tree>` output
+            the caller already read (the candidate store's tree inspection reads the same), so git
+            is not asked again; tree entries in it are ignored.
 
     Returns:
         The tree's figures.
@@ -72,7 +82,11 @@ def measure_tree(git: _Git, tree: str, limits: CandidateLimits, base: tuple[str,
     if base is None:
         files, total, grown = _whole(git, tree)
     else:
-        files, total, grown = _delta(git, base[0], tree, base[1], limits)
+        if diff is None:
+            diff = git.diff_tree(
+                "-r", "-z", "--no-renames", "--raw", "--end-of-options", base[0], tree, stdout_as_string=False
+            )
+        files, total, grown = _delta(git, diff, base[1], limits)
     for path, file_bytes in grown:
         if file_bytes > limits.max_file_bytes:
             shown = path.decode("utf-8", errors="replace")
@@ -124,15 +138,10 @@ def _whole(git: _Git, tree: str) -> tuple[int, int, list[tuple[bytes, int]]]:
     return files, total, sizes
 
 
-def _delta(
-    git: _Git, base_tree: str, tree: str, base: TreeSize, limits: CandidateLimits
-) -> tuple[int, int, list[tuple[bytes, int]]]:
-    """(files, bytes, (path, size) of every added or changed file) of `tree`, from `base_tree`'s
-    figures and the difference. The file count is checked before any size is read, so a tree with
-    far too many files costs one `diff-tree`."""
-    raw = git.diff_tree(
-        "-r", "-z", "--no-renames", "--raw", "--end-of-options", base_tree, tree, stdout_as_string=False
-    )
+def _delta(git: _Git, raw: bytes, base: TreeSize, limits: CandidateLimits) -> tuple[int, int, list[tuple[bytes, int]]]:
+    """(files, bytes, (path, size) of every added or changed file) of a tree, from its base tree's
+    figures and their difference `raw` (`diff-tree --raw -z`). The file count is checked before any
+    size is read, so a tree with far too many files costs one `diff-tree`."""
     fields = raw.split(b"\0")
     removed: list[bytes] = []
     added: list[tuple[bytes, bytes]] = []

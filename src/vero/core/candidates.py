@@ -8,26 +8,36 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
 2. resolve it in the agent's repository to a commit id: `rev-parse --verify --end-of-options
    <version>^{commit}` with an explicit `--git-dir` (no discovery), an isolated environment and
    `-c` options that override the repository's own config (`vero.core.isolated_git`);
-3. fetch exactly that object id into the store under a unique temporary ref `refs/vero/tmp/<uuid>`
-   (`git fetch --no-tags --no-write-fetch-head --no-recurse-submodules`, offering as common history
-   only the candidates among its nearest ancestors, `--negotiation-tip`); a local fetch runs
-   `upload-pack`/`pack-objects` and the store indexes its own copy of every object, so nothing is
-   borrowed from the agent's alternates, and `transfer.fsckObjects` checks what arrives;
-   Before fetching, the tree is measured in the agent's repository against the size limits
-   (`vero.core.candidate_limits`): a tree over a limit is refused and nothing reaches the store;
-4. verify in the store that the temporary ref holds that id and that it is a commit;
+3. read its first-parent history in the agent's repository (one `rev-list`, plumbing: `git log`
+   would honour the repository's `log.showSignature` and run its `gpg.program`), measure its tree
+   there against the size limits (`vero.core.candidate_limits`; a tree over a limit is refused and
+   nothing reaches the store), then fetch exactly that object id into the store under a unique
+   temporary ref `refs/vero/tmp/<uuid>` (`git fetch --no-tags --no-write-fetch-head
+   --no-recurse-submodules`, offering as common history only the candidates in that history,
+   `--negotiation-tip`); a local fetch runs `upload-pack`/`pack-objects` and the store indexes its
+   own copy of every object, so nothing is borrowed from the agent's alternates, and
+   `transfer.fsckObjects` checks what arrives;
+4. verify in the store that the temporary ref holds that id and that it is a commit, and read the
+   commit (one `cat-file --batch` of the ref);
 5. inspect its tree (`_inspect_tree`): no reserved top-level path (`RESERVED_PATHS`), no path
    component `.`/`..`/`.git`, only git's regular modes, and no symlink whose target leaves the tree
    (absolute, or `..` escaping, following symlinks inside the tree as the kernel would). Only the
    entries that differ from an already checked tree are read: the nearest first-parent ancestor
-   whose tree passed before (`checked_trees` in the state store keeps each checked tree's
-   symlinks), else the whole tree; and measure it again against the size limits, now on the
-   fetched objects (the authoritative figure, recorded with the checked tree);
-6. publish: `refs/vero/candidates/<id>`, then the record and the checked tree in one state-store
-   transaction (`vero.core.state`);
+   in step 3's history whose tree passed before (`checked_trees` in the state store keeps each
+   checked tree's symlinks), else the whole tree (the agent may lie about its history: that only
+   picks another checked tree, and the difference is read in the store); and measure it again
+   against the size limits, now on the fetched objects and from the same `diff-tree` output (the
+   authoritative figure, recorded with the checked tree);
+6. publish: `refs/vero/candidates/<id>` and the temporary ref's deletion in one `update-ref
+   --stdin` transaction, then the record and the checked tree in one state-store transaction
+   (`vero.core.state`);
 7. always delete the temporary ref (also on rejection, error or cancellation);
 8. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
-   --geometric=2`) so object lookups stay fast: no git process outlives the call that started it.
+   --geometric=2`, then `git pack-refs --all`) so object and ref lookups stay fast: no git process
+   outlives the call that started it.
+
+An import of a child of a checked candidate starts 9 git processes (4 in the agent's repository,
+5 in the store; a fetch's own `upload-pack` and `index-pack` children aside).
 
 No `git` process of the store runs a hook or fsmonitor of any repository, reads the system or user
 config, or talks to anything but a local path. No branch or tag is ever created in the store.
@@ -407,18 +417,18 @@ class CandidateStore:
         existing = self._existing(self._store_git(safe), oid)
         if existing is not None:  # a candidate evaluated again: nothing to fetch or measure
             return existing
-        return self._import_oid(source_git_dir, safe, oid, abort, self._negotiation_tips(agent, oid), agent)
-
-    def _negotiation_tips(self, agent: IsolatedGit, oid: str) -> list[str]:
-        """Candidate refs among `oid`'s nearest ancestors in the agent's repository: the fetch offers
-        only these as common history, so it sends just the new objects and its negotiation does not
-        grow with the number of candidates. A hint only (the agent's repository is untrusted): a
-        wrong one costs a larger fetch, never a wrong import."""
         try:
-            ancestors = agent.rev_list(f"--max-count={_BASE_SEARCH_COMMITS}", "--end-of-options", oid).split()
+            history = _first_parent_history(agent, oid)
         except GitFailed:
-            return []
-        ancestors = [a for a in ancestors if _OID.fullmatch(a) and a != oid]
+            raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
+        return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, history))
+
+    def _negotiation_tips(self, history: list[tuple[str, str]], oid: str) -> list[str]:
+        """Candidate refs among `oid`'s nearest first-parent ancestors in the agent's repository: the
+        fetch offers only these as common history, so it sends just the new objects and its
+        negotiation does not grow with the number of candidates. A hint only (the agent's repository
+        is untrusted): a wrong one costs a larger fetch, never a wrong import."""
+        ancestors = [commit for commit, _ in history if commit != oid]
         if not ancestors or self.state is None:
             return []
         known = {
@@ -450,53 +460,61 @@ class CandidateStore:
         safe: list[Path],
         oid: str,
         abort: threading.Event | None,
-        negotiation_tips: list[str] | None = None,
-        untrusted: IsolatedGit | None = None,
+        untrusted: _AgentHistory | None = None,
     ) -> CandidateRecord:
         """Steps 3-8 of the module docstring for a resolved commit id.
 
-        `untrusted`: the agent's repository, measured against the size limits before the fetch
-        (None for a trusted source, measured in the store only).
+        `untrusted`: the agent's repository and `oid`'s first-parent history there; the tree is
+        measured against the size limits in it before the fetch, and that history picks the
+        checked tree the store compares with (None for a trusted source: measured in the store only).
         """
         records = self._records()
         store = self._store_git(safe)
         existing = self._existing(store, oid)
         if existing is not None:
             return existing
+        base: _CheckedTree | None = None
+        tips: list[str] = []
         if untrusted is not None:
-            self._check_size_before_fetch(untrusted, records, oid)
-        temporary = f"{TEMPORARY_REF_PREFIX}{uuid.uuid4().hex}"
+            base = self._checked_base(records, untrusted.history)
+            self._check_size_before_fetch(untrusted, oid, base)
+            tips = self._negotiation_tips(untrusted.history, oid)
+        temporary = [f"{TEMPORARY_REF_PREFIX}{uuid.uuid4().hex}"]
         with self._objects.shared():
             try:
                 self._check_abort(abort)
-                self._fetch(store, source_git_dir, oid, temporary, negotiation_tips or [])
-                self._verify_fetched(store, temporary, oid)
-                record = _parse_commit(oid, store.cat_file("commit", oid, stdout_as_string=False))
-                base = self._checked_base(store, records, oid)
-                symlinks = self._inspect_tree(store, record.tree, base)
-                size = measure_tree(store, record.tree, self.limits, None if base is None else (base.tree, base.size))
+                self._fetch(store, source_git_dir, oid, temporary[0], tips)
+                record = _parse_commit(oid, self._fetched_commit(store, temporary[0], oid))
+                if untrusted is None:
+                    base = self._checked_base(records, _first_parent_history(store, oid))
+                symlinks, diff = self._inspect_tree(store, record.tree, base)
+                size = measure_tree(
+                    store, record.tree, self.limits, None if base is None else (base.tree, base.size), diff=diff
+                )
                 self._check_abort(abort)
-                record = self._publish(store, records, record, symlinks, size)
+                record = self._publish(store, records, record, (symlinks, size), temporary)
             except (GitFailed, OSError) as exc:
                 if is_out_of_space(exc) and not isinstance(exc, StorageFull):
                     raise self._full() from None
                 raise
             finally:
-                self._delete_ref(store, temporary)
+                if temporary:
+                    self._delete_ref(store, temporary[0])
         self._maybe_repack(store)
         return record
 
-    def _check_size_before_fetch(self, agent: IsolatedGit, records: StateStore, oid: str) -> None:
+    def _check_size_before_fetch(self, untrusted: _AgentHistory, oid: str, base: _CheckedTree | None) -> None:
         """Measure the commit's tree in the agent's repository (step 3's first half).
 
         Raises:
             CandidateTooLarge: over a limit.
             CandidateRejected: the commit or its tree cannot be read there.
         """
+        history = untrusted.history
+        if not history or history[0][0] != oid:
+            raise CandidateRejected(f"commit {oid} cannot be read in the repository")
         try:
-            tree = _parse_commit(oid, agent.cat_file("commit", oid, stdout_as_string=False)).tree
-            base = self._checked_base(agent, records, oid)
-            measure_tree(agent, tree, self.limits, None if base is None else (base.tree, base.size))
+            measure_tree(untrusted.git, history[0][1], self.limits, None if base is None else (base.tree, base.size))
         except GitFailed:
             raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
@@ -535,31 +553,44 @@ class CandidateStore:
         # A record whose ref is missing (the repository was restored without it): import again.
         return record if self._candidate_ref_exists(store, oid) else None
 
-    def _verify_fetched(self, store: IsolatedGit, temporary: str, oid: str) -> None:
-        try:
-            fetched = store.rev_parse("--verify", "--quiet", "--end-of-options", temporary).strip()
-            kind = store.cat_file("-t", oid).strip()
-        except GitFailed:
-            raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
-        if fetched != oid:
+    def _fetched_commit(self, store: IsolatedGit, temporary: str, oid: str) -> bytes:
+        """Step 4: the temporary ref holds `oid` and it is a commit; returns the commit object's
+        bytes (one `cat-file --batch` process reads the ref, the type and the object)."""
+        with tempfile.TemporaryFile() as request:
+            request.write(temporary.encode("ascii") + b"\n")
+            request.seek(0)
+            try:
+                out = store.cat_file("--batch", istream=request, stdout_as_string=False, strip_newline_in_stdout=False)
+            except GitFailed:
+                raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
+        header, _, body = out.partition(b"\n")
+        fields = header.split(b" ")
+        if len(fields) != 3 or not fields[2].isdigit():
+            raise CandidateRejected(f"commit {oid} is missing from the store after fetching")
+        if fields[0] != oid.encode("ascii"):
             raise CandidateRejected(f"fetched object id does not match the requested commit {oid}")
-        if kind != "commit":
-            raise CandidateRejected(f"object {oid} is a {kind}, not a commit")
+        if fields[1] != b"commit":
+            raise CandidateRejected(f"object {oid} is a {fields[1].decode(errors='replace')}, not a commit")
+        return body[: int(fields[2])]
 
-    def _inspect_tree(self, store: IsolatedGit, tree: str, base: _CheckedTree | None) -> dict[bytes, bytes]:
+    def _inspect_tree(
+        self, store: IsolatedGit, tree: str, base: _CheckedTree | None
+    ) -> tuple[dict[bytes, bytes], bytes | None]:
         """Reject a tree with reserved paths, unsafe names, odd modes or escaping symlinks.
 
         Reads only what differs from `base`, the nearest checked first-parent ancestor's tree (or
         the whole tree when there is none).
 
         Returns:
-            The tree's symlinks (path -> target), recorded with the candidate for later imports.
+            The tree's symlinks (path -> target), recorded with the candidate for later imports, and
+            the `diff-tree` output read from `base` (None without one), which `measure_tree` reuses.
 
         Raises:
             CandidateRejected: names the offending path (paths come from the agent's own tree).
         """
         if base is not None and base.tree == tree:
-            return base.symlinks
+            return base.symlinks, b""
+        diff = None
         if base is None:
             listing = store.ls_tree("-r", "-t", "-z", "--full-tree", "--end-of-options", tree, stdout_as_string=False)
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
@@ -592,15 +623,14 @@ class CandidateStore:
                     raise CandidateRejected(
                         f"symlink {path.decode('utf-8', errors='replace')!r} points outside the tree"
                     )
-        return links
+        return links, diff
 
-    def _checked_base(self, repo: IsolatedGit, records: StateStore, oid: str) -> _CheckedTree | None:
-        """The nearest tree on `oid`'s first-parent line (as `repo` tells it) that an earlier import
-        checked, with its symlinks and figures. `repo` may be the agent's: a false history only
-        picks another checked tree to compare with, and the comparison itself is exact."""
-        trees = repo.log(
-            "--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T", "--end-of-options", oid
-        ).split()
+    def _checked_base(self, records: StateStore, history: list[tuple[str, str]]) -> _CheckedTree | None:
+        """The nearest tree of a first-parent `history` (`_first_parent_history`) that an earlier
+        import checked, with its symlinks and figures. The history may be the agent's: a false one
+        only picks another checked tree to compare with, and the comparison itself is exact (in the
+        store, whose objects of a checked tree are its own)."""
+        trees = [tree for _, tree in history]
         if not trees:
             return None
         found = {
@@ -640,15 +670,24 @@ class CandidateStore:
         store: IsolatedGit,
         records: StateStore,
         record: CandidateRecord,
-        symlinks: dict[bytes, bytes],
-        size: TreeSize,
+        checked: tuple[dict[bytes, bytes], TreeSize],
+        temporary: list[str],
     ) -> CandidateRecord:
+        """Step 6, and step 7 in the same `update-ref --stdin` transaction as the candidate ref
+        (then `temporary` is emptied, so the caller does not delete the ref again)."""
+        symlinks, size = checked
         # One publisher at a time: two concurrent imports of one commit keep the first record.
         with self._publish_lock:
             existing = self._existing(store, record.id)
             if existing is not None:
                 return existing
-            store.update_ref("-m", "vero: import candidate", CANDIDATE_REF_PREFIX + record.id, record.id)
+            with tempfile.TemporaryFile() as commands:
+                commands.write(
+                    f"update {CANDIDATE_REF_PREFIX}{record.id} {record.id}\ndelete {temporary[0]}\n".encode("ascii")
+                )
+                commands.seek(0)
+                store.update_ref("-m", "vero: import candidate", "--stdin", istream=commands)
+            temporary.clear()
             self._known_refs.add(record.id)
 
             def change(conn: sqlite3.Connection) -> CandidateRecord:
@@ -689,6 +728,9 @@ class CandidateStore:
         with self._objects.exclusive():
             store.repack("-d", "-q", "--geometric=2", "--no-write-bitmap-index")
             store.prune_packed("-q")
+            # One `packed-refs` file instead of a loose file per candidate: every fetch reads the
+            # store's refs, and 1,000 loose ones made a one-commit fetch a quarter slower.
+            store.pack_refs("--all", "--prune")
 
     def _delete_ref(self, store: IsolatedGit, ref: str) -> None:
         # `update-ref -d` of an absent ref succeeds; a failure here must not hide the real error.
@@ -843,6 +885,37 @@ class CandidateStore:
                 tree,
             ]
         )
+
+
+@dataclass(frozen=True)
+class _AgentHistory:
+    """The agent's repository and a commit's first-parent history read there (untrusted)."""
+
+    git: IsolatedGit
+    history: list[tuple[str, str]]
+
+
+def _first_parent_history(repo: IsolatedGit, oid: str) -> list[tuple[str, str]]:
+    """(commit, tree) of `oid` and its nearest first-parent ancestors, newest first, at most
+    `_BASE_SEARCH_COMMITS`, with one `rev-list` process. Plumbing on purpose: `git log` honours a
+    repository's `log.showSignature`, and with it runs the repository's own `gpg.program`.
+
+    Raises:
+        GitFailed: git cannot walk the history.
+    """
+    out = repo.rev_list("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T", "--end-of-options", oid)
+    history: list[tuple[str, str]] = []
+    commit = None
+    for line in out.split():
+        if line == "commit":
+            continue
+        if commit is None:
+            commit = line
+        else:
+            if _OID.fullmatch(commit) and _OID.fullmatch(line):
+                history.append((commit, line))
+            commit = None
+    return history
 
 
 def _check_entry(path: bytes, mode: bytes, reserved: set[bytes]) -> None:

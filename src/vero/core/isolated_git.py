@@ -48,6 +48,12 @@ HARDENING_CONFIG: tuple[tuple[str, str], ...] = (
     # No hook and no fsmonitor daemon of any repository runs (docs/agent-api.md: hooks off).
     ("core.hooksPath", os.devnull),
     ("core.fsmonitor", "false"),
+    # Nor a repository's signature program: `log.showSignature` (which `git log` honours) would run
+    # the repository's `gpg.program` on a signed commit (the store walks history with rev-list).
+    ("log.showSignature", "false"),
+    ("gpg.program", os.devnull),
+    ("gpg.ssh.program", os.devnull),
+    ("gpg.x509.program", os.devnull),
     # Only local paths are fetchable; no ssh, http or ext:: helper can be reached.
     ("protocol.allow", "never"),
     ("protocol.file.allow", "always"),
