@@ -395,7 +395,7 @@ def compile_task(
     result = CompileResult(
         output,
         tarball,
-        write_canonical_tar(output, tarball),
+        write_canonical_tar(output, tarball, link_duplicates=True),
         spec_digest,
         baseline_commit,
         tuple(notes),

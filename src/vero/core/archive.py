@@ -4,7 +4,8 @@ Rules: entries sorted by path (directories before their contents); mtime 0, uid/
 and group names; modes normalized to 0755 for directories and executable files, 0644 otherwise;
 symlinks kept only when relative and resolving inside the tree, also when followed through the
 tree's other symlinks (`symlink_escapes`); no absolute paths, no `..` components, no device files
-or sockets. The gzip header carries no file name and mtime 0, so the output does not depend on the
+or sockets; for a compiled task, a large file whose bytes an earlier entry holds is a hard link to
+it (`link_duplicates`). The gzip header carries no file name and mtime 0, so the output does not depend on the
 output path, the umask, file mtimes, the owner or the machine.
 """
 
@@ -90,12 +91,16 @@ def symlink_escapes(link_path: bytes, target: bytes, links: Mapping[bytes, bytes
     return False
 
 
-def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
+def canonical_tar_bytes(root: str | Path, prefix: str = "", *, link_duplicates: bool = False) -> bytes:
     """Archive the tree at `root` canonically and return the gzip bytes.
 
     Args:
         root: directory to archive (its contents, not the directory itself).
         prefix: optional top-level directory name inside the archive (e.g. the task name).
+        link_duplicates: store a regular file of at least `LINK_DUPLICATES_FROM_BYTES` whose bytes
+            and mode an earlier entry (in archive order) already holds as a hard link to that entry
+            (a compiled task carries one vero wheel for three build contexts; extracting it, also
+            with tarfile's `data` filter, gives the same files).
 
     Raises:
         ArchiveError: the tree holds a link leaving it, an absolute link, or a special file.
@@ -124,6 +129,7 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
     ):
         if prefix:
             tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
+        stored: dict[tuple[str, int], str] | None = {} if link_duplicates else None
         for rel, path in entries:
             name = f"{prefix}/{rel}" if prefix else rel
             st = path.lstat()
@@ -134,14 +140,34 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "") -> bytes:
             elif stat.S_ISDIR(st.st_mode):
                 tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))
             elif stat.S_ISREG(st.st_mode):
-                mode = 0o755 if st.st_mode & 0o111 else 0o644
-                info = _info(name, tarfile.REGTYPE, mode)
-                info.size = st.st_size
-                with path.open("rb") as handle:
-                    tar.addfile(info, handle)
+                _add_file(tar, name, path, st, stored)
             else:
                 raise ArchiveError(f"special file cannot be archived: {rel}")
     return out.getvalue()
+
+
+LINK_DUPLICATES_FROM_BYTES = 64 * 1024
+"""Smallest file `canonical_tar_bytes(link_duplicates=True)` stores once (smaller ones cost little)."""
+
+
+def _add_file(
+    tar: tarfile.TarFile, name: str, path: Path, st: os.stat_result, stored: dict[tuple[str, int], str] | None
+) -> None:
+    """A regular file's entry, or a hard link to the entry that holds its bytes already (`stored`:
+    (sha256, mode) -> archive name; None: no links)."""
+    mode = 0o755 if st.st_mode & 0o111 else 0o644
+    if stored is not None and st.st_size >= LINK_DUPLICATES_FROM_BYTES:
+        key = (hashlib.sha256(path.read_bytes()).hexdigest(), mode)
+        if key in stored:
+            info = _info(name, tarfile.LNKTYPE, mode)
+            info.linkname = stored[key]
+            tar.addfile(info)
+            return
+        stored[key] = name
+    info = _info(name, tarfile.REGTYPE, mode)
+    info.size = st.st_size
+    with path.open("rb") as handle:
+        tar.addfile(info, handle)
 
 
 def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
@@ -154,14 +180,16 @@ def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
     return info
 
 
-def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "") -> str:
+def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "", *, link_duplicates: bool = False) -> str:
     """Write the canonical archive of `root` to `dest` atomically and return its sha256 hex digest.
+
+    Args: as `canonical_tar_bytes`.
 
     Raises:
         ArchiveError: see `canonical_tar_bytes`.
         OSError: `dest` cannot be written.
     """
-    data = canonical_tar_bytes(root, prefix)
+    data = canonical_tar_bytes(root, prefix, link_duplicates=link_duplicates)
     atomic_write_bytes(dest, data, mode=0o644)
     return hashlib.sha256(data).hexdigest()
 
