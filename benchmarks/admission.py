@@ -9,6 +9,8 @@ real state store). Per checkpoint (1, 10, 100, 1,000 imports) it prints, medians
 - CPU time per import, this process and its waited-for git children (`getrusage`), and wall time;
 - git processes started per import (every `IsolatedGit` command; a fetch's own children, such as
   `upload-pack`, not counted);
+- the same import into a reference store that holds only the commit's parent, measured right
+  after it (the ratio shows what the store's history adds, whatever the machine's load does);
 - loose refs in the store (`refs/` files; packed refs are one file).
 
 `--source DIR` imports vero from another checkout's `src` (e.g. `/work/main/src`) instead: run both
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +68,7 @@ def main() -> None:
     import vero.core.isolated_git as isolated_git
     from vero.core.candidates import CandidateStore
     from vero.core.state import StateStore
+    from vero.spec.models import CandidateLimits
 
     count = [0]
     execute = isolated_git.IsolatedGit.execute
@@ -81,30 +85,50 @@ def main() -> None:
         agent.mkdir()
         _git(agent, "init", "-q", "-b", "main")
         for i in range(args.files):
-            (agent / f"f{i}.txt").write_text(f"file {i}\n")
+            directory = agent / f"d{i // 500}"
+            directory.mkdir(exist_ok=True)
+            (directory / f"f{i}.txt").write_text(f"file {i}\n")
         _git(agent, "add", "-A")
         _git(agent, "commit", "-q", "-m", "baseline")
         state = StateStore.open(root / "state.db")
-        store = CandidateStore.open(root / "store", state)
+        limits = CandidateLimits(max_files=max(20_000, 2 * args.files))
+        store = CandidateStore.open(root / "store", state, limits=limits)
         store.import_version_sync(agent, "HEAD")
-        samples: dict[int, list[tuple[float, float, int]]] = {c: [] for c in CHECKPOINTS if c <= args.imports}
-        for n in range(1, args.imports + 1):
-            (agent / f"f{n % args.files}.txt").write_text(f"version {n}\n")
-            _git(agent, "commit", "-q", "-a", "-m", f"v{n}")
+        samples: dict[int, list[tuple[float, float, int, float]]] = {c: [] for c in CHECKPOINTS if c <= args.imports}
+
+        def measure(target: CandidateStore) -> tuple[float, float, int]:
             before_cpu, before_wall, before_count = _cpu(), time.perf_counter(), count[0]
-            store.import_version_sync(agent, "HEAD")
-            measured = (_cpu() - before_cpu, time.perf_counter() - before_wall, count[0] - before_count)
-            for checkpoint in samples:
-                if checkpoint - args.sample < n <= checkpoint or (checkpoint < args.sample and n <= checkpoint):
-                    samples[checkpoint].append(measured)
+            target.import_version_sync(agent, "HEAD")
+            return _cpu() - before_cpu, time.perf_counter() - before_wall, count[0] - before_count
+
+        for n in range(1, args.imports + 1):
+            k = n % args.files
+            (agent / f"d{k // 500}" / f"f{k}.txt").write_text(f"version {n}\n")
+            _git(agent, "commit", "-q", "-a", "-m", f"v{n}")
+            sampled = [c for c in samples if c - args.sample < n <= c or (c < args.sample and n <= c)]
+            if not sampled:
+                store.import_version_sync(agent, "HEAD")
+                continue
+            # side by side: the same commit into a reference store that holds only its parent
+            reference_state = StateStore.open(root / f"reference-{n}" / "state.db")
+            reference = CandidateStore.open(root / f"reference-{n}", reference_state, limits=limits)
+            reference.import_version_sync(agent, "HEAD~1")
+            grown = measure(store)
+            fresh = measure(reference)
+            reference_state.close()
+            shutil.rmtree(root / f"reference-{n}", ignore_errors=True)
+            for checkpoint in sampled:
+                samples[checkpoint].append((*grown, fresh[0]))
         loose = _loose_refs(store.git_dir)
         state.close()
     first = statistics.median(s[0] for s in samples[min(samples)])
     print(f"vero from {args.source or 'this checkout'}; load average {os.getloadavg()[0]:.1f}")
     for checkpoint, rows in samples.items():
         cpu = statistics.median(r[0] for r in rows)
+        side = statistics.median(r[0] / r[3] for r in rows)
         print(
-            f"  import {checkpoint:>5}: CPU {cpu * 1e3:6.1f} ms ({cpu / first:.2f} x the 1st), wall "
+            f"  import {checkpoint:>5}: CPU {cpu * 1e3:6.1f} ms ({cpu / first:.2f} x the 1st; {side:.2f} x the same "
+            f"import into a store with one candidate, side by side), wall "
             f"{statistics.median(r[1] for r in rows) * 1e3:6.1f} ms, git processes "
             f"{statistics.median(r[2] for r in rows):.0f}"
         )
