@@ -61,4 +61,8 @@ def main() -> int | None:
     return wait()
 
 
+if os.environ.get("REAPER_SLOW_PARENT"):
+    # The parent is held inside os.fork(), before it knows its child's pid, as a loaded machine may
+    # leave it while the child already runs and says it is ready.
+    os.register_at_fork(after_in_parent=lambda: time.sleep(float(os.environ["REAPER_SLOW_PARENT"])))
 sys.exit(run_reaped(main))

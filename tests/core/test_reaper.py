@@ -42,9 +42,13 @@ def test_exceptions_and_exits_become_exit_codes():
     assert run_child("raise")[0] == 1
 
 
-def test_a_signal_to_the_reaper_reaches_the_command():
+@pytest.mark.parametrize("slow_parent", [False, True], ids=["plain", "before-the-parent-knows-its-child"])
+def test_a_signal_to_the_reaper_reaches_the_command(slow_parent: bool):
+    # slow_parent: the signal arrives while the parent is still inside os.fork() (the child already
+    # runs); a handler run there forwarded nothing, and the command slept on.
+    env = {**os.environ, "REAPER_SLOW_PARENT": "3"} if slow_parent else None
     process = subprocess.Popen(
-        [sys.executable, str(CHILD), "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(CHILD), "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         assert process.stdout is not None

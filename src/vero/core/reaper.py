@@ -22,6 +22,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 __all__ = ["FORWARDED_SIGNALS", "run_reaped"]
 
@@ -53,6 +54,28 @@ def _exit_code(exc: BaseException) -> int:
     return 1
 
 
+def _run_child(
+    main: Callable[[], int | None], parent: int, previous: dict, mask: set[int | signal.Signals]
+) -> NoReturn:
+    """The forked child: die with `parent`, take back the command's signal handlers and mask, run
+    `main` and exit with its code (never returns)."""
+    code = 1
+    try:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(128 + signal.SIGKILL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        code = main() or 0
+    except BaseException as exc:  # noqa: BLE001 - the child must end here, with a code
+        code = _exit_code(exc)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_reaped(main: Callable[[], int | None]) -> int:
     """Run `main()` in a child while this process reaps everything re-parented to it.
 
@@ -79,23 +102,17 @@ def run_reaped(main: Callable[[], int | None]) -> int:
                 pass
 
     # Before the fork: a signal that arrives while the child starts is forwarded, not fatal here.
+    # They stay blocked across the fork: a handler run in the parent before `child` is assigned
+    # (CPython runs handlers as a call returns, os.fork's too; the child may even have run and
+    # said it is ready by then) would forward nothing, and one run in the child before its
+    # handlers are restored would be dropped. Unblocked, each pending signal is handled once
+    # `child` is known in the parent, and with the command's own handlers in the child.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
     child = os.fork()
     if child == 0:
-        code = 1
-        try:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the parent died before the line above
-                os._exit(128 + signal.SIGKILL)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            code = main() or 0
-        except BaseException as exc:  # noqa: BLE001 - the child must end here, with a code
-            code = _exit_code(exc)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        _run_child(main, parent, previous, mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     status = None
     while status is None:
         try:
