@@ -86,6 +86,50 @@ def test_cancellation_kills_the_group_and_propagates(tmp_path):
     assert wait_gone(int(pidfile.read_text()))
 
 
+def _running_with(token: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if token.encode() in cmdline and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_cancellation_during_the_start_kills_the_group_too(tmp_path):
+    """Cancelled after 0, 1, ... turns of the loop: inside `create_subprocess_exec` (which kills
+    the leader only) and between it and the wait, the group was left running (at 1, 3 and 4 turns
+    here before the fix). Whenever the cancel lands, nothing of the group outlives the call."""
+    token = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+
+    async def cancel_after(turns: int) -> None:
+        task = asyncio.create_task(
+            run_process_group(
+                ["sh", "-c", f"sleep 300.{token}{turns} & wait"], env=ENV, cwd=tmp_path, kill_grace_sec=1.0
+            )
+        )
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    left = {}
+    try:
+        for turns in range(12):
+            asyncio.run(cancel_after(turns))
+            left[turns] = [pid for pid in _running_with(f"{token}{turns}") if not wait_gone(pid, 10)]
+        assert all(not pids for pids in left.values()), left
+    finally:
+        for pid in _running_with(token):
+            os.kill(pid, 9)
+
+
 @pytest.mark.timeout(60)
 def test_a_hurried_kill_does_not_wait_for_the_grace(tmp_path):
     """Once `hurry` says the caller is stopping, a group that ignores SIGTERM is SIGKILLed at once:

@@ -159,6 +159,61 @@ async def _drain(stream: asyncio.StreamReader, tail: _Tail) -> None:
         tail.feed(chunk)
 
 
+async def _start(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    identity: tuple[int | None, int | None, list[int] | None],
+) -> tuple[asyncio.subprocess.Process, asyncio.ReadTransport, asyncio.StreamReader]:
+    """Start the process in a session of its own, its merged output on a pipe read by the loop.
+
+    `identity`: (user, group, extra groups) to switch to, each None to keep the caller's."""
+    user, group, extra_groups = identity
+    # Our own pipe, not `stdout=PIPE`: on Python 3.12 `Process.wait()` returns only once every
+    # transport pipe is closed, so a grandchild holding stdout would hide the leader's exit.
+    read_fd, write_fd = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=dict(env),
+            cwd=str(cwd),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            user=user,
+            group=group,
+            extra_groups=extra_groups,
+        )
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(read_fd, "rb", 0)
+        )
+    except BaseException:
+        _signal_group(process.pid, signal.SIGKILL)
+        raise
+    return process, transport, reader
+
+
+async def _abandon(start: asyncio.Future, grace_sec: float, hurry: Callable[[], bool] | None) -> None:
+    """The caller was cancelled while `start` ran: once it has, kill the group it started."""
+    try:
+        process, transport, _ = await start
+    except Exception:  # noqa: BLE001 - nothing started (the caller's cancellation is what is raised)
+        return
+    try:
+        await _kill_group(process, process.pid, grace_sec, hurry)
+    finally:
+        transport.close()
+
+
 async def run_process_group(
     argv: Sequence[str],
     *,
@@ -200,34 +255,17 @@ async def run_process_group(
     elif run_as is not None:
         logger.debug("not root: the nested run keeps the caller's identity")
     started = time.monotonic()
-    # Our own pipe, not `stdout=PIPE`: on Python 3.12 `Process.wait()` returns only once every
-    # transport pipe is closed, so a grandchild holding stdout would hide the leader's exit.
-    read_fd, write_fd = os.pipe()
+    # The start runs to its end even when the caller is cancelled meanwhile: cancelled halfway (in
+    # `create_subprocess_exec`, which then kills the leader only, or before the try below), it left
+    # the group running with no one to kill it.
+    start = asyncio.ensure_future(_start(argv, env, cwd, (user, group, extra_groups)))
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            env=dict(env),
-            cwd=str(cwd),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=write_fd,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            user=user,
-            group=group,
-            extra_groups=extra_groups,
-        )
-    except BaseException:
-        os.close(read_fd)
+        process, transport, reader = await asyncio.shield(start)
+    except asyncio.CancelledError:
+        await finish_uncancellable(_abandon(start, kill_grace_sec, hurry))
         raise
-    finally:
-        os.close(write_fd)
     pgid = process.pid  # the session leader's pid is its group id
     tail = _Tail(tail_bytes, secrets)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(loop=loop)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(read_fd, "rb", 0)
-    )
     drain = asyncio.ensure_future(_drain(reader, tail))
     timed_out = False
     try:
