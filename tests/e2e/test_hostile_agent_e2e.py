@@ -11,9 +11,12 @@ It also commits a program that is right only if its checkout holds the committed
 without git attributes and once with attributes that would change them on checkout (`eol=crlf`,
 `ident`, `export-ignore`); evaluated on a fresh slot and on a slot that held the first tree, and
 scored by the verifier from the sealed session, it must score as the reference change every time.
-And it leaves a process in `main` that keeps submitting and evaluating after the agent has ended:
-intake closes with the task's hook in `main`, every later attempt is refused with `intake_closed`,
-and nothing it sends after that is in the sealed session.
+And it leaves a process in `main` that keeps submitting after the agent has ended, straight over
+HTTP, and holds a CLI submit and a CLI eval at a proxy of its own until it sees intake closed:
+intake closes with the task's hook in `main`, every later attempt is refused with `intake_closed`
+(the CLI with each kind's exit code), and nothing it sends after that is in the sealed session.
+Holding the CLI calls makes the proof independent of load: after the close each costs a round trip,
+not a CLI start, before Harbor stops `main`.
 """
 
 from __future__ import annotations
@@ -87,24 +90,29 @@ def test_hostile_agent_gets_nothing_it_should_not(tmp_path: Path) -> None:
     attempts = _late_attempts(run.trial_dir)
     refused = [a for a in attempts if a["code"] == "intake_closed"]
     assert refused, attempts  # intake closed while main still ran
-    first_refused = min(refused, key=lambda a: a["started"])
-    assert {a["what"]: a["exit"] for a in refused} == {"submit": 6, "eval": 3}, refused
-    accepted = [a for a in attempts if a["exit"] == 0]
+    closed_seen = min(a["answered"] for a in refused)  # the first answer that said intake was closed
+    # Each kind through the CLI, held until the close: refused with its own exit code, once each.
+    cli_refused = [a for a in refused if a["via"] == "cli"]
+    assert sorted((a["what"], a["exit"]) for a in cli_refused) == [("eval", 3), ("submit", 6)], attempts
+    assert all(a["exit"] == 409 for a in refused if a["via"] == "http"), refused
+    accepted = [a for a in attempts if a["exit"] in (0, 200, 201)]  # the CLI's 0, HTTP 201 or 200
     # Once refused, never accepted again (what the window before the hook let in is all there is).
-    assert all(a["started"] < first_refused["answered"] for a in accepted), attempts
+    assert all(a["started"] < closed_seen for a in accepted), attempts
+    assert all(a["code"] == "intake_closed" for a in attempts if a["started"] > closed_seen), attempts
     assert all(a["exit"] in (0, 3) for a in attempts if a["what"] == "eval"), attempts
-    last_accepted = max((a["answered"] for a in accepted), default=None)
-    refused_at = first_refused["answered"] - agent_end
+    last_accepted = max((a["answered"] for a in accepted), default=agent_end)
+    cli_done = max(a["answered"] for a in cli_refused)
     print(
         f"late intake: agent ended at {agent_end:.3f}; the last accepted attempt was answered "
-        f"{(last_accepted or agent_end) - agent_end:+.2f} s from it, the first refused one started "
-        f"{first_refused['started'] - agent_end:+.2f} s and was answered {refused_at:+.2f} s from it; "
+        f"{last_accepted - agent_end:+.2f} s from it, the first refusal {closed_seen - agent_end:+.2f} s, "
+        f"both CLI refusals by {cli_done - agent_end:+.2f} s, main's last logged answer "
+        f"{max(a['answered'] for a in attempts) - agent_end:+.2f} s; "
         f"{len(refused)} refused, {len(accepted)} accepted in all"
     )
     late_jobs = [j for j in session.jobs if j.created_at.timestamp() > agent_end]
-    assert all(j.created_at.timestamp() < first_refused["answered"] for j in late_jobs), late_jobs
+    assert all(j.created_at.timestamp() < closed_seen for j in late_jobs), late_jobs
     assert session.submission is not None
-    assert session.submission.submitted_at.timestamp() < first_refused["answered"]
+    assert session.submission.submitted_at.timestamp() < closed_seen
 
     # Slot identity: the submitted tree (the probe's, or the late commit of the same tree) scores as
     # the reference change on the hidden case in the verifier too.
@@ -115,16 +123,19 @@ def test_hostile_agent_gets_nothing_it_should_not(tmp_path: Path) -> None:
 
 
 def _late_attempts(trial_dir: Path) -> list[dict]:
-    """`late.log` as Harbor collected it from main's `/logs/artifacts`: one attempt per line (what,
-    when it started and was answered, the CLI's exit code, its error text)."""
+    """`late.log` as Harbor collected it from main's `/logs/artifacts`: one attempt per line (how it
+    was made, `cli` or straight over `http`, and what; when it started and was answered; the CLI's
+    exit code or the HTTP status; the error text)."""
     (log,) = list((trial_dir / "artifacts").rglob("late.log"))
     attempts = []
     for line in log.read_text().splitlines():
         what, started, answered, code, *message = line.split(" ", 4)
         text = message[0] if message else ""
+        via, kind = what.split("/")
         attempts.append(
             {
-                "what": what.split("/")[1],
+                "via": via,
+                "what": kind,
                 "started": float(started),
                 "answered": float(answered),
                 "exit": int(code),

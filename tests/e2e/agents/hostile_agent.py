@@ -14,7 +14,7 @@ from harbor.models.agent.context import AgentContext
 
 # The hidden partition of tasks/minimal is `hidden` with case `words-spaces`; a real attacker could
 # guess names like these, so the test uses them as given.
-ATTACKS = r"""
+ATTACKS_TEMPLATE = r"""
 set -u
 out() { echo "$1=$2"; }
 S="$VERO_SIDECAR_URL"
@@ -98,29 +98,115 @@ remaining='import json,sys; d=json.load(sys.stdin)
 print([p["budget"]["remaining_runs"] for p in d["partitions"] if p["name"]=="train"][0])'
 out status_remaining_runs "$(vero harbor status | python3 -c "$remaining")"
 
-# Late intake: a process left running in main keeps submitting (a commit of the probe's tree), and
-# once the agent is ending also evaluating, logging when each attempt started and was answered where
-# Harbor collects main's artifacts. Started here, so its answers cover the agent's end.
+# Late intake: a process left running in main keeps submitting straight over HTTP (a commit of the
+# probe's tree) and holds one CLI submit and one CLI eval at a proxy of its own until it sees intake
+# closed, then lets both through: each kind's refusal and its exit code then cost one round trip
+# after the close, not a CLI start (Harbor stops main soon after its close hook; under load there
+# was room for one CLI start only). Every attempt is logged where Harbor collects main's artifacts.
 late=$(git commit-tree "$probe^{tree}" -p "$probe" -m "late: the probe's tree, submitted after the agent ended")
 out late_commit "$late"
-cat > /tmp/late.sh <<'SH'
-#!/bin/bash
-log=/logs/artifacts/late.log
-end=$(( $(date +%s) + 600 ))
-attempt() {
-  t0=$(date +%s.%N); "$@" >/dev/null 2>/tmp/late.err; rc=$?; t1=$(date +%s.%N)
-  echo "$1/$3 $t0 $t1 $rc $(tr '\n' ' ' < /tmp/late.err | head -c 200)" >> "$log"
-}
-while [ "$(date +%s)" -lt "$end" ]; do
-  attempt vero harbor submit --version LATE_COMMIT
-  [ -e /tmp/agent-ending ] && attempt vero harbor eval --partition holdout
-done
-SH
-sed -i "s/LATE_COMMIT/$late/" /tmp/late.sh && chmod +x /tmp/late.sh
-setsid /tmp/late.sh > /dev/null 2>&1 < /dev/null &
-out late_started yes
-touch /tmp/agent-ending
+cat > /tmp/late.py <<'PY'
+LATE_PY
+PY
+setsid python3 /tmp/late.py "$late" > /tmp/late.out 2>&1 < /dev/null &
+# Both CLI requests are held at the proxy before the agent ends, so their start-up is behind them.
+for i in $(seq 600); do [ -e /tmp/late-ready ] && break; sleep 0.1; done
+out late_started "$([ -e /tmp/late-ready ] && echo yes || echo no)"
 """
+
+
+LATE_PY = r"""
+# The process the hostile agent leaves in main (standard library only): argv[1] is the commit to submit.
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+LOG = "/logs/artifacts/late.log"
+LATE = sys.argv[1]
+SIDECAR = urlsplit(os.environ["VERO_SIDECAR_URL"])
+closed = threading.Event()
+held = threading.Semaphore(0)
+lock = threading.Lock()
+
+
+def log(what, t0, t1, code, text):
+    line = f"{what} {t0:.6f} {t1:.6f} {code} {' '.join(text.split())[:200]}\n"
+    with lock, open(LOG, "a") as f:
+        f.write(line)
+
+
+def send(method, path, body=None):
+    conn = http.client.HTTPConnection(SIDECAR.hostname, SIDECAR.port or 80, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers={"content-type": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, answer.getheader("content-type", "application/json"), answer.read()
+    finally:
+        conn.close()
+
+
+class Hold(BaseHTTPRequestHandler):
+    # Passes reads through; holds each POST until intake is seen closed, then forwards it.
+
+    def do_GET(self):
+        self.relay(None)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        held.release()
+        closed.wait()
+        self.relay(body)
+
+    def relay(self, body):
+        status, kind, data = send(self.command, self.path, body)
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def cli(*argv):
+    env = dict(os.environ, VERO_SIDECAR_URL=f"http://127.0.0.1:{proxy.server_address[1]}")
+    t0 = time.time()
+    done = subprocess.run(["vero", "harbor", *argv], env=env, capture_output=True, text=True)
+    log(f"cli/{argv[0]}", t0, time.time(), done.returncode, done.stderr)
+
+
+proxy = ThreadingHTTPServer(("127.0.0.1", 0), Hold)
+threading.Thread(target=proxy.serve_forever, daemon=True).start()
+clis = [
+    threading.Thread(target=cli, args=args)
+    for args in (("submit", "--version", LATE), ("eval", "--partition", "holdout"))
+]
+for thread in clis:
+    thread.start()
+for thread in clis:
+    held.acquire()
+open("/tmp/late-ready", "w").close()
+end = time.time() + 600
+while time.time() < end:  # until Harbor stops main
+    t0 = time.time()
+    try:
+        status, _, data = send("POST", "/submissions", json.dumps({"version": LATE}).encode())
+        text = data.decode(errors="replace")
+    except OSError as exc:
+        status, text = 0, repr(exc)
+    log("http/submit", t0, time.time(), status, text)
+    if "intake_closed" in text:
+        closed.set()
+    time.sleep(0.05)
+"""
+ATTACKS = ATTACKS_TEMPLATE.replace("LATE_PY", LATE_PY)
 
 
 class HostileAgent(BaseAgent):
