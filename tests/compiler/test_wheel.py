@@ -45,6 +45,8 @@ def test_wheel_bytes_are_reproducible_and_entries_canonical():
             assert listed[name] == (expected, str(len(data))), name
         entry_points = archive.read("vero-0.1.0.dist-info/entry_points.txt").decode()
         assert "vero = vero._entry:main" in entry_points
+        # Nested runs' entry in the sidecar's and the verifier's images (vero.harbor.nested_cli).
+        assert "vero-harbor-run = vero.harbor.nested_cli:main" in entry_points
         metadata = archive.read("vero-0.1.0.dist-info/METADATA").decode()
         assert "Name: vero\n" in metadata and "Requires-Dist: harbor==0.26.0\n" in metadata
 

@@ -74,6 +74,7 @@ __all__ = [
     "case_glob",
     "declared_agent_timeouts",
     "find_harbor_executable",
+    "find_nested_harbor_executable",
     "nested_env",
     "nested_variable_names",
     "plan_agent_timeout",
@@ -214,6 +215,22 @@ def find_harbor_executable() -> Path:
     if found is None:
         raise InfrastructureFailure("no harbor executable next to the interpreter or on PATH")
     return Path(found)
+
+
+def find_nested_harbor_executable() -> Path:
+    """The entry of nested `harbor run`s: `vero-harbor-run` next to `sys.executable`
+    (`vero.harbor.nested_cli`: Harbor's `run` without the rest of Harbor's CLI, about 0.4 s of CPU
+    less per run), else `find_harbor_executable()`. Both take `run ARGS...` alike.
+
+    Raises:
+        InfrastructureFailure: neither exists.
+    """
+    from vero.harbor.nested_cli import SCRIPT_NAME
+
+    sibling = Path(sys.executable).parent / SCRIPT_NAME
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return sibling
+    return find_harbor_executable()
 
 
 def case_glob(name: str) -> str:

@@ -118,7 +118,7 @@ from vero.harbor.command import (
     HarborCommand,
     build_command,
     declared_agent_timeouts,
-    find_harbor_executable,
+    find_nested_harbor_executable,
     nested_env,
     plan_agent_timeout,
     scrub,
@@ -167,8 +167,8 @@ class HarborBackend:
     """The real `EvaluationBackend`: nested `harbor run`s on the machine running the sidecar or verifier.
 
     Args:
-        harbor_executable: the `harbor` to run; default `find_harbor_executable()` (the one next to
-            `sys.executable`, else on `PATH`).
+        harbor_executable: what runs `harbor run ARGS...`; default `find_nested_harbor_executable()`
+            (vero's `vero-harbor-run` next to `sys.executable`, else the `harbor` there or on `PATH`).
         python_executable: interpreter of the `kind: agent` candidate hosts; default the `python`
             next to `harbor_executable`, else `sys.executable` (it must see Harbor and vero, and be
             runnable by any uid: hosts run as throw-away users).
@@ -303,7 +303,7 @@ class HarborBackend:
             InfrastructureFailure: none was given and none is installed.
         """
         if self._harbor_executable is None:
-            self._harbor_executable = find_harbor_executable()
+            self._harbor_executable = find_nested_harbor_executable()
         return self._harbor_executable
 
     async def case_kit(self) -> Path:
