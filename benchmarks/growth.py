@@ -17,12 +17,16 @@ Run from the repository root: `uv run python benchmarks/growth.py` (about 10 min
    baseline), a restart, and per evaluation of a one-file change the admission
    (`SidecarService.start_evaluation`) and the slot checkout (`CandidateStore.update_worktree`),
    against a full files-only checkout into a fresh directory.
-3. **Sidecar start with 10,000 finished jobs** in the state store (filled in bulk), in process.
+3. **Sidecar start with 10,000 finished jobs** in the state store (filled in bulk), in process;
+   then `vero harbor serve` exec'd on that state, timed until `/health` answers 200 (wall and the
+   child's CPU; `--start-baseline DIR` times another checkout's the same way, alternating;
+   `--start-only` runs just this).
 4. **Agent CLI start-up**, as the agent pays it in `main`: vero installed there's way (a venv, the
    client's pins, the wheel through pip and its console script), then CPU and wall time of
-   `vero harbor status` against the running sidecar, of `vero --help` (the typer application) and
-   of `python -c pass`, alternating, medians of `CLI_RUNS` rounds; `--cli-baseline REV` adds the
-   agent CLI of a git revision to the same rounds (before/after). `--cli-only` measures just this.
+   `vero harbor status` against the running sidecar, of `vero harbor status --help` and `vero harbor
+   eval --help`, of `vero --help` (the typer application) and of `python -c pass`, alternating,
+   medians of `CLI_RUNS` rounds; `--cli-baseline REV` adds the agent CLI of a git revision to the
+   same rounds (before/after). `--cli-only` measures just this.
 
 No assertion: docs/benchmarks.md records the figures, the issue's goals are ratios to read off the output.
 """
@@ -55,6 +59,8 @@ BIG_TARGET_FILES = 50_000
 BIG_TARGET_EVALUATIONS = 5
 BULK_JOBS = 10_000
 CLI_RUNS = 21
+SERVED_RUNS = 5
+"""Execs of `vero harbor serve` timed until `/health` answers, with `BULK_JOBS` jobs in its state."""
 PAIRED_EVALUATIONS = 7
 """Evaluations measured at each checkpoint, alternating with the reference sidecar."""
 
@@ -303,7 +309,7 @@ def _big_target(root: Path) -> dict:
 # -- 3. start with 10,000 jobs ------------------------------------------------------------------
 
 
-def _start_with_jobs(root: Path, n_jobs: int) -> dict:
+def _start_with_jobs(root: Path, n_jobs: int, baseline: Path | None = None) -> dict:
     from datetime import UTC, datetime
 
     from tests.sidecar._server import StubBackend, make_harness
@@ -364,7 +370,9 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
         status = await full.status(PRINCIPAL)
         status_ms = (time.perf_counter() - status_started) * 1e3
         await full.stop()
+        served = _served_start(harness, SERVED_RUNS, baseline)
         return {
+            **served,
             "jobs": n_jobs,
             "start_empty_sec": empty_start,
             "start_sec": full_start,
@@ -374,6 +382,80 @@ def _start_with_jobs(root: Path, n_jobs: int) -> dict:
         }
 
     return asyncio.run(run())
+
+
+def _served_start(harness, runs: int, baseline: Path | None = None) -> dict:
+    """Exec `vero harbor serve` on the harness's dirs (its state as it is) and time each start
+    from the exec until `/health` answers 200, `runs` times after a warm-up (page cache); medians
+    of the wall time and of the child's CPU time until then. The real command and app: typer, the
+    config, the state store's open, recovery, the baseline, uvicorn (no network fence, local calls
+    allowed: outside a container; as root, nested runs would run as `nobody`). `baseline`: another
+    checkout whose `.venv/bin/vero` is timed the same way, alternating (`baseline_served_*`)."""
+    config = harness.root / "served-config.json"
+    config.write_text(harness.config.model_dump_json())
+    options = [
+        "harbor",
+        "serve",
+        f"--config={config}",
+        f"--state-dir={harness.state_dir}",
+        f"--agent-repo={harness.agent_repo}",
+        f"--context-dir={harness.context_dir}",
+        f"--cases-dir={harness.cases_dir}",
+        f"--baseline-dir={harness.baseline_dir}",
+        f"--work-dir={harness.work_dir}",
+        "--host=127.0.0.1",
+        "--allow-local-agent-calls",
+        "--unfenced-candidates",
+        *(["--runner-user=nobody"] if os.geteuid() == 0 else []),
+    ]
+    commands = {"served": [str(Path(sys.executable).parent / "vero"), *options]}
+    if baseline is not None:
+        commands["baseline_served"] = [str(baseline / ".venv" / "bin" / "vero"), *options]
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for round_ in range(runs + 1):
+        for name, argv in commands.items():
+            sample = _time_to_health(argv, harness.root / "served.log")
+            if round_:
+                samples[name].append(sample)
+    figures = {}
+    for name, runs_ in samples.items():
+        figures[f"{name}_health_sec"] = statistics.median(wall for wall, _ in runs_)
+        figures[f"{name}_cpu_sec"] = statistics.median(cpu for _, cpu in runs_)
+    return figures
+
+
+def _time_to_health(argv: list[str], log_path: Path) -> tuple[float, float]:
+    """Wall seconds from exec until `GET /health` answers 200 and the child's CPU seconds by then."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
+    started = time.perf_counter()
+    with log_path.open("wb") as log:
+        child = subprocess.Popen([*argv, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        while True:
+            if child.poll() is not None:
+                raise SystemExit(
+                    f"`vero harbor serve` exited {child.returncode} before answering /health: "
+                    + log_path.read_text(errors="replace")[-2000:]
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                    conn.sendall(request)
+                    if conn.recv(64).startswith(b"HTTP/1.1 200"):
+                        break
+            except OSError:
+                time.sleep(0.005)
+        wall = time.perf_counter() - started
+        with open(f"/proc/{child.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return wall, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    finally:
+        child.terminate()
+        child.wait(timeout=60)
 
 
 def _stub_result(candidate: str):
@@ -471,6 +553,8 @@ def _cli_startup(url: str, baseline: str | None = None) -> dict:
         commands = {
             "python_pass": [str(bin_dir / "python"), "-c", "pass"],
             "status": [str(bin_dir / "vero"), "harbor", "status"],
+            "status_help": [str(bin_dir / "vero"), "harbor", "status", "--help"],
+            "eval_help": [str(bin_dir / "vero"), "harbor", "eval", "--help"],
             "typer_help": [str(bin_dir / "vero"), "--help"],
         }
         if baseline is not None:
@@ -480,8 +564,9 @@ def _cli_startup(url: str, baseline: str | None = None) -> dict:
                 ["git", "-C", str(ROOT), "archive", "--format=tar", baseline], check=True, capture_output=True
             )
             subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-            commands["baseline_status"] = [str(_install_like_main(Path(tmp) / "baseline", source) / "vero")]
-            commands["baseline_status"] += ["harbor", "status"]
+            baseline_vero = str(_install_like_main(Path(tmp) / "baseline", source) / "vero")
+            commands["baseline_status"] = [baseline_vero, "harbor", "status"]
+            commands["baseline_status_help"] = [baseline_vero, "harbor", "status", "--help"]
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for argv in commands.values():
             _cpu_ms(argv, env)  # warm-up: page cache
@@ -500,16 +585,37 @@ def _cli_line(cli: dict) -> str:
         f"agent CLI in main: `vero harbor status` (start-up and the call) {cli['status_ms']:.0f} ms wall, "
         f"{cli['status_cpu_ms']:.0f} ms CPU, against `python -c pass` {cli['python_pass_ms']:.0f} ms wall, "
         f"{cli['python_pass_cpu_ms']:.0f} ms CPU ({cli['status_ms'] / cli['python_pass_ms']:.1f}x wall, "
-        f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); the typer application "
+        f"{cli['status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU); `vero harbor status --help` "
+        f"{cli['status_help_cpu_ms']:.0f} ms CPU ({cli['status_help_cpu_ms'] / cli['python_pass_cpu_ms']:.2f}x), "
+        f"`vero harbor eval --help` {cli['eval_help_cpu_ms']:.0f} ms CPU "
+        f"({cli['eval_help_cpu_ms'] / cli['python_pass_cpu_ms']:.2f}x); the typer application "
         f"(`vero --help`) {cli['typer_help_ms']:.0f} ms wall, {cli['typer_help_cpu_ms']:.0f} ms CPU"
     )
     if "baseline_status_ms" in cli:
         line += (
             f"; the baseline's `vero harbor status` {cli['baseline_status_ms']:.0f} ms wall, "
             f"{cli['baseline_status_cpu_ms']:.0f} ms CPU "
-            f"({cli['baseline_status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU)"
+            f"({cli['baseline_status_cpu_ms'] / cli['python_pass_cpu_ms']:.1f}x CPU), its `status --help` "
+            f"{cli['baseline_status_help_cpu_ms']:.0f} ms CPU "
+            f"({cli['baseline_status_help_cpu_ms'] / cli['python_pass_cpu_ms']:.2f}x)"
         )
     return line
+
+
+def _start_line(many: dict) -> str:
+    return (
+        f"sidecar start: {many['start_sec']:.2f} s with {many['jobs']:,} jobs "
+        f"({many['start_empty_sec']:.2f} s with none; {many['start_sec'] / many['start_empty_sec']:.2f}x); "
+        f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
+        f"{many['state_bytes'] / 1024 / 1024:.1f} MB; `vero harbor serve` exec to `/health` 200: "
+        f"{many['served_health_sec']:.2f} s wall, {many['served_cpu_sec']:.2f} s CPU (goal: <= 2 s)"
+        + (
+            f"; the baseline's {many['baseline_served_health_sec']:.2f} s wall, "
+            f"{many['baseline_served_cpu_sec']:.2f} s CPU"
+            if "baseline_served_health_sec" in many
+            else ""
+        )
+    )
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -520,6 +626,16 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="Go on to 10,000 evaluations (about an hour).")
     parser.add_argument("--json", type=Path, default=None, help="Also write every figure to this JSON file.")
     parser.add_argument("--cli-only", action="store_true", help="Measure only the agent CLI's start-up.")
+    parser.add_argument(
+        "--start-baseline",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="Also time `vero harbor serve` of this checkout (its .venv), alternating (3.).",
+    )
+    parser.add_argument(
+        "--start-only", action="store_true", help="Measure only the sidecar's start with BULK_JOBS jobs (3.)."
+    )
     parser.add_argument(
         "--cli-baseline",
         metavar="REV",
@@ -553,6 +669,13 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps({"cli": cli}, indent=2))
         return
+    if args.start_only:
+        with tempfile.TemporaryDirectory(prefix="vero-growth-") as tmp:
+            many = _start_with_jobs(Path(tmp), BULK_JOBS, args.start_baseline)
+        console.print(_start_line(many))
+        if args.json:
+            args.json.write_text(json.dumps({"start_with_jobs": many}, indent=2))
+        return
     with tempfile.TemporaryDirectory(prefix="vero-growth-") as tmp:
         root = Path(tmp)
         console.print(f"1. {checkpoints[-1]} evaluations through the app ...", style="dim")
@@ -560,7 +683,7 @@ def main() -> None:
         console.print("2. a 50,000-file target ...", style="dim")
         big = _big_target(root)
         console.print(f"3. sidecar start with {BULK_JOBS:,} jobs ...", style="dim")
-        many = _start_with_jobs(root, BULK_JOBS)
+        many = _start_with_jobs(root, BULK_JOBS, args.start_baseline)
 
     table = Table(title="growth with the number of evaluations (uvicorn, loopback, stub backend)")
     table.add_column("measure")
@@ -594,12 +717,7 @@ def main() -> None:
         f"checkout: {big['full_checkout_ms']:.0f} ms, "
         f"{big['full_checkout_ms'] / big['slot_checkout_ms']:.0f}x)"
     )
-    console.print(
-        f"sidecar start: {many['start_sec']:.2f} s with {many['jobs']:,} jobs "
-        f"({many['start_empty_sec']:.2f} s with none; {many['start_sec'] / many['start_empty_sec']:.2f}x); "
-        f"/status then {many['status_ms']:.1f} ms, {many['status_bytes'] / 1024:.1f} KB; state "
-        f"{many['state_bytes'] / 1024 / 1024:.1f} MB"
-    )
+    console.print(_start_line(many))
     console.print(_cli_line(cli))
     load = os.getloadavg()
     console.print(

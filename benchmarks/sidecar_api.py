@@ -15,6 +15,9 @@ Measures, in one run of about a minute on two cores:
 3. Where admission time goes: the same steps as one admission, timed in this process, one at a time
    (candidate import of a new and of an already stored commit, ledger reservation, reservation and
    job record together).
+4. `GET /status` against a trivial FastAPI app (one constant answer) served by the same uvicorn
+   configuration in another process, alternating rounds at 1, 16 and 64 clients: the ratio of the
+   time per request (`--status-only` for this alone).
 
 Admitted jobs keep running in the background of the server process (candidate checkout, stub
 evaluation, result and ledger writes) while later admissions are measured: that is the sidecar's
@@ -115,6 +118,39 @@ def _serve(root: str, conn) -> None:
     asyncio.run(main())
 
 
+def _serve_trivial(conn) -> None:
+    """Child process: a trivial FastAPI app (`GET /status` answers a constant) on the uvicorn
+    configuration `_serve` uses: the floor a request to the sidecar's stack costs."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/status")
+    async def status() -> dict[str, str]:
+        return {"status": "ok"}
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
+    )
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                conn.send(None)
+                return
+            await asyncio.sleep(0.02)
+        conn.send(server.servers[0].sockets[0].getsockname()[1])
+        await task
+
+    asyncio.run(main())
+
+
 # -- load generation --------------------------------------------------------------------------
 
 
@@ -184,6 +220,71 @@ def _api(url: str, versions: list[str]) -> tuple[list[Measurement], float | None
     drain_sec = _drain(url)
     results.append(_measure(f"GET /status ({n_jobs} jobs)", url, 16, STATUS_WITH_JOBS_REQUESTS, status))
     return results, drain_sec
+
+
+STATUS_ROUNDS = 5
+"""Alternating rounds of `GET /status` on the sidecar and on the trivial app, per level."""
+
+
+def _cpu_sec(pid: int) -> float:
+    """User + system CPU seconds the process `pid` has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _status_against_trivial(servers: dict[str, tuple[str, int]]) -> list[dict]:
+    """`GET /status` on the sidecar and on the trivial app (`_serve_trivial`): `servers` maps
+    `sidecar` and `trivial` to (url, server pid). Alternating rounds of `STATUS_REQUESTS[clients]`
+    requests at each level; per level the medians over the rounds of the server process's CPU time
+    per request (what the request costs the server, whatever else the machine runs), of the wall
+    time per request (elapsed / requests) and of p50, and the ratios sidecar / trivial."""
+
+    async def status(client: httpx.AsyncClient, _i: int) -> httpx.Response:
+        return await client.get("/status")
+
+    rows = []
+    for url, _ in servers.values():
+        _measure("warm-up", url, 4, 40, status)
+    for clients in LEVELS:
+        total = STATUS_REQUESTS[clients]
+        rounds: dict[str, list[tuple[Measurement, float]]] = {name: [] for name in servers}
+        for _ in range(STATUS_ROUNDS):
+            for name, (url, pid) in servers.items():
+                before = _cpu_sec(pid)
+                measured = _measure("GET /status", url, clients, total, status)
+                rounds[name].append((measured, (_cpu_sec(pid) - before) * 1e3 / total))
+        row: dict = {"clients": clients}
+        for name, runs in rounds.items():
+            row[f"{name}_cpu_ms_per_request"] = statistics.median(cpu for _, cpu in runs)
+            row[f"{name}_ms_per_request"] = statistics.median(1e3 / m.per_sec for m, _ in runs)
+            row[f"{name}_p50_ms"] = statistics.median(m.p50_ms for m, _ in runs)
+        for figure in ("cpu_ms_per_request", "ms_per_request", "p50_ms"):
+            row[f"ratio_{figure}"] = row[f"sidecar_{figure}"] / row[f"trivial_{figure}"]
+        rows.append(row)
+    return rows
+
+
+def _status_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="GET /status, the sidecar / a trivial app on the same uvicorn stack (goal <= 1.2x)")
+    table.add_column("clients", justify="right")
+    for _figure, label in (
+        ("cpu_ms_per_request", "server CPU ms/request"),
+        ("ms_per_request", "wall ms/request"),
+        ("p50_ms", "p50 ms"),
+    ):
+        table.add_column(f"{label}: sidecar / trivial = ratio", justify="right")
+    for row in rows:
+        table.add_row(
+            str(row["clients"]),
+            *(
+                f"{row[f'sidecar_{figure}']:.2f} / {row[f'trivial_{figure}']:.2f} = {row[f'ratio_{figure}']:.2f}"
+                for figure in ("cpu_ms_per_request", "ms_per_request", "p50_ms")
+            ),
+        )
+    return table
 
 
 def _drain(url: str, cap_sec: float = 90.0) -> float | None:
@@ -316,6 +417,7 @@ def _machine() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="Also write the results as JSON to this file.")
+    parser.add_argument("--status-only", action="store_true", help="Only `GET /status` against the trivial app (4.).")
     args = parser.parse_args()
 
     from rich.console import Console
@@ -337,6 +439,26 @@ def main() -> None:
             if ready is None:
                 raise SystemExit("the sidecar failed to start")
             port, versions = ready
+            trivial_end, trivial_child_end = context.Pipe()
+            trivial = context.Process(target=_serve_trivial, args=(trivial_child_end,), name="vero-bench-trivial")
+            trivial.start()
+            try:
+                if not trivial_end.poll(120) or (trivial_port := trivial_end.recv()) is None:
+                    raise SystemExit("the trivial app did not start")
+                against = _status_against_trivial(
+                    {
+                        "sidecar": (f"http://127.0.0.1:{port}", server.pid),
+                        "trivial": (f"http://127.0.0.1:{trivial_port}", trivial.pid),
+                    }
+                )
+            finally:
+                trivial.terminate()
+                trivial.join(60)
+            if args.status_only:
+                console.print(_status_table(against))
+                if args.json:
+                    args.json.write_text(json.dumps({"machine": machine, "status_against_trivial": against}, indent=2))
+                return
             api, drain_sec = _api(f"http://127.0.0.1:{port}", versions)
         finally:
             server.terminate()  # SIGTERM: uvicorn shuts down gracefully
@@ -380,6 +502,7 @@ def main() -> None:
     for step, ms in steps.items():
         steps_table.add_row(step, f"{ms:.1f}")
     console.print(steps_table)
+    console.print(_status_table(against))
     git_ms = steps["candidate import, stored commit (resolve + lookup)"]
     durable_ms = steps["reservation + job record (one transaction, as admitted)"]
     console.print(
@@ -401,6 +524,7 @@ def main() -> None:
                     "background_drain_sec": drain_sec,
                     "ledger": ledger,
                     "admission_steps_ms": steps,
+                    "status_against_trivial": against,
                 },
                 indent=2,
             )

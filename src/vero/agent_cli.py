@@ -2,8 +2,9 @@
 
 The agent pays the start-up of these commands on every tool call, so they import nothing but the
 standard library and `vero.errors` (no pydantic, httpx, typer, rich, spec models, FastAPI or
-Harbor), and of it only json and socket: a call written the usual way is parsed without argparse
-(see "parsing" below), which is loaded only for help and usage errors. `benchmarks/growth.py`
+Harbor), and of it only json and socket (where they are used: `--help` loads neither): a call written
+the usual way is parsed without argparse (see "parsing" below), which is loaded only for help and
+usage errors, and then without `shutil` (`_HelpFormatter`). `benchmarks/growth.py`
 measures a call against `python -c pass`. `vero._entry` routes these command names here before the
 full typer CLI is loaded.
 
@@ -23,9 +24,7 @@ answers are never retried.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import sys
 import time
 
@@ -151,6 +150,8 @@ class Sidecar:
 
     def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         try:
+            import socket  # here, not at the top: `--help` never connects
+
             address = (self._address, self._port)  # getaddrinfo takes bytes too (typeshed says str)
             sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_SEC)  # type: ignore[arg-type]
         except OSError as exc:
@@ -182,6 +183,8 @@ class Sidecar:
             VeroError: the class of the sidecar's answer (`vero.errors.error_for_status`), or
                 SidecarUnavailable when it cannot be reached or keeps failing.
         """
+        import json  # here and below, not at the top: `--help` prints no JSON
+
         body = None if payload is None else json.dumps(payload).encode()
         delay = RETRY_INITIAL_SEC
         for attempt in range(1, RETRY_ATTEMPTS + 1):
@@ -329,6 +332,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _problem(data: bytes) -> dict[str, Any] | None:
+    import json
+
     try:
         value = json.loads(data)
     except ValueError:
@@ -711,6 +716,23 @@ _ARGUMENTS: dict[str, tuple[_Argument, ...]] = {
 """Each command's arguments, in the order of its `--help`: (flags, `add_argument` keywords)."""
 
 
+def _terminal_columns() -> int:
+    """The columns `shutil.get_terminal_size` gives argparse's formatter (`$COLUMNS` when positive,
+    else stdout's terminal, else 80), without importing `shutil`: with zlib, bz2 and lzma it was a
+    fifth of a `--help` call's start-up."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return columns or 80
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `vero harbor` argparse parser of the agent commands (`prog` is `vero harbor`).
 
@@ -720,11 +742,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="vero harbor", description="The coding agent's commands.")
+    class HelpFormatter(argparse.HelpFormatter):
+        """argparse's formatter at the width it would choose itself (`_terminal_columns`)."""
+
+        def __init__(
+            self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None, **kw: Any
+        ) -> None:
+            width = _terminal_columns() - 2 if width is None else width
+            super().__init__(prog, indent_increment, max_help_position, width, **kw)
+
+    parser = argparse.ArgumentParser(
+        prog="vero harbor", description="The coding agent's commands.", formatter_class=HelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, arguments in _ARGUMENTS.items():
         if command is None or name == command:
-            sub = commands.add_parser(name, help=HELP[name], description=HELP[name], epilog=EPILOG)
+            sub = commands.add_parser(
+                name, help=HELP[name], description=HELP[name], epilog=EPILOG, formatter_class=HelpFormatter
+            )
             for flags, kwargs in arguments:
                 sub.add_argument(*flags, **kwargs)
     return parser
@@ -811,6 +846,8 @@ def _fail(error: VeroError, as_json: bool) -> NoReturn:
     if isinstance(error, CaseMisconfigured):
         code = _PROBLEM_EXIT_CODES.get(error.code, code)
     if as_json:
+        import json
+
         print(json.dumps({"error": {"type": type(error).__name__, "exit_code": code, "message": str(error)}}, indent=2))
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr)
@@ -837,5 +874,7 @@ def main(argv: list[str]) -> int:
     finally:
         if sidecar is not None:
             sidecar.close()
+    import json
+
     print(json.dumps(value, indent=2, ensure_ascii=False) if args.as_json else as_text(value))
     return code

@@ -80,6 +80,34 @@ def test_health_status_and_openapi(harness):
         assert spec["paths"]["/evaluations"]["post"]["description"]
 
 
+def test_status_answers_what_a_fresh_view_says_after_every_change(harness):
+    """`GET /status` sends kept bytes while the state is unchanged (`SidecarService.status_body`);
+    after an admission, a completion, a submission and the close of the entrance they are built
+    again: once the sidecar is idle, the answer equals a view built from the state at that moment."""
+    from vero.sidecar.service import _STATUS_JSON
+
+    with harness.serve() as (server, client):
+        service = server.app.state.service
+
+        def answered_and_fresh() -> dict:
+            body = client.get("/status").content
+            assert body == _STATUS_JSON.dump_json(service._status_view("agent"), by_alias=True)
+            return json.loads(body)
+
+        first = answered_and_fresh()
+        assert client.get("/status").content == json.dumps(first, separators=(",", ":")).encode()
+        job = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
+        # The job moves on in the background meanwhile: only its count is compared here.
+        assert client.get("/status").json()["n_jobs"] == 1
+        wait_for_state(client, job["id"], {"complete"})
+        done = answered_and_fresh()
+        assert done["jobs"][0]["state"] == "complete" and done["jobs"][0]["result"]["score"] is not None
+        assert client.post("/submissions", json={}).status_code in (200, 201)
+        assert answered_and_fresh()["submission"]["candidate"] == harness.config.baseline_commit
+        service.entrance_open = False  # what sealing and intake set, outside the state store
+        assert answered_and_fresh()["entrance_open"] is False
+
+
 def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_path):
     secret_dir = tmp_path / "outside"
     secret_dir.mkdir()

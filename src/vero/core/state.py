@@ -276,6 +276,9 @@ class StateStore:
     """
 
     path: Path
+    generation: int
+    """How many transactions this store has committed since it was opened: a reader that saw the
+    same generation before and after a read knows nothing changed (`SidecarService.status_body`)."""
 
     def __init__(self, path: Path, writer: sqlite3.Connection) -> None:
         """Use `StateStore.open`."""
@@ -286,6 +289,7 @@ class StateStore:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        self.generation = 0
 
     # -- opening ------------------------------------------------------------------------------------
 
@@ -400,6 +404,10 @@ class StateStore:
             if isinstance(exc, sqlite3.OperationalError):
                 raise self._write_error("write failed", exc) from None
             raise
+        finally:
+            # Also after a failed COMMIT or ROLLBACK: a generation that moves without a change only
+            # costs a reader a fresh read.
+            self.generation += 1
         return value
 
     def _write_error(self, what: str, exc: sqlite3.Error) -> OSError:

@@ -231,10 +231,12 @@ def create_app(
             app.state.startup_error = exc
             raise
         try:
-            async with mcp.running():
-                yield
+            yield
         finally:
-            await service.stop()
+            try:
+                await mcp.close()
+            finally:
+                await service.stop()
 
     app = FastAPI(
         title="vero evaluation sidecar",

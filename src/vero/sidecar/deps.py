@@ -1,4 +1,8 @@
-"""`Annotated` dependency aliases for route handlers; each reads `app.state` (no module singletons)."""
+"""`Annotated` dependency aliases for route handlers; each reads `app.state` (no module singletons).
+
+The dependencies are `async def`: FastAPI runs a plain `def` dependency in its thread pool, two
+hops per request that cost more than the rest of a `GET /status` (issue 28); these only read an
+attribute, so they run on the event loop."""
 
 from __future__ import annotations
 
@@ -11,12 +15,12 @@ from vero.sidecar.service import SidecarService
 __all__ = ["Principal", "Service"]
 
 
-def get_service(request: Request) -> SidecarService:
+async def get_service(request: Request) -> SidecarService:
     """The `SidecarService` that `create_app` stored on `app.state`."""
     return request.app.state.service
 
 
-def get_principal(request: Request) -> str:
+async def get_principal(request: Request) -> str:
     """The principal of the agent surface (`agent`): every unauthenticated caller is the coding agent."""
     return request.app.state.service.principal
 

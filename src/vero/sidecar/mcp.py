@@ -23,6 +23,8 @@ sum up the loop. Every agent route must have an entry in `TOOL_DESCRIPTIONS`.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -35,6 +37,8 @@ from vero.spec.compiled import CONTAINER_PATHS
 from vero.spec.compiled import SIDECAR_MCP_PATH as MCP_PATH
 
 __all__ = ["MCP_PATH", "SERVER_INSTRUCTIONS", "TOOL_DESCRIPTIONS", "SidecarMCP"]
+
+_logger = logging.getLogger("vero.sidecar")
 
 _WORKSPACE = CONTAINER_PATHS.workspace
 
@@ -174,6 +178,13 @@ def _describe(route, component) -> None:
 class SidecarMCP:
     """An ASGI app serving MCP (streamable HTTP, stateless, JSON responses) over the agent routes.
 
+    Built on first use (issue 28: fastmcp, mcp and the OpenAPI document cost more than the rest of
+    the sidecar's start): the first `/mcp` request starts a task that imports them (in a worker
+    thread, so the event loop keeps answering), builds the server, runs its lifespan and holds it
+    until `close`; concurrent first requests wait for the same build. A build that fails answers
+    500 to that request, and the next request tries again. The lifespan runs in that one task
+    because the MCP session manager's task group must be entered and left by the same task.
+
     Args:
         app: the sidecar's FastAPI app (its OpenAPI document defines the tools).
     """
@@ -181,51 +192,59 @@ class SidecarMCP:
     def __init__(self, app: FastAPI) -> None:
         self.api_app = app
         self._mcp_app: ASGIApp | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[ASGIApp] | None = None
+        self._closing: asyncio.Event | None = None
+        self._closed = False
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Build the MCP server and run its lifespan; call inside the app's lifespan."""
-        import httpx2
-        from fastmcp import FastMCP
-        from fastmcp.exceptions import ToolError
-        from fastmcp.server.providers.openapi import MCPType, RouteMap
+    async def _app(self) -> ASGIApp:
+        """The built MCP app, building it first when no build is running (or the last one failed)."""
+        if self._mcp_app is not None:
+            return self._mcp_app
+        if self._ready is None or (self._ready.done() and self._ready.exception() is not None):
+            loop = asyncio.get_running_loop()
+            self._ready = loop.create_future()
+            self._closing = asyncio.Event()
+            self._holder = asyncio.create_task(self._hold(self._ready, self._closing), name="vero-sidecar-mcp")
+        return await asyncio.shield(self._ready)
 
-        async def public_errors(response: httpx2.Response) -> None:
-            if response.is_error:
-                await response.aread()
-                raise ToolError(response.text)
-
-        async with httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(_as_mcp_caller(self.api_app), raise_app_exceptions=False),
-            base_url="http://sidecar",
-            timeout=None,
-            event_hooks={"response": [public_errors]},
-        ) as client:
-            server = FastMCP.from_openapi(
-                openapi_spec=self.api_app.openapi(),
-                client=client,
-                name="vero-sidecar",
-                route_maps=[
-                    RouteMap(methods=["GET", "POST"], pattern=_TOOL_ROUTES, mcp_type=MCPType.TOOL),
-                    RouteMap(mcp_type=MCPType.EXCLUDE),
-                ],
-                mcp_component_fn=_describe,
-                instructions=SERVER_INSTRUCTIONS,
-                mask_error_details=True,
-                strict_input_validation=True,
-            )
-            mcp_app = server.http_app(
-                path=MCP_PATH, stateless_http=True, json_response=True, host_origin_protection=False
-            )
-            async with mcp_app.lifespan(mcp_app):
+    async def _hold(self, ready: asyncio.Future[ASGIApp], closing: asyncio.Event) -> None:
+        """Build the MCP server, run its lifespan until `closing` is set; the app goes to `ready`."""
+        try:
+            modules = await asyncio.to_thread(_import_fastmcp)
+            openapi = await asyncio.to_thread(self.api_app.openapi)
+            async with _running(self.api_app, openapi, modules) as mcp_app:
                 self._mcp_app = mcp_app
+                ready.set_result(mcp_app)
                 try:
-                    yield
+                    await closing.wait()
                 finally:
                     self._mcp_app = None
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                ready.exception()  # retrieved: the request that waits on it answers 500 (logged there)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def close(self) -> None:
+        """Stop the MCP server's lifespan if it was built (call in the app's lifespan shutdown);
+        later requests answer 500. Idempotent."""
+        self._closed = True
+        holder, closing = self._holder, self._closing
+        if holder is None or closing is None:
+            return
+        closing.set()
+        await asyncio.gather(holder, return_exceptions=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._mcp_app is None:
+        if self._closed:
+            await problem_response(500)(scope, receive, send)
+            return
+        try:
+            mcp_app = await self._app()
+        except Exception:
+            _logger.exception("the MCP endpoint could not be built")
             await problem_response(500)(scope, receive, send)
             return
         client, server = scope.get("client"), scope.get("server")
@@ -233,6 +252,51 @@ class SidecarMCP:
             ((str(client[0]), int(client[1])), (str(server[0]), int(server[1])) if server else None) if client else None
         )
         try:
-            await self._mcp_app(scope, receive, send)
+            await mcp_app(scope, receive, send)
         finally:
             _mcp_caller.reset(token)
+
+
+def _import_fastmcp() -> tuple:
+    """The modules the MCP server is built from (the expensive imports: run in a worker thread)."""
+    import httpx2
+    from fastmcp import FastMCP
+    from fastmcp.exceptions import ToolError
+    from fastmcp.server.providers.openapi import MCPType, RouteMap
+
+    return httpx2, FastMCP, ToolError, MCPType, RouteMap
+
+
+@asynccontextmanager
+async def _running(api_app: FastAPI, openapi: dict, modules: tuple) -> AsyncIterator[ASGIApp]:
+    """The MCP server over `api_app`'s agent routes (tools from `openapi`, built from `modules`:
+    `_import_fastmcp`'s), its lifespan running."""
+    httpx2, FastMCP, ToolError, MCPType, RouteMap = modules
+
+    async def public_errors(response) -> None:
+        if response.is_error:
+            await response.aread()
+            raise ToolError(response.text)
+
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(_as_mcp_caller(api_app), raise_app_exceptions=False),
+        base_url="http://sidecar",
+        timeout=None,
+        event_hooks={"response": [public_errors]},
+    ) as client:
+        server = FastMCP.from_openapi(
+            openapi_spec=openapi,
+            client=client,
+            name="vero-sidecar",
+            route_maps=[
+                RouteMap(methods=["GET", "POST"], pattern=_TOOL_ROUTES, mcp_type=MCPType.TOOL),
+                RouteMap(mcp_type=MCPType.EXCLUDE),
+            ],
+            mcp_component_fn=_describe,
+            instructions=SERVER_INSTRUCTIONS,
+            mask_error_details=True,
+            strict_input_validation=True,
+        )
+        mcp_app = server.http_app(path=MCP_PATH, stateless_http=True, json_response=True, host_origin_protection=False)
+        async with mcp_app.lifespan(mcp_app):
+            yield mcp_app

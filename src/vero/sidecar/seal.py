@@ -20,7 +20,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vero.errors import SidecarUnavailable, VeroError
-from vero.sidecar.client import error_from_response
 from vero.sidecar.models import SealRequest, SealResponse
 
 __all__ = [
@@ -79,7 +78,9 @@ def request_seal(
         VeroError: the service refused the request, as `vero.sidecar.client.error_from_response`
             maps its problem body (e.g. `Conflict` for 409; a plain `VeroError` for a wrong token, 401).
     """
-    import httpx
+    import httpx  # the client (httpx, tenacity) only for this call: the served sidecar never loads it
+
+    from vero.sidecar.client import error_from_response
 
     try:
         token = token_file.read_text(encoding="utf-8").strip()

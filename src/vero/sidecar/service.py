@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from pydantic import TypeAdapter
+
 from vero.core.candidates import CandidateStore
 from vero.core.jobs import EvaluationJob, JobStore, recover_interrupted
 from vero.core.ledger import Cost
@@ -76,6 +78,9 @@ __all__ = ["SidecarService"]
 _logger = logging.getLogger("vero.sidecar")
 
 _INTAKE_CLOSED_TEXT = "intake_closed: the agent phase is over"
+
+_STATUS_JSON = TypeAdapter(StatusResponse)
+"""What FastAPI serializes a `StatusResponse` route's answer with (`ModelField.serialize_json`)."""
 
 
 def _now() -> datetime:
@@ -138,6 +143,7 @@ class SidecarService:
         self.records: SessionRecords
         self.admin_token: str | None = None
         self.entrance_open = True
+        self._status_bodies: dict[str, tuple[tuple[object, ...], bytes]] = {}
         self._stopping: asyncio.Event | None = None
         self._submit_lock: asyncio.Lock | None = None
         self._seal_lock: asyncio.Lock | None = None
@@ -239,10 +245,29 @@ class SidecarService:
         """`GET /status` for `principal`, in one read of the state store (`vero.sidecar.views.status_view`),
         after the coding agent's calls answered so far are settled in the ledger."""
         await self.runner.settle_agent_calls(until_idle=False)
+        return self._status_view(principal)
+
+    def _status_view(self, principal: str) -> StatusResponse:
         open_now = self.entrance_open
         return self.records.state.read(
             lambda _conn: status_view(self.config, self.views, self.records, principal, entrance_open=open_now)
         )
+
+    async def status_body(self, principal: str) -> bytes:
+        """`status(principal)` as the JSON bytes the route sends (`StatusResponse`'s serialization,
+        as FastAPI's), kept while nothing it reads has changed: no transaction of the state store
+        (`StateStore.generation`, read before the view is built, so a commit during the build
+        makes the next call build again), the same entrance and submission. Repeated `GET /status`
+        calls between changes then cost the server about what a trivial route does (issue 28)."""
+        await self.runner.settle_agent_calls(until_idle=False)  # as `status`: a settle commits
+        records = self.records
+        key = (records.state.generation, self.entrance_open, records.submission)
+        cached = self._status_bodies.get(principal)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        body = _STATUS_JSON.dump_json(self._status_view(principal), by_alias=True)
+        self._status_bodies[principal] = (key, body)
+        return body
 
     def evaluations(
         self,
