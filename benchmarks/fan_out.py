@@ -38,6 +38,8 @@ if str(ROOT) not in sys.path:
 
 import httpx
 
+from benchmarks._serving import serve_and_report
+
 EVALUATIONS = 64
 STUB_SEC = 2.0
 ROUNDS = 5
@@ -46,8 +48,6 @@ ROUNDS = 5
 def _serve(root: str, evaluations: int, stub_sec: float, conn) -> None:
     """Child process: the sidecar with `max_concurrent_evaluations = evaluations`, until SIGTERM."""
     import logging
-
-    import uvicorn
 
     from tests.sidecar._server import StubBackend, make_harness
     from vero.spec.models import HarborSpec, PartitionAccess
@@ -74,21 +74,7 @@ def _serve(root: str, evaluations: int, stub_sec: float, conn) -> None:
     )
     harness.max_concurrent_evaluations = None  # from the config, as `vero harbor serve` does
     app = harness.create_app()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                conn.send(None)
-                return
-            await asyncio.sleep(0.02)
-        conn.send((server.servers[0].sockets[0].getsockname()[1], str(harness.agent_repo)))
-        await task
-
-    asyncio.run(main())
+    serve_and_report(app, conn, lambda port: (port, str(harness.agent_repo)))
 
 
 def _cpu_sec(pid: int) -> float:

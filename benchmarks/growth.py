@@ -54,6 +54,8 @@ if str(ROOT) not in sys.path:
 
 import httpx
 
+from benchmarks._serving import serve_and_report
+
 PRINCIPAL = "agent"
 BIG_TARGET_FILES = 50_000
 BIG_TARGET_EVALUATIONS = 5
@@ -87,8 +89,6 @@ def _serve(root: str, conn) -> None:
     """Child process: a sidecar over real repos and a fresh state dir, served until SIGTERM."""
     import logging
 
-    import uvicorn
-
     from tests.sidecar._server import StubBackend, make_harness
     from vero.spec.models import PartitionAccess
 
@@ -102,21 +102,7 @@ def _serve(root: str, conn) -> None:
         Path(root), backend=StubBackend(write_job_dir=False), partitions={"train": ["t1", "t2", "t3"]}, access=access
     )
     app = harness.create_app()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                conn.send(None)
-                return
-            await asyncio.sleep(0.02)
-        conn.send((server.servers[0].sockets[0].getsockname()[1], str(harness.agent_repo), str(harness.state_dir)))
-        await task
-
-    asyncio.run(main())
+    serve_and_report(app, conn, lambda port: (port, str(harness.agent_repo), str(harness.state_dir)))
 
 
 def _status_latency(url: str, clients: int, per_client: int) -> float:

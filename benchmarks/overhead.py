@@ -66,6 +66,11 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for `benchmarks._serving` (also in the spawned server process)
+
+from benchmarks._serving import serve_and_report
+
 TASKS = ROOT / "tasks"
 
 os.environ.setdefault("HARBOR_TELEMETRY", "0")
@@ -103,10 +108,7 @@ class Run:
 
 def _serve(config_json: str, dirs: dict[str, str], conn) -> None:
     """Child process: serve the compiled sidecar config with the real backend until SIGTERM."""
-    import asyncio
     import logging
-
-    import uvicorn
 
     from vero.harbor import HarborBackend
     from vero.sidecar.app import create_app
@@ -115,21 +117,7 @@ def _serve(config_json: str, dirs: dict[str, str], conn) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = SidecarConfig.model_validate_json(config_json)
     app = create_app(config, backend=HarborBackend(), run_as=None, **{k: Path(v) for k, v in dirs.items()})
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                conn.send(None)
-                return
-            await asyncio.sleep(0.02)
-        conn.send(server.servers[0].sockets[0].getsockname()[1])
-        await task
-
-    asyncio.run(main())
+    serve_and_report(app, conn)
 
 
 # -- helpers ------------------------------------------------------------------------------------

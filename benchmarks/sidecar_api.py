@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 
 import httpx
 
+from benchmarks._serving import serve_and_report
+
 LEVELS = (1, 16, 64)
 """Concurrent clients."""
 STATUS_REQUESTS = {1: 200, 16: 480, 64: 640}
@@ -82,8 +84,6 @@ def _serve(root: str, conn) -> None:
     """Child process: build a sidecar over real repos and state dirs and serve it until SIGTERM."""
     import logging
 
-    import uvicorn
-
     from tests.sidecar._server import DEFAULT_PARTITIONS, StubBackend, commit_file, make_harness
     from vero.spec.models import PartitionAccess
 
@@ -101,27 +101,12 @@ def _serve(root: str, conn) -> None:
     )
     versions = [commit_file(harness.agent_repo, "solve.py", f"print({i})\n", f"version {i}") for i in range(N_VERSIONS)]
     app = harness.create_app()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                conn.send(None)
-                return
-            await asyncio.sleep(0.02)
-        conn.send((server.servers[0].sockets[0].getsockname()[1], versions))
-        await task
-
-    asyncio.run(main())
+    serve_and_report(app, conn, lambda port: (port, versions))
 
 
 def _serve_trivial(conn) -> None:
     """Child process: a trivial FastAPI app (`GET /status` answers a constant) on the uvicorn
     configuration `_serve` uses: the floor a request to the sidecar's stack costs."""
-    import uvicorn
     from fastapi import FastAPI
 
     app = FastAPI()
@@ -134,21 +119,7 @@ def _serve_trivial(conn) -> None:
     async def status() -> dict[str, str]:
         return {"status": "ok"}
 
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", access_log=False)
-    )
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                conn.send(None)
-                return
-            await asyncio.sleep(0.02)
-        conn.send(server.servers[0].sockets[0].getsockname()[1])
-        await task
-
-    asyncio.run(main())
+    serve_and_report(app, conn)
 
 
 # -- load generation --------------------------------------------------------------------------
