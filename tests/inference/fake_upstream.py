@@ -9,7 +9,9 @@ finishes); `fake-trickle` streams its first event, then a comment line every 0.2
 never stalls); `fake-greedy` bills what it is asked, the most a provider could (input: the body's
 bytes, plus `HELD_INPUT_TOKENS` when it names input the provider holds; output: the request's limit
 times `n`, `UNLIMITED_OUTPUT_TOKENS` without a limit), recorded as `billed` with the request, and
-streams deltas without end when asked to stream (`fake-endless` too); any other model answers
+streams deltas without end when asked to stream (`fake-endless` too); `fake-leak` answers with
+the key it was sent, streamed split where the last message says (`leak_split_text`); any other
+model answers
 `responder(body)` (default "hi"), the stand-in for a model's reply. Streaming (`"stream": true`)
 sends SSE in each wire format.
 Every request's path, headers and body are recorded in `requests`.
@@ -18,6 +20,7 @@ Every request's path, headers and body are recorded in `requests`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import threading
@@ -27,7 +30,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 INPUT_TOKENS = 11
 OUTPUT_TOKENS = 7
@@ -65,6 +68,71 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
     return out
 
 
+def leak_split_text(message: str, key: str) -> list[str]:
+    """The text deltas `fake-leak` streams for a last message `cut I,J,...` (character offsets
+    into the key; `tool` in it: as tool input instead of text): `before <key> after`, the key
+    split at those offsets (no cut: one piece per character)."""
+    cuts = sorted({int(c) for c in message.split()[1].split(",")}) if message.startswith("cut ") else []
+    bounds = [0, *cuts, len(key)] if cuts else list(range(len(key) + 1))
+    pieces = [key[a:b] for a, b in itertools.pairwise(bounds)]
+    return ["before ", *pieces, " after"]
+
+
+def _escaped(data: dict[str, Any], key: str) -> bytes:
+    """`data` as JSON with the key's characters written as \\u escapes wherever they appear."""
+    raw = json.dumps(data)
+    for piece in sorted({key[i:j] for i in range(len(key)) for j in range(i + 1, len(key) + 1)}, key=len)[::-1]:
+        if len(piece) >= 4:
+            raw = raw.replace(piece, "".join(f"\\u{ord(c):04x}" for c in piece))
+    return raw.encode()
+
+
+def _leak(kind: str, model: str, key: str, message: str) -> bytes:
+    """`fake-leak`'s stream (SSE in `kind`'s wire format, with usage)."""
+    deltas = leak_split_text(message, key)
+    tool = "tool" in message.split()
+    events: list[tuple[str | None, dict[str, Any]]] = []
+    if kind == "chat":
+        for part in deltas:
+            delta: dict[str, Any] = {"content": part}
+            if tool:
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": part}}]}
+            events.append(
+                (None, {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+            )
+        events.append((None, {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        usage = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS}
+        events.append((None, {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
+        return _sse(events) + b"data: [DONE]\n\n"
+    if kind == "responses":
+        part = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+        events.append(("response.created", {"type": "response.created", "response": {"id": "r1"}}))
+        for piece in deltas:
+            events.append(
+                ("response.output_text.delta", {"type": "response.output_text.delta", **part, "delta": piece})
+            )
+        events.append(
+            ("response.output_text.done", {"type": "response.output_text.done", **part, "text": "".join(deltas)})
+        )
+        usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+        response = {"id": "r1", "object": "response", "status": "completed", "usage": usage}
+        events.append(("response.completed", {"type": "response.completed", "response": response}))
+        return _sse(events)
+    block = {"type": "tool_use", "id": "t1", "name": "f", "input": {}} if tool else {"type": "text", "text": ""}
+    start = {"id": "m1", "type": "message", "role": "assistant", "model": model, "content": []}
+    start["usage"] = {"input_tokens": INPUT_TOKENS, "output_tokens": 1}
+    events.append(("message_start", {"type": "message_start", "message": start}))
+    events.append(("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}))
+    for piece in deltas:
+        delta = {"type": "input_json_delta", "partial_json": piece} if tool else {"type": "text_delta", "text": piece}
+        events.append(("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    usage = {"output_tokens": OUTPUT_TOKENS}
+    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return _sse(events)
+
+
 def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], str] | None = None) -> FastAPI:
     app = FastAPI()
 
@@ -85,6 +153,23 @@ def create_fake_app(requests: list[dict[str, Any]], responder: Callable[[dict], 
                 {"id": "g1", "object": "chat.completion", "model": model, "choices": [], "usage": usage}
             )
         key = request.headers.get("x-api-key") or request.headers.get("authorization", "")
+        if model.endswith("fake-leak"):
+            sent = key.removeprefix("Bearer ")
+            message = str(body["messages"][-1]["content"]) if body.get("messages") else str(body.get("input"))
+            if body.get("stream") is True:
+                return StreamingResponse(iter([_leak(kind, model, sent, message)]), media_type="text/event-stream")
+            text = "".join(leak_split_text(message, sent))
+            answer = {
+                "id": "c1",
+                "object": "chat.completion",
+                "model": model,
+                "content": [{"type": "text", "text": text}],
+            }
+            answer["choices"] = [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ]
+            answer["usage"] = {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS, "input_tokens": 1}
+            return Response(_escaped(answer, sent), media_type="application/json")
         if model.endswith("fake-500"):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         if model.endswith("fake-401"):

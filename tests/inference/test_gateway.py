@@ -21,7 +21,8 @@ from vero.inference.gateway import MAX_WAITING_CALLS, GatewayServer, InferenceGa
 from vero.inference.pricing import PriceUnknown, price_of, to_micro_usd
 from vero.spec.models import InferenceModel, InferenceSpec
 
-from .fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
+from .fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream, leak_split_text
+from .key_leak import assert_no_key_in_stream, leak_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,11 +46,13 @@ def spec_for(url: str, **overrides) -> InferenceSpec:
             "fake-stall",
             "fake-trickle",
             "fake-delay",
+            "fake-leak",
         )
     }
     models["claude-fake"] = InferenceModel(provider="ant", upstream_model="fake-ok", **priced)
     models["claude-fake-500"] = InferenceModel(provider="ant", upstream_model="fake-500", **priced)
     models["claude-fake-stall"] = InferenceModel(provider="ant", upstream_model="fake-stall", **priced)
+    models["claude-fake-leak"] = InferenceModel(provider="ant", upstream_model="fake-leak", **priced)
     return InferenceSpec.model_validate(
         {
             "providers": {
@@ -342,6 +345,47 @@ def test_upstream_failures_are_not_charged_and_never_leak_the_key(upstream, capl
     everything = "".join(a.text for a in answers.values()) + caplog.text + usage.model_dump_json()
     assert KEY_OPENAI not in everything and KEY_ANTHROPIC not in everything
     assert "sk-test" not in answers["401"].text
+
+
+LEAK_FORMATS = {
+    # name -> (route, model, the key the provider was sent, extra words of the request)
+    "chat": ("/openai/v1/chat/completions", "fake-leak", KEY_OPENAI, ""),
+    "chat tool call": ("/openai/v1/chat/completions", "fake-leak", KEY_OPENAI, " tool"),
+    "responses": ("/openai/v1/responses", "fake-leak", KEY_OPENAI, ""),
+    "anthropic": ("/anthropic/v1/messages", "claude-fake-leak", KEY_ANTHROPIC, ""),
+    "anthropic tool input": ("/anthropic/v1/messages", "claude-fake-leak", KEY_ANTHROPIC, " tool"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAK_FORMATS))
+def test_a_key_the_provider_streams_split_across_events_never_reaches_the_caller(upstream, name):
+    """The provider streams its own key as `before <key> after`, split between two events at every
+    offset, then one character per event: the caller joins `before *** after` every time (the
+    scrub follows the text across events), and every call is still metered."""
+    route, model, key, extra = LEAK_FORMATS[name]
+    headers = (lambda token: {"x-api-key": token}) if route.startswith("/anthropic") else None
+    messages = [f"cut {offset}{extra}" for offset in range(len(key) + 1)] + [f"each{extra}"]
+
+    async def body(gateway, client):
+        token, _ = gateway.grant("ev-leak", "train", limit_micro_usd=to_micro_usd(1.0))
+        gateway.bind_host(token, os.getuid())
+        auth = headers(token) if headers else {"authorization": f"Bearer {token}"}
+        streams = []
+        for message in messages:
+            answer = await client.post(route, json=leak_request(route, model, message), headers=auth)
+            assert answer.status_code == 200
+            streams.append(answer.text)
+        whole = await client.post(route, json=leak_request(route, model, "cut 5", stream=False), headers=auth)
+        return streams, whole, await gateway.revoke(token)
+
+    streams, whole, usage = run(with_gateway(upstream.url, body))
+    assert len(leak_split_text(messages[-1], key)) == len(key) + 2  # one event per character
+    for message, stream in zip(messages, streams, strict=True):
+        assert_no_key_in_stream(stream, key, message)
+    assert "message_stop" in streams[0] or "[DONE]" in streams[0] or "response.completed" in streams[0]
+    # The whole answer writes the key with JSON escapes (`\u0073k-...`): the decoded text is scrubbed.
+    assert "\\u00" not in whole.text and whole.json()["content"][0]["text"] == "before *** after"
+    assert usage.calls == len(messages) + 1 and usage.unmetered_calls == 0
 
 
 def test_streams_that_fail_are_refunded_and_callers_that_leave_pay_their_hold(upstream):

@@ -14,6 +14,7 @@ import json
 import httpx
 import pytest
 from inference.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeUpstream
+from inference.key_leak import assert_no_key_in_stream, leak_request
 
 from vero.core.ledger import AGENT_INFERENCE_PARTITION, BudgetLedger
 from vero.core.state import STATE_FILE, StateStore
@@ -38,9 +39,16 @@ CALL_MICRO_USD = to_micro_usd(INPUT_TOKENS * PRICE_IN + OUTPUT_TOKENS * PRICE_OU
 HOLD_MICRO_USD = bound_call(dict(OPENAI_BODY), "openai", "/chat/completions", price_of("gpt-agent", MODEL)).micro_usd
 TOTAL_MICRO_USD = HOLD_MICRO_USD + 2 * CALL_MICRO_USD
 """Room for three calls: after them less than one call's bound is left."""
+AGENT_MODELS = ("gpt-agent", "claude-agent")
 
 
-def inference_spec(url: str, *, agent: bool = True) -> InferenceSpec:
+def inference_spec(
+    url: str,
+    *,
+    agent: bool = True,
+    agent_models: tuple[str, ...] = AGENT_MODELS,
+    total_usd: float = TOTAL_MICRO_USD / 1e6,
+) -> InferenceSpec:
     model = {"provider": "fake", "upstream_model": "fake-ok", "input_cost_per_token": PRICE_IN}
     model["output_cost_per_token"] = PRICE_OUT
     return InferenceSpec.model_validate(
@@ -53,12 +61,10 @@ def inference_spec(url: str, *, agent: bool = True) -> InferenceSpec:
                 "gpt-agent": model,
                 "claude-agent": {**model, "provider": "fake-anthropic"},
                 "gpt-candidates-only": model,
+                "gpt-leak": {**model, "upstream_model": "fake-leak"},
+                "claude-leak": {**model, "provider": "fake-anthropic", "upstream_model": "fake-leak"},
             },
-            **(
-                {"agent": {"models": ["gpt-agent", "claude-agent"], "total_usd": TOTAL_MICRO_USD / 1e6}}
-                if agent
-                else {}
-            ),
+            **({"agent": {"models": agent_models, "total_usd": total_usd}} if agent else {}),
         }
     )
 
@@ -71,11 +77,11 @@ def upstream(monkeypatch):
         yield fake
 
 
-def harness(tmp_path, upstream, *, agent: bool = True):
+def harness(tmp_path, upstream, *, agent: bool = True, **agent_scope):
     return make_harness(
         tmp_path / "h",
         secrets=[KEY_NAME],
-        inference=inference_spec(upstream.url, agent=agent),
+        inference=inference_spec(upstream.url, agent=agent, **agent_scope),
         access={"train": PartitionAccess(disclosure="full", total_runs=5, total_cases=10, total_inference_usd=1.0)},
         partitions={"train": ["t1"]},
     )
@@ -139,6 +145,31 @@ def test_the_agent_calls_through_the_sidecar_metered_and_capped_and_it_survives_
         again = client.post("/inference/openai/v1/chat/completions", headers=agent_headers(), json=OPENAI_BODY)
         assert again.status_code == 402
     assert len(upstream.requests) == 3
+
+
+def test_a_key_the_provider_streams_split_across_events_never_reaches_the_agent(tmp_path, upstream):
+    """The provider streams its own key split between two events, at every offset, in Anthropic's
+    format (text, and tool input) and OpenAI's responses and chat formats: `main` joins
+    `before *** after` every time."""
+    h = harness(tmp_path, upstream, agent_models=("gpt-leak", "claude-leak"), total_usd=1.0)
+    cases = [
+        ("/inference/anthropic/v1/messages", "claude-leak", ""),
+        ("/inference/anthropic/v1/messages", "claude-leak", " tool"),
+        ("/inference/openai/v1/responses", "gpt-leak", ""),
+        ("/inference/openai/v1/chat/completions", "gpt-leak", ""),
+    ]
+    with h.serve() as (_, client):
+        for route, model, extra in cases:
+            for offset in range(len(KEY) + 1):
+                message = f"cut {offset}{extra}"
+                answer = client.post(route, headers=agent_headers(), json=leak_request(route, model, message))
+                assert answer.status_code == 200, answer.text
+                assert_no_key_in_stream(answer.text, KEY, message)
+        route, model, _ = cases[0]
+        whole = client.post(route, headers=agent_headers(), json=leak_request(route, model, "x", stream=False))
+        assert whole.json()["content"][0]["text"] == "before *** after"
+        status = client.get("/status").json()["agent_inference"]
+    assert status["calls"] == len(cases) * (len(KEY) + 1) + 1 == len(upstream.requests)
 
 
 def test_a_call_left_open_by_a_crash_stays_charged_its_bound(tmp_path, upstream):

@@ -42,7 +42,8 @@ format and is charged its hold unless its usage arrived (`_relay`); upstream 5xx
 says it failed) and connection failures (nothing reached it) answer 502/504 and charge nothing; a
 call that could not connect at all is counted `unreachable_calls`, which makes the evaluation an
 infrastructure failure; 4xx pass through (a provider's 401/403 becomes a generic 502: its body may
-echo a key). Key values are scrubbed from every body passed back, and never logged.
+echo a key). Key values are scrubbed from every body passed back, a stream's across its events
+(`vero.inference.scrub`), and never logged.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from vero.core.usage import InferenceUsage, ModelUsage
 from vero.inference.bounds import CallBound, Unbounded, bound_call
 from vero.inference.callers import Peer, peer_of
 from vero.inference.pricing import STANDARD_TIER, CacheTokens, ModelPrice, price_of, to_micro_usd
+from vero.inference.scrub import SecretScrub, StreamScrub
 from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
 
 if TYPE_CHECKING:
@@ -363,9 +365,7 @@ class InferenceGateway:
             key = keys.get(provider.api_key_secret) if provider.api_key_secret else None
             routes[name] = _Route(name, model, provider, price_of(name, model), key or None)
         self._routes = routes
-        self._secret_values = sorted(
-            {r.key for r in routes.values() if r.key and len(r.key) >= 4}, key=len, reverse=True
-        )
+        self._scrub = SecretScrub([r.key for r in routes.values() if r.key])
         self._grants: dict[str, InferenceGrant] = {}
         self._freed = asyncio.Event()  # set (and replaced) whenever held money is settled or released
         self._client = httpx.AsyncClient(
@@ -476,11 +476,6 @@ class InferenceGateway:
         return f"http://{host}:{port}"
 
     # -- calls -----------------------------------------------------------------------------------
-
-    def _scrub(self, data: bytes) -> bytes:
-        for value in self._secret_values:
-            data = data.replace(value.encode(), b"***")
-        return data
 
     def _authorize(self, request: Request) -> InferenceGrant | None:
         """The open grant of the request's token, if the call comes from where its evaluation's
@@ -731,7 +726,7 @@ class InferenceGateway:
                 return _error(api, 502, "upstream_error", f"the model provider failed ({response.status_code})")
             self._end_call(grant, call)
             return Response(
-                self._scrub(data),
+                self._scrub.body(data),
                 status_code=response.status_code,
                 media_type=response.headers.get("content-type", "application/json"),
             )
@@ -751,7 +746,7 @@ class InferenceGateway:
                 pass
             self._meter(grant, call, count)
             return Response(
-                self._scrub(data),
+                self._scrub.body(data),
                 status_code=response.status_code,
                 media_type=response.headers.get("content-type", "application/json"),
             )
@@ -773,6 +768,7 @@ class InferenceGateway:
         deadline = call.started_at + self.spec.timeout_sec
         idle_sec = self.spec.stream_idle_timeout_sec
         count = _Count()
+        scrub = self._scrub.stream()
         pending = b""
         complete = False
         failure: str | None = None
@@ -792,17 +788,11 @@ class InferenceGateway:
                 # Whole lines only: a usage event (or a key) is never split between two reads.
                 cut = pending.rfind(b"\n") + 1
                 lines, pending = pending[:cut], pending[cut:]
-                for line in lines.splitlines():
-                    if line.startswith(b"data:"):
-                        try:
-                            count.absorb_event(json.loads(line[5:].strip()), api)
-                        except ValueError:
-                            pass
-                if lines:
-                    yield self._scrub(lines)
+                _take_lines(lines, scrub, count, api)
+                if ready := scrub.ready():
+                    yield ready
             if failure is None:
-                if pending:
-                    yield self._scrub(pending)
+                _take_lines(pending, scrub, count, api)
                 complete = True
         except httpx.HTTPError as exc:
             failure = type(exc).__name__
@@ -812,6 +802,9 @@ class InferenceGateway:
             # call is charged its hold (`_Count()` seen nothing).
             self._meter(grant, call, count if (complete or count.seen) else _Count())
             await response.aclose()
+        # Lines held back while they could start a key (`vero.inference.scrub`), then the error.
+        if rest := scrub.finish():
+            yield rest
         if failure is not None:
             logger.warning(
                 "evaluation %s: the stream of %s ended early (%s)", grant.evaluation_id, call.route.name, failure
@@ -927,6 +920,17 @@ class InferenceGateway:
             count.output_tokens,
             cost,
         )
+
+
+def _take_lines(lines: bytes, scrub: StreamScrub, count: _Count, api: Api) -> None:
+    """Read the usage of each of `lines` (whole SSE lines) into `count` and queue it in `scrub`."""
+    for line in lines.splitlines(keepends=True):
+        event = None
+        if line.startswith(b"data:"):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line[5:].strip())
+            count.absorb_event(event, api)
+        scrub.add(line, event)
 
 
 def _peer(request: Request) -> Peer:
