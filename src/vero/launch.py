@@ -19,11 +19,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vero.errors import InfrastructureFailure, SpecError, SpecIssue
 from vero.spec.environments import SUPPORTED, environment_kind
 from vero.spec.models import OptimizationSpec
+
+if TYPE_CHECKING:
+    from vero.verifier.intake_window import AfterAgentEnd
 
 __all__ = [
     "HarborArgs",
@@ -48,6 +51,9 @@ class TrialRunOutcome:
         exception_type: the trial's exception type, if it errored.
         finalization: the verifier's `finalization.json`, if collected.
         artifacts_dir: where the operator artifacts landed on the host, if any.
+        after_agent_end: what the sidecar took after the agent ended, from `result.json`'s agent
+            end and `finalization.json`'s intake record (`vero.verifier.intake_window`); None when
+            either does not say.
     """
 
     trial_dir: Path
@@ -55,6 +61,7 @@ class TrialRunOutcome:
     exception_type: str | None = None
     finalization: dict | None = None
     artifacts_dir: Path | None = None
+    after_agent_end: AfterAgentEnd | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,6 +135,10 @@ def _read_trial(trial: Path) -> TrialRunOutcome:
             outcome.finalization = json.loads(final.read_text())
         except (OSError, ValueError):
             outcome.finalization = None
+    if isinstance(outcome.finalization, dict):
+        from vero.verifier.intake_window import trial_after_agent_end
+
+        outcome.after_agent_end = trial_after_agent_end(result, outcome.finalization)
     return outcome
 
 

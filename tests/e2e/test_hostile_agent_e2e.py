@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from vero.core.session import read_session
+from vero.verifier.intake_window import trial_after_agent_end
 
 from ._examples import start_run, wait_run
 
@@ -113,6 +114,16 @@ def test_hostile_agent_gets_nothing_it_should_not(tmp_path: Path) -> None:
     assert all(j.created_at.timestamp() < closed_seen for j in late_jobs), late_jobs
     assert session.submission is not None
     assert session.submission.submitted_at.timestamp() < closed_seen
+    # What the window let in is told to the operator: the intake record in finalization.json, set
+    # against Harbor's agent end, counts exactly the session's late jobs and a late submission, and
+    # `vero harbor run` warns of it.
+    after = trial_after_agent_end(run.result, run.finalization)
+    assert after is not None and after.closed_by == "agent_ended", run.finalization.get("intake")
+    assert after.closed_after_sec is not None and after.closed_after_sec > 0
+    assert after.evaluations == len(late_jobs)
+    late_submission = session.submission.submitted_at.timestamp() > agent_end
+    assert (after.submission_after_sec is not None) == late_submission
+    assert ("the sidecar took work after the agent ended" in run.output) == after.late, run.output[-3000:]
 
     # Slot identity: the submitted tree (the probe's, or the late commit of the same tree) scores as
     # the reference change on the hidden case in the verifier too.

@@ -7,6 +7,7 @@ starts, where a mistake must fail fast, clearly, and before anything is built.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,49 @@ def test_the_outcome_is_printed_as_text_and_a_broken_case_is_a_cause_not_a_score
     printed = capsys.readouterr()
     assert "[bold]faster[/bold] loops" in printed.out
     assert f"cause: case 'log-report': install_failed: {problem['detail']}" in printed.err
+
+
+def test_the_outcome_warns_of_what_the_sidecar_took_after_the_agent_ended(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`vero harbor run` reads the agent's end from Harbor's `result.json` and the intake record from
+    `finalization.json`, shows the window in the table and warns when anything came after the end."""
+    from vero.commands.run import report_outcome
+    from vero.launch import _read_outcome
+
+    def trial(name: str, submitted_at: str) -> None:
+        root = tmp_path / "job" / name
+        (root / "verifier" / "artifacts").mkdir(parents=True)
+        result = {
+            "agent_execution": {"started_at": "2026-12-02T11:00:00Z", "finished_at": "2026-12-02T12:00:00Z"},
+            "verifier_result": {"rewards": {"reward": 1.0}},
+        }
+        (root / "result.json").write_text(json.dumps(result))
+        final = {
+            "status": "scored",
+            "intake": {
+                "closed_at": "2026-12-02T12:00:02.5Z",
+                "closed_by": "agent_ended",
+                "submitted_at": submitted_at,
+                "admitted_at": ["2026-12-02T11:30:00Z"],
+            },
+        }
+        (root / "verifier" / "artifacts" / "finalization.json").write_text(json.dumps(final))
+
+    monkeypatch.setenv("COLUMNS", "300")  # one table row a line
+    trial("t-late", "2026-12-02T12:00:01.25Z")
+    trial("t-timely", "2026-12-02T11:59:00Z")
+    outcome = _read_outcome(tmp_path / "job", tmp_path / "task")
+    late, timely = (t.after_agent_end for t in outcome.trials)
+    assert late is not None and late.submission_after_sec == pytest.approx(1.25)
+    assert timely is not None and not timely.late
+    assert report_outcome(outcome) == 0  # a late entry is told, not a failure of the run
+    printed = capsys.readouterr()
+    warnings = [line for line in printed.err.splitlines() if "after the agent ended" in line]
+    assert warnings == [
+        "warning: the sidecar took work after the agent ended: taken after the agent's end: the submission "
+        "(+1.25 s); intake closed +2.50 s after it (main's hook)"
+    ]
+    rows = [line for line in printed.out.splitlines() if line.startswith("│ after the agent's end")]
+    assert len(rows) == 2 and "nothing taken after the agent's end; intake closed +2.50 s" in rows[1], printed.out
 
 
 MODAL_ENV = "MODAL_TOKEN_ID=id-zq-0001\nMODAL_TOKEN_SECRET=secret-zq-0002\n"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -84,6 +85,10 @@ def test_seal_closes_cancels_refunds_and_is_idempotent(tmp_path):
     }
     assert all(b.reserved_runs == 0 and b.settled_runs == 0 for b in session.balances)
     assert harness.config.baseline_commit in {c.id for c in session.candidates}
+    # No hook came: the seal closed intake, and the manifest says so (at the seal's own time or before).
+    assert session.manifest.intake_closed_by == "sealed"
+    assert session.manifest.intake_closed_at is not None
+    assert session.manifest.intake_closed_at <= datetime.fromisoformat(body["sealed_at"].replace("Z", "+00:00"))
 
     # a restart stays sealed, and sealing again still gives the same bytes
     harness.backend = StubBackend()
@@ -340,6 +345,15 @@ def test_intake_closes_when_the_agent_ends_before_the_seal_and_survives_a_restar
     (job,) = export["jobs"]
     assert job["state"] == "complete" and job["created_at"] < closed_at
     assert export["submission"]["submitted_at"] == submitted["submitted_at"] < closed_at
+    # The sealed manifest carries the hook's close, which the verifier passes on to the operator.
+    session = read_session(
+        tmp_path / "export" / "session.tar.gz",
+        tmp_path / "extracted",
+        spec_digest=harness.config.spec_digest,
+        baseline_commit=harness.config.baseline_commit,
+    )
+    assert session.manifest.intake_closed_by == "agent_ended"
+    assert session.manifest.intake_closed_at == datetime.fromisoformat(closed_at.replace("Z", "+00:00"))
     with harness.serve() as (_, client):  # a restart keeps intake closed
         assert client.post("/evaluations", json={"partition": "train"}).json()["code"] == "intake_closed"
         assert client.post("/intake/close").json()["closed_at"] == closed_at

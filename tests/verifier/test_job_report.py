@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from vero.cli import app
 from vero.core.evaluation import AttemptResult, CaseResult
 from vero.verifier.artifacts import BaselineInfo, BudgetStatus, ChosenCandidate, Finalization, SessionStatus
+from vero.verifier.intake_window import IntakeRecord
 from vero.verifier.interval import MIN_UNITS
 from vero.verifier.job_report import build_report, render_html
 from vero.verifier.verdict import ArmRecord, TargetRule, judge
@@ -45,6 +46,7 @@ def write_trial(
     cost: float | None = None,
     exception: str | None = None,
     shipped_baseline: bool = False,
+    intake: IntakeRecord | None = None,
 ) -> Path:
     """One trial dir: Harbor's `result.json` and, unless `lift` is None, the verifier's artifacts
     with a `hidden` target whose cases all improve by about `lift`."""
@@ -96,6 +98,7 @@ def write_trial(
         verdicts=[verdict],
         baseline=BaselineInfo(commit="b" * 40, rebuilt=True),
         run_as="vero-runner (uid 999)",
+        intake=intake,
     )
     (trial / "verifier" / "artifacts" / "finalization.json").write_text(final.model_dump_json())
     status = SessionStatus(
@@ -222,3 +225,46 @@ def test_a_path_without_a_harbor_job_is_refused_naming_it(tmp_path: Path) -> Non
     write_trial(tmp_path / "job", "demo__t0")
     done = CliRunner().invoke(app, ["harbor", "report", str(tmp_path / "job"), "--confidence", "1.5"])
     assert done.exit_code == 2 and "--confidence" in done.stderr
+
+
+def test_what_the_sidecar_took_after_the_agent_ended_is_reported_per_trial(tmp_path: Path) -> None:
+    """The verifier's intake record against Harbor's agent end (`agent_execution.finished_at` of the
+    fixture's `result.json`): a trial whose sidecar took a submission and two evaluations after it is
+    named with what and when; one that took nothing late is not."""
+    end = datetime.fromisoformat(HARBOR_TRIAL["agent_execution"]["finished_at"])
+    job = tmp_path / "job"
+    write_trial(
+        job,
+        "demo__late",
+        intake=IntakeRecord(
+            closed_at=end + timedelta(seconds=1.2),
+            closed_by="agent_ended",
+            submitted_at=end + timedelta(seconds=0.8),
+            admitted_at=[end - timedelta(seconds=30), end + timedelta(seconds=0.3), end + timedelta(seconds=0.5)],
+        ),
+    )
+    write_trial(
+        job,
+        "demo__timely",
+        intake=IntakeRecord(
+            closed_at=end + timedelta(seconds=0.9),
+            closed_by="agent_ended",
+            submitted_at=end - timedelta(seconds=5),
+            admitted_at=[end - timedelta(seconds=30)],
+        ),
+    )
+    write_trial(job, "demo__unrecorded")  # sealed by a vero that kept no intake record
+
+    rows = {row.trial: row.after_agent_end for row in build_report([job]).trials}
+    late, timely = rows["demo__late"], rows["demo__timely"]
+    assert late is not None and late.late and late.evaluations == 2
+    assert late.submission_after_sec == pytest.approx(0.8) and late.closed_after_sec == pytest.approx(1.2)
+    assert timely is not None and not timely.late and timely.closed_after_sec == pytest.approx(0.9)
+    assert rows["demo__unrecorded"] is None
+    shown = CliRunner().invoke(app, ["harbor", "report", str(job)], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("late intake:")]
+    assert lines == [
+        "late intake: job/demo__late: taken after the agent's end: the submission (+0.80 s), 2 evaluations; "
+        "intake closed +1.20 s after it (main's hook)"
+    ]

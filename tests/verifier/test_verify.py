@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -536,6 +537,11 @@ def test_artifacts_record_the_decision_budgets_and_the_session(bench: Workbench)
     assert verdict["missing"]["candidate"]["n_missing"] == 0 and verdict["missing"]["baseline"]["n_valid"] == 2
     assert [c["case"] for c in verdict["cases"]] == ["hidden-1", "hidden-2"]
     assert written["session_sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    # When the sidecar took each evaluation, and when intake closed, for the operator's readers.
+    assert written["intake"]["closed_by"] == "agent_ended" and written["intake"]["submitted_at"] is None
+    assert final.intake is not None and final.intake.closed_at == bench.clock + timedelta(minutes=4)
+    assert len(final.intake.admitted_at) == 4 and final.intake.admitted_at == sorted(final.intake.admitted_at)
+    assert all(moment < final.intake.closed_at for moment in final.intake.admitted_at)
 
     status = json.loads((bench.artifacts() / "status.json").read_text())
     assert status["valid"] is True and status["n_candidates"] == 2 and status["n_evaluations"] == 4

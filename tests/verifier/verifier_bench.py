@@ -330,6 +330,8 @@ class Workbench:
             baseline_commit=self.baseline_commit,
             sealed_at=self.clock + timedelta(minutes=5),
             state=self.state_store,
+            intake_closed_at=self.clock + timedelta(minutes=4),
+            intake_closed_by="agent_ended",
         )
         return archive
 

@@ -83,6 +83,9 @@ def _print_tables(report) -> None:
             )
         )
     console.print(trials)
+    for row in report.trials:
+        if row.after_agent_end is not None and row.after_agent_end.late:
+            console.print(Text(f"late intake: {row.job}/{row.trial}: {row.after_agent_end.summary()}"))
     if report.pooled:
         pooled = Table(title="pooled over trials (units: trials)", show_header=True)
         for column in ("task", "agent", "target", "pooled lift"):

@@ -159,6 +159,8 @@ def _report_trial(trial, *, many: bool) -> int:
     Console().print(table)
     for warning in final.get("warnings") or []:
         typer.echo(f"warning: {warning}", err=True)
+    if trial.after_agent_end is not None and trial.after_agent_end.late:
+        typer.echo(f"warning: the sidecar took work after the agent ended: {trial.after_agent_end.summary()}", err=True)
     # Paths as plain lines: a table would wrap them, and they are meant to be copied.
     typer.echo(f"trial:         {trial.trial_dir}")
     if trial.artifacts_dir:
@@ -189,6 +191,8 @@ def _trial_rows(trial, final: dict) -> list[tuple[str, str]]:
     if final.get("status"):
         rows.append(("verifier status", str(final["status"])))
     rows += _verdict_lines(final)
+    if trial.after_agent_end is not None:
+        rows.append(("after the agent's end", trial.after_agent_end.summary()))
     if trial.exception_type:
         rows.append(("trial error", trial.exception_type))
     return rows

@@ -3,7 +3,8 @@
 Layout of `session.tar.gz` (a canonical archive, `vero.core.archive`):
 
 ```
-manifest.json          SealManifest (schema 2): name, spec_digest, baseline_commit, sealed_at, files
+manifest.json          SealManifest (schema 2): name, spec_digest, baseline_commit, sealed_at, files,
+                       and when intake closed and why (absent in archives sealed before it was recorded)
 candidates.bundle      git bundle of every refs/vero/candidates/* ref of the candidate store
 state.json             the state store's canonical export (`vero.core.state.StateStore.export`):
                        budgets, reservations, jobs (with trusted full results), candidates, submission
@@ -108,6 +109,12 @@ class SealManifest(BaseModel):
     sealed_at: datetime
     files: dict[str, str]
     """Relative path -> `sha256:<hex>` for every other file in the archive."""
+    intake_closed_at: datetime | None = None
+    """When the sidecar stopped taking evaluations and submissions (`vero.sidecar.intake`); every job
+    and the submission predate it. None: sealed by a vero that did not record it."""
+    intake_closed_by: Literal["agent_ended", "sealed"] | None = None
+    """`agent_ended`: `main`'s collect hook said the agent phase was over; `sealed`: the hook never
+    came and the seal closed intake."""
 
 
 class Session(BaseModel):
@@ -144,6 +151,8 @@ def write_session_archive(
     baseline_commit: str,
     sealed_at: datetime,
     state: StateStore | None = None,
+    intake_closed_at: datetime | None = None,
+    intake_closed_by: Literal["agent_ended", "sealed"] | None = None,
 ) -> str:
     """Pack the sidecar state under `state_dir` into the canonical archive `dest`; write `dest.sha256`.
 
@@ -154,6 +163,7 @@ def write_session_archive(
         name, spec_digest, baseline_commit: copied into the manifest from the served config.
         sealed_at: the seal time (persisted by the caller so a second seal gives the same bytes).
         state: the open state store (the sidecar's); None opens `state_dir/state.db`.
+        intake_closed_at, intake_closed_by: the close of intake, copied into the manifest.
 
     Returns:
         The archive's sha256 hex digest.
@@ -188,9 +198,17 @@ def write_session_archive(
             path.relative_to(stage).as_posix(): file_digest(path) for path in sorted(stage.rglob("*")) if path.is_file()
         }
         manifest = SealManifest(
-            name=name, spec_digest=spec_digest, baseline_commit=baseline_commit, sealed_at=sealed_at, files=files
+            name=name,
+            spec_digest=spec_digest,
+            baseline_commit=baseline_commit,
+            sealed_at=sealed_at,
+            files=files,
+            intake_closed_at=intake_closed_at,
+            intake_closed_by=intake_closed_by,
         )
-        (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json")))
+        # Unset fields are left out, so a session without an intake record seals to the bytes it
+        # always did.
+        (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json", exclude_none=True)))
         digest = write_canonical_tar(stage, dest)
     write_digest_file(dest, digest)
     return digest

@@ -253,6 +253,8 @@ async def write_sealed_archive(
             baseline_commit=config.baseline_commit,
             sealed_at=records.sealed_at,
             state=records.state,
+            intake_closed_at=records.intake.closed_at if records.intake is not None else None,
+            intake_closed_by=records.intake.reason if records.intake is not None else None,
         )
     except (OSError, GitFailed) as exc:
         if is_out_of_space(exc):

@@ -36,6 +36,7 @@ from vero.verifier.artifacts import (
     copy_session,
     write_model,
 )
+from vero.verifier.intake_window import intake_record
 from vero.verifier.report import REPORT_FILE, write_report
 from vero.verifier.reward import failure_rewards, reward_values, write_reward_file
 from vero.verifier.scoring import VERIFIER_EVALUATION_LIMIT_USD, Scorer
@@ -305,6 +306,7 @@ async def verify(
         run_as=run_as_label,
         inference=_inference_total(measurements, config),
         agent_inference=agent_inference_spend(session),
+        intake=intake_record(session),
         errors=errors,
         warnings=warnings,
         problems=_problems(measurements),

@@ -26,6 +26,7 @@ from vero.core.ledger import AGENT_INFERENCE_PARTITION
 from vero.core.session import Session, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.core.usage import InferenceUsage
+from vero.verifier.intake_window import IntakeRecord
 from vero.verifier.selection import Measurement, Selection
 from vero.verifier.verdict import Verdict
 
@@ -178,6 +179,10 @@ class Finalization(_Model):
     measurement in `measurements`); None without a gateway."""
     agent_inference: AgentInferenceSpend | None = None
     """The coding agent's own model calls (`inference.agent`), from the sealed ledger."""
+    intake: IntakeRecord | None = None
+    """When the sidecar took each evaluation and the submission, and when intake closed (None for a
+    refused session): `vero harbor run` and `vero harbor report` set it beside the agent's end
+    (`vero.verifier.intake_window`)."""
 
 
 class BudgetStatus(_Model):

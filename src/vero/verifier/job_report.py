@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from vero.core.storage import atomic_write_bytes
 from vero.errors import SpecError
 from vero.verifier.artifacts import FINALIZATION_FILE, STATUS_FILE, Finalization, SessionStatus
+from vero.verifier.intake_window import AfterAgentEnd, after_agent_end, agent_finished_at
 from vero.verifier.interval import DEFAULT_RESAMPLES, METHOD, MIN_UNITS, mean_interval
 from vero.verifier.verdict import VerdictName, verdict_seed
 
@@ -117,6 +118,9 @@ class TrialRow(_Model):
     trial_dir: str
     problem: str | None = None
     """Why the trial's vero artifacts could not be read, if so."""
+    after_agent_end: AfterAgentEnd | None = None
+    """What the sidecar took after the agent ended (`vero.verifier.intake_window`); None when the
+    trial's `result.json` or `finalization.json` does not say."""
 
 
 class PooledRow(_Model):
@@ -270,6 +274,9 @@ def read_trial(job_dir: Path, trial_dir: Path) -> TrialRow:
         }
         if final.inference is not None:
             spend["verifier_inference_usd"] = final.inference.cost_usd
+        finished = agent_finished_at(result)
+        if final.intake is not None and finished is not None:
+            row["after_agent_end"] = after_agent_end(final.intake, finished)
     try:
         status = SessionStatus.model_validate_json((artifacts / STATUS_FILE).read_bytes())
         spend["evaluation_runs"] = sum(b.spent_runs for b in status.budgets)
