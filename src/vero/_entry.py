@@ -1,8 +1,11 @@
-"""The `vero` console script: the agent's commands on the standard library, everything else via typer.
+"""The `vero` console script: the agent's commands and the groups' help on the standard library,
+everything else via typer.
 
 `vero harbor status|eval|result|submit|evaluations` run on every tool call of a coding agent, so they
 go straight to `vero.agent_cli` (standard library only) before the typer application, its command
-modules, pydantic or httpx are imported. Every other command, and `vero --help`, is `vero.cli`.
+modules, pydantic or httpx are imported. `vero --help` and `vero harbor --help` into a pipe are
+printed by `vero.commands.group_help` (typer's page, without typer). Every other call is `vero.cli`,
+which imports only the command it runs.
 """
 
 from __future__ import annotations
@@ -11,10 +14,22 @@ import sys
 
 __all__ = ["main"]
 
+_GROUP_HELP = {("--help",): (), ("harbor", "--help"): ("harbor",)}
+"""The calls printing a group's help: argv -> the group's path."""
+
 
 def main() -> None:
     """Console-script entry point."""
     argv = sys.argv[1:]
+    group = _GROUP_HELP.get(tuple(argv))
+    if group is not None:
+        from vero.commands.group_help import group_help
+
+        page = group_help(group)
+        if page is not None:
+            sys.stdout.write(page)
+            sys.stdout.flush()
+            return
     if len(argv) >= 2 and argv[0] == "harbor":
         from vero.agent_cli import AGENT_COMMANDS
 

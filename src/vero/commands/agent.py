@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from vero.agent_cli import EPILOG, HELP
+from vero.commands.registry import COMMANDS
 
 __all__ = ["FORWARDED", "forwarder"]
 
@@ -33,7 +34,7 @@ def forwarder(name: str) -> tuple[Callable[[typer.Context], None], dict[str, Any
 
     command.__doc__ = HELP[name]
     options = dict(
-        help=HELP[name] + " (`vero harbor " + name + " --help` lists the options.)",
+        help=next(e.summary for e in COMMANDS if e.group == "harbor" and e.name == name),
         epilog=EPILOG,
         context_settings=_FORWARD,
         add_help_option=False,
