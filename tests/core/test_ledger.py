@@ -92,7 +92,7 @@ def test_open_creates_the_file_with_the_configured_totals(ledger, ledger_path):
     assert ledger_path.is_file()
     assert oct(ledger_path.stat().st_mode & 0o777) == "0o600"
     raw = ledger.state.export()
-    assert raw["schema_version"] == 2 and raw["reservations"] == [] and raw["jobs"] == []
+    assert raw["schema_version"] == 3 and raw["reservations"] == [] and raw["jobs"] == []
     assert [(b["partition"], b["resource"], b["total"]) for b in raw["budgets"]] == [
         ("train", "cases", 40),
         ("train", "runs", 10),
@@ -239,7 +239,7 @@ async def test_the_database_refuses_an_overspend_the_caller_did_not_check(ledger
             "INSERT INTO reservations (id, partition, principal, state, created_at) "
             "VALUES ('rs-x', 'val', 'agent', 'reserved', '2026-01-01T00:00:00Z')"
         )
-        conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1, NULL)")
+        conn.execute("INSERT INTO reservation_costs VALUES ('rs-x', 'val', 'agent', 'runs', 1, NULL, 0)")
 
     with pytest.raises(sqlite3.IntegrityError):
         await ledger.state.commit(unchecked)
@@ -335,6 +335,15 @@ async def test_concurrent_inference_reservations_take_what_is_left_and_charge_at
     with pytest.raises(ReservationConflict):  # a closed reservation's charge is final
         await ledger.state.commit(lambda conn: ledger.charge_in(conn, granted[0].id, "inference_micro_usd", 0))
     assert_consistent(ledger)
+    # What was asked above a reservation is kept as its overrun: recorded, exported, never charged.
+    over = [r for i, r in enumerate(granted) if i % 3 == 0 and i % 2]
+    assert over and all(
+        ledger.reservation(r.id).overrun == {"inference_micro_usd": 10**9 - r.cost.inference_micro_usd} for r in over
+    )
+    exported = {r["id"]: r for r in ledger.state.export()["reservations"]}
+    assert exported[over[0].id]["overrun"] == ledger.reservation(over[0].id).overrun
+    plain = next(r for i, r in enumerate(granted) if i % 3 and r.cost.inference_micro_usd >= 1_000)
+    assert exported[plain.id]["overrun"] == {} and ledger.reservation(plain.id).overrun == {}
 
 
 @pytest.mark.timeout(120)
@@ -453,12 +462,13 @@ _TAMPERINGS = {
         "DELETE FROM reservation_costs WHERE reservation_id = 'rs-a'",
         "DELETE FROM reservations WHERE id = 'rs-a'",
     ],
+    "negative_overrun": ["UPDATE reservation_costs SET overrun = -1 WHERE reservation_id = 'rs-a'"],
     "cost_lowered": ["UPDATE reservation_costs SET amount = 0 WHERE reservation_id = 'rs-c'"],
     "reservation_moved": ["UPDATE reservations SET partition = 'val' WHERE id = 'rs-a'"],
     "open_but_closed": ["UPDATE reservations SET closed_at = created_at WHERE id = 'rs-c'"],
     "bad_state": ["UPDATE reservations SET state = 'spent' WHERE id = 'rs-a'"],
     "trigger_dropped": ["SELECT 1"],  # replaced below: the trigger stays dropped
-    "schema_version": ["PRAGMA user_version = 3"],
+    "schema_version": ["PRAGMA user_version = 99"],
     "extra_table": ["CREATE TABLE notes (x TEXT)"],
 }
 

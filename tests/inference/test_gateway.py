@@ -639,8 +639,8 @@ class _Journal:
             raise OSError("disk full")
         self.events.append(("opened", call_id, held_micro_usd))
 
-    def closed(self, call_id: str, charged_micro_usd: int) -> None:
-        self.events.append(("closed", call_id, charged_micro_usd))
+    def closed(self, call_id: str, charged_micro_usd: int, overrun_micro_usd: int = 0) -> None:
+        self.events.append(("closed", call_id, charged_micro_usd, overrun_micro_usd))
 
 
 def test_the_agent_scope_is_its_own_listener_models_and_pool_and_journals_each_call(upstream):
@@ -694,6 +694,7 @@ def test_the_agent_scope_is_its_own_listener_models_and_pool_and_journals_each_c
     (opened, closed) = journal.events
     assert opened[0] == "opened" and closed[:2] == ("closed", opened[1])
     assert opened[2] > closed[2] == to_micro_usd(CALL_USD)  # held the bound, charged the usage
+    assert closed[3] == 0
     assert len(upstream.requests) == 1
 
 

@@ -40,6 +40,7 @@ HOLD_MICRO_USD = bound_call(dict(OPENAI_BODY), "openai", "/chat/completions", pr
 TOTAL_MICRO_USD = HOLD_MICRO_USD + 2 * CALL_MICRO_USD
 """Room for three calls: after them less than one call's bound is left."""
 AGENT_MODELS = ("gpt-agent", "claude-agent")
+GREEDY_CEILING_USD = 0.001
 
 
 def inference_spec(
@@ -63,6 +64,9 @@ def inference_spec(
                 "gpt-candidates-only": model,
                 "gpt-leak": {**model, "upstream_model": "fake-leak"},
                 "claude-leak": {**model, "provider": "fake-anthropic", "upstream_model": "fake-leak"},
+                # Takes provider-held input under its own per-call ceiling: the fake bills a
+                # million held input tokens, far above the call's bound.
+                "gpt-greedy": {**model, "upstream_model": "fake-greedy", "unbounded_call_usd": GREEDY_CEILING_USD},
             },
             **({"agent": {"models": agent_models, "total_usd": total_usd}} if agent else {}),
         }
@@ -170,6 +174,36 @@ def test_a_key_the_provider_streams_split_across_events_never_reaches_the_agent(
         assert whole.json()["content"][0]["text"] == "before *** after"
         status = client.get("/status").json()["agent_inference"]
     assert status["calls"] == len(cases) * (len(KEY) + 1) + 1 == len(upstream.requests)
+
+
+def test_what_a_provider_bills_above_a_calls_bound_is_recorded_and_shown(tmp_path, upstream):
+    """A call billed far above its bound (provider-held input under the model's ceiling) is
+    charged its bound in the ledger and the rest kept with the call as overrun: `/status` shows
+    both across a restart, and so does what `finalization.json` reads from the sealed state."""
+    from vero.core.session import SessionState
+    from vero.verifier.artifacts import agent_inference_spend
+
+    h = harness(tmp_path, upstream, agent_models=("gpt-greedy",), total_usd=0.01)
+    request = {"model": "gpt-greedy", "input": "hi", "previous_response_id": "resp_1", "max_output_tokens": 10}
+    with h.serve() as (server, client):
+        gateway = server.app.state.service.runner.gateway
+        bound = gateway.bound_of(json.loads(json.dumps(request)), "openai", "/responses").micro_usd
+        answer = client.post("/inference/openai/v1/responses", headers=agent_headers(), json=request)
+        assert answer.status_code == 200, answer.text
+        shown = client.get("/status").json()["agent_inference"]
+    (billed,) = [r["billed"] for r in upstream.requests]
+    cost = to_micro_usd(billed["input"] * PRICE_IN + billed["output"] * PRICE_OUT)
+    assert cost > 100 * bound  # a million held input tokens
+    assert shown["spent_usd"] == pytest.approx(bound / 1e6)
+    assert shown["overrun_usd"] == pytest.approx((cost - bound) / 1e6)
+    assert shown["remaining_usd"] == pytest.approx(0.01 - bound / 1e6)
+    with h.serve() as (_, client):
+        assert client.get("/status").json()["agent_inference"] == shown
+    with StateStore.open(h.state_dir / STATE_FILE) as store:
+        spend = agent_inference_spend(SessionState.model_validate(store.export()))
+    assert spend is not None and spend.calls == 1
+    assert spend.spent_usd == pytest.approx(bound / 1e6)
+    assert spend.overrun_usd == pytest.approx((cost - bound) / 1e6)
 
 
 def test_a_call_left_open_by_a_crash_stays_charged_its_bound(tmp_path, upstream):

@@ -15,10 +15,17 @@ from typer.testing import CliRunner
 
 from vero.cli import app
 from vero.core.evaluation import AttemptResult, CaseResult
-from vero.verifier.artifacts import BaselineInfo, BudgetStatus, ChosenCandidate, Finalization, SessionStatus
+from vero.verifier.artifacts import (
+    AgentInferenceSpend,
+    BaselineInfo,
+    BudgetStatus,
+    ChosenCandidate,
+    Finalization,
+    SessionStatus,
+)
 from vero.verifier.intake_window import IntakeRecord
 from vero.verifier.interval import MIN_UNITS
-from vero.verifier.job_report import build_report, render_html
+from vero.verifier.job_report import build_report, render_html, trial_spend_text
 from vero.verifier.verdict import ArmRecord, TargetRule, judge
 
 FIXTURE = Path(__file__).resolve().parents[1] / "harbor" / "fixtures" / "jobs" / "oracle-mixed"
@@ -47,6 +54,7 @@ def write_trial(
     exception: str | None = None,
     shipped_baseline: bool = False,
     intake: IntakeRecord | None = None,
+    agent_gateway: AgentInferenceSpend | None = None,
 ) -> Path:
     """One trial dir: Harbor's `result.json` and, unless `lift` is None, the verifier's artifacts
     with a `hidden` target whose cases all improve by about `lift`."""
@@ -99,6 +107,7 @@ def write_trial(
         baseline=BaselineInfo(commit="b" * 40, rebuilt=True),
         run_as="vero-runner (uid 999)",
         intake=intake,
+        agent_inference=agent_gateway,
     )
     (trial / "verifier" / "artifacts" / "finalization.json").write_text(final.model_dump_json())
     status = SessionStatus(
@@ -149,6 +158,17 @@ def test_the_trials_of_a_job_pool_into_a_lift_with_its_interval_across_trials(tm
     lo, hi = pooled.interval
     assert 0 < lo < pooled.lift < hi and pooled.verdict == "improved"
     assert build_report([job]).pooled == report.pooled  # the same jobs give the same interval
+
+
+def test_the_coding_agents_gateway_spend_and_its_overrun_show_in_the_spend_column(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    gateway = AgentInferenceSpend(total_usd=1.0, spent_usd=0.25, overrun_usd=0.5, calls=4)
+    write_trial(job, "demo__t0", cost=0.25, agent_gateway=gateway)
+    write_trial(job, "demo__t1", cost=0.25)
+    with_gateway, without = sorted(build_report([job]).trials, key=lambda row: row.trial)
+    assert (with_gateway.spend.agent_gateway_usd, with_gateway.spend.agent_gateway_overrun_usd) == (0.25, 0.5)
+    assert "agent gateway $0.25 (+$0.5 over bounds)" in trial_spend_text(with_gateway.spend)
+    assert without.spend.agent_gateway_usd is None and "gateway" not in trial_spend_text(without.spend)
 
 
 def test_too_few_trials_get_no_interval_and_say_so(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 from vero.cli import app
 from vero.core.session import read_session
 from vero.verifier import Finalization, render_report
+from vero.verifier.artifacts import AgentInferenceSpend, BaselineInfo
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -243,3 +245,28 @@ def test_vero_report_checks_the_archive_against_a_config(bench: Workbench, tmp_p
     result = CliRunner().invoke(app, ["report", str(archive), "-o", str(tmp_path / "o.html"), "--config", str(other)])
     assert result.exit_code == 10 and "spec digest mismatch" in result.stderr
     assert not (tmp_path / "o.html").exists()
+
+
+def test_the_coding_agents_model_calls_show_what_was_billed_over_their_bounds() -> None:
+    moment = datetime(2026, 12, 1, tzinfo=UTC)
+    final = Finalization(
+        status="refused",
+        name="demo",
+        spec_digest="sha256:" + "0" * 64,
+        started_at=moment,
+        finished_at=moment,
+        rewards={},
+        baseline=BaselineInfo(commit="b" * 40, rebuilt=True),
+        run_as="uid 0",
+        agent_inference=AgentInferenceSpend(total_usd=1.0, spent_usd=0.25, overrun_usd=0.5, calls=4),
+    )
+    html = render_report(None, final)
+    table = html[html.index('id="agent-inference"') : html.index("</table>", html.index('id="agent-inference"'))]
+    assert "billed over bounds (USD)" in table
+    assert re.findall(r'<td class="num">([^<]*)</td>', table) == [
+        "4",
+        "0",
+        "0.250000",
+        "0.500000",
+        "1.000000",
+    ]

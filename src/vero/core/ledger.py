@@ -122,6 +122,9 @@ class Reservation(BaseModel):
     charged: dict[str, int] = Field(default_factory=dict)
     """Resource -> what closing charges of it, where set (`BudgetLedger.charge_in`); a resource not
     listed is charged its whole cost when settled, nothing when refunded."""
+    overrun: dict[str, int] = Field(default_factory=dict)
+    """Resource -> what was metered above what it could charge (recorded, never charged: a model
+    call billed past its bound, `vero.sidecar.agent_inference`); a resource not listed has none."""
     state: Literal["reserved", "settled", "refunded"]
     created_at: datetime
     closed_at: datetime | None = None
@@ -234,6 +237,8 @@ def _add_reservation(sums: dict[tuple[str, str, str], list[int]], reservation: R
         charged = reservation.charged.get(resource)
         if charged is not None and not 0 <= charged <= amount:
             raise ValueError("a reservation charges more than it reserved")
+        if reservation.overrun.get(resource, 0) < 0:
+            raise ValueError("a reservation records a negative overrun")
         if reservation.state == "reserved":
             sums[key][1] += amount
         elif charged is not None:
@@ -265,18 +270,21 @@ _RESERVATION_COLUMNS = (
     "(SELECT json_group_object(c.resource, c.amount) FROM reservation_costs c "
     "WHERE c.reservation_id = r.id), "
     "(SELECT json_group_object(c.resource, c.charged) FROM reservation_costs c "
-    "WHERE c.reservation_id = r.id AND c.charged IS NOT NULL)"
+    "WHERE c.reservation_id = r.id AND c.charged IS NOT NULL), "
+    "(SELECT json_group_object(c.resource, c.overrun) FROM reservation_costs c "
+    "WHERE c.reservation_id = r.id AND c.overrun > 0)"
 )
 
 
 def _reservation(row: tuple) -> Reservation:
-    rid, partition, principal, state, created_at, closed_at, reason, cost, charged = row
+    rid, partition, principal, state, created_at, closed_at, reason, cost, charged, overrun = row
     return Reservation(
         id=rid,
         partition=partition,
         principal=principal,
         cost=Cost(**json.loads(cost or "{}")),
         charged=json.loads(charged or "{}"),
+        overrun=json.loads(overrun or "{}"),
         state=state,
         created_at=created_at,
         closed_at=closed_at,
@@ -424,9 +432,13 @@ class BudgetLedger:
         )
         return reservation
 
-    def charge_in(self, conn: sqlite3.Connection, reservation_id: str, resource: str, amount: int) -> int:
+    def charge_in(
+        self, conn: sqlite3.Connection, reservation_id: str, resource: str, amount: int, overrun: int = 0
+    ) -> int:
         """Set what the open reservation charges of `resource` when it closes: `amount`, at most
-        what it reserved (returned). A resource it did not reserve charges nothing (0).
+        what it reserved (returned). A resource it did not reserve charges nothing (0). `overrun`
+        (and whatever of `amount` is above the reservation) is recorded as the reservation's
+        `overrun` of `resource`: metered, never charged.
 
         Raises:
             ReservationConflict (a ValueError): the reservation is closed (its charge is final).
@@ -441,9 +453,10 @@ class BudgetLedger:
         if row[1] != "reserved":
             raise ReservationConflict(f"reservation is already {row[1]}")
         charge = max(0, min(int(amount), row[0]))
+        above = max(0, int(overrun)) + max(0, int(amount) - charge)
         conn.execute(
-            "UPDATE reservation_costs SET charged = ? WHERE reservation_id = ? AND resource = ?",
-            (charge, reservation_id, resource),
+            "UPDATE reservation_costs SET charged = ?, overrun = ? WHERE reservation_id = ? AND resource = ?",
+            (charge, above, reservation_id, resource),
         )
         return charge
 

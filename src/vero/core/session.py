@@ -72,7 +72,8 @@ class SessionState(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: Literal[2]
+    schema_version: Literal[3]
+    """The state store's `SCHEMA_VERSION` (`vero.core.state`)."""
     budgets: list[BudgetFigures]
     reservations: list[Reservation]
     jobs: list[EvaluationJob]

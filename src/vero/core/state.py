@@ -13,7 +13,8 @@ Tables (DDL in `_SCHEMA`; `PRAGMA user_version` is `SCHEMA_VERSION`):
 meta               key -> value (the store's identity: `format`, and the `session` id)
 budgets            (partition, principal, resource) -> total, settled, reserved
 reservations       id, partition, principal, state, created_at, closed_at, reason (creation order: seq)
-reservation_costs  (reservation id, resource) -> amount, charged (what closing charges; NULL: as its state says)
+reservation_costs  (reservation id, resource) -> amount, charged (what closing charges; NULL: as its state says),
+                   overrun (metered above what it could charge: recorded, never charged)
 jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
 candidates         id, parent, tree, subject, imported_at (import order: seq)
 checked_trees      tree id -> its symlinks, files and bytes (admission inspects only what changed from it)
@@ -68,8 +69,8 @@ from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]
 
-SCHEMA_VERSION = 2
-"""`PRAGMA user_version` of a state database this module writes and reads."""
+SCHEMA_VERSION = 3
+"""`PRAGMA user_version` of a state database this module writes and reads (3: `reservation_costs.overrun`)."""
 
 STATE_FILE = "state.db"
 """The database's file name in the sidecar's state dir."""
@@ -122,6 +123,7 @@ CREATE TABLE reservation_costs (
     resource TEXT NOT NULL,
     amount INTEGER NOT NULL CHECK (amount >= 0),
     charged INTEGER CHECK (charged IS NULL OR (charged >= 0 AND charged <= amount)),
+    overrun INTEGER NOT NULL DEFAULT 0 CHECK (overrun >= 0),
     PRIMARY KEY (reservation_id, resource),
     FOREIGN KEY (partition, principal, resource) REFERENCES budgets (partition, principal, resource)
 ) STRICT, WITHOUT ROWID;
@@ -475,12 +477,15 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
     ]
     costs: dict[str, dict[str, int]] = {}
     charged: dict[str, dict[str, int]] = {}
-    for rid, resource, amount, charge in conn.execute(
-        "SELECT reservation_id, resource, amount, charged FROM reservation_costs"
+    overrun: dict[str, dict[str, int]] = {}
+    for rid, resource, amount, charge, over in conn.execute(
+        "SELECT reservation_id, resource, amount, charged, overrun FROM reservation_costs"
     ):
         costs.setdefault(rid, {})[resource] = amount
         if charge is not None:
             charged.setdefault(rid, {})[resource] = charge
+        if over:
+            overrun.setdefault(rid, {})[resource] = over
     reservations = [
         {
             "id": rid,
@@ -489,6 +494,7 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
             "state": state,
             "cost": costs.get(rid, {}),
             "charged": charged.get(rid, {}),
+            "overrun": overrun.get(rid, {}),
             "created_at": created,
             "closed_at": closed,
             "reason": reason,

@@ -154,9 +154,10 @@ class CallJournal(Protocol):
     async def opened(self, call_id: str, held_micro_usd: int) -> None:
         """Record the hold before the call is forwarded; raising refuses the call (503)."""
 
-    def closed(self, call_id: str, charged_micro_usd: int) -> None:
-        """Record what the call was charged (0: released). Called on the event loop, without
-        awaiting: the write must complete on its own."""
+    def closed(self, call_id: str, charged_micro_usd: int, overrun_micro_usd: int = 0) -> None:
+        """Record what the call was charged (0: released; never more than its hold) and what it
+        cost above that (`overrun_micro_usd`). Called on the event loop, without awaiting: the
+        write must complete on its own."""
 
 
 @dataclass(eq=False)
@@ -206,11 +207,14 @@ class InferenceGrant:
         return all(pool.unspent is None or pool.unspent >= bound_micro_usd for pool in self.pools)
 
     def settle(self, held: int, cost_micro_usd: int) -> int:
-        """Release `held`, charge the metered cost (capped at what is free); returns the charge."""
+        """Release `held`, charge the metered cost (capped at what is free, and with a journal at
+        `held`: the journal's record of the call reserved that much); returns the charge."""
         for pool in self.pools:
             pool.held -= held
         available = _min_available(self.pools)
         charge = cost_micro_usd if available is None else min(cost_micro_usd, available)
+        if self.journal is not None:
+            charge = min(charge, held)
         for pool in self.pools:
             pool.spent += charge
         self.usage.charged_micro_usd += charge
@@ -863,9 +867,9 @@ class InferenceGateway:
             self._journal_closed(grant, call, 0)
 
     @staticmethod
-    def _journal_closed(grant: InferenceGrant, call: _Call, charged_micro_usd: int) -> None:
+    def _journal_closed(grant: InferenceGrant, call: _Call, charged_micro_usd: int, overrun_micro_usd: int = 0) -> None:
         if grant.journal is not None:
-            grant.journal.closed(call.id, charged_micro_usd)
+            grant.journal.closed(call.id, charged_micro_usd, overrun_micro_usd)
 
     def _lost(self, grant: InferenceGrant, call: _Call) -> None:
         """The provider took the call and gave no answer (timed out, broke off): charged its hold,
@@ -899,7 +903,7 @@ class InferenceGateway:
             cost = held / 1_000_000
         charged = grant.settle(held, cost_micro)
         self._budget_freed()
-        self._journal_closed(grant, call, charged)
+        self._journal_closed(grant, call, charged, max(0, cost_micro - charged))
         usage.calls += 1
         usage.input_tokens += count.input_tokens
         usage.cached_input_tokens += count.cached_tokens + count.cache_write_tokens

@@ -1,4 +1,4 @@
-"""Provider keys out of what the gateway passes back (docs/inference.md, "Failures and keys").
+"""Provider keys out of what the gateway passes back (docs/inference.md, "Holds are upper bounds").
 
 The gateway holds the provider keys; an answer could still carry one (an error body echoing the
 request's headers, a proxy reflecting them, a provider streaming its own key). `SecretScrub`

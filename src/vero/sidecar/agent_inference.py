@@ -10,7 +10,10 @@ the API's guard, so only `main` reaches it; candidate hosts are fenced off the A
 Money: the ledger entry (`AGENT_INFERENCE_PARTITION`, the agent's principal) holds
 `inference.agent.total_usd` as `inference_micro_usd`. Each call's whole bound is reserved in the
 ledger before it is forwarded and settled at what it was charged when it ends
-(`LedgerCallJournal`); a restart settles calls left open at their whole bound
+(`LedgerCallJournal`), at most its bound: what the provider billed above it (a model's
+`unbounded_call_usd`, a tier the provider chose) is recorded with the call as its `overrun`, shown
+beside the spend (`/status`, `finalization.json`, the job report); a restart settles calls left
+open at their whole bound
 (`settle_interrupted_agent_calls`: the provider may bill a call it took), so a restart never hands
 spent money back.
 """
@@ -75,16 +78,19 @@ def agent_inference_view(ledger: BudgetLedger, principal: str) -> AgentInference
     if not figures:
         return None
     money = figures[0]
-    calls = ledger.state.read(
+    calls, overrun = ledger.state.read(
         lambda conn: conn.execute(
-            "SELECT count(*) FROM reservations WHERE partition = ? AND principal = ?",
+            "SELECT count(*), coalesce(sum(c.overrun), 0) FROM reservations r LEFT JOIN reservation_costs c "
+            "ON c.reservation_id = r.id AND c.resource = 'inference_micro_usd' "
+            "WHERE r.partition = ? AND r.principal = ?",
             (AGENT_INFERENCE_PARTITION, principal),
-        ).fetchone()[0]
+        ).fetchone()
     )
     return AgentInferenceView(
         total_usd=money.total / 1e6,
         spent_usd=money.settled / 1e6,
         remaining_usd=money.remaining / 1e6,
+        overrun_usd=int(overrun) / 1e6,
         calls=int(calls),
     )
 
@@ -122,12 +128,13 @@ class LedgerCallJournal:
             await self.ledger.state.commit(lambda conn: self.ledger.close_in(conn, call_id, "refunded", "unreserved"))
             raise OSError("the ledger could not reserve the call's whole bound")
 
-    def closed(self, call_id: str, charged_micro_usd: int) -> None:
-        """Settle the call's reservation at `charged_micro_usd`, in a task of its own (the state
-        store completes a commit even if its awaiter is cancelled; `drain` waits for them)."""
+    def closed(self, call_id: str, charged_micro_usd: int, overrun_micro_usd: int = 0) -> None:
+        """Settle the call's reservation at `charged_micro_usd`, recording `overrun_micro_usd`
+        (what the provider billed above it) with it, in a task of its own (the state store
+        completes a commit even if its awaiter is cancelled; `drain` waits for them)."""
 
         def settle(conn: sqlite3.Connection) -> None:
-            self.ledger.charge_in(conn, call_id, "inference_micro_usd", charged_micro_usd)
+            self.ledger.charge_in(conn, call_id, "inference_micro_usd", charged_micro_usd, overrun_micro_usd)
             self.ledger.close_in(conn, call_id, "settled", "metered")
 
         task = asyncio.get_running_loop().create_task(self._commit(call_id, settle))

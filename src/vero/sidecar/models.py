@@ -78,6 +78,11 @@ class AgentInferenceView(_Wire):
     total_usd: float = Field(description="Most the agent's calls may cost in the whole session (US dollars).")
     spent_usd: float = Field(description="What its finished calls were charged.")
     remaining_usd: float = Field(description="What is left (calls in flight hold their whole bound).")
+    overrun_usd: float = Field(
+        default=0.0,
+        description="What providers billed above the calls' bounds, beyond `spent_usd` (only under a "
+        "model's `unbounded_call_usd` or a service tier the provider chose): recorded, not charged.",
+    )
     calls: int = Field(description="Calls forwarded to a provider so far.")
 
 

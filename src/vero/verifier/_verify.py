@@ -305,7 +305,7 @@ async def verify(
         measurements=measurements,
         run_as=run_as_label,
         inference=_inference_total(measurements, config),
-        agent_inference=agent_inference_spend(session),
+        agent_inference=agent_inference_spend(session.state),
         intake=intake_record(session),
         errors=errors,
         warnings=warnings,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.diagnostics import CaseProblem
 from vero.core.ledger import AGENT_INFERENCE_PARTITION
-from vero.core.session import Session, Submission
+from vero.core.session import Session, SessionState, Submission
 from vero.core.storage import atomic_copy, atomic_write_model
 from vero.core.usage import InferenceUsage
 from vero.verifier.intake_window import IntakeRecord
@@ -114,25 +114,27 @@ class AgentInferenceSpend(_Model):
     """The cap, `inference.agent.total_usd`."""
     spent_usd: float
     """What its calls were charged (calls a restart interrupted: their whole bound)."""
+    overrun_usd: float = 0.0
+    """What providers billed above the calls' bounds, beyond `spent_usd` (recorded with each call,
+    never charged: only under a model's `unbounded_call_usd` or a tier the provider chose)."""
     calls: int
     """Calls forwarded to a provider."""
     interrupted_calls: int = 0
     """Of `calls`, those a sidecar restart cut off (charged their bound)."""
 
 
-def agent_inference_spend(session: Session) -> AgentInferenceSpend | None:
-    """`Finalization.agent_inference` of a session (None: the agent had no gateway)."""
+def agent_inference_spend(state: SessionState) -> AgentInferenceSpend | None:
+    """`Finalization.agent_inference` of a session's `state` (None: the agent had no gateway)."""
     money = [
-        b
-        for b in session.state.budgets
-        if b.partition == AGENT_INFERENCE_PARTITION and b.resource == "inference_micro_usd"
+        b for b in state.budgets if b.partition == AGENT_INFERENCE_PARTITION and b.resource == "inference_micro_usd"
     ]
     if not money:
         return None
-    calls = [r for r in session.state.reservations if r.partition == AGENT_INFERENCE_PARTITION]
+    calls = [r for r in state.reservations if r.partition == AGENT_INFERENCE_PARTITION]
     return AgentInferenceSpend(
         total_usd=sum(b.total for b in money) / 1e6,
         spent_usd=sum(b.settled + b.reserved for b in money) / 1e6,
+        overrun_usd=sum(r.overrun.get("inference_micro_usd", 0) for r in calls) / 1e6,
         calls=len(calls),
         interrupted_calls=sum(1 for r in calls if r.reason == "interrupted"),
     )

@@ -93,6 +93,12 @@ class TrialSpend(_Model):
     """Case evaluations charged."""
     verifier_inference_usd: float | None = None
     """The verifier's own model calls (its gateway; None without one)."""
+    agent_gateway_usd: float | None = None
+    """The coding agent's own model calls through the sidecar (`inference.agent`): what they were
+    charged (None without the scope)."""
+    agent_gateway_overrun_usd: float | None = None
+    """What providers billed for them above their bounds, beyond `agent_gateway_usd` (recorded,
+    never charged)."""
 
 
 class TrialRow(_Model):
@@ -277,6 +283,9 @@ def read_trial(job_dir: Path, trial_dir: Path) -> TrialRow:
         finished = agent_finished_at(result)
         if final.intake is not None and finished is not None:
             row["after_agent_end"] = after_agent_end(final.intake, finished)
+        if final.agent_inference is not None:
+            spend["agent_gateway_usd"] = final.agent_inference.spent_usd
+            spend["agent_gateway_overrun_usd"] = final.agent_inference.overrun_usd
     try:
         status = SessionStatus.model_validate_json((artifacts / STATUS_FILE).read_bytes())
         spend["evaluation_runs"] = sum(b.spent_runs for b in status.budgets)
@@ -390,6 +399,9 @@ def trial_spend_text(spend: TrialSpend) -> str:
         if spend.agent_input_tokens is not None and spend.agent_output_tokens is not None:
             tokens = f" ({spend.agent_input_tokens:,} in / {spend.agent_output_tokens:,} out)"
         parts.append(f"agent ${spend.agent_cost_usd:.4g}{tokens}")
+    if spend.agent_gateway_usd is not None:
+        over = spend.agent_gateway_overrun_usd or 0.0
+        parts.append(f"agent gateway ${spend.agent_gateway_usd:.4g}" + (f" (+${over:.4g} over bounds)" if over else ""))
     if spend.evaluation_runs is not None:
         parts.append(f"{spend.evaluation_runs} run(s) / {spend.evaluation_cases} case(s)")
     if spend.verifier_inference_usd is not None:
