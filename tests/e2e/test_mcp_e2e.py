@@ -152,10 +152,12 @@ def _check_the_agents_own_calls(run, agent_dir: Path, status: dict, provider_req
     shown = status.get("agent_inference")
     assert shown is not None and shown["calls"] == len(answered), status
     assert shown["spent_usd"] == pytest.approx(spent) and shown["total_usd"] == pytest.approx(TOTAL_USD), shown
+    assert shown["overrun_usd"] == 0, shown
     recorded = run.finalization["agent_inference"]
     assert recorded == {
         "total_usd": pytest.approx(TOTAL_USD),
         "spent_usd": pytest.approx(spent),
+        "overrun_usd": 0.0,
         "calls": len(answered),
         "interrupted_calls": 0,
     }, recorded
