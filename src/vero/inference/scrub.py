@@ -138,12 +138,17 @@ class _Channel:
 
 def _undecided_start(text: str, secrets: tuple[str, ...]) -> int:
     """Where the longest end of `text` that is a proper prefix of a secret starts (len: none)."""
-    longest = max((len(s) for s in secrets), default=1)
-    for start in range(max(0, len(text) - longest + 1), len(text)):
-        tail = text[start:]
-        if any(len(s) > len(tail) and s.startswith(tail) for s in secrets):
-            return start
-    return len(text)
+    best = len(text)
+    for secret in secrets:
+        # Only where the secret's first character is can its prefix start (found in C, not tried
+        # at every offset).
+        start = text.find(secret[0], max(0, len(text) - len(secret) + 1))
+        while 0 <= start < best:
+            if secret.startswith(text[start:]):
+                best = start
+                break
+            start = text.find(secret[0], start + 1)
+    return best
 
 
 def _identity(value: dict[str, Any]) -> _Identity:
@@ -190,6 +195,13 @@ class SecretScrub:
     def __init__(self, secrets: list[str] | set[str] | tuple[str, ...]) -> None:
         self.secrets = tuple(sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True))
         self._encoded = tuple(s.encode() for s in self.secrets)
+        self._plain = all(c.isascii() and (c.isalnum() or c in "-_.~+=:") for s in self.secrets for c in s)
+        """No key has a character JSON may escape: a key in a decoded string of a line without
+        `\\u` escapes is in its raw bytes too (`may_hide`)."""
+
+    def may_hide(self, raw: bytes) -> bool:
+        """Whether a key could be in `raw`'s decoded JSON strings though not in its bytes."""
+        return not self._plain or b"\\u" in raw or any(secret in raw for secret in self._encoded)
 
     def raw(self, data: bytes) -> bytes:
         """`data` with every key's bytes replaced by `***`."""
@@ -259,7 +271,10 @@ class StreamScrub:
         secrets = self._scrub.secrets
         if not secrets or event is None or not isinstance(event, (dict, list)):
             return
-        line.payload, line.changed = self._scrub.value(event)
+        if self._scrub.may_hide(raw):
+            line.payload, line.changed = self._scrub.value(event)
+        else:
+            line.payload = event
         for identity, holder, name in _deltas(line.payload):
             fragment = _Fragment(holder, name, holder[name])
             line.fragments.append(fragment)
