@@ -11,8 +11,12 @@ alternating rounds it runs, each as a fresh process of this venv's interpreter:
   checkout (`python -m vero._entry`), so a change is compared with its base in the same rounds.
 
 It prints medians of CPU (user + system of the process and its children) and wall milliseconds,
-each build's ratio to the task models' import, and the tarball's size and how many copies of the
-vero wheel it stores. No assertion: docs/benchmarks.md records the figures.
+each build's ratio to the task models' import, the tarball's size and how many copies of the
+vero wheel it stores, and, with a baseline, whether both builds' tarballs hold the same entries and
+bytes but for the wheel (whose bytes are the two checkouts' sources). Builds share the per-user
+cache (`$XDG_CACHE_HOME/vero`: the compressed tarball and the compiled templates), so all but the
+first round rebuild a cached task, as `vero harbor run` and repeated builds do; `--cold` gives every
+build an empty cache instead. No assertion: docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations
@@ -39,10 +43,30 @@ def _wheel_copies(tarball: Path) -> int:
         return sum(1 for m in tar.getmembers() if m.name.endswith(".whl") and m.isfile())
 
 
+def _same_but_the_wheel(ours: Path, theirs: Path) -> bool:
+    """Whether two tarballs list the same entries with the same bytes, the vero wheel aside."""
+
+    def entries(path: Path) -> list[tuple[str, int, str, bytes | None]]:
+        with tarfile.open(path) as tar:
+            return [
+                (m.name, m.mode, m.linkname, None if m.name.endswith(".whl") or not m.isfile() else _read(tar, m))
+                for m in tar.getmembers()
+            ]
+
+    return entries(ours) == entries(theirs)
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    handle = tar.extractfile(member)
+    assert handle is not None
+    return handle.read()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline-src", type=Path, default=None, help="also build with vero from this src")
+    parser.add_argument("--cold", action="store_true", help="an empty per-user cache for every build")
     args = parser.parse_args()
     # Bytecode is cached as on an operator's machine (this shell may say not to).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -67,6 +91,8 @@ def main() -> None:
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for round_number in range(args.rounds + 1):
             for name, (argv, cmd_env) in commands.items():
+                if args.cold:
+                    cmd_env = {**cmd_env, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="cache-", dir=tmp)}
                 measured = _cpu_ms(argv, cmd_env)
                 if round_number:  # the first round warms the caches (bytecode, page cache)
                     samples[name].append(measured)
@@ -87,6 +113,9 @@ def main() -> None:
                 target = name.split()[1] + ("-base" if name.endswith("(baseline)") else "")
                 tarball = out / f"{target}.tar.gz"
                 line += f", tarball {tarball.stat().st_size / 1e6:.2f} MB, wheel stored {_wheel_copies(tarball)}x"
+                if name.endswith("(baseline)"):
+                    same = _same_but_the_wheel(out / f"{name.split()[1]}.tar.gz", tarball)
+                    line += f", same entries and bytes as this checkout's but the wheel: {'yes' if same else 'NO'}"
             print(line)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from _support.git import commit_files, git
 from _support.specs import HIDDEN_CASES, make_spec_tree
 
 from vero.compiler import TaskLayout
+from vero.core.archive import canonical_tar_bytes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -335,3 +338,48 @@ def test_an_evaluation_time_that_cannot_fit_names_the_numbers(tmp_path):
         )
     )
     assert run_vero("harbor", "build", "-c", str(tree.path), "-o", str(out)).returncode == 0
+
+
+@pytest.mark.parametrize("example", ["minimal", "c-matmul", "puzzle-agent"])
+def test_the_tarball_cache_gives_the_uncached_bytes_of_the_examples(example, tmp_path):
+    """A build with the compressed archive in the cache writes what compressing it writes, and
+    both are the level-9 gzip of the canonical archive (what every build wrote before the cache)."""
+    cache = tmp_path / "cache"
+    spec = str(REPO / "tasks" / example / "build.yaml")
+    output, tarball = tmp_path / example, tmp_path / f"{example}.tar.gz"
+    built = []
+    for _ in range(2):
+        done = run_vero("harbor", "build", "-c", spec, "-o", str(output), "--force", env={"XDG_CACHE_HOME": str(cache)})
+        assert done.returncode == 0, done.stderr
+        built.append(tarball.read_bytes())
+    uncompressed = gzip.decompress(built[0])
+    kept = cache / "vero" / "tarballs" / f"{hashlib.sha256(uncompressed).hexdigest()}.tar.gz"
+    assert kept.read_bytes() == built[0] == built[1]
+    assert built[0] == canonical_tar_bytes(output, link_duplicates=True)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    assert built[0][10:-8] == deflate.compress(uncompressed) + deflate.flush()  # between header and trailer
+
+
+def test_a_cache_entry_with_other_content_is_not_used(spec_tree, tmp_path):
+    cache = tmp_path / "cache"
+    env = {"XDG_CACHE_HOME": str(cache)}
+    assert run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(tmp_path / "one"), env=env).returncode == 0
+    honest = (tmp_path / "one.tar.gz").read_bytes()
+    (kept,) = (cache / "vero" / "tarballs").iterdir()
+    kept.write_bytes(gzip.compress(b"planted", mtime=0))
+    done = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(tmp_path / "two"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "two.tar.gz").read_bytes() == honest == kept.read_bytes()
+
+
+def test_a_cache_dir_that_cannot_be_made_changes_no_byte(spec_tree, tmp_path):
+    """The tarball and template caches are an optimization: where they cannot be kept, the build
+    compresses and compiles as without them, to the same bytes."""
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    for name, cache in (("one", tmp_path / "cache"), ("two", blocked)):
+        env = {"XDG_CACHE_HOME": str(cache)}
+        done = run_vero("harbor", "build", "-c", str(spec_tree.path), "-o", str(tmp_path / name), env=env)
+        assert done.returncode == 0, done.stderr
+    assert _sha256(tmp_path / "one.tar.gz") == _sha256(tmp_path / "two.tar.gz")
+    assert list((tmp_path / "cache" / "vero" / "jinja").iterdir())

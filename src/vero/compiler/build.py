@@ -37,6 +37,7 @@ from vero.core.archive import write_canonical_tar
 from vero.core.baseline import BASELINE_GIT_ENV, BASELINE_MESSAGE, commit_baseline
 from vero.core.candidate_limits import measure_commit
 from vero.core.storage import atomic_write_bytes
+from vero.core.user_cache import user_cache_dir
 from vero.errors import CandidateTooLarge, SpecError, SpecIssue
 from vero.harbor.casekit import KIT_IMAGE_PATH, kit_source
 from vero.spec.blocks import resolve_blocks
@@ -59,6 +60,11 @@ __all__ = ["AGENT_UID", "SEAL_MARGIN_SEC", "SIDECAR_PORT", "CompileResult", "com
 
 SIDECAR_PORT = 8000
 """Port `vero harbor serve` listens on inside `eval-sidecar` (docs/architecture.md)."""
+
+TARBALL_CACHE = "tarballs"
+"""The per-user cache dir (`vero.core.user_cache`) keeping compiled tasks' gzip bytes by the digest of
+their uncompressed archive (`vero.core.archive.canonical_tar_bytes`): a rebuild of the same task, as
+`vero harbor run` does on every run, skips the level-9 compression, most of the archive's cost."""
 
 SEAL_MARGIN_SEC = 300.0
 """Time the seal hook gets beyond `harbor.drain_timeout_sec`: cancel, refund, bundle and digest."""
@@ -395,7 +401,7 @@ def compile_task(
     result = CompileResult(
         output,
         tarball,
-        write_canonical_tar(output, tarball, link_duplicates=True),
+        write_canonical_tar(output, tarball, link_duplicates=True, cache_dir=user_cache_dir(env) / TARBALL_CACHE),
         spec_digest,
         baseline_commit,
         tuple(notes),

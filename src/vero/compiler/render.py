@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 from functools import cache
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, PrefixLoader
+from jinja2 import Environment, FileSystemBytecodeCache, FileSystemLoader, PrefixLoader
 
 from vero._assets import ROLES, asset_dir, template_environment
+from vero.core.user_cache import user_cache_dir
 
 __all__ = ["render", "sh_quote", "toml_float", "toml_str", "yaml_str"]
 
@@ -45,10 +47,31 @@ def sh_quote(value: str) -> str:
     return shlex.quote(str(value))
 
 
+TEMPLATE_CACHE = "jinja"
+"""The per-user cache dir (`vero.core.user_cache`) keeping the compiled templates (Jinja's
+`FileSystemBytecodeCache`, by template name and source checksum): compiling the task's dozen
+templates costs a build more than rendering them."""
+
+
+def _bytecode_cache() -> FileSystemBytecodeCache | None:
+    """Jinja's bytecode cache in the user's cache dir; None when that cannot be written (Jinja
+    would fail the render on a failed write) or is not this user's own (its files are code)."""
+    directory = user_cache_dir(os.environ) / TEMPLATE_CACHE
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owned = directory.stat().st_uid == os.getuid()
+    except OSError:
+        return None
+    if not owned or not os.access(directory, os.W_OK | os.X_OK):
+        return None
+    return FileSystemBytecodeCache(str(directory))
+
+
 @cache
 def _environment() -> Environment:
     loader = PrefixLoader({role: FileSystemLoader(str(asset_dir(role))) for role in ROLES})
     env = template_environment(loader, autoescape=False)
+    env.bytecode_cache = _bytecode_cache()
     env.filters.update(toml_str=toml_str, toml_float=toml_float, yaml_str=yaml_str, sh=sh_quote)
     return env
 

@@ -17,6 +17,7 @@ import io
 import os
 import stat
 import tarfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -91,7 +92,9 @@ def symlink_escapes(link_path: bytes, target: bytes, links: Mapping[bytes, bytes
     return False
 
 
-def canonical_tar_bytes(root: str | Path, prefix: str = "", *, link_duplicates: bool = False) -> bytes:
+def canonical_tar_bytes(
+    root: str | Path, prefix: str = "", *, link_duplicates: bool = False, cache_dir: Path | None = None
+) -> bytes:
     """Archive the tree at `root` canonically and return the gzip bytes.
 
     Args:
@@ -101,11 +104,36 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "", *, link_duplicates: 
             and mode an earlier entry (in archive order) already holds as a hard link to that entry
             (a compiled task carries one vero wheel for three build contexts; extracting it, also
             with tarfile's `data` filter, gives the same files).
+        cache_dir: where to keep the gzip bytes by the sha256 of the uncompressed archive (None: no
+            cache). Compressing at level 9 is most of what archiving a compiled task costs; the same
+            archive compresses to the same bytes, so a cached copy whose content has that digest is
+            returned instead (`_cached_gzip`). An unwritable cache is no error.
 
     Raises:
         ArchiveError: the tree holds a link leaving it, an absolute link, or a special file.
     """
     root = Path(root)
+    entries, links = _entries(root)
+    if cache_dir is None:
+        return _gzip_tar(root, entries, links, prefix, link_duplicates)
+    sink = _DigestSink()
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        _add_entries(tar, entries, links, prefix, link_duplicates)
+    key = sink.digest.hexdigest()
+    cached = _cached_gzip(cache_dir, key)
+    if cached is not None:
+        return cached
+    data = _gzip_tar(root, entries, links, prefix, link_duplicates)
+    _keep_gzip(cache_dir, key, data)
+    return data
+
+
+def _entries(root: Path) -> tuple[list[tuple[str, Path]], dict[bytes, bytes]]:
+    """The tree's entries in archive order (relative name, path) and its symlinks (name -> target).
+
+    Raises:
+        ArchiveError: a link leaves the tree.
+    """
     entries: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -119,7 +147,12 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "", *, link_duplicates: 
     for link, target in links.items():
         if symlink_escapes(link, target, links):
             raise ArchiveError(f"link leaves the tree: {os.fsdecode(link)}")
+    return entries, links
 
+
+def _gzip_tar(
+    root: Path, entries: list[tuple[str, Path]], links: dict[bytes, bytes], prefix: str, link_duplicates: bool
+) -> bytes:
     out = io.BytesIO()
     # The tar stream goes straight into gzip (deflate output does not depend on how its input is
     # chunked), so the uncompressed archive is never held in memory.
@@ -127,23 +160,72 @@ def canonical_tar_bytes(root: str | Path, prefix: str = "", *, link_duplicates: 
         gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        if prefix:
-            tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
-        stored: dict[tuple[str, int], str] | None = {} if link_duplicates else None
-        for rel, path in entries:
-            name = f"{prefix}/{rel}" if prefix else rel
-            st = path.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                info = _info(name, tarfile.SYMTYPE, 0o777)
-                info.linkname = os.fsdecode(links[os.fsencode(rel)])
-                tar.addfile(info)
-            elif stat.S_ISDIR(st.st_mode):
-                tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))
-            elif stat.S_ISREG(st.st_mode):
-                _add_file(tar, name, path, st, stored)
-            else:
-                raise ArchiveError(f"special file cannot be archived: {rel}")
+        _add_entries(tar, entries, links, prefix, link_duplicates)
     return out.getvalue()
+
+
+def _add_entries(
+    tar: tarfile.TarFile, entries: list[tuple[str, Path]], links: dict[bytes, bytes], prefix: str, link_duplicates: bool
+) -> None:
+    if prefix:
+        tar.addfile(_info(prefix, tarfile.DIRTYPE, 0o755))
+    stored: dict[tuple[str, int], str] | None = {} if link_duplicates else None
+    for rel, path in entries:
+        name = f"{prefix}/{rel}" if prefix else rel
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            info = _info(name, tarfile.SYMTYPE, 0o777)
+            info.linkname = os.fsdecode(links[os.fsencode(rel)])
+            tar.addfile(info)
+        elif stat.S_ISDIR(st.st_mode):
+            tar.addfile(_info(name, tarfile.DIRTYPE, 0o755))
+        elif stat.S_ISREG(st.st_mode):
+            _add_file(tar, name, path, st, stored)
+        else:
+            raise ArchiveError(f"special file cannot be archived: {rel}")
+
+
+class _DigestSink:
+    """A write-only file for tarfile that keeps only the sha256 of what it is given."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self._size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._size
+
+
+CACHED_ARCHIVES = 16
+"""How many compressed archives `canonical_tar_bytes` keeps in a cache dir (the newest)."""
+
+
+def _cached_gzip(cache_dir: Path, key: str) -> bytes | None:
+    """The cached gzip bytes of the archive with sha256 `key`, if their content has that digest."""
+    try:
+        data = (cache_dir / f"{key}.tar.gz").read_bytes()
+        if hashlib.sha256(gzip.decompress(data)).hexdigest() != key:
+            return None
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        return None
+    return data
+
+
+def _keep_gzip(cache_dir: Path, key: str, data: bytes) -> None:
+    """Store `data` as the archive `key`'s gzip bytes and drop all but the newest `CACHED_ARCHIVES`."""
+    try:
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_bytes(cache_dir / f"{key}.tar.gz", data, mode=0o600)
+        kept = sorted(cache_dir.glob("*.tar.gz"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        for stale in kept[CACHED_ARCHIVES:]:
+            stale.unlink(missing_ok=True)
+    except OSError:
+        return
 
 
 LINK_DUPLICATES_FROM_BYTES = 64 * 1024
@@ -180,7 +262,14 @@ def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
     return info
 
 
-def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "", *, link_duplicates: bool = False) -> str:
+def write_canonical_tar(
+    root: str | Path,
+    dest: str | Path,
+    prefix: str = "",
+    *,
+    link_duplicates: bool = False,
+    cache_dir: Path | None = None,
+) -> str:
     """Write the canonical archive of `root` to `dest` atomically and return its sha256 hex digest.
 
     Args: as `canonical_tar_bytes`.
@@ -189,7 +278,7 @@ def write_canonical_tar(root: str | Path, dest: str | Path, prefix: str = "", *,
         ArchiveError: see `canonical_tar_bytes`.
         OSError: `dest` cannot be written.
     """
-    data = canonical_tar_bytes(root, prefix, link_duplicates=link_duplicates)
+    data = canonical_tar_bytes(root, prefix, link_duplicates=link_duplicates, cache_dir=cache_dir)
     atomic_write_bytes(dest, data, mode=0o644)
     return hashlib.sha256(data).hexdigest()
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from vero._assets import asset_dir
+from vero.core.user_cache import user_cache_dir
 from vero.errors import InfrastructureFailure
 
 __all__ = [
@@ -63,11 +64,6 @@ _BUILD_TIMEOUT_SEC = 120
 def kit_source() -> Path:
     """The kit's C source (`casekit/vero-kit.c`, from the installed wheel or the source checkout)."""
     return asset_dir("casekit") / "vero-kit.c"
-
-
-def _cache_root(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "vero"
 
 
 def build_kit(dest: Path, *, source: Path | None = None, compiler: str | None = None) -> Path:
@@ -138,7 +134,7 @@ def cached_build(source: Path, name: str, env: Mapping[str, str] | None = None) 
     """
     env = os.environ if env is None else env
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cached = _cache_root(env) / f"case-{name.removeprefix('vero-')}-{digest}" / name
+    cached = user_cache_dir(env) / f"case-{name.removeprefix('vero-')}-{digest}" / name
     if cached.is_file():
         return cached
     return build_kit(cached, source=source)
