@@ -290,6 +290,7 @@ async def test_recover_without_reconciliation_leaves_orphan_reservations(jobs, m
         ["UPDATE jobs SET record = json_set(record, '$.principal', 'operator')"],  # record and row disagree
         ["UPDATE jobs SET record = json_set(record, '$.cases', 7)"],  # the record is no EvaluationJob
         ["UPDATE jobs SET reservation_id = 'rs-none', record = json_set(record, '$.reservation_id', 'rs-none')"],
+        ["DELETE FROM jobs"],  # its reservation stays; the count of jobs says one is missing
     ],
     ids=[
         "terminal-with-open-reservation",
@@ -297,6 +298,7 @@ async def test_recover_without_reconciliation_leaves_orphan_reservations(jobs, m
         "record-disagrees",
         "bad-record",
         "missing-reservation",
+        "job-deleted",
     ],
 )
 async def test_a_tampered_job_table_refuses_to_open(jobs, make_job, statements):

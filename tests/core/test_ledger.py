@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -486,6 +487,68 @@ async def test_a_tampered_database_refuses_to_open(ledger, ledger_path, small_to
         BudgetLedger.open(ledger_path, small_totals)
     assert str(ledger_path) in str(info.value) and "refusing to start" in str(info.value)
     assert ledger_path.read_bytes() == data  # never reset
+
+
+async def test_an_old_reservation_edited_by_hand_opens_and_is_refused_by_the_full_check_at_seal(
+    ledger, ledger_path, small_totals, tmp_path, monkeypatch
+):
+    """The open-time check reads only the newest `RECENT_ROWS` rows (here 2 of 5 reservations): a
+    refund of the oldest turned into a settle, with every figure edited to match, keeps the budgets
+    equal to their running totals, so the store opens. The full check (`StateStore.verify`) sums
+    every reservation: it refuses the store, and so does the seal (`write_session_archive`), before
+    writing anything. The same edit within the newest rows is refused at open."""
+    from vero.core import state as state_module
+    from vero.core.session import write_session_archive
+
+    old = await ledger.reserve("train", "agent", Cost.of_evaluation(2), reservation_id="rs-old")
+    await ledger.refund(old.id, "cancelled")
+    for _ in range(4):
+        await ledger.settle((await ledger.reserve("train", "agent", Cost.of_evaluation(1))).id)
+    ledger.state.close()
+    tamper(ledger_path, "UPDATE reservations SET state = 'settled' WHERE id = 'rs-old'")
+    data = ledger_path.read_bytes()
+
+    with pytest.raises(LedgerCorrupt, match="refusing to start"):
+        StateStore.open(ledger_path)  # all five reservations are recent by default
+    monkeypatch.setattr(state_module, "RECENT_ROWS", 2)
+    with StateStore.open(ledger_path) as state:
+        with pytest.raises(LedgerCorrupt, match="sum of its reservations") as info:
+            state.verify()
+        assert "full check" in str(info.value)
+        with pytest.raises(LedgerCorrupt, match="sum of its reservations"):
+            write_session_archive(
+                ledger_path.parent,
+                tmp_path / "sealed" / "session.tar.gz",
+                name="t",
+                spec_digest="sha256:" + "0" * 64,
+                baseline_commit="0" * 40,
+                sealed_at=datetime.now(UTC),
+                state=state,
+            )
+    assert not (tmp_path / "sealed" / "session.tar.gz").exists()
+    assert ledger_path.read_bytes() == data
+
+
+@pytest.mark.parametrize("name", ["figures_disagree", "raised_total_and_figures_hidden", "cost_lowered"])
+async def test_a_budget_edited_by_hand_is_refused_at_open_whatever_its_age(
+    ledger, ledger_path, small_totals, monkeypatch, name
+):
+    """A budget's figures (or an open reservation's cost) are checked at open against the running
+    totals and the open reservations, not only within the newest rows: with none of the rows
+    recent, these edits are still refused before anything is admitted."""
+    from vero.core import state as state_module
+
+    await _ledger_with_history(ledger)
+    ledger.state.close()
+    tamper(ledger_path, *_TAMPERINGS[name])
+    monkeypatch.setattr(state_module, "RECENT_ROWS", 0)
+    with pytest.raises(LedgerCorrupt, match="refusing to start"):
+        StateStore.open(ledger_path)
+
+
+async def test_the_full_check_passes_an_untouched_store(ledger):
+    await _ledger_with_history(ledger)
+    ledger.state.verify()
 
 
 def test_an_empty_file_left_by_a_crash_during_creation_is_initialized(ledger_path, small_totals):

@@ -170,7 +170,8 @@ def write_session_archive(
         The archive's sha256 hex digest.
 
     Raises:
-        LedgerCorrupt: `state` is None and the database is refused.
+        LedgerCorrupt: the database is refused by the full check (`StateStore.verify`), or at open
+            (`state` None); nothing is written.
         OSError: a state file cannot be read or the archive cannot be written.
         GitFailed: git could not bundle the candidate store.
     """
@@ -180,6 +181,9 @@ def write_session_archive(
     owned = state is None
     store = StateStore.open(state_path / STATE_FILE) if state is None else state
     try:
+        # The full check (`StateStore.verify`): the open-time one reads only the newest rows, so an
+        # older row edited by hand is found here, before any of it is sealed.
+        store.verify()
         exported = store.export_bytes()
     finally:
         if owned:

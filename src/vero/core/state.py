@@ -15,6 +15,8 @@ budgets            (partition, principal, resource) -> total, settled, reserved
 reservations       id, partition, principal, state, created_at, closed_at, reason (creation order: seq)
 reservation_costs  (reservation id, resource) -> amount, charged (what closing charges; NULL: as its state says),
                    overrun (metered above what it could charge: recorded, never charged)
+budget_moves       seq -> reservation id, kind (reserve | close), budget, its reserved and settled after it
+counts             'reservations' | 'jobs' -> how many were ever inserted
 jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
 candidates         id, parent, tree, subject, imported_at (import order: seq)
 checked_trees      tree id -> its symlinks, files and bytes (admission inspects only what changed from it)
@@ -24,20 +26,37 @@ submission         at most one row: candidate, version, submitted_at
 Budgets are rows per *named resource* (`runs`, `cases`, ...), so a further dimension (tokens, cost)
 is more rows, not a new schema. `settled` and `reserved` are maintained by triggers from the
 reservations and their costs, and `CHECK (settled + reserved <= total)` makes an overspend fail
-inside SQLite even if a caller's own check were wrong.
+inside SQLite even if a caller's own check were wrong. The same triggers append each change of a
+budget's figures to `budget_moves` with the figures after it (running totals, as a bank statement's
+balance column), and count the reservations and jobs: in the same transaction as the rows.
 
-Invariants, as constraints (checked on every write) and again at open (`_verify`), because a
-database edited by hand may have been written with constraints off:
+Invariants, as constraints (checked on every write) and again when read, because a database edited
+by hand may have been written with constraints and triggers off:
 
 - figures are non-negative and settled + reserved + remaining = total per resource;
 - each budget's settled and reserved figures equal the sums over its reservations in that state;
+  its running totals agree: each move differs from the one before it by its reservation's cost
+  (reserve: + amount reserved; close: - amount reserved, + what it charged), and the last one
+  equals the budget's figures;
 - a reservation is closed exactly when it has `closed_at`; a closed one never changes again;
 - one reservation per job; a job is terminal exactly when its reservation is closed, and complete
-  exactly when it was settled;
+  exactly when it was settled; a job record agrees with its row;
+- no row is deleted (rows are numbered 1, 2, ... and `counts` says how many there are);
 - the schema is exactly the one this module creates (no dropped trigger or constraint).
 
-A database that breaks any of them is refused (`LedgerCorrupt`): the sidecar never starts on a
-tampered or half-understood state, and never resets it.
+**Where they are checked.** `StateStore.open` checks, at a cost that does not grow with the
+history: the identity and the schema, every budget against its running totals and against its
+open reservations, and every row invariant of the newest `RECENT_ROWS` reservations, jobs, budget
+moves and candidates and of every open reservation and unfinished job (about 10 ms, with 10,000 jobs
+or none). `StateStore.verify` is the full check, of every row and SQLite's own integrity and
+foreign-key checks (about 0.5 s of CPU per 10,000 jobs): it runs at seal
+(`vero.core.session.write_session_archive`, before anything is packed) and on demand. So an edit
+of a recent row or of a budget's figures is refused at open, before the first admission; an edit of
+an older row alone (e.g. a refund of the 300th-last reservation turned into a settle) keeps the
+figures consistent with their running totals, and is refused by the full check at seal.
+
+A database that breaks any of them is refused (`LedgerCorrupt`): the sidecar never starts on (and
+never seals) a tampered or half-understood state, and never resets it.
 
 Concurrency: writes run one at a time in a worker thread on the writer connection
 (`vero.core.offloop.SerialCommits`), complete even if the awaiting caller is cancelled, and roll
@@ -67,10 +86,29 @@ from vero.core.job_states import TERMINAL_JOB_STATES
 from vero.core.offloop import SerialCommits
 from vero.errors import LedgerCorrupt, StorageFull
 
-__all__ = ["SCHEMA_VERSION", "STATE_FILE", "TERMINAL_JOB_STATES", "StateStore", "canonical_json", "iso"]
+__all__ = [
+    "EXPORT_VERSION",
+    "RECENT_ROWS",
+    "SCHEMA_VERSION",
+    "STATE_FILE",
+    "TERMINAL_JOB_STATES",
+    "StateStore",
+    "canonical_json",
+    "iso",
+]
 
-SCHEMA_VERSION = 3
-"""`PRAGMA user_version` of a state database this module writes and reads (3: `reservation_costs.overrun`)."""
+SCHEMA_VERSION = 4
+"""`PRAGMA user_version` of a state database this module writes and reads (3: `reservation_costs.overrun`;
+4: the budget moves and row counts that make the open-time check independent of the history)."""
+
+EXPORT_VERSION = 3
+"""`schema_version` of `export` (the sealed `state.json`): its layout (3: the reservations' `overrun`),
+unchanged by schema 4."""
+
+RECENT_ROWS = 256
+"""How many of the newest reservations, jobs, budget moves and candidates the open-time check reads
+row by row (besides every open reservation and unfinished job): the check's cost is bounded by
+this, not by the history. Older rows are checked by `StateStore.verify` (at seal, or on demand)."""
 
 STATE_FILE = "state.db"
 """The database's file name in the sidecar's state dir."""
@@ -143,6 +181,29 @@ CREATE TABLE jobs (
 
 CREATE INDEX jobs_by_principal ON jobs (principal, seq);
 CREATE INDEX jobs_by_state ON jobs (principal, partition, state);
+CREATE INDEX jobs_unfinished ON jobs (seq) WHERE state IN ('queued', 'running');
+CREATE INDEX jobs_with_ladder ON jobs (seq) WHERE json_extract(record, '$.ladder') IS NOT NULL;
+CREATE INDEX jobs_with_diagnostics ON jobs (seq) WHERE json_extract(record, '$.diagnostics') IS NOT NULL;
+
+CREATE TABLE budget_moves (
+    seq INTEGER PRIMARY KEY,
+    reservation_id TEXT NOT NULL REFERENCES reservations (id),
+    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'close')),
+    partition TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    reserved INTEGER NOT NULL CHECK (reserved >= 0),
+    settled INTEGER NOT NULL CHECK (settled >= 0),
+    UNIQUE (reservation_id, resource, kind),
+    FOREIGN KEY (partition, principal, resource) REFERENCES budgets (partition, principal, resource)
+) STRICT;
+
+CREATE INDEX budget_moves_by_budget ON budget_moves (partition, principal, resource, seq);
+
+CREATE TABLE counts (
+    name TEXT PRIMARY KEY CHECK (name IN ('reservations', 'jobs')),
+    value INTEGER NOT NULL CHECK (value >= 0)
+) STRICT, WITHOUT ROWID;
 
 CREATE TABLE candidates (
     seq INTEGER PRIMARY KEY,
@@ -178,6 +239,9 @@ BEGIN
                       AND r.partition = NEW.partition AND r.principal = NEW.principal);
     UPDATE budgets SET reserved = reserved + NEW.amount
     WHERE partition = NEW.partition AND principal = NEW.principal AND resource = NEW.resource;
+    INSERT INTO budget_moves (reservation_id, kind, partition, principal, resource, reserved, settled)
+    SELECT NEW.reservation_id, 'reserve', b.partition, b.principal, b.resource, b.reserved, b.settled FROM budgets b
+    WHERE b.partition = NEW.partition AND b.principal = NEW.principal AND b.resource = NEW.resource;
 END;
 
 CREATE TRIGGER reservation_cost_fixed BEFORE UPDATE ON reservation_costs
@@ -213,7 +277,26 @@ BEGIN
                              WHERE c.reservation_id = NEW.id AND c.resource = budgets.resource)
     WHERE partition = NEW.partition AND principal = NEW.principal
       AND resource IN (SELECT c.resource FROM reservation_costs c WHERE c.reservation_id = NEW.id);
+    INSERT INTO budget_moves (reservation_id, kind, partition, principal, resource, reserved, settled)
+    SELECT NEW.id, 'close', b.partition, b.principal, b.resource, b.reserved, b.settled
+    FROM budgets b JOIN reservation_costs c ON c.reservation_id = NEW.id AND c.resource = b.resource
+    WHERE b.partition = NEW.partition AND b.principal = NEW.principal ORDER BY b.resource;
 END;
+
+CREATE TRIGGER reservation_counted AFTER INSERT ON reservations
+BEGIN UPDATE counts SET value = value + 1 WHERE name = 'reservations'; END;
+
+CREATE TRIGGER job_counted AFTER INSERT ON jobs
+BEGIN UPDATE counts SET value = value + 1 WHERE name = 'jobs'; END;
+
+CREATE TRIGGER budget_move_kept BEFORE DELETE ON budget_moves
+BEGIN SELECT RAISE(ABORT, 'a budget move is never deleted'); END;
+
+CREATE TRIGGER budget_move_fixed BEFORE UPDATE ON budget_moves
+BEGIN SELECT RAISE(ABORT, 'a budget move never changes'); END;
+
+CREATE TRIGGER count_kept BEFORE DELETE ON counts
+BEGIN SELECT RAISE(ABORT, 'a row count is never deleted'); END;
 
 CREATE TRIGGER budget_kept BEFORE DELETE ON budgets
 BEGIN SELECT RAISE(ABORT, 'a budget is never deleted'); END;
@@ -331,8 +414,10 @@ class StateStore:
                 writer.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 writer.execute("INSERT INTO meta (key, value) VALUES ('format', 'vero-state')")
                 writer.execute("INSERT INTO meta (key, value) VALUES ('session', ?)", (_new_session(),))
+                writer.execute("INSERT INTO counts (name, value) VALUES ('reservations', 0), ('jobs', 0)")
                 writer.execute("COMMIT")
-            _verify(writer, path)
+            _verify_identity(writer, path)
+            _verify_rows(writer, path, RECENT_ROWS)
             if writer.execute("SELECT 1 FROM meta WHERE key = 'session'").fetchone() is None:
                 # A store written before sessions were recorded gets its own, once.
                 try:
@@ -424,6 +509,21 @@ class StateStore:
         changed (nested runs label their environments with it: `vero.harbor.leftovers`)."""
         return self.rows("SELECT value FROM meta WHERE key = 'session'")[0][0]
 
+    def verify(self) -> None:
+        """The full check of every invariant of the module docstring over the whole history, in one
+        read snapshot (`open` checks the newest `RECENT_ROWS` rows of each table, every open
+        reservation and unfinished job, and the budgets against their running totals; an older row
+        edited by hand is found here). Runs at seal (`vero.core.session.write_session_archive`) and
+        on demand; reads every row (about 0.1 s of CPU per 10,000 jobs). Thread-safe.
+
+        Raises:
+            LedgerCorrupt: names the first invariant that does not hold (nothing is changed).
+        """
+        try:
+            self.read(lambda conn: _verify_all(conn, self.path))
+        except sqlite3.DatabaseError as exc:
+            raise _refuse(self.path, f"cannot be read ({_sqlite_reason(exc)})", _AT_CHECK) from None
+
     # -- reading ------------------------------------------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
@@ -513,7 +613,7 @@ def _export(conn: sqlite3.Connection) -> dict[str, Any]:
     row = conn.execute("SELECT candidate, version, submitted_at FROM submission").fetchone()
     submission = None if row is None else {"candidate": row[0], "version": row[1], "submitted_at": row[2]}
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": EXPORT_VERSION,
         "budgets": budgets,
         "reservations": reservations,
         "jobs": jobs,
@@ -571,72 +671,221 @@ def _sqlite_reason(exc: sqlite3.Error) -> str:
     return getattr(exc, "sqlite_errorname", None) or type(exc).__name__
 
 
-def _refuse(path: Path, problem: str) -> LedgerCorrupt:
-    return LedgerCorrupt(f"state database {path} {problem}; refusing to start rather than reset it")
+_AT_OPEN = "refusing to start rather than reset it"
+_AT_CHECK = "(found by the full check; nothing was changed)"
 
 
-def _verify(conn: sqlite3.Connection, path: Path) -> None:
-    """The open-time check of every invariant of the module docstring.
+def _refuse(path: Path, problem: str, consequence: str = _AT_OPEN) -> LedgerCorrupt:
+    return LedgerCorrupt(f"state database {path} {problem}; {consequence}")
+
+
+def _verify_identity(conn: sqlite3.Connection, path: Path, consequence: str = _AT_OPEN) -> None:
+    """The file is a vero state database of this version, its schema exactly `_SCHEMA` (no dropped
+    trigger or constraint), its identity records well formed. Independent of the history.
+
+    Raises:
+        LedgerCorrupt: names what differs.
+    """
+    if conn.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
+        raise _refuse(path, "is not a vero state database", consequence)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version != SCHEMA_VERSION:
+        raise _refuse(path, f"has schema version {version}, this vero reads {SCHEMA_VERSION}", consequence)
+    if _schema_of(conn) != _EXPECTED_SCHEMA:
+        raise _refuse(
+            path, "has a schema that differs from vero's (a table, index or trigger was changed)", consequence
+        )
+    if (
+        conn.execute(
+            """SELECT 1 FROM meta WHERE NOT ((key = 'format' AND value = 'vero-state')
+          OR (key = 'session' AND length(value) = 20 AND value GLOB 'ses-[0-9a-f]*'
+              AND substr(value, 5) NOT GLOB '*[^0-9a-f]*')) LIMIT 1"""
+        ).fetchone()
+        is not None
+    ):
+        raise _refuse(path, "has an unknown or malformed identity record", consequence)
+
+
+def _floor(conn: sqlite3.Connection, table: str, recent: int | None) -> tuple[int, int]:
+    """`(newest seq, floor)` of `table`: its rows above the floor are the `recent` newest (all: None)."""
+    newest = conn.execute(f"SELECT coalesce(max(seq), 0) FROM {table}").fetchone()[0]
+    return newest, 0 if recent is None else max(newest - recent, 0)
+
+
+# What a closed reservation's cost row charged its budget (`charged` where set, else as its state says).
+_EFFECTIVE_CHARGE = "coalesce(c.charged, CASE WHEN r.state = 'settled' THEN c.amount ELSE 0 END)"
+
+# The budget's figures just before move `m` (its previous move's; none: 0).
+_BEFORE_MOVE = """coalesce((SELECT p.{figure} FROM budget_moves p WHERE p.partition = m.partition
+    AND p.principal = m.principal AND p.resource = m.resource AND p.seq < m.seq ORDER BY p.seq DESC LIMIT 1), 0)"""
+
+# The budget's figures after its last move (none: 0).
+_LAST_MOVE = """coalesce((SELECT m.{figure} FROM budget_moves m WHERE m.partition = b.partition
+    AND m.principal = b.principal AND m.resource = b.resource ORDER BY m.seq DESC LIMIT 1), 0)"""
+
+_RECENT_RESERVATIONS = """(SELECT * FROM reservations WHERE seq > :reservations
+    UNION ALL SELECT * FROM reservations WHERE state = 'reserved' AND seq <= :reservations)"""
+
+_RECENT_JOBS = """(SELECT * FROM jobs WHERE seq > :jobs
+    UNION ALL SELECT * FROM jobs WHERE state IN ('queued', 'running') AND seq <= :jobs)"""
+
+_JOB_AGREES = f"""(j.state IN {_TERMINAL_SQL}) = (r.state != 'reserved')
+    AND (j.state = 'complete') = (r.state = 'settled') AND j.partition = r.partition AND j.principal = r.principal"""
+
+_ROW_CHECKS = (
+    (
+        "a budget's figures are negative or exceed its total",
+        """SELECT 1 FROM budgets WHERE NOT (total >= 0 AND settled >= 0 AND reserved >= 0
+            AND settled + reserved <= total) LIMIT 1""",
+    ),
+    (
+        "a budget's figures differ from its last move (the running totals)",
+        f"""SELECT 1 FROM budgets b WHERE b.reserved != {_LAST_MOVE.format(figure="reserved")}
+            OR b.settled != {_LAST_MOVE.format(figure="settled")} LIMIT 1""",
+    ),
+    (
+        "a budget's reserved figure differs from the costs of its open reservations",
+        """SELECT 1 FROM budgets b WHERE b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservations r
+            JOIN reservation_costs c ON c.reservation_id = r.id WHERE r.state = 'reserved'
+            AND c.partition = b.partition AND c.principal = b.principal AND c.resource = b.resource) LIMIT 1""",
+    ),
+    (
+        "a budget move differs from its reservation's cost (or the running totals skip)",
+        f"""SELECT 1 FROM budget_moves m LEFT JOIN reservations r ON r.id = m.reservation_id
+            LEFT JOIN reservation_costs c ON c.reservation_id = m.reservation_id AND c.resource = m.resource
+            WHERE m.seq > :moves AND (r.id IS NULL OR c.reservation_id IS NULL
+              OR m.kind NOT IN ('reserve', 'close') OR (m.kind = 'close' AND r.state = 'reserved')
+              OR m.partition != r.partition OR m.principal != r.principal
+              OR m.reserved != {_BEFORE_MOVE.format(figure="reserved")}
+                               + CASE m.kind WHEN 'reserve' THEN c.amount ELSE -c.amount END
+              OR m.settled != {_BEFORE_MOVE.format(figure="settled")}
+                              + CASE m.kind WHEN 'reserve' THEN 0 ELSE {_EFFECTIVE_CHARGE} END) LIMIT 1""",
+    ),
+    (
+        "has a malformed reservation (state, closing time or id)",
+        f"""SELECT 1 FROM {_RECENT_RESERVATIONS} r WHERE r.state NOT IN ('reserved', 'settled', 'refunded')
+            OR (r.state = 'reserved') != (r.closed_at IS NULL) OR length(r.id) NOT BETWEEN 1 AND 128 LIMIT 1""",
+    ),
+    (
+        "a reservation cost is malformed, charged to another budget, or missing its moves",
+        f"""SELECT 1 FROM {_RECENT_RESERVATIONS} r JOIN reservation_costs c ON c.reservation_id = r.id
+            WHERE c.amount < 0 OR c.overrun < 0 OR (c.charged IS NOT NULL AND (c.charged < 0 OR c.charged > c.amount))
+              OR c.partition != r.partition OR c.principal != r.principal
+              OR NOT EXISTS (SELECT 1 FROM budgets b WHERE b.partition = c.partition
+                             AND b.principal = c.principal AND b.resource = c.resource)
+              OR NOT EXISTS (SELECT 1 FROM budget_moves m WHERE m.reservation_id = c.reservation_id
+                             AND m.resource = c.resource AND m.kind = 'reserve')
+              OR (r.state != 'reserved') != EXISTS (SELECT 1 FROM budget_moves m
+                             WHERE m.reservation_id = c.reservation_id AND m.resource = c.resource
+                             AND m.kind = 'close') LIMIT 1""",
+    ),
+    (
+        "has a malformed job row (id, state or record)",
+        f"""SELECT 1 FROM {_RECENT_JOBS} j WHERE j.id NOT GLOB '{_JOB_ID_GLOB}'
+            OR j.state NOT IN ('queued', 'running', 'complete', 'failed', 'cancelled') OR NOT json_valid(j.record)
+            LIMIT 1""",
+    ),
+    (
+        "has a job record whose id, state or owner differs from its row",
+        f"""SELECT 1 FROM {_RECENT_JOBS} j WHERE json_extract(j.record, '$.id') IS NOT j.id
+            OR json_extract(j.record, '$.state') IS NOT j.state
+            OR json_extract(j.record, '$.principal') IS NOT j.principal
+            OR json_extract(j.record, '$.partition') IS NOT j.partition
+            OR json_extract(j.record, '$.reservation_id') IS NOT j.reservation_id LIMIT 1""",
+    ),
+    (
+        "a finished job's reservation is still open, an unfinished job's is closed, or it is missing",
+        f"""SELECT 1 FROM {_RECENT_JOBS} j LEFT JOIN reservations r ON r.id = j.reservation_id
+            WHERE r.id IS NULL OR NOT ({_JOB_AGREES}) LIMIT 1""",
+    ),
+    (
+        "a reservation's job disagrees with it (finished while it is open, or unfinished while it is closed)",
+        f"""SELECT 1 FROM {_RECENT_RESERVATIONS} r JOIN jobs j ON j.reservation_id = r.id
+            WHERE NOT ({_JOB_AGREES}) LIMIT 1""",
+    ),
+    (
+        "has a malformed candidate record or a submission of an unknown candidate",
+        """SELECT 1 FROM candidates WHERE seq > :candidates AND (length(id) != 40 OR id GLOB '*[^0-9a-f]*')
+            UNION ALL SELECT 1 FROM submission s WHERE s.slot != 1
+              OR NOT EXISTS (SELECT 1 FROM candidates c WHERE c.id = s.candidate) LIMIT 1""",
+    ),
+)
+"""The row checks: of the `recent` newest rows (and every open reservation and unfinished job) at
+open, of every row in the full check. Each query selects a row that breaks the invariant named."""
+
+
+def _verify_rows(conn: sqlite3.Connection, path: Path, recent: int | None, consequence: str = _AT_OPEN) -> None:
+    """The row invariants (`_ROW_CHECKS`) of the `recent` newest rows of each table, every open
+    reservation and unfinished job (None: of every row), the budgets against their running totals
+    (their last move, each move against the one before it), and no row missing among them (rows
+    are numbered 1, 2, ... and never deleted: `counts` holds how many reservations and jobs exist).
+    Reads O(`recent` + open reservations + unfinished jobs + budgets) rows (each with an index lookup).
 
     Raises:
         LedgerCorrupt: names the first invariant that does not hold.
     """
-    if conn.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
-        raise _refuse(path, "is not a vero state database")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version != SCHEMA_VERSION:
-        raise _refuse(path, f"has schema version {version}, this vero reads {SCHEMA_VERSION}")
-    if _schema_of(conn) != _EXPECTED_SCHEMA:
-        raise _refuse(path, "has a schema that differs from vero's (a table, index or trigger was changed)")
+    floors: dict[str, int] = {}
+    for table in ("reservations", "jobs", "budget_moves", "candidates"):
+        newest, floor = _floor(conn, table, recent)
+        above = conn.execute(f"SELECT count(*) FROM {table} WHERE seq > ?", (floor,)).fetchone()[0]
+        if above != newest - floor:
+            raise _refuse(path, f"is missing rows of {table} (a record was deleted)", consequence)
+        if table in ("reservations", "jobs"):
+            row = conn.execute("SELECT value FROM counts WHERE name = ?", (table,)).fetchone()
+            if row is None or row[0] != newest:
+                raise _refuse(
+                    path, f"holds another number of {table} than it counted (a record was deleted)", consequence
+                )
+        floors[table.removeprefix("budget_")] = floor
+    for problem, sql in _ROW_CHECKS:
+        if conn.execute(sql, floors).fetchone() is not None:
+            raise _refuse(path, problem if problem.startswith("has") else f"is inconsistent: {problem}", consequence)
+
+
+def _verify_all(conn: sqlite3.Connection, path: Path) -> None:
+    """The full check: `_verify_identity`, SQLite's own integrity and foreign-key checks, every row
+    (`_verify_rows` of the whole history) and each budget's figures against the sums over all its
+    reservations. Reads every row: at seal (`vero.core.session.write_session_archive`) and on demand.
+
+    Raises:
+        LedgerCorrupt: names the first invariant that does not hold.
+    """
+    _verify_identity(conn, path, _AT_CHECK)
     # quick_check verifies NOT NULL and CHECK constraints of every row and the b-tree structure.
     problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
     if problems != ["ok"]:
-        raise _refuse(path, "fails SQLite's integrity check (a row breaks a constraint or a page is damaged)")
+        raise _refuse(
+            path, "fails SQLite's integrity check (a row breaks a constraint or a page is damaged)", _AT_CHECK
+        )
     if conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
-        raise _refuse(path, "has a record that refers to a missing one (reservation, budget or candidate)")
-    checks = (
-        (
-            "a budget's settled or reserved figure differs from the sum of its reservations",
-            """SELECT 1 FROM budgets b WHERE
-              b.settled != (SELECT coalesce(sum(coalesce(c.charged, CASE WHEN r.state = 'settled'
-                                                                     THEN c.amount ELSE 0 END)), 0)
-                            FROM reservation_costs c JOIN reservations r
-                            ON r.id = c.reservation_id WHERE r.state != 'reserved' AND c.partition = b.partition
-                            AND c.principal = b.principal AND c.resource = b.resource)
-           OR b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
-                             ON r.id = c.reservation_id WHERE r.state = 'reserved' AND c.partition = b.partition
-                             AND c.principal = b.principal AND c.resource = b.resource)
-           LIMIT 1""",
-        ),
-        (
-            "has a reservation cost charged to another budget than its reservation's",
-            """SELECT 1 FROM reservation_costs c JOIN reservations r ON r.id = c.reservation_id
-            WHERE r.partition != c.partition OR r.principal != c.principal LIMIT 1""",
-        ),
-        (
-            "a finished job's reservation is still open, or an unfinished job's is closed",
-            f"""SELECT 1 FROM jobs j JOIN reservations r ON r.id = j.reservation_id
-             WHERE (j.state IN {_TERMINAL_SQL}) != (r.state != 'reserved')
-                OR (j.state = 'complete') != (r.state = 'settled')
-                OR j.partition != r.partition OR j.principal != r.principal LIMIT 1""",
-        ),
-        (
-            "has a job record whose id, state or owner differs from its row",
-            """SELECT 1 FROM jobs WHERE json_extract(record, '$.id') IS NOT id
-              OR json_extract(record, '$.state') IS NOT state OR json_extract(record, '$.principal') IS NOT principal
-              OR json_extract(record, '$.partition') IS NOT partition
-              OR json_extract(record, '$.reservation_id') IS NOT reservation_id LIMIT 1""",
-        ),
-        (
-            "has an unknown or malformed identity record",
-            """SELECT 1 FROM meta WHERE NOT ((key = 'format' AND value = 'vero-state')
-              OR (key = 'session' AND length(value) = 20 AND value GLOB 'ses-[0-9a-f]*'
-                  AND substr(value, 5) NOT GLOB '*[^0-9a-f]*'))""",
-        ),
-    )
-    for problem, sql in checks:
-        if conn.execute(sql).fetchone() is not None:
-            raise _refuse(path, problem if problem.startswith("has") else f"is inconsistent: {problem}")
+        raise _refuse(path, "has a record that refers to a missing one (reservation, budget or candidate)", _AT_CHECK)
+    for table in ("reservations", "jobs"):
+        if conn.execute(
+            f"SELECT 1 FROM counts WHERE name = ? AND value != (SELECT count(*) FROM {table})", (table,)
+        ).fetchone():
+            raise _refuse(path, f"holds another number of {table} than it counted (a record was deleted)", _AT_CHECK)
+    if conn.execute(
+        f"""SELECT 1 FROM budgets b WHERE
+          b.settled != (SELECT coalesce(sum({_EFFECTIVE_CHARGE}), 0)
+                        FROM reservation_costs c JOIN reservations r
+                        ON r.id = c.reservation_id WHERE r.state != 'reserved' AND c.partition = b.partition
+                        AND c.principal = b.principal AND c.resource = b.resource)
+       OR b.reserved != (SELECT coalesce(sum(c.amount), 0) FROM reservation_costs c JOIN reservations r
+                         ON r.id = c.reservation_id WHERE r.state = 'reserved' AND c.partition = b.partition
+                         AND c.principal = b.principal AND c.resource = b.resource)
+       LIMIT 1"""
+    ).fetchone():
+        raise _refuse(
+            path,
+            "is inconsistent: a budget's settled or reserved figure differs from the sum of its reservations",
+            _AT_CHECK,
+        )
+    if conn.execute(
+        """SELECT 1 FROM reservation_costs c LEFT JOIN reservations r ON r.id = c.reservation_id
+        WHERE r.id IS NULL OR r.partition != c.partition OR r.principal != c.principal LIMIT 1"""
+    ).fetchone():
+        raise _refuse(path, "has a reservation cost charged to another budget than its reservation's", _AT_CHECK)
+    _verify_rows(conn, path, None, _AT_CHECK)
 
 
 _EXPECTED_SCHEMA = _expected_schema()
