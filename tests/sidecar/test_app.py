@@ -10,7 +10,8 @@ import os
 import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -607,6 +608,40 @@ def test_config_drift_keeps_persisted_totals(harness, caplog):
     with caplog.at_level("WARNING", logger="vero.sidecar"), harness.serve() as (_, client):
         assert budget_of(client, "blind")["total_runs"] == 2
     assert any("differs from the config" in r.getMessage() for r in caplog.records)
+
+
+@dataclass
+class SweepingBackend(StubBackend):
+    """A stub backend whose removal of leftovers (the start's sweep) ends only when released."""
+
+    sweep_may_end: threading.Event = field(default_factory=threading.Event)
+    sweeps: list[str] = field(default_factory=list)
+
+    async def remove_leftovers(self, **_options: object) -> int:
+        self.sweeps.append("started")
+        await asyncio.to_thread(self.sweep_may_end.wait, 100)
+        self.sweeps.append("ended")
+        return 0
+
+
+@pytest.mark.timeout(120)
+def test_the_leftover_sweep_goes_on_beside_health_and_the_first_admission_waits_for_it(tmp_path):
+    """The start's sweep (it imports the Docker SDK) no longer holds `/health` back; it removes
+    whatever is labelled with the session, so an admission must not go on before it ends: one
+    sent meanwhile is answered only after the sweep is released, and its run follows it."""
+    backend = SweepingBackend()
+    harness = make_harness(tmp_path, backend=backend)
+    with harness.serve() as (_, client), ThreadPoolExecutor(1) as pool:
+        assert client.get("/health").json() == {"status": "ok"}
+        assert backend.sweeps in (["started"], [])  # begun, or about to: never over while held
+        admission = pool.submit(client.post, "/evaluations", json={"partition": "train", "cases": ["t1"]})
+        done, _ = wait([admission], timeout=5)  # an admission that did not wait for the sweep ends here
+        assert not done and backend.runs == []
+        backend.sweep_may_end.set()
+        assert admission.result().status_code == 202
+        assert backend.sweeps == ["started", "ended"]
+        job = wait_for_state(client, admission.result().json()["id"], {"complete"})
+        assert job["state"] == "complete" and len(backend.runs) == 1
 
 
 def test_corrupt_state_refuses_to_start(harness):

@@ -8,15 +8,16 @@ views (`vero.sidecar.views`, by the rules of `vero.sidecar.disclosure`) and the 
 lives here, in this order (docs/agent-api.md):
 
 ```
-POST /evaluations: entrance open -> policy (partition, cases, blocks) -> no quarantined case
-                   -> candidate import -> entrance still open
+POST /evaluations: the start's leftover sweep over -> entrance open -> policy (partition, cases,
+                   blocks) -> no quarantined case -> candidate import -> entrance still open
                    -> budget reservation + job record (one transaction) -> 202 -> the runner's task
 ```
 
 Startup (`start`): the runner's identity, the records (`open_records`), the runner's dirs, recovery
-of interrupted jobs (`vero.core.jobs.recover_interrupted`: failed and refunded), the removal of
-earlier runs' leftovers, the baseline commit (`import_baseline`), a fresh admin token (0400), the
-inference gateway (with `config.inference`).
+of interrupted jobs (`vero.core.jobs.recover_interrupted`: failed and refunded), the baseline
+commit (`import_baseline`), a fresh admin token (0400), the inference gateway (with
+`config.inference`); then the removal of earlier runs' leftovers begins, in the background: the
+first admission waits for its end.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ class SidecarService:
         self._seal_lock: asyncio.Lock | None = None
         self._admissions = 0
         self._admissions_idle: asyncio.Event | None = None
+        self._sweep: asyncio.Task[None] | None = None
+        """The start's removal of earlier runs' leftovers (`start`), awaited by every admission."""
         self._resources = contextlib.AsyncExitStack()
         """What `stop` closes: the gateway's server."""
 
@@ -188,14 +191,24 @@ class SidecarService:
         await settle_interrupted_agent_calls(self.records.ledger, self.principal)
         for job in await recover_interrupted(self.jobs):
             _logger.warning("job %s was interrupted by a restart: failed and refunded", job.id)
-        await self.runner.remove_leftovers()
         if self.paths.baseline_dir is not None:
             await asyncio.to_thread(import_baseline, self.config, self.paths, self.candidates)
         self.admin_token = await asyncio.to_thread(generate_admin_token, self.paths.state_dir)
         if self.config.inference is not None:
             await self.runner.serve_gateway(self._resources, self.gateway_host, self.principal)
+        # The sweep of earlier runs' leftovers imports the Docker SDK and asks the engine (about a
+        # tenth of the start's CPU): it goes on while the server begins to answer (`/health`), and
+        # every admission waits for its end (`_leftovers_swept`): it removes everything labelled with
+        # this session, so no run of the session may start before it is over.
+        self._sweep = asyncio.create_task(self.runner.remove_leftovers(), name="vero-leftover-sweep")
         closed = "closed: " + ("sealed" if self.records.sealed_at else "the agent phase is over")
         _logger.info("sidecar %s started (intake %s)", self.config.name, "open" if self.entrance_open else closed)
+
+    async def _leftovers_swept(self) -> None:
+        """Return once the start's sweep of leftovers has ended (at once after that). An admission
+        cancelled meanwhile does not cancel the sweep."""
+        if self._sweep is not None:
+            await asyncio.shield(self._sweep)
 
     async def begin_stop(self) -> None:
         """The process is stopping (SIGTERM): interrupt every unfinished job at once. Idempotent.
@@ -230,6 +243,10 @@ class SidecarService:
         """`begin_stop`, then wait for the job tasks' cleanup (at most `cleanup_timeout_sec`), then
         close the store. What a cleanup cut short leaves, the next start removes."""
         await self.begin_stop()
+        if self._sweep is not None and not self._sweep.done():
+            self._sweep.cancel()  # its worker thread ends its pass; what it leaves, the next start removes
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweep
         # A request already being answered when the stop began may have admitted a job since.
         self.runner.cancel("interrupted")
         late = await self.runner.wait(cleanup_timeout_sec)
@@ -346,6 +363,7 @@ class SidecarService:
             CandidateRejected: the version cannot be imported.
             BudgetExhausted: the partition's runs or cases are used up.
         """
+        await self._leftovers_swept()  # before anything of this admission: its run must follow the sweep
         self._check_entrance()
         grant = self.policy.authorize(principal, request.partition, request.cases, request.blocks)
         broken = self.records.quarantine.broken(grant.cases)
