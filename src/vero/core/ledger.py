@@ -14,7 +14,8 @@ the reserved amount; a reservation closed without one charges all of it when set
 when refunded.
 The invariants (settled + reserved + remaining = total, no negative figure, figures equal the sums
 over reservations, one reservation per job) are SQLite constraints and triggers, and are checked
-again when the store opens, so a tampered database is refused (`LedgerCorrupt`).
+again when the store opens (the budgets against their running totals, the newest rows one by one)
+and in full at seal (`vero.core.state`), so a tampered database is refused (`LedgerCorrupt`).
 
 Life of a reservation: `reserve` after every policy check and before the evaluation (cost = 1 run +
 the number of selected cases + its inference money); then exactly one of `settle` (a completed
