@@ -395,8 +395,10 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
 
+    assert CandidateStore.indexed_tree(index) is None  # never written: the first update writes it whole
     update = store.update_worktree(first, work, index)
     assert update.changed is None and (work / "gone.txt").read_text() == "old\n"
+    assert CandidateStore.indexed_tree(index) == store.get(first).tree
     inodes = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir()}
     update = store.update_worktree(second, work, index)
     assert sorted(update.changed) == ["gone.txt", "new/file.txt", "pkg/m7.py"]
@@ -424,6 +426,7 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     (work / "pkg" / "m1.py").write_text("half written")
     index.with_name(index.name + ".tree").unlink()
     index.with_name(index.name + ".lock").write_bytes(b"")
+    assert CandidateStore.indexed_tree(index) is None
     update = store.update_worktree(first, work, index)
     assert update.changed is None and (work / "pkg" / "m1.py").read_text() == "v = 1\n"
     assert (work / "gone.txt").exists() and not index.with_name(index.name + ".lock").exists()

@@ -148,7 +148,7 @@ def test_evaluation_full_tier_discloses_cases_and_copies_artifacts_safely(tmp_pa
             assert run.case_names == ("t1", "t2") and run.run_as is None
             assert "solve.py" in harness.backend.checkout_files[0]
             # the checkout is the slot's persistent work tree: files only, no history, no state
-            assert run.candidate_dir == harness.work_dir / "checkouts" / "slot-0"
+            assert run.candidate_dir in {harness.work_dir / "checkouts" / f"slot-{n}" for n in (0, 1)}
             assert sorted(p.name for p in run.candidate_dir.iterdir()) == ["README.md", "solve.py"]
             assert harness.work_dir in run.jobs_dir.parents and harness.state_dir not in run.jobs_dir.parents
     finally:

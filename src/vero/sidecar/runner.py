@@ -27,12 +27,14 @@ import logging
 import math
 import os
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from vero.core.candidates import CandidateStore
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob
@@ -54,6 +56,7 @@ from vero.sidecar.disclosure import covers_granted_cases
 from vero.sidecar.gate import PartitionGate
 from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.records import SessionRecords, ladder_key
+from vero.sidecar.slots import SlotPool, warm_slots
 from vero.sidecar.views import INFRA_ERROR, JobViews
 from vero.spec.compiled import SidecarConfig
 from vero.spec.models import timing_quantum_sec
@@ -184,7 +187,8 @@ class JobRunner:
         self._agent_journal: LedgerCallJournal | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
-        self._slots: asyncio.Queue[int] | None = None
+        self._slots: SlotPool | None = None
+        self._warm_up: asyncio.Task[None] | None = None
         self._gate = PartitionGate()
         self._ladder_lock: asyncio.Lock | None = None
 
@@ -203,7 +207,7 @@ class JobRunner:
         """Take the session's records and prepare the dirs (off the loop): the context dir
         (agent-readable), the work dir with one persistent work tree per slot (anything else there
         is a leftover of an older layout, removed), the slots' indexes (root-only, beside the
-        state) and the nested job dirs (the runner's).
+        state) and the nested job dirs (the runner's); the slots' pool, knowing which are warm.
 
         Raises:
             OSError: a directory cannot be prepared.
@@ -226,12 +230,12 @@ class JobRunner:
         self.paths.nested_jobs_dir.mkdir(exist_ok=True, mode=0o700)
         if self.run_as is not None:
             os.chown(self.paths.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
+        self._slots = SlotPool(
+            self.options.slots, lambda slot: CandidateStore.indexed_tree(self.paths.slot_index(slot)) is not None
+        )
 
     def start(self) -> None:
-        """Make the slots and locks on the running loop."""
-        self._slots = asyncio.Queue()
-        for slot in range(self.options.slots):
-            self._slots.put_nowait(slot)
+        """Make the locks on the running loop."""
         self._ladder_lock = asyncio.Lock()
         self._gate = PartitionGate()
 
@@ -326,9 +330,40 @@ class JobRunner:
         """The task of a job that has not ended yet, if any."""
         return self._tasks.get(job_id)
 
+    def warm_up(self) -> None:
+        """Start bringing every cold slot to the baseline in the background (`vero.sidecar.slots`),
+        so that each slot's first job writes only what its candidate changed. Call it once the
+        baseline is in the store; `end_warm_up`, `cancel` and `wait` end it."""
+        self._warm_up = asyncio.create_task(self._warm_slots(), name="vero-slot-warm-up")
+
+    async def _warm_slots(self) -> None:
+        assert self._slots is not None
+        baseline = self.config.baseline_commit
+        started = time.monotonic()
+        try:
+            if not await asyncio.to_thread(self.records.candidates.contains, baseline):
+                return  # no baseline in the store (it is imported at start): nothing to warm with
+            warmed = await warm_slots(self._slots, lambda slot: self._checkout(baseline, slot))
+        except Exception as exc:
+            _logger.warning("slot warm-up stopped (%s)", type(exc).__name__, exc_info=exc)
+            return
+        if warmed:
+            _logger.info("%d slot(s) warmed in %.1f s", len(warmed), time.monotonic() - started)
+
+    async def warmed(self) -> None:
+        """Wait until the warm-up has ended (finished, failed or cancelled); at once if none began."""
+        if self._warm_up is not None:
+            await asyncio.wait([self._warm_up])
+
+    def end_warm_up(self) -> None:
+        """Stop the warm-up (no further evaluation will come): a slot being written is finished."""
+        if self._warm_up is not None:
+            self._warm_up.cancel()
+
     def cancel(self, reason: str) -> None:
         """Cancel every unfinished job task; each ends its job with `reason` (unless it already had
-        one: the first reason wins)."""
+        one: the first reason wins). The warm-up ends too."""
+        self.end_warm_up()
         for job_id, task in self._tasks.items():
             if not task.done():
                 self._cancel_reasons.setdefault(job_id, reason)
@@ -353,9 +388,9 @@ class JobRunner:
         return n_cancelled
 
     async def wait(self, timeout_sec: float) -> int:
-        """Wait up to `timeout_sec` for the unfinished tasks (cancelled ones: their cleanup).
-        Returns how many are still running."""
-        pending = [task for task in self._tasks.values() if not task.done()]
+        """Wait up to `timeout_sec` for the unfinished tasks (cancelled ones: their cleanup), the
+        warm-up's included. Returns how many are still running."""
+        pending = [task for task in (*self._tasks.values(), self._warm_up) if task is not None and not task.done()]
         if not pending:
             return 0
         _, late = await asyncio.wait(pending, timeout=timeout_sec)
@@ -398,12 +433,12 @@ class JobRunner:
         # neither waits when it need not, so no other task runs in between).
         waits = (exclusive and self._gate.would_wait(admitted.partition)) or self._slots.empty()
         async with self._gate.enter(admitted.partition) if exclusive else contextlib.nullcontext():
-            slot = await self._slots.get()
+            slot = await self._slots.acquire()
             turn.turn_at = _now() if waits else admitted.created_at
             try:
                 job, result = await self._measure(job_id, slot, turn)
             finally:
-                self._slots.put_nowait(slot)
+                self._slots.release(slot)
             await self._complete(job, result, finished_at=turn.shown_at)
 
     async def _measure(self, job_id: str, slot: int, turn: _Turn) -> tuple[EvaluationJob, EvaluationResult]:

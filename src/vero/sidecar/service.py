@@ -17,7 +17,8 @@ Startup (`start`): the runner's identity, the records (`open_records`), the runn
 of interrupted jobs (`vero.core.jobs.recover_interrupted`: failed and refunded), the baseline
 commit (`import_baseline`), a fresh admin token (0400), the inference gateway (with
 `config.inference`); then the removal of earlier runs' leftovers begins, in the background: the
-first admission waits for its end.
+first admission waits for its end; and, while intake is open, the warm-up of the cold evaluation
+slots begins too (`vero.sidecar.slots`; nothing waits for it), ended when intake closes.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ class SidecarService:
         # every admission waits for its end (`_leftovers_swept`): it removes everything labelled with
         # this session, so no run of the session may start before it is over.
         self._sweep = asyncio.create_task(self.runner.remove_leftovers(), name="vero-leftover-sweep")
+        if self.entrance_open:
+            self.runner.warm_up()  # in the background: the start does not wait for it
         closed = "closed: " + ("sealed" if self.records.sealed_at else "the agent phase is over")
         _logger.info("sidecar %s started (intake %s)", self.config.name, "open" if self.entrance_open else closed)
 
@@ -456,6 +459,7 @@ class SidecarService:
         assert self._admissions_idle is not None and self._submit_lock is not None
         if self.records.intake is None:
             self.entrance_open = False
+            self.runner.end_warm_up()  # no slot will be needed for a new evaluation
             await self._admissions_idle.wait()
             async with self._submit_lock:
                 pass
