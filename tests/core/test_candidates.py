@@ -222,6 +222,28 @@ def test_objects_from_agent_alternates_are_copied_into_the_store(store, tmp_path
     assert (dest / "data.txt").read_text() == "only upstream has this object\n"
 
 
+def test_a_commit_whose_history_the_agent_repo_lacks_is_refused(store, tmp_path):
+    """A shallow agent repository packs a commit without its parent's objects: the store refuses
+    the copy (every object an arriving object names must be in the pack or the store), so no
+    candidate is ever published incomplete."""
+    upstream = tmp_path / "upstream"
+    commit_files(upstream, {"a.txt": "1\n"}, message="old")
+    commit_files(upstream, {"a.txt": "2\n"}, message="parent")
+    agent = tmp_path / "shallow"
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", f"file://{upstream}", str(agent)],
+        check=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"},
+    )
+    assert (agent / ".git" / "shallow").is_file()
+    head = commit_files(agent, {"b.txt": "3\n"}, message="on a shallow history")
+    chown_agent(agent)
+    before = snapshot(store)
+    with pytest.raises(CandidateRejected, match="could not be fetched"):
+        store.import_version_sync(agent, head)
+    assert snapshot(store) == before and store.list() == []
+
+
 def test_import_from_trusted_baseline_repo(store, tmp_path):
     baseline = tmp_path / "baseline"
     baseline.mkdir()
@@ -695,16 +717,19 @@ def test_cancel_right_after_start_leaves_no_temporary_ref(tmp_path, large_repo):
     assert store.list() == [] and store_refs(store) == []
 
 
-def test_cancel_while_temporary_ref_exists_removes_it(tmp_path, large_repo):
+def test_cancel_once_the_objects_are_in_the_store_publishes_nothing(tmp_path, large_repo):
+    """Cancelled between the copy into the store (a pack appears) and the publication: no ref, no
+    record, and the same version imports afterwards."""
+
     async def scenario(store: CandidateStore) -> bool:
-        tmp_refs = store.git_dir / "refs" / "vero" / "tmp"
+        packs = store.git_dir / "objects" / "pack"
         task = asyncio.create_task(store.import_version(large_repo, "HEAD"))
         while not task.done():
-            if tmp_refs.is_dir() and any(tmp_refs.iterdir()):
+            if any(packs.glob("*.idx")):
                 break
             await asyncio.sleep(0.001)
         else:
-            await task  # finished before the ref was observed: try again with a fresh store
+            await task  # finished before the pack was observed: try again with a fresh store
             return False
         task.cancel()
         task.cancel()  # a second cancellation must not cut the cleanup short
@@ -712,13 +737,13 @@ def test_cancel_while_temporary_ref_exists_removes_it(tmp_path, large_repo):
             await task
         return True
 
-    # The window between fetch and publish is tens of milliseconds; a loaded machine may miss it.
+    # The window between the copy and the publication is tens of milliseconds; a loaded machine may miss it.
     for attempt in range(5):
         store = open_store(tmp_path / f"state-{attempt}")
         if asyncio.run(scenario(store)):
             break
     else:
-        pytest.fail("the import always finished before its temporary ref was observed")
+        pytest.fail("the import always finished before its objects were observed in the store")
     assert store.temporary_refs() == []
     assert store.list() == [] and store_refs(store) == []
     # The store still works afterwards.

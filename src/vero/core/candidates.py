@@ -11,14 +11,13 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
 3. read its first-parent history in the agent's repository (one `rev-list`, plumbing: `git log`
    would honour the repository's `log.showSignature` and run its `gpg.program`), measure its tree
    there against the size limits (`vero.core.candidate_limits`; a tree over a limit is refused and
-   nothing reaches the store), then fetch exactly that object id into the store under a unique
-   temporary ref `refs/vero/tmp/<uuid>` (`git fetch --no-tags --no-write-fetch-head
-   --no-recurse-submodules`, offering as common history only the candidates in that history,
-   `--negotiation-tip`); a local fetch runs `upload-pack`/`pack-objects` and the store indexes its
-   own copy of every object, so nothing is borrowed from the agent's alternates, and
-   `transfer.fsckObjects` checks what arrives;
-4. verify in the store that the temporary ref holds that id and that it is a commit, and read the
-   commit (one `cat-file --batch` of the ref);
+   nothing reaches the store), then copy exactly that object id and what it reaches into the store:
+   `git pack-objects --revs` in the agent's repository, leaving out what the candidates in that
+   history reach, piped into `git index-pack --stdin --fix-thin --strict` in the store
+   (`CandidateStore._transfer`). The store indexes its own copy of every object, so nothing is
+   borrowed from the agent's alternates; `--strict` checks every object that arrives and that
+   every object it names is in the pack or the store; no ref is written;
+4. verify in the store that the id is a commit, and read it (one `cat-file --batch`);
 5. inspect its tree (`_inspect_tree`): no reserved top-level path (`RESERVED_PATHS`), no path
    component `.`/`..`/`.git`, only git's regular modes, and no symlink whose target leaves the tree
    (absolute, or `..` escaping, following symlinks inside the tree as the kernel would). Only the
@@ -26,18 +25,20 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
    in step 3's history whose tree passed before (`checked_trees` in the state store keeps each
    checked tree's symlinks), else the whole tree (the agent may lie about its history: that only
    picks another checked tree, and the difference is read in the store); and measure it again
-   against the size limits, now on the fetched objects and from the same `diff-tree` output (the
+   against the size limits, now on the copied objects and from the same `diff-tree` output (the
    authoritative figure, recorded with the checked tree);
-6. publish: `refs/vero/candidates/<id>` and the temporary ref's deletion in one `update-ref
-   --stdin` transaction, then the record and the checked tree in one state-store transaction
-   (`vero.core.state`);
-7. always delete the temporary ref (also on rejection, error or cancellation);
-8. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
+6. publish: `refs/vero/candidates/<id>` (one `update-ref`), then the record and the checked tree in
+   one state-store transaction (`vero.core.state`); a rejected, failed or cancelled import leaves
+   its objects in the store, unreferenced, and no ref or record;
+7. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
    --geometric=2`, then `git pack-refs --all`) so object and ref lookups stay fast: no git process
    outlives the call that started it.
 
-An import of a child of a checked candidate starts 9 git processes (4 in the agent's repository,
-5 in the store; a fetch's own `upload-pack` and `index-pack` children aside).
+An import of a child of a checked candidate starts 10 git processes (5 in the agent's repository,
+5 in the store) and no other (a `git fetch` started 4 more of its own), none of which reads every
+ref of the store. Each starts with exactly the store's
+environment (`vero.core.isolated_git`). `refs/vero/tmp/*` is what imports before this scheme
+fetched into; `remove_stale_temporary_refs` clears what a crash left there.
 
 No `git` process of the store runs a hook or fsmonitor of any repository, reads the system or user
 config, or talks to anything but a local path. No branch or tag is ever created in the store.
@@ -63,7 +64,6 @@ import sqlite3
 import tempfile
 import threading
 import unicodedata
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,7 +74,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.archive import symlink_escapes
 from vero.core.candidate_limits import TreeSize, measure_tree
-from vero.core.isolated_git import IsolatedGit, minimal_env, write_global_config
+from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
 from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
@@ -378,10 +378,10 @@ class CandidateStore:
     async def import_version(self, source_repo: str | Path, version: str) -> CandidateRecord:
         """Import `version` (a commit-ish) from the agent's repository; idempotent.
 
-        Off the event loop; the temporary ref is removed even when the caller is cancelled.
-        On cancellation the worker thread stops at its next step (a running git command finishes
-        first, bounded by `git_timeout_sec`), skips publishing if it has not started, deletes its
-        temporary ref, and only then is `asyncio.CancelledError` raised to the caller.
+        Off the event loop. On cancellation the worker thread stops at its next step (a running git
+        command finishes first, bounded by `git_timeout_sec`), skips publishing if it has not
+        started, and only then is `asyncio.CancelledError` raised to the caller (no ref or record
+        of it is left).
 
         Raises:
             CandidateRejected: malformed version (empty, leading `-`, control characters or
@@ -423,11 +423,11 @@ class CandidateStore:
             raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
         return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, history))
 
-    def _negotiation_tips(self, history: list[tuple[str, str]], oid: str) -> list[str]:
-        """Candidate refs among `oid`'s nearest first-parent ancestors in the agent's repository: the
-        fetch offers only these as common history, so it sends just the new objects and its
-        negotiation does not grow with the number of candidates. A hint only (the agent's repository
-        is untrusted): a wrong one costs a larger fetch, never a wrong import."""
+    def _known_bases(self, history: list[tuple[str, str]], oid: str) -> list[str]:
+        """Candidates among `oid`'s nearest first-parent ancestors in the agent's repository (at most
+        8): the transfer leaves out what they reach, so it sends just the new objects, and its cost
+        does not grow with the number of candidates. A hint only (the agent's repository is
+        untrusted): a wrong one costs a larger transfer or a refused one, never a wrong import."""
         ancestors = [commit for commit, _ in history if commit != oid]
         if not ancestors or self.state is None:
             return []
@@ -437,7 +437,7 @@ class CandidateStore:
                 f"SELECT id FROM candidates WHERE id IN ({', '.join('?' * len(ancestors))})", tuple(ancestors)
             )
         }
-        return [CANDIDATE_REF_PREFIX + a for a in ancestors if a in known][:8]
+        return [a for a in ancestors if a in known][:8]
 
     def import_commit_from_store(self, other_git_dir: str | Path, commit: str) -> CandidateRecord:
         """Import a commit from another trusted repository (e.g. the baseline repo); same checks.
@@ -474,17 +474,19 @@ class CandidateStore:
         if existing is not None:
             return existing
         base: _CheckedTree | None = None
-        tips: list[str] = []
+        bases: list[str] = []
         if untrusted is not None:
             base = self._checked_base(records, untrusted.history)
             self._check_size_before_fetch(untrusted, oid, base)
-            tips = self._negotiation_tips(untrusted.history, oid)
-        temporary = [f"{TEMPORARY_REF_PREFIX}{uuid.uuid4().hex}"]
+            bases = self._known_bases(untrusted.history, oid)
+            source = untrusted.git
+        else:
+            source = self._git(self._home, git_dir=source_git_dir, safe_directories=safe)
         with self._objects.shared():
             try:
                 self._check_abort(abort)
-                self._fetch(store, source_git_dir, oid, temporary[0], tips)
-                record = _parse_commit(oid, self._fetched_commit(store, temporary[0], oid))
+                self._transfer(source, store, oid, bases)
+                record = _parse_commit(oid, self._fetched_commit(store, oid))
                 if untrusted is None:
                     base = self._checked_base(records, _first_parent_history(store, oid))
                 symlinks, diff = self._inspect_tree(store, record.tree, base)
@@ -492,14 +494,11 @@ class CandidateStore:
                     store, record.tree, self.limits, None if base is None else (base.tree, base.size), diff=diff
                 )
                 self._check_abort(abort)
-                record = self._publish(store, records, record, (symlinks, size), temporary)
+                record = self._publish(store, records, record, (symlinks, size))
             except (GitFailed, OSError) as exc:
                 if is_out_of_space(exc) and not isinstance(exc, StorageFull):
                     raise self._full() from None
                 raise
-            finally:
-                if temporary:
-                    self._delete_ref(store, temporary[0])
         self._maybe_repack(store)
         return record
 
@@ -526,17 +525,28 @@ class CandidateStore:
         if abort is not None and abort.is_set():
             raise _Aborted
 
-    def _fetch(self, store: IsolatedGit, source_git_dir: Path, oid: str, temporary: str, tips: list[str]) -> None:
+    def _transfer(self, source: IsolatedGit, store: IsolatedGit, oid: str, bases: list[str]) -> None:
+        """Step 3's copy: `oid` and everything it reaches but `bases` (candidates, complete in the
+        store), packed in the source repository and indexed by the store.
+
+        `index-pack --strict` checks every object that arrives (as `transfer.fsckObjects` would) and
+        that every object one of them names is in the pack or already in the store; since every
+        object of the store arrived that way and none is ever removed, the commit is then complete
+        in the store. (A `git fetch` did the same with two more processes, and its connectivity
+        check walked every ref of the store: `--not --all`, a cost that grew with the candidates.)
+
+        Raises:
+            CandidateRejected: the source could not pack it, or the store refused the pack.
+            StorageFull: the store's file system is full.
+        """
+        revs = "".join(f"^{base}\n" for base in bases) + f"{oid}\n"
         try:
-            store.fetch(
-                "--no-tags",
-                "--no-write-fetch-head",
-                "--no-recurse-submodules",
-                "--quiet",
-                *(f"--negotiation-tip={tip}" for tip in tips),
-                "--end-of-options",
-                str(source_git_dir),
-                f"{oid}:{temporary}",
+            pipe(
+                source,
+                ["pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
+                store,
+                ["index-pack", "--stdin", "--fix-thin", "--strict"],
+                revs.encode("ascii"),
             )
         except GitFailed as exc:
             if is_out_of_space(exc):
@@ -553,16 +563,14 @@ class CandidateStore:
         # A record whose ref is missing (the repository was restored without it): import again.
         return record if self._candidate_ref_exists(store, oid) else None
 
-    def _fetched_commit(self, store: IsolatedGit, temporary: str, oid: str) -> bytes:
-        """Step 4: the temporary ref holds `oid` and it is a commit; returns the commit object's
-        bytes (one `cat-file --batch` process reads the ref, the type and the object)."""
-        with tempfile.TemporaryFile() as request:
-            request.write(temporary.encode("ascii") + b"\n")
-            request.seek(0)
-            try:
-                out = store.cat_file("--batch", istream=request, stdout_as_string=False, strip_newline_in_stdout=False)
-            except GitFailed:
-                raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
+    def _fetched_commit(self, store: IsolatedGit, oid: str) -> bytes:
+        """Step 4: `oid` is in the store and it is a commit; returns the commit object's bytes (one
+        `cat-file --batch` process reads the type and the object)."""
+        request = oid.encode("ascii") + b"\n"
+        try:
+            out = store.cat_file("--batch", istream=request, stdout_as_string=False, strip_newline_in_stdout=False)
+        except GitFailed:
+            raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
         header, _, body = out.partition(b"\n")
         fields = header.split(b" ")
         if len(fields) != 3 or not fields[2].isdigit():
@@ -649,10 +657,8 @@ class CandidateStore:
     def _read_blobs(self, store: IsolatedGit, oids: list[bytes]) -> dict[bytes, bytes]:
         """Contents of blobs by id, with one `cat-file --batch` process."""
         unique = sorted(set(oids))
-        with tempfile.TemporaryFile() as requests:
-            requests.write(b"".join(oid + b"\n" for oid in unique))
-            requests.seek(0)
-            out = store.cat_file("--batch", istream=requests, stdout_as_string=False, strip_newline_in_stdout=False)
+        requests = b"".join(oid + b"\n" for oid in unique)
+        out = store.cat_file("--batch", istream=requests, stdout_as_string=False, strip_newline_in_stdout=False)
         contents: dict[bytes, bytes] = {}
         pos = 0
         for oid in unique:
@@ -671,23 +677,15 @@ class CandidateStore:
         records: StateStore,
         record: CandidateRecord,
         checked: tuple[dict[bytes, bytes], TreeSize],
-        temporary: list[str],
     ) -> CandidateRecord:
-        """Step 6, and step 7 in the same `update-ref --stdin` transaction as the candidate ref
-        (then `temporary` is emptied, so the caller does not delete the ref again)."""
+        """Step 6: the candidate ref, then the record and the checked tree."""
         symlinks, size = checked
         # One publisher at a time: two concurrent imports of one commit keep the first record.
         with self._publish_lock:
             existing = self._existing(store, record.id)
             if existing is not None:
                 return existing
-            with tempfile.TemporaryFile() as commands:
-                commands.write(
-                    f"update {CANDIDATE_REF_PREFIX}{record.id} {record.id}\ndelete {temporary[0]}\n".encode("ascii")
-                )
-                commands.seek(0)
-                store.update_ref("-m", "vero: import candidate", "--stdin", istream=commands)
-            temporary.clear()
+            store.update_ref("-m", "vero: import candidate", f"{CANDIDATE_REF_PREFIX}{record.id}", record.id)
             self._known_refs.add(record.id)
 
             def change(conn: sqlite3.Connection) -> CandidateRecord:
@@ -709,7 +707,7 @@ class CandidateStore:
             return records.commit_sync(change)
 
     def _maybe_repack(self, store: IsolatedGit) -> None:
-        """Step 8: a geometric repack every `REPACK_EVERY_IMPORTS` imports, in this thread."""
+        """Step 7: a geometric repack every `REPACK_EVERY_IMPORTS` imports, in this thread."""
         with self._publish_lock:
             self._imports_since_repack += 1
             due = self._imports_since_repack >= REPACK_EVERY_IMPORTS
@@ -731,13 +729,6 @@ class CandidateStore:
             # One `packed-refs` file instead of a loose file per candidate: every fetch reads the
             # store's refs, and 1,000 loose ones made a one-commit fetch a quarter slower.
             store.pack_refs("--all", "--prune")
-
-    def _delete_ref(self, store: IsolatedGit, ref: str) -> None:
-        # `update-ref -d` of an absent ref succeeds; a failure here must not hide the real error.
-        try:
-            store.update_ref("-d", ref)
-        except GitFailed:
-            pass
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 Every `git` process that `vero.core` starts goes through `IsolatedGit`, a GitPython
 `git.Git` whose commands run with an *exact* environment rather than the caller's: GitPython's
-`Git.execute` always starts from a copy of `os.environ`, so `IsolatedGit` launches git through
-`env -i KEY=VALUE ... git ...`. Inherited variables such as `GIT_DIR`, `GIT_CONFIG_PARAMETERS`,
+`Git.execute` always starts from a copy of `os.environ`, so `IsolatedGit` starts git itself with exactly
+that environment (and only a kept process or a stream goes to GitPython, through
+`env -i KEY=VALUE ... git ...`). Inherited variables such as `GIT_DIR`, `GIT_CONFIG_PARAMETERS`,
 `GIT_EXEC_PATH`, `GIT_SSH_COMMAND` or `GIT_ALTERNATE_OBJECT_DIRECTORIES` therefore never reach git.
 
 Configuration reaches git three ways, because each reaches a different process:
@@ -19,9 +20,13 @@ Configuration reaches git three ways, because each reaches a different process:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,9 +42,11 @@ __all__ = [
     "NETWORK_PROTOCOLS",
     "IsolatedGit",
     "commit_trees",
+    "communicate_or_kill",
     "minimal_env",
     "network_config",
     "network_env",
+    "pipe",
     "private_git_env",
     "write_global_config",
 ]
@@ -203,18 +210,62 @@ class IsolatedGit(git.Git):
         self._vero_timeout_sec = timeout_sec
         self._vero_git = shutil.which("git", path=self._vero_env["PATH"]) or "git"
 
-    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(command, (str, bytes)):
-            raise TypeError("IsolatedGit runs argument lists only")
-        argv = [str(a) if isinstance(a, Path) else a for a in command]
+    def command_line(self, args: Sequence[str]) -> list[str]:
+        """The argv that runs `git <args>` as this runner does (with `env=self.env`, nothing else).
+
+        Args:
+            args: the subcommand and its arguments (without the leading `git`).
+        """
         opts: list[str] = []
         for key, value in self._vero_config:
             opts += ["-c", f"{key}={value}"]
         if self._vero_git_dir is not None:
             opts.append(f"--git-dir={self._vero_git_dir}")
         opts.append("--no-replace-objects")
+        return [self._vero_git, *opts, *args]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The complete environment every command of this runner gets (a copy)."""
+        return dict(self._vero_env)
+
+    @property
+    def timeout_sec(self) -> float | None:
+        """The time limit of each command (seconds; None: no limit)."""
+        return self._vero_timeout_sec
+
+    def popen(
+        self, args: Sequence[str], *, stdin: Any, stdout: Any, stderr: Any = subprocess.PIPE
+    ) -> subprocess.Popen[bytes]:
+        """Start `git <args>` with exactly `env`, in its own process group.
+
+        Raises:
+            GitFailed: git cannot be started (status None).
+        """
+        cwd = self._working_dir if self._working_dir and os.access(self._working_dir, os.X_OK) else None
+        try:
+            return subprocess.Popen(
+                self.command_line(args),
+                cwd=cwd,
+                env=self._vero_env,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise GitFailed(str(args[0]) if args else "", None, str(exc)) from exc
+
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(command, (str, bytes)):
+            raise TypeError("IsolatedGit runs argument lists only")
+        argv = [str(a) if isinstance(a, Path) else a for a in command]
+        if not args and kwargs.keys() <= _DIRECT_OPTIONS:
+            return self._run(argv, **kwargs)
+        # Anything else (a kept process, a stream): GitPython runs it, under `env -i` because its
+        # `execute` always starts from a copy of `os.environ`.
         assignments = [f"{k}={v}" for k, v in sorted(self._vero_env.items())]
-        argv = [_ENV_PROGRAM, "-i", *assignments, self._vero_git, *opts, *argv[1:]]
+        argv = [_ENV_PROGRAM, "-i", *assignments, *self.command_line(argv[1:])]
         if self._vero_timeout_sec is not None and not kwargs.get("as_process"):
             kwargs.setdefault("kill_after_timeout", self._vero_timeout_sec)
         kwargs["shell"] = False
@@ -224,6 +275,142 @@ class IsolatedGit(git.Git):
             status = exc.status if isinstance(exc.status, int) else None
             stderr = exc.stderr if isinstance(exc.stderr, str) else ""
             raise GitFailed(str(command[1]) if len(command) > 1 else "", status, stderr) from exc
+
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        istream: Any = None,
+        with_extended_output: bool = False,
+        with_exceptions: bool = True,
+        stdout_as_string: bool = True,
+        strip_newline_in_stdout: bool = True,
+        kill_after_timeout: float | None = None,
+    ) -> Any:
+        """`execute`'s usual case, with GitPython's results, without GitPython's process handling:
+        git starts with exactly `env` (no `env` program in between), in its own process group,
+        which is killed whole on timeout (a repack's `pack-objects` with it). About a millisecond
+        of CPU less per command than through `env -i` and `Git.execute`, per admission several."""
+        name = str(argv[1]) if len(argv) > 1 else ""
+        timeout = kill_after_timeout if kill_after_timeout is not None else self._vero_timeout_sec
+        # `istream` may be bytes here (no temporary file for a short request), or a file.
+        given = isinstance(istream, bytes)
+        stdin = subprocess.PIPE if given else istream or subprocess.DEVNULL
+        proc = self.popen(argv[1:], stdin=stdin, stdout=subprocess.PIPE)
+        out, err, killed = communicate_or_kill(proc, timeout, stdin=istream if given else None)
+        if killed:
+            raise GitFailed(name, None, f"killed after {timeout:g} s")
+        raw = out[:-1] if strip_newline_in_stdout and out.endswith(b"\n") else out
+        stderr = err.removesuffix(b"\n").decode("utf-8", "surrogateescape")
+        if with_exceptions and proc.returncode != 0:
+            raise GitFailed(name, proc.returncode, stderr)
+        stdout = raw.decode("utf-8", "surrogateescape") if stdout_as_string else raw
+        return (proc.returncode, stdout, stderr) if with_extended_output else stdout
+
+
+_DIRECT_OPTIONS = frozenset(
+    {
+        "istream",
+        "with_extended_output",
+        "with_exceptions",
+        "stdout_as_string",
+        "strip_newline_in_stdout",
+        "kill_after_timeout",
+    }
+)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def communicate_or_kill(
+    proc: subprocess.Popen[bytes],
+    timeout_sec: float | None,
+    *,
+    also: Sequence[subprocess.Popen[bytes]] = (),
+    stdin: bytes | None = None,
+) -> tuple[bytes, bytes, bool]:
+    """Write `stdin` to a process (started with a piped standard input), read its output to its end
+    and reap it; past `timeout_sec` kill its process group and those of `also` (start each with
+    `start_new_session=True`: its children die with it).
+
+    Returns:
+        (stdout, stderr, whether it was killed).
+    """
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        for each in (proc, *also):
+            _kill_group(each)
+
+    # A timer rather than `communicate(timeout=)`, whose wait polls with sleeps (milliseconds of
+    # latency per command).
+    watchdog = threading.Timer(timeout_sec, kill) if timeout_sec is not None else None
+    if watchdog is not None:
+        watchdog.start()
+    try:
+        out, err = proc.communicate(stdin)
+    except BaseException:
+        kill()
+        proc.wait()
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    return out or b"", err or b"", killed.is_set()
+
+
+def pipe(
+    producer: IsolatedGit,
+    producer_args: Sequence[str],
+    consumer: IsolatedGit,
+    consumer_args: Sequence[str],
+    producer_input: bytes,
+) -> bytes:
+    """`git <producer_args> | git <consumer_args>`, each with its runner's environment and options
+    (e.g. `pack-objects` in one repository into `index-pack` in another), bounded by the consumer's
+    `timeout_sec` for the two together. No process of either outlives the call.
+
+    Args:
+        producer_input: the producer's standard input.
+
+    Returns:
+        The consumer's standard output.
+
+    Raises:
+        GitFailed: either failed, could not start, or they were killed on timeout (named after the
+            consumer, with its error output).
+    """
+    name = str(consumer_args[0]) if consumer_args else ""
+    # Files, not pipes, for the producer's input and error output: nothing waits on a full pipe.
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as first_err:
+        stdin.write(producer_input)
+        stdin.seek(0)
+        first = producer.popen(producer_args, stdin=stdin, stdout=subprocess.PIPE, stderr=first_err)
+        assert first.stdout is not None
+        try:
+            second = consumer.popen(consumer_args, stdin=first.stdout, stdout=subprocess.PIPE)
+        except BaseException:
+            _kill_group(first)
+            first.wait()
+            raise
+        finally:
+            first.stdout.close()  # the consumer holds the read end alone: the producer sees it go
+        out, err, killed = communicate_or_kill(second, consumer.timeout_sec, also=[first])
+        if killed or second.returncode != 0:
+            _kill_group(first)  # it may not have written anything yet
+        first.wait()
+        first_err.seek(0)
+        first_message = first_err.read(4096)
+    if killed:
+        raise GitFailed(name, None, f"killed after {consumer.timeout_sec:g} s")
+    if second.returncode != 0 or first.returncode != 0:
+        status = second.returncode or first.returncode
+        raise GitFailed(name, status, (err or first_message).decode("utf-8", "surrogateescape"))
+    return out
 
 
 NETWORK_PROTOCOLS: tuple[str, ...] = ("https", "http", "ssh", "git")
