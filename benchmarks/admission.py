@@ -7,8 +7,9 @@ real state store). Per checkpoint (1, 10, 100, 1,000 imports) it prints, medians
 `--sample` imports that end there:
 
 - CPU time per import, this process and its waited-for git children (`getrusage`), and wall time;
-- git processes started per import (every `IsolatedGit` command; a fetch's own children, such as
-  `upload-pack`, not counted);
+- git processes started per import (every process `IsolatedGit` starts; a `git fetch`'s own
+  children, `upload-pack`, `pack-objects`, `index-pack` and `rev-list`, which checkouts before the
+  fetch was replaced ran, not counted);
 - the same import into a reference store that holds only the commit's parent, measured right
   after it (the ratio shows what the store's history adds, whatever the machine's load does);
 - loose refs in the store (`refs/` files; packed refs are one file).
@@ -71,13 +72,16 @@ def main() -> None:
     from vero.spec.models import CandidateLimits
 
     count = [0]
-    execute = isolated_git.IsolatedGit.execute
+    # Every process `IsolatedGit` starts goes through `popen` (a pipe's two included); a checkout
+    # from before it ran each command through `execute`.
+    counted = "popen" if hasattr(isolated_git.IsolatedGit, "popen") else "execute"
+    original = getattr(isolated_git.IsolatedGit, counted)
 
-    def counting(self, command, *a, **k):
+    def counting(self, *a, **k):
         count[0] += 1
-        return execute(self, command, *a, **k)
+        return original(self, *a, **k)
 
-    isolated_git.IsolatedGit.execute = counting  # type: ignore[method-assign]
+    setattr(isolated_git.IsolatedGit, counted, counting)
 
     with tempfile.TemporaryDirectory(prefix="vero-admission-") as tmp:
         root = Path(tmp)

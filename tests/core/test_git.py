@@ -43,7 +43,8 @@ def test_a_command_past_its_time_limit_is_killed_with_its_process_group(tmp_path
             runner = IsolatedGit(tmp_path, env=env, git_dir=tmp_path / ".git", timeout_sec=0.5)
             with pytest.raises(GitFailed) as raised:
                 runner.hash_object("--stdin", istream=stdin)
-            assert runner.hash_object("--stdin", istream=b"x") == run_git(tmp_path, "hash-object", "--stdin", input=b"x")
+            written = runner.hash_object("--stdin", istream=b"x")  # bytes in: no temporary file
+            assert written == run_git(tmp_path, "hash-object", "--stdin", input=b"x")
     finally:
         os.close(write_end)
     assert (raised.value.command, raised.value.status) == ("hash-object", None)

@@ -261,7 +261,7 @@ class IsolatedGit(git.Git):
             raise TypeError("IsolatedGit runs argument lists only")
         argv = [str(a) if isinstance(a, Path) else a for a in command]
         if not args and kwargs.keys() <= _DIRECT_OPTIONS:
-            return self._run(argv, **kwargs)
+            return self._run(argv, kwargs)
         # Anything else (a kept process, a stream): GitPython runs it, under `env -i` because its
         # `execute` always starts from a copy of `os.environ`.
         assignments = [f"{k}={v}" for k, v in sorted(self._vero_env.items())]
@@ -276,23 +276,17 @@ class IsolatedGit(git.Git):
             stderr = exc.stderr if isinstance(exc.stderr, str) else ""
             raise GitFailed(str(command[1]) if len(command) > 1 else "", status, stderr) from exc
 
-    def _run(
-        self,
-        argv: list[str],
-        *,
-        istream: Any = None,
-        with_extended_output: bool = False,
-        with_exceptions: bool = True,
-        stdout_as_string: bool = True,
-        strip_newline_in_stdout: bool = True,
-        kill_after_timeout: float | None = None,
-    ) -> Any:
-        """`execute`'s usual case, with GitPython's results, without GitPython's process handling:
-        git starts with exactly `env` (no `env` program in between), in its own process group,
-        which is killed whole on timeout (a repack's `pack-objects` with it). About a millisecond
-        of CPU less per command than through `env -i` and `Git.execute`, per admission several."""
+    def _run(self, argv: list[str], options: Mapping[str, Any]) -> Any:
+        """`execute`'s usual case, with GitPython's results for its `options` (`_DIRECT_OPTIONS`),
+        without GitPython's process handling: git starts with exactly `env` (no `env` program in
+        between), in its own process group, which is killed whole on timeout (a repack's
+        `pack-objects` with it). About a millisecond of CPU less per command than through
+        `env -i` and `Git.execute`, per admission several."""
         name = str(argv[1]) if len(argv) > 1 else ""
-        timeout = kill_after_timeout if kill_after_timeout is not None else self._vero_timeout_sec
+        timeout = options.get("kill_after_timeout")
+        if timeout is None:
+            timeout = self._vero_timeout_sec
+        istream = options.get("istream")
         # `istream` may be bytes here (no temporary file for a short request), or a file.
         given = isinstance(istream, bytes)
         stdin = subprocess.PIPE if given else istream or subprocess.DEVNULL
@@ -300,12 +294,12 @@ class IsolatedGit(git.Git):
         out, err, killed = communicate_or_kill(proc, timeout, stdin=istream if given else None)
         if killed:
             raise GitFailed(name, None, f"killed after {timeout:g} s")
-        raw = out[:-1] if strip_newline_in_stdout and out.endswith(b"\n") else out
+        raw = out[:-1] if options.get("strip_newline_in_stdout", True) and out.endswith(b"\n") else out
         stderr = err.removesuffix(b"\n").decode("utf-8", "surrogateescape")
-        if with_exceptions and proc.returncode != 0:
+        if options.get("with_exceptions", True) and proc.returncode != 0:
             raise GitFailed(name, proc.returncode, stderr)
-        stdout = raw.decode("utf-8", "surrogateescape") if stdout_as_string else raw
-        return (proc.returncode, stdout, stderr) if with_extended_output else stdout
+        stdout = raw.decode("utf-8", "surrogateescape") if options.get("stdout_as_string", True) else raw
+        return (proc.returncode, stdout, stderr) if options.get("with_extended_output") else stdout
 
 
 _DIRECT_OPTIONS = frozenset(
