@@ -85,7 +85,11 @@ def _cpu_sec(pid: int) -> float:
 
 async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
     """All evaluations at once: (wall from the first post to the last completion, admissions)."""
-    limits = httpx.Limits(max_connections=len(versions) * 2, max_keepalive_connections=len(versions) * 2)
+    # Idle connections expire here before uvicorn's 5 s keep-alive closes them: reusing one the
+    # server is closing at that moment fails the request (it did under load, rounds past 5 s).
+    limits = httpx.Limits(
+        max_connections=len(versions) * 2, max_keepalive_connections=len(versions) * 2, keepalive_expiry=1.0
+    )
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False, limits=limits) as client:
         await asyncio.gather(*(client.get("/health") for _ in versions))  # connections open first
         admissions: list[float] = []
