@@ -11,9 +11,12 @@ Before an agent run is spent, `check_spec` answers "will these cases measure can
    artifacts is `no_artifacts`, though both are still run;
 2. the baseline (the target's committed files) and, when the spec has one, the reference (the
    baseline with `target.reference` applied, as the oracle's `solve.sh` does) are each evaluated
-   on every case that passed, one nested `harbor run` per case and candidate
+   on every case that passed, one nested `harbor run` per candidate over all its cases
    (`vero.harbor.HarborBackend`, the sidecar's own backend, in the spec's environment, one attempt,
-   no infrastructure retry), `concurrency` at a time. The baseline's run is its own install
+   no infrastructure retry; `_Checker`: a case the job finds broken is left out and the rest run
+   again, a job that fails for infrastructure runs its cases one at a time; with `inference`, or
+   with fewer than one trial at a time for each candidate, one run per case and candidate),
+   `concurrency` trials at a time in all. The baseline's run is its own install
    witness (`NestedRun.baseline_dir`): a baseline vero's install agent cannot install is the
    case's `install_failed`, never a score;
 3. with `probe`, each case is run once more under a probe. `kind: program`: the baseline under the
@@ -59,7 +62,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vero.core.evaluation import AttemptOutcome, DependencyInstall
+from vero.core.evaluation import AttemptOutcome, AttemptResult, DependencyInstall, EvaluationResult
 from vero.core.run import (
     EvaluationBackend,
     EvaluationLease,
@@ -139,7 +142,8 @@ class CandidateRun(_Model):
     `reward_out_of_range`, ...), `infrastructure`, or a case problem's code."""
     exception_type: str | None = None
     seconds: float = 0.0
-    """Wall time of the nested run (seconds)."""
+    """Wall time (seconds) of the case's trial in its candidate's job, or of the whole nested run
+    when it ran alone."""
     detail: str | None = None
     """Why there is no reward (operator text)."""
     flags: list[str] = Field(default_factory=list)
@@ -277,11 +281,11 @@ def _last_line(exc: InfrastructureFailure) -> str:
     return ""
 
 
-def _trial_message(result) -> str:
-    """The first failed trial's exception message of a result's diagnostics (e.g. why the install
-    agent could not install the candidate), else a placeholder."""
+def _trial_message(result, case: str) -> str:
+    """The first failed trial of `case`'s exception message in a result's diagnostics (e.g. why the
+    install agent could not install the candidate), else a placeholder."""
     for failure in getattr(result.diagnostics, "trial_failures", None) or []:
-        if failure.message:
+        if failure.message and failure.case == case:
             return failure.message.strip()[-600:]
     return "(no message recorded)"
 
@@ -308,20 +312,38 @@ class _Runs:
     runtime: EvaluationRuntime = EvaluationRuntime()
 
     def lease(
-        self, case: str, label: CandidateLabel, candidate_dir: Path, agent: CandidateRuntime | None = None
+        self,
+        cases: tuple[str, ...],
+        label: CandidateLabel,
+        candidate_dir: Path,
+        agent: CandidateRuntime | None = None,
+        *,
+        n_concurrent: int = 1,
     ) -> EvaluationLease:
-        """The lease of one run; `agent` replaces the target's runtime (the `kind: agent` probe)."""
+        """The lease of one run of `cases` (one Harbor job, `n_concurrent` trials at a time, its wall
+        clock `harbor.evaluation_timeout_sec` per wave of trials); `agent` replaces the target's
+        runtime (the `kind: agent` probe)."""
+        waves = -(-len(cases) // n_concurrent)
+        name = cases[0][:96] if len(cases) == 1 else f"{len(cases)}-cases"
+        harbor = self.spec.harbor
         return self.runtime.lease(
             NestedRun(
-                evaluation_id=f"check-{label}-{case[:96]}-{_secrets.token_hex(4)}",
-                partition=self.partition_of[case],
+                evaluation_id=f"check-{label}-{name}-{_secrets.token_hex(4)}",
+                partition="+".join(sorted({self.partition_of[case] for case in cases})),
                 candidate=label,
                 candidate_dir=candidate_dir,
                 cases_dir=self.cases_dir,
-                case_names=(case,),
+                case_names=cases,
                 jobs_dir=self.jobs_root / label,
                 runtime=agent if agent is not None else self.spec.target.runtime(),
-                harbor=self.spec.harbor.model_copy(update={"n_attempts": 1, "infra_retries": 0}),
+                harbor=harbor.model_copy(
+                    update={
+                        "n_attempts": 1,
+                        "infra_retries": 0,
+                        "n_concurrent": n_concurrent,
+                        "evaluation_timeout_sec": harbor.evaluation_timeout_sec * waves,
+                    }
+                ),
                 scoring=self.spec.scoring,
                 env=dict(self.env),
                 # The baseline is its own install witness: an install that fails for it is the case's.
@@ -333,7 +355,7 @@ class _Runs:
 async def _run_one(
     backend: EvaluationBackend, runs: _Runs, case: str, label: CandidateLabel, candidate_dir: Path
 ) -> tuple[CandidateRun, list[CheckProblem]]:
-    lease = runs.lease(case, label, candidate_dir)
+    lease = runs.lease((case,), label, candidate_dir)
     try:
         async with lease as leased:
             run, found = await _measure_one(backend, runs.spec, case, label, leased)
@@ -362,20 +384,38 @@ async def _measure_one(
         result = await backend.evaluate(run)
     except CaseMisconfigured as exc:
         details = [p.detail for p in exc.problems if p.case == case] or [str(exc)]
-        seconds = time.monotonic() - started
-        return (
-            CandidateRun(candidate=label, outcome=exc.code, seconds=seconds, detail=details[0]),
-            [CheckProblem(code=exc.code, detail=details[0])],
-        )
+        return _misconfigured_run(label, exc.code, details[0], time.monotonic() - started)
     except InfrastructureFailure as exc:
         detail = f"{exc}{_last_line(exc)}"
         return (
             CandidateRun(candidate=label, outcome="infrastructure", seconds=time.monotonic() - started, detail=detail),
             [CheckProblem(code="infrastructure", detail=f"{label}: {detail}")],
         )
-    seconds = time.monotonic() - started
-    attempts = result.cases[0].attempts if result.cases else []
-    attempt = attempts[0] if attempts else None
+    return _scored_run(spec, case, label, result, time.monotonic() - started)
+
+
+def _attempt_of(result: EvaluationResult, case: str) -> AttemptResult | None:
+    """`case`'s first attempt in `result` (a run of one case or of several), if it kept one."""
+    attempts: list[AttemptResult] = next((c.attempts for c in result.cases if c.case == case), [])
+    return attempts[0] if attempts else None
+
+
+def _misconfigured_run(
+    label: CandidateLabel, code: str, detail: str, seconds: float
+) -> tuple[CandidateRun, list[CheckProblem]]:
+    """The row of a run the case itself spoiled (`CaseMisconfigured`'s problem of that case)."""
+    return (
+        CandidateRun(candidate=label, outcome=code, seconds=seconds, detail=detail),
+        [CheckProblem(code=code, detail=detail)],
+    )
+
+
+def _scored_run(
+    spec: OptimizationSpec, case: str, label: CandidateLabel, result: EvaluationResult, seconds: float
+) -> tuple[CandidateRun, list[CheckProblem]]:
+    """The row of `case` from a finished run's `result` (its first attempt there), `seconds` its time."""
+    attempt = _attempt_of(result, case)
+    detail: str | None = None
     if attempt is None:
         detail = f"no attempt of the {label} was kept"
         return (
@@ -385,49 +425,220 @@ async def _measure_one(
             [CheckProblem(code="no_reward", detail=detail)],
         )
     kind, flags = attempt.kind, list(attempt.flags)
+    problem: CheckProblem | None = None
     if kind is AttemptOutcome.REWARD_OUT_OF_RANGE:
         detail = (
             f"the {label} got {attempt.rejected_reward:g}, outside scoring.reward_range "
             f"{list(spec.scoring.reward_range or ())}"
         )
-        return (
-            CandidateRun(
-                candidate=label,
-                dependencies=result.dependencies,
-                outcome=kind.value,
-                exception_type=attempt.exception_type,
-                seconds=seconds,
-                detail=detail,
-                flags=flags,
-            ),
-            [CheckProblem(code="reward_out_of_range", detail=detail)],
-        )
-    if attempt.reward is None:
+        problem = CheckProblem(code="reward_out_of_range", detail=detail)
+    elif attempt.reward is None:
         why = attempt.exception_type or ("no reward file" if kind is AttemptOutcome.DEAD else kind.value)
         detail = f"no valid reward for the {label} ({kind.value}: {why})"
         if kind is AttemptOutcome.INSTALL_FAILED:
-            detail = f"the {label} was not installed, so nothing was measured: {_trial_message(result)}"
-        return (
-            CandidateRun(
-                candidate=label,
-                dependencies=result.dependencies,
-                outcome=kind.value,
-                exception_type=attempt.exception_type,
-                seconds=seconds,
-                detail=detail,
-                flags=flags,
-            ),
-            [CheckProblem(code="no_reward", detail=detail)],
-        )
+            detail = f"the {label} was not installed, so nothing was measured: {_trial_message(result, case)}"
+        problem = CheckProblem(code="no_reward", detail=detail)
     return CandidateRun(
         candidate=label,
         dependencies=result.dependencies,
-        reward=attempt.reward,
+        reward=attempt.reward if problem is None else None,
         outcome=kind.value,
         exception_type=attempt.exception_type,
         seconds=seconds,
+        detail=detail,
         flags=flags,
-    ), []
+    ), [problem] if problem is not None else []
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One candidate's nested runs in a check: `label`'s `candidate_dir` on `cases` with `backend`
+    (`agent` in place of the target's runtime: the `kind: agent` probe)."""
+
+    label: CandidateLabel
+    candidate_dir: Path
+    backend: EvaluationBackend
+    cases: list[str]
+    agent: CandidateRuntime | None = None
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What a job of several cases gave one of them: the job's `result` (the case's attempt is in
+    it), or the case's own problem (`CaseMisconfigured`: `code`, `detail`); `seconds` its time."""
+
+    seconds: float
+    result: EvaluationResult | None = None
+    code: str = ""
+    detail: str = ""
+
+
+def _shares(sizes: list[int], concurrency: int) -> list[int] | None:
+    """Trials at a time of each job when all run at once, `concurrency` in all (each at least one,
+    the rest where it saves a wave of trials); None when there are more jobs than `concurrency`.
+    Jobs one after another would leave slots idle while each job's last, longest trials finish (the
+    examples' check fixture, whose wall time is its `tasks/c-matmul` check's at `--concurrency 2`,
+    took 1137 s against 1002 s with one run per case, a few minutes apart at load 12-25), so
+    those jobs' cases run one per run instead."""
+    if len(sizes) > concurrency:
+        return None
+    shares = [1] * len(sizes)
+    for _ in range(concurrency - len(sizes)):
+        waves = [-(-size // share) if share < size else 0 for size, share in zip(sizes, shares, strict=True)]
+        if max(waves, default=0) <= 1:
+            break
+        shares[waves.index(max(waves))] += 1
+    return shares
+
+
+async def _run_job(job: _Job, runs: _Runs, n_concurrent: int) -> tuple[dict[str, _Measured], list[str]]:
+    """Run `job` as one nested Harbor job over its cases, `n_concurrent` trials at a time. A case the
+    run names as broken (`CaseMisconfigured`) gets its problem and the others run again without it;
+    an infrastructure failure leaves the cases not yet measured to the caller (returned second), who
+    runs them one at a time so that each gets its own cause."""
+    from vero.harbor.results import trial_seconds
+
+    done: dict[str, _Measured] = {}
+    left = list(job.cases)
+    while left:
+        started = time.monotonic()
+        lease = runs.lease(
+            tuple(left), job.label, job.candidate_dir, job.agent, n_concurrent=min(n_concurrent, len(left))
+        )
+        try:
+            async with lease as run:
+                result = await job.backend.evaluate(run)
+        except CaseMisconfigured as exc:
+            broken = {problem.case: problem for problem in exc.problems if problem.case in left}
+            if not broken:
+                break
+            for case, problem in broken.items():
+                done[case] = _Measured(time.monotonic() - started, code=problem.code, detail=problem.detail)
+            left = [case for case in left if case not in broken]
+            continue
+        except InfrastructureFailure as exc:
+            logger.info("check: the %s's job of %d case(s) failed (%s); one run per case", job.label, len(left), exc)
+            break
+        elapsed = time.monotonic() - started
+        for case in left:
+            attempt, seconds = _attempt_of(result, case), None
+            if attempt is not None and result.job_dir:
+                seconds = await asyncio.to_thread(trial_seconds, Path(result.job_dir) / attempt.trial_name)
+            done[case] = _Measured(seconds if seconds is not None else elapsed, result=result)
+        left = []
+    return done, left
+
+
+async def _measured_row(
+    spec: OptimizationSpec, case: str, label: CandidateLabel, measured: _Measured
+) -> tuple[CandidateRun | ProbeRun, list[CheckProblem]]:
+    """The row of `case` from its part of a job (`_run_job`), as one run of it alone would give it."""
+    if label == "probe":
+        if measured.result is None:
+            detail = f"probe: case {case!r}: {measured.code}: {measured.detail}"
+            return ProbeRun(verdict="error", seconds=measured.seconds, detail=detail), []
+        return await _probe_outcome(spec, case, measured.result, measured.seconds)
+    if measured.result is None:
+        return _misconfigured_run(label, measured.code, measured.detail, measured.seconds)
+    return _scored_run(spec, case, label, measured.result, measured.seconds)
+
+
+class _Checker:
+    """Runs a check's jobs (`_Job`) and keeps what they gave: `runs` by case and candidate, `probes`
+    by case, each row's problems added to `problems` (case -> its problems, each code once), and
+    `progress` told as each case's run starts and ends.
+
+    Without `inference` and with at least one trial at a time for each job, each job is one nested
+    Harbor job over its cases (`_run_job`: a Harbor start per candidate, not per case and
+    candidate), the jobs side by side with `concurrency` trials in all (`_shares`); a case a job
+    could not measure for infrastructure reasons then runs alone. Otherwise every case and
+    candidate is a run of its own, `concurrency` at a time: with `inference` each then has its own
+    gateway token, capped at the evaluation limit, and its own model calls in its row.
+    """
+
+    def __init__(
+        self,
+        runs: _Runs,
+        problems: dict[str, list[CheckProblem]],
+        progress: CheckProgress | None,
+        concurrency: int,
+    ) -> None:
+        self.nested = runs
+        self.problems = problems
+        self.progress = progress
+        self.concurrency = max(1, concurrency)
+        self.runs: dict[tuple[str, str], CandidateRun] = {}
+        self.probes: dict[str, ProbeRun] = {}
+        self._shown: set[tuple[str, CandidateLabel]] = set()
+        self._found: dict[tuple[str, CandidateLabel], list[CheckProblem]] = {}
+        self._semaphore = asyncio.Semaphore(self.concurrency)
+
+    async def run(self, jobs: list[_Job]) -> None:
+        """Run every job; returns when each case of each has its row."""
+        alone: list[tuple[str, _Job]] = [(case, job) for job in jobs for case in job.cases]
+        shares = _shares([len(job.cases) for job in jobs], self.concurrency)
+        if self.nested.spec.inference is None and shares is not None:
+            alone = []
+            for unmeasured in await asyncio.gather(*(self._batch(j, n) for j, n in zip(jobs, shares, strict=True))):
+                alone += unmeasured
+        await asyncio.gather(*(self._one(case, job) for case, job in alone))
+        # Each code once per case, the first candidate's detail kept: the baseline's, the
+        # reference's, then the probe's, whichever run ended first.
+        order: list[CandidateLabel] = ["baseline", "reference", "probe"]
+        for (case, _), found in sorted(self._found.items(), key=lambda item: order.index(item[0][1])):
+            self._note(case, found)
+
+    async def _batch(self, job: _Job, n_concurrent: int) -> list[tuple[str, _Job]]:
+        """`job` as one nested Harbor job; returns the cases left to run alone."""
+        for case in job.cases:
+            self._begin(case, job.label)
+        done, unmeasured = await _run_job(job, self.nested, n_concurrent)
+        for case, measured in done.items():
+            self._finish(case, job.label, *await _measured_row(self.nested.spec, case, job.label, measured))
+        return [(case, job) for case in unmeasured]
+
+    async def _one(self, case: str, job: _Job) -> None:
+        async with self._semaphore:
+            self._begin(case, job.label)
+            if job.label == "probe":
+                self._finish(case, job.label, *await _probe_one(job.backend, self.nested, case, job.candidate_dir))
+            else:
+                ran = await _run_one(job.backend, self.nested, case, job.label, job.candidate_dir)
+                self._finish(case, job.label, *ran)
+
+    def _begin(self, case: str, label: CandidateLabel) -> None:
+        if self.progress is not None and (case, label) not in self._shown:
+            self._shown.add((case, label))
+            self.progress.started(case, label)
+
+    def _note(self, case: str, found: list[CheckProblem]) -> None:
+        for problem in found:
+            if all(p.code != problem.code for p in self.problems[case]):
+                self.problems[case].append(problem)
+
+    def _finish(
+        self, case: str, label: CandidateLabel, run: CandidateRun | ProbeRun, found: list[CheckProblem]
+    ) -> None:
+        self._found[case, label] = list(found)
+        if isinstance(run, ProbeRun):
+            self.probes[case] = run
+            run = CandidateRun(candidate="probe", outcome=run.verdict, seconds=run.seconds)
+        else:
+            self.runs[case, label] = run
+            if "agent_user_root" in run.flags:  # the case's image runs the agent as root
+                detail = _agent_user_root("it ran as uid 0")
+                self._found[case, label].append(CheckProblem(code="agent_user_root", detail=detail))
+        if self.progress is not None:
+            self.progress.finished(case, label, run)
+
+
+def _probe_runtime(spec: OptimizationSpec) -> CandidateRuntime | None:
+    """`kind: agent`: the planted probe candidate's runtime in place of the target's; None for `kind: program`."""
+    if isinstance(spec.target, ProgramTarget):
+        return None
+    from vero.harbor.agent_probe import AGENT_PROBE_IMPORT_PATH
+
+    return CandidateRuntime(kind="agent", agent_import_path=AGENT_PROBE_IMPORT_PATH)
 
 
 async def _probe_one(
@@ -435,15 +646,7 @@ async def _probe_one(
 ) -> tuple[ProbeRun, list[CheckProblem]]:
     """The probe on one case (the baseline under the probe agent, or for `kind: agent` the planted
     probe candidate), and the problem its verdict makes."""
-    from vero.harbor.probe import probe_verdict
-
-    program = isinstance(runs.spec.target, ProgramTarget)
-    agent = None
-    if not program:
-        from vero.harbor.agent_probe import AGENT_PROBE_IMPORT_PATH
-
-        agent = CandidateRuntime(kind="agent", agent_import_path=AGENT_PROBE_IMPORT_PATH)
-    lease = runs.lease(case, "probe", candidate_dir, agent)
+    lease = runs.lease((case,), "probe", candidate_dir, _probe_runtime(runs.spec))
     started = time.monotonic()
     try:
         async with lease as run:
@@ -454,9 +657,16 @@ async def _probe_one(
             ProbeRun(verdict="error", seconds=time.monotonic() - started, detail=detail),
             [] if isinstance(exc, CaseMisconfigured) else [CheckProblem(code="infrastructure", detail=detail)],
         )
-    seconds = time.monotonic() - started
-    attempts = result.cases[0].attempts if result.cases else []
-    attempt = attempts[0] if attempts else None
+    return await _probe_outcome(runs.spec, case, result, time.monotonic() - started)
+
+
+async def _probe_outcome(
+    spec: OptimizationSpec, case: str, result: EvaluationResult, seconds: float
+) -> tuple[ProbeRun, list[CheckProblem]]:
+    """The probe's verdict on `case` from a finished probe run's `result`, and the problem it makes."""
+    from vero.harbor.probe import probe_verdict
+
+    attempt = _attempt_of(result, case)
     if attempt is None or attempt.exception_type == "ProbeSetupError":
         detail = "probe: the probe could not be started in the case container"
         return ProbeRun(verdict="error", seconds=seconds, detail=detail), [
@@ -464,11 +674,12 @@ async def _probe_one(
         ]
     if attempt.kind is AttemptOutcome.INSTALL_FAILED:
         # Nothing to probe: the baseline's own run names the failure (`install_failed`).
-        detail = f"probe: the baseline was not installed: {_trial_message(result)}"
+        detail = f"probe: the baseline was not installed: {_trial_message(result, case)}"
         return ProbeRun(verdict="error", seconds=seconds, detail=detail), []
     reward = attempt.reward if attempt.reward is not None else attempt.rejected_reward
-    if not program:
-        return await asyncio.to_thread(_agent_probe_outcome, result.job_dir, attempt.flags, reward, seconds)
+    if not isinstance(spec.target, ProgramTarget):
+        trial_dir = Path(result.job_dir) / attempt.trial_name if result.job_dir else None
+        return await asyncio.to_thread(_agent_probe_outcome, trial_dir, attempt.flags, reward, seconds)
     found = probe_verdict(attempt.flags, reward)
     probe = ProbeRun(verdict=found.verdict, findings=list(found.findings), attempted=found.attempted, seconds=seconds)
     if found.verdict == "forgeable":
@@ -531,12 +742,12 @@ async def _serve_inference(
 
 
 def _agent_probe_outcome(
-    job_dir: str | None, flags: list[str], reward: float | None, seconds: float
+    trial_dir: Path | None, flags: list[str], reward: float | None, seconds: float
 ) -> tuple[ProbeRun, list[CheckProblem]]:
-    """The `kind: agent` probe's verdict from its report in the job dir, and the problem it makes."""
+    """The `kind: agent` probe's verdict from its report in the trial's dir, and the problem it makes."""
     from vero.harbor.agent_probe import agent_probe_verdict, read_agent_probe_report
 
-    report = read_agent_probe_report(Path(job_dir)) if job_dir else None
+    report = read_agent_probe_report(trial_dir) if trial_dir is not None else None
     found = agent_probe_verdict(report, flags, reward)
     probe = ProbeRun(
         verdict=found.verdict,
@@ -620,7 +831,7 @@ async def check_spec(
         env: the environment holding the spec's secrets (their values reach the nested runs only; the
             inference providers' keys reach the gateway only).
         work_dir: scratch space (fetched cases, candidates, Harbor job dirs); created.
-        concurrency: nested runs at a time.
+        concurrency: trials at a time in all (with `inference`: nested runs of one case at a time).
         backend: the evaluation backend (`vero harbor check`: a `HarborBackend` without its per-run
             case check, done here once, and with `kind: agent` candidate hosts as the caller's user;
             `vero.commands.check.check_backends`).
@@ -678,48 +889,15 @@ async def check_spec(
 
     if probe and probe_backend is None:
         raise ValueError("probe needs a probe_backend (vero.commands.check.check_backends)")
-    semaphore = asyncio.Semaphore(max(1, concurrency))
     candidates: list[tuple[CandidateLabel, Path]] = [("baseline", baseline_dir)]
     if reference_dir is not None:
         candidates.append(("reference", reference_dir))
-    runs: dict[tuple[str, str], CandidateRun] = {}
     probes: dict[str, ProbeRun] = {}
-
-    def note(case: str, found: list[CheckProblem]) -> None:
-        for problem in found:
-            if all(p.code != problem.code for p in problems[case]):
-                problems[case].append(problem)
-
     async with contextlib.AsyncExitStack() as stack:
         runtime = EvaluationRuntime()
         if spec.inference is not None and runnable:
             runtime = await _serve_inference(spec, env, (backend, probe_backend), stack, warnings)
         nested = _Runs(spec, partition_of, cases_dir, work_dir / "jobs", secret_values, runtime)
-
-        async def one(case: str, label: CandidateLabel, candidate_dir: Path) -> None:
-            async with semaphore:
-                if progress is not None:
-                    progress.started(case, label)
-                run, found = await _run_one(backend, nested, case, label, candidate_dir)
-                runs[case, label] = run
-                note(case, found)
-                if "agent_user_root" in run.flags:  # the case's image runs the agent as root
-                    note(case, [CheckProblem(code="agent_user_root", detail=_agent_user_root("it ran as uid 0"))])
-                if progress is not None:
-                    progress.finished(case, label, run)
-
-        async def probe_one(case: str) -> None:
-            async with semaphore:
-                if progress is not None:
-                    progress.started(case, "probe")
-                run, found = await _probe_one(probe_backend, nested, case, baseline_dir)
-                probes[case] = run
-                note(case, found)
-                if progress is not None:
-                    progress.finished(
-                        case, "probe", CandidateRun(candidate="probe", outcome=run.verdict, seconds=run.seconds)
-                    )
-
         probed = [case for case in runnable if probe and (not program or audits[case].kit_applies)]
         for case in runnable if probe else ():
             if case not in probed:
@@ -728,10 +906,12 @@ async def check_spec(
                     detail="its tests run in a separate verifier environment, where the installed candidate is "
                     "not: they see it only through the declared artifacts",
                 )
-        await asyncio.gather(
-            *(one(case, label, path) for case in runnable for label, path in candidates),
-            *(probe_one(case) for case in probed),
-        )
+        jobs = [_Job(label, path, backend, runnable) for label, path in candidates]
+        if probed:
+            jobs.append(_Job("probe", baseline_dir, probe_backend, probed, _probe_runtime(spec)))
+        checker = _Checker(nested, problems, progress, concurrency)
+        await checker.run([job for job in jobs if job.cases])
+    runs, probes = checker.runs, {**probes, **checker.probes}
 
     for case in selected:
         if any(p.code == "install_failed" for p in problems[case]):

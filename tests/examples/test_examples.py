@@ -376,7 +376,8 @@ def example_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """`vero harbor check` of every example (table printed, JSON report written), all at once.
 
     Each check runs every case of the example with the baseline and with the reference, one nested
-    `harbor run` per case and candidate, and for the program examples once more under `--probe`.
+    Harbor job per candidate over all its cases (one run per case and candidate for the spec with
+    `inference`), and for the probed examples once more under `--probe`.
     `tasks/llm-puzzle-agent` is checked as an operator would, with its provider's key set: the
     check's gateway forwards to a fake OpenAI-compatible provider on loopback (its
     `VERO_EXAMPLE_OPENAI_BASE_URL`) that answers like a model, the puzzle-agent reference's command in

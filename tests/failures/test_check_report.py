@@ -30,7 +30,9 @@ KIT_TEST = '#!/bin/bash\nvero-kit run -- cat /opt/candidate/answer.txt > /tmp/ou
 
 class Runs:
     """A backend whose `evaluate` answers from a table: (case, run label) -> attempt (or attempt and
-    the failed trial's message), or the error it raises."""
+    the failed trial's message), or the error it raises. A run of several cases (`vero harbor check`
+    runs each candidate's cases as one Harbor job) raises the first error among its cases, as the
+    real backend's run does, else answers every case, each attempt its own trial `<case>__t`."""
 
     def __init__(self, table: dict[tuple[str, str], AttemptResult | tuple[AttemptResult, str] | Exception]):
         self.table = table
@@ -38,36 +40,36 @@ class Runs:
         self.runs: list = []
 
     async def evaluate(self, run):
-        (case,) = run.case_names
-        self.asked.append((case, run.candidate))
+        self.asked.extend((case, run.candidate) for case in run.case_names)
         self.runs.append(run)
-        answer = self.table[case, run.candidate]
-        if isinstance(answer, Exception):
-            raise answer
-        diagnostics = None
-        if isinstance(answer, tuple):
-            answer, message = answer
-            diagnostics = RunDiagnostics(
-                trial_failures=[
+        answers = {case: self.table[case, run.candidate] for case in run.case_names}
+        for answer in answers.values():
+            if isinstance(answer, Exception):
+                raise answer
+        cases, failures = [], []
+        for case, answer in answers.items():
+            if isinstance(answer, tuple):
+                answer, message = answer
+                failures.append(
                     TrialFailure(
                         job_name="j",
-                        trial_name="t",
+                        trial_name=f"{case}__t",
                         case=case,
                         outcome=answer.kind.value,
                         exception_type=answer.exception_type,
                         message=message,
                     )
-                ]
-            )
+                )
+            cases.append(CaseResult.from_attempts(case, [answer.model_copy(update={"trial_name": f"{case}__t"})], 0.0))
         now = datetime.now(UTC)
         return EvaluationResult.from_cases(
             partition=run.partition,
             candidate=run.candidate,
             reward_key="reward",
-            cases=[CaseResult.from_attempts(case, [answer], 0.0)],
+            cases=cases,
             started_at=now,
             finished_at=now,
-            diagnostics=diagnostics,
+            diagnostics=RunDiagnostics(trial_failures=failures) if failures else None,
         )
 
 
@@ -151,6 +153,20 @@ def test_outcomes_kit_and_probe_verdicts_become_problems(tmp_path):
     # The cause of an infrastructure failure is the trial's exception (the case kit's here).
     assert "trial CaseKitSetupError: the case kit could not set up the candidate user" in detail["no-reward"]
     assert rows["no-reward"].probe.verdict == "error"
+    # Each candidate's cases are one run (one Harbor job), the three side by side with the check's
+    # concurrency (4) in all; the reference's job failed for infrastructure (no-reward's), so its
+    # cases ran again one at a time, each with its own cause.
+    together = ("multi-key", "no-reward", "good", "same")
+    assert [run.case_names for run in runs.runs if run.candidate == "baseline"] == [together]
+    assert [run.case_names for run in probes.runs] == [together]
+    reference = [run.case_names for run in runs.runs if run.candidate == "reference"]
+    assert reference[0] == together and sorted(reference[1:]) == sorted((case,) for case in together)
+    firsts = [
+        next(run for run in backend.runs if run.candidate == label)
+        for backend, label in ((runs, "baseline"), (runs, "reference"), (probes, "probe"))
+    ]
+    assert sum(run.harbor.n_concurrent for run in firsts) == 4
+    assert all(run.harbor.n_attempts == 1 and run.harbor.infra_retries == 0 for run in runs.runs + probes.runs)
 
 
 class ProbeRuns(Runs):
@@ -163,14 +179,14 @@ class ProbeRuns(Runs):
 
     async def evaluate(self, run):
         result = await super().evaluate(run)
-        (case,) = run.case_names
         if run.candidate != "probe":
             return result
         assert run.runtime.agent_import_path == AGENT_PROBE_IMPORT_PATH  # planted in place of the candidate
-        job_dir = self.root / f"job-{case}"
-        report = job_dir / "trial" / "agent" / "candidate" / AGENT_PROBE_REPORT
-        report.parent.mkdir(parents=True)
-        report.write_text(json.dumps(self.reports[case]))
+        job_dir = self.root / f"job-{len(self.runs)}"
+        for case in run.case_names:  # each trial's own report
+            report = job_dir / f"{case}__t" / "agent" / "candidate" / AGENT_PROBE_REPORT
+            report.parent.mkdir(parents=True)
+            report.write_text(json.dumps(self.reports[case]))
         return result.model_copy(update={"job_dir": str(job_dir)})
 
 
@@ -422,6 +438,32 @@ def test_the_audit_knows_where_the_candidate_runs(tmp_path):
         )
     )
     assert report.ok and not report.problems, report.model_dump_json(indent=2)
+    # At --concurrency 2 the three candidates cannot each have a trial at a time: one run per case
+    # and candidate, the same report.
+    backend, probes = (
+        Runs(honest(correct)),
+        Runs({(case, "probe"): scored(0.0, "probe_planted") for case in correct[:2]}),
+    )
+    again = asyncio.run(
+        check_spec(
+            load_spec(path),
+            {},
+            work_dir=tmp_path / "ok-work-2",
+            concurrency=2,
+            backend=backend,
+            probe=True,
+            probe_backend=probes,
+        )
+    )
+    assert [len(run.case_names) for run in backend.runs + probes.runs] == [1] * 8
+    assert again.model_dump(exclude={"cases"}) == report.model_dump(exclude={"cases"})
+    assert [
+        row.model_dump(exclude={"baseline": {"seconds"}, "reference": {"seconds"}, "probe": {"seconds"}})
+        for row in again.cases
+    ] == [
+        row.model_dump(exclude={"baseline": {"seconds"}, "reference": {"seconds"}, "probe": {"seconds"}})
+        for row in report.cases
+    ]
 
 
 def test_an_install_that_fails_for_every_candidate_is_named_once(tmp_path):
@@ -464,6 +506,8 @@ def test_an_install_that_fails_for_every_candidate_is_named_once(tmp_path):
     assert witnesses["baseline"] == next(r.candidate_dir for r in runs.runs if r.candidate == "baseline")
     assert witnesses["reference"] is None
     assert all(r.candidate_dir.is_absolute() for r in runs.runs)
+    # The baseline's job named locked-out broken: it has that problem, the rest ran again without it.
+    assert [r.case_names for r in runs.runs if r.candidate == "baseline"] == [("locked-out", "good-kit"), ("good-kit",)]
 
 
 def test_the_table_prints_every_detail_verbatim(tmp_path, capsys):

@@ -22,8 +22,9 @@ CHECK_HELP = (
     "Each case is first checked with Harbor's own code (a valid task; every host variable it requires "
     "a declared secret; its setup accepted by the environment), then evaluated once with the baseline "
     "and once with the reference (target.reference applied as the oracle does) in the spec's "
-    "environment, one nested harbor run per case and candidate (a spec with inference gets its gateway, "
-    "with the provider keys from the environment or --env-file). With --probe, each case runs once more "
+    "environment, one nested harbor job per candidate over all its cases (a spec with inference gets its "
+    "gateway, with the provider keys from the environment or --env-file, and one run per case and "
+    "candidate). With --probe, each case runs once more "
     "under a probe. kind: program: the first time the case's tests open a file of the installed "
     "candidate, a process is planted as the candidate user that keeps trying to write the reward files "
     "and read /tests. kind: agent: a planted candidate agent tries to upload where only root may write, "
@@ -60,7 +61,7 @@ def check(
             "--concurrency",
             "-n",
             min=1,
-            help="Nested runs at a time.",
+            help="Trials at a time in all (with inference in the spec: nested runs at a time).",
         ),
     ] = 4,
     work_dir: Annotated[

@@ -204,16 +204,15 @@ class AgentProbe(BaseAgent):
         context.metadata = {"vero_agent_probe": "planted"}
 
 
-def read_agent_probe_report(job_dir: Path) -> dict[str, str] | None:
-    """The probe's report from a finished job dir (`<trial>/agent/candidate/agent-probe.json`), if any."""
-    for path in sorted(job_dir.glob(f"*/agent/candidate/{AGENT_PROBE_REPORT}")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            return {str(k): str(v) for k, v in data.items()}
-    return None
+def read_agent_probe_report(trial_dir: Path) -> dict[str, str] | None:
+    """The probe's report of one trial (`<trial_dir>/agent/candidate/agent-probe.json`), if any: in a
+    job of several cases each trial has its own."""
+    path = trial_dir / "agent" / "candidate" / AGENT_PROBE_REPORT
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
 
 def agent_probe_verdict(report: Mapping[str, str] | None, flags: Collection[str], reward: float | None) -> ProbeVerdict:

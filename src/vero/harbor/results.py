@@ -86,6 +86,7 @@ __all__ = [
     "merge_outcomes",
     "read_kit_flags",
     "read_trial",
+    "trial_seconds",
 ]
 
 logger = logging.getLogger(__name__)
@@ -506,3 +507,18 @@ def merge_outcomes(
             )
         )
     return dropped
+
+
+def trial_seconds(trial_dir: Path) -> float | None:
+    """Wall time of a finished trial (seconds, Harbor's `started_at` to `finished_at` in its
+    `result.json`); None when the trial has no readable result or no end."""
+    from harbor.models.trial.result import TrialResult
+    from pydantic import ValidationError
+
+    try:
+        result = TrialResult.model_validate_json((trial_dir / "result.json").read_bytes())
+    except (OSError, ValidationError):
+        return None
+    if result.started_at is None or result.finished_at is None:
+        return None
+    return (result.finished_at - result.started_at).total_seconds()
