@@ -498,7 +498,7 @@ async def test_an_old_reservation_edited_by_hand_opens_and_is_refused_by_the_ful
     every reservation: it refuses the store, and so does the seal (`write_session_archive`), before
     writing anything. The same edit within the newest rows is refused at open."""
     from vero.core import state as state_module
-    from vero.core.session import write_session_archive
+    from vero.core.session import SealHeader, write_session_archive
 
     old = await ledger.reserve("train", "agent", Cost.of_evaluation(2), reservation_id="rs-old")
     await ledger.refund(old.id, "cancelled")
@@ -519,10 +519,9 @@ async def test_an_old_reservation_edited_by_hand_opens_and_is_refused_by_the_ful
             write_session_archive(
                 ledger_path.parent,
                 tmp_path / "sealed" / "session.tar.gz",
-                name="t",
-                spec_digest="sha256:" + "0" * 64,
-                baseline_commit="0" * 40,
-                sealed_at=datetime.now(UTC),
+                SealHeader(
+                    name="t", spec_digest="sha256:" + "0" * 64, baseline_commit="0" * 40, sealed_at=datetime.now(UTC)
+                ),
                 state=state,
             )
     assert not (tmp_path / "sealed" / "session.tar.gz").exists()

@@ -18,7 +18,7 @@ from vero.core.archive import canonical_tar_bytes, file_digest
 from vero.core.candidates import CandidateStore
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
-from vero.core.session import Submission, read_session, write_session_archive
+from vero.core.session import SealHeader, Submission, read_session, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
 from vero.errors import SessionInvalid
@@ -70,7 +70,9 @@ def state(tmp_path: Path) -> tuple[Path, str, str]:
 
 def _write(state_dir: Path, dest: Path) -> str:
     return write_session_archive(
-        state_dir, dest, name="demo", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40, sealed_at=SEALED_AT
+        state_dir,
+        dest,
+        SealHeader(name="demo", spec_digest=SPEC_DIGEST, baseline_commit="f" * 40, sealed_at=SEALED_AT),
     )
 
 

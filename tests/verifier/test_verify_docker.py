@@ -17,7 +17,7 @@ import pytest
 
 from vero.core.baseline import commit_baseline
 from vero.core.candidates import CandidateStore
-from vero.core.session import Submission, write_session_archive
+from vero.core.session import SealHeader, Submission, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
 from vero.harbor import HarborBackend
@@ -51,10 +51,12 @@ def _session(tmp: Path, *, submit: bool) -> tuple[Path, str, Path]:
     write_session_archive(
         state,
         archive,
-        name="minimal",
-        spec_digest=SPEC_DIGEST,
-        baseline_commit=baseline,
-        sealed_at=datetime(2026, 3, 1, tzinfo=UTC),
+        SealHeader(
+            name="minimal",
+            spec_digest=SPEC_DIGEST,
+            baseline_commit=baseline,
+            sealed_at=datetime(2026, 3, 1, tzinfo=UTC),
+        ),
     )
     return archive, baseline, fixed
 

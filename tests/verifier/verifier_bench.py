@@ -34,7 +34,7 @@ from vero.core.evaluation import AttemptResult, CaseResult, EvaluationResult
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ledger import BudgetLedger, BudgetTotals, Cost
 from vero.core.run import NestedRun, PairedEvaluationBackend, PairedResult, RunArm, RunAs
-from vero.core.session import Submission, write_session_archive
+from vero.core.session import SealHeader, Submission, write_session_archive
 from vero.core.state import StateStore
 from vero.core.submission import record_submission
 from vero.errors import InfrastructureFailure
@@ -325,13 +325,15 @@ class Workbench:
         write_session_archive(
             self.state,
             archive,
-            name="demo",
-            spec_digest=SPEC_DIGEST,
-            baseline_commit=self.baseline_commit,
-            sealed_at=self.clock + timedelta(minutes=5),
+            SealHeader(
+                name="demo",
+                spec_digest=SPEC_DIGEST,
+                baseline_commit=self.baseline_commit,
+                sealed_at=self.clock + timedelta(minutes=5),
+                intake_closed_at=self.clock + timedelta(minutes=4),
+                intake_closed_by="agent_ended",
+            ),
             state=self.state_store,
-            intake_closed_at=self.clock + timedelta(minutes=4),
-            intake_closed_by="agent_ended",
         )
         return archive
 

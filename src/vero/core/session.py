@@ -47,6 +47,7 @@ from vero.errors import GitFailed, SessionInvalid
 
 __all__ = [
     "SESSION_SCHEMA_VERSION",
+    "SealHeader",
     "SealManifest",
     "Session",
     "SessionState",
@@ -99,23 +100,30 @@ class SessionState(BaseModel):
         return self
 
 
-class SealManifest(BaseModel):
-    """`manifest.json` of a sealed session."""
+class SealHeader(BaseModel):
+    """What a seal records about the session besides its files: the served config's identity and
+    the seal's and intake's times (`SealManifest` without `files` and `schema_version`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-    schema_version: Literal[2] = SESSION_SCHEMA_VERSION
     name: str
     spec_digest: str
     baseline_commit: str
     sealed_at: datetime
-    files: dict[str, str]
-    """Relative path -> `sha256:<hex>` for every other file in the archive."""
+    """The seal time (persisted by the caller, so a second seal gives the same bytes)."""
     intake_closed_at: datetime | None = None
     """When the sidecar stopped taking evaluations and submissions (`vero.sidecar.intake`); every job
     and the submission predate it. None: sealed by a vero that did not record it."""
     intake_closed_by: Literal["agent_ended", "sealed"] | None = None
     """`agent_ended`: `main`'s collect hook said the agent phase was over; `sealed`: the hook never
     came and the seal closed intake."""
+
+
+class SealManifest(SealHeader):
+    """`manifest.json` of a sealed session."""
+
+    schema_version: Literal[2] = SESSION_SCHEMA_VERSION
+    files: dict[str, str]
+    """Relative path -> `sha256:<hex>` for every other file in the archive."""
 
 
 class Session(BaseModel):
@@ -146,14 +154,9 @@ def _session_git(cwd: Path, git_dir: Path, env: dict[str, str]) -> IsolatedGit:
 def write_session_archive(
     state_dir: str | Path,
     dest: str | Path,
+    header: SealHeader,
     *,
-    name: str,
-    spec_digest: str,
-    baseline_commit: str,
-    sealed_at: datetime,
     state: StateStore | None = None,
-    intake_closed_at: datetime | None = None,
-    intake_closed_by: Literal["agent_ended", "sealed"] | None = None,
 ) -> str:
     """Pack the sidecar state under `state_dir` into the canonical archive `dest`; write `dest.sha256`.
 
@@ -161,10 +164,9 @@ def write_session_archive(
         state_dir: the sidecar's state dir (`state.db`, `candidates.git`). The admin token and
             anything else there is not packed.
         dest: archive path; its directory is created if missing.
-        name, spec_digest, baseline_commit: copied into the manifest from the served config.
-        sealed_at: the seal time (persisted by the caller so a second seal gives the same bytes).
+        header: copied into the manifest (the served config's name, spec digest and baseline, the
+            seal's and intake's times).
         state: the open state store (the sidecar's); None opens `state_dir/state.db`.
-        intake_closed_at, intake_closed_by: the close of intake, copied into the manifest.
 
     Returns:
         The archive's sha256 hex digest.
@@ -202,15 +204,7 @@ def write_session_archive(
         files = {
             path.relative_to(stage).as_posix(): file_digest(path) for path in sorted(stage.rglob("*")) if path.is_file()
         }
-        manifest = SealManifest(
-            name=name,
-            spec_digest=spec_digest,
-            baseline_commit=baseline_commit,
-            sealed_at=sealed_at,
-            files=files,
-            intake_closed_at=intake_closed_at,
-            intake_closed_by=intake_closed_by,
-        )
+        manifest = SealManifest(**dict(header), files=files)
         # Unset fields are left out, so a session without an intake record seals to the bytes it
         # always did.
         (stage / _MANIFEST).write_bytes(canonical_json(manifest.model_dump(mode="json", exclude_none=True)))

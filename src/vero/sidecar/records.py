@@ -29,7 +29,7 @@ from vero.core.diagnostics import CaseProblem
 from vero.core.jobs import EvaluationJob, JobStore
 from vero.core.ladder import LadderBoard, LadderKey
 from vero.core.ledger import BudgetBalance, BudgetLedger, BudgetTotals, Reservation, balances_of
-from vero.core.session import SessionState, write_session_archive
+from vero.core.session import SealHeader, SessionState, write_session_archive
 from vero.core.state import StateStore
 from vero.core.storage import is_out_of_space, read_model
 from vero.core.submission import Submission, read_submission
@@ -248,13 +248,15 @@ async def write_sealed_archive(
             write_session_archive,
             paths.state_dir,
             archive,
-            name=config.name,
-            spec_digest=config.spec_digest,
-            baseline_commit=config.baseline_commit,
-            sealed_at=records.sealed_at,
+            SealHeader(
+                name=config.name,
+                spec_digest=config.spec_digest,
+                baseline_commit=config.baseline_commit,
+                sealed_at=records.sealed_at,
+                intake_closed_at=records.intake.closed_at if records.intake is not None else None,
+                intake_closed_by=records.intake.reason if records.intake is not None else None,
+            ),
             state=records.state,
-            intake_closed_at=records.intake.closed_at if records.intake is not None else None,
-            intake_closed_by=records.intake.reason if records.intake is not None else None,
         )
     except (OSError, GitFailed) as exc:
         if is_out_of_space(exc):
