@@ -65,10 +65,32 @@ def test_each_tier_shows_what_its_rule_allows():
     assert disclose(job(), NONE).model_dump(exclude_none=True) == {"disclosure": "none"}
     aggregate = disclose(job(), AGGREGATE)
     assert (aggregate.score, aggregate.n_cases, aggregate.cases, aggregate.artifacts_path) == (0.5, 2, None, None)
-    assert aggregate.inference == InferenceUsage(calls=3).totals()
+    assert aggregate.inference is None and aggregate.inference_usd == 0.0
     full = disclose(job(), FULL, "/context/ev-0123456789abcdef")
     assert [c.case for c in full.cases] == ["c1", "c2"] and full.cases[0].attempts[0].outcome == "scored"
     assert full.artifacts_path == "/context/ev-0123456789abcdef" and full.inference == InferenceUsage(calls=3)
+
+
+def _spent(refused: int) -> EvaluationJob:
+    """A job whose candidate made `refused` free refused calls and one charged call."""
+    usage = InferenceUsage(
+        calls=1, refused_calls={"model_not_allowed": refused} if refused else {}, charged_micro_usd=1234
+    )
+    return job(result=result().model_copy(update={"inference": usage}))
+
+
+def test_counts_a_candidate_makes_for_free_pass_no_tier_but_full():
+    """0 and 7 refused calls (e.g. a hidden case's answer) look the same on `none` and `aggregate`,
+    in the job's view and in its summary (`/status`, `GET /evaluations`); money passes `aggregate`."""
+    for rule in (NONE, AGGREGATE, LADDER):
+        seen = [job_view(_spent(n), rule).model_dump_json() for n in (0, 7)]
+        assert seen[0] == seen[1], rule
+        listed = [summary_view(job_view(_spent(n), rule)).model_dump_json() for n in (0, 7)]
+        assert listed[0] == listed[1], rule
+    assert job_view(_spent(7), AGGREGATE).result.inference_usd == 0.001234
+    assert job_view(_spent(7), NONE).result.inference_usd is None
+    full = [job_view(_spent(n), FULL).result.inference for n in (0, 7)]
+    assert full[0].n_refused == 0 and full[1].n_refused == 7
 
 
 def test_aggregate_withholds_the_score_under_the_ladder_and_over_other_cases():

@@ -102,7 +102,3 @@ class InferenceUsage(BaseModel):
             f"{self.unreachable_calls} model call(s) through the inference gateway could not reach the "
             "provider (see the gateway's log lines for the error; check inference.providers.*.base_url)"
         )
-
-    def totals(self) -> InferenceUsage:
-        """The same usage without the per-model breakdown (what `aggregate` disclosure shows)."""
-        return self.model_copy(update={"by_model": {}})

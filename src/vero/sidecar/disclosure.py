@@ -39,7 +39,10 @@ def covers_granted_cases(job: EvaluationJob, result: EvaluationResult) -> bool:
 def disclose(job: EvaluationJob, rule: DisclosureRule, artifacts_path: str | None = None) -> DisclosedResult | None:
     """What the agent may see of a finished job under `rule`; None while it is not complete.
 
-    `aggregate` shows the score and counts, except: a job judged by the Ladder shows only its
+    `aggregate` shows the score and counts and, of the model calls, only what they were charged
+    (`inference_usd`: the money `/status`'s `remaining_inference_usd` already moves by): never a
+    count of calls (made, refused, failed), which a candidate chooses for free and could set to
+    what it read in a hidden case. Except: a job judged by the Ladder shows only its
     recorded Ladder answer (rounded score, `improved`) and the case count (attempt counts could
     carry what the Ladder withholds); a job completed without a Ladder answer on a partition now
     in Ladder mode shows no score; a result that does not cover exactly the granted cases (a
@@ -64,12 +67,13 @@ def disclose(job: EvaluationJob, rule: DisclosureRule, artifacts_path: str | Non
         "n_attempts": result.n_attempts,
         "n_dead": result.n_dead,
     }
+    spent_usd = result.inference.charged_micro_usd / 1e6 if result.inference is not None else None
     if rule.tier == "aggregate":
-        usage = result.inference.totals() if result.inference is not None else None
-        return DisclosedResult(disclosure="aggregate", inference=usage, **counts)
+        return DisclosedResult(disclosure="aggregate", inference_usd=spent_usd, **counts)
     return DisclosedResult(
         disclosure="full",
         **counts,
+        inference_usd=spent_usd,
         inference=result.inference,
         cases=[
             CaseView(

@@ -179,10 +179,16 @@ class DisclosedResult(_Wire):
         "cases) by at least the margin. When false, `score` is that previous best, not this evaluation's score.",
     )
     cases: list[CaseView] | None = Field(default=None, description="Per-case results (`full` only).")
+    inference_usd: float | None = Field(
+        default=None,
+        description="What the evaluation's model calls through the inference gateway were charged (US "
+        "dollars; `full`, and `aggregate` outside Ladder mode); absent without a gateway and on `none`.",
+    )
     inference: InferenceUsage | None = Field(
         default=None,
-        description="Model calls of the evaluation as the inference gateway metered them: totals "
-        "(`aggregate`), per model too (`full`); absent without a gateway and on `none`.",
+        description="Model calls of the evaluation as the inference gateway metered them, per model and with "
+        "the calls it refused or that failed (`full` only: on `aggregate` a count of calls, which a candidate "
+        "chooses for free, could carry a hidden case's content); absent without a gateway.",
     )
     artifacts_path: str | None = Field(
         default=None, description="Directory in `main` with per-case results and trial artifacts (`full` only)."
