@@ -20,6 +20,7 @@ One evaluation's runtime is an `EvaluationLease` (`EvaluationRuntime.lease`), en
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ __all__ = [
     "nested_secret_env",
     "provider_key_names",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class RunAs(BaseModel):
@@ -311,7 +314,8 @@ class EvaluationLease:
             self.usage = await finish_uncancellable(self.runtime.gateway.revoke(token))
 
     def settle(self, result: EvaluationResult) -> EvaluationResult:
-        """`result` with the lease's usage recorded (`result.inference`), once the lease is left.
+        """`result` with the lease's usage recorded (`result.inference`), once the lease is left
+        (the verifier and `check`: a measurement of the provider's absence is no measurement).
 
         Raises:
             InfrastructureFailure: some model call never reached its provider
@@ -323,4 +327,20 @@ class EvaluationLease:
         if unreachable is not None:
             diagnostics = (result.diagnostics or RunDiagnostics()).with_cause(unreachable)
             raise InfrastructureFailure(unreachable, diagnostics=diagnostics)
+        return self.charged(result)
+
+    def charged(self, result: EvaluationResult) -> EvaluationResult:
+        """`result` with the lease's usage recorded, whatever the calls met: the sidecar's rule.
+
+        Calls that never reached their provider do not make the run an infrastructure failure
+        there: whether a call is made is the candidate's choice, so a refund for them would be one
+        the candidate chooses while the provider is down (a result or a refund, picked by what it
+        read in a hidden case). The run is scored and charged as measured; `full` shows
+        `unreachable_calls`, and the cause is logged for the operator.
+        """
+        if self.usage is None:
+            return result
+        unreachable = self.usage.unreachable_failure()
+        if unreachable is not None:
+            logger.warning("evaluation %s: %s; charged as measured", self.run.evaluation_id, unreachable)
         return result.model_copy(update={"inference": self.usage})

@@ -43,8 +43,9 @@ class InferenceUsage(BaseModel):
     charged; a call the provider took and never answered is charged its hold (it may be billed)."""
     unreachable_calls: int = 0
     """Of `failed_calls`, those that never reached the provider (no connection could be made, or
-    its URL cannot be called). Nothing a candidate sends causes them, so an evaluation with any is
-    an infrastructure failure, never a score (`unreachable_failure`)."""
+    its URL cannot be called). In the verifier a measurement with any is unmeasured
+    (`unreachable_failure`); the sidecar charges it as measured, since whether to call is the
+    candidate's choice (`vero.core.run.EvaluationLease.charged`)."""
     unmetered_calls: int = 0
     """Calls charged without usage figures (no usage in the answer, a stream cut off, a call never
     answered): charged what was held for them, their bound."""

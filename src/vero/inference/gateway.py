@@ -40,8 +40,9 @@ broke off) is charged its hold (`_lost`), and a started stream that stalls
 (`stream_idle_timeout_sec`), runs past `timeout_sec` or breaks off ends with an error event in its
 format and is charged its hold unless its usage arrived (`_relay`); upstream 5xx (the provider
 says it failed) and connection failures (nothing reached it) answer 502/504 and charge nothing; a
-call that could not connect at all is counted `unreachable_calls`, which makes the evaluation an
-infrastructure failure; 4xx pass through (a provider's 401/403 becomes a generic 502: its body may
+call that could not connect at all is counted `unreachable_calls` (the verifier leaves such a
+measurement unmeasured; the sidecar charges it as measured, since calling is the candidate's
+choice: `EvaluationLease.charged`); 4xx pass through (a provider's 401/403 becomes a generic 502: its body may
 echo a key). Key values are scrubbed from every body passed back, a stream's across its events
 (`vero.inference.scrub`), and never logged.
 """

@@ -449,8 +449,9 @@ class JobRunner:
             turn.lease = lease = self.runtime.lease(self._nested_run(job, checkout))
             async with lease as run:
                 result = await self.backend.evaluate(run)
-            # Model calls that never reached their provider: infrastructure, refunded.
-            turn.measured = result = lease.settle(result)
+            # Charged as measured even when model calls never reached their provider: a refund
+            # for them would be one the candidate chooses by calling (`EvaluationLease.charged`).
+            turn.measured = result = lease.charged(result)
         except Exception:
             await self._hold_until_shown(turn)  # a failure is shown at the same time
             raise
