@@ -37,7 +37,8 @@ class InferenceUsage(BaseModel):
     answered (charged their hold, also counted in `failed_calls` and `unmetered_calls`)."""
     refused_calls: dict[str, int] = Field(default_factory=dict)
     """Reason (`model_not_allowed`, `unbounded_request`, `over_budget`, `budget_exhausted`,
-    `bad_request`, ...) -> calls refused before reaching the provider."""
+    `bad_request`, `foreign_token`, `too_many_connections` (a connection past the caps of
+    `vero.inference.connections`), ...) -> calls refused before reaching the provider."""
     failed_calls: int = 0
     """Calls the provider failed (5xx, timeout, connection). 5xx and connection failures are not
     charged; a call the provider took and never answered is charged its hold (it may be billed)."""

@@ -9,7 +9,9 @@ It runs inside the sidecar and the verifier (`GatewayServer`, loopback by defaul
 | `GET /openai/v1/models` | the allow-list, OpenAI's list format |
 | `POST /anthropic/v1/messages` | Anthropic messages (streaming included) |
 
-A call is checked in this order: size (413) -> JSON (400) -> token (401: `Authorization: Bearer`
+A connection is admitted first, under the caps on open connections per caller, per evaluation and
+in all (`vero.inference.connections`; one past a cap is closed as it is accepted). A call is then
+checked in this order: size (413) -> JSON (400) -> token (401: `Authorization: Bearer`
 or `x-api-key`, one per evaluation, minted by `grant`) -> caller (401: a token works only from where
 its evaluation's candidate runs: from a candidate host bound to it, `bind_host`, i.e. a socket of
 that host's uid in this network namespace, `vero.inference.callers`; or on its evaluation's own case
@@ -59,7 +61,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -70,6 +72,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from vero.core.usage import InferenceUsage, ModelUsage
 from vero.inference.bounds import CallBound, Unbounded, bound_call
 from vero.inference.callers import Peer, peer_of
+from vero.inference.connections import ConnectionCaps, ConnectionGate, gated_protocol
 from vero.inference.pricing import STANDARD_TIER, CacheTokens, ModelPrice, price_of, to_micro_usd
 from vero.inference.scrub import SecretScrub, StreamScrub
 from vero.spec.models import InferenceModel, InferenceProvider, InferenceSpec
@@ -352,6 +355,7 @@ class InferenceGateway:
         spec: the spec's `inference` section.
         keys: secret name -> value (only the names `providers.*.api_key_secret` are read).
         transport: httpx transport for upstream calls (tests: none needed, they run a real server).
+        connection_caps: how many connections candidates may hold open (`vero.inference.connections`).
 
     Raises:
         vero.inference.pricing.PriceUnknown: an allow-listed model has no price.
@@ -359,7 +363,11 @@ class InferenceGateway:
     """
 
     def __init__(
-        self, spec: InferenceSpec, keys: Mapping[str, str], transport: httpx.AsyncBaseTransport | None = None
+        self,
+        spec: InferenceSpec,
+        keys: Mapping[str, str],
+        transport: httpx.AsyncBaseTransport | None = None,
+        connection_caps: ConnectionCaps | None = None,
     ) -> None:
         self.spec = spec
         routes: dict[str, _Route] = {}
@@ -381,6 +389,8 @@ class InferenceGateway:
         )
         self.base_url: str | None = None
         """`http://host:port` once the server listens (set by `GatewayServer`)."""
+        self.connections = ConnectionGate(connection_caps or ConnectionCaps(), self._refused_connection)
+        """The caps on candidates' open connections, over all of this gateway's listeners."""
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -529,6 +539,15 @@ class InferenceGateway:
         if grant.scope == "evaluation":
             self._refuse(grant, "foreign_token")
         return False
+
+    def evaluation_of_host(self, uid: int | None) -> str | None:
+        """The evaluation whose candidate host runs as `uid` (`bind_host`), if exactly one."""
+        found = {g.evaluation_id for g in self._grants.values() if uid is not None and uid in g.hosts}
+        return found.pop() if len(found) == 1 else None
+
+    def _refused_connection(self, evaluation_id: str | None) -> None:
+        if evaluation_id is not None:
+            self._refuse(self._grant_of(evaluation_id), "too_many_connections")
 
     def _grant_of(self, evaluation_id: str) -> InferenceGrant | None:
         found = [g for g in self._grants.values() if g.evaluation_id == evaluation_id and not g.closed]
@@ -1113,11 +1132,14 @@ class GatewayServer:
         remote_network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
     ) -> None:
         import uvicorn
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
         self.gateway = gateway
         self.primary = evaluation_id is None
+        self.evaluation_id = evaluation_id
         self._config = uvicorn.Config(
             create_gateway_app(gateway, evaluation_id, remote_network),
+            http=gated_protocol(AutoHTTPProtocol, gateway.connections, self._caller),
             host=host,
             port=port,
             log_level="warning",
@@ -1129,6 +1151,16 @@ class GatewayServer:
         self.host = host
         self.url: str | None = None
         """`http://host:port` once listening."""
+
+    def _caller(self, client: tuple[str, int] | None, server: tuple[str, int] | None) -> tuple[Hashable, str | None]:
+        """Whose connection `client` -> `server` is (`ConnectionGate`): a uid of this network
+        namespace, else the calling address; and its evaluation, where one is known."""
+        if client is None or server is None:
+            return ("unknown",), self.evaluation_id
+        peer = peer_of((client[0], int(client[1])), (server[0], int(server[1])))
+        if peer.local:
+            return ("uid", peer.uid), self.evaluation_id or self.gateway.evaluation_of_host(peer.uid)
+        return ("address", client[0]), self.evaluation_id
 
     async def __aenter__(self) -> GatewayServer:
         self._task = asyncio.create_task(self._server.serve(), name="vero-inference-gateway")
