@@ -97,6 +97,9 @@ async def main(calls: int) -> None:
         gateway = InferenceGateway(spec, {"K": KEY})
         async with GatewayServer(gateway):
             token, _ = gateway.grant("bench", "train", limit_micro_usd=None)
+            # A token works only from a candidate host bound to it, as the sidecar's launcher binds
+            # each host's uid (`bind_host`): this process is the host here.
+            gateway.bind_host(token, os.getuid())
             chat = {"model": "fake-ok", "messages": [{"role": "user", "content": "hello " * 50}], "max_tokens": 64}
             message = {**chat, "model": "claude-fake"}
             cases = [
@@ -110,8 +113,11 @@ async def main(calls: int) -> None:
                 ),
                 ("anthropic messages", "/anthropic/v1/messages", "/v1/messages", message, False),
             ]
-            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-            async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            # Idle connections expire here before uvicorn's 5 s keep-alive closes them: one the
+            # server is closing as it is reused fails the request (16 clients got a ReadError when a
+            # round on the other side ran past 5 s; benchmarks/fan_out.py met the same).
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=1.0)
+            async with httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client:
                 print(
                     f"{'call':34} {'clients':>7} {'direct p50/p95 ms':>18} {'gateway p50/p95 ms':>19} "
                     f"{'added p50 ms':>12} {'ratio p50':>9}"
