@@ -101,9 +101,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "counts and model-call usage (`inference` and its cost `inference_usd`, with a gateway); "
         "`aggregate`: `score`, the counts and `inference_usd` only (in Ladder mode only the Ladder's "
         "answer: `score` and `improved`); `none`: no score. A `failed` or `cancelled` job was not "
-        "measured (infrastructure failure, interruption): its budget was refunded and `error` says why. When `next_cursor` is set, pass it as `before` "
-        "for the next, older page; the last page has none. Filter with `partition` and `state` "
-        "(queued, running, complete, failed, cancelled). "
+        "measured (infrastructure failure, interruption): its budget was refunded and `error` says "
+        "why. When `next_cursor` is set, pass it as `before` for the next, older page; the last page "
+        "has none. Filter with `partition` and `state` (queued, running, complete, failed, cancelled). "
         + _ERRORS
         + "`not_found` (`before` is not one of your jobs), `invalid` (arguments do not match the schema)."
     ),
