@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from _support.git import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
 from vero.core.baseline import commit_baseline
-from vero.core.candidates import REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore
+from vero.core.candidates import CHECKOUT_MTIME, REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore
 from vero.core.state import StateStore
 from vero.errors import CandidateRejected
 
@@ -509,6 +510,69 @@ def test_checkouts_are_the_trees_bytes_whatever_its_gitattributes_and_the_slot_h
     # A store opened again (the verifier opens the sealed session's) keeps the rule.
     reopened = CandidateStore.open(store.root)
     assert _blob_ids(reopened.checkout(with_attributes, tmp_path / "again")) == expected
+
+
+def _listing(root: Path) -> list[tuple[str, int, int, str, int]]:
+    """(path, mode, size, sha256 of the bytes or of the link target, mtime in ns) of every entry
+    under `root`, directories and `root` itself included."""
+    rows = []
+    for path in sorted([root, *root.rglob("*")]):
+        info = path.lstat()
+        if path.is_symlink():
+            digest = hashlib.sha256(os.readlink(path).encode()).hexdigest()
+        elif path.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            digest = ""
+        size = 0 if path.is_dir() and not path.is_symlink() else info.st_size
+        rows.append((path.relative_to(root).as_posix(), info.st_mode, size, digest, info.st_mtime_ns))
+    return rows
+
+
+MAKEFILE = "out: dep.txt\n\tcat dep.txt > out\nversion.txt: src.txt\n\tcat src.txt > version.txt\n"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_same_commit_is_the_same_files_with_the_same_times_in_a_used_slot_and_a_fresh_checkout(store, tmp_path):
+    """A slot that held another candidate, and where a build left its products, brought to a commit
+    holds exactly what a fresh checkout of it holds, modification times included (every entry
+    `CHECKOUT_MTIME`), and `make` (which rebuilds what is older than its sources) decides the same
+    in both. Before: the leftover `out` survived the update (make: up to date, fresh: build) and the
+    rewritten `src.txt` was newer than the unchanged tracked `version.txt` (make: rebuild it)."""
+    repo = tmp_path / "made"
+    files = {"Makefile": MAKEFILE, "dep.txt": "dep\n", "src.txt": "one\n", "version.txt": "one\n"}
+    first = commit_files(repo, files | {"lib/a.py": "a\n", "link": ("link", "dep.txt")})
+    second = commit_files(repo, {"src.txt": "two\n", "lib/b.py": "b\n"}, message="second")
+    chown_agent(repo)
+    for version in (first, second):
+        store.import_version_sync(repo, version)
+    (tmp_path / "private").mkdir()
+    slot, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    store.update_worktree(first, slot, index)
+    subprocess.run(["make", "-s", "-C", str(slot), "out"], check=True, timeout=60)  # a build's product
+    (slot / "build").mkdir()
+    (slot / "build" / "cache.o").write_text("left\n")
+    store.update_worktree(second, slot, index)
+    fresh = store.checkout(second, tmp_path / "fresh")
+
+    assert _listing(slot) == _listing(fresh)
+    stamp = CHECKOUT_MTIME * 1_000_000_000
+    assert {row[4] for row in _listing(fresh)} == {stamp} and not (slot / "out").exists()
+
+    def plan(tree: Path) -> str:
+        return subprocess.run(
+            ["make", "-n", "--no-print-directory", "-C", str(tree), "out", "version.txt"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+
+    assert plan(slot) == plan(fresh) == "cat dep.txt > out\nmake: 'version.txt' is up to date.\n"
+    # the restamped files' stat is in the index: the next update of the same tree rewrites nothing
+    inodes = {row[0]: (slot / row[0]).lstat().st_ino for row in _listing(slot)}
+    store.update_worktree(second, slot, index)
+    assert {row[0]: (slot / row[0]).lstat().st_ino for row in _listing(slot)} == inodes
+    assert _listing(slot) == _listing(fresh)
 
 
 def test_the_store_is_repacked_in_the_foreground_and_no_git_child_outlives_a_call(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from verifier_bench import SPEC_DIGEST, TableBackend, Workbench
 
 from vero.core.archive import safe_extract, write_canonical_tar
+from vero.core.candidates import CHECKOUT_MTIME
 from vero.core.run import RunAs
 from vero.core.session import read_session
 from vero.verifier import VerifierPaths, verify
@@ -343,6 +344,29 @@ def test_floor_measures_baseline_and_candidate_side_by_side(bench: Workbench) ->
     assert final.selection.floor.shipped == "candidate", final.selection.floor
     assert final.selection.floor.baseline.score == 0.5 and final.selection.floor.candidate.score == 0.6
     assert reward(bench) == {"reward": 0.7}
+
+
+def test_both_arms_are_checkouts_with_the_same_metadata(bench: Workbench) -> None:
+    """The baseline arm (a copy of the rebuilt baseline) and the candidate arm (the session's store)
+    are files only, every entry with the modification time `CHECKOUT_MTIME`, as in the sidecar's
+    slots: before, the baseline arm carried the rebuild's `.git` and the copy's times."""
+    a = bench.candidate("a\n")
+    bench.submit(a)
+    seen: dict[str, set[int]] = {}
+
+    class Listing(TableBackend):
+        async def evaluate(self, run):
+            if run.partition == "select":
+                entries = [run.candidate_dir, *run.candidate_dir.rglob("*")]
+                assert not (run.candidate_dir / ".git").exists(), run.candidate
+                seen[run.candidate] = {path.lstat().st_mtime_ns for path in entries}
+            return await super().evaluate(run)
+
+    backend = Listing(
+        {("select", bench.baseline_tree): 0.5, ("select", bench.tree(a)): 0.6, ("hidden", bench.tree(a)): 0.7}
+    )
+    bench.verify(bench.config(baseline_floor=True), bench.seal(), backend)
+    assert len(seen) == 2 and all(times == {CHECKOUT_MTIME * 1_000_000_000} for times in seen.values()), seen
 
 
 def test_floor_fails_closed_when_the_baseline_cannot_be_measured(bench: Workbench) -> None:

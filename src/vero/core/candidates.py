@@ -50,7 +50,11 @@ holds exactly its blob's bytes: the store's `info/attributes` (`CHECKOUT_ATTRIBU
 every `.gitattributes` of a tree, gitattributes(5)) unsets every attribute that changes bytes on
 checkout (`text`/`eol`/`crlf` line endings, `ident`, `filter`, `working-tree-encoding`) and the
 `export-*` ones, so a tree's own attributes never apply, and every slot and the verifier hold the
-same bytes whatever they held before.
+same bytes whatever they held before. Their metadata is fixed too: every file, symlink and directory
+of a checkout has the modification (and access) time `CHECKOUT_MTIME`, and an update removes
+whatever the work tree held that the tree does not track (`git clean -ffdx`: untracked and ignored
+files, build products). So a make-like `install_command`, which rebuilds what is older than its
+sources, builds the same thing from the same commit in every slot and in the verifier.
 """
 
 from __future__ import annotations
@@ -83,12 +87,14 @@ from vero.spec.models import CandidateLimits
 
 __all__ = [
     "CHECKOUT_ATTRIBUTES",
+    "CHECKOUT_MTIME",
     "MAX_VERSION_CHARS",
     "REPACK_EVERY_IMPORTS",
     "RESERVED_PATHS",
     "CandidateRecord",
     "CandidateStore",
     "WorktreeUpdate",
+    "stamp_checkout",
 ]
 
 RESERVED_PATHS: tuple[str, ...] = (".vero",)
@@ -134,6 +140,16 @@ class CandidateRecord(BaseModel):
     """First line of the commit message (truncated to 200 characters, control characters removed)."""
     imported_at: datetime
     """When the candidate was first imported (aware UTC)."""
+
+
+CHECKOUT_MTIME = 946_684_800
+"""Modification and access time of every entry of a checkout, in seconds since the epoch:
+2000-01-01T00:00:00Z. A constant rather than the commit's committer time (what `git archive`
+stamps): the committer time is the agent's to choose (a date before 1980 breaks zip-based builds
+such as wheels, which cannot store it; a future one makes `make` warn of clock skew), and a time
+that moved with each commit would restamp every file of a slot on every update, so git would rehash
+the whole tree instead of only what changed. Any fixed past time would do: it is older than
+anything a build writes (a product is newer than its sources) and at or after 1980 (zip)."""
 
 
 @dataclass(frozen=True)
@@ -794,6 +810,7 @@ class CandidateStore:
         try:
             with tempfile.TemporaryDirectory(prefix="vero-index-", dir=self._env_dir) as tmp:
                 self._read_tree(dest, Path(tmp) / "index", tree)
+            stamp_checkout(dest)  # the index is thrown away: nothing to refresh
         except BaseException:
             remove_tree(dest)
             raise
@@ -804,8 +821,10 @@ class CandidateStore:
 
         `index_file` (private to the caller, e.g. under the state dir) is git's index of what
         `work_tree` holds, and `<index_file>.tree` the tree id it was last brought to. With them,
-        git rewrites only the files whose entry or stat differs and deletes the files the
-        candidate does not have. Without them (first use, or a crash mid-update) the directory is
+        git rewrites only the files whose entry or stat differs, deletes the files the candidate
+        does not have and everything untracked (`git clean -ffdx`). Every entry then gets the
+        mtime `CHECKOUT_MTIME` and the index the stat of what was restamped (so the next update
+        again writes only what differs). Without them (first use, or a crash mid-update) the directory is
         emptied and written whole. Call it for one work tree from one thread at a time: then a
         `<index_file>.lock` can only be what a git killed mid-update left (no git child outlives a
         call), and it is removed, or every later update of this work tree would fail.
@@ -832,6 +851,7 @@ class CandidateStore:
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
+            self._settle(work_tree, index_file)
         except BaseException:
             index_file.unlink(missing_ok=True)
             raise
@@ -857,32 +877,64 @@ class CandidateStore:
             return None
         return tree if _OID.fullmatch(tree) and index_file.is_file() else None
 
-    def _read_tree(self, work_tree: Path, index_file: Path, tree: str) -> None:
-        # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
-        # written; entries the tree lacks are deleted; untracked files in the way are overwritten.
-        # `core.trustctime=false`: a chmod of a file does not count as a change. No attribute of the
-        # tree applies (`CHECKOUT_ATTRIBUTES`); `core.autocrlf=false` says so for files without one.
-        worktree_git = self._git(
+    def _worktree_git(self, work_tree: Path, index_file: Path) -> IsolatedGit:
+        return self._git(
             work_tree,
             git_dir=self.git_dir,
             extra_env={"GIT_WORK_TREE": str(work_tree), "GIT_INDEX_FILE": str(index_file)},
         )
-        worktree_git.execute(
-            [
-                "git",
-                "-c",
-                "core.trustctime=false",
-                "-c",
-                "core.checkStat=minimal",
-                "-c",
-                "core.autocrlf=false",
-                "read-tree",
-                "--reset",
-                "-u",
-                "--end-of-options",
-                tree,
-            ]
+
+    def _read_tree(self, work_tree: Path, index_file: Path, tree: str) -> None:
+        # `--reset -u`: entries that differ from the index, or whose file's stat differs, are
+        # written; entries the tree lacks are deleted; untracked files in the way are overwritten.
+        # `core.trustctime=false`: a chmod of a file (or a restamp) does not count as a change. No
+        # attribute of the tree applies (`CHECKOUT_ATTRIBUTES`); `core.autocrlf=false` says so for
+        # files without one.
+        self._worktree_git(work_tree, index_file).execute(
+            [*_WORKTREE_GIT, "read-tree", "--reset", "-u", "--end-of-options", tree]
         )
+
+    def _settle(self, work_tree: Path, index_file: Path) -> None:
+        """After `_read_tree` into a persistent work tree: remove what the tree does not track
+        (untracked and ignored files and directories, nested repositories too), stamp every entry
+        `CHECKOUT_MTIME`, and record the restamped files' stat in the index (`update-index
+        --refresh` rehashes only those), or the next update would rewrite them all.
+
+        Raises:
+            GitFailed: git failed, or a file no longer holds what the index says.
+        """
+        worktree_git = self._worktree_git(work_tree, index_file)
+        worktree_git.execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
+        if stamp_checkout(work_tree):
+            worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
+
+
+_WORKTREE_GIT = ("git", "-c", "core.trustctime=false", "-c", "core.checkStat=minimal", "-c", "core.autocrlf=false")
+"""Git with the stat rules of a checkout's index (see `CandidateStore._read_tree`)."""
+
+
+def stamp_checkout(root: Path, mtime: int = CHECKOUT_MTIME) -> int:
+    """Set the modification and access time of every file, symlink (itself, never its target) and
+    directory under `root`, and `root`'s, to `mtime` (seconds since the epoch), children before
+    their directory.
+
+    Returns:
+        How many files and symlinks were restamped (those not at `mtime` already).
+
+    Raises:
+        OSError: an entry could not be restamped.
+    """
+    stamp = mtime * 1_000_000_000
+    restamped = 0
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in (*filenames, *(d for d in dirnames if os.path.islink(os.path.join(dirpath, d)))):
+            path = os.path.join(dirpath, name)
+            if os.lstat(path).st_mtime_ns != stamp:
+                os.utime(path, ns=(stamp, stamp), follow_symlinks=False)
+                restamped += 1
+        if os.lstat(dirpath).st_mtime_ns != stamp:
+            os.utime(dirpath, ns=(stamp, stamp), follow_symlinks=False)
+    return restamped
 
 
 def _tree_marker(index_file: Path) -> Path:

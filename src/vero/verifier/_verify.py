@@ -404,17 +404,25 @@ async def _open_session(config: VerifierConfig, archive: Path, work: Path, *, pr
 def _checkout_from(session: Session, baseline: RebuiltBaseline, config: VerifierConfig) -> Callable[[str, Path], Path]:
     """How the scorer checks a candidate out: the rebuilt baseline's files for the baseline
     commit (when rebuilt), else the session's candidate store."""
-    from vero.core.candidates import CandidateStore
+    from vero.core.candidates import CandidateStore, stamp_checkout
 
     store = CandidateStore.open(session.root)
 
     def checkout(candidate: str, dest: Path) -> Path:
         if candidate == config.baseline_commit and baseline.path is not None:
-            shutil.copytree(baseline.path, dest, symlinks=True)
+            # the rebuilt files without the rebuild's `.git`, stamped like every checkout: a slot's
+            # baseline and this one are the same files with the same metadata
+            shutil.copytree(baseline.path, dest, symlinks=True, ignore=_top_level_git(baseline.path))
+            stamp_checkout(dest)
             return dest
         return store.checkout(candidate, dest)
 
     return checkout
+
+
+def _top_level_git(root: Path) -> Callable[[str, list[str]], list[str]]:
+    """A `shutil.copytree` ignore that leaves out `root/.git` only."""
+    return lambda directory, names: [".git"] if Path(directory) == root else []
 
 
 async def _select(config: VerifierConfig, session: Session, baseline: RebuiltBaseline, scorer: Scorer) -> Selection:
