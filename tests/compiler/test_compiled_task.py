@@ -59,8 +59,10 @@ def test_task_toml_loads_with_harbors_task_config(spec_tree, tmp_path):
     assert config.agent.user == "agent"
     assert config.verifier.environment_mode == VerifierEnvironmentMode.SEPARATE
     close, hook = config.verifier.collect
-    # Harbor runs main's hooks first, while main still runs: intake closes before the seal.
-    assert close.service == "main" and close.command.endswith("http://eval-sidecar:8000/intake/close")
+    # Harbor runs main's hooks first, while main still runs: intake closes before the seal, as root,
+    # over the sidecar's Unix socket on the volume both mount (no TCP connection from main).
+    assert close.service == "main" and close.user == "root"
+    assert close.command.endswith("--unix-socket /run/vero/intake/close.sock http://intake/intake/close")
     assert hook.service == "eval-sidecar"
     assert hook.command == "vero harbor seal --output /export/vero"
     assert hook.timeout_sec > spec_tree.document["harbor"]["drain_timeout_sec"]
@@ -195,6 +197,10 @@ def test_docker_mounts_the_socket_on_sidecar_and_verifier_only(spec_tree, tmp_pa
     assert "workspace:/app" in _volumes(services["main"])
     assert "workspace:/workspace:ro" in _volumes(services["eval-sidecar"])
     assert "context:/vero/context:ro" in _volumes(services["main"])
+    # The intake socket's volume, in both (main's hook closes intake there).
+    assert "intake:/run/vero/intake" in _volumes(services["main"])
+    assert "intake:/run/vero/intake" in _volumes(services["eval-sidecar"])
+    assert "--intake-socket" in layout.sidecar.dockerfile.read_text()
 
 
 def _modal(document: dict) -> None:

@@ -12,7 +12,9 @@ without git attributes and once with attributes that would change them on checko
 `ident`, `export-ignore`); evaluated on a fresh slot and on a slot that held the first tree, and
 scored by the verifier from the sealed session, it must score as the reference change every time.
 And it leaves a process in `main` that keeps submitting after the agent has ended, straight over
-HTTP, and holds a CLI submit and a CLI eval at a proxy of its own until it sees intake closed:
+HTTP, and holds a CLI submit and a CLI eval at a proxy of its own until it sees intake closed; it
+holds every ephemeral port of `main` too, over connections opened before (so `main` can open no new
+TCP connection, which is how an outside attacker kept the hook's `curl` from closing intake):
 intake closes with the task's hook in `main`, every later attempt is refused with `intake_closed`
 (the CLI with each kind's exit code), and nothing it sends after that is in the sealed session.
 Holding the CLI calls makes the proof independent of load: after the close each costs a round trip,
@@ -21,6 +23,7 @@ not a CLI start, before Harbor stops `main`.
 
 from __future__ import annotations
 
+import errno
 from datetime import datetime
 from pathlib import Path
 
@@ -89,6 +92,13 @@ def test_hostile_agent_gets_nothing_it_should_not(tmp_path: Path) -> None:
     # Late intake: the agent's end, then what the process it left got for each attempt.
     agent_end = datetime.fromisoformat(run.result["agent_execution"]["finished_at"]).timestamp()
     attempts = _late_attempts(run.trial_dir)
+    # It held every ephemeral port of main before the agent ended: no new TCP connection could leave
+    # main (the close hook's old way). The hook closes intake over the sidecar's Unix socket instead.
+    (probe,) = [a for a in attempts if a["via"] == "probe"]
+    assert probe["exit"] == errno.EADDRNOTAVAIL, probe["message"]
+    attempts = [a for a in attempts if a["via"] != "probe"]
+    trial_log = (run.trial_dir / "trial.log").read_text()
+    assert "Collect hook in service 'main' completed" in trial_log, trial_log
     refused = [a for a in attempts if a["code"] == "intake_closed"]
     assert refused, attempts  # intake closed while main still ran
     closed_seen = min(a["answered"] for a in refused)  # the first answer that said intake was closed

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -134,6 +135,9 @@ def test_serve_and_seal_commands(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    intake_socket = tmp_path / "intake" / "close.sock"
+    intake_socket.parent.mkdir()
+    intake_socket.write_text("left by an earlier process")  # replaced, not a reason to fail
     serve = subprocess.Popen(
         [
             VERO,
@@ -162,6 +166,8 @@ def test_serve_and_seal_commands(tmp_path):
             "nobody",
             "--seal-root",
             str(tmp_path),
+            "--intake-socket",
+            str(intake_socket),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -183,6 +189,17 @@ def test_serve_and_seal_commands(tmp_path):
         assert status["entrance_open"] is True
         # nested runs would execute as `nobody`, whose jobs dir is outside the root-only state dir
         assert (harness.work_dir / "jobs").stat().st_uid == 65534
+
+        # The intake socket (main's hook): only its owner may connect, and it serves the close alone.
+        assert stat.S_IMODE(intake_socket.parent.stat().st_mode) == 0o700
+        assert stat.S_ISSOCK(intake_socket.stat().st_mode) and stat.S_IMODE(intake_socket.stat().st_mode) == 0o600
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(intake_socket)), timeout=10) as hook:
+            assert hook.get("http://intake/status").status_code == 404
+            assert hook.post("http://intake/submissions", json={}).status_code == 404
+            closed = hook.post("http://intake/intake/close")
+        assert closed.status_code == 200 and closed.json()["reason"] == "agent_ended", closed.text
+        late = httpx.post(url + "/submissions", json={}, timeout=10, trust_env=False)
+        assert late.status_code == 409 and late.json()["code"] == "intake_closed", late.text
 
         out = tmp_path / "export"
         sealed = subprocess.run(

@@ -74,6 +74,14 @@ def serve_command(
     seal_root: Annotated[
         Path, typer.Option("--seal-root", help="`POST /admin/seal` writes its archive only below this directory.")
     ] = Path(str(CONTAINER_PATHS.export.parent)),
+    intake_socket: Annotated[
+        Path | None,
+        typer.Option(
+            "--intake-socket",
+            help="Also serve `POST /intake/close` on this Unix socket (root-only; the compiled task's "
+            f"hook in main closes intake there: {CONTAINER_PATHS.intake_socket}).",
+        ),
+    ] = None,
 ) -> None:
     """Run the evaluation sidecar (FastAPI on uvicorn; OpenAPI at /openapi.json) until stopped.
 
@@ -94,6 +102,7 @@ def serve_command(
             baseline_dir=baseline_dir,
             work_dir=work_dir or DEFAULT_WORK_DIR,
             seal_root=seal_root,
+            intake_socket=intake_socket,
         )
         serve(
             config,

@@ -615,6 +615,8 @@ def _render_files(
         target_python=getattr(spec.target, "python", None),
         interpreters_dir="/opt/vero/python",
         state_dir=str(paths.state),
+        intake_socket=str(paths.intake_socket),
+        intake_dir=str(paths.intake_socket.parent),
         runner_user=RUNNER_USER,
         wheel=wheel_filename,
         secrets=secrets,
@@ -649,7 +651,11 @@ def _render_files(
             healthcheck_command=f"curl -fsS {sidecar_url}/health",
             # Harbor runs main's hooks right after the agent ends, before it stops main
             # (`vero.sidecar.intake`): the earliest point vero can close intake.
-            close_intake_command=f"curl -fsS -X POST --max-time 20 {sidecar_url}/intake/close",
+            # Over the sidecar's Unix socket (`vero.sidecar.intake_socket`; curl takes the URL's
+            # host for the Host header only): no TCP connection from main, which the agent's
+            # leftovers could deny by holding every ephemeral port.
+            close_intake_command="curl -fsS -X POST --max-time 20 "
+            f"--unix-socket {paths.intake_socket} http://intake/intake/close",
             declare_mcp=support.mcp,
         ),
     )

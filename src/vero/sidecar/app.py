@@ -37,6 +37,7 @@ from vero import __version__
 from vero.harbor.process import RUNNER_USER, runner_identity
 from vero.sidecar.agent_inference import AGENT_INFERENCE_PATH, AgentInferenceMount
 from vero.sidecar.errors import PROBLEM_RESPONSES, install_error_handlers, problem_response
+from vero.sidecar.intake_socket import IntakeSocketGuard, bind_intake_socket
 from vero.sidecar.mcp import MCP_PATH, SidecarMCP
 from vero.sidecar.paths import SidecarPaths
 from vero.sidecar.routes import ROUTERS
@@ -310,6 +311,26 @@ def _bind(addresses: list[str] | None, port: int) -> list[socket.socket] | None:
     return sockets
 
 
+def _with_intake_socket(
+    config: uvicorn.Config, sockets: list[socket.socket] | None, intake_socket: Path | None
+) -> list[socket.socket] | None:
+    """The sockets to serve: the API's (None: uvicorn binds `host:port` itself) and the intake socket.
+
+    uvicorn serves either its own bind or the sockets it is given, so with an intake socket the
+    API's socket is bound here as uvicorn would (`Config.bind_socket`).
+    """
+    if intake_socket is None:
+        return sockets
+    from vero.errors import InfrastructureFailure
+
+    if sockets is None:
+        try:
+            sockets = [config.bind_socket()]
+        except SystemExit:  # uvicorn logs why and exits when the port cannot be bound
+            raise InfrastructureFailure(f"the sidecar could not listen on {config.host}:{config.port}") from None
+    return [*sockets, bind_intake_socket(intake_socket)]
+
+
 @dataclass(frozen=True)
 class CandidateGuards:
     """What `vero harbor serve` keeps from the `kind: agent` candidate hosts that run beside it in
@@ -398,21 +419,19 @@ def serve(
         backend.confine_candidates(NetworkFence(service=service_listeners(host, port, sockets)))
     service = SidecarService(config, paths, backend, run_as=runner_identity(runner_user))
     app = create_app(service, refuse_local_agent_calls=guards.refuse_local_agent_calls)
-    server = SidecarServer(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            lifespan="on",
-            proxy_headers=False,
-            server_header=False,
-            log_level="info",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
-        ),
-        app.state.service,
+    uvicorn_config = uvicorn.Config(
+        IntakeSocketGuard(app),
+        host=host,
+        port=port,
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+        log_level="info",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
+    server = SidecarServer(uvicorn_config, app.state.service)
     try:
-        server.run(sockets=sockets)
+        server.run(sockets=_with_intake_socket(uvicorn_config, sockets, paths.intake_socket))
     except SystemExit:
         # uvicorn exits (code 3, which would read as vero's "denied") when the lifespan startup
         # fails, whose cause is kept on the app, and when the port cannot be bound (it logs why).

@@ -37,6 +37,8 @@ class SidecarPaths:
         seal_root: sealing writes only below this directory (None: anywhere outside the sidecar's
             own directories).
         context_path_in_main: where `context_dir` appears in `main` (for `artifacts_path`).
+        intake_socket: the Unix socket `main`'s collect hook closes intake on
+            (`vero.sidecar.intake_socket`); None serves none (a sidecar outside the compiled task).
 
     The paths derived from them are properties and methods (`seal_path`, `checkouts_dir`,
     `slot_tree`, ...); strings given for a field are taken as paths.
@@ -50,9 +52,19 @@ class SidecarPaths:
     work_dir: Path = DEFAULT_WORK_DIR
     seal_root: Path | None = None
     context_path_in_main: PurePosixPath = CONTAINER_PATHS.context
+    intake_socket: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("state_dir", "agent_repo", "context_dir", "cases_dir", "baseline_dir", "work_dir", "seal_root"):
+        for name in (
+            "state_dir",
+            "agent_repo",
+            "context_dir",
+            "cases_dir",
+            "baseline_dir",
+            "work_dir",
+            "seal_root",
+            "intake_socket",
+        ):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))

@@ -95,6 +95,9 @@ class ContainerPaths:
     """The sidecar's durable state: ledger, jobs, candidate store, admin token (root only)."""
     export: PurePosixPath = PurePosixPath("/export/vero")
     """Where sealing writes `session.tar.gz` and `session.tar.gz.sha256`; collected as a task artifact."""
+    intake_socket: PurePosixPath = PurePosixPath("/run/vero/intake/close.sock")
+    """Where `main`'s collect hook closes intake: a Unix socket the sidecar serves, in a named volume
+    of its own mounted at its directory in both services (root-only there: `vero.sidecar.intake_socket`)."""
     # verifier outputs (Harbor conventions)
     reward: PurePosixPath = PurePosixPath("/logs/verifier/reward.json")
     artifacts: PurePosixPath = PurePosixPath("/logs/verifier/artifacts")

@@ -102,7 +102,9 @@ out status_remaining_runs "$(vero harbor status | python3 -c "$remaining")"
 # probe's tree) and holds one CLI submit and one CLI eval at a proxy of its own until it sees intake
 # closed, then lets both through: each kind's refusal and its exit code then cost one round trip
 # after the close, not a CLI start (Harbor stops main soon after its close hook; under load there
-# was room for one CLI start only). Every attempt is logged where Harbor collects main's artifacts.
+# was room for one CLI start only). Before the agent ends it takes every ephemeral port of main
+# (the outside attacker's way to make the close hook's TCP connection fail) and goes on over
+# connections it opened before. Every attempt is logged where Harbor collects main's artifacts.
 late=$(git commit-tree "$probe^{tree}" -p "$probe" -m "late: the probe's tree, submitted after the agent ended")
 out late_commit "$late"
 cat > /tmp/late.py <<'PY'
@@ -120,6 +122,9 @@ LATE_PY = r"""
 import http.client
 import json
 import os
+import queue
+import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -141,14 +146,91 @@ def log(what, t0, t1, code, text):
         f.write(line)
 
 
-def send(method, path, body=None):
+def connect():
     conn = http.client.HTTPConnection(SIDECAR.hostname, SIDECAR.port or 80, timeout=60)
+    conn.connect()
+    return conn
+
+
+# Connections opened before the ports are taken (below) and kept alive: no new one can be made after.
+pool = queue.Queue()
+for _ in range(5):
+    pool.put(connect())
+
+
+def send(method, path, body=None):
+    conn = pool.get()
     try:
         conn.request(method, path, body=body, headers={"content-type": "application/json"})
         answer = conn.getresponse()
         return answer.status, answer.getheader("content-type", "application/json"), answer.read()
     finally:
-        conn.close()
+        pool.put(conn)
+
+
+def keep_alive():
+    # Under uvicorn's keep-alive timeout (5 s) on every pooled connection (the queue rotates them).
+    while True:
+        for _ in range(pool.qsize() or 1):
+            try:
+                send("GET", "/health")
+            except OSError:
+                pass
+        time.sleep(0.5)
+
+
+PER_PROCESS = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+HELD = []
+
+
+def hold_ports(low, high):
+    # A child process binds a socket on each port of [low, high] it can and holds them (one process
+    # per share: main's open-file limit is below the number of ephemeral ports); returns how many.
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (PER_PROCESS, PER_PROCESS))
+        taken = []
+        for port in range(low, high + 1):
+            sock = socket.socket()
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                sock.close()
+                continue
+            taken.append(sock)
+        os.write(write, f"{len(taken)}\n".encode())
+        time.sleep(3600)
+        os._exit(0)
+    os.close(write)
+    return int(os.read(read, 64) or b"0")
+
+
+def take_ephemeral_ports():
+    # What the outside attacker did: a bound socket on every ephemeral port of main's network
+    # namespace, so nothing in main (root's hook included) can open a TCP connection. Logged with a
+    # probe connection, which must fail for the attack to be in effect.
+    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    share = PER_PROCESS - 64  # the files a child inherits, with room to spare
+    taken = sum(hold_ports(start, min(start + share - 1, high)) for start in range(low, high + 1, share))
+    # A port a connection of main already uses (to this proxy, say) cannot be bound, yet a new
+    # connection to the sidecar may share it: so open and keep connections to the sidecar until
+    # none can be made. The last attempt is the probe.
+    for _ in range(1000):
+        t0 = time.time()
+        try:
+            HELD.append(connect())
+            code, text = 0, "connected"
+        except OSError as exc:
+            code, text = exc.errno or -1, repr(exc)
+            break
+    log(
+        "probe/connect",
+        t0,
+        time.time(),
+        code,
+        f"{taken} of {high - low + 1} ports bound, {len(HELD)} more held by connections; {text}",
+    )
 
 
 class Hold(BaseHTTPRequestHandler):
@@ -192,6 +274,8 @@ for thread in clis:
     thread.start()
 for thread in clis:
     held.acquire()
+threading.Thread(target=keep_alive, daemon=True).start()
+take_ephemeral_ports()
 open("/tmp/late-ready", "w").close()
 end = time.time() + 600
 while time.time() < end:  # until Harbor stops main
