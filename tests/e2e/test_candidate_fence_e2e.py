@@ -28,7 +28,10 @@ What it must show:
    `/tmp`, `/var/tmp`, `/dev/shm`); every host is pid 1 of its own pid namespace and sees only its
    own processes, has only a loopback, cannot read `/workspace` or `/vero/context` (planted
    readable by anyone, as their volumes come), and holds no capability (CapEff, CapPrm, CapBnd,
-   CapAmb 0, `no_new_privs`).
+   CapAmb 0, `no_new_privs`);
+6. no host reads the kernel's live counters (`/proc/sys/kernel/pty/nr`, `fs/aio-nr`, `fs/file-nr`,
+   `/proc/loadavg`, `/proc/stat`, `/proc/meminfo`) or the sidecar's memory cgroup (its high-water
+   mark), which root in the container reads, and an ordinary Python program still runs there.
 """
 
 from __future__ import annotations
@@ -167,4 +170,11 @@ def test_candidate_host_reaches_only_its_gateway_in_the_compiled_sidecar(tmp_pat
         trusted = {"/workspace", "/vero/context", "/workspace/secret.txt", "/vero/context/secret.txt"}
         assert set(seen["readable"]) == set(result["hidden"]) == trusted, seen
         assert all(answer.startswith("refused") for answer in seen["readable"].values()), seen
+        # No global live counter of the kernel, no cgroup of the sidecar (root reads them: the
+        # control below); an ordinary Python program (CPU count, a process pool, a child) runs.
+        assert all(a == "read: " or a.startswith("refused") for a in seen["kernel"].values()), seen["kernel"]
+        assert seen["sys_dir"] == "listed: devices" and seen["python"].endswith(" [0, 1, 2, 3] 42"), seen
+    kernel = result["kernel"]
+    assert kernel["/proc/sys/kernel/pty/nr"].isdigit() and kernel["/proc/sys/fs/aio-nr"].isdigit(), kernel
+    assert any((kernel[p] or "").isdigit() for p in kernel if p.startswith("/sys/fs/cgroup/")), kernel
     assert len({first["uid"], concurrent["uid"], later["uid"]}) == 3

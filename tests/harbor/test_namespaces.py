@@ -88,6 +88,17 @@ def test_hosts_share_nothing_through_the_kernel_and_hold_no_capability(place):
             assert not [n for n in seen["listings"][place_name] or [] if marker in n], (place_name, seen)
         assert seen["sysv"] == [[], [], []] and seen["shm_key"] == -1 and seen["mqueue"] == -1, seen
         assert seen["unix_names"] == [] and seen["abstract_connect"] == "ConnectionRefusedError", seen
+    # The kernel's live counters and the container's memory high-water mark, readable here (the
+    # control), are not readable in any host; an ordinary Python program still runs there.
+    outside = {path: _read_outside(path) for path in written["kernel"]}
+    assert outside["/proc/sys/kernel/pty/nr"].strip().isdigit(), outside
+    assert any(outside[p].strip().isdigit() for p in [p for p in outside if p.startswith("/sys/fs/cgroup/")]), outside
+    for seen in (written, during, after):
+        assert {path: answer for path, answer in seen["kernel"].items() if answer != "read: "} == {
+            path: answer for path, answer in seen["kernel"].items() if answer.startswith("refused")
+        }, seen["kernel"]
+        assert seen["sys_dir"] == "listed: devices", seen  # only the CPU count files are left
+        assert seen["python"] == f"{os.cpu_count()} [0, 1, 2, 3] 42", seen
     for seen in (written, during, after):
         # Its own pid namespace: pid 1, only its own processes; no capability; no trusted file.
         assert seen["pid"] == 1 and seen["foreign_pids"] == [], seen
@@ -96,6 +107,13 @@ def test_hosts_share_nothing_through_the_kernel_and_hold_no_capability(place):
         assert status["NoNewPrivs"] == "1", status
         assert seen["readable"][str(trusted)].startswith("refused"), seen
         assert seen["hostname"] == "vero-candidate" and seen["interfaces"] == ["lo"], seen
+
+
+def _read_outside(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        return f"refused: {type(exc).__name__}"
 
 
 def test_what_a_host_reads_leaves_no_access_time(place):

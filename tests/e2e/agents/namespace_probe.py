@@ -18,6 +18,17 @@ import time
 
 IPC_CREAT, IPC_PRIVATE_KEY = 0o1000, 0x7E5A
 PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+KERNEL_STATE = (
+    "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",  # cgroup v1: the container's high-water mark
+    "/sys/fs/cgroup/memory.peak",  # cgroup v2's
+    "/proc/sys/kernel/pty/nr",
+    "/proc/sys/fs/aio-nr",
+    "/proc/sys/fs/file-nr",
+    "/proc/loadavg",
+    "/proc/stat",
+    "/proc/meminfo",
+)
+"""Global live counters a host must not read (`vero.harbor.boundary.nsinit.MASKED_DIRS`, `MASKED_FILES`)."""
 
 
 def _status() -> dict:
@@ -51,7 +62,28 @@ def view(marker: str, hidden: list[str]) -> dict:
         "abstract_connect": abstract_connect,
         "readable": {path: _readable(path) for path in hidden},
         "interfaces": sorted(name for _, name in socket.if_nameindex()),
+        "kernel": {path: _readable(path) for path in KERNEL_STATE},
+        "sys_dir": _readable("/sys"),
+        "python": _python_runs(),
     }
+
+
+PYTHON_PROGRAM = """
+import multiprocessing, os, subprocess, sys
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    squares = pool.map(abs, range(0, -4, -1))
+child = subprocess.run([sys.executable, "-I", "-c", "print(6 * 7)"], capture_output=True, text=True)
+print(os.cpu_count(), squares, child.stdout.strip())
+"""
+"""An ordinary Python program: counts CPUs, runs a process pool (its semaphores in `/dev/shm`) and
+a subprocess. Its own interpreter (one thread), so the pool's fork is safe in any caller."""
+
+
+def _python_runs() -> str:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-I", "-c", PYTHON_PROGRAM], capture_output=True, text=True, timeout=60)
+    return (done.stdout or done.stderr).strip()
 
 
 def _owner(pid: int) -> int | None:

@@ -147,6 +147,17 @@ def _real_places(marker: str) -> dict:
     return {p: [n for n in os.listdir(p) if marker in n] for p in ("/tmp", "/var/tmp", "/dev/shm")}
 
 
+def _kernel_state() -> dict:
+    """Global counters hosts must not read, as root in the container reads them (the control)."""
+    paths = (
+        "/proc/sys/kernel/pty/nr",
+        "/proc/sys/fs/aio-nr",
+        "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",
+        "/sys/fs/cgroup/memory.peak",
+    )
+    return {path: Path(path).read_text().strip() if os.path.isfile(path) else None for path in paths}
+
+
 async def fenced(targets: dict) -> dict:
     hidden = targets["hidden"] = _plant_trusted()
     listeners = [_root_listener("127.0.0.1", targets["loopback"]), _root_listener("0.0.0.0", targets["api"])]
@@ -185,6 +196,7 @@ async def fenced(targets: dict) -> dict:
                 seen["concurrent"] = await _look(launcher, marker)
                 seen["first_alive"] = host.process.returncode is None
                 seen["real"] = _real_places(marker)
+                seen["kernel"] = _kernel_state()
 
             await asyncio.wait_for(_run_candidate(pipe, host.stderr_path, f"leave:{marker}", listening), timeout=240)
             tail = await host.finish(grace_sec=5)

@@ -23,8 +23,13 @@ namespaces, before any candidate code) then:
    re-resolving the name; mount(2) itself, not a `mount` process per mount);
 2. mounts a fresh `mqueue` of the new IPC namespace on `/dev/mqueue`; `/proc` is the new pid
    namespace's (the host sees only its own processes, its own `/proc/sysvipc`, its own
-   `/proc/net/unix`); then every mount the host can reach is remounted `noatime`, its other flags
-   kept (what a host reads must not move an access time a later host can `stat`);
+   `/proc/net/unix`); masks the kernel's global live state, which no namespace copies
+   (`nsinit.MASKED_DIRS`: `/sys`, with the sidecar's cgroups and their memory high-water mark,
+   `/proc/sys`, with `kernel/pty/nr` and `fs/aio-nr`, `/proc/pressure` under an empty read-only
+   tmpfs, the CPU count files of `/sys` bound back; `nsinit.MASKED_FILES`: `/dev/null` over
+   `/proc/stat`, `loadavg`, `meminfo` and the like); then every mount the host can reach is
+   remounted `noatime`, its other flags kept (what a host reads must not move an access time a
+   later host can `stat`);
 3. sets the hostname, brings up the loopback of the new network namespace (nothing else is in it)
    and starts the host's end of its gateway relay (`vero.harbor.boundary.relay`, as the host's uid);
 4. execs `setpriv` (util-linux) to the host's uid and gid, no supplementary groups, an empty

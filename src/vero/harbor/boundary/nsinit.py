@@ -22,6 +22,31 @@ from collections.abc import Iterable, Mapping, Sequence
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 """Directories any uid may write: each host gets an empty tmpfs of its own on each that exists."""
 
+MASKED_DIRS = ("/sys", "/proc/sys", "/proc/pressure")
+"""Covered by an empty read-only tmpfs in every host: the kernel's and the container's global,
+live state that no namespace gives a host its own copy of. `/sys` holds the sidecar's cgroups
+(`memory.max_usage_in_bytes`, `memory.peak`: a high-water mark that outlives the host that raised
+it), block, network and CPU-idle counters; `/proc/sys` the kernel's live counters
+(`kernel/pty/nr`, `fs/aio-nr`, `fs/file-nr`, `fs/inode-nr`, `fs/dentry-state`) beside its
+settings; `/proc/pressure` the machine's stall times."""
+
+MASKED_FILES = (
+    "/proc/stat", "/proc/loadavg", "/proc/meminfo", "/proc/vmstat", "/proc/uptime", "/proc/diskstats",
+    "/proc/interrupts", "/proc/softirqs", "/proc/schedstat", "/proc/buddyinfo", "/proc/zoneinfo",
+    "/proc/pagetypeinfo", "/proc/locks", "/proc/key-users", "/proc/swaps", "/proc/sched_debug",
+    "/proc/timer_list",
+)  # fmt: skip
+"""Global counters of the machine in `/proc`, each replaced by `/dev/null` (reads are empty): fork
+and context-switch counts, run queue, free, cached and dirty memory, idle time, disk and interrupt
+counts, file locks, key quotas. (`/proc/cpuinfo` stays: libraries read CPU features there.)"""
+
+KEPT_SYS_FILES = (
+    "/sys/devices/system/cpu/online",
+    "/sys/devices/system/cpu/possible",
+    "/sys/devices/system/cpu/present",
+)
+"""Static files of `/sys` bound back under its cover: glibc counts CPUs there (`os.cpu_count()`)."""
+
 HOSTNAME = "vero-candidate"
 FAILED = 125
 """Exit status when the host's namespaces could not be made."""
@@ -82,6 +107,37 @@ def _bind_back(kept: Mapping[str, int]) -> None:
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
             raise OSError(f"{path} is not the kept dir after binding it")
+
+
+def _mask_kernel_state() -> None:
+    """Cover `MASKED_DIRS` and `MASKED_FILES` (those that exist), keeping `KEPT_SYS_FILES`.
+
+    Raises:
+        OSError: a mount was refused.
+    """
+    kept = {}
+    for path in KEPT_SYS_FILES:
+        try:
+            kept[path] = os.open(path, os.O_PATH)
+        except OSError:
+            continue  # not on this kernel: nothing to keep
+    covered = [path for path in MASKED_DIRS if _is_real_dir(path)]
+    try:
+        for path in covered:
+            _mount("vero-masked", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0755")
+        for path, fd in kept.items():
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            with open(path, "x"):
+                pass
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
+    finally:
+        for fd in kept.values():
+            os.close(fd)
+    for path in covered:  # the cover's own superblock, made read-only once the kept files are in
+        _mount("none", path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for path in MASKED_FILES:
+        if os.path.isfile(path) and not os.path.islink(path):
+            _mount("/dev/null", path, None, _MS_BIND)
 
 
 def _unescape(field: str) -> str:
@@ -178,6 +234,7 @@ def confine(spec: Mapping) -> list[str]:
     os.chdir(spec["keep"][0])  # the scratch dir as bound, not the covered one
     if _is_real_dir("/dev/mqueue"):
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mask_kernel_state()
     _no_atime_everywhere()
     socket.sethostname(HOSTNAME)
     try:
