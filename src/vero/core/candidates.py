@@ -852,7 +852,7 @@ class CandidateStore:
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
-            self._settle(work_tree, index_file)
+            self._settle(work_tree, index_file, whole=previous is None)
         except BaseException:
             index_file.unlink(missing_ok=True)
             raise
@@ -895,11 +895,11 @@ class CandidateStore:
             [*_WORKTREE_GIT, "read-tree", "--reset", "-u", "--end-of-options", tree]
         )
 
-    def _settle(self, work_tree: Path, index_file: Path) -> None:
+    def _settle(self, work_tree: Path, index_file: Path, *, whole: bool) -> None:
         """After `_read_tree` into a persistent work tree: remove what the tree does not track
         (untracked and ignored files and directories, nested repositories too), stamp every entry
-        `CHECKOUT_MTIME`, and record the restamped files' stat in the index (`update-index
-        -z --stdin` with their paths rehashes only those), or the next update would rewrite them all.
+        `CHECKOUT_MTIME`, and record the restamped files' stat in the index (rehashing only those),
+        or the next update would rewrite them all. `whole`: the work tree was written whole.
 
         Raises:
             GitFailed: git failed, or a file no longer holds what the index says.
@@ -907,7 +907,10 @@ class CandidateStore:
         worktree_git = self._worktree_git(work_tree, index_file)
         worktree_git.execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
         restamped = stamp_checkout(work_tree)
-        if restamped:  # their entries only: a whole `--refresh` lstats every entry of the index
+        if whole:  # all restamped: one `--refresh` (with `--stdin` of every path, warming 4 slots of
+            # 50,000 files took 65 s of CPU, against 20 s before stamping)
+            worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
+        elif restamped:  # what the update wrote: only their entries (`--refresh` lstats every entry)
             paths = b"".join(path + b"\0" for path in restamped)
             worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
 
