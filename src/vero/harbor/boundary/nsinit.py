@@ -200,11 +200,12 @@ def _drop(spec: Mapping) -> list[str]:
     ]  # fmt: skip
 
 
-def _start_relay(spec: Mapping, drop: Sequence[str]) -> None:
+def _start_relay(spec: Mapping, drop: Sequence[str], source: str) -> None:
     """The host's end of its gateway relay, as its uid; returns once it listens (it writes a byte to
-    the pipe it is given), so the host's first call finds it."""
+    the pipe it is given), so the host's first call finds it. `source` is relay.py's text, read
+    before the host's view was made: vero may be installed where that view covers (e.g. under /tmp)."""
     ready, ready_w = os.pipe()
-    relay = [spec["python"], "-I", "-S", spec["relay"], "in", spec["relay_dir"], f"--ready-fd={ready_w}"]
+    relay = [spec["python"], "-I", "-S", "-c", source, "in", spec["relay_dir"], f"--ready-fd={ready_w}"]
     subprocess.Popen(
         [*drop, *relay, *(str(p) for p in spec["ports"])],
         stdin=subprocess.DEVNULL,
@@ -226,6 +227,10 @@ def confine(spec: Mapping) -> list[str]:
     """
     if os.getpid() != 1:
         raise OSError("not the first process of a new pid namespace")
+    relay_source = ""
+    if spec.get("relay_dir"):
+        with open(spec["relay"], encoding="utf-8") as relay:
+            relay_source = relay.read()
     kept = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in spec["keep"]}
     _cover(PRIVATE_DIRS, spec["hide"])
     _bind_back(kept)
@@ -244,7 +249,7 @@ def confine(spec: Mapping) -> list[str]:
         raise OSError(exc.errno, message) from exc
     drop = _drop(spec)
     if spec.get("relay_dir"):
-        _start_relay(spec, drop)
+        _start_relay(spec, drop, relay_source)
     return [*drop, *spec["argv"]]
 
 
