@@ -190,6 +190,7 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,  # no gateway here: no money to show
         }
         assert blind_done["result"] == {
             "disclosure": "none",
@@ -201,6 +202,7 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,  # no gateway here: no money to show
         }
         # the status listing discloses the same
         listed = {j["id"]: j for j in client.get("/status").json()["jobs"]}
@@ -220,6 +222,7 @@ def test_aggregate_and_none_tiers_disclose_less(harness):
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,  # no gateway here: no money to show
         }
     assert not (harness.context_dir / val["id"]).exists() and not (harness.context_dir / blind["id"]).exists()
 

@@ -168,6 +168,7 @@ class EchoAgent(BaseAgent):
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,
         }
         assert budget(client, "train")["remaining_runs"] == 1
     assert not (harness.context_dir / job["id"]).exists()

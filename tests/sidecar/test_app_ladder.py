@@ -71,6 +71,7 @@ def test_a_sequence_discloses_only_rounded_improvements_and_survives_a_restart(t
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,
         }
         assert answer(evaluate(harness, client, 0.52)) == (0.5, False)  # +0.0163: the previous best again
         assert answer(evaluate(harness, client, 0.5612)) == (0.56, True)
@@ -138,6 +139,7 @@ def test_minimize_and_infrastructure_failures(tmp_path):
             "cases": None,
             "artifacts_path": None,
             "inference": None,
+            "inference_usd": None,
         }
         harness.backend.unmeasured = set()
         assert answer(evaluate(harness, client, 8.5)) == (9.0, False)
