@@ -362,9 +362,11 @@ def test_puzzle_reference_recognizes_every_kind_and_the_baseline_only_some(tmp_p
 
 
 CHECKED_EXAMPLES = ("minimal", *EXAMPLES, "llm-puzzle-agent")
-PROBED_EXAMPLES = ("minimal", "c-matmul", "puzzle-agent")
-"""Their checks run with `--probe` too: the program examples under the probe agent, `puzzle-agent`
-with the planted candidate agent (`vero.harbor.agent_probe`)."""
+PROBED_EXAMPLES = ("minimal", "puzzle-agent")
+"""Their checks run with `--probe` too: the program example under the probe agent, `puzzle-agent`
+with the planted candidate agent (`vero.harbor.agent_probe`). Not c-matmul: its check runs every
+case at full size (its table is the shipped calibration), the fixture's longest part, and a probe
+would run each of its ten cases a third time; the probe agent's program path is `minimal`'s."""
 ROOT_AGENT_CASE = "count-lines-1"
 """The case of the `puzzle-agent-root` check: a copy of `tasks/puzzle-agent` where this case leaves
 `[agent].user` unset (Harbor's default: root, its image setting no user)."""
