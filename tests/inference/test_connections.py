@@ -6,6 +6,7 @@ admitted connections keep working, and another server on the same event loop kee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import httpx
@@ -91,3 +92,27 @@ def test_the_total_cap_is_a_share_of_the_descriptor_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert ConnectionCaps().total_cap() == max(64, soft // 4)
     assert ConnectionCaps(total=10).total_cap() == 10
+
+
+def test_the_netlink_check_gives_no_verdict_while_descriptors_are_out():
+    """A process out of descriptors (a candidate may hold them) cannot run the one-time check that
+    netlink answers here; that must not be taken as "netlink refused", which would send every later
+    caller lookup to the tables (a scan needing a descriptor each) for good."""
+    import resource
+
+    from vero.inference.callers import _SockDiag
+
+    diag = _SockDiag()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1, hard))
+        with contextlib.suppress(OSError):
+            while True:  # fill the holes below the limit: the next socket has no number left
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+        assert diag.works() is False and diag.checked is None
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert diag.works() is True and diag.checked is True

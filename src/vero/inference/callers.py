@@ -98,7 +98,11 @@ class _SockDiag:
                 ):
                     found = self.find(client.getsockname(), server.getsockname())
                     self.checked = found.local and found.uid is not None
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of descriptors now (a candidate may hold them): no verdict on netlink;
+                    # cached, it would send every later lookup to the tables for good.
+                    return False
                 self.checked = False
         return self.checked
 
