@@ -3,11 +3,11 @@
 Run from the repository root: `uv run python benchmarks/cli.py` (about a minute here). In
 alternating rounds it runs, each as a fresh process of this venv's interpreter with output into
 /dev/null (a pipe, as an agent's tool call has it): `python -c pass`, the `vero` console script
-with `--help`, `harbor --help`, `harbor status --help`, `harbor eval --help`, `harbor build --help`
-and `report --help`; with `--baseline-src DIR` (e.g. a main checkout's `src`) the same calls with
-vero imported from there, in the same rounds. It prints medians of CPU (user + system) and wall
-milliseconds and each call's CPU over `python -c pass`'s. No assertion: docs/benchmarks.md records
-the figures (the goal is at most 3x).
+with `--help`, `harbor --help` and every command's `--help` (`harbor build --help`, ...,
+`harbor status --help`, ..., `report --help`); with `--baseline-src DIR` (e.g. a main checkout's
+`src`) the same calls with vero imported from there, in the same rounds. It prints medians of CPU
+(user + system) and wall milliseconds and each call's CPU over `python -c pass`'s. No assertion:
+docs/benchmarks.md records the figures (the goal is at most 3x).
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.growth import _cpu_ms
+from vero.commands.registry import COMMANDS
 
 CALLS = (
     ("--help",),
     ("harbor", "--help"),
-    ("harbor", "status", "--help"),
-    ("harbor", "eval", "--help"),
-    ("harbor", "build", "--help"),
-    ("report", "--help"),
+    *(((e.group, e.name, "--help") if e.group else (e.name, "--help")) for e in COMMANDS),
 )
 
 

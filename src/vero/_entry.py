@@ -3,9 +3,10 @@ everything else via typer.
 
 `vero harbor status|eval|result|submit|evaluations` run on every tool call of a coding agent, so they
 go straight to `vero.agent_cli` (standard library only) before the typer application, its command
-modules, pydantic or httpx are imported. `vero --help` and `vero harbor --help` into a pipe are
-printed by `vero.commands.group_help` (typer's page, without typer). Every other call is `vero.cli`,
-which imports only the command it runs.
+modules, pydantic or httpx are imported. `vero --help`, `vero harbor --help`, a group without a
+command and the other commands' `--help` into a pipe are printed by `vero.commands.group_help`
+(typer's page, without typer). Every other call is `vero.cli`, which imports only the command it
+runs.
 """
 
 from __future__ import annotations
@@ -14,21 +15,20 @@ import sys
 
 __all__ = ["main"]
 
-_GROUP_HELP = {("--help",): (), ("harbor", "--help"): ("harbor",)}
-"""The calls printing a group's help: argv -> the group's path."""
-
 
 def main() -> None:
     """Console-script entry point."""
     argv = sys.argv[1:]
-    group = _GROUP_HELP.get(tuple(argv))
-    if group is not None:
-        from vero.commands.group_help import group_help
+    if len(argv) < 2 or argv[-1] == "--help":  # a help page, maybe one typer need not print
+        from vero.commands.group_help import static_help
 
-        page = group_help(group)
-        if page is not None:
+        answer = static_help(argv)
+        if answer is not None:
+            page, code = answer
             sys.stdout.write(page)
             sys.stdout.flush()
+            if code:
+                sys.exit(code)
             return
     if len(argv) >= 2 and argv[0] == "harbor":
         from vero.agent_cli import AGENT_COMMANDS

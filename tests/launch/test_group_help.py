@@ -1,8 +1,9 @@
-"""`vero --help` and `vero harbor --help` without typer, and the typer application built per command.
+"""`vero --help`, `vero harbor --help` and the commands' `--help` without typer, and the typer
+application built per command.
 
 The pages `vero.commands.group_help` prints must be the ones typer prints (same commands, summaries,
-options and layout) wherever it prints them; a call of one command must behave as in the whole
-application.
+options and layout, exit codes) wherever it prints them; a call of one command must behave as in the
+whole application.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 
 from vero.agent_cli import HELP as AGENT_HELP
 from vero.cli import app, build_app
-from vero.commands.group_help import group_help
+from vero.commands.group_help import command_help, group_help, static_help, typer_command_pages
+from vero.commands.help_pages import PAGES, WIDTH
 from vero.commands.registry import COMMANDS
 
 pytestmark = pytest.mark.timeout(300)
@@ -83,3 +85,40 @@ def test_one_command_app_behaves_as_the_whole(entry) -> None:
         whole = CliRunner().invoke(app, [*path, *args], prog_name="vero", env={**PLAIN, "COLUMNS": "100"})
         single = CliRunner().invoke(alone, [*path, *args], prog_name="vero", env={**PLAIN, "COLUMNS": "100"})
         assert (single.exit_code, single.output) == (whole.exit_code, whole.output)
+
+
+def test_stored_command_pages_are_typers() -> None:
+    """Fails when a command's options or help changed without `python -m vero.commands.group_help --write`."""
+    typer_paths = {(e.group, e.name) if e.group else (e.name,) for e in COMMANDS if e.function is not None}
+    assert set(PAGES) == typer_paths
+    assert typer_command_pages(WIDTH) == PAGES
+
+
+@pytest.mark.parametrize("path", sorted(PAGES), ids=" ".join)
+def test_the_console_script_prints_typers_command_page(path: tuple[str, ...]) -> None:
+    widths = (WIDTH, 100) if path == ("harbor", "build") else (WIDTH,)  # a stored page, then typer's
+    for columns in widths:
+        done = run_vero(*path, "--help", env={} if columns == WIDTH else {"COLUMNS": str(columns)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == _typer_page(path, columns)
+
+
+@pytest.mark.parametrize("path", [(), ("harbor",)])
+def test_a_group_without_a_command_prints_typers_page(path: tuple[str, ...]) -> None:
+    typer = CliRunner().invoke(app, list(path), prog_name="vero", env={**PLAIN, "COLUMNS": "80"})
+    assert typer.exit_code == 2
+    done = run_vero(*path, env={"COLUMNS": "80"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, typer.output, "")
+    assert static_help(list(path), env={**PLAIN, "COLUMNS": "80"}, prog="vero") == (typer.output, 2)
+
+
+def test_typer_prints_other_command_pages() -> None:
+    """Another width, a terminal, another program name, an agent command: not a stored page."""
+    plain = {**PLAIN, "COLUMNS": str(WIDTH)}
+    assert command_help(("harbor", "build"), env=plain, prog="vero") == PAGES[("harbor", "build")]
+    assert command_help(("harbor", "build"), env={**plain, "COLUMNS": "81"}, prog="vero") is None
+    assert command_help(("harbor", "build"), env={**plain, "TTY_COMPATIBLE": "1"}, prog="vero") is None
+    assert command_help(("harbor", "build"), env=plain, prog="python -m vero._entry") is None
+    assert command_help(("harbor", "status"), env=plain, prog="vero") is None
+    assert static_help(["harbor", "build", "-c", "x.yaml"], env=plain, prog="vero") is None
+    assert static_help(["harbor", "nope", "--help"], env=plain, prog="vero") is None

@@ -1,4 +1,5 @@
-"""`vero --help` and `vero harbor --help` on the standard library, as typer prints them into a pipe.
+"""`vero --help`, `vero harbor --help` and each command's `--help` on the standard library, as typer
+prints them into a pipe.
 
 Typer renders a group's help with rich (usage, the help text, an Options and a Commands panel);
 importing typer, click and rich for it costs about 40 times `python -c pass`, and an agent's tool
@@ -9,6 +10,12 @@ and the caller runs typer, which also colours the page on a terminal.
 tests/launch/test_group_help.py compares both outputs at many widths.
 
 The layout follows typer 0.29's `rich_utils.rich_format_help` and rich's `divide_line` word wrap.
+
+A command's page (`vero harbor build --help`, ...) has too many shapes (option tables, wrapped
+docstrings, truncated cells) to lay out here: `vero.commands.help_pages` holds the pages typer
+prints at rich's default width of 80 for the console script, generated from the typer application
+(`python -m vero.commands.group_help --write`); tests/launch/test_group_help.py fails when they are
+not typer's. Another width, a terminal or another program name goes to typer.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from vero.commands.registry import APP_HELP, HARBOR_HELP, entries
 TYPE_CHECKING = False  # `typing` and `collections.abc` cost start-up time; only type checkers read these
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from pathlib import Path
 
-__all__ = ["group_help"]
+__all__ = ["command_help", "group_help", "static_help", "typer_command_pages"]
 
 _HELP_OPTION = ("--help", "<bool>", "Show this message and exit.")
 """The one option of both groups: typer's help option (name, its type column, its help)."""
@@ -153,3 +161,92 @@ def group_help(path: tuple[str, ...], env: Mapping[str, str] | None = None, prog
         commands.append(("harbor", HARBOR_HELP))
     usage = " ".join(["Usage:", prog or _program_name(), *path, "[OPTIONS] COMMAND [ARGS]..."])
     return _page(usage, HARBOR_HELP if path else APP_HELP, commands, _width(env))
+
+
+def command_help(path: tuple[str, ...], env: Mapping[str, str] | None = None, prog: str | None = None) -> str | None:
+    """The page `<prog> <path> --help` prints for a typer command (`path`: e.g. `("harbor", "build")`),
+    from `vero.commands.help_pages`, or None when typer must print it (another width or program
+    name than the stored pages', a terminal, an agent command or no command)."""
+    env = os.environ if env is None else env
+    if not _plain_stdout(env) or (prog or _program_name()) != "vero":
+        return None
+    from vero.commands.help_pages import PAGES, WIDTH
+
+    page = PAGES.get(path)
+    return page if page is not None and _width(env) == WIDTH else None
+
+
+def static_help(
+    argv: list[str], env: Mapping[str, str] | None = None, prog: str | None = None
+) -> tuple[str, int] | None:
+    """What a help call prints without typer: `(page, exit code)`, or None for typer to answer.
+
+    `argv` (the arguments after the program name): `--help` of a group or a typer command, or a
+    group without a command (`vero`, `vero harbor`: click prints the group's page without its
+    last newline and exits 2).
+    """
+    if argv in ([], ["harbor"]):
+        page = group_help(tuple(argv), env, prog)
+        return None if page is None else (page[:-1], 2)
+    if argv[-1:] != ["--help"]:
+        return None
+    path = tuple(argv[:-1])
+    page = group_help(path, env, prog) if path in ((), ("harbor",)) else command_help(path, env, prog)
+    return None if page is None else (page, 0)
+
+
+def typer_command_pages(width: int = 80) -> dict[tuple[str, ...], str]:
+    """Each typer command's `--help` page as typer prints it into a pipe `width` columns wide for
+    the console script `vero` (the agent commands' pages are `vero.agent_cli`'s): path -> page."""
+    from typer.testing import CliRunner
+
+    from vero.cli import app
+    from vero.commands.registry import COMMANDS
+
+    pages: dict[tuple[str, ...], str] = {}
+    for entry in COMMANDS:
+        if entry.function is None:
+            continue
+        path = (entry.group, entry.name) if entry.group else (entry.name,)
+        env = {"TTY_COMPATIBLE": "0", "COLUMNS": str(width)}
+        result = CliRunner().invoke(app, [*path, "--help"], prog_name="vero", env=env)
+        if result.exit_code != 0:
+            raise RuntimeError(f"vero {' '.join(path)} --help exited {result.exit_code}: {result.output}")
+        pages[path] = result.output
+    return pages
+
+
+def _write_pages(target: Path, width: int = 80) -> None:
+    """Write `vero.commands.help_pages` (`target`) from the typer application."""
+    import json
+
+    lines = [
+        '"""Each typer command\'s `--help` page, as typer prints it into a pipe 80 columns wide for `vero`.',
+        "",
+        "Generated from the typer application by `python -m vero.commands.group_help --write`; do not edit.",
+        "`vero.commands.group_help.command_help` prints them; tests/launch/test_group_help.py checks they",
+        "are typer's.",
+        '"""',
+        "",
+        f"WIDTH = {width}",
+        '"""The console width the pages were laid out for."""',
+        "",
+        "PAGES = {",
+    ]
+    for path, page in typer_command_pages(width).items():
+        lines.append(f"    {path!r}: (")
+        lines += [f"        {json.dumps(line, ensure_ascii=False)}" for line in page.splitlines(keepends=True)]
+        lines.append("    ),")
+    lines += ["}", '"""`vero <path> --help` -> its page."""', ""]
+    target.write_text("\n".join(lines), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    import subprocess
+    from pathlib import Path
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m vero.commands.group_help --write")
+    written = Path(__file__).with_name("help_pages.py")
+    _write_pages(written)
+    subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(written)], check=True)
