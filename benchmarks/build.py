@@ -7,6 +7,9 @@ alternating rounds it runs, each as a fresh process of this venv's interpreter:
   validates every case and the task against) and `python -c "import harbor.trial.trial"` (Harbor's
   trial, which check 3 of the case checks sets every case up with);
 - `vero harbor build` of each example under `tasks/` (a fresh output directory each round);
+- the case checks of each example's cases alone (`python -m vero.harbor.case_checks docker
+  tasks/<example>/cases <every case>`: checks 1-3 in a fresh process, as the nested-run backend runs
+  them), to show what the checks, mostly check 3's Harbor trial, cost of a build;
 - with `--baseline-src DIR` (e.g. `/work/main/src`), the same builds with vero imported from that
   checkout (`python -m vero._entry`), so a change is compared with its base in the same rounds.
 
@@ -82,6 +85,9 @@ def main() -> None:
             spec = str(ROOT / "tasks" / example / "build.yaml")
             build = ["harbor", "build", "--config", spec, "--force", "--output"]
             commands[f"build {example}"] = ([python, "-m", "vero._entry", *build, str(out / example)], env)
+            cases = ROOT / "tasks" / example / "cases"
+            checks = [python, "-m", "vero.harbor.case_checks", "docker", str(cases), *sorted(os.listdir(cases))]
+            commands[f"case checks {example}"] = (checks, env)
             if args.baseline_src is not None:
                 base_env = {**env, "PYTHONPATH": str(args.baseline_src.resolve())}
                 commands[f"build {example} (baseline)"] = (
