@@ -133,6 +133,69 @@ def test_concurrent_imports_of_one_commit_store_one_record(store, agent_repo):
     assert store.temporary_refs() == []
 
 
+def _imports_at_once(store, monkeypatch, requests, waiters):
+    """Import `requests` ((repo, version) pairs) from one thread each; the first transfer holds
+    until `waiters` imports wait for a running one (or 20 s: without sharing none ever does).
+    Returns (record or exception per request, the commit ids transferred)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vero.core import candidates
+
+    transferred, waiting = [], threading.Semaphore(0)
+    transfer, wait = CandidateStore._transfer, candidates._InFlight.wait
+
+    def counted_transfer(self, source, store_git, oid, bases):
+        transferred.append(oid)
+        if len(transferred) == 1:
+            for _ in range(waiters):
+                waiting.acquire(timeout=20)
+        return transfer(self, source, store_git, oid, bases)
+
+    def counted_wait(self, abort):
+        waiting.release()
+        return wait(self, abort)
+
+    monkeypatch.setattr(CandidateStore, "_transfer", counted_transfer)
+    monkeypatch.setattr(candidates._InFlight, "wait", counted_wait)
+
+    def one(request):
+        try:
+            return store.import_version_sync(*request)
+        except CandidateRejected as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(one, requests)), transferred
+
+
+def test_imports_of_one_commit_at_once_copy_and_check_it_once(store, agent_repo, monkeypatch):
+    results, transferred = _imports_at_once(
+        store, monkeypatch, [(agent_repo, "HEAD"), (agent_repo, "main"), (agent_repo, "v1"), (agent_repo, "HEAD")], 3
+    )
+    head = git(agent_repo, "rev-parse", "HEAD").strip()
+    assert transferred == [head]  # one copy and check serve all four admissions
+    assert all(isinstance(r, CandidateRecord) and r.id == head for r in results)
+    assert store.list() == [results[0]]
+
+
+def test_a_refused_commit_imported_at_once_is_refused_for_each_and_alone(store, agent_repo, monkeypatch):
+    bad = commit_files(agent_repo, {"escape": ("link", "../../etc/passwd")}, message="escape")
+    git(agent_repo, "checkout", "-q", "-b", "good", "HEAD~1")
+    good = commit_files(agent_repo, {"src/main.py": "print('good')\n"}, message="good")
+    chown_agent(agent_repo)
+    results, transferred = _imports_at_once(
+        store, monkeypatch, [(agent_repo, bad), (agent_repo, bad), (agent_repo, bad), (agent_repo, good)], 2
+    )
+    assert transferred.count(bad) == 1 and transferred.count(good) == 1
+    for refused in results[:3]:
+        assert isinstance(refused, CandidateRejected) and "points outside the tree" in str(refused)
+    assert len({id(r) for r in results[:3]}) == 3  # each admission raises its own copy
+    assert isinstance(results[3], CandidateRecord) and results[3].id == good
+    assert store.get(good).tree == git(agent_repo, "rev-parse", f"{good}^{{tree}}").strip()
+    assert [r.id for r in store.list()] == [good] and not store.contains(bad)
+
+
 def test_subject_is_first_line_without_control_characters(store, tmp_path):
     repo = tmp_path / "repo"
     commit_files(repo, {"f": "x\n"}, message="\x1b[31mred\x07 " + "s" * 300 + "\nsecond line")
@@ -424,7 +487,7 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     assert CandidateStore.indexed_tree(index) == store.get(first).tree
     inodes = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir()}
     update = store.update_worktree(second, work, index)
-    assert sorted(update.changed) == ["gone.txt", "new/file.txt", "pkg/m7.py"]
+    assert sorted(update.changed) == ["new/file.txt", "pkg/m7.py"]  # written (gone.txt was deleted)
     assert (work / "pkg" / "m7.py").read_text() == "v = 'changed'\n" and (work / "new" / "file.txt").exists()
     assert not (work / "gone.txt").exists() and not (work / ".git").exists()
     unchanged = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir() if p.name != "m7.py"}
@@ -433,7 +496,8 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     # a file changed behind the index's back is restored; a lost index starts over from scratch
     (work / "pkg" / "m3.py").write_text("tampered, longer than before\n")
     (work / "stray.txt").write_text("left by someone\n")
-    store.update_worktree(first, work, index)
+    update = store.update_worktree(first, work, index)
+    assert sorted(update.changed) == ["gone.txt", "pkg/m3.py", "pkg/m7.py"]  # the restored one too
     assert (work / "pkg" / "m3.py").read_text() == "v = 3\n" and (work / "gone.txt").exists()
     index.unlink()
     update = store.update_worktree(second, work, index)

@@ -160,8 +160,8 @@ class WorktreeUpdate:
     path: Path
     """The work tree."""
     changed: tuple[str, ...] | None
-    """Tree-relative paths added, changed or deleted since the previous update; None when the
-    whole tree was written."""
+    """Tree-relative paths of the files and symlinks the update wrote (those that differ from the
+    previous update's tree, or that were changed since); None when the whole tree was written."""
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,9 @@ class CandidateStore:
         # Imports share the object store; a repack takes it alone.
         self._objects = _SharedExclusive()
         self._imports_since_repack = 0
+        self._in_flight_lock = threading.Lock()
+        self._in_flight: dict[tuple[Path, str], _InFlight] = {}
+        """(agent Git directory, commit id) imports running now (`_claim`)."""
 
     @classmethod
     def open(
@@ -431,14 +434,48 @@ class CandidateStore:
         oid = oid.strip()
         if not _OID.fullmatch(oid):
             raise CandidateRejected("the repository does not use SHA-1 object ids")
-        existing = self._existing(self._store_git(safe), oid)
-        if existing is not None:  # a candidate evaluated again: nothing to fetch or measure
-            return existing
+        claimed = self._claim(self._store_git(safe), (source_git_dir, oid), abort)
+        if isinstance(claimed, CandidateRecord):  # a candidate evaluated again: nothing to fetch or measure
+            return claimed
+        refused: CandidateRejected | None = None
         try:
-            history = _first_parent_history(agent, oid)
-        except GitFailed:
-            raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
-        return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, history))
+            try:
+                history = _first_parent_history(agent, oid)
+            except GitFailed:
+                raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
+            return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, history))
+        except CandidateRejected as exc:
+            refused = exc
+            raise
+        finally:
+            with self._in_flight_lock:
+                del self._in_flight[source_git_dir, oid]
+            claimed.end(refused)
+
+    def _claim(
+        self, store: IsolatedGit, key: tuple[Path, str], abort: threading.Event | None
+    ) -> CandidateRecord | _InFlight:
+        """The candidate `key[1]` if it is in the store, else this thread's claim to import it from
+        the repository `key[0]` (end it with `_InFlight.end` and drop it from `_in_flight`).
+
+        While another thread imports the same commit from the same repository (evaluations of one
+        commit posted at once), waits for it: its result serves this import too, instead of a
+        second copy and check of the same objects.
+
+        Raises:
+            CandidateRejected: that import refused the commit (a copy of its refusal).
+            _Aborted: `abort` was set while waiting.
+        """
+        while True:
+            existing = self._existing(store, key[1])
+            if existing is not None:
+                return existing
+            with self._in_flight_lock:
+                running = self._in_flight.get(key)
+                if running is None:
+                    running = self._in_flight[key] = _InFlight()
+                    return running
+            running.wait(abort)  # then look again: published, or failed otherwise (import it here)
 
     def _known_bases(self, history: list[tuple[str, str]], oid: str) -> list[str]:
         """Candidates among `oid`'s nearest first-parent ancestors in the agent's repository (at most
@@ -852,18 +889,14 @@ class CandidateStore:
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
-            self._settle(work_tree, index_file, whole=previous is None)
+            written = self._settle(work_tree, index_file, whole=previous is None)
         except BaseException:
             index_file.unlink(missing_ok=True)
             raise
-        changed: tuple[str, ...] | None = None
-        if previous == tree:
-            changed = ()  # the same tree again: read-tree restored what differed, nothing changed
-        elif previous is not None:
-            names = store.diff_tree(
-                "-r", "-z", "--name-only", "--no-renames", "--end-of-options", previous, tree, stdout_as_string=False
-            )
-            changed = tuple(name.decode("utf-8", errors="surrogateescape") for name in names.split(b"\0") if name)
+        # What git wrote is what the restamp found newer than `CHECKOUT_MTIME` (every entry was at
+        # it before): the files that differ from the previous tree, and any a build had changed.
+        # (A `diff-tree` of the two trees said the same, less the latter, with one more process.)
+        changed = None if previous is None else tuple(os.fsdecode(path) for path in written)
         atomic_write_bytes(marker, tree.encode("ascii") + b"\n")
         return WorktreeUpdate(path=work_tree, changed=changed)
 
@@ -895,11 +928,14 @@ class CandidateStore:
             [*_WORKTREE_GIT, "read-tree", "--reset", "-u", "--end-of-options", tree]
         )
 
-    def _settle(self, work_tree: Path, index_file: Path, *, whole: bool) -> None:
+    def _settle(self, work_tree: Path, index_file: Path, *, whole: bool) -> Sequence[bytes]:
         """After `_read_tree` into a persistent work tree: remove what the tree does not track
         (untracked and ignored files and directories, nested repositories too), stamp every entry
         `CHECKOUT_MTIME`, and record the restamped files' stat in the index (rehashing only those),
         or the next update would rewrite them all. `whole`: the work tree was written whole.
+
+        Returns:
+            The files and symlinks restamped (`stamp_checkout`): what the update wrote.
 
         Raises:
             GitFailed: git failed, or a file no longer holds what the index says.
@@ -913,6 +949,7 @@ class CandidateStore:
         elif restamped:  # what the update wrote: only their entries (`--refresh` lstats every entry)
             paths = b"".join(path + b"\0" for path in restamped)
             worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
+        return restamped
 
 
 _WORKTREE_GIT = ("git", "-c", "core.trustctime=false", "-c", "core.checkStat=minimal", "-c", "core.autocrlf=false")
@@ -1047,6 +1084,37 @@ def _links_from_json(data: str) -> dict[bytes, bytes]:
 def _record(row: tuple) -> CandidateRecord:
     cid, parent, tree, subject, imported_at = row
     return CandidateRecord(id=cid, parent=parent, tree=tree, subject=subject, imported_at=imported_at)
+
+
+class _InFlight:
+    """One commit's import in progress, which concurrent imports of the same commit wait for."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._refused: CandidateRejected | None = None
+
+    def end(self, refused: CandidateRejected | None) -> None:
+        """The import ended: published, refused (`refused`), or failed otherwise (None: a waiter
+        then imports the commit itself, e.g. after a cancelled or out-of-space import)."""
+        self._refused = refused
+        self._done.set()
+
+    def wait(self, abort: threading.Event | None) -> None:
+        """Until the import ends; then the waiter looks the commit up again.
+
+        Raises:
+            CandidateRejected: a copy of the import's refusal (the same commit is refused the same way).
+            _Aborted: `abort` was set meanwhile.
+        """
+        while not self._done.wait(0.05):
+            if abort is not None and abort.is_set():
+                raise _Aborted
+        if self._refused is not None:
+            refused = self._refused
+            copy = type(refused).__new__(type(refused))
+            copy.__dict__.update(refused.__dict__)
+            copy.args = refused.args
+            raise copy
 
 
 class _SharedExclusive:
