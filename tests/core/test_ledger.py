@@ -309,6 +309,39 @@ async def test_a_thousand_concurrent_reservations_grant_exactly_the_total(ledger
 
 
 @pytest.mark.timeout(120)
+async def test_commits_at_once_share_one_transaction_and_each_fails_alone(ledger_path):
+    """Group commit: changes queued together commit in one transaction; a change that raises undoes
+    only its own statements, and one that makes SQLite fail gets that failure alone."""
+    state = StateStore.open(ledger_path)
+
+    def put(key: str, fail: str | None = None):
+        def change(conn: sqlite3.Connection) -> str:
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, 'v')", (key,))
+            if fail == "refuse":
+                raise BudgetExhausted("train", "agent", "runs", 1, 0)
+            if fail == "sqlite":
+                conn.execute("SELECT * FROM no_such_table")
+            return key
+
+        return state.commit(change)
+
+    before = state.generation
+    outcomes = await asyncio.gather(
+        *(put(f"a{i}", "refuse" if i == 5 else None) for i in range(20)), return_exceptions=True
+    )
+    assert state.generation - before <= 2  # one or two transactions for 20 changes, not 20
+    assert isinstance(outcomes[5], BudgetExhausted)
+    assert [o for i, o in enumerate(outcomes) if i != 5] == [f"a{i}" for i in range(20) if i != 5]
+    outcomes = await asyncio.gather(
+        *(put(f"b{i}", "sqlite" if i == 3 else None) for i in range(10)), return_exceptions=True
+    )
+    assert isinstance(outcomes[3], OSError) and "write failed" in str(outcomes[3])
+    assert [o for i, o in enumerate(outcomes) if i != 3] == [f"b{i}" for i in range(10) if i != 3]
+    keys = {k for (k,) in state.rows("SELECT key FROM meta WHERE key GLOB '[ab]*'")}
+    assert keys == {f"a{i}" for i in range(20) if i != 5} | {f"b{i}" for i in range(10) if i != 3}
+
+
+@pytest.mark.timeout(120)
 async def test_concurrent_inference_reservations_take_what_is_left_and_charge_at_most_it(ledger_path):
     """Inference money is reserved up to its amount: 200 concurrent evaluations asking 0.3 USD of a
     10 USD budget get 33 full reservations, one of what was left and none after; closing them

@@ -10,6 +10,10 @@ cancellation is delivered afterwards), so no transaction is left half done. Two 
   so a burst of requests cannot occupy every worker thread;
 - a `threading.Lock` taken inside the worker makes the compute-write-apply step atomic even when
   the same store is used from several event loops (tests create a new loop per `asyncio.run`).
+
+`GroupedCommits` keeps both properties and adds group commit: what is queued while one group runs
+goes to the worker as the next group, which the state store runs as one transaction (one durable
+write for all of them instead of one each).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-__all__ = ["LoopLocalLock", "SerialCommits", "finish_uncancellable", "run_to_completion"]
+__all__ = ["GroupedCommits", "LoopLocalLock", "SerialCommits", "finish_uncancellable", "run_to_completion"]
 
 
 class LoopLocalLock:
@@ -119,3 +124,74 @@ class SerialCommits:
         """
         with self._thread_lock:
             return func()
+
+
+Outcome = tuple[bool, Any]
+"""(True, what an item returned) or (False, the exception it raised)."""
+
+
+class _LoopGroups:
+    """One event loop's queue of `GroupedCommits` items and the task that runs them."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.runner: asyncio.Task[None] | None = None
+
+
+class GroupedCommits[C]:
+    """Group commit: items queued while a group runs form the next group, run in one call.
+
+    `run_group(items)` runs in a worker thread (holding the thread lock) and returns one `Outcome`
+    per item, in order. Each awaiting caller gets its item's result or exception once the whole
+    group is done; a caller cancelled meanwhile still has its item run (the cancellation is
+    raised afterwards), as with `SerialCommits`. At most one group per event loop is on the default
+    executor at a time.
+    """
+
+    def __init__(self, run_group: Callable[[list[C]], list[Outcome]]) -> None:
+        self._run_group = run_group
+        self._thread_lock = threading.Lock()
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGroups] = weakref.WeakKeyDictionary()
+        self._guard = threading.Lock()
+
+    async def run(self, item: C) -> Any:
+        """Queue `item` and wait for its outcome (its return value, or its exception raised)."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            groups = self._loops.get(loop)
+            if groups is None:
+                groups = self._loops[loop] = _LoopGroups()
+        future: asyncio.Future[Any] = loop.create_future()
+        groups.pending.append((item, future))
+        if groups.runner is None or groups.runner.done():
+            groups.runner = loop.create_task(self._run_groups(groups))
+        return await finish_uncancellable(future)
+
+    def run_sync[T](self, func: Callable[[], T]) -> T:
+        """Run `func` in the calling thread between groups (startup, tools, tests)."""
+        with self._thread_lock:
+            return func()
+
+    def _locked(self, items: list[C]) -> list[Outcome]:
+        with self._thread_lock:
+            return self._run_group(items)
+
+    async def _run_groups(self, groups: _LoopGroups) -> None:
+        # Not cut short by a cancellation (the loop shutting down): every queued item is run and
+        # every waiter answered first, then the cancellation is raised.
+        cancelled = False
+        while groups.pending:
+            batch, groups.pending = groups.pending, []
+            work = asyncio.get_running_loop().run_in_executor(None, self._locked, [item for item, _ in batch])
+            while not work.done():
+                try:
+                    await asyncio.wait([work])
+                except asyncio.CancelledError:
+                    cancelled = True
+            error = work.exception() if not work.cancelled() else asyncio.CancelledError()
+            outcomes: list[Outcome] = [(False, error)] * len(batch) if error is not None else work.result()
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(value) if ok else future.set_exception(value)
+        if cancelled:
+            raise asyncio.CancelledError

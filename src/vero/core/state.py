@@ -59,10 +59,12 @@ A database that breaks any of them is refused (`LedgerCorrupt`): the sidecar nev
 never seals) a tampered or half-understood state, and never resets it.
 
 Concurrency: writes run one at a time in a worker thread on the writer connection
-(`vero.core.offloop.SerialCommits`), complete even if the awaiting caller is cancelled, and roll
-back on any error. Reads use one read-only connection per thread; `read` runs several queries in
-one snapshot. WAL lets readers go on while a write is in flight: they see the last commit, never a
-half-applied one.
+(`vero.core.offloop.GroupedCommits`), complete even if the awaiting caller is cancelled, and roll
+back on any error. The changes that arrive while one commits are committed together as the next
+transaction, each in its own savepoint (group commit, `StateStore._transactions`): under a burst
+of admissions one durable write serves many, and each change still succeeds or fails alone. Reads
+use one read-only connection per thread; `read` runs several queries in one snapshot. WAL lets
+readers go on while a write is in flight: they see the last commit, never a half-applied one.
 
 `export` renders the whole state as canonical JSON (sorted keys, creation order, fixed layout):
 the same state gives the same bytes, which is what the sealed session archive carries.
@@ -83,7 +85,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from vero.core.job_states import TERMINAL_JOB_STATES
-from vero.core.offloop import SerialCommits
+from vero.core.offloop import GroupedCommits, Outcome
 from vero.errors import LedgerCorrupt, StorageFull
 
 __all__ = [
@@ -369,7 +371,7 @@ class StateStore:
         """Use `StateStore.open`."""
         self.path = path
         self._writer = writer
-        self._commits = SerialCommits()
+        self._commits: GroupedCommits[Callable[[sqlite3.Connection], Any]] = GroupedCommits(self._transactions)
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -470,7 +472,7 @@ class StateStore:
             StorageFull: the file system is full (`SQLITE_FULL`); nothing was written.
             OSError: SQLite failed to write otherwise (I/O error); nothing was written.
         """
-        return await self._commits.run(lambda: self._transaction(change))
+        return await self._commits.run(change)
 
     def commit_sync[T](self, change: Callable[[sqlite3.Connection], T]) -> T:
         """Blocking `commit` (for startup and tools; never call it on a running event loop)."""
@@ -496,6 +498,49 @@ class StateStore:
             # costs a reader a fresh read.
             self.generation += 1
         return value
+
+    def _transactions(self, changes: list[Callable[[sqlite3.Connection], Any]]) -> list[Outcome]:
+        """The changes `commit` queued while the previous ones ran: one transaction for all (group
+        commit: one durable write instead of one each), else one each.
+
+        Each change runs in its own savepoint, so one that raises undoes only its own statements and
+        gets its exception; the rest commit together, and none is answered before that commit is
+        durable. If SQLite itself fails (a change's statement, or the commit: a full disk, an I/O
+        error), the group is rolled back and each change runs again alone, as `_transaction` runs
+        it, so each gets exactly the outcome it would have had by itself.
+        """
+        if len(changes) > 1:
+            try:
+                return self._group_transaction(changes)
+            except _GroupFailed:
+                pass
+        return [_outcome(self._transaction, change) for change in changes]
+
+    def _group_transaction(self, changes: list[Callable[[sqlite3.Connection], Any]]) -> list[Outcome]:
+        conn = self._writer
+        outcomes: list[Outcome] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for change in changes:
+                conn.execute("SAVEPOINT vero_change")
+                try:
+                    outcomes.append((True, change(conn)))
+                except sqlite3.Error:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the change's refusal, its caller's: undo its statements only
+                    conn.execute("ROLLBACK TO vero_change")
+                    outcomes.append((False, exc))
+                conn.execute("RELEASE vero_change")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _GroupFailed from None
+            raise
+        finally:
+            self.generation += 1
+        return outcomes
 
     def _write_error(self, what: str, exc: sqlite3.Error) -> OSError:
         reason = _sqlite_reason(exc)
@@ -664,6 +709,17 @@ def _split_statements(script: str) -> Iterator[str]:
                 yield statement
     if buffer.strip():
         raise ValueError("incomplete statement at the end of the schema")
+
+
+class _GroupFailed(Exception):
+    """SQLite failed during a group transaction (rolled back): run its changes one by one (internal)."""
+
+
+def _outcome(run: Callable[[Callable[[sqlite3.Connection], Any]], Any], change: Callable[..., Any]) -> Outcome:
+    try:
+        return True, run(change)
+    except Exception as exc:  # noqa: BLE001 - raised to the change's caller (`GroupedCommits.run`)
+        return False, exc
 
 
 def _sqlite_reason(exc: sqlite3.Error) -> str:
