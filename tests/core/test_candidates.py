@@ -196,6 +196,16 @@ def test_a_refused_commit_imported_at_once_is_refused_for_each_and_alone(store, 
     assert [r.id for r in store.list()] == [good] and not store.contains(bad)
 
 
+def test_a_known_candidate_named_by_its_full_id_needs_no_git(store, agent_repo, monkeypatch):
+    record = store.import_version_sync(agent_repo, "HEAD")
+    from vero.core.isolated_git import IsolatedGit
+
+    monkeypatch.setattr(IsolatedGit, "popen", lambda *a, **k: pytest.fail("git was started"))
+    assert store.import_version_sync(agent_repo, record.id) == record
+    with pytest.raises(pytest.fail.Exception):  # any other name of it is resolved in the repository
+        store.import_version_sync(agent_repo, "HEAD")
+
+
 def test_subject_is_first_line_without_control_characters(store, tmp_path):
     repo = tmp_path / "repo"
     commit_files(repo, {"f": "x\n"}, message="\x1b[31mred\x07 " + "s" * 300 + "\nsecond line")

@@ -7,7 +7,9 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
 1. validate the version string before git sees it (`_check_version`);
 2. resolve it in the agent's repository to a commit id: `rev-parse --verify --end-of-options
    <version>^{commit}` with an explicit `--git-dir` (no discovery), an isolated environment and
-   `-c` options that override the repository's own config (`vero.core.isolated_git`);
+   `-c` options that override the repository's own config (`vero.core.isolated_git`); a version
+   that is the full id of a candidate already in the store is that candidate, without git (git
+   resolves a full id to itself);
 3. read its first-parent history in the agent's repository (one `rev-list`, plumbing: `git log`
    would honour the repository's `log.showSignature` and run its `gpg.program`), measure its tree
    there against the size limits (`vero.core.candidate_limits`; a tree over a limit is refused and
@@ -426,6 +428,12 @@ class CandidateStore:
     def _import_version(self, source_repo: str | Path, version: str, abort: threading.Event | None) -> CandidateRecord:
         version = _check_version(version)
         source_git_dir, safe = _source_git_dir(source_repo)
+        if _OID.fullmatch(version):
+            # A candidate named by its full id (as clients name what they evaluate again): git
+            # resolves a full id to itself, so the agent's repository has nothing to add.
+            existing = self._existing(self._store_git(safe), version)
+            if existing is not None:
+                return existing
         agent = self._git(self._home, git_dir=source_git_dir, safe_directories=safe)
         try:
             oid = agent.rev_parse("--verify", "--quiet", "--end-of-options", f"{version}^{{commit}}")
