@@ -17,6 +17,10 @@ round (which creates the 64 slot work trees):
 - admission latency (post until 202) p50 and p99;
 - the sidecar process's CPU time (user + system, from `/proc/<pid>/stat`) per evaluation.
 
+`--source DIR` serves vero from another checkout's `src` (e.g. a worktree of the commit before a
+change); `--pairs N` runs N rounds of each, this checkout's and `--source`'s alternately, in one
+run, each in a fresh sidecar after its warm-up round, and prints the ratios side by side.
+
 No assertion: docs/benchmarks.md records the figures.
 """
 
@@ -45,9 +49,13 @@ STUB_SEC = 2.0
 ROUNDS = 5
 
 
-def _serve(root: str, evaluations: int, stub_sec: float, conn) -> None:
-    """Child process: the sidecar with `max_concurrent_evaluations = evaluations`, until SIGTERM."""
+def _serve(root: str, evaluations: int, stub_sec: float, conn, source: Path | None = None) -> None:
+    """Child process: the sidecar with `max_concurrent_evaluations = evaluations`, until SIGTERM
+    (vero imported from `source`, a checkout's `src`, when given)."""
     import logging
+
+    if source is not None:
+        sys.path.insert(0, str(source))
 
     from tests.sidecar._server import StubBackend, make_harness
     from vero.spec.models import HarborSpec, PartitionAccess
@@ -113,20 +121,18 @@ async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
         return time.perf_counter() - started, admissions
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--evaluations", type=int, default=EVALUATIONS)
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument(
-        "--one-version", action="store_true", help="every evaluation of one commit (imported once), not one commit each"
-    )
-    args = parser.parse_args()
+_Figures = tuple[list[float], list[float], list[float]]
+
+
+def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Figures:
+    """`rounds` rounds after a warm-up in a fresh sidecar (vero from `source`'s `src` if given):
+    (walls, admission latencies, CPU seconds per evaluation)."""
     from tests.sidecar._server import commit_file
 
     with tempfile.TemporaryDirectory(prefix="vero-fan-out-") as tmp:
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
-        process = context.Process(target=_serve, args=(tmp, args.evaluations, STUB_SEC, child_end))
+        process = context.Process(target=_serve, args=(tmp, args.evaluations, STUB_SEC, child_end, source))
         process.start()
         if not parent_end.poll(180) or (ready := parent_end.recv()) is None:
             raise SystemExit("the sidecar did not start")
@@ -135,7 +141,7 @@ def main() -> None:
         n = 0
         walls, admissions, cpu = [], [], []
         try:
-            for round_number in range(args.rounds + 1):
+            for round_number in range(rounds + 1):
                 versions = []
                 for _ in range(1 if args.one_version else args.evaluations):
                     n += 1
@@ -146,9 +152,9 @@ def main() -> None:
                 cpu_used = _cpu_sec(process.pid) - cpu_before
                 label = "warm-up" if round_number == 0 else f"round {round_number}"
                 print(
-                    f"{label}: wall {wall:.2f} s ({wall / STUB_SEC:.2f} x {STUB_SEC:g} s), admission p50 "
-                    f"{statistics.median(admitted) * 1e3:.0f} ms, sidecar CPU {cpu_used / args.evaluations * 1e3:.1f} "
-                    "ms per evaluation",
+                    f"{source or 'this checkout'} {label}: wall {wall:.2f} s ({wall / STUB_SEC:.2f} x {STUB_SEC:g} s), "
+                    f"admission p50 {statistics.median(admitted) * 1e3:.0f} ms, sidecar CPU "
+                    f"{cpu_used / args.evaluations * 1e3:.1f} ms per evaluation (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
                 if round_number:
@@ -158,17 +164,50 @@ def main() -> None:
         finally:
             process.terminate()
             process.join(60)
-    admissions.sort()
+    return walls, admissions, cpu
+
+
+def _summary(name: str, walls: list[float], admissions: list[float], cpu: list[float]) -> str:
+    admissions = sorted(admissions)
+    return (
+        f"  {name}: wall {statistics.median(walls):.2f} s = {statistics.median(walls) / STUB_SEC:.2f} x the stub's "
+        f"{STUB_SEC:g} s (goal: at most 1.25); admission p50 / p99 {statistics.median(admissions) * 1e3:.0f} / "
+        f"{admissions[max(0, int(len(admissions) * 0.99) - 1)] * 1e3:.0f} ms; sidecar CPU per evaluation "
+        f"(the process and its git children) {statistics.median(cpu) * 1e3:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--evaluations", type=int, default=EVALUATIONS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument(
+        "--one-version", action="store_true", help="every evaluation of one commit (imported once), not one commit each"
+    )
+    parser.add_argument("--source", type=Path, default=None, help="also measure vero from this src directory")
+    parser.add_argument("--pairs", type=int, default=1, help="alternations of this checkout and --source")
+    args = parser.parse_args()
+    sources: list[Path | None] = [None] if args.source is None else [args.source.resolve(), None]
+    results: dict[Path | None, _Figures] = {s: ([], [], []) for s in sources}
+    loads = []
+    for _ in range(args.pairs):
+        for source in sources:
+            for kept, measured in zip(results[source], _measure(args, source, args.rounds), strict=True):
+                kept.extend(measured)
+            loads.append(os.getloadavg()[0])
     print(
         f"\n{args.evaluations} evaluations at once ({'one commit' if args.one_version else 'one commit each'}), "
-        f"max_concurrent_evaluations {args.evaluations}, stub {STUB_SEC:g} s, "
-        f"medians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):\n"
-        f"  wall, first post to last completion: {statistics.median(walls):.2f} s = "
-        f"{statistics.median(walls) / STUB_SEC:.2f} x the stub's {STUB_SEC:g} s (goal: at most 1.25)\n"
-        f"  admission p50 / p99: {statistics.median(admissions) * 1e3:.0f} / "
-        f"{admissions[int(len(admissions) * 0.99) - 1] * 1e3:.0f} ms\n"
-        f"  sidecar CPU time per evaluation (the process and its git children): {statistics.median(cpu) * 1e3:.1f} ms"
+        f"max_concurrent_evaluations {args.evaluations}, stub {STUB_SEC:g} s, medians of {args.rounds} rounds x "
+        f"{args.pairs} (load average {min(loads):.1f}-{max(loads):.1f}, {os.cpu_count()} CPUs):"
     )
+    for source in sources:
+        print(_summary(str(source or "this checkout"), *results[source]))
+    if args.source is not None:
+        before, now = results[sources[0]], results[None]
+        print(
+            f"  now / {args.source}: wall {statistics.median(now[0]) / statistics.median(before[0]):.2f}, "
+            f"CPU per evaluation {statistics.median(now[2]) / statistics.median(before[2]):.2f}"
+        )
 
 
 if __name__ == "__main__":
