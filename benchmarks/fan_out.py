@@ -85,10 +85,12 @@ def _serve(root: str, evaluations: int, stub_sec: float, conn, source: Path | No
     serve_and_report(app, conn, lambda port: (port, str(harness.agent_repo)))
 
 
-def _cpu_sec(pid: int) -> float:
-    """CPU time of the sidecar process and of its waited-for children (git), in seconds."""
+def _cpu_sec(pid: int, *, children_only: bool = False) -> float:
+    """CPU time of the sidecar process and of its waited-for children (git, find), in seconds
+    (`children_only`: of the children alone)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime, stime, cutime, cstime
+    first = 13 if children_only else 11  # utime, stime, cutime, cstime
+    return sum(int(f) for f in fields[first:15]) / os.sysconf("SC_CLK_TCK")
 
 
 async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
@@ -147,14 +149,16 @@ def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Fig
                     n += 1
                     versions.append(commit_file(Path(agent_repo), f"variant_{n}.py", f"print({n})\n", f"version {n}"))
                 versions = versions * (args.evaluations // len(versions))
-                cpu_before = _cpu_sec(process.pid)
+                cpu_before, children_before = _cpu_sec(process.pid), _cpu_sec(process.pid, children_only=True)
                 wall, admitted = asyncio.run(_round(url, versions))
                 cpu_used = _cpu_sec(process.pid) - cpu_before
+                children = _cpu_sec(process.pid, children_only=True) - children_before
                 label = "warm-up" if round_number == 0 else f"round {round_number}"
                 print(
                     f"{source or 'this checkout'} {label}: wall {wall:.2f} s ({wall / STUB_SEC:.2f} x {STUB_SEC:g} s), "
                     f"admission p50 {statistics.median(admitted) * 1e3:.0f} ms, sidecar CPU "
-                    f"{cpu_used / args.evaluations * 1e3:.1f} ms per evaluation (load {os.getloadavg()[0]:.1f})",
+                    f"{cpu_used / args.evaluations * 1e3:.1f} ms per evaluation, of which its child processes "
+                    f"{children / args.evaluations * 1e3:.1f} ms (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
                 if round_number:
