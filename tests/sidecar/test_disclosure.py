@@ -93,6 +93,47 @@ def test_counts_a_candidate_makes_for_free_pass_no_tier_but_full():
     assert full[0].n_refused == 0 and full[1].n_refused == 7
 
 
+def _charged(micro_usd: int) -> EvaluationJob:
+    return job(result=result().model_copy(update={"inference": InferenceUsage(calls=1, charged_micro_usd=micro_usd)}))
+
+
+def test_aggregate_shows_money_in_hundredths_of_the_partitions_total():
+    """A candidate chooses what it spends: on `aggregate` a micro-dollar figure carried a hidden
+    answer exactly (1,748 micro-dollars for an answer of 1,748); in steps of a hundredth of the
+    partition's money, spends within one step look the same, in the view and in `/status`."""
+    access = PartitionAccess(
+        disclosure="aggregate", min_aggregate_cases=1, total_runs=10, total_cases=100, total_inference_usd=0.5
+    )
+    policy = AccessPolicy({"train": access}, {"train": ["c1", "c2"]})
+    rule = policy.rule_for("full", "agent", "train")
+    assert rule == DisclosureRule(tier="aggregate", money_step_micro_usd=5_000)
+    seen = {n: job_view(_charged(n), rule).model_dump_json() for n in (1, 1_748, 1_749, 5_000)}
+    assert len(set(seen.values())) == 1
+    assert job_view(_charged(1_748), rule).result.inference_usd == 0.005  # rounded up: never shown as free
+    assert job_view(_charged(0), rule).result.inference_usd == 0.0
+    assert job_view(_charged(5_001), rule).result.inference_usd == 0.01
+    assert job_view(_charged(1_748), FULL).result.inference_usd == 0.001748  # `full` shows it exact
+
+    def left(spent: int, shown: PartitionAccess) -> float | None:
+        balance = BudgetBalance(
+            partition="train",
+            principal="agent",
+            total_runs=10,
+            total_cases=100,
+            settled_runs=1,
+            settled_cases=2,
+            reserved_runs=0,
+            reserved_cases=0,
+            total_inference_micro_usd=500_000,
+            settled_inference_micro_usd=spent,
+        )
+        return budget_view(balance, shown, metered=True, ladder=None).remaining_inference_usd
+
+    # Rounded down: what is left never looks larger than it is.
+    assert [left(n, access) for n in (1_748, 1_749, 4_999)] == [0.495, 0.495, 0.495]
+    assert left(1_748, access.model_copy(update={"disclosure": "full"})) == 0.498252
+
+
 def test_aggregate_withholds_the_score_under_the_ladder_and_over_other_cases():
     judged = job(ladder=LadderDisclosure(score=0.4, improved=False))
     shown = disclose(judged, LADDER)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from vero.errors import PolicyDenied, SpecError
 from vero.spec.blocks import Blocks, resolve_blocks
@@ -84,11 +84,28 @@ class DisclosureRule(BaseModel):
         tier: the narrower of the job's granted tier and the pair's current one.
         ladder: on `aggregate`, the Ladder rule in force (its score is then shown only as the
             Ladder's answer); None otherwise.
+        money_step_micro_usd: on `aggregate`, the step the money shown is rounded to (micro US
+            dollars, `money_step_micro_usd`); 1 (exact) otherwise.
     """
 
     model_config = ConfigDict(frozen=True)
     tier: Disclosure
     ladder: LadderSpec | None = None
+    money_step_micro_usd: int = Field(default=1, ge=1)
+
+
+AGGREGATE_MONEY_STEPS = 100
+"""How many steps an `aggregate` partition's inference money is shown in: a candidate chooses what
+it spends, so a figure exact to the micro-dollar could carry some 15 bits of a hidden case per
+evaluation; in steps of a hundredth of the partition's `total_inference_usd` it carries at most
+log2(steps in one evaluation's reservation + 1), under 7 bits (issue 23's attack A12)."""
+
+
+def money_step_micro_usd(access: PartitionAccess) -> int:
+    """The step (micro US dollars, at least 1) in which an `aggregate` partition shows inference
+    money: a hundredth of its `total_inference_usd` (`AGGREGATE_MONEY_STEPS`), rounded up."""
+    total = round(access.total_inference_usd * 1_000_000)
+    return max(1, -(-total // AGGREGATE_MONEY_STEPS))
 
 
 class AccessPolicy:
@@ -286,4 +303,7 @@ class AccessPolicy:
         """The rule of a job admitted with `granted`, in one call: its tier (`disclosure_for`) and,
         on `aggregate`, the Ladder in force (`ladder`)."""
         tier = self.disclosure_for(granted, principal, partition)
-        return DisclosureRule(tier=tier, ladder=self.ladder(principal, partition) if tier == "aggregate" else None)
+        if tier != "aggregate":
+            return DisclosureRule(tier=tier)
+        step = money_step_micro_usd(self._entry(principal, partition))
+        return DisclosureRule(tier=tier, ladder=self.ladder(principal, partition), money_step_micro_usd=step)

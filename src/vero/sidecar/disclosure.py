@@ -12,7 +12,7 @@ from __future__ import annotations
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import EvaluationJob
 from vero.core.ledger import BudgetBalance
-from vero.core.policy import DisclosureRule
+from vero.core.policy import DisclosureRule, money_step_micro_usd
 from vero.core.submission import Submission
 from vero.errors import CASE_PROBLEM_CODES, CaseMisconfigured
 from vero.sidecar.models import AttemptView, BudgetView, CaseView, DisclosedResult, JobView, SubmissionView
@@ -40,7 +40,8 @@ def disclose(job: EvaluationJob, rule: DisclosureRule, artifacts_path: str | Non
     """What the agent may see of a finished job under `rule`; None while it is not complete.
 
     `aggregate` shows the score and counts and, of the model calls, only what they were charged
-    (`inference_usd`: the money `/status`'s `remaining_inference_usd` already moves by): never a
+    (`inference_usd`: the money `/status`'s `remaining_inference_usd` already moves by), rounded up
+    to the rule's `money_step_micro_usd` (a hundredth of the partition's money): never a
     count of calls (made, refused, failed), which a candidate chooses for free and could set to
     what it read in a hidden case. Except: a job judged by the Ladder shows only its
     recorded Ladder answer (rounded score, `improved`) and the case count (attempt counts could
@@ -69,6 +70,9 @@ def disclose(job: EvaluationJob, rule: DisclosureRule, artifacts_path: str | Non
     }
     spent_usd = result.inference.charged_micro_usd / 1e6 if result.inference is not None else None
     if rule.tier == "aggregate":
+        if result.inference is not None:
+            step = rule.money_step_micro_usd
+            spent_usd = -(-result.inference.charged_micro_usd // step) * step / 1e6
         return DisclosedResult(disclosure="aggregate", inference_usd=spent_usd, **counts)
     return DisclosedResult(
         disclosure="full",
@@ -150,14 +154,19 @@ def budget_view(
     Runs and cases always; the inference money only with a gateway (`metered`), and what is left of
     it only where the tier shows scores without the Ladder: what is left moves with what the
     candidates spent, which they choose, so on a `none` partition or under the Ladder it would
-    disclose what the tier withholds.
+    disclose what the tier withholds. On `aggregate` it is rounded down to the step the jobs'
+    money is shown in (`vero.core.policy.money_step_micro_usd`).
     """
     spend_disclosed = access.disclosure != "none" and ladder is None
+    remaining = balance.remaining_inference_micro_usd
+    if access.disclosure == "aggregate":
+        step = money_step_micro_usd(access)
+        remaining = remaining // step * step
     return BudgetView(
         total_runs=balance.total_runs,
         total_cases=balance.total_cases,
         remaining_runs=balance.remaining_runs,
         remaining_cases=balance.remaining_cases,
         total_inference_usd=balance.total_inference_micro_usd / 1e6 if metered else None,
-        remaining_inference_usd=balance.remaining_inference_micro_usd / 1e6 if metered and spend_disclosed else None,
+        remaining_inference_usd=remaining / 1e6 if metered and spend_disclosed else None,
     )

@@ -118,7 +118,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "only (in Ladder mode `score` is shown only when it beats your best score shown before on the "
         "same cases by the margin; otherwise that best again, with `improved: false`); `none`: no score. "
         "With an inference gateway, `inference_usd` is what the evaluated agent's model calls cost "
-        "(`full`, and `aggregate` outside Ladder mode) and `inference` what they used, per model, with "
+        "(`full`, and `aggregate` outside Ladder mode, where it is rounded up to a hundredth of the "
+        "partition's inference money) and `inference` what they used, per model, with "
         "the calls refused or failed (`full` only). "
         + _ERRORS
         + "`not_found` (no job with that id), `infrastructure` (the evaluation failed for reasons "

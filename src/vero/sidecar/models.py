@@ -66,9 +66,9 @@ class BudgetView(_Wire):
     )
     remaining_inference_usd: float | None = Field(
         default=None,
-        description="What is left of it (running evaluations' calls already count); absent on "
-        "`none` partitions and under the Ladder, where what candidates spend would disclose more "
-        "than the tier does.",
+        description="What is left of it (running evaluations' calls already count); on `aggregate` "
+        "partitions rounded down to a hundredth of `total_inference_usd`; absent on `none` partitions "
+        "and under the Ladder, where what candidates spend would disclose more than the tier does.",
     )
 
 
@@ -182,7 +182,8 @@ class DisclosedResult(_Wire):
     inference_usd: float | None = Field(
         default=None,
         description="What the evaluation's model calls through the inference gateway were charged (US "
-        "dollars; `full`, and `aggregate` outside Ladder mode); absent without a gateway and on `none`.",
+        "dollars; `full`, and `aggregate` outside Ladder mode, where it is rounded up to a hundredth of the "
+        "partition's `total_inference_usd`); absent without a gateway and on `none`.",
     )
     inference: InferenceUsage | None = Field(
         default=None,
