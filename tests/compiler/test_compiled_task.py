@@ -395,3 +395,17 @@ def test_agent_models_must_be_allow_listed_and_a_missing_evaluation_limit_is_war
     assert any(
         w.startswith("inference.evaluation_limit_usd is not set: an evaluation of train") for w in result.warnings
     )
+
+
+def test_a_none_partition_on_docker_is_warned_about_and_nowhere_else(tmp_path):
+    """On one Docker engine `main` can read what `none` candidates do to shared counters (an attack
+    read a hidden answer from the disk's free inodes), so the build says so; not without `none`."""
+
+    def with_none(spec: dict) -> None:
+        spec["agent_access"]["holdout"] = {"disclosure": "none", "total_runs": 1, "total_cases": 1}
+
+    plain = compile_task(make_spec_tree(tmp_path / "plain").path, tmp_path / "plain-task")
+    assert not any("disclose `none`" in w for w in plain.warnings)
+    hidden = compile_task(make_spec_tree(tmp_path / "none", with_none).path, tmp_path / "none-task")
+    [warning] = [w for w in hidden.warnings if "disclose `none`" in w]
+    assert warning.startswith("agent_access: holdout disclose `none`, but with harbor.environment docker")

@@ -299,6 +299,23 @@ def _inference_warnings(spec: OptimizationSpec) -> list[str]:
     ]
 
 
+def _none_tier_warnings(spec: OptimizationSpec) -> list[str]:
+    """A `none` partition evaluated on the same Docker engine as `main`: the candidates' use of
+    shared counters (free inodes and space of the engine's disk, load) can be read from `main`
+    (docs/trust-model.md), so the tier hides what candidates do only on other machines."""
+    hidden = sorted(name for name, access in spec.agent_access.items() if access.disclosure == "none")
+    if not hidden or spec.harbor.environment != "docker":
+        return []
+    return [
+        "agent_access: "
+        + ", ".join(hidden)
+        + " disclose `none`, but with harbor.environment docker their candidates run on the machine "
+        "`main` runs on, which can read what they do to shared counters (the disk's free inodes and "
+        "space, the load): the tier hides candidate behaviour only on other machines (modal); "
+        "see docs/trust-model.md"
+    ]
+
+
 def compile_task(
     spec: OptimizationSpec | str | Path,
     output: str | Path,
@@ -365,6 +382,7 @@ def compile_task(
                 *agent_user_warnings(spec, case_dirs, scopes),
                 *_reference_warnings(spec),
                 *_inference_warnings(spec),
+                *_none_tier_warnings(spec),
             ]
 
             spec_digest = digest_json(
