@@ -458,7 +458,10 @@ def _time_to_health(argv: list[str], log_path: Path) -> tuple[float, float, floa
     request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
     started = time.perf_counter()
     with log_path.open("wb") as log:
-        child = subprocess.Popen([*argv, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=log)
+        # Bytecode is cached as in the sidecar's image (pip compiles the wheel it installs; this
+        # shell may say not to write it): the warm-up start writes it, the timed ones read it.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        child = subprocess.Popen([*argv, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
         while True:
             if child.poll() is not None:

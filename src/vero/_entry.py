@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["main"]
+__all__ = ["AGENT_COMMANDS", "main"]
+
+AGENT_COMMANDS = frozenset({"status", "eval", "result", "submit", "evaluations"})
+"""The `vero harbor` commands `vero.agent_cli` serves. Kept here so that every other call (the
+sidecar's start among them) decides without importing `vero.agent_cli` (argparse: about 30 ms)."""
 
 
 def main() -> None:
@@ -30,13 +34,10 @@ def main() -> None:
             if code:
                 sys.exit(code)
             return
-    if len(argv) >= 2 and argv[0] == "harbor":
-        from vero.agent_cli import AGENT_COMMANDS
+    if len(argv) >= 2 and argv[0] == "harbor" and argv[1] in AGENT_COMMANDS:
+        from vero.agent_cli import main as agent_main
 
-        if argv[1] in AGENT_COMMANDS:
-            from vero.agent_cli import main as agent_main
-
-            sys.exit(agent_main(argv[1:]))
+        sys.exit(agent_main(argv[1:]))
     from vero.cli import main as cli_main
 
     cli_main()

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 
+from vero._entry import AGENT_COMMANDS
 from vero.core.job_states import JOB_STATES, TERMINAL_JOB_STATES
 from vero.errors import (
     CASE_PROBLEM_CODES,
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AGENT_COMMANDS", "main"]
 
-AGENT_COMMANDS = frozenset({"status", "eval", "result", "submit", "evaluations"})
-"""The `vero harbor` commands this module serves."""
 
 SIDECAR_URL_ENV = "VERO_SIDECAR_URL"
 DEFAULT_SIDECAR_URL = "http://eval-sidecar:8000"
