@@ -304,13 +304,15 @@ def _none_tier_warnings(spec: OptimizationSpec) -> list[str]:
     shared counters (free inodes and space of the engine's disk, load) can be read from `main`
     (docs/trust-model.md), so the tier hides what candidates do only on other machines."""
     hidden = sorted(name for name, access in spec.agent_access.items() if access.disclosure == "none")
-    if not hidden or spec.harbor.environment != "docker":
+    kind = environment_kind(spec.harbor.environment)
+    # Nested runs on the engine `main`'s own trial runs on (the engine's socket): the same machine.
+    if not hidden or kind is None or not kind.engine_socket:
         return []
     return [
         "agent_access: "
         + ", ".join(hidden)
-        + " disclose `none`, but with harbor.environment docker their candidates run on the machine "
-        "`main` runs on, which can read what they do to shared counters (the disk's free inodes and "
+        + f" disclose `none`, but with harbor.environment {spec.harbor.environment} their candidates run"
+        " on the machine `main` runs on, which can read what they do to shared counters (the disk's free inodes and "
         "space, the load): the tier hides candidate behaviour only on other machines (modal); "
         "see docs/trust-model.md"
     ]
