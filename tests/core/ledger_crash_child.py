@@ -12,7 +12,9 @@ admits a job (`R`: reservation and job in one transaction, with up to `INFERENCE
 money, which the small entry often cannot give in full) and finishes it complete (`S <id> <spent>`:
 settled, its result's model calls charged `spent`) or cancelled (`F <id> <spent>`: refunded, `spent`
 staying charged), so the parent can also check that no kill separates a job's end from its settle
-or refund, nor from what it charges of the inference money.
+or refund, nor from what it charges of the inference money. When the jobs entry's money runs low
+it first cancels a job an earlier child left queued (`end_a_job_left_open`), so the money keeps
+moving through all the kills.
 """
 
 from __future__ import annotations
@@ -76,10 +78,29 @@ async def worker(ledger: BudgetLedger, rng: random.Random, prefix: str, in_fligh
         in_flight.discard(rid)
 
 
+async def end_a_job_left_open(jobs: JobStore, rng: random.Random) -> None:
+    """When the jobs entry cannot give a job its whole ask: cancel a job an earlier, killed child
+    left queued (its reservation open), charging part of its money, as a restart's recovery ends
+    the jobs a stopped sidecar left. Without it every kill that lands mid-job keeps up to
+    `INFERENCE_ASK` reserved for good, the 3 USD run out after a few kills (how many depends on
+    where the kills land, i.e. on the machine's load), and later jobs charge nothing."""
+    if jobs.ledger.balance("jobs", "agent").remaining_inference_micro_usd >= INFERENCE_ASK:
+        return
+    left = [job for job in jobs.unfinished() if job.partition == "jobs"]
+    if not left:
+        return
+    victim = rng.choice(left)
+    spent = rng.randint(0, jobs.ledger.reservation(victim.reservation_id).cost.inference_micro_usd)
+    print(f"B {victim.reservation_id}", flush=True)
+    await jobs.finish(victim.id, "cancelled", error="cancelled", inference_charged_micro_usd=spent)
+    print(f"F {victim.reservation_id} {spent}", flush=True)
+
+
 async def job_worker(jobs: JobStore, rng: random.Random, prefix: str) -> None:
     counter = 0
     while True:
         counter += 1
+        await end_a_job_left_open(jobs, rng)
         rid = f"rs-{prefix}-{counter}"
         job = EvaluationJob(
             id=JobStore.new_id(),
