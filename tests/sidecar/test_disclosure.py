@@ -93,6 +93,12 @@ def test_counts_a_candidate_makes_for_free_pass_no_tier_but_full():
     assert full[0].n_refused == 0 and full[1].n_refused == 7
 
 
+def _balance(**figures: int) -> BudgetBalance:
+    """The `train` entry of 10 runs and 100 cases, with `figures` (others 0)."""
+    base = dict(total_runs=10, total_cases=100, settled_runs=0, settled_cases=0, reserved_runs=0, reserved_cases=0)
+    return BudgetBalance(partition="train", principal="agent", **{**base, **figures})
+
+
 def _charged(micro_usd: int) -> EvaluationJob:
     return job(result=result().model_copy(update={"inference": InferenceUsage(calls=1, charged_micro_usd=micro_usd)}))
 
@@ -115,18 +121,7 @@ def test_aggregate_shows_money_in_hundredths_of_the_partitions_total():
     assert job_view(_charged(1_748), FULL).result.inference_usd == 0.001748  # `full` shows it exact
 
     def left(spent: int, shown: PartitionAccess) -> float | None:
-        balance = BudgetBalance(
-            partition="train",
-            principal="agent",
-            total_runs=10,
-            total_cases=100,
-            settled_runs=1,
-            settled_cases=2,
-            reserved_runs=0,
-            reserved_cases=0,
-            total_inference_micro_usd=500_000,
-            settled_inference_micro_usd=spent,
-        )
+        balance = _balance(total_inference_micro_usd=500_000, settled_inference_micro_usd=spent)
         return budget_view(balance, shown, metered=True, ladder=None).remaining_inference_usd
 
     # Rounded down: what is left never looks larger than it is.
@@ -183,11 +178,7 @@ def test_one_call_asks_the_policy_for_the_tier_and_the_ladder():
 
 
 def test_a_budget_shows_what_is_left_of_the_money_only_where_the_tier_shows_scores():
-    balance = BudgetBalance(
-        partition="train",
-        principal="agent",
-        total_runs=10,
-        total_cases=100,
+    balance = _balance(
         settled_runs=2,
         settled_cases=20,
         reserved_runs=1,
