@@ -170,7 +170,7 @@ async def kill_uid(python: Path, uid: int) -> None:
     """Kill every process of `uid` and clear its keyrings, from a child that has become the uid
     (`KILL_AND_CLEAR_AS_UID`); returns once that child has exited."""
     killer = await asyncio.create_subprocess_exec(
-        str(python), "-I", "-c", KILL_AND_CLEAR_AS_UID, user=uid, group=uid, extra_groups=[],
+        str(python), "-I", "-S", "-c", KILL_AND_CLEAR_AS_UID, user=uid, group=uid, extra_groups=[],
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL, cwd="/",
     )  # fmt: skip
