@@ -9,13 +9,17 @@ that long would; everything else is the sidecar's own work.
 
 Per round, 64 clients post `POST /evaluations` at once, each for its own commit of the agent's
 repository (64 candidates imported, checked, reserved and checked out into 64 slots), then
-long-poll their job until it completes. Reported, medians over `ROUNDS` rounds after a warm-up
+long-poll their job until it completes. Each client is one keep-alive connection speaking HTTP/1.1
+through h11 (`benchmarks/_h11_client.py`): on two cores the client shares the CPU with the sidecar,
+and `httpx.AsyncClient` (`--client httpx`) costs this process 1.2-1.5 s of CPU a round, as much as
+half the sidecar's; the lean client 0.06-0.13 s. Reported, medians over `ROUNDS` rounds after a warm-up
 round (which creates the 64 slot work trees):
 
 - wall time from the first post to the last completion, and its ratio to `STUB_SEC` (the goal:
   at most 1.25, i.e. the 64 evaluations overlap and the sidecar adds at most half a second);
 - admission latency (post until 202) p50 and p99;
-- the sidecar process's CPU time (user + system, from `/proc/<pid>/stat`) per evaluation.
+- the sidecar process's CPU time (user + system, from `/proc/<pid>/stat`) per evaluation;
+- this process's CPU time per round (the client's).
 
 `--source DIR` serves vero from another checkout's `src` (e.g. a worktree of the commit before a
 change); `--pairs N` runs N rounds of each, this checkout's and `--source`'s alternately, in one
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -42,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 import httpx
 
+from benchmarks._h11_client import H11Connection
 from benchmarks._serving import serve_and_report
 
 EVALUATIONS = 64
@@ -94,7 +100,38 @@ def _cpu_sec(pid: int, *, children_only: bool = False) -> float:
 
 
 async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
-    """All evaluations at once: (wall from the first post to the last completion, admissions)."""
+    """All evaluations at once, each over its own h11 connection: (wall from the first post to the
+    last completion, admissions)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connections = [H11Connection(host, int(port)) for _ in versions]
+    await asyncio.gather(*(connection.open() for connection in connections))  # connections open first
+    admissions: list[float] = []
+    started = time.perf_counter()
+
+    async def one(connection: H11Connection, version: str) -> None:
+        posted = time.perf_counter()
+        status, job = await connection.request("POST", "/evaluations", {"partition": "train", "version": version})
+        admissions.append(time.perf_counter() - posted)
+        if status != 202:
+            raise SystemExit(f"admission answered {status}: {job}")
+        while True:
+            status, answer = await connection.request("GET", f"/evaluations/{job['id']}?wait_sec=30")
+            if status != 200:
+                raise SystemExit(f"the job's status answered {status}: {answer}")
+            if answer["state"] not in ("queued", "running"):
+                break
+        if answer["state"] != "complete":
+            raise SystemExit(f"an evaluation ended {answer['state']}")
+
+    try:
+        await asyncio.gather(*(one(c, v) for c, v in zip(connections, versions, strict=True)))
+        return time.perf_counter() - started, admissions
+    finally:
+        await asyncio.gather(*(connection.close() for connection in connections))
+
+
+async def _round_httpx(url: str, versions: list[str]) -> tuple[float, list[float]]:
+    """`_round` through one `httpx.AsyncClient` (`--client httpx`)."""
     # Idle connections expire here before uvicorn's 5 s keep-alive closes them: reusing one the
     # server is closing at that moment fails the request (it did under load, rounds past 5 s).
     limits = httpx.Limits(
@@ -123,12 +160,12 @@ async def _round(url: str, versions: list[str]) -> tuple[float, list[float]]:
         return time.perf_counter() - started, admissions
 
 
-_Figures = tuple[list[float], list[float], list[float]]
+_Figures = tuple[list[float], list[float], list[float], list[float]]
 
 
 def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Figures:
     """`rounds` rounds after a warm-up in a fresh sidecar (vero from `source`'s `src` if given):
-    (walls, admission latencies, CPU seconds per evaluation)."""
+    (walls, admission latencies, CPU seconds per evaluation, the client's CPU seconds per round)."""
     from tests.sidecar._server import commit_file
 
     with tempfile.TemporaryDirectory(prefix="vero-fan-out-") as tmp:
@@ -141,7 +178,8 @@ def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Fig
         port, agent_repo = ready
         url = f"http://127.0.0.1:{port}"
         n = 0
-        walls, admissions, cpu = [], [], []
+        walls, admissions, cpu, client_cpu = [], [], [], []
+        measure_round = _round_httpx if args.client == "httpx" else _round
         try:
             for round_number in range(rounds + 1):
                 versions = []
@@ -150,7 +188,9 @@ def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Fig
                     versions.append(commit_file(Path(agent_repo), f"variant_{n}.py", f"print({n})\n", f"version {n}"))
                 versions = versions * (args.evaluations // len(versions))
                 cpu_before, children_before = _cpu_sec(process.pid), _cpu_sec(process.pid, children_only=True)
-                wall, admitted = asyncio.run(_round(url, versions))
+                client_before = _own_cpu_sec()
+                wall, admitted = asyncio.run(measure_round(url, versions))
+                client_used = _own_cpu_sec() - client_before
                 cpu_used = _cpu_sec(process.pid) - cpu_before
                 children = _cpu_sec(process.pid, children_only=True) - children_before
                 label = "warm-up" if round_number == 0 else f"round {round_number}"
@@ -158,26 +198,35 @@ def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Fig
                     f"{source or 'this checkout'} {label}: wall {wall:.2f} s ({wall / STUB_SEC:.2f} x {STUB_SEC:g} s), "
                     f"admission p50 {statistics.median(admitted) * 1e3:.0f} ms, sidecar CPU "
                     f"{cpu_used / args.evaluations * 1e3:.1f} ms per evaluation, of which its child processes "
-                    f"{children / args.evaluations * 1e3:.1f} ms (load {os.getloadavg()[0]:.1f})",
+                    f"{children / args.evaluations * 1e3:.1f} ms; client CPU {client_used:.2f} s "
+                    f"(load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
                 if round_number:
                     walls.append(wall)
                     admissions.extend(admitted)
                     cpu.append(cpu_used / args.evaluations)
+                    client_cpu.append(client_used)
         finally:
             process.terminate()
             process.join(60)
-    return walls, admissions, cpu
+    return walls, admissions, cpu, client_cpu
 
 
-def _summary(name: str, walls: list[float], admissions: list[float], cpu: list[float]) -> str:
+def _own_cpu_sec() -> float:
+    """This process's CPU time (user + system), in seconds: the client's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _summary(name: str, walls: list[float], admissions: list[float], cpu: list[float], client_cpu: list[float]) -> str:
     admissions = sorted(admissions)
     return (
         f"  {name}: wall {statistics.median(walls):.2f} s = {statistics.median(walls) / STUB_SEC:.2f} x the stub's "
         f"{STUB_SEC:g} s (goal: at most 1.25); admission p50 / p99 {statistics.median(admissions) * 1e3:.0f} / "
         f"{admissions[max(0, int(len(admissions) * 0.99) - 1)] * 1e3:.0f} ms; sidecar CPU per evaluation "
-        f"(the process and its git children) {statistics.median(cpu) * 1e3:.1f} ms"
+        f"(the process and its git children) {statistics.median(cpu) * 1e3:.1f} ms; the client's CPU per round "
+        f"{statistics.median(client_cpu):.2f} s"
     )
 
 
@@ -188,11 +237,14 @@ def main() -> None:
     parser.add_argument(
         "--one-version", action="store_true", help="every evaluation of one commit (imported once), not one commit each"
     )
+    parser.add_argument(
+        "--client", choices=("h11", "httpx"), default="h11", help="h11: one lean connection per evaluation"
+    )
     parser.add_argument("--source", type=Path, default=None, help="also measure vero from this src directory")
     parser.add_argument("--pairs", type=int, default=1, help="alternations of this checkout and --source")
     args = parser.parse_args()
     sources: list[Path | None] = [None] if args.source is None else [args.source.resolve(), None]
-    results: dict[Path | None, _Figures] = {s: ([], [], []) for s in sources}
+    results: dict[Path | None, _Figures] = {s: ([], [], [], []) for s in sources}
     loads = []
     for _ in range(args.pairs):
         for source in sources:
@@ -202,7 +254,7 @@ def main() -> None:
     print(
         f"\n{args.evaluations} evaluations at once ({'one commit' if args.one_version else 'one commit each'}), "
         f"max_concurrent_evaluations {args.evaluations}, stub {STUB_SEC:g} s, medians of {args.rounds} rounds x "
-        f"{args.pairs} (load average {min(loads):.1f}-{max(loads):.1f}, {os.cpu_count()} CPUs):"
+        f"{args.pairs}, {args.client} client (load average {min(loads):.1f}-{max(loads):.1f}, {os.cpu_count()} CPUs):"
     )
     for source in sources:
         print(_summary(str(source or "this checkout"), *results[source]))
