@@ -529,6 +529,42 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     assert (work / "gone.txt").exists() and not index.with_name(index.name + ".lock").exists()
 
 
+def test_an_update_recorded_later_is_ready_at_once_and_counts_only_once_recorded(store, tmp_path):
+    """`record_later`: the files and their mtime are the tree's when the update returns (a run can
+    start), the index and marker come with `record_worktree`; never recorded (a crash), the next
+    update writes the work tree whole, and never serves a file changed behind the index's back."""
+    repo = tmp_path / "later"
+    first = commit_files(repo, {f"m{i}.py": f"v = {i}\n" for i in range(20)})
+    second = commit_files(repo, {"m4.py": "v = 'four'\n", "added.txt": "new\n"}, message="edit")
+    third = commit_files(repo, {"m5.py": "v = 'five'\n"}, message="again")
+    chown_agent(repo)
+    for version in (first, second, third):
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+
+    update = store.update_worktree(first, work, index, record_later=True)
+    assert update.changed is None and (work / "m4.py").read_text() == "v = 4\n"
+    assert {p.stat().st_mtime for p in work.iterdir()} == {CHECKOUT_MTIME}
+    assert CandidateStore.indexed_tree(index) is None  # not recorded yet: the next update would write it whole
+    store.record_worktree(update)
+    assert CandidateStore.indexed_tree(index) == store.get(first).tree
+
+    update = store.update_worktree(second, work, index, record_later=True)
+    assert sorted(update.changed) == ["added.txt", "m4.py"]  # only what differs: the record counted
+    inode = (work / "m1.py").stat().st_ino
+    # never recorded (the sidecar stopped mid-run) and a file changed meanwhile: written whole
+    (work / "m1.py").write_text("tampered\n")
+    update = store.update_worktree(third, work, index, record_later=True)
+    assert update.changed is None
+    assert (work / "m1.py").read_text() == "v = 1\n" and (work / "m5.py").read_text() == "v = 'five'\n"
+    assert (work / "m4.py").read_text() == "v = 'four'\n" and (work / "m1.py").stat().st_ino != inode
+    store.record_worktree(update)
+    store.record_worktree(update)  # recording twice changes nothing
+    assert CandidateStore.indexed_tree(index) == store.get(third).tree
+    assert store.update_worktree(third, work, index).changed == ()  # the same tree again: nothing written
+
+
 GITATTRIBUTES = (
     "* text eol=crlf\n"
     "*.txt ident\n"

@@ -90,8 +90,12 @@ def test_every_slot_is_warmed_with_the_baseline_and_its_first_job_writes_only_wh
             assert now["pkg1/mod3.py"] != warm[slot]["pkg1/mod3.py"]  # written again (a new ctime)
             del now["pkg1/mod3.py"], warm[slot]["pkg1/mod3.py"]
             assert now == warm[slot]  # every other file as the warm-up wrote it
+        tree = service.candidates.get(version).tree
         backend.block.set()
         await service.stop()
+        # each job recorded its slot's index (during its run): the slot is warm at the new tree
+        for n in range(len(slots)):
+            assert CandidateStore.indexed_tree(harness.state_dir / "checkouts" / f"slot-{n}.index") == tree
 
     asyncio.run(scenario())
 

@@ -164,6 +164,18 @@ class WorktreeUpdate:
     changed: tuple[str, ...] | None
     """Tree-relative paths of the files and symlinks the update wrote (those that differ from the
     previous update's tree, or that were changed since); None when the whole tree was written."""
+    pending: _PendingRecord | None = None
+    """With `record_later`: what `CandidateStore.record_worktree` still has to write (None: nothing)."""
+
+
+@dataclass(frozen=True)
+class _PendingRecord:
+    """The index and tree marker an update left to `CandidateStore.record_worktree`."""
+
+    index_file: Path
+    tree: str
+    restamped: tuple[bytes, ...]
+    whole: bool
 
 
 @dataclass(frozen=True)
@@ -862,7 +874,9 @@ class CandidateStore:
             raise
         return dest
 
-    def update_worktree(self, candidate_id: str, work_tree: str | Path, index_file: str | Path) -> WorktreeUpdate:
+    def update_worktree(
+        self, candidate_id: str, work_tree: str | Path, index_file: str | Path, *, record_later: bool = False
+    ) -> WorktreeUpdate:
         """Bring the persistent work tree `work_tree` to a candidate's files, writing only what changed.
 
         `index_file` (private to the caller, e.g. under the state dir) is git's index of what
@@ -874,6 +888,13 @@ class CandidateStore:
         emptied and written whole. Call it for one work tree from one thread at a time: then a
         `<index_file>.lock` can only be what a git killed mid-update left (no git child outlives a
         call), and it is removed, or every later update of this work tree would fail.
+
+        `record_later`: the work tree is ready (its files, their mtime) when this returns, but the
+        index's stat of the restamped files and the tree marker are written by
+        `record_worktree(update)`, which the caller runs once the work tree's user has started
+        (an evaluation slot: after its nested run), off the path to that start. Until then, and
+        for good if it never runs (a crash), the marker is absent and the next update writes the
+        work tree whole: never a wrong tree, at worst a slower update.
 
         Returns:
             The work tree and the tree-relative paths that changed (None: everything was written).
@@ -897,7 +918,7 @@ class CandidateStore:
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
-            written = self._settle(work_tree, index_file, whole=previous is None)
+            written = self._settle(work_tree, index_file)
         except BaseException:
             index_file.unlink(missing_ok=True)
             raise
@@ -905,8 +926,37 @@ class CandidateStore:
         # it before): the files that differ from the previous tree, and any a build had changed.
         # (A `diff-tree` of the two trees said the same, less the latter, with one more process.)
         changed = None if previous is None else tuple(os.fsdecode(path) for path in written)
-        atomic_write_bytes(marker, tree.encode("ascii") + b"\n")
-        return WorktreeUpdate(path=work_tree, changed=changed)
+        pending = _PendingRecord(index_file=index_file, tree=tree, restamped=tuple(written), whole=previous is None)
+        update = WorktreeUpdate(path=work_tree, changed=changed, pending=pending)
+        if not record_later:
+            self.record_worktree(update)
+            return WorktreeUpdate(path=work_tree, changed=changed)
+        return update
+
+    def record_worktree(self, update: WorktreeUpdate) -> None:
+        """Write what `update_worktree(..., record_later=True)` left: the index's stat of the
+        restamped files (rehashing only those), or the next update would rewrite them all, then the
+        tree marker. Call it from the thread that owns the work tree, before its next update.
+
+        Raises:
+            GitFailed: git failed; the index and marker are then removed (the next update writes
+                the work tree whole).
+        """
+        pending = update.pending
+        if pending is None:
+            return
+        worktree_git = self._worktree_git(update.path, pending.index_file)
+        try:
+            if pending.whole:  # all restamped: one `--refresh` (with `--stdin` of every path, warming 4
+                # slots of 50,000 files took 65 s of CPU, against 20 s before stamping)
+                worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
+            elif pending.restamped:  # only their entries (`--refresh` lstats every entry)
+                paths = b"".join(path + b"\0" for path in pending.restamped)
+                worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
+        except BaseException:
+            pending.index_file.unlink(missing_ok=True)
+            raise
+        atomic_write_bytes(_tree_marker(pending.index_file), pending.tree.encode("ascii") + b"\n")
 
     @staticmethod
     def indexed_tree(index_file: str | Path) -> str | None:
@@ -936,28 +986,19 @@ class CandidateStore:
             [*_WORKTREE_GIT, "read-tree", "--reset", "-u", "--end-of-options", tree]
         )
 
-    def _settle(self, work_tree: Path, index_file: Path, *, whole: bool) -> Sequence[bytes]:
+    def _settle(self, work_tree: Path, index_file: Path) -> Sequence[bytes]:
         """After `_read_tree` into a persistent work tree: remove what the tree does not track
-        (untracked and ignored files and directories, nested repositories too), stamp every entry
-        `CHECKOUT_MTIME`, and record the restamped files' stat in the index (rehashing only those),
-        or the next update would rewrite them all. `whole`: the work tree was written whole.
+        (untracked and ignored files and directories, nested repositories too) and stamp every
+        entry `CHECKOUT_MTIME` (`record_worktree` then records the restamped files in the index).
 
         Returns:
             The files and symlinks restamped (`stamp_checkout`): what the update wrote.
 
         Raises:
-            GitFailed: git failed, or a file no longer holds what the index says.
+            GitFailed: git failed.
         """
-        worktree_git = self._worktree_git(work_tree, index_file)
-        worktree_git.execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
-        restamped = stamp_checkout(work_tree)
-        if whole:  # all restamped: one `--refresh` (with `--stdin` of every path, warming 4 slots of
-            # 50,000 files took 65 s of CPU, against 20 s before stamping)
-            worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
-        elif restamped:  # what the update wrote: only their entries (`--refresh` lstats every entry)
-            paths = b"".join(path + b"\0" for path in restamped)
-            worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
-        return restamped
+        self._worktree_git(work_tree, index_file).execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
+        return stamp_checkout(work_tree)
 
 
 _WORKTREE_GIT = ("git", "-c", "core.trustctime=false", "-c", "core.checkStat=minimal", "-c", "core.autocrlf=false")

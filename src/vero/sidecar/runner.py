@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from vero.core.candidates import CandidateStore
+from vero.core.candidates import CandidateStore, WorktreeUpdate
 from vero.core.diagnostics import RunDiagnostics
 from vero.core.evaluation import EvaluationResult
 from vero.core.jobs import TERMINAL_STATES, EvaluationJob
@@ -48,7 +48,7 @@ from vero.core.run import (
     provider_key_names,
 )
 from vero.core.storage import remove_tree
-from vero.errors import CaseMisconfigured, Conflict, InfrastructureFailure
+from vero.errors import CaseMisconfigured, Conflict, GitFailed, InfrastructureFailure
 from vero.harbor.process import finish_uncancellable, runner_identity
 from vero.sidecar.agent_inference import AGENT_TOKEN_DIGEST_ENV, LedgerCallJournal, agent_scope, open_agent_scope
 from vero.sidecar.artifacts import ArtifactLimits, copy_trial_artifacts
@@ -445,10 +445,14 @@ class JobRunner:
         """The job's measurement in `slot`, held until it is shown finished (a failure too)."""
         try:
             job = await self.records.jobs.update(job_id, state="running", started_at=_now())
-            checkout = await asyncio.to_thread(self._checkout, job.candidate, slot)
-            turn.lease = lease = self.runtime.lease(self._nested_run(job, checkout))
-            async with lease as run:
-                result = await self.backend.evaluate(run)
+            update = await asyncio.to_thread(self._checkout, job.candidate, slot, record_later=True)
+            recorded = asyncio.ensure_future(asyncio.to_thread(self._record_checkout, update, slot))
+            try:
+                turn.lease = lease = self.runtime.lease(self._nested_run(job, update.path))
+                async with lease as run:
+                    result = await self.backend.evaluate(run)
+            finally:
+                await finish_uncancellable(recorded)
             # Charged as measured even when model calls never reached their provider: a refund
             # for them would be one the candidate chooses by calling (`EvaluationLease.charged`).
             turn.measured = result = lease.charged(result)
@@ -481,13 +485,22 @@ class JobRunner:
         state: Literal["failed", "cancelled"] = "cancelled" if reason in ("sealed", "cancelled") else "failed"
         await self._close_unmeasured(job_id, state, reason, inference_charged_micro_usd=turn.spent_by_calls())
 
-    def _checkout(self, candidate: str, slot: int) -> Path:
-        """The slot's persistent work tree, brought to `candidate` (only changed files written)."""
+    def _checkout(self, candidate: str, slot: int, *, record_later: bool = False) -> WorktreeUpdate:
+        """The slot's persistent work tree, brought to `candidate` (only changed files written;
+        `record_later`: its index and marker are left to `_record_checkout`)."""
         update = self.records.candidates.update_worktree(
-            candidate, self.paths.slot_tree(slot), self.paths.slot_index(slot)
+            candidate, self.paths.slot_tree(slot), self.paths.slot_index(slot), record_later=record_later
         )
         _make_readable(update.path, update.changed)
-        return update.path
+        return update
+
+    def _record_checkout(self, update: WorktreeUpdate, slot: int) -> None:
+        """What `_checkout(record_later=True)` left; a failure only makes the slot's next update
+        write it whole (logged), the measurement stands."""
+        try:
+            self.records.candidates.record_worktree(update)
+        except (GitFailed, OSError) as exc:
+            _logger.warning("slot %d: its index was not recorded (%s); its next job writes it whole", slot, exc)
 
     def _nested_run(self, job: EvaluationJob, checkout: Path) -> NestedRun:
         """The nested run of `job` over its slot's `checkout` (the lease adds the gateway's part)."""
