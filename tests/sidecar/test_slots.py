@@ -218,3 +218,31 @@ def test_a_cancelled_warm_up_finishes_the_slot_it_writes_and_a_failed_slot_stays
         assert sorted([await pool.acquire() for _ in range(3)]) == [0, 1, 2]  # every slot given back
 
     asyncio.run(scenario())
+
+
+def test_a_slots_changed_files_and_the_directories_above_them_are_made_readable(tmp_path):
+    """`_make_readable` with the paths an update wrote: those files a+r (a+rx where the owner may
+    execute) and every directory from the slot down to them 0755; a symlink (to a directory too),
+    a directory off those paths and a path deleted with its directory are left as they are."""
+    from vero.sidecar.runner import _make_readable
+
+    root = tmp_path / "slot"
+    (root / "a" / "b" / "c").mkdir(parents=True)
+    (root / "off").mkdir()
+    (root / "a" / "b" / "c" / "mod.py").write_text("x\n")
+    (root / "a" / "b" / "run.sh").write_text("echo\n")
+    (root / "a" / "top.py").write_text("y\n")
+    (root / "linked").symlink_to(root / "off", target_is_directory=True)
+    (root / "a" / "b" / "c" / "mod.py").chmod(0o600)
+    (root / "a" / "b" / "run.sh").chmod(0o700)
+    (root / "a" / "top.py").chmod(0o600)
+    for directory in (root / "a" / "b" / "c", root / "a" / "b", root / "a", root / "off", root):
+        directory.chmod(0o700)
+
+    _make_readable(root, ("a/b/c/mod.py", "a/b/run.sh", "linked", "gone/deeper/file.py"))
+
+    mode = {p: (root / p).lstat().st_mode & 0o777 for p in ("", "a", "a/b", "a/b/c", "off")}
+    assert mode == {"": 0o755, "a": 0o755, "a/b": 0o755, "a/b/c": 0o755, "off": 0o700}
+    assert (root / "a" / "b" / "c" / "mod.py").stat().st_mode & 0o777 == 0o644
+    assert (root / "a" / "b" / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (root / "a" / "top.py").stat().st_mode & 0o777 == 0o600  # not among the changed
