@@ -1,7 +1,8 @@
 """The spec reference of `docs/spec.md`, generated from the models' field docstrings.
 
 Every field of `OptimizationSpec` (recursively) becomes a row: its YAML path, its type, whether it
-is required or its default, and its attribute docstring (`use_attribute_docstrings`). The rows go
+is required or its default, and its attribute docstring (read here by pydantic's own reader, the
+one `use_attribute_docstrings` applies; the models leave that option off). The rows go
 between two markers of the page; the prose around them is written by hand. Regenerate with
 `uv run python -m vero.spec.reference docs/spec.md`; `tests/spec/test_reference.py` fails when the
 committed page is not what this module renders.
@@ -9,13 +10,16 @@ committed page is not what this module renders.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 import typing
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
+from pydantic._internal._docs_extraction import extract_docstrings_from_cls
 from pydantic.fields import FieldInfo
 
 from vero.spec.models import AgentTarget, OptimizationSpec, ProgramTarget
@@ -81,8 +85,24 @@ def _default(field: FieldInfo) -> str:
     return f"`{value}`"
 
 
-def _describe(field: FieldInfo) -> str:
-    text = " ".join((field.description or "").split())
+@cache
+def _docstrings(model: type) -> dict[str, str]:
+    return extract_docstrings_from_cls(model, use_inspect=True)
+
+
+def _field_doc(model: type[BaseModel], name: str, field: FieldInfo) -> str:
+    """The field's `description`, else the attribute docstring of the class that declares it (as
+    `use_attribute_docstrings` would set it)."""
+    if field.description is not None:
+        return field.description
+    for cls in model.__mro__:
+        if name in inspect.get_annotations(cls):
+            return _docstrings(cls).get(name, "")
+    return ""
+
+
+def _describe(model: type[BaseModel], name: str, field: FieldInfo) -> str:
+    text = " ".join(_field_doc(model, name, field).split())
     return text.replace("|", "\\|")
 
 
@@ -108,10 +128,10 @@ def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]
         path = f"{prefix}{name}"
         annotation = field.annotation
         if model is OptimizationSpec and name == "target":
-            rows.append((path, "mapping", _default(field), _describe(field)))
+            rows.append((path, "mapping", _default(field), _describe(model, name, field)))
             rows.extend(_target_rows(f"{path}."))
             continue
-        rows.append((path, _type_name(annotation), _default(field), _describe(field)))
+        rows.append((path, _type_name(annotation), _default(field), _describe(model, name, field)))
         inner = _model_of(annotation)
         if inner is not None:
             key = _KEY_NAMES.get(name)
