@@ -36,6 +36,7 @@ from typing import Any
 import git
 
 from vero.core.storage import atomic_write_bytes
+from vero.core.watchdog import WATCHDOG
 from vero.errors import GitFailed
 
 __all__ = [
@@ -352,11 +353,9 @@ def communicate_or_kill(
         for each in (proc, *also):
             _kill_group(each)
 
-    # A timer rather than `communicate(timeout=)`, whose wait polls with sleeps (milliseconds of
-    # latency per command).
-    watchdog = threading.Timer(timeout_sec, kill) if timeout_sec is not None else None
-    if watchdog is not None:
-        watchdog.start()
+    # The process-wide watchdog rather than `communicate(timeout=)`, whose wait polls with sleeps
+    # (milliseconds of latency per command), or a timer thread per command (`vero.core.watchdog`).
+    armed = WATCHDOG.arm(timeout_sec, kill) if timeout_sec is not None else None
     try:
         out, err = proc.communicate(stdin)
     except BaseException:
@@ -364,8 +363,8 @@ def communicate_or_kill(
         proc.wait()
         raise
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
+        if armed is not None:
+            WATCHDOG.disarm(armed)
     return out or b"", err or b"", killed.is_set()
 
 
