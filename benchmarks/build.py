@@ -11,7 +11,10 @@ alternating rounds it runs, each as a fresh process of this venv's interpreter:
   tasks/<example>/cases <every case>`: checks 1-3 in a fresh process, as the nested-run backend runs
   them), to show what the checks, mostly check 3's Harbor trial, cost of a build;
 - with `--baseline-src DIR` (e.g. `/work/main/src`), the same builds with vero imported from that
-  checkout (`python -m vero._entry`), so a change is compared with its base in the same rounds.
+  checkout (`python -m vero._entry`), so a change is compared with its base in the same rounds;
+- with `--check-shares`, each build twice more with `vero.harbor.case_checks.check_cases` replaced in
+  the build's process: without check 3 (`setup=False`) and without any case check, to show what a
+  build would cost without them (the replacement imports `vero.harbor.case_checks` first, a few ms).
 
 It prints medians of CPU (user + system of the process and its children) and wall milliseconds,
 each build's ratio to the task models' import, the tarball's size and how many copies of the
@@ -39,6 +42,19 @@ if str(ROOT) not in sys.path:
 from benchmarks.growth import _cpu_ms
 
 EXAMPLES = ("minimal", "c-matmul", "puzzle-agent")
+
+WITHOUT_CHECKS = """
+import functools, sys
+import vero.harbor.case_checks as checks
+without = sys.argv.pop(1)
+checks.check_cases = (
+    functools.partial(checks.check_cases, setup=False) if without == "check 3" else lambda *_a, **_k: []
+)
+from vero._entry import main
+main()
+"""
+"""`python -c` program: `vero` with the case checks replaced (argv: "check 3" or "case checks", then
+vero's arguments)."""
 
 
 def _wheel_copies(tarball: Path) -> int:
@@ -70,6 +86,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline-src", type=Path, default=None, help="also build with vero from this src")
     parser.add_argument("--cold", action="store_true", help="an empty per-user cache for every build")
+    parser.add_argument("--check-shares", action="store_true", help="also build without check 3 / any case check")
     args = parser.parse_args()
     # Bytecode is cached as on an operator's machine (this shell may say not to).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -88,6 +105,13 @@ def main() -> None:
             cases = ROOT / "tasks" / example / "cases"
             checks = [python, "-m", "vero.harbor.case_checks", "docker", str(cases), *sorted(os.listdir(cases))]
             commands[f"case checks {example}"] = (checks, env)
+            if args.check_shares:
+                for without in ("check 3", "case checks"):
+                    target = str(out / f"{example}-without-{without.replace(' ', '-')}")
+                    commands[f"build {example} without {without}"] = (
+                        [python, "-c", WITHOUT_CHECKS, without, *build, target],
+                        env,
+                    )
             if args.baseline_src is not None:
                 base_env = {**env, "PYTHONPATH": str(args.baseline_src.resolve())}
                 commands[f"build {example} (baseline)"] = (
@@ -115,7 +139,7 @@ def main() -> None:
                 f"  {name:<36} CPU {cpu:7.0f} ms, wall {wall:7.0f} ms, "
                 f"CPU / task models {cpu / models_cpu:5.2f}, / trial {cpu / trial_cpu:5.2f}"
             )
-            if name.startswith("build "):
+            if name.startswith("build ") and " without " not in name:
                 target = name.split()[1] + ("-base" if name.endswith("(baseline)") else "")
                 tarball = out / f"{target}.tar.gz"
                 line += f", tarball {tarball.stat().st_size / 1e6:.2f} MB, wheel stored {_wheel_copies(tarball)}x"
