@@ -110,20 +110,11 @@ def _make_readable(root: Path, changed: tuple[str, ...] | None = None) -> None:
             for name in filenames:
                 _make_file_readable(os.path.join(dirpath, name))
         return
-    # String prefixes, not `Path.parents` and `is_relative_to` per parent: with 64 slots moving by
-    # dozens of files each, that pathlib walk was a third of the sidecar's GIL time (py-spy).
-    directories = {""}
     for rel in changed:
-        directory = rel
-        while (cut := directory.rfind("/")) > 0:
-            directory = directory[:cut]
-            if directory in directories:
-                break  # and every directory above it
-            directories.add(directory)
         path = os.path.join(root, rel)
         if os.path.lexists(path):
             _make_file_readable(path)
-    for directory in directories:
+    for directory in _directories_above(changed):
         path = os.path.join(root, directory) if directory else os.fspath(root)
         try:
             is_directory = stat.S_ISDIR(os.lstat(path).st_mode)  # a real one: a symlink is left alone
@@ -131,6 +122,23 @@ def _make_readable(root: Path, changed: tuple[str, ...] | None = None) -> None:
             continue  # deleted with the file that was in it
         if is_directory:
             os.chmod(path, 0o755)
+
+
+def _directories_above(paths: tuple[str, ...]) -> set[str]:
+    """The directories (tree-relative; "" the root) from the root down to each of `paths`.
+
+    String prefixes, not `Path.parents` and `is_relative_to` per parent: with 64 slots moving by
+    dozens of files each, that pathlib walk was a third of the sidecar's GIL time (py-spy).
+    """
+    directories = {""}
+    for rel in paths:
+        directory = rel
+        while (cut := directory.rfind("/")) > 0:
+            directory = directory[:cut]
+            if directory in directories:
+                break  # and every directory above it
+            directories.add(directory)
+    return directories
 
 
 def _diagnostics_of(error: InfrastructureFailure) -> RunDiagnostics | None:
