@@ -545,13 +545,20 @@ def test_an_update_recorded_later_is_ready_at_once_and_counts_only_once_recorded
 
     update = store.update_worktree(first, work, index, record_later=True)
     assert update.changed is None and (work / "m4.py").read_text() == "v = 4\n"
+    # written whole: recorded at once (refreshing every entry is not left to run beside a measurement)
+    assert update.pending is None and CandidateStore.indexed_tree(index) == store.get(first).tree
+
+    update = store.update_worktree(second, work, index, record_later=True)
+    assert sorted(update.changed) == ["added.txt", "m4.py"]  # only what differs
     assert {p.stat().st_mtime for p in work.iterdir()} == {CHECKOUT_MTIME}
     assert CandidateStore.indexed_tree(index) is None  # not recorded yet: the next update would write it whole
     store.record_worktree(update)
-    assert CandidateStore.indexed_tree(index) == store.get(first).tree
-
+    assert CandidateStore.indexed_tree(index) == store.get(second).tree
+    update = store.update_worktree(first, work, index, record_later=True)
+    assert update.changed == ("m4.py",)  # the record counted: only what git wrote (added.txt deleted)
+    assert not (work / "added.txt").exists()
+    store.record_worktree(update)
     update = store.update_worktree(second, work, index, record_later=True)
-    assert sorted(update.changed) == ["added.txt", "m4.py"]  # only what differs: the record counted
     inode = (work / "m1.py").stat().st_ino
     # never recorded (the sidecar stopped mid-run) and a file changed meanwhile: written whole
     (work / "m1.py").write_text("tampered\n")

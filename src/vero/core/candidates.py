@@ -892,9 +892,10 @@ class CandidateStore:
         `record_later`: the work tree is ready (its files, their mtime) when this returns, but the
         index's stat of the restamped files and the tree marker are written by
         `record_worktree(update)`, which the caller runs once the work tree's user has started
-        (an evaluation slot: after its nested run), off the path to that start. Until then, and
+        (an evaluation slot: beside its nested run), off the path to that start. Until then, and
         for good if it never runs (a crash), the marker is absent and the next update writes the
-        work tree whole: never a wrong tree, at worst a slower update.
+        work tree whole: never a wrong tree, at worst a slower update. A work tree written whole
+        is recorded here all the same (its record refreshes every entry).
 
         Returns:
             The work tree and the tree-relative paths that changed (None: everything was written).
@@ -928,7 +929,9 @@ class CandidateStore:
         changed = None if previous is None else tuple(os.fsdecode(path) for path in written)
         pending = _PendingRecord(index_file=index_file, tree=tree, restamped=tuple(written), whole=previous is None)
         update = WorktreeUpdate(path=work_tree, changed=changed, pending=pending)
-        if not record_later:
+        # A whole write's record (an index refresh of every entry: seconds on a large tree) is not
+        # left to run beside a measurement: only a changed file's rehash is.
+        if not record_later or previous is None:
             self.record_worktree(update)
             return WorktreeUpdate(path=work_tree, changed=changed)
         return update
