@@ -428,6 +428,21 @@ def _cross(client, harness, versions: dict[str, str]) -> dict:
     }
 
 
+def _trial_endings(job_dir: Path) -> list[dict]:
+    """Each trial's exception and phase times from its `result.json` (for a failure's message)."""
+    endings = []
+    for path in sorted(job_dir.glob("*/result.json")):
+        result = json.loads(path.read_text())
+        endings.append(
+            {
+                "trial": path.parent.name,
+                "exception": result.get("exception_info"),
+                **{key: result.get(key) for key in ("started_at", "finished_at", "agent_execution")},
+            }
+        )
+    return endings or [{"job_dir": sorted(p.name for p in job_dir.iterdir()) if job_dir.is_dir() else "absent"}]
+
+
 _ADMITTED_ONLY = {"id", "version", "candidate", "created_at", "finished_at"}
 
 
@@ -477,8 +492,10 @@ def _check_crossings(harness, crossed: dict, caplog: pytest.LogCaptureFixture) -
     jobs_dir = harness.work_dir / "jobs"
 
     def reports(name: str) -> list[dict]:
-        found = [json.loads(p.read_text()) for p in (jobs_dir / jobs[name]["id"]).glob("*/agent/candidate/report.json")]
-        assert found, f"no report of the {name} candidate"
+        job_dir = jobs_dir / jobs[name]["id"]
+        found = [json.loads(p.read_text()) for p in job_dir.glob("*/agent/candidate/report.json")]
+        # Without a report, say what each trial ended with (its exception, its timing).
+        assert found, (f"no report of the {name} candidate", _trial_endings(job_dir))
         return found
 
     # The leak happened: it wrote everywhere it could...

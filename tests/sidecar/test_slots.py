@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from vero.core.candidates import CandidateStore
+from vero.core.worktree_seal import changed_since, read_seal
 from vero.sidecar.models import EvaluationRequest
 from vero.sidecar.slots import SlotPool, warm_slots
 
@@ -79,6 +80,14 @@ def test_every_slot_is_warmed_with_the_baseline_and_its_first_job_writes_only_wh
         await service.runner.warmed()
         assert {slot: _written(slot) for slot in slots} == warm  # already warm: nothing rewritten
 
+        moved = []
+        checkout = service.runner._checkout
+
+        def recorded_checkout(*args, **kwargs):
+            moved.append(checkout(*args, **kwargs))
+            return moved[-1]
+
+        service.runner._checkout = recorded_checkout
         version = commit_file(harness.agent_repo, "pkg1/mod3.py", "VALUE = 'changed'\n", "one file")
         for _ in slots:  # each job holds its slot (the backend blocks), so the next takes another
             await service.start_evaluation("agent", EvaluationRequest(partition="train", version=version))
@@ -93,9 +102,14 @@ def test_every_slot_is_warmed_with_the_baseline_and_its_first_job_writes_only_wh
         tree = service.candidates.get(version).tree
         backend.block.set()
         await service.stop()
-        # each job recorded its slot's index (during its run): the slot is warm at the new tree
+        # each job recorded its slot's index (during its run): the slot is warm at the new tree,
+        # sealed there by its job (`vero.core.worktree_seal`), and its move was the sealed one
         for n in range(len(slots)):
-            assert CandidateStore.indexed_tree(harness.state_dir / "checkouts" / f"slot-{n}.index") == tree
+            index = harness.state_dir / "checkouts" / f"slot-{n}.index"
+            assert CandidateStore.indexed_tree(index) == tree
+            seal = read_seal(index)
+            assert seal is not None and seal.tree == tree and changed_since(slots[n], seal) == []
+        assert [update.sealed for update in moved] == [True] * len(slots)
 
     asyncio.run(scenario())
 

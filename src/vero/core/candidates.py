@@ -61,9 +61,11 @@ sources, builds the same thing from the same commit in every slot and in the ver
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -85,8 +87,21 @@ from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_
 from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
+from vero.core.worktree_seal import (
+    MAX_MOVE_BYTES,
+    MoveCache,
+    MoveOp,
+    apply_move,
+    changed_since,
+    plan_move,
+    read_seal,
+    remove_seal,
+    write_seal,
+)
 from vero.errors import CandidateRejected, GitFailed, StorageFull
 from vero.spec.models import CandidateLimits
+
+_logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHECKOUT_ATTRIBUTES",
@@ -162,8 +177,16 @@ class WorktreeUpdate:
     path: Path
     """The work tree."""
     changed: tuple[str, ...] | None
-    """Tree-relative paths of the files and symlinks the update wrote (those that differ from the
-    previous update's tree, or that were changed since); None when the whole tree was written."""
+    """Tree-relative paths of the files and symlinks the update wrote or deleted (those that differ
+    from the previous update's tree, or that were changed since); None when the whole tree was
+    written."""
+    index_file: Path
+    """The work tree's index (its seal and tree marker beside it)."""
+    tree: str
+    """The tree the work tree now holds."""
+    sealed: bool = False
+    """Whether the update went by the work tree's seal (`vero.core.worktree_seal`): one `find`
+    showed it unchanged since, and the files that differ were written from the move's blobs."""
     pending: _PendingRecord | None = None
     """With `record_later`: what `CandidateStore.record_worktree` still has to write (None: nothing)."""
 
@@ -176,6 +199,8 @@ class _PendingRecord:
     tree: str
     restamped: tuple[bytes, ...]
     whole: bool
+    moved: bool = False
+    """Written by a sealed move: `restamped` holds deleted and new paths too (`--add --remove`)."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +330,8 @@ class CandidateStore:
         self._in_flight_lock = threading.Lock()
         self._in_flight: dict[tuple[Path, str], _InFlight] = {}
         """(agent Git directory, commit id) imports running now (`_claim`)."""
+        self._moves = MoveCache()
+        """Moves between two trees read for sealed work trees (`_move_sealed`)."""
 
     @classmethod
     def open(
@@ -897,6 +924,11 @@ class CandidateStore:
         work tree whole: never a wrong tree, at worst a slower update. A work tree written whole
         is recorded here all the same (its record refreshes every entry).
 
+        A work tree sealed since its last update (`seal_worktree`) is checked with one `find`
+        instead (`vero.core.worktree_seal`): unchanged since, the files that differ between the two
+        trees are written from their blobs, read once for every work tree making the same move;
+        changed since (or a move of more than regular files), git checks and writes it as above.
+
         Returns:
             The work tree and the tree-relative paths that changed (None: everything was written).
 
@@ -911,6 +943,17 @@ class CandidateStore:
         store = self._store_git()
         tree = self._commit_tree(store, candidate_id)
         previous = self.indexed_tree(index_file)
+        if previous is not None:
+            try:
+                moved = self._move_sealed(store, work_tree, index_file, (previous, tree), record_later=record_later)
+            except (OSError, GitFailed) as exc:  # part-moved, or the seal not checked: written whole below
+                _logger.warning("work tree %s: its sealed move failed (%s); written whole", work_tree, exc)
+                index_file.unlink(missing_ok=True)
+                previous = None
+            else:
+                if moved is not None:
+                    return moved
+        remove_seal(index_file)
         if previous is None:
             index_file.unlink(missing_ok=True)
             if os.path.lexists(work_tree) and not remove_tree(work_tree):
@@ -928,13 +971,107 @@ class CandidateStore:
         # (A `diff-tree` of the two trees said the same, less the latter, with one more process.)
         changed = None if previous is None else tuple(os.fsdecode(path) for path in written)
         pending = _PendingRecord(index_file=index_file, tree=tree, restamped=tuple(written), whole=previous is None)
-        update = WorktreeUpdate(path=work_tree, changed=changed, pending=pending)
+        update = WorktreeUpdate(path=work_tree, changed=changed, index_file=index_file, tree=tree, pending=pending)
         # A whole write's record (an index refresh of every entry: seconds on a large tree) is not
         # left to run beside a measurement: only a changed file's rehash is.
-        if not record_later or previous is None:
-            self.record_worktree(update)
-            return WorktreeUpdate(path=work_tree, changed=changed)
-        return update
+        return self._recorded_unless_later(update, record_later=record_later and previous is not None)
+
+    def _recorded_unless_later(self, update: WorktreeUpdate, *, record_later: bool) -> WorktreeUpdate:
+        if record_later:
+            return update
+        self.record_worktree(update)
+        return dataclasses.replace(update, pending=None)
+
+    def _move_sealed(
+        self, store: IsolatedGit, work_tree: Path, index_file: Path, move: tuple[str, str], *, record_later: bool
+    ) -> WorktreeUpdate | None:
+        """`update_worktree` by the work tree's seal (`vero.core.worktree_seal`), or None when git
+        must make the update: no seal of the indexed tree, the work tree changed since its seal, or
+        a move with more than regular files (or too large) to write.
+
+        Raises:
+            OSError: the seal could not be checked or the move was cut short (the marker and seal
+                are removed by then: the caller writes the work tree whole).
+            GitFailed: git could not forget the entries changed since the seal (likewise).
+        """
+        previous, tree = move
+        seal = read_seal(index_file)
+        if seal is None or seal.tree != previous:
+            return None
+        ops = () if previous == tree else self._moves.get(move, lambda: self._read_move(store, previous, tree))
+        if ops is None:
+            return None
+        changed_entries = changed_since(work_tree, seal)
+        if changed_entries:
+            self._forget_changed(work_tree, index_file, changed_entries)
+            return None
+        if not ops:
+            return WorktreeUpdate(path=work_tree, changed=(), index_file=index_file, tree=tree, sealed=True)
+        remove_seal(index_file)
+        _tree_marker(index_file).unlink(missing_ok=True)
+        moved = tuple(apply_move(work_tree, ops, CHECKOUT_MTIME * 1_000_000_000))
+        pending = _PendingRecord(index_file=index_file, tree=tree, restamped=moved, whole=False, moved=True)
+        changed = tuple(os.fsdecode(path) for path in moved)
+        update = WorktreeUpdate(
+            path=work_tree, changed=changed, index_file=index_file, tree=tree, sealed=True, pending=pending
+        )
+        return self._recorded_unless_later(update, record_later=record_later)
+
+    def _forget_changed(self, work_tree: Path, index_file: Path, changed: Sequence[bytes]) -> None:
+        """Take the entries changed since a work tree's seal out of its index: each is then an
+        untracked path in the way, which `read-tree --reset -u` overwrites with the tree's (a
+        directory's strays go with `clean`), even a file rewritten to its size with its mtime put
+        back, which the index's stat alone would not show.
+
+        Raises:
+            GitFailed: git failed.
+        """
+        _logger.warning(
+            "work tree %s: %d entries changed since its seal (e.g. %r); git checks and rewrites them",
+            work_tree, len(changed), os.fsdecode(changed[0]) or ".",
+        )  # fmt: skip
+        paths = b"".join(path + b"\0" for path in changed if path)
+        self._worktree_git(work_tree, index_file).execute(
+            [*_WORKTREE_GIT, "update-index", "--force-remove", "-z", "--stdin"], istream=paths
+        )
+
+    def _read_move(self, store: IsolatedGit, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
+        """The entries that differ between two trees, with their new blobs (`diff-tree` and one
+        `cat-file --batch`), or None when the move is git's to make (`plan_move`)."""
+        raw = store.diff_tree(
+            "-r", "-z", "--no-renames", "--end-of-options", previous, tree,
+            stdout_as_string=False, strip_newline_in_stdout=False,
+        )  # fmt: skip
+        planned = plan_move(raw)
+        if planned is None:
+            return None
+        entries, oids = planned
+        if not oids:
+            return tuple(MoveOp(path=path, content=None) for path, _, _ in entries)
+        blobs = self._read_blobs(store, oids)
+        if sum(map(len, blobs.values())) > MAX_MOVE_BYTES:
+            return None
+        return tuple(
+            MoveOp(path=path, content=None if oid is None else blobs[oid], executable=executable)
+            for path, oid, executable in entries
+        )
+
+    def seal_worktree(self, update: WorktreeUpdate) -> bool:
+        """Seal `update`'s work tree (`vero.core.worktree_seal.write_seal`) once everything that
+        changes it before its use is done: its next update then checks it with one `find` and
+        writes only what its move changes. The seal counts only once the update is recorded too
+        (`record_worktree`: its tree marker names the sealed tree).
+
+        Returns:
+            Whether it was sealed: a failure (the root could not be changed, the seal not written)
+            is logged and leaves no seal, so the next update goes by git, as it would without.
+        """
+        try:
+            return write_seal(update.path, update.index_file, update.tree) is not None
+        except OSError as exc:
+            _logger.warning("work tree %s was not sealed (%s)", update.path, exc)
+            remove_seal(update.index_file)
+            return False
 
     def record_worktree(self, update: WorktreeUpdate) -> None:
         """Write what `update_worktree(..., record_later=True)` left: the index's stat of the
@@ -955,7 +1092,9 @@ class CandidateStore:
                 worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
             elif pending.restamped:  # only their entries (`--refresh` lstats every entry)
                 paths = b"".join(path + b"\0" for path in pending.restamped)
-                worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
+                # A sealed move's deleted and new files are entries to remove and add.
+                moved = ("--add", "--remove") if pending.moved else ()
+                worktree_git.execute([*_WORKTREE_GIT, "update-index", *moved, "-z", "--stdin"], istream=paths)
         except BaseException:
             pending.index_file.unlink(missing_ok=True)
             raise

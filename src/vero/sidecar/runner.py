@@ -512,6 +512,8 @@ class JobRunner:
             candidate, self.paths.slot_tree(slot), self.paths.slot_index(slot), record_later=record_later
         )
         _make_readable(update.path, update.changed)
+        # Last: whatever changes the slot after its seal is seen by its next update.
+        self.records.candidates.seal_worktree(update)
         return update
 
     def _record_checkout(self, update: WorktreeUpdate, slot: int) -> None:

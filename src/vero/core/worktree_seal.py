@@ -1,0 +1,371 @@
+"""A work tree's seal: one `find` shows, at a persistent work tree's next update, that nothing
+changed it since the last, and the files a move to another tree changes are written from blobs
+read once for every work tree that makes the same move.
+
+`CandidateStore.update_worktree` brings a persistent work tree (an evaluation slot) to a tree with
+three processes that each read the whole tree: `git read-tree --reset -u` (every entry's stat),
+`git clean -ffdx` (every directory), `find` (every mtime). They make the slot hold its tree's bytes
+whatever was done to it since its last update. A seal shows the same with one `find`:
+
+- `write_seal`, once an update and all else done to the work tree before its use are over (the
+  runner's `chmod`s): `<index>.seal` (root-only, beside the index; void after a reboot, since the
+  work tree's files are not synced to disk) records the tree and a ctime
+  `sealed_ns` of the work tree's root such that every change made before the seal has a ctime
+  before it and every later change to any entry a ctime at or after it. A process cannot choose
+  an inode's ctime: the kernel sets it to the current time on every change of the inode (its
+  bytes, mode, owner, link count, times; a `utime` that puts an mtime back sets the ctime to now),
+  and only a change of the system clock (CAP_SYS_TIME) could move it. Creating, removing or
+  renaming an entry changes its directory's.
+- `changed_since(seal)` at the next update: the entries below the root with a ctime at or after
+  `sealed_ns` (`find -P <tree> -mindepth 1 -newerct @<sealed_ns - 1 ns>`), and the root if its
+  ctime is no longer `sealed_ns`. None: the work tree is what was sealed. Some: git makes the
+  update, told to rewrite those (`git read-tree` alone would not see a file rewritten to the same
+  size with its mtime put back: its index compares mtime and size only).
+
+Both times come from the work tree's own filesystem (the root's ctime after a `chmod` of it), so a
+clock of another filesystem, of another granularity, never enters the comparison.
+
+A sealed work tree moves from tree A to tree B by `apply_move`: the blob entries `git diff-tree -r`
+lists between them, written as git's checkout writes them (a new file, `open(..., 0o666 or 0o777)`
+under the process's umask, the stamp `CHECKOUT_MTIME`), deleted ones removed with the directories
+they leave empty (as `git read-tree -u` does), every directory whose entries changed restamped.
+Only regular files move so (`MOVABLE_MODES`); a symlink, a submodule or an odd path in the diff
+leaves the move to git (`plan_move` returns None).
+
+Not covered: a change made in the milliseconds between an update's check and its seal. No run uses
+the slot then (the runner ends a run's processes before it releases the slot, and candidates run
+as users that cannot write a slot); `docs/trust-model.md` says so.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MOVABLE_MODES",
+    "MoveCache",
+    "MoveOp",
+    "Seal",
+    "apply_move",
+    "changed_since",
+    "plan_move",
+    "read_seal",
+    "remove_seal",
+    "write_seal",
+]
+
+MOVABLE_MODES = (b"100644", b"100755")
+"""Tree entry modes `apply_move` writes (regular files; `000000`: absent on that side)."""
+
+MAX_MOVE_ENTRIES = 4096
+"""A move with more changed entries is left to git (`git read-tree` writes many files faster)."""
+
+MAX_MOVE_BYTES = 32 * 1024 * 1024
+"""A move whose new blobs total more is left to git (and not held in memory)."""
+
+_SEAL_TRIES = 2000
+"""`chmod`s of the root tried for its ctime to move past the last change (each after 0.5 ms)."""
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What `<index>.seal` says: the work tree held `tree` when its root's ctime was `sealed_ns`."""
+
+    tree: str
+    sealed_ns: int
+
+
+@functools.cache
+def _boot_id() -> str:
+    """This boot's id: a seal written before the machine last started is void (the work tree's
+    files are not synced to disk, so a power loss could leave one short with an older ctime)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        return "unknown-boot"
+
+
+@dataclass(frozen=True)
+class MoveOp:
+    """One entry of a move: `path` (tree-relative bytes) deleted (`content` None) or written with
+    `content`, executable or not."""
+
+    path: bytes
+    content: bytes | None
+    executable: bool = False
+
+
+def _seal_path(index_file: Path) -> Path:
+    return index_file.with_name(index_file.name + ".seal")
+
+
+def read_seal(index_file: Path) -> Seal | None:
+    """The seal beside `index_file`, or None (never sealed, removed, or unreadable)."""
+    try:
+        tree, sealed, boot = _seal_path(index_file).read_text(encoding="ascii").split()
+        return Seal(tree=tree, sealed_ns=int(sealed)) if boot == _boot_id() else None
+    except (OSError, ValueError):
+        return None
+
+
+def remove_seal(index_file: Path) -> None:
+    """Remove the seal beside `index_file` (before anything changes the work tree)."""
+    _seal_path(index_file).unlink(missing_ok=True)
+
+
+def write_seal(work_tree: Path, index_file: Path, tree: str) -> Seal | None:
+    """Seal `work_tree` as holding `tree`: `chmod` its root (mode unchanged) until the root's ctime
+    moves past the one the first `chmod` gave, and record that later ctime. Every change made
+    before the call has a ctime at or before the first; every change after the last `chmod`, a
+    ctime at or after the recorded one (one filesystem's clock, which only moves forward).
+
+    Returns:
+        The seal written, or None when the root's ctime did not move within about a second (then
+        no seal: the next update checks the whole tree with git).
+
+    Raises:
+        OSError: the root cannot be changed or the seal written.
+    """
+    mode = stat.S_IMODE(os.lstat(work_tree).st_mode)
+    os.chmod(work_tree, mode)
+    first = os.lstat(work_tree).st_ctime_ns
+    for _ in range(_SEAL_TRIES):
+        os.chmod(work_tree, mode)
+        sealed = os.lstat(work_tree).st_ctime_ns
+        if sealed > first:
+            # Not synced: a seal outlives no boot (`_boot_id`), and a torn one does not parse or
+            # names a time the root does not have.
+            fd = os.open(_seal_path(index_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(f"{tree} {sealed} {_boot_id()}\n".encode("ascii"))
+            return Seal(tree=tree, sealed_ns=sealed)
+        time.sleep(0.0005)
+    return None
+
+
+def changed_since(work_tree: Path, seal: Seal, timeout_sec: float = 600.0) -> list[bytes]:
+    """The entries of `work_tree` changed since `seal` was written (tree-relative paths; `b""` the
+    root): one `find` of the entries with a ctime at or after `seal.sealed_ns`, and the root's.
+
+    Raises:
+        OSError: `find` failed (e.g. the work tree is gone).
+        subprocess.TimeoutExpired: `find` took longer than `timeout_sec`.
+    """
+    changed = [] if os.lstat(work_tree).st_ctime_ns == seal.sealed_ns else [b""]
+    before = seal.sealed_ns - 1
+    found = subprocess.run(
+        [
+            "find",
+            "-P",
+            str(work_tree),
+            "-mindepth",
+            "1",
+            "-newerct",
+            f"@{before // 1_000_000_000}.{before % 1_000_000_000:09d}",
+            "-printf",
+            "%P\\0",
+        ],
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+        timeout=timeout_sec,
+        check=False,
+    )
+    if found.returncode != 0:
+        detail = found.stderr.decode(errors="replace")[-300:]
+        raise OSError(f"find under {work_tree} failed ({found.returncode}): {detail}")
+    return changed + [path for path in found.stdout.split(b"\0") if path]
+
+
+def _movable_path(path: bytes) -> bool:
+    parts = path.split(b"/")
+    return all(part and part not in (b".", b"..") and part.lower() != b".git" for part in parts)
+
+
+def plan_move(raw_diff: bytes) -> tuple[list[tuple[bytes, bytes | None, bool]], list[bytes]] | None:
+    """Read `git diff-tree -r -z --no-renames <a> <b>` output.
+
+    Returns:
+        (entries, new blob ids): per changed path, `(path, new blob id or None when deleted,
+        executable)`, deletions first; or None when the move is git's to make (an entry that is not
+        a regular file on either side, an odd path, more than `MAX_MOVE_ENTRIES`).
+    """
+    fields = raw_diff.split(b"\0")
+    if fields and fields[-1] == b"":
+        fields.pop()
+    if len(fields) % 2 or len(fields) // 2 > MAX_MOVE_ENTRIES:
+        return None
+    deleted: list[tuple[bytes, bytes | None, bool]] = []
+    written: list[tuple[bytes, bytes | None, bool]] = []
+    for header, path in zip(fields[0::2], fields[1::2], strict=True):
+        parts = header.lstrip(b":").split(b" ")
+        if len(parts) != 5 or not _movable_path(path):
+            return None
+        old_mode, new_mode, _old, new, _status = parts
+        if old_mode not in (b"000000", *MOVABLE_MODES) or new_mode not in (b"000000", *MOVABLE_MODES):
+            return None
+        if new_mode == b"000000":
+            deleted.append((path, None, False))
+        else:
+            written.append((path, new, new_mode == b"100755"))
+    return deleted + written, sorted({oid for _, oid, _ in written if oid is not None})
+
+
+def apply_move(work_tree: Path, ops: tuple[MoveOp, ...], mtime_ns: int) -> list[bytes]:
+    """Write a move's entries into `work_tree` as git's checkout would, then restamp what changed.
+
+    Deleted files go first, with each directory they leave empty (up to the root, which stays);
+    written files are new inodes (an existing one is unlinked first, as git does) created with mode
+    0o666 or 0o777 under the umask, their parent directories made as needed (0o777 under the
+    umask); every written file and every directory whose entries changed gets `mtime_ns` as its
+    modification and access time. Nothing is followed through a symlink: a path whose directory is
+    not a real directory raises.
+
+    Returns:
+        The tree-relative paths written and deleted (bytes).
+
+    Raises:
+        OSError: an entry could not be written or removed (the work tree is then part-moved: the
+            caller must have removed its marker and seal, so the next update writes it whole).
+    """
+    root = os.fspath(work_tree).encode()
+    touched_dirs: set[bytes] = set()
+    real_dirs: set[bytes] = {b""}
+    for op in ops:
+        if op.content is None:
+            _remove(root, op.path, touched_dirs)
+    for op in ops:
+        if op.content is not None:
+            parent = _parent(op.path)
+            _make_dirs(root, parent, real_dirs, touched_dirs)
+            _write(root, op, mtime_ns)
+            touched_dirs.add(parent)
+    for directory in touched_dirs:
+        full = os.path.join(root, directory) if directory else root
+        try:
+            os.utime(full, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed with its last entry
+    return [op.path for op in ops]
+
+
+def _parent(path: bytes) -> bytes:
+    cut = path.rfind(b"/")
+    return path[:cut] if cut > 0 else b""
+
+
+def _remove(root: bytes, path: bytes, touched_dirs: set[bytes]) -> None:
+    full = os.path.join(root, path)
+    if stat.S_ISDIR(os.lstat(full).st_mode):
+        raise OSError(errno.EISDIR, "a deleted file of the tree is a directory in the work tree", os.fsdecode(full))
+    os.unlink(full)
+    directory = _parent(path)
+    while directory:
+        try:
+            os.rmdir(os.path.join(root, directory))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            break
+        directory = _parent(directory)
+    touched_dirs.add(directory)
+
+
+def _make_dirs(root: bytes, directory: bytes, real_dirs: set[bytes], touched_dirs: set[bytes]) -> None:
+    if directory in real_dirs:
+        return
+    _make_dirs(root, _parent(directory), real_dirs, touched_dirs)
+    full = os.path.join(root, directory)
+    try:
+        os.mkdir(full, 0o777)
+        touched_dirs.add(_parent(directory))
+        touched_dirs.add(directory)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(full).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a real directory", os.fsdecode(full)) from None
+    real_dirs.add(directory)
+
+
+def _write(root: bytes, op: MoveOp, mtime_ns: int) -> None:
+    assert op.content is not None
+    full = os.path.join(root, op.path)
+    try:
+        os.unlink(full)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(full, flags, 0o777 if op.executable else 0o666)
+    try:
+        view = memoryview(op.content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Entry:
+    done: threading.Event = field(default_factory=threading.Event)
+    ops: tuple[MoveOp, ...] | None = None
+    size: int = 0
+
+
+class MoveCache:
+    """The moves between two trees read so far, `(a, b) -> ops` (None: git's to make), computed
+    once for all the threads that ask for one move at once (64 slots moving to one new commit),
+    the least recently asked dropped beyond `max_bytes` of content.
+
+    Thread-safe. `get` returns None also when the computation raised (logged; git makes the move,
+    and the next `get` of it computes again).
+    """
+
+    def __init__(self, max_bytes: int = 2 * MAX_MOVE_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[str, str], compute: Callable[[], tuple[MoveOp, ...] | None]) -> tuple[MoveOp, ...] | None:
+        """The ops of the move `key`, from `compute()` the first time (or once it was dropped)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            owner = entry is None
+            if entry is None:
+                entry = self._entries[key] = _Entry()
+            else:
+                self._entries.move_to_end(key)
+        if not owner:
+            entry.done.wait()
+            return entry.ops
+        try:
+            ops = compute()
+        except Exception as exc:  # git makes the move instead, as it always could
+            _logger.warning("a work tree move was not read (%s); git makes it", type(exc).__name__, exc_info=exc)
+            with self._lock:
+                if self._entries.get(key) is entry:
+                    del self._entries[key]  # not kept: the next update asks again
+            entry.done.set()
+            return None
+        entry.ops = ops
+        entry.size = sum(len(op.content or b"") + len(op.path) for op in ops or ())
+        entry.done.set()
+        with self._lock:
+            if self._entries.get(key) is entry:
+                self._bytes += entry.size
+            while self._bytes > self._max_bytes and len(self._entries) > 1:
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= dropped.size
+        return ops

@@ -1,0 +1,226 @@
+"""A sealed work tree (`vero.core.worktree_seal`): its next update checks it with one `find` and
+writes only its move, and that gives exactly the tree git's checkout gives; any change made to it
+since its seal, whatever times the change put back, sends the update to git, which restores it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from _support.git import commit_files, git
+
+from vero.core.candidates import CandidateStore
+from vero.core.state import StateStore
+from vero.core.worktree_seal import MoveCache, MoveOp, changed_since, read_seal
+
+pytestmark = pytest.mark.timeout(120)
+
+AGENT_UID = 1001
+
+
+def _entries(root: Path) -> dict[str, tuple]:
+    """Every entry below `root` and `root` itself: kind, mode, mtime, and bytes or link target (not
+    the access time: reading a directory or a file moves it, under the mount's atime rule)."""
+    found: dict[str, tuple] = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        info = os.lstat(path)
+        rel = path.relative_to(root).as_posix()
+        if stat.S_ISLNK(info.st_mode):
+            body: bytes | str | None = os.readlink(path)
+        elif stat.S_ISREG(info.st_mode):
+            body = path.read_bytes()
+        else:
+            body = None
+        found[rel] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_mtime_ns, body)
+    return found
+
+
+@pytest.fixture
+def store(tmp_path) -> CandidateStore:
+    root = tmp_path / "state"
+    return CandidateStore.open(root, StateStore.open(root / "state.db"))
+
+
+def _commits(repo: Path) -> list[str]:
+    """A history whose moves cover what a sealed update writes itself: a change, a new file in a new
+    nested directory, a deletion that empties directories, an executable bit set and cleared, a
+    file that becomes a directory and back, an empty file, binary bytes."""
+    base = {f"pkg/m{i}.py": f"v = {i}\n" for i in range(8)} | {"deep/a/b/only.txt": "alone\n", "x": "a file\n"}
+    versions = [commit_files(repo, base | {"run.sh": "echo hi\n", "empty": ""}, message="base")]
+    (repo / "run.sh").chmod(0o755)
+    versions.append(commit_files(repo, {"pkg/m3.py": "v = 'three'\n", "new/inner/n.txt": "new\n"}, message="edit"))
+    shutil.rmtree(repo / "deep")
+    (repo / "x").unlink()
+    versions.append(commit_files(repo, {"x/inside.bin": "\x00\x01binary\xff"}, message="x is a dir"))
+    (repo / "run.sh").chmod(0o644)
+    shutil.rmtree(repo / "x")
+    versions.append(commit_files(repo, {"x": "a file again\n", "empty": "now some bytes\n"}, message="back"))
+    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
+    return versions
+
+
+def _update(store: CandidateStore, version: str, work: Path, index: Path, *, record_later: bool = False):
+    update = store.update_worktree(version, work, index, record_later=record_later)
+    if update.pending is not None:
+        store.record_worktree(update)
+    assert store.seal_worktree(update)
+    return update
+
+
+def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
+    repo = tmp_path / "workspace"
+    versions = _commits(repo)
+    for version in versions:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+
+    first = _update(store, versions[0], work, index)
+    assert not first.sealed and first.changed is None  # the first update: whole, by git
+    assert read_seal(index) is not None and read_seal(index).tree == store.get(versions[0]).tree
+    # Forward, back, and across: each sealed, each the very entries (bytes, modes, times) of a
+    # fresh checkout of the same candidate.
+    for n, version in enumerate([*versions[1:], versions[0], versions[3], versions[1], versions[1]]):
+        update = _update(store, version, work, index, record_later=n % 2 == 0)
+        assert update.sealed, (n, version)
+        fresh = tmp_path / f"fresh-{n}"
+        store.checkout(version, fresh)
+        assert _entries(work) == _entries(fresh), (n, version)
+    assert update.changed == ()  # the same tree again: nothing written
+    # The index the sealed moves recorded is git's: with the seal gone, git finds nothing to write.
+    os.unlink(index.with_name(index.name + ".seal"))
+    update = store.update_worktree(versions[1], work, index)
+    assert not update.sealed and update.changed == ()
+
+
+TAMPERS = {
+    "bytes of one size, times put back": lambda work: _rewrite_keeping_times(work / "pkg" / "m1.py", b"v = 9\n"),
+    "a stray file stamped as the checkout": lambda work: _stray(work / "pkg" / "stray.py"),
+    "a file removed": lambda work: (work / "pkg" / "m2.py").unlink(),
+    "a mode changed": lambda work: (work / "pkg" / "m4.py").chmod(0o777),
+    "a hard link made to a file": lambda work: os.link(work / "pkg" / "m5.py", work.parent / "outside-link"),
+    "a directory's times put back": lambda work: _touch_back(work / "pkg"),
+    "the root's mode": lambda work: work.chmod(0o700),
+}
+
+
+def _rewrite_keeping_times(path: Path, content: bytes) -> None:
+    info = os.lstat(path)
+    assert len(content) == info.st_size
+    path.write_bytes(content)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def _stray(path: Path) -> None:
+    parent = os.lstat(path.parent)
+    path.write_text("planted\n")
+    os.utime(path, ns=(parent.st_atime_ns, parent.st_mtime_ns))
+    os.utime(path.parent, ns=(parent.st_atime_ns, parent.st_mtime_ns))
+
+
+def _touch_back(path: Path) -> None:
+    info = os.lstat(path)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERS))
+def test_any_change_since_the_seal_sends_the_update_to_git_which_restores_the_tree(store, tmp_path, tamper):
+    repo = tmp_path / "workspace"
+    versions = _commits(repo)
+    for version in versions[:2]:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    _update(store, versions[0], work, index)
+    seal = read_seal(index)
+    assert seal is not None and changed_since(work, seal) == []
+
+    TAMPERS[tamper](work)
+    assert changed_since(work, seal)
+    # to the same tree (no move at all) and to the next one: git checks, the tree is the tree's
+    for n, version in enumerate((versions[0], versions[1])):
+        update = _update(store, version, work, index)
+        assert not update.sealed if n == 0 else update.sealed
+        fresh = tmp_path / f"fresh-{n}"
+        store.checkout(version, fresh)
+        # (the root's own mode is its caller's: the runner's `chmod`; its entries are compared)
+        entries, expected = _entries(work), _entries(fresh)
+        assert {k: v for k, v in entries.items() if k != "."} == {k: v for k, v in expected.items() if k != "."}
+
+
+def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_path):
+    repo = tmp_path / "workspace"
+    first = commit_files(repo, {"a.py": "a\n", "link": ("link", "a.py")})
+    second = commit_files(repo, {"a.py": "a2\n"}, message="edit")
+    (repo / "link").unlink()
+    third = commit_files(repo, {"link": ("link", "b.py"), "b.py": "b\n"}, message="relink")
+    fourth = commit_files(repo, {"b.py": "b2\n"}, message="edit b")
+    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
+    for version in (first, second, third, fourth):
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    _update(store, first, work, index)
+    assert _update(store, second, work, index).sealed  # a regular file's move
+    update = _update(store, third, work, index)
+    assert not update.sealed and os.readlink(work / "link") == "b.py"  # a symlink's: git's
+    # sealed but never recorded (a crash mid-run): no marker, so the next update writes it whole
+    update = store.update_worktree(fourth, work, index, record_later=True)
+    assert update.sealed and update.pending is not None
+    store.seal_worktree(update)
+    update = store.update_worktree(third, work, index)
+    assert not update.sealed and update.changed is None
+    assert (work / "b.py").read_text() == "b\n" and os.readlink(work / "link") == "b.py"
+
+
+def test_a_move_is_read_once_for_all_who_ask_at_once():
+    cache = MoveCache()
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        started.set()
+        release.wait(10)
+        return (MoveOp(path=b"a", content=b"x"),)
+
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(cache.get(("a", "b"), compute))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    assert started.wait(10)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1 and len(answers) == 8 and len({id(a) for a in answers}) == 1
+
+    def failing():
+        raise OSError("git failed")
+
+    assert cache.get(("c", "d"), failing) is None
+    assert cache.get(("c", "d"), lambda: ()) == ()  # a failure is not kept: asked again
+
+
+def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):
+    """The runner seals a slot after everything it does to it before the run (its `chmod`s): the
+    slot's next update goes by the seal (nothing changed it since)."""
+    from vero.sidecar.runner import _make_readable
+
+    store = CandidateStore.open(tmp_path / "state", StateStore.open(tmp_path / "state" / "state.db"))
+    repo = tmp_path / "workspace"
+    versions = _commits(repo)
+    for version in versions[:3]:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    for n, version in enumerate(versions[:3]):
+        update = store.update_worktree(version, work, index)
+        _make_readable(update.path, update.changed)
+        assert store.seal_worktree(update)
+        assert update.sealed == (n > 0)
+    git(repo, "status")  # the agent's repository is untouched by all of it
