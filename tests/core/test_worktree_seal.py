@@ -16,7 +16,7 @@ from _support.git import commit_files, git
 
 from vero.core.candidates import CandidateStore
 from vero.core.state import StateStore
-from vero.core.worktree_seal import MoveCache, MoveOp, changed_since, read_seal
+from vero.core.worktree_seal import MoveCache, MoveOp, changed_since, read_lag, read_seal, write_lag
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,10 +92,19 @@ def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
         store.checkout(version, fresh)
         assert _entries(work) == _entries(fresh), (n, version)
     assert update.changed == ()  # the same tree again: nothing written
-    # The index the sealed moves recorded is git's: with the seal gone, git finds nothing to write.
+    # No git process moved it: the index still describes the first tree, and the lag lists every
+    # path it is stale for. With the seal gone, git takes over: those paths leave the index first,
+    # so git rewrites them (and only them), and the work tree is the tree's.
+    lag = read_lag(index)
+    assert lag is not None and lag.tree == store.get(versions[1]).tree
+    moved_paths = {os.fsdecode(path) for path in lag.paths}
+    assert {"pkg/m3.py", "new/inner/n.txt", "x", "x/inside.bin", "deep/a/b/only.txt", "run.sh", "empty"} <= moved_paths
     os.unlink(index.with_name(index.name + ".seal"))
-    update = store.update_worktree(versions[1], work, index)
-    assert not update.sealed and update.changed == ()
+    update = store.update_worktree(versions[3], work, index)
+    assert not update.sealed and set(update.changed) <= moved_paths and read_lag(index) is None
+    store.checkout(versions[3], tmp_path / "fresh-git")
+    assert _entries(work) == _entries(tmp_path / "fresh-git")
+    assert store.update_worktree(versions[3], work, index).changed == ()  # the index is git's again
 
 
 TAMPERS = {
@@ -169,12 +178,15 @@ def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_pat
     assert _update(store, second, work, index).sealed  # a regular file's move
     update = _update(store, third, work, index)
     assert not update.sealed and os.readlink(work / "link") == "b.py"  # a symlink's: git's
-    # sealed but never recorded (a crash mid-run): no marker, so the next update writes it whole
+    # a sealed move needs no record (no git process)...
     update = store.update_worktree(fourth, work, index, record_later=True)
-    assert update.sealed and update.pending is not None
+    assert update.sealed and update.pending is None and CandidateStore.indexed_tree(index) == store.get(fourth).tree
     store.seal_worktree(update)
+    # ... and one cut short (the sidecar killed while it wrote) leaves a lag saying so: written whole
+    write_lag(index, None)
+    assert CandidateStore.indexed_tree(index) is None
     update = store.update_worktree(third, work, index)
-    assert not update.sealed and update.changed is None
+    assert not update.sealed and update.changed is None and read_lag(index) is None
     assert (work / "b.py").read_text() == "b\n" and os.readlink(work / "link") == "b.py"
 
 
@@ -224,3 +236,31 @@ def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):
         assert store.seal_worktree(update)
         assert update.sealed == (n > 0)
     git(repo, "status")  # the agent's repository is untouched by all of it
+
+
+def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_path, monkeypatch):
+    """The lag is not synced to disk: one written before the machine last started says nothing
+    (written whole). And an index that would lag by more than `MAX_LAG_PATHS` is caught up by git."""
+    import vero.core.candidates as candidates_module
+
+    repo = tmp_path / "workspace"
+    versions = [commit_files(repo, {"a.py": "a\n", "b.py": "b\n", "c.py": "c\n"})]
+    for name in ("a.py", "b.py", "c.py"):
+        versions.append(commit_files(repo, {name: f"{name} changed\n"}, message=name))
+    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
+    for version in versions:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    _update(store, versions[0], work, index)
+    assert _update(store, versions[1], work, index).sealed
+    lag_file = index.with_name(index.name + ".lag")
+    header, _, body = lag_file.read_bytes().partition(b"\n")
+    lag_file.write_bytes(header.split(b" ")[0] + b" 00000000-0000-0000-0000-000000000000\n" + body)
+    assert CandidateStore.indexed_tree(index) is None
+    assert _update(store, versions[2], work, index).changed is None  # whole
+    monkeypatch.setattr(candidates_module, "MAX_LAG_PATHS", 1)
+    assert _update(store, versions[3], work, index).sealed  # lags by 1 (c.py)
+    update = _update(store, versions[1], work, index)  # would lag by 2 (b.py, c.py): git's
+    assert not update.sealed and read_lag(index) is None
+    assert {p.name: p.read_text() for p in work.iterdir()} == {"a.py": "a.py changed\n", "b.py": "b\n", "c.py": "c\n"}

@@ -88,14 +88,18 @@ from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
 from vero.core.worktree_seal import (
+    MAX_LAG_PATHS,
     MAX_MOVE_BYTES,
     MoveCache,
     MoveOp,
     apply_move,
     changed_since,
     plan_move,
+    read_lag,
     read_seal,
+    remove_lag,
     remove_seal,
+    write_lag,
     write_seal,
 )
 from vero.errors import CandidateRejected, GitFailed, StorageFull
@@ -199,8 +203,6 @@ class _PendingRecord:
     tree: str
     restamped: tuple[bytes, ...]
     whole: bool
-    moved: bool = False
-    """Written by a sealed move: `restamped` holds deleted and new paths too (`--add --remove`)."""
 
 
 @dataclass(frozen=True)
@@ -945,7 +947,7 @@ class CandidateStore:
         previous = self.indexed_tree(index_file)
         if previous is not None:
             try:
-                moved = self._move_sealed(store, work_tree, index_file, (previous, tree), record_later=record_later)
+                moved = self._move_sealed(store, work_tree, index_file, (previous, tree))
             except (OSError, GitFailed) as exc:  # part-moved, or the seal not checked: written whole below
                 _logger.warning("work tree %s: its sealed move failed (%s); written whole", work_tree, exc)
                 index_file.unlink(missing_ok=True)
@@ -956,9 +958,12 @@ class CandidateStore:
         remove_seal(index_file)
         if previous is None:
             index_file.unlink(missing_ok=True)
+            remove_lag(index_file)
             if os.path.lexists(work_tree) and not remove_tree(work_tree):
                 raise OSError(errno.ENOTEMPTY, "cannot remove the old work tree", str(work_tree))
         marker.unlink(missing_ok=True)
+        if previous is not None:
+            self._catch_up_index(work_tree, index_file)
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
@@ -983,11 +988,14 @@ class CandidateStore:
         return dataclasses.replace(update, pending=None)
 
     def _move_sealed(
-        self, store: IsolatedGit, work_tree: Path, index_file: Path, move: tuple[str, str], *, record_later: bool
+        self, store: IsolatedGit, work_tree: Path, index_file: Path, move: tuple[str, str]
     ) -> WorktreeUpdate | None:
         """`update_worktree` by the work tree's seal (`vero.core.worktree_seal`), or None when git
-        must make the update: no seal of the indexed tree, the work tree changed since its seal, or
-        a move with more than regular files (or too large) to write.
+        must make the update: no seal of the work tree's tree, the work tree changed since its
+        seal, a move with more than regular files (or too large) to write, or an index that would
+        lag by more than `MAX_LAG_PATHS` paths. No git process: the index is left as it was, and the
+        paths it is now stale for are added to its `Lag` (taken out of it before git next updates
+        the work tree: `_catch_up_index`).
 
         Raises:
             OSError: the seal could not be checked or the move was cut short (the marker and seal
@@ -1007,15 +1015,29 @@ class CandidateStore:
             return None
         if not ops:
             return WorktreeUpdate(path=work_tree, changed=(), index_file=index_file, tree=tree, sealed=True)
+        lag = read_lag(index_file)
+        lagging = (lag.paths if lag is not None else frozenset()) | {op.path for op in ops}
+        if len(lagging) > MAX_LAG_PATHS:
+            return None  # git moves it, and the index catches up
         remove_seal(index_file)
-        _tree_marker(index_file).unlink(missing_ok=True)
-        moved = tuple(apply_move(work_tree, ops, CHECKOUT_MTIME * 1_000_000_000))
-        pending = _PendingRecord(index_file=index_file, tree=tree, restamped=moved, whole=False, moved=True)
+        write_lag(index_file, None)  # cut short from here: the work tree is unknown (written whole next)
+        moved = apply_move(work_tree, ops, CHECKOUT_MTIME * 1_000_000_000)
+        write_lag(index_file, tree, lagging)
         changed = tuple(os.fsdecode(path) for path in moved)
-        update = WorktreeUpdate(
-            path=work_tree, changed=changed, index_file=index_file, tree=tree, sealed=True, pending=pending
-        )
-        return self._recorded_unless_later(update, record_later=record_later)
+        return WorktreeUpdate(path=work_tree, changed=changed, index_file=index_file, tree=tree, sealed=True)
+
+    def _catch_up_index(self, work_tree: Path, index_file: Path) -> None:
+        """Before git updates a work tree its index lags for (`Lag`): the stale entries leave the
+        index (`_forget`), so git takes each path as untracked in its way, overwritten with the
+        new tree's file or removed by `clean`; then the lag goes.
+
+        Raises:
+            GitFailed: git failed.
+        """
+        lag = read_lag(index_file)
+        if lag is not None and lag.paths:
+            self._forget(work_tree, index_file, sorted(lag.paths))
+        remove_lag(index_file)
 
     def _forget_changed(self, work_tree: Path, index_file: Path, changed: Sequence[bytes]) -> None:
         """Take the entries changed since a work tree's seal out of its index: each is then an
@@ -1030,9 +1052,18 @@ class CandidateStore:
             "work tree %s: %d entries changed since its seal (e.g. %r); git checks and rewrites them",
             work_tree, len(changed), os.fsdecode(changed[0]) or ".",
         )  # fmt: skip
-        paths = b"".join(path + b"\0" for path in changed if path)
+        self._forget(work_tree, index_file, changed)
+
+    def _forget(self, work_tree: Path, index_file: Path, paths: Sequence[bytes]) -> None:
+        """Take `paths` (tree-relative; the root and directories are no entries: ignored) out of
+        the work tree's index (`update-index --force-remove`).
+
+        Raises:
+            GitFailed: git failed.
+        """
+        listed = b"".join(path + b"\0" for path in paths if path)
         self._worktree_git(work_tree, index_file).execute(
-            [*_WORKTREE_GIT, "update-index", "--force-remove", "-z", "--stdin"], istream=paths
+            [*_WORKTREE_GIT, "update-index", "--force-remove", "-z", "--stdin"], istream=listed
         )
 
     def _read_move(self, store: IsolatedGit, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
@@ -1092,9 +1123,7 @@ class CandidateStore:
                 worktree_git.execute([*_WORKTREE_GIT, "update-index", "-q", "--refresh"])
             elif pending.restamped:  # only their entries (`--refresh` lstats every entry)
                 paths = b"".join(path + b"\0" for path in pending.restamped)
-                # A sealed move's deleted and new files are entries to remove and add.
-                moved = ("--add", "--remove") if pending.moved else ()
-                worktree_git.execute([*_WORKTREE_GIT, "update-index", *moved, "-z", "--stdin"], istream=paths)
+                worktree_git.execute([*_WORKTREE_GIT, "update-index", "-z", "--stdin"], istream=paths)
         except BaseException:
             pending.index_file.unlink(missing_ok=True)
             raise
@@ -1103,13 +1132,19 @@ class CandidateStore:
     @staticmethod
     def indexed_tree(index_file: str | Path) -> str | None:
         """The tree id `update_worktree` last brought the work tree of `index_file` to, or None when
-        its next update writes it whole (never updated, or an update did not finish)."""
+        its next update writes it whole (never updated, an update did not finish, or the lag of a
+        sealed move is unknown: cut short, or written before the machine last started)."""
         index_file = Path(index_file)
         try:
             tree = _tree_marker(index_file).read_text(encoding="ascii").strip()
         except OSError:
             return None
-        return tree if _OID.fullmatch(tree) and index_file.is_file() else None
+        if not (_OID.fullmatch(tree) and index_file.is_file()):
+            return None
+        lag = read_lag(index_file)
+        if lag is None:
+            return tree
+        return lag.tree if lag.tree is not None and _OID.fullmatch(lag.tree) else None
 
     def _worktree_git(self, work_tree: Path, index_file: Path) -> IsolatedGit:
         return self._git(

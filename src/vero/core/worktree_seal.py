@@ -25,7 +25,9 @@ whatever was done to it since its last update. A seal shows the same with one `f
 Both times come from the work tree's own filesystem (the root's ctime after a `chmod` of it), so a
 clock of another filesystem, of another granularity, never enters the comparison.
 
-A sealed work tree moves from tree A to tree B by `apply_move`: the blob entries `git diff-tree -r`
+A sealed work tree moves from tree A to tree B by `apply_move` (no git process: the index is not
+updated, `Lag` lists the paths it is stale for, and they leave the index before git next updates
+the work tree): the blob entries `git diff-tree -r`
 lists between them, written as git's checkout writes them (a new file, `open(..., 0o666 or 0o777)`
 under the process's umask, the stamp `CHECKOUT_MTIME`), deleted ones removed with the directories
 they leave empty (as `git read-tree -u` does), every directory whose entries changed restamped.
@@ -55,15 +57,20 @@ from pathlib import Path
 _logger = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_LAG_PATHS",
     "MOVABLE_MODES",
+    "Lag",
     "MoveCache",
     "MoveOp",
     "Seal",
     "apply_move",
     "changed_since",
     "plan_move",
+    "read_lag",
     "read_seal",
+    "remove_lag",
     "remove_seal",
+    "write_lag",
     "write_seal",
 ]
 
@@ -124,6 +131,53 @@ def read_seal(index_file: Path) -> Seal | None:
 def remove_seal(index_file: Path) -> None:
     """Remove the seal beside `index_file` (before anything changes the work tree)."""
     _seal_path(index_file).unlink(missing_ok=True)
+
+
+MAX_LAG_PATHS = 4096
+"""Paths a work tree's index may lag by (`Lag`) before a move goes to git, which catches it up."""
+
+
+@dataclass(frozen=True)
+class Lag:
+    """`<index>.lag`: the work tree holds `tree`, reached by sealed moves since its index last
+    described it, so the index's entries of `paths` are stale (git must not trust them: they are
+    taken out of the index before git next updates the work tree). `tree` None: a move was cut
+    short, or the lag was written before the machine last started: the work tree is unknown."""
+
+    tree: str | None
+    paths: frozenset[bytes]
+
+
+def _lag_path(index_file: Path) -> Path:
+    return index_file.with_name(index_file.name + ".lag")
+
+
+def read_lag(index_file: Path) -> Lag | None:
+    """The lag beside `index_file`; None when there is none (the index describes the work tree)."""
+    try:
+        raw = _lag_path(index_file).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return Lag(tree=None, paths=frozenset())
+    header, _, body = raw.partition(b"\n")
+    fields = header.split(b" ")
+    if len(fields) != 2 or fields[1] != _boot_id().encode("ascii") or fields[0] == b"moving":
+        return Lag(tree=None, paths=frozenset())
+    return Lag(tree=fields[0].decode("ascii"), paths=frozenset(path for path in body.split(b"\0") if path))
+
+
+def write_lag(index_file: Path, tree: str | None, paths: frozenset[bytes] = frozenset()) -> None:
+    """Write `<index>.lag` (`tree` None: a move is under way). Not synced, as the seal."""
+    header = f"{tree or 'moving'} {_boot_id()}\n".encode("ascii")
+    fd = os.open(_lag_path(index_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(header + b"".join(path + b"\0" for path in sorted(paths)))
+
+
+def remove_lag(index_file: Path) -> None:
+    """Remove `<index>.lag` (once the index describes the work tree again, or will not be trusted)."""
+    _lag_path(index_file).unlink(missing_ok=True)
 
 
 def write_seal(work_tree: Path, index_file: Path, tree: str) -> Seal | None:
