@@ -466,13 +466,17 @@ class JobRunner:
         try:
             job = await self.records.jobs.update(job_id, state="running", started_at=_now())
             update = await asyncio.to_thread(self._checkout, job.candidate, slot, record_later=True)
-            recorded = asyncio.ensure_future(asyncio.to_thread(self._record_checkout, update, slot))
+            # (A sealed move leaves nothing to record: no thread for it.)
+            recorded = None
+            if update.pending is not None:
+                recorded = asyncio.ensure_future(asyncio.to_thread(self._record_checkout, update, slot))
             try:
                 turn.lease = lease = self.runtime.lease(self._nested_run(job, update.path))
                 async with lease as run:
                     result = await self.backend.evaluate(run)
             finally:
-                await finish_uncancellable(recorded)
+                if recorded is not None:
+                    await finish_uncancellable(recorded)
             # Charged as measured even when model calls never reached their provider: a refund
             # for them would be one the candidate chooses by calling (`EvaluationLease.charged`).
             turn.measured = result = lease.charged(result)
