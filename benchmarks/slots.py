@@ -130,10 +130,10 @@ def _child(spec_path: Path, checkout: Path, name: str, slots: int) -> dict:
         checkouts: list[float] = []
         original = service.runner._checkout
 
-        def timed_checkout(candidate: str, slot: int) -> Path:
+        def timed_checkout(candidate: str, slot: int, **options):
             started = time.perf_counter()
             try:
-                return original(candidate, slot)
+                return original(candidate, slot, **options)
             finally:
                 checkouts.append(time.perf_counter() - started)
 

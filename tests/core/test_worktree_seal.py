@@ -72,6 +72,15 @@ def _update(store: CandidateStore, version: str, work: Path, index: Path, *, rec
     return update
 
 
+def _asked_before(store: CandidateStore, tmp_path: Path, old: str, new: str) -> None:
+    """Another work tree makes the move `old` -> `new` first: git makes a move the first time it
+    is asked for (`MoveCache`), the next work tree making it moves sealed."""
+    scratch = tmp_path / f"scratch-{old[:8]}-{new[:8]}"
+    index = tmp_path / "private" / f"{scratch.name}.index"
+    _update(store, old, scratch, index)
+    assert not _update(store, new, scratch, index).sealed
+
+
 def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
     repo = tmp_path / "workspace"
     versions = _commits(repo)
@@ -83,14 +92,18 @@ def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
     first = _update(store, versions[0], work, index)
     assert not first.sealed and first.changed is None  # the first update: whole, by git
     assert read_seal(index) is not None and read_seal(index).tree == store.get(versions[0]).tree
-    # Forward, back, and across: each sealed, each the very entries (bytes, modes, times) of a
-    # fresh checkout of the same candidate.
+    by_git, git_index = tmp_path / "slot-git", tmp_path / "private" / "slot-git.index"
+    _update(store, versions[0], by_git, git_index)
+    # Forward, back, and across, two work trees in step: git makes each move the first time it is
+    # asked for (the first tree), the second tree moves sealed; both hold the very entries (bytes,
+    # modes, times) of a fresh checkout of the same candidate.
     for n, version in enumerate([*versions[1:], versions[0], versions[3], versions[1], versions[1]]):
+        assert not _update(store, version, by_git, git_index).sealed or n == 6
         update = _update(store, version, work, index, record_later=n % 2 == 0)
         assert update.sealed, (n, version)
         fresh = tmp_path / f"fresh-{n}"
         store.checkout(version, fresh)
-        assert _entries(work) == _entries(fresh), (n, version)
+        assert _entries(work) == _entries(fresh) == _entries(by_git), (n, version)
     assert update.changed == ()  # the same tree again: nothing written
     # No git process moved it: the index still describes the first tree, and the lag lists every
     # path it is stale for. With the seal gone, git takes over: those paths leave the index first,
@@ -148,6 +161,7 @@ def test_any_change_since_the_seal_sends_the_update_to_git_which_restores_the_tr
     _update(store, versions[0], work, index)
     seal = read_seal(index)
     assert seal is not None and changed_since(work, seal) == []
+    _asked_before(store, tmp_path, versions[0], versions[1])
 
     TAMPERS[tamper](work)
     assert changed_since(work, seal)
@@ -175,10 +189,12 @@ def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_pat
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
     _update(store, first, work, index)
+    _asked_before(store, tmp_path, first, second)
     assert _update(store, second, work, index).sealed  # a regular file's move
     update = _update(store, third, work, index)
     assert not update.sealed and os.readlink(work / "link") == "b.py"  # a symlink's: git's
     # a sealed move needs no record (no git process)...
+    _asked_before(store, tmp_path, third, fourth)
     update = store.update_worktree(fourth, work, index, record_later=True)
     assert update.sealed and update.pending is None and CandidateStore.indexed_tree(index) == store.get(fourth).tree
     store.seal_worktree(update)
@@ -201,6 +217,7 @@ def test_a_move_is_read_once_for_all_who_ask_at_once():
         release.wait(10)
         return (MoveOp(path=b"a", content=b"x"),)
 
+    assert cache.get(("a", "b"), compute) is None and calls == []  # asked once: git's to make, nothing read
     answers = []
     threads = [threading.Thread(target=lambda: answers.append(cache.get(("a", "b"), compute))) for _ in range(8)]
     for thread in threads:
@@ -214,8 +231,9 @@ def test_a_move_is_read_once_for_all_who_ask_at_once():
     def failing():
         raise OSError("git failed")
 
-    assert cache.get(("c", "d"), failing) is None
-    assert cache.get(("c", "d"), lambda: ()) == ()  # a failure is not kept: asked again
+    eager = MoveCache(min_asks=1)
+    assert eager.get(("c", "d"), failing) is None
+    assert eager.get(("c", "d"), lambda: ()) == ()  # a failure is not kept: asked again
 
 
 def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):
@@ -231,6 +249,8 @@ def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
     for n, version in enumerate(versions[:3]):
+        if n:
+            _asked_before(store, tmp_path, versions[n - 1], version)
         update = store.update_worktree(version, work, index)
         _make_readable(update.path, update.changed)
         assert store.seal_worktree(update)
@@ -253,6 +273,7 @@ def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_p
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
     _update(store, versions[0], work, index)
+    _asked_before(store, tmp_path, versions[0], versions[1])
     assert _update(store, versions[1], work, index).sealed
     lag_file = index.with_name(index.name + ".lag")
     header, _, body = lag_file.read_bytes().partition(b"\n")
@@ -260,6 +281,8 @@ def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_p
     assert CandidateStore.indexed_tree(index) is None
     assert _update(store, versions[2], work, index).changed is None  # whole
     monkeypatch.setattr(candidates_module, "MAX_LAG_PATHS", 1)
+    _asked_before(store, tmp_path, versions[2], versions[3])
+    _asked_before(store, tmp_path, versions[3], versions[1])
     assert _update(store, versions[3], work, index).sealed  # lags by 1 (c.py)
     update = _update(store, versions[1], work, index)  # would lag by 2 (b.py, c.py): git's
     assert not update.sealed and read_lag(index) is None

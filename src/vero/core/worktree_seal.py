@@ -382,22 +382,43 @@ class MoveCache:
     once for all the threads that ask for one move at once (64 slots moving to one new commit),
     the least recently asked dropped beyond `max_bytes` of content.
 
+    A move is read only from its `min_asks`-th ask on (2 for the slots): before, `get` answers None
+    and git makes it. Reading a move takes two git processes in the candidate store (`diff-tree`,
+    `cat-file`), about what git's own update of one work tree costs, and with 64 admissions
+    importing at once they read a store of many new packs: 64 slots each moving to its own new
+    commit cost 1.17x the CPU with every move read. A move several slots make is read once.
+
     Thread-safe. `get` returns None also when the computation raised (logged; git makes the move,
     and the next `get` of it computes again).
     """
 
-    def __init__(self, max_bytes: int = 2 * MAX_MOVE_BYTES) -> None:
+    def __init__(self, max_bytes: int = 2 * MAX_MOVE_BYTES, min_asks: int = 2) -> None:
         self._max_bytes = max_bytes
+        self._min_asks = min_asks
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._asked: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._bytes = 0
 
+    def _declined(self, key: tuple[str, str]) -> bool:
+        """Count an ask of a move not read yet; whether it is still below `min_asks` (lock held)."""
+        asks = self._asked.pop(key, 0) + 1
+        if asks >= self._min_asks:
+            return False
+        self._asked[key] = asks
+        while len(self._asked) > MAX_MOVE_ENTRIES:
+            self._asked.popitem(last=False)
+        return True
+
     def get(self, key: tuple[str, str], compute: Callable[[], tuple[MoveOp, ...] | None]) -> tuple[MoveOp, ...] | None:
-        """The ops of the move `key`, from `compute()` the first time (or once it was dropped)."""
+        """The ops of the move `key`, from `compute()` the first time it is read (or once it was
+        dropped); None while it has been asked fewer than `min_asks` times."""
         with self._lock:
             entry = self._entries.get(key)
             owner = entry is None
             if entry is None:
+                if self._declined(key):
+                    return None
                 entry = self._entries[key] = _Entry()
             else:
                 self._entries.move_to_end(key)
