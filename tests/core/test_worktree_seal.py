@@ -287,3 +287,23 @@ def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_p
     update = _update(store, versions[1], work, index)  # would lag by 2 (b.py, c.py): git's
     assert not update.sealed and read_lag(index) is None
     assert {p.name: p.read_text() for p in work.iterdir()} == {"a.py": "a.py changed\n", "b.py": "b\n", "c.py": "c\n"}
+
+
+def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypatch):
+    """A tree of at least `EAGER_MOVE_FILES` files is moved sealed at once (git's update walks it
+    three times); a smaller one only once another work tree asked for the same move."""
+    import vero.core.candidates as candidates_module
+
+    repo = tmp_path / "workspace"
+    versions = _commits(repo)
+    for version in versions:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    _update(store, versions[0], work, index)
+    assert not _update(store, versions[1], work, index).sealed  # 12 files, asked first: git's
+    monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 12)
+    assert _update(store, versions[2], work, index).sealed  # as large as the threshold: sealed at once
+    fresh = tmp_path / "fresh"
+    store.checkout(versions[2], fresh)
+    assert _entries(work) == _entries(fresh)

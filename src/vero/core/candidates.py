@@ -88,6 +88,7 @@ from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
 from vero.core.worktree_seal import (
+    EAGER_MOVE_FILES,
     MAX_LAG_PATHS,
     MAX_MOVE_BYTES,
     MoveCache,
@@ -1006,7 +1007,12 @@ class CandidateStore:
         seal = read_seal(index_file)
         if seal is None or seal.tree != previous:
             return None
-        ops = () if previous == tree else self._moves.get(move, lambda: self._read_move(store, previous, tree))
+        if previous == tree:
+            ops: tuple[MoveOp, ...] | None = ()
+        else:
+            files = self._tree_files(tree)
+            eager = files is not None and files >= EAGER_MOVE_FILES
+            ops = self._moves.get(move, lambda: self._read_move(store, previous, tree), eager=eager)
         if ops is None:
             return None
         changed_entries = changed_since(work_tree, seal)
@@ -1065,6 +1071,13 @@ class CandidateStore:
         self._worktree_git(work_tree, index_file).execute(
             [*_WORKTREE_GIT, "update-index", "--force-remove", "-z", "--stdin"], istream=listed
         )
+
+    def _tree_files(self, tree: str) -> int | None:
+        """How many files an imported tree has (its import's measure), or None (no state)."""
+        if self.state is None:
+            return None
+        rows = self._records().rows("SELECT files FROM checked_trees WHERE tree = ?", (tree,))
+        return int(rows[0][0]) if rows else None
 
     def _read_move(self, store: IsolatedGit, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
         """The entries that differ between two trees, with their new blobs (`diff-tree` and one
