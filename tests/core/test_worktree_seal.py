@@ -51,6 +51,7 @@ def _commits(repo: Path) -> list[str]:
     nested directory, a deletion that empties directories, an executable bit set and cleared, a
     file that becomes a directory and back, an empty file, binary bytes."""
     base = {f"pkg/m{i}.py": f"v = {i}\n" for i in range(8)} | {"deep/a/b/only.txt": "alone\n", "x": "a file\n"}
+    base |= {"d1/f.py": "one\n", "d2/f.py": "two\n"}
     versions = [commit_files(repo, base | {"run.sh": "echo hi\n", "empty": ""}, message="base")]
     (repo / "run.sh").chmod(0o755)
     versions.append(commit_files(repo, {"pkg/m3.py": "v = 'three'\n", "new/inner/n.txt": "new\n"}, message="edit"))
@@ -128,7 +129,21 @@ TAMPERS = {
     "a hard link made to a file": lambda work: os.link(work / "pkg" / "m5.py", work.parent / "outside-link"),
     "a directory's times put back": lambda work: _touch_back(work / "pkg"),
     "the root's mode": lambda work: work.chmod(0o700),
+    "two directories swapped by renames (their files keep their ctimes)": lambda work: _swap(work / "d1", work / "d2"),
+    "a .git planted (git clean skips it)": lambda work: _plant_git(work / "pkg"),
 }
+
+
+def _swap(one: Path, two: Path) -> None:
+    aside = one.with_name("aside")
+    one.rename(aside)
+    two.rename(one)
+    aside.rename(two)
+
+
+def _plant_git(directory: Path) -> None:
+    (directory / ".git").mkdir()
+    (directory / ".git" / "HEAD").write_text("left for a later evaluation\n")
 
 
 def _rewrite_keeping_times(path: Path, content: bytes) -> None:
@@ -151,7 +166,9 @@ def _touch_back(path: Path) -> None:
 
 
 @pytest.mark.parametrize("tamper", sorted(TAMPERS))
-def test_any_change_since_the_seal_sends_the_update_to_git_which_restores_the_tree(store, tmp_path, tamper):
+def test_any_change_since_the_seal_has_the_work_tree_written_whole(store, tmp_path, tamper):
+    """Whoever makes the next update (a move read or not, the same tree), a change since the seal
+    has the work tree written whole: nothing less restores every change."""
     repo = tmp_path / "workspace"
     versions = _commits(repo)
     for version in versions[:2]:
@@ -161,19 +178,20 @@ def test_any_change_since_the_seal_sends_the_update_to_git_which_restores_the_tr
     _update(store, versions[0], work, index)
     seal = read_seal(index)
     assert seal is not None and changed_since(work, seal) == []
-    _asked_before(store, tmp_path, versions[0], versions[1])
 
     TAMPERS[tamper](work)
     assert changed_since(work, seal)
-    # to the same tree (no move at all) and to the next one: git checks, the tree is the tree's
-    for n, version in enumerate((versions[0], versions[1])):
-        update = _update(store, version, work, index)
-        assert not update.sealed if n == 0 else update.sealed
-        fresh = tmp_path / f"fresh-{n}"
-        store.checkout(version, fresh)
-        # (the root's own mode is its caller's: the runner's `chmod`; its entries are compared)
-        entries, expected = _entries(work), _entries(fresh)
-        assert {k: v for k, v in entries.items() if k != "."} == {k: v for k, v in expected.items() if k != "."}
+    # the move is asked for the first time (git's to make): the seal is checked all the same
+    update = _update(store, versions[1], work, index)
+    assert not update.sealed and update.changed is None
+    fresh = tmp_path / "fresh"
+    store.checkout(versions[1], fresh)
+    # (the root's own mode is its caller's: the runner's `chmod`; its entries are compared)
+    entries, expected = _entries(work), _entries(fresh)
+    assert {k: v for k, v in entries.items() if k != "."} == {k: v for k, v in expected.items() if k != "."}
+    # sealed again: the next move (read, as another work tree asked for it first) is a sealed one
+    _asked_before(store, tmp_path, versions[1], versions[0])
+    assert _update(store, versions[0], work, index).sealed
 
 
 def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_path):
@@ -307,3 +325,30 @@ def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypat
     fresh = tmp_path / "fresh"
     store.checkout(versions[2], fresh)
     assert _entries(work) == _entries(fresh)
+
+
+def test_a_move_into_a_deeply_nested_directory(store, tmp_path, monkeypatch):
+    """The sealed move makes a new file's directories in a loop: a tree may nest deeper than the
+    interpreter's recursion limit (here lowered below the tree's depth for the update)."""
+    import sys
+
+    import vero.core.candidates as candidates_module
+
+    repo = tmp_path / "workspace"
+    first = commit_files(repo, {"a.py": "a\n"})
+    second = commit_files(repo, {"/".join(["d"] * 600) + "/deep.txt": "deep\n"}, message="deep")
+    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
+    for version in (first, second):
+        store.import_version_sync(repo, version)
+    monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 1)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    _update(store, first, work, index)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(400)
+    try:
+        update = _update(store, second, work, index)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert update.sealed
+    assert (work / Path(*["d"] * 600) / "deep.txt").read_text() == "deep\n"

@@ -215,6 +215,10 @@ class _CheckedTree:
     size: TreeSize
 
 
+class _SealBroken(Exception):
+    """A work tree changed since its seal (internal: it is written whole)."""
+
+
 class _Aborted(Exception):
     """The awaiting task was cancelled; the worker stops before publishing (internal)."""
 
@@ -946,12 +950,16 @@ class CandidateStore:
         store = self._store_git()
         tree = self._commit_tree(store, candidate_id)
         previous = self.indexed_tree(index_file)
+        intact = False  # its seal held: the work tree is exactly `previous` (nothing untracked either)
         if previous is not None:
             try:
-                moved = self._move_sealed(store, work_tree, index_file, (previous, tree))
-            except (OSError, GitFailed) as exc:  # part-moved, or the seal not checked: written whole below
-                _logger.warning("work tree %s: its sealed move failed (%s); written whole", work_tree, exc)
-                index_file.unlink(missing_ok=True)
+                intact = self._seal_holds(work_tree, index_file, previous)
+                moved = self._move_sealed(store, work_tree, index_file, (previous, tree)) if intact else None
+            except _SealBroken:
+                previous = None
+            except (OSError, GitFailed, subprocess.TimeoutExpired) as exc:
+                # part-moved, or the seal not checked: written whole below
+                _logger.warning("work tree %s: its sealed update failed (%s); written whole", work_tree, exc)
                 previous = None
             else:
                 if moved is not None:
@@ -963,12 +971,15 @@ class CandidateStore:
             if os.path.lexists(work_tree) and not remove_tree(work_tree):
                 raise OSError(errno.ENOTEMPTY, "cannot remove the old work tree", str(work_tree))
         marker.unlink(missing_ok=True)
+        # Nothing untracked to clean from a work tree whose seal held, unless its lag's paths (now
+        # out of the index) are.
+        clean = not intact
         if previous is not None:
-            self._catch_up_index(work_tree, index_file)
+            clean = self._catch_up_index(work_tree, index_file) or clean
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
-            written = self._settle(work_tree, index_file)
+            written = self._settle(work_tree, index_file, clean=clean)
         except BaseException:
             index_file.unlink(missing_ok=True)
             raise
@@ -988,25 +999,41 @@ class CandidateStore:
         self.record_worktree(update)
         return dataclasses.replace(update, pending=None)
 
+    def _seal_holds(self, work_tree: Path, index_file: Path, previous: str) -> bool:
+        """Whether the work tree has a seal of `previous` that still holds (nothing changed since:
+        `vero.core.worktree_seal.changed_since`).
+
+        Raises:
+            _SealBroken: it has one, and something changed since (logged): the work tree is to be
+                written whole, as nothing short of that covers every change (a directory renamed
+                keeps the ctimes of the files it holds; a planted `.git` is skipped by `clean`).
+            OSError, subprocess.TimeoutExpired: the `find` failed.
+        """
+        seal = read_seal(index_file)
+        if seal is None or seal.tree != previous:
+            return False
+        changed = changed_since(work_tree, seal)
+        if changed:
+            _logger.warning(
+                "work tree %s: %d entries changed since its seal (e.g. %r); written whole",
+                work_tree, len(changed), os.fsdecode(changed[0]) or ".",
+            )  # fmt: skip
+            raise _SealBroken
+        return True
+
     def _move_sealed(
         self, store: IsolatedGit, work_tree: Path, index_file: Path, move: tuple[str, str]
     ) -> WorktreeUpdate | None:
-        """`update_worktree` by the work tree's seal (`vero.core.worktree_seal`), or None when git
-        must make the update: no seal of the work tree's tree, the work tree changed since its
-        seal, a move with more than regular files (or too large) to write, or an index that would
-        lag by more than `MAX_LAG_PATHS` paths. No git process: the index is left as it was, and the
-        paths it is now stale for are added to its `Lag` (taken out of it before git next updates
-        the work tree: `_catch_up_index`).
+        """`update_worktree` of a work tree whose seal holds (`_seal_holds`), or None when git
+        must make the update: a move with more than regular files (or too large) to write, one not
+        read yet (`MoveCache`), or an index that would lag by more than `MAX_LAG_PATHS` paths. No
+        git process: the index is left as it was, and the paths it is now stale for are added to
+        its `Lag` (taken out of it before git next updates the work tree: `_catch_up_index`).
 
         Raises:
-            OSError: the seal could not be checked or the move was cut short (the marker and seal
-                are removed by then: the caller writes the work tree whole).
-            GitFailed: git could not forget the entries changed since the seal (likewise).
+            OSError: the move was cut short (its lag says so: the caller writes the work tree whole).
         """
         previous, tree = move
-        seal = read_seal(index_file)
-        if seal is None or seal.tree != previous:
-            return None
         if previous == tree:
             ops: tuple[MoveOp, ...] | None = ()
         else:
@@ -1014,10 +1041,6 @@ class CandidateStore:
             eager = files is not None and files >= EAGER_MOVE_FILES
             ops = self._moves.get(move, lambda: self._read_move(store, previous, tree), eager=eager)
         if ops is None:
-            return None
-        changed_entries = changed_since(work_tree, seal)
-        if changed_entries:
-            self._forget_changed(work_tree, index_file, changed_entries)
             return None
         if not ops:
             return WorktreeUpdate(path=work_tree, changed=(), index_file=index_file, tree=tree, sealed=True)
@@ -1032,37 +1055,27 @@ class CandidateStore:
         changed = tuple(os.fsdecode(path) for path in moved)
         return WorktreeUpdate(path=work_tree, changed=changed, index_file=index_file, tree=tree, sealed=True)
 
-    def _catch_up_index(self, work_tree: Path, index_file: Path) -> None:
+    def _catch_up_index(self, work_tree: Path, index_file: Path) -> bool:
         """Before git updates a work tree its index lags for (`Lag`): the stale entries leave the
         index (`_forget`), so git takes each path as untracked in its way, overwritten with the
         new tree's file or removed by `clean`; then the lag goes.
+
+        Returns:
+            Whether any entry left the index (then `clean` must run).
 
         Raises:
             GitFailed: git failed.
         """
         lag = read_lag(index_file)
+        forgot = lag is not None and bool(lag.paths)
         if lag is not None and lag.paths:
             self._forget(work_tree, index_file, sorted(lag.paths))
         remove_lag(index_file)
-
-    def _forget_changed(self, work_tree: Path, index_file: Path, changed: Sequence[bytes]) -> None:
-        """Take the entries changed since a work tree's seal out of its index: each is then an
-        untracked path in the way, which `read-tree --reset -u` overwrites with the tree's (a
-        directory's strays go with `clean`), even a file rewritten to its size with its mtime put
-        back, which the index's stat alone would not show.
-
-        Raises:
-            GitFailed: git failed.
-        """
-        _logger.warning(
-            "work tree %s: %d entries changed since its seal (e.g. %r); git checks and rewrites them",
-            work_tree, len(changed), os.fsdecode(changed[0]) or ".",
-        )  # fmt: skip
-        self._forget(work_tree, index_file, changed)
+        return forgot
 
     def _forget(self, work_tree: Path, index_file: Path, paths: Sequence[bytes]) -> None:
-        """Take `paths` (tree-relative; the root and directories are no entries: ignored) out of
-        the work tree's index (`update-index --force-remove`).
+        """Take `paths` (tree-relative file paths) out of the work tree's index
+        (`update-index --force-remove`).
 
         Raises:
             GitFailed: git failed.
@@ -1176,10 +1189,11 @@ class CandidateStore:
             [*_WORKTREE_GIT, "read-tree", "--reset", "-u", "--end-of-options", tree]
         )
 
-    def _settle(self, work_tree: Path, index_file: Path) -> Sequence[bytes]:
+    def _settle(self, work_tree: Path, index_file: Path, *, clean: bool = True) -> Sequence[bytes]:
         """After `_read_tree` into a persistent work tree: remove what the tree does not track
-        (untracked and ignored files and directories, nested repositories too) and stamp every
-        entry `CHECKOUT_MTIME` (`record_worktree` then records the restamped files in the index).
+        (untracked and ignored files and directories, nested repositories too; `clean` False: the
+        caller knows there is none) and stamp every entry `CHECKOUT_MTIME` (`record_worktree` then
+        records the restamped files in the index).
 
         Returns:
             The files and symlinks restamped (`stamp_checkout`): what the update wrote.
@@ -1187,7 +1201,8 @@ class CandidateStore:
         Raises:
             GitFailed: git failed.
         """
-        self._worktree_git(work_tree, index_file).execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
+        if clean:
+            self._worktree_git(work_tree, index_file).execute([*_WORKTREE_GIT, "clean", "-ffdxq"])
         return stamp_checkout(work_tree)
 
 

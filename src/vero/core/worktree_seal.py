@@ -16,11 +16,13 @@ whatever was done to it since its last update. A seal shows the same with one `f
   bytes, mode, owner, link count, times; a `utime` that puts an mtime back sets the ctime to now),
   and only a change of the system clock (CAP_SYS_TIME) could move it. Creating, removing or
   renaming an entry changes its directory's.
-- `changed_since(seal)` at the next update: the entries below the root with a ctime at or after
-  `sealed_ns` (`find -P <tree> -mindepth 1 -newerct @<sealed_ns - 1 ns>`), and the root if its
-  ctime is no longer `sealed_ns`. None: the work tree is what was sealed. Some: git makes the
-  update, told to rewrite those (`git read-tree` alone would not see a file rewritten to the same
-  size with its mtime put back: its index compares mtime and size only).
+- `changed_since(seal)` at the next update, whoever makes it: the entries below the root with a
+  ctime at or after `sealed_ns` (`find -P <tree> -mindepth 1 -newerct @<sealed_ns - 1 ns>`), and
+  the root if its ctime is no longer `sealed_ns`. None: the work tree is what was sealed (nothing
+  untracked in it either). Some: the work tree is written whole. Nothing less covers every change:
+  `git read-tree` alone does not see a file rewritten to its size with its mtime put back (its
+  index compares mtime and size), a renamed directory keeps the ctimes of the files it holds, and
+  `git clean` skips a planted `.git`.
 
 Both times come from the work tree's own filesystem (the root's ctime after a `chmod` of it), so a
 clock of another filesystem, of another granularity, never enters the comparison.
@@ -34,9 +36,10 @@ they leave empty (as `git read-tree -u` does), every directory whose entries cha
 Only regular files move so (`MOVABLE_MODES`); a symlink, a submodule or an odd path in the diff
 leaves the move to git (`plan_move` returns None).
 
-Not covered: a change made in the milliseconds between an update's check and its seal. No run uses
-the slot then (the runner ends a run's processes before it releases the slot, and candidates run
-as users that cannot write a slot); `docs/trust-model.md` says so.
+Not covered: a change made while an update runs (between its check and its seal), and writes
+through a shared memory mapping made before a seal by a process that outlives it (ext4 and tmpfs
+then leave the ctime). No run uses the slot then: the runner ends a run's processes before it
+releases the slot, and candidates run as users that cannot write a slot (`docs/trust-model.md`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import stat
 import subprocess
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +112,17 @@ def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     except OSError:
-        return "unknown-boot"
+        return f"process-{uuid.uuid4().hex}"  # unknown: then a seal or lag outlives no process
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` by a rename (a reader sees the old bytes or the new, never part):
+    not synced (a seal or lag outlives no boot)."""
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
 
 
 @dataclass(frozen=True)
@@ -176,9 +190,7 @@ def read_lag(index_file: Path) -> Lag | None:
 def write_lag(index_file: Path, tree: str | None, paths: frozenset[bytes] = frozenset()) -> None:
     """Write `<index>.lag` (`tree` None: a move is under way). Not synced, as the seal."""
     header = f"{tree or 'moving'} {_boot_id()}\n".encode("ascii")
-    fd = os.open(_lag_path(index_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(header + b"".join(path + b"\0" for path in sorted(paths)))
+    _replace(_lag_path(index_file), header + b"".join(path + b"\0" for path in sorted(paths)))
 
 
 def remove_lag(index_file: Path) -> None:
@@ -206,11 +218,7 @@ def write_seal(work_tree: Path, index_file: Path, tree: str) -> Seal | None:
         os.chmod(work_tree, mode)
         sealed = os.lstat(work_tree).st_ctime_ns
         if sealed > first:
-            # Not synced: a seal outlives no boot (`_boot_id`), and a torn one does not parse or
-            # names a time the root does not have.
-            fd = os.open(_seal_path(index_file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(f"{tree} {sealed} {_boot_id()}\n".encode("ascii"))
+            _replace(_seal_path(index_file), f"{tree} {sealed} {_boot_id()}\n".encode("ascii"))
             return Seal(tree=tree, sealed_ns=sealed)
         time.sleep(0.0005)
     return None
@@ -344,18 +352,22 @@ def _remove(root: bytes, path: bytes, touched_dirs: set[bytes]) -> None:
 
 
 def _make_dirs(root: bytes, directory: bytes, real_dirs: set[bytes], touched_dirs: set[bytes]) -> None:
-    if directory in real_dirs:
-        return
-    _make_dirs(root, _parent(directory), real_dirs, touched_dirs)
-    full = os.path.join(root, directory)
-    try:
-        os.mkdir(full, 0o777)
-        touched_dirs.add(_parent(directory))
-        touched_dirs.add(directory)
-    except FileExistsError:
-        if not stat.S_ISDIR(os.lstat(full).st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a real directory", os.fsdecode(full)) from None
-    real_dirs.add(directory)
+    """`directory` and those above it, each made unless a real directory (a loop, not a recursion:
+    a tree may nest thousands of levels)."""
+    missing = []
+    while directory not in real_dirs:
+        missing.append(directory)
+        directory = _parent(directory)
+    for directory in reversed(missing):
+        full = os.path.join(root, directory)
+        try:
+            os.mkdir(full, 0o777)
+            touched_dirs.add(_parent(directory))
+            touched_dirs.add(directory)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(full).st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a real directory", os.fsdecode(full)) from None
+        real_dirs.add(directory)
 
 
 def _write(root: bytes, op: MoveOp, mtime_ns: int) -> None:
