@@ -252,6 +252,9 @@ def test_a_move_is_read_once_for_all_who_ask_at_once():
     eager = MoveCache(min_asks=1)
     assert eager.get(("c", "d"), failing) is None
     assert eager.get(("c", "d"), lambda: ()) == ()  # a failure is not kept: asked again
+    assert cache.get(("e", "f"), failing) is None  # asked once: declined
+    assert cache.get(("e", "f"), failing) is None  # read, and failed
+    assert cache.get(("e", "f"), lambda: ()) == ()  # the next ask reads it again
 
 
 def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):

@@ -36,9 +36,12 @@ they leave empty (as `git read-tree -u` does), every directory whose entries cha
 Only regular files move so (`MOVABLE_MODES`); a symlink, a submodule or an odd path in the diff
 leaves the move to git (`plan_move` returns None).
 
-Not covered: a change made while an update runs (between its check and its seal), and writes
-through a shared memory mapping made before a seal by a process that outlives it (ext4 and tmpfs
-then leave the ctime). No run uses the slot then: the runner ends a run's processes before it
+Not covered: a work tree without a valid seal (its first update after a reboot, or after a seal
+that failed: logged), which git's stat check alone covers, as before seals; a change made while an
+update runs (between its check and its seal); writes through a shared memory mapping made before a
+seal by a process that outlives it (ext4 and tmpfs then leave the ctime); and, on a kernel without
+fine-grained ctimes (before Linux 6.13), a top-level entry removed within the same clock tick as
+the seal (the root's ctime can stay the seal's). No run uses the slot then: the runner ends a run's processes before it
 releases the slot, and candidates run as users that cannot write a slot (`docs/trust-model.md`).
 """
 
@@ -453,16 +456,18 @@ class MoveCache:
             _logger.warning("a work tree move was not read (%s); git makes it", type(exc).__name__, exc_info=exc)
             with self._lock:
                 if self._entries.get(key) is entry:
-                    del self._entries[key]  # not kept: the next update asks again
+                    del self._entries[key]  # not kept: the next ask reads it again
+                    self._asked[key] = self._min_asks - 1
             entry.done.set()
             return None
         entry.ops = ops
-        entry.size = sum(len(op.content or b"") + len(op.path) for op in ops or ())
-        entry.done.set()
         with self._lock:
+            # Counted under the lock, and only while held: a dropped entry subtracts only what it added.
             if self._entries.get(key) is entry:
+                entry.size = sum(len(op.content or b"") + len(op.path) for op in ops or ())
                 self._bytes += entry.size
             while self._bytes > self._max_bytes and len(self._entries) > 1:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= dropped.size
+        entry.done.set()
         return ops
