@@ -65,6 +65,17 @@ def _commits(repo: Path) -> list[str]:
     return versions
 
 
+def _imported_slot(store: CandidateStore, tmp_path: Path) -> tuple[list[str], Path, Path]:
+    """`_commits` imported into `store`, and a slot's work tree and index paths (not written yet)."""
+    repo = tmp_path / "workspace"
+    versions = _commits(repo)
+    for version in versions:
+        store.import_version_sync(repo, version)
+    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
+    index.parent.mkdir()
+    return versions, work, index
+
+
 def _update(store: CandidateStore, version: str, work: Path, index: Path, *, record_later: bool = False):
     update = store.update_worktree(version, work, index, record_later=record_later)
     if update.pending is not None:
@@ -83,12 +94,7 @@ def _asked_before(store: CandidateStore, tmp_path: Path, old: str, new: str) -> 
 
 
 def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
-    repo = tmp_path / "workspace"
-    versions = _commits(repo)
-    for version in versions:
-        store.import_version_sync(repo, version)
-    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
-    index.parent.mkdir()
+    versions, work, index = _imported_slot(store, tmp_path)
 
     first = _update(store, versions[0], work, index)
     assert not first.sealed and first.changed is None  # the first update: whole, by git
@@ -315,12 +321,7 @@ def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypat
     three times); a smaller one only once another work tree asked for the same move."""
     import vero.core.candidates as candidates_module
 
-    repo = tmp_path / "workspace"
-    versions = _commits(repo)
-    for version in versions:
-        store.import_version_sync(repo, version)
-    work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
-    index.parent.mkdir()
+    versions, work, index = _imported_slot(store, tmp_path)
     _update(store, versions[0], work, index)
     assert not _update(store, versions[1], work, index).sealed  # 12 files, asked first: git's
     monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 12)

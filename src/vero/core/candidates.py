@@ -100,6 +100,7 @@ from vero.core.worktree_seal import (
     read_seal,
     remove_lag,
     remove_seal,
+    run_find,
     write_lag,
     write_seal,
 )
@@ -1228,18 +1229,10 @@ def stamp_checkout(root: Path, mtime: int = CHECKOUT_MTIME, timeout_sec: float =
     stamp = mtime * 1_000_000_000
     # newer than `mtime`, or older (not newer than a nanosecond before it); -P: links not followed
     differs = ["(", "-newermt", f"@{mtime}", "-o", "!", "-newermt", f"@{mtime - 1}.999999999", ")"]
-    found = subprocess.run(
-        ["find", "-P", str(root), *differs, "-printf", "%y%p\\0"],
-        capture_output=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
-        timeout=timeout_sec,
-        check=False,
-    )
-    if found.returncode != 0:
-        raise OSError(f"find under {root} failed ({found.returncode}): {found.stderr.decode(errors='replace')[-300:]}")
+    found = run_find(root, [*differs, "-printf", "%y%p\\0"], timeout_sec)
     prefix = os.fsencode(root) + b"/"
     restamped = []
-    for entry in found.stdout.split(b"\0"):
+    for entry in found.split(b"\0"):
         if entry:
             os.utime(entry[1:], ns=(stamp, stamp), follow_symlinks=False)
             if entry[:1] != b"d":

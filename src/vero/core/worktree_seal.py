@@ -78,6 +78,7 @@ __all__ = [
     "read_seal",
     "remove_lag",
     "remove_seal",
+    "run_find",
     "write_lag",
     "write_seal",
 ]
@@ -227,6 +228,26 @@ def write_seal(work_tree: Path, index_file: Path, tree: str) -> Seal | None:
     return None
 
 
+def run_find(root: Path, expression: list[str], timeout_sec: float) -> bytes:
+    """The output of `find -P <root> <expression>` (findutils; links never followed, C locale).
+
+    Raises:
+        OSError: `find` failed.
+        subprocess.TimeoutExpired: it took longer than `timeout_sec`.
+    """
+    found = subprocess.run(
+        ["find", "-P", str(root), *expression],
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+        timeout=timeout_sec,
+        check=False,
+    )
+    if found.returncode != 0:
+        detail = found.stderr.decode(errors="replace")[-300:]
+        raise OSError(f"find under {root} failed ({found.returncode}): {detail}")
+    return found.stdout
+
+
 def changed_since(work_tree: Path, seal: Seal, timeout_sec: float = 600.0) -> list[bytes]:
     """The entries of `work_tree` changed since `seal` was written (tree-relative paths; `b""` the
     root): one `find` of the entries with a ctime at or after `seal.sealed_ns`, and the root's.
@@ -237,27 +258,9 @@ def changed_since(work_tree: Path, seal: Seal, timeout_sec: float = 600.0) -> li
     """
     changed = [] if os.lstat(work_tree).st_ctime_ns == seal.sealed_ns else [b""]
     before = seal.sealed_ns - 1
-    found = subprocess.run(
-        [
-            "find",
-            "-P",
-            str(work_tree),
-            "-mindepth",
-            "1",
-            "-newerct",
-            f"@{before // 1_000_000_000}.{before % 1_000_000_000:09d}",
-            "-printf",
-            "%P\\0",
-        ],
-        capture_output=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
-        timeout=timeout_sec,
-        check=False,
-    )
-    if found.returncode != 0:
-        detail = found.stderr.decode(errors="replace")[-300:]
-        raise OSError(f"find under {work_tree} failed ({found.returncode}): {detail}")
-    return changed + [path for path in found.stdout.split(b"\0") if path]
+    since = f"@{before // 1_000_000_000}.{before % 1_000_000_000:09d}"
+    found = run_find(work_tree, ["-mindepth", "1", "-newerct", since, "-printf", "%P\\0"], timeout_sec)
+    return changed + [path for path in found.split(b"\0") if path]
 
 
 def _movable_path(path: bytes) -> bool:
