@@ -480,6 +480,14 @@ def test_a_child_of_a_checked_commit_is_inspected_from_the_difference(store, tmp
     assert len(full_listings) == 1  # a root commit, but its tree was checked already: nothing listed
 
 
+def sealed_update(store: CandidateStore, version: str, work: Path, index: Path):
+    """`update_worktree`, recorded and sealed as the sidecar's runner does (`JobRunner._checkout`):
+    a work tree's next update trusts its index only under a seal that holds."""
+    update = store.update_worktree(version, work, index)
+    assert store.seal_worktree(update)
+    return update
+
+
 def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, tmp_path):
     repo = tmp_path / "big"
     first = commit_files(repo, {f"pkg/m{i}.py": f"v = {i}\n" for i in range(50)} | {"gone.txt": "old\n"})
@@ -492,25 +500,27 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     index.parent.mkdir()
 
     assert CandidateStore.indexed_tree(index) is None  # never written: the first update writes it whole
-    update = store.update_worktree(first, work, index)
+    update = sealed_update(store, first, work, index)
     assert update.changed is None and (work / "gone.txt").read_text() == "old\n"
     assert CandidateStore.indexed_tree(index) == store.get(first).tree
     inodes = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir()}
-    update = store.update_worktree(second, work, index)
+    update = sealed_update(store, second, work, index)  # a move no other work tree made: git's
     assert sorted(update.changed) == ["new/file.txt", "pkg/m7.py"]  # written (gone.txt was deleted)
     assert (work / "pkg" / "m7.py").read_text() == "v = 'changed'\n" and (work / "new" / "file.txt").exists()
     assert not (work / "gone.txt").exists() and not (work / ".git").exists()
     unchanged = {p.name: p.stat().st_ino for p in (work / "pkg").iterdir() if p.name != "m7.py"}
     assert unchanged == {name: ino for name, ino in inodes.items() if name != "m7.py"}  # not rewritten
 
-    # a file changed behind the index's back is restored; a lost index starts over from scratch
+    # a file changed behind the index's back breaks the seal: the work tree is written whole, the
+    # file restored and the stray file gone; a lost index starts over from scratch too
     (work / "pkg" / "m3.py").write_text("tampered, longer than before\n")
     (work / "stray.txt").write_text("left by someone\n")
-    update = store.update_worktree(first, work, index)
-    assert sorted(update.changed) == ["gone.txt", "pkg/m3.py", "pkg/m7.py"]  # the restored one too
+    update = sealed_update(store, first, work, index)
+    assert update.changed is None
     assert (work / "pkg" / "m3.py").read_text() == "v = 3\n" and (work / "gone.txt").exists()
+    assert not (work / "stray.txt").exists()
     index.unlink()
-    update = store.update_worktree(second, work, index)
+    update = sealed_update(store, second, work, index)
     assert update.changed is None and not (work / "stray.txt").exists()
     assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == sorted(
         [f"pkg/m{i}.py" for i in range(50)] + ["new/file.txt"]
@@ -524,7 +534,7 @@ def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, t
     index.with_name(index.name + ".tree").unlink()
     index.with_name(index.name + ".lock").write_bytes(b"")
     assert CandidateStore.indexed_tree(index) is None
-    update = store.update_worktree(first, work, index)
+    update = sealed_update(store, first, work, index)
     assert update.changed is None and (work / "pkg" / "m1.py").read_text() == "v = 1\n"
     assert (work / "gone.txt").exists() and not index.with_name(index.name + ".lock").exists()
 
@@ -543,22 +553,28 @@ def test_an_update_recorded_later_is_ready_at_once_and_counts_only_once_recorded
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
 
+    # each update sealed once it is over, before its record, as the runner does (`JobRunner._checkout`)
     update = store.update_worktree(first, work, index, record_later=True)
     assert update.changed is None and (work / "m4.py").read_text() == "v = 4\n"
     # written whole: recorded at once (refreshing every entry is not left to run beside a measurement)
     assert update.pending is None and CandidateStore.indexed_tree(index) == store.get(first).tree
+    assert store.seal_worktree(update)
 
     update = store.update_worktree(second, work, index, record_later=True)
     assert sorted(update.changed) == ["added.txt", "m4.py"]  # only what differs
     assert {p.stat().st_mtime for p in work.iterdir()} == {CHECKOUT_MTIME}
+    assert store.seal_worktree(update)
     assert CandidateStore.indexed_tree(index) is None  # not recorded yet: the next update would write it whole
     store.record_worktree(update)
     assert CandidateStore.indexed_tree(index) == store.get(second).tree
     update = store.update_worktree(first, work, index, record_later=True)
     assert update.changed == ("m4.py",)  # the record counted: only what git wrote (added.txt deleted)
     assert not (work / "added.txt").exists()
+    assert store.seal_worktree(update)
     store.record_worktree(update)
-    update = store.update_worktree(second, work, index, record_later=True)
+    update = store.update_worktree(third, work, index, record_later=True)  # a move not made before: git's
+    assert sorted(update.changed) == ["added.txt", "m4.py", "m5.py"]
+    assert store.seal_worktree(update)
     inode = (work / "m1.py").stat().st_ino
     # never recorded (the sidecar stopped mid-run) and a file changed meanwhile: written whole
     (work / "m1.py").write_text("tampered\n")
@@ -566,10 +582,12 @@ def test_an_update_recorded_later_is_ready_at_once_and_counts_only_once_recorded
     assert update.changed is None
     assert (work / "m1.py").read_text() == "v = 1\n" and (work / "m5.py").read_text() == "v = 'five'\n"
     assert (work / "m4.py").read_text() == "v = 'four'\n" and (work / "m1.py").stat().st_ino != inode
+    assert store.seal_worktree(update)
     store.record_worktree(update)
     store.record_worktree(update)  # recording twice changes nothing
     assert CandidateStore.indexed_tree(index) == store.get(third).tree
-    assert store.update_worktree(third, work, index).changed == ()  # the same tree again: nothing written
+    # the record counted: git's next move (not made before either) writes only what differs
+    assert sorted(store.update_worktree(first, work, index).changed) == ["m4.py", "m5.py"]
 
 
 GITATTRIBUTES = (
@@ -617,10 +635,10 @@ def test_checkouts_are_the_trees_bytes_whatever_its_gitattributes_and_the_slot_h
     fresh = store.checkout(with_attributes, tmp_path / "fresh")
     (tmp_path / "private").mkdir()
     slot_a, index_a = tmp_path / "slot-a", tmp_path / "private" / "a.index"
-    store.update_worktree(first, slot_a, index_a)
-    store.update_worktree(with_attributes, slot_a, index_a)
+    sealed_update(store, first, slot_a, index_a)
+    assert sealed_update(store, with_attributes, slot_a, index_a).changed == (".gitattributes", "sub/b.txt")
     slot_b, index_b = tmp_path / "slot-b", tmp_path / "private" / "b.index"
-    store.update_worktree(with_attributes, slot_b, index_b)
+    sealed_update(store, with_attributes, slot_b, index_b)
     for tree in (fresh, slot_a, slot_b):
         assert _blob_ids(tree) == expected, tree
     assert (slot_b / "id.txt").read_bytes() == b"$Id$\nkept\n" and b"\r" not in (slot_a / "a.txt").read_bytes()
@@ -665,11 +683,11 @@ def test_the_same_commit_is_the_same_files_with_the_same_times_in_a_used_slot_an
         store.import_version_sync(repo, version)
     (tmp_path / "private").mkdir()
     slot, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
-    store.update_worktree(first, slot, index)
+    sealed_update(store, first, slot, index)
     subprocess.run(["make", "-s", "-C", str(slot), "out"], check=True, timeout=60)  # a build's product
     (slot / "build").mkdir()
     (slot / "build" / "cache.o").write_text("left\n")
-    store.update_worktree(second, slot, index)
+    assert sealed_update(store, second, slot, index).changed is None  # the build broke the seal: whole
     fresh = store.checkout(second, tmp_path / "fresh")
 
     assert _listing(slot) == _listing(fresh)
@@ -685,9 +703,9 @@ def test_the_same_commit_is_the_same_files_with_the_same_times_in_a_used_slot_an
         ).stdout
 
     assert plan(slot) == plan(fresh) == "cat dep.txt > out\nmake: 'version.txt' is up to date.\n"
-    # the restamped files' stat is in the index: the next update of the same tree rewrites nothing
+    # sealed, and nothing changed since: the next update of the same tree rewrites nothing
     inodes = {row[0]: (slot / row[0]).lstat().st_ino for row in _listing(slot)}
-    store.update_worktree(second, slot, index)
+    assert sealed_update(store, second, slot, index).changed == ()
     assert {row[0]: (slot / row[0]).lstat().st_ino for row in _listing(slot)} == inodes
     assert _listing(slot) == _listing(fresh)
 

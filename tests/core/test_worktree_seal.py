@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _support.git import commit_files, git
+from _support.worktree import plant_git, rewrite_keeping_times, seal_of_another_boot, swap_directories
 
 from vero.core.candidates import CandidateStore
 from vero.core.state import StateStore
@@ -113,50 +114,36 @@ def test_a_sealed_move_writes_exactly_what_git_writes(store, tmp_path):
         assert _entries(work) == _entries(fresh) == _entries(by_git), (n, version)
     assert update.changed == ()  # the same tree again: nothing written
     # No git process moved it: the index still describes the first tree, and the lag lists every
-    # path it is stale for. With the seal gone, git takes over: those paths leave the index first,
-    # so git rewrites them (and only them), and the work tree is the tree's.
+    # path it is stale for. A move no work tree made yet is git's: those paths leave the index
+    # first, so git rewrites them (and only them), and the work tree is the tree's.
     lag = read_lag(index)
     assert lag is not None and lag.tree == store.get(versions[1]).tree
     moved_paths = {os.fsdecode(path) for path in lag.paths}
     assert {"pkg/m3.py", "new/inner/n.txt", "x", "x/inside.bin", "deep/a/b/only.txt", "run.sh", "empty"} <= moved_paths
-    os.unlink(index.with_name(index.name + ".seal"))
-    update = store.update_worktree(versions[3], work, index)
+    update = _update(store, versions[3], work, index)
     assert not update.sealed and set(update.changed) <= moved_paths and read_lag(index) is None
     store.checkout(versions[3], tmp_path / "fresh-git")
     assert _entries(work) == _entries(tmp_path / "fresh-git")
-    assert store.update_worktree(versions[3], work, index).changed == ()  # the index is git's again
+    # the index is git's again: git's next move (not read yet either) writes only what differs
+    update = _update(store, versions[2], work, index)
+    assert not update.sealed and sorted(update.changed) == ["empty", "run.sh", "x/inside.bin"]
+    store.checkout(versions[2], tmp_path / "fresh-git-2")
+    assert _entries(work) == _entries(tmp_path / "fresh-git-2")
 
 
 TAMPERS = {
-    "bytes of one size, times put back": lambda work: _rewrite_keeping_times(work / "pkg" / "m1.py", b"v = 9\n"),
+    "bytes of one size, times put back": lambda work: rewrite_keeping_times(work / "pkg" / "m1.py", b"v = 9\n"),
     "a stray file stamped as the checkout": lambda work: _stray(work / "pkg" / "stray.py"),
     "a file removed": lambda work: (work / "pkg" / "m2.py").unlink(),
     "a mode changed": lambda work: (work / "pkg" / "m4.py").chmod(0o777),
     "a hard link made to a file": lambda work: os.link(work / "pkg" / "m5.py", work.parent / "outside-link"),
     "a directory's times put back": lambda work: _touch_back(work / "pkg"),
     "the root's mode": lambda work: work.chmod(0o700),
-    "two directories swapped by renames (their files keep their ctimes)": lambda work: _swap(work / "d1", work / "d2"),
-    "a .git planted (git clean skips it)": lambda work: _plant_git(work / "pkg"),
+    "two directories swapped by renames (their files keep their ctimes)": lambda work: swap_directories(
+        work / "d1", work / "d2"
+    ),
+    "a .git planted (git clean skips it)": lambda work: plant_git(work / "pkg"),
 }
-
-
-def _swap(one: Path, two: Path) -> None:
-    aside = one.with_name("aside")
-    one.rename(aside)
-    two.rename(one)
-    aside.rename(two)
-
-
-def _plant_git(directory: Path) -> None:
-    (directory / ".git").mkdir()
-    (directory / ".git" / "HEAD").write_text("left for a later evaluation\n")
-
-
-def _rewrite_keeping_times(path: Path, content: bytes) -> None:
-    info = os.lstat(path)
-    assert len(content) == info.st_size
-    path.write_bytes(content)
-    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _stray(path: Path) -> None:
@@ -200,6 +187,54 @@ def test_any_change_since_the_seal_has_the_work_tree_written_whole(store, tmp_pa
     assert _update(store, versions[0], work, index).sealed
 
 
+def _seal_file(index: Path) -> Path:
+    return index.with_name(index.name + ".seal")
+
+
+def _seal_of_another_tree(index: Path) -> None:
+    _tree, sealed, boot = _seal_file(index).read_text(encoding="ascii").split()
+    _seal_file(index).write_text(f"{'0' * 40} {sealed} {boot}\n", encoding="ascii")
+
+
+VOID_SEALS = {
+    "a seal of another boot (the first update since a reboot)": seal_of_another_boot,
+    "no seal (it failed), but a tree marker": lambda index: _seal_file(index).unlink(),
+    "a seal of another tree": _seal_of_another_tree,
+}
+
+UNSEEN_BY_GIT = (
+    "bytes of one size, times put back",
+    "two directories swapped by renames (their files keep their ctimes)",
+    "a .git planted (git clean skips it)",
+)
+"""The tampers git's stat check and `git clean` let through (`TAMPERS`)."""
+
+
+@pytest.mark.parametrize("void", sorted(VOID_SEALS))
+@pytest.mark.parametrize("tamper", UNSEEN_BY_GIT)
+def test_a_work_tree_without_a_seal_of_its_tree_from_this_boot_is_written_whole(store, tmp_path, caplog, tamper, void):
+    """A tree marker without a seal of that tree from this boot says nothing of what the work tree
+    holds: the next update writes it whole (logged once, saying why), whatever change git's stat
+    check would miss, and leaves nothing untracked; sealed again, the slot is warm once more."""
+    versions, work, index = _imported_slot(store, tmp_path)
+    _update(store, versions[0], work, index)
+    TAMPERS[tamper](work)
+    VOID_SEALS[void](index)
+    assert CandidateStore.indexed_tree(index) == store.get(versions[0]).tree
+    assert CandidateStore.warm_tree(index) is None  # the slots' warm-up writes it at start
+
+    caplog.set_level("INFO", logger="vero.core.candidates")
+    update = _update(store, versions[1], work, index)
+    assert not update.sealed and update.changed is None
+    whole = [record for record in caplog.records if "written whole" in record.getMessage()]
+    assert len(whole) == 1 and str(work) in whole[0].getMessage(), [r.getMessage() for r in caplog.records]
+    fresh = tmp_path / "fresh"
+    store.checkout(versions[1], fresh)
+    entries, expected = _entries(work), _entries(fresh)  # every entry: nothing untracked either
+    assert {k: v for k, v in entries.items() if k != "."} == {k: v for k, v in expected.items() if k != "."}
+    assert CandidateStore.warm_tree(index) == store.get(versions[1]).tree
+
+
 def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_path):
     repo = tmp_path / "workspace"
     first = commit_files(repo, {"a.py": "a\n", "link": ("link", "a.py")})
@@ -216,7 +251,8 @@ def test_no_seal_without_a_record_and_moves_of_symlinks_go_to_git(store, tmp_pat
     _asked_before(store, tmp_path, first, second)
     assert _update(store, second, work, index).sealed  # a regular file's move
     update = _update(store, third, work, index)
-    assert not update.sealed and os.readlink(work / "link") == "b.py"  # a symlink's: git's
+    assert not update.sealed and os.readlink(work / "link") == "b.py"  # a symlink's: git's,
+    assert sorted(update.changed) == ["a.py", "b.py", "link"]  # incremental (the seal held); a.py: lagged
     # a sealed move needs no record (no git process)...
     _asked_before(store, tmp_path, third, fourth)
     update = store.update_worktree(fourth, work, index, record_later=True)
@@ -312,7 +348,7 @@ def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_p
     _asked_before(store, tmp_path, versions[3], versions[1])
     assert _update(store, versions[3], work, index).sealed  # lags by 1 (c.py)
     update = _update(store, versions[1], work, index)  # would lag by 2 (b.py, c.py): git's
-    assert not update.sealed and read_lag(index) is None
+    assert not update.sealed and read_lag(index) is None and sorted(update.changed) == ["b.py", "c.py"]
     assert {p.name: p.read_text() for p in work.iterdir()} == {"a.py": "a.py changed\n", "b.py": "b\n", "c.py": "c\n"}
 
 
@@ -323,7 +359,8 @@ def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypat
 
     versions, work, index = _imported_slot(store, tmp_path)
     _update(store, versions[0], work, index)
-    assert not _update(store, versions[1], work, index).sealed  # 12 files, asked first: git's
+    update = _update(store, versions[1], work, index)  # 12 files, asked first: git's (the seal held)
+    assert not update.sealed and sorted(update.changed) == ["new/inner/n.txt", "pkg/m3.py", "run.sh"]
     monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 12)
     assert _update(store, versions[2], work, index).sealed  # as large as the threshold: sealed at once
     fresh = tmp_path / "fresh"

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from _support.worktree import plant_git, rewrite_keeping_times, seal_of_another_boot, swap_directories
 
 from vero.core.candidates import CandidateStore
 from vero.core.worktree_seal import changed_since, read_seal
@@ -180,6 +181,48 @@ def test_closing_intake_ends_the_warm_up_after_the_slot_it_is_writing(tmp_path, 
         False,
         False,
     ]
+
+
+def test_after_a_reboot_the_warm_up_writes_every_slot_whole_restoring_what_git_would_miss(tmp_path):
+    """A slot's seal does not outlive a boot (`vero.core.worktree_seal`): after a reboot every slot
+    is cold though its index names its tree, and the warm-up at start writes each one whole,
+    restoring what git's stat check and `git clean` let through (a file rewritten to its size
+    with its times put back, two directories swapped by renames, a planted `.git`)."""
+    harness = make_harness(tmp_path, baseline_files=BASELINE)
+    harness.max_concurrent_evaluations = 2
+    slots = [harness.work_dir / "checkouts" / f"slot-{n}" for n in range(2)]
+    indexes = [harness.state_dir / "checkouts" / f"slot-{n}.index" for n in range(2)]
+
+    async def scenario() -> None:
+        service = harness.service()
+        await service.start()
+        await service.runner.warmed()
+        tree = service.candidates.get(harness.config.baseline_commit).tree
+        expected = _listed_blobs(service.candidates, harness.config.baseline_commit)
+        await service.stop()
+        assert [CandidateStore.warm_tree(index) for index in indexes] == [tree, tree]
+
+        for index in indexes:
+            seal_of_another_boot(index)
+        rewrite_keeping_times(slots[0] / "pkg0" / "mod1.py", b"VALUE = 7\n")
+        swap_directories(slots[0] / "pkg1", slots[0] / "pkg2")  # files of the same sizes
+        plant_git(slots[0] / "pkg0")
+        assert [CandidateStore.indexed_tree(index) for index in indexes] == [tree, tree]
+        assert [CandidateStore.warm_tree(index) for index in indexes] == [None, None]
+        before = {slot: _written(slot) for slot in slots}
+
+        service = harness.service()
+        await service.start()
+        await service.runner.warmed()
+        for slot, index in zip(slots, indexes, strict=True):
+            assert _blob_ids(slot) == expected, slot  # every file the tree's, nothing untracked
+            now = _written(slot)
+            assert all(now[path] != before[slot].get(path) for path in now), slot  # each written again
+            seal = read_seal(index)
+            assert seal is not None and seal.tree == tree and changed_since(slot, seal) == []
+        await service.stop()
+
+    asyncio.run(scenario())
 
 
 def test_a_job_gets_a_warm_slot_before_a_cold_one_and_waits_first_come_first_served():

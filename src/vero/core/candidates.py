@@ -183,9 +183,9 @@ class WorktreeUpdate:
     path: Path
     """The work tree."""
     changed: tuple[str, ...] | None
-    """Tree-relative paths of the files and symlinks the update wrote or deleted (those that differ
-    from the previous update's tree, or that were changed since); None when the whole tree was
-    written."""
+    """Tree-relative paths of the files and symlinks the update wrote (and, moved sealed, deleted):
+    those that differ from the previous update's tree and, written by git, those its index was
+    stale for after sealed moves (`Lag`); None when the whole tree was written."""
     index_file: Path
     """The work tree's index (its seal and tree marker beside it)."""
     tree: str
@@ -214,10 +214,6 @@ class _CheckedTree:
     tree: str
     symlinks: dict[bytes, bytes]
     size: TreeSize
-
-
-class _SealBroken(Exception):
-    """A work tree changed since its seal (internal: it is written whole)."""
 
 
 class _Aborted(Exception):
@@ -915,14 +911,24 @@ class CandidateStore:
         """Bring the persistent work tree `work_tree` to a candidate's files, writing only what changed.
 
         `index_file` (private to the caller, e.g. under the state dir) is git's index of what
-        `work_tree` holds, and `<index_file>.tree` the tree id it was last brought to. With them,
-        git rewrites only the files whose entry or stat differs, deletes the files the candidate
-        does not have and everything untracked (`git clean -ffdx`). Every entry then gets the
-        mtime `CHECKOUT_MTIME` and the index the stat of what was restamped (so the next update
-        again writes only what differs). Without them (first use, or a crash mid-update) the directory is
-        emptied and written whole. Call it for one work tree from one thread at a time: then a
-        `<index_file>.lock` can only be what a git killed mid-update left (no git child outlives a
-        call), and it is removed, or every later update of this work tree would fail.
+        `work_tree` holds, `<index_file>.tree` the tree id it was last brought to, and
+        `<index_file>.seal` its seal (`seal_worktree`, which the caller runs once all it does to the
+        work tree before its use is done): one `find` shows whether anything changed the work tree
+        since (`vero.core.worktree_seal`). With all three, from this boot, and nothing changed
+        since, only the files that differ between the two trees are written: from their blobs, read
+        once for every work tree making the same move; or by git, for a move of more than regular
+        files, a large one, or one no other work tree made yet (`read-tree --reset -u`: the entries
+        that differ from the index are written, those the candidate lacks deleted), after which
+        every entry gets the mtime `CHECKOUT_MTIME` and the index the stat of what was restamped
+        (so the next update again writes only what differs). Otherwise the directory is emptied
+        and written whole: never updated, an update cut short, no seal of its tree from this boot
+        (its first update since the machine started, as a seal does not outlive a boot; or its last
+        seal failed), or anything changed since its seal. Git's stat check alone would miss a file
+        rewritten to its size with its mtime put back, a directory swapped by renames (its files
+        keep their ctimes) and a planted `.git` (`git clean` skips it). Call it for one work tree
+        from one thread at a time: then a `<index_file>.lock` can only be what a git killed
+        mid-update left (no git child outlives a call), and it is removed, or every later update of
+        this work tree would fail.
 
         `record_later`: the work tree is ready (its files, their mtime) when this returns, but the
         index's stat of the restamped files and the tree marker are written by
@@ -931,11 +937,6 @@ class CandidateStore:
         for good if it never runs (a crash), the marker is absent and the next update writes the
         work tree whole: never a wrong tree, at worst a slower update. A work tree written whole
         is recorded here all the same (its record refreshes every entry).
-
-        A work tree sealed since its last update (`seal_worktree`) is checked with one `find`
-        instead (`vero.core.worktree_seal`): unchanged since, the files that differ between the two
-        trees are written from their blobs, read once for every work tree making the same move;
-        changed since (or a move of more than regular files), git checks and writes it as above.
 
         Returns:
             The work tree and the tree-relative paths that changed (None: everything was written).
@@ -950,16 +951,11 @@ class CandidateStore:
         index_file.with_name(index_file.name + ".lock").unlink(missing_ok=True)
         store = self._store_git()
         tree = self._commit_tree(store, candidate_id)
-        previous = self.indexed_tree(index_file)
-        intact = False  # its seal held: the work tree is exactly `previous` (nothing untracked either)
+        previous = self._intact_tree(work_tree, index_file)
         if previous is not None:
             try:
-                intact = self._seal_holds(work_tree, index_file, previous)
-                moved = self._move_sealed(store, work_tree, index_file, (previous, tree)) if intact else None
-            except _SealBroken:
-                previous = None
-            except (OSError, GitFailed, subprocess.TimeoutExpired) as exc:
-                # part-moved, or the seal not checked: written whole below
+                moved = self._move_sealed(store, work_tree, index_file, (previous, tree))
+            except (OSError, GitFailed, subprocess.TimeoutExpired) as exc:  # part-moved: written whole below
                 _logger.warning("work tree %s: its sealed update failed (%s); written whole", work_tree, exc)
                 previous = None
             else:
@@ -972,11 +968,9 @@ class CandidateStore:
             if os.path.lexists(work_tree) and not remove_tree(work_tree):
                 raise OSError(errno.ENOTEMPTY, "cannot remove the old work tree", str(work_tree))
         marker.unlink(missing_ok=True)
-        # Nothing untracked to clean from a work tree whose seal held, unless its lag's paths (now
-        # out of the index) are.
-        clean = not intact
-        if previous is not None:
-            clean = self._catch_up_index(work_tree, index_file) or clean
+        # Git updates only a work tree whose seal held (else it was just emptied): nothing untracked
+        # to clean, unless its lag's paths (now out of the index) are.
+        clean = previous is not None and self._catch_up_index(work_tree, index_file)
         work_tree.mkdir(parents=True, exist_ok=True)
         try:
             self._read_tree(work_tree, index_file, tree)
@@ -985,8 +979,8 @@ class CandidateStore:
             index_file.unlink(missing_ok=True)
             raise
         # What git wrote is what the restamp found newer than `CHECKOUT_MTIME` (every entry was at
-        # it before): the files that differ from the previous tree, and any a build had changed.
-        # (A `diff-tree` of the two trees said the same, less the latter, with one more process.)
+        # it before): the files that differ from the previous tree, and its lag's paths. (A
+        # `diff-tree` of the two trees said the same, less the latter, with one more process.)
         changed = None if previous is None else tuple(os.fsdecode(path) for path in written)
         pending = _PendingRecord(index_file=index_file, tree=tree, restamped=tuple(written), whole=previous is None)
         update = WorktreeUpdate(path=work_tree, changed=changed, index_file=index_file, tree=tree, pending=pending)
@@ -1000,32 +994,49 @@ class CandidateStore:
         self.record_worktree(update)
         return dataclasses.replace(update, pending=None)
 
-    def _seal_holds(self, work_tree: Path, index_file: Path, previous: str) -> bool:
-        """Whether the work tree has a seal of `previous` that still holds (nothing changed since:
-        `vero.core.worktree_seal.changed_since`).
+    def _intact_tree(self, work_tree: Path, index_file: Path) -> str | None:
+        """The tree the work tree holds exactly (nothing untracked either), or None: it is to be
+        written whole (logged, unless it was never written or its last update did not finish).
 
-        Raises:
-            _SealBroken: it has one, and something changed since (logged): the work tree is to be
-                written whole, as nothing short of that covers every change (a directory renamed
-                keeps the ctimes of the files it holds; a planted `.git` is skipped by `clean`).
-            OSError, subprocess.TimeoutExpired: the `find` failed.
+        Exactly: its tree marker names a tree (`indexed_tree`), and a seal of that very tree from
+        this boot still holds (`vero.core.worktree_seal.changed_since`: nothing changed since).
+        Without such a seal (the first update since the machine started, as a seal does not outlive
+        a boot; a seal that failed or names another tree), or with one that something changed
+        since, nothing short of a whole write covers every change: git's stat check misses a file
+        rewritten to its size with its mtime put back, a renamed directory keeps the ctimes of the
+        files it holds, and `git clean` skips a planted `.git`.
         """
+        previous = self.indexed_tree(index_file)
+        if previous is None:
+            return None
         seal = read_seal(index_file)
-        if seal is None or seal.tree != previous:
-            return False
-        changed = changed_since(work_tree, seal)
+        if seal is None:
+            _logger.info(
+                "work tree %s has no seal from this boot (its first update since the machine started, "
+                "or its last seal failed); written whole",
+                work_tree,
+            )
+            return None
+        if seal.tree != previous:
+            _logger.warning("work tree %s: its seal names another tree than its index; written whole", work_tree)
+            return None
+        try:
+            changed = changed_since(work_tree, seal)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _logger.warning("work tree %s: its seal was not checked (%s); written whole", work_tree, exc)
+            return None
         if changed:
             _logger.warning(
                 "work tree %s: %d entries changed since its seal (e.g. %r); written whole",
                 work_tree, len(changed), os.fsdecode(changed[0]) or ".",
             )  # fmt: skip
-            raise _SealBroken
-        return True
+            return None
+        return previous
 
     def _move_sealed(
         self, store: IsolatedGit, work_tree: Path, index_file: Path, move: tuple[str, str]
     ) -> WorktreeUpdate | None:
-        """`update_worktree` of a work tree whose seal holds (`_seal_holds`), or None when git
+        """`update_worktree` of a work tree whose seal holds (`_intact_tree`), or None when git
         must make the update: a move with more than regular files (or too large) to write, one not
         read yet (`MoveCache`), or an index that would lag by more than `MAX_LAG_PATHS` paths. No
         git process: the index is left as it was, and the paths it is now stale for are added to
@@ -1122,7 +1133,7 @@ class CandidateStore:
 
         Returns:
             Whether it was sealed: a failure (the root could not be changed, the seal not written)
-            is logged and leaves no seal, so the next update goes by git, as it would without.
+            is logged and leaves no seal, so the next update writes the work tree whole.
         """
         try:
             return write_seal(update.path, update.index_file, update.tree) is not None
@@ -1160,7 +1171,9 @@ class CandidateStore:
     def indexed_tree(index_file: str | Path) -> str | None:
         """The tree id `update_worktree` last brought the work tree of `index_file` to, or None when
         its next update writes it whole (never updated, an update did not finish, or the lag of a
-        sealed move is unknown: cut short, or written before the machine last started)."""
+        sealed move is unknown: cut short, or written before the machine last started). A tree
+        named here is written whole all the same unless the work tree's seal of it holds
+        (`warm_tree`; `update_worktree`)."""
         index_file = Path(index_file)
         try:
             tree = _tree_marker(index_file).read_text(encoding="ascii").strip()
@@ -1172,6 +1185,16 @@ class CandidateStore:
         if lag is None:
             return tree
         return lag.tree if lag.tree is not None and _OID.fullmatch(lag.tree) else None
+
+    @staticmethod
+    def warm_tree(index_file: str | Path) -> str | None:
+        """The tree the work tree of `index_file` holds if its next update may write only what
+        changed: `indexed_tree`, sealed as that tree in this boot; else None (written whole). The
+        seal is only read, not checked (its `find` is the update's): a change since still has the
+        work tree written whole."""
+        tree = CandidateStore.indexed_tree(index_file)
+        seal = read_seal(Path(index_file)) if tree is not None else None
+        return tree if seal is not None and seal.tree == tree else None
 
     def _worktree_git(self, work_tree: Path, index_file: Path) -> IsolatedGit:
         return self._git(

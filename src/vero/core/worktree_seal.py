@@ -2,10 +2,11 @@
 changed it since the last, and the files a move to another tree changes are written from blobs
 read once for every work tree that makes the same move.
 
-`CandidateStore.update_worktree` brings a persistent work tree (an evaluation slot) to a tree with
-three processes that each read the whole tree: `git read-tree --reset -u` (every entry's stat),
-`git clean -ffdx` (every directory), `find` (every mtime). They make the slot hold its tree's bytes
-whatever was done to it since its last update. A seal shows the same with one `find`:
+`CandidateStore.update_worktree` brings a persistent work tree (an evaluation slot) to a tree. Git's
+update reads the whole tree three times (`git read-tree --reset -u`: every entry's stat; `git clean
+-ffdx`: every directory; `find`: every mtime) and still goes by its stat check, which some changes
+pass (below); a whole write restores anything but writes every file. A seal shows with one `find`
+that the work tree is exactly what it was when sealed:
 
 - `write_seal`, once an update and all else done to the work tree before its use are over (the
   runner's `chmod`s): `<index>.seal` (root-only, beside the index; void after a reboot, since the
@@ -24,6 +25,13 @@ whatever was done to it since its last update. A seal shows the same with one `f
   index compares mtime and size), a renamed directory keeps the ctimes of the files it holds, and
   `git clean` skips a planted `.git`.
 
+A work tree without a seal of its tree from this boot counts as changed: its first update since the
+machine started (a seal does not outlive a boot), or after a seal that failed or names another tree
+(logged), writes it whole, never trusting git's stat check alone. Git still makes the update of a
+work tree whose seal holds when the move is not `apply_move`'s (below: a symlink's, a large one,
+one not read yet, or an index lagging too far): the work tree is then exactly the previous tree,
+so git's stat check has only its own index to catch up with (`Lag`).
+
 Both times come from the work tree's own filesystem (the root's ctime after a `chmod` of it), so a
 clock of another filesystem, of another granularity, never enters the comparison.
 
@@ -36,13 +44,12 @@ they leave empty (as `git read-tree -u` does), every directory whose entries cha
 Only regular files move so (`MOVABLE_MODES`); a symlink, a submodule or an odd path in the diff
 leaves the move to git (`plan_move` returns None).
 
-Not covered: a work tree without a valid seal (its first update after a reboot, or after a seal
-that failed: logged), which git's stat check alone covers, as before seals; a change made while an
-update runs (between its check and its seal); writes through a shared memory mapping made before a
-seal by a process that outlives it (ext4 and tmpfs then leave the ctime); and, on a kernel without
-fine-grained ctimes (before Linux 6.13), a top-level entry removed within the same clock tick as
-the seal (the root's ctime can stay the seal's). No run uses the slot then: the runner ends a run's processes before it
-releases the slot, and candidates run as users that cannot write a slot (`docs/trust-model.md`).
+Not covered: a change made while an update runs (between its check and its seal); writes through
+a shared memory mapping made before a seal by a process that outlives it (ext4 and tmpfs then leave
+the ctime); and, on a kernel without fine-grained ctimes (before Linux 6.13), a top-level entry
+removed within the same clock tick as the seal (the root's ctime can stay the seal's). No run uses
+the slot then: the runner ends a run's processes before it releases the slot, and candidates run as
+users that cannot write a slot (`docs/trust-model.md`).
 """
 
 from __future__ import annotations
@@ -210,7 +217,7 @@ def write_seal(work_tree: Path, index_file: Path, tree: str) -> Seal | None:
 
     Returns:
         The seal written, or None when the root's ctime did not move within about a second (then
-        no seal: the next update checks the whole tree with git).
+        no seal: the next update writes the work tree whole).
 
     Raises:
         OSError: the root cannot be changed or the seal written.

@@ -251,7 +251,7 @@ class JobRunner:
         if self.run_as is not None:
             os.chown(self.paths.nested_jobs_dir, self.run_as.uid, self.run_as.gid)
         self._slots = SlotPool(
-            self.options.slots, lambda slot: CandidateStore.indexed_tree(self.paths.slot_index(slot)) is not None
+            self.options.slots, lambda slot: CandidateStore.warm_tree(self.paths.slot_index(slot)) is not None
         )
 
     def start(self) -> None:

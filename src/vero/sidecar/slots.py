@@ -2,10 +2,11 @@
 
 Each slot is a persistent work tree (`SidecarPaths.slot_tree`) that `CandidateStore.update_worktree`
 brings to a job's candidate, writing only the files that differ from what it held. A *cold* slot
-(never written, or an update cut short) is written whole: on a 50,000-file target that is seconds,
-against a fraction of a second for a warm one. So at start (`JobRunner.warm_up`) every cold slot is
-brought to the baseline in the background, one at a time, in a thread of lower CPU priority
-(nice 10, inherited by its git child), and a job takes a free warm slot before a cold one.
+(never written, an update cut short, or not sealed in this boot: the machine restarted since, see
+`vero.core.worktree_seal`) is written whole: on a 50,000-file target that is seconds, against a
+fraction of a second for a warm one. So at start (`JobRunner.warm_up`) every cold slot is brought to
+the baseline in the background, one at a time, in a thread of lower CPU priority (nice 10,
+inherited by its git child), and a job takes a free warm slot before a cold one.
 
 Every slot is its own checkout from the candidate store (no file shared with another slot, such as
 by hard links): a candidate that writes through its slot cannot change what another slot holds, and
@@ -40,8 +41,9 @@ class SlotPool:
 
     Args:
         count: number of slots (>= 1).
-        is_warm: whether a slot's work tree holds an indexed tree (then an update writes only the
-            files that differ); asked at creation and on every release.
+        is_warm: whether a slot's work tree holds an indexed tree, sealed in this boot (then an
+            update writes only the files that differ: `CandidateStore.warm_tree`); asked at
+            creation and on every release.
     """
 
     def __init__(self, count: int, is_warm: Callable[[int], bool]) -> None:
