@@ -263,14 +263,14 @@ def _big_target(root: Path) -> dict:
         admissions, checkouts, full = [], [], []
         index = root / "big-slot.index"
         work = root / "big-slot"
-        await asyncio.to_thread(again.candidates.update_worktree, harness.config.baseline_commit, work, index)
+        await asyncio.to_thread(_sealed_update, again.candidates, harness.config.baseline_commit, work, index)
         for i in range(BIG_TARGET_EVALUATIONS):
             version = commit_file(harness.agent_repo, f"pkg{i:03d}/mod000.py", f"VALUE = 'changed {i}'\n", f"c{i}")
             started = time.perf_counter()
             view = await again.start_evaluation(PRINCIPAL, EvaluationRequest(partition="train", version=version))
             admissions.append(time.perf_counter() - started)
             started = time.perf_counter()
-            update = await asyncio.to_thread(again.candidates.update_worktree, view.candidate, work, index)
+            update = await asyncio.to_thread(_sealed_update, again.candidates, view.candidate, work, index)
             checkouts.append(time.perf_counter() - started)
             assert update.changed is not None and len(update.changed) == 1
             if i < 2:
@@ -290,6 +290,14 @@ def _big_target(root: Path) -> dict:
         }
 
     return asyncio.run(run())
+
+
+def _sealed_update(store, candidate: str, work: Path, index: Path):
+    """The slot's update as the runner makes it (`JobRunner._checkout`): sealed once over, or its
+    next update writes it whole."""
+    update = store.update_worktree(candidate, work, index)
+    assert store.seal_worktree(update)
+    return update
 
 
 # -- 3. start with 10,000 jobs ------------------------------------------------------------------
