@@ -32,7 +32,46 @@ def docker_available() -> bool:
         return False
 
 
+SLOWEST_FIRST = (
+    "tests/examples/test_examples.py",
+    "tests/e2e/test_examples_e2e.py",
+    "tests/failures/test_check_docker.py",
+    "tests/e2e/test_hostile_program_e2e.py",
+    "tests/e2e/test_candidate_boundary_e2e.py",
+    "tests/e2e/test_report_e2e.py",
+    "tests/e2e/test_modal_emulated_e2e.py",
+    "tests/e2e/test_agent_loop_e2e.py",
+    "tests/harbor/test_harbor_backend.py",
+    "tests/core/test_ledger.py",
+    "tests/e2e/test_growth_script.py",
+    "tests/e2e/test_hostile_agent_e2e.py",
+    "tests/harbor/test_paired_runs.py",
+    "tests/e2e/test_case_route_e2e.py",
+)
+"""Modules whose tests take minutes (a whole-suite run on 3 workers, `--durations`), longest first.
+The README's `pytest -n 3 --dist loadfile` hands modules to the workers in collection order, so these
+go first: started last, one of them would keep the run waiting on a single worker."""
+
+
+def _slowest_first(items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    missing = [path for path in SLOWEST_FIRST if not (root / path).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOWEST_FIRST names no such module: {', '.join(missing)}")
+    rank = {path: index for index, path in enumerate(SLOWEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        try:
+            path = item.path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            return len(rank)
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slowest_first(items)
     if not any(item.get_closest_marker("docker") for item in items) or docker_available():
         return
     if os.environ.get("VERO_REQUIRE_DOCKER") == "1":

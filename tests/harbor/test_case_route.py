@@ -204,9 +204,15 @@ async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
         router = CaseRouter(gateway, {}, SESSION)
         token_a, grant_a = gateway.grant("ev-a", "train", limit_micro_usd=1_000_000)
         token_b, grant_b = gateway.grant("ev-b", "train", limit_micro_usd=1_000_000)
-        route_a = await router.open("ev-a")
-        route_b = await router.open("ev-b")
-        left = await router.open("ev-left")
+        opened = []
+        try:
+            for evaluation_id in ("ev-a", "ev-b", "ev-left"):
+                opened.append(await router.open(evaluation_id))
+        except BaseException:
+            for route in opened:  # nothing of a failed test is left on the engine
+                await route.close()
+            raise
+        route_a, route_b, left = opened
         try:
             network = json.loads(_docker("network", "inspect", route_a.network).stdout)[0]
             assert network["Internal"] is True  # no way out of it

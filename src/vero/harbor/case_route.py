@@ -34,10 +34,15 @@ compose file). Their calls fail; none is ever sent with a provider key.
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import ipaddress
 import logging
 import re
 import secrets
+import socket
+import struct
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +81,8 @@ CASE_ROUTE_VARIABLES = ("VERO_INFERENCE_CASE_OPENAI_BASE_URL", "VERO_INFERENCE_C
 it (for a candidate agent that runs a model-calling program inside the case's `main`)."""
 
 _DOCKER_TIMEOUT_SEC = 60
+_BRIDGE_WAIT_SEC = 10.0
+_SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 
@@ -262,7 +269,7 @@ class CaseRouter:
                     address = settings.get("IPAddress")
                 else:
                     network.reload()
-                    address = network_gateway_address(network.attrs)
+                    address = _bridge_address(network.id) or network_gateway_address(network.attrs)
                 if not address:
                     raise InfrastructureFailure("route_case_services: the case network gave this process no address")
                 network.reload()
@@ -373,6 +380,29 @@ def case_route_compose(network: str, cases_dir: Path, case_names: Sequence[str])
             networks["default"] = {}
         services[name] = {"networks": networks}
     return {"services": services, "networks": {GATEWAY_NETWORK_KEY: {"external": True, "name": network}}}
+
+
+def _bridge_address(network_id: str, wait_sec: float = _BRIDGE_WAIT_SEC) -> str | None:
+    """The IPv4 address the kernel gives this host on the bridge of a network this process created
+    (`br-<id[:12]>`, the Docker bridge driver's name when no `bridge.name` option is set), once it
+    has one; None when no such interface appears within `wait_sec` (an engine on another host).
+
+    The kernel's address, not IPAM's: under a burst of network creations and removals, Docker 20.10
+    answered a gateway (`192.168.0.2`) that no interface had, and binding the route's listener
+    there failed (EADDRNOTAVAIL) while the bridge itself was up.
+    """
+    name = f"br-{network_id[:12]}"
+    deadline = time.monotonic() + wait_sec
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        while True:
+            try:
+                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+                return socket.inet_ntoa(answer[20:24])
+            except OSError as exc:
+                # No such interface: the engine is elsewhere (or named its bridge otherwise).
+                if exc.errno != errno.EADDRNOTAVAIL or time.monotonic() >= deadline:
+                    return None
+            time.sleep(0.05)
 
 
 def network_gateway_address(attrs: Mapping[str, Any]) -> str | None:
