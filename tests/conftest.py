@@ -49,8 +49,10 @@ SLOWEST_FIRST = (
     "tests/e2e/test_case_route_e2e.py",
 )
 """Modules whose tests take minutes (a whole-suite run on 3 workers, `--durations`), longest first.
-The README's `pytest -n 3 --dist loadfile` hands modules to the workers in collection order, so these
-go first: started last, one of them would keep the run waiting on a single worker."""
+The README's `pytest -n 3` (with pyproject.toml's `--dist loadfile --no-loadscope-reorder`) hands
+whole modules to the workers in collection order, so these go first: started last, one of them
+would keep the run waiting on a single worker. (xdist's own order, by number of tests, put a
+one-test module of five minutes last.)"""
 
 
 def _slowest_first(items: list[pytest.Item]) -> None:

@@ -198,6 +198,53 @@ def test_a_route_is_an_internal_network_to_its_evaluations_listener_and_is_remov
         assert {r["headers"]["authorization"] for r in fake.requests} == {f"Bearer {KEY}"}
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_network_whose_address_is_on_no_interface_is_replaced(monkeypatch, caplog):
+    """On the host, a network the engine answered with an address no interface has (seen under a
+    burst of network churn: IPAM's gateway `192.168.x.2`, not bindable) is removed and another made."""
+    from vero.harbor import case_route
+
+    tried: list[str] = []
+    real = case_route._bindable
+
+    def first_unusable(address: str) -> bool:
+        tried.append(address)
+        return len(tried) > 1 and real(address)
+
+    monkeypatch.setattr(case_route, "_bindable", first_unusable)
+    session = f"ses-replace-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        spec = InferenceSpec.model_validate(
+            {
+                "providers": {"fake": {"api": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_secret": "KEY"}},
+                "models": {
+                    "m": {
+                        "provider": "fake",
+                        "upstream_model": "m",
+                        "input_cost_per_token": 1e-6,
+                        "output_cost_per_token": 1e-6,
+                    }
+                },
+            }
+        )
+        gateway = InferenceGateway(spec, {"KEY": KEY})
+        route = await CaseRouter(gateway, {}, session).open("ev-r")
+        try:
+            networks = _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split()
+            assert len(networks) == 1  # the first one is gone
+            assert httpx.URL(route.base_url).host == tried[-1] and httpx.URL(route.base_url).port in _listening_ports()
+        finally:
+            await route.close()
+
+    with caplog.at_level("INFO", logger="vero.harbor.case_route"):
+        asyncio.run(scenario())
+    assert len(tried) == 2
+    assert "is not on any interface (attempt 1 of 3)" in caplog.text
+    assert _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split() == []
+
+
 async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
     gateway = InferenceGateway(spec, {"KEY": KEY})
     async with GatewayServer(gateway):

@@ -82,6 +82,7 @@ it (for a candidate agent that runs a model-calling program inside the case's `m
 
 _DOCKER_TIMEOUT_SEC = 60
 _BRIDGE_WAIT_SEC = 10.0
+_HOST_ATTEMPTS = 3
 _SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
@@ -251,7 +252,15 @@ class CaseRouter:
 
     def _create(self, name: str, labels: dict[str, str]) -> tuple[str, ipaddress.IPv4Network]:
         """Create the network and join it; the address this process has on it and its subnet (the
-        only remote callers the route's listener serves)."""
+        only remote callers the route's listener serves).
+
+        A process outside any container (a sidecar run on the host) listens on the network's
+        bridge. Under a burst of network creations and removals beside it, Docker 20.10 answered
+        for a new network a gateway (`192.168.0.2`, `192.168.160.2`: in the subnet, not its first
+        address) that no interface of the host had, so the listener could not bind (EADDRNOTAVAIL;
+        two of two whole-suite runs on three workers, never one alone; the engine's cause is not
+        established). Such a network is removed and another created, `_HOST_ATTEMPTS` in all.
+        """
         try:
             client = _client(self.docker_env)
         except Exception as exc:  # noqa: BLE001 - DockerException or a transport error
@@ -259,28 +268,16 @@ class CaseRouter:
                 f"route_case_services: the Docker engine is unreachable ({type(exc).__name__})"
             ) from None
         try:
-            network = client.networks.create(name, driver="bridge", internal=True, labels=labels)
-            try:
-                container = _own_container(client)
-                if container is not None:
-                    network.connect(container)
-                    container.reload()
-                    settings = container.attrs["NetworkSettings"]["Networks"].get(name) or {}
-                    address = settings.get("IPAddress")
-                else:
-                    network.reload()
-                    address = _bridge_address(network.id) or network_gateway_address(network.attrs)
-                if not address:
-                    raise InfrastructureFailure("route_case_services: the case network gave this process no address")
-                network.reload()
-                subnet = ((network.attrs.get("IPAM") or {}).get("Config") or [{}])[0].get("Subnet")
-                try:
-                    return str(address), ipaddress.IPv4Network(str(subnet))
-                except ValueError:
-                    raise InfrastructureFailure("route_case_services: the case network has no IPv4 subnet") from None
-            except BaseException:
-                self._remove_with(client, name)
-                raise
+            for attempt in range(1, _HOST_ATTEMPTS + 1):
+                joined = self._create_once(client, name, labels)
+                if joined is not None:
+                    return joined
+                logger.warning(
+                    "case network %s: the engine's address for this host is not on any interface "
+                    "(attempt %d of %d); network removed%s",
+                    name, attempt, _HOST_ATTEMPTS, "" if attempt == _HOST_ATTEMPTS else ", creating another",
+                )  # fmt: skip
+            raise InfrastructureFailure("route_case_services: the case network gave this host no usable address")
         except InfrastructureFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - docker.errors.APIError and transport errors
@@ -289,6 +286,39 @@ class CaseRouter:
             ) from None
         finally:
             client.close()
+
+    def _create_once(self, client: Any, name: str, labels: dict[str, str]) -> tuple[str, ipaddress.IPv4Network] | None:
+        """One network and this process's address on it, or None (the network removed): on the
+        host, no interface has the address the engine gave."""
+        network = client.networks.create(name, driver="bridge", internal=True, labels=labels)
+        try:
+            container = _own_container(client)
+            if container is not None:
+                network.connect(container)
+                container.reload()
+                settings = container.attrs["NetworkSettings"]["Networks"].get(name) or {}
+                address = settings.get("IPAddress")
+            else:
+                network.reload()
+                address = _bridge_address(network.id) or network_gateway_address(network.attrs)
+                if address and not _bindable(address):
+                    logger.info(
+                        "case network %s: IPAM %s, the bridge's address %s",
+                        name, (network.attrs.get("IPAM") or {}).get("Config"), _bridge_address(network.id, 0.0),
+                    )  # fmt: skip
+                    self._remove_with(client, name)
+                    return None
+            if not address:
+                raise InfrastructureFailure("route_case_services: the case network gave this process no address")
+            network.reload()
+            subnet = ((network.attrs.get("IPAM") or {}).get("Config") or [{}])[0].get("Subnet")
+            try:
+                return str(address), ipaddress.IPv4Network(str(subnet))
+            except ValueError:
+                raise InfrastructureFailure("route_case_services: the case network has no IPv4 subnet") from None
+        except BaseException:
+            self._remove_with(client, name)
+            raise
 
     def _remove(self, name: str) -> None:
         try:
@@ -382,14 +412,23 @@ def case_route_compose(network: str, cases_dir: Path, case_names: Sequence[str])
     return {"services": services, "networks": {GATEWAY_NETWORK_KEY: {"external": True, "name": network}}}
 
 
+def _bindable(address: str) -> bool:
+    """Whether this process can listen on `address` (an address of one of its interfaces)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
 def _bridge_address(network_id: str, wait_sec: float = _BRIDGE_WAIT_SEC) -> str | None:
     """The IPv4 address the kernel gives this host on the bridge of a network this process created
     (`br-<id[:12]>`, the Docker bridge driver's name when no `bridge.name` option is set), once it
     has one; None when no such interface appears within `wait_sec` (an engine on another host).
 
-    The kernel's address, not IPAM's: under a burst of network creations and removals, Docker 20.10
-    answered a gateway (`192.168.0.2`) that no interface had, and binding the route's listener
-    there failed (EADDRNOTAVAIL) while the bridge itself was up.
+    The kernel's address, not IPAM's: the one a listener can bind (`CaseRouter._create` says when
+    the two differed).
     """
     name = f"br-{network_id[:12]}"
     deadline = time.monotonic() + wait_sec
