@@ -425,7 +425,8 @@ def _bindable(address: str) -> bool:
 def _bridge_address(network_id: str, wait_sec: float = _BRIDGE_WAIT_SEC) -> str | None:
     """The IPv4 address the kernel gives this host on the bridge of a network this process created
     (`br-<id[:12]>`, the Docker bridge driver's name when no `bridge.name` option is set), once it
-    has one; None when no such interface appears within `wait_sec` (an engine on another host).
+    has one (an interface without an address yet is asked again for up to `wait_sec`); None at
+    once when no such interface exists (an engine on another host), or when it has no address by then.
 
     The kernel's address, not IPAM's: the one a listener can bind (`CaseRouter._create` says when
     the two differed).
