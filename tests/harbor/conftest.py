@@ -27,6 +27,15 @@ def shared_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def own_root(shared_root, request):
+    """A fresh dir of this test's own under `shared_root`, traversable by every user: names a test
+    makes there cannot meet another module's on the same xdist worker, nor a rerun's."""
+    root = Path(tempfile.mkdtemp(prefix=f"{request.node.name[:48]}-", dir=shared_root))
+    root.chmod(0o755)
+    return root
+
+
 PROGRAM_PASS_TEST = reward_script(
     """
     ok=1

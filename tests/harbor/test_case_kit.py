@@ -234,13 +234,13 @@ ANSWER_TEST = reward_script(
 
 
 @pytest.mark.timeout(900)
-def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, case_kit, shared_root, jobs_dir):
-    cases = shared_root / "busybox-cases"
+def test_program_case_on_an_image_without_libc_python_or_setpriv(busybox_image, case_kit, own_root, jobs_dir):
+    cases = own_root / "busybox-cases"
     case = write_case(
         cases, "answer-busybox", test_sh=ANSWER_TEST, dockerfile=f"FROM {busybox_image}\nWORKDIR /opt/cand\n"
     )
     (case / "tests" / "expected.txt").write_text("42\n")
-    candidate = shared_root / "busybox-candidate"
+    candidate = own_root / "busybox-candidate"
     candidate.mkdir()
     (candidate / "answer.sh").write_text("echo 42\n")
     # The install also forks more processes than INSTALL_MAX_PROCESSES (busybox sh gives up at the first

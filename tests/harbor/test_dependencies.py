@@ -106,21 +106,21 @@ def test_declarations_are_read_in_order_and_refused_when_malformed(tmp_path):
 
 
 def test_a_declared_dependency_is_installed_once_and_imported_by_the_host(
-    sites, shared_root, jobs_dir, portable_toolchain
+    sites, own_root, jobs_dir, portable_toolchain
 ):
     """humanize (not in Harbor's closure) is installed as an install uid into a sealed site; the
     host imports the candidate's class with it; the second evaluation of the same declaration
     reuses the site without installing."""
     python = portable_toolchain[1]
     checkout = candidate(
-        shared_root,
+        own_root,
         "humanized",
         {"pyproject.toml": '[project]\nname = "humanized"\ndependencies = ["humanize"]\n', "agent.py": HUMANIZE_AGENT},
     )
     run = make_run(
         candidate_dir=checkout,
         jobs_dir=jobs_dir,
-        cases_dir=shared_root,
+        cases_dir=own_root,
         runtime=CandidateRuntime(kind="agent", agent_import_path="agent:Agent"),
     )
 
@@ -151,15 +151,15 @@ def test_a_declared_dependency_is_installed_once_and_imported_by_the_host(
     assert not list(first.path.parent.glob(".staging-*"))
 
 
-def test_an_installed_package_cannot_shadow_harbor_in_the_host(sites, shared_root, jobs_dir, portable_toolchain):
+def test_an_installed_package_cannot_shadow_harbor_in_the_host(sites, own_root, jobs_dir, portable_toolchain):
     """The site comes after the interpreter's packages: a site holding a `harbor` that raises leaves
     the host's Harbor (and so its trusted prologue) intact."""
     checkout = candidate(
-        shared_root,
+        own_root,
         "plain",
         {"agent.py": HUMANIZE_AGENT.replace("import humanize\n", "").replace("humanize.__version__", "'1'")},
     )
-    site = shared_root / "shadow-site"
+    site = own_root / "shadow-site"
     (site / "harbor").mkdir(parents=True)
     (site / "harbor" / "__init__.py").write_text("raise RuntimeError('shadowed')\n")
     site.chmod(0o755)
@@ -167,7 +167,7 @@ def test_an_installed_package_cannot_shadow_harbor_in_the_host(sites, shared_roo
     run = make_run(
         candidate_dir=checkout,
         jobs_dir=jobs_dir,
-        cases_dir=shared_root,
+        cases_dir=own_root,
         runtime=CandidateRuntime(kind="agent", agent_import_path="agent:Agent"),
     )
 
@@ -180,17 +180,17 @@ def test_an_installed_package_cannot_shadow_harbor_in_the_host(sites, shared_roo
 
 
 def test_a_failing_install_is_a_dead_attempt_with_the_installers_error(
-    sites, shared_root, jobs_dir, portable_toolchain
+    sites, own_root, jobs_dir, portable_toolchain
 ):
     checkout = candidate(
-        shared_root,
+        own_root,
         "bad-dependency",
         {
             "pyproject.toml": '[project]\nname = "bad"\ndependencies = ["vero-no-such-package-4711==1.0"]\n',
             "agent.py": HUMANIZE_AGENT,
         },
     )
-    cases = shared_root / "dependency-cases"
+    cases = own_root / "dependency-cases"
     for name in ("c1", "c2"):
         write_case(cases, name, test_sh=reward_script("true"))
     run = make_run(
@@ -220,25 +220,25 @@ def test_a_failing_install_is_a_dead_attempt_with_the_installers_error(
     assert not any(p.is_dir() for p in jobs_dir.iterdir())  # Harbor never ran
 
 
-def test_an_index_that_does_not_answer_is_infrastructure(shared_root, anyone_uv, portable_toolchain):
+def test_an_index_that_does_not_answer_is_infrastructure(own_root, anyone_uv, portable_toolchain):
     """A closed port as the index (the operator's `UV_DEFAULT_INDEX`): uv cannot connect, which no
     candidate can cause, so it is an infrastructure failure (refunded), not a dead attempt."""
-    parent = Path(tempfile.mkdtemp(prefix="sites-", dir=shared_root))
+    parent = Path(tempfile.mkdtemp(prefix="sites-", dir=own_root))
     parent.chmod(0o755)
     sites = CandidateSites(
         parent / "cache", anyone_uv, env={"UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple", "UV_HTTP_RETRIES": "0"}
     )
-    checkout = candidate(shared_root, "offline", {"requirements.txt": "humanize\n"})
+    checkout = candidate(own_root, "offline", {"requirements.txt": "humanize\n"})
     with pytest.raises(InfrastructureFailure, match="could not be reached"):
         asyncio.run(sites.site_for(checkout, portable_toolchain[1]))
     assert not list((parent / "cache").iterdir())
 
 
-def test_a_uv_lock_is_installed_as_locked(sites, shared_root, anyone_uv, portable_toolchain):
+def test_a_uv_lock_is_installed_as_locked(sites, own_root, anyone_uv, portable_toolchain):
     """With a `uv.lock` beside `pyproject.toml`, the lock's pin is what is installed (an older
     humanize than the newest), not a new resolution of the declared range."""
     checkout = candidate(
-        shared_root,
+        own_root,
         "locked",
         {"pyproject.toml": '[project]\nname = "locked"\nversion = "0"\ndependencies = ["humanize==4.9.0"]\n'},
     )
@@ -252,21 +252,21 @@ def test_a_uv_lock_is_installed_as_locked(sites, shared_root, anyone_uv, portabl
     assert [p.name for p in site.path.glob("humanize-*.dist-info")] == ["humanize-4.9.0.dist-info"]
 
 
-def test_each_arm_of_a_paired_run_installs_its_own_declaration(sites, shared_root, jobs_dir, portable_toolchain):
+def test_each_arm_of_a_paired_run_installs_its_own_declaration(sites, own_root, jobs_dir, portable_toolchain):
     """A paired run (the verifier's target beside its baseline): each arm's checkout is installed
     for its own hosts, and an arm whose install fails gets its own dead attempts, with its own
     installer's error labelled by its arm. Both fail here, so Harbor never starts."""
     arms = {}
     for label in ("candidate", "baseline"):
         arms[label] = candidate(
-            shared_root,
+            own_root,
             f"paired-{label}",
             {
                 "requirements.txt": f"vero-no-such-{label}-4711==1.0\n",
                 "agent.py": HUMANIZE_AGENT,
             },
         )
-    cases = shared_root / "paired-dependency-cases"
+    cases = own_root / "paired-dependency-cases"
     write_case(cases, "c1", test_sh=reward_script("true"))
     run = make_run(
         evaluation_id="ev-paired-dependency",
@@ -300,15 +300,15 @@ def test_each_arm_of_a_paired_run_installs_its_own_declaration(sites, shared_roo
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs run as an install uid only when root")
-def test_an_interpreter_the_install_uid_cannot_run_is_infrastructure(sites, shared_root, portable_toolchain):
+def test_an_interpreter_the_install_uid_cannot_run_is_infrastructure(sites, own_root, portable_toolchain):
     """The hosts' interpreter behind a directory only root may enter: uv, as the install uid, could
     not inspect it, which is the trusted side's fault (an image or machine misconfigured), never the
     candidate's dead attempt; nothing is cached."""
-    closed = Path(tempfile.mkdtemp(prefix="root-only-", dir=shared_root))
+    closed = Path(tempfile.mkdtemp(prefix="root-only-", dir=own_root))
     closed.chmod(0o700)
     python = closed / "python"
     python.symlink_to(portable_toolchain[1])
-    checkout = candidate(shared_root, "fine-declaration", {"requirements.txt": "humanize\n"})
+    checkout = candidate(own_root, "fine-declaration", {"requirements.txt": "humanize\n"})
     with pytest.raises(InfrastructureFailure, match="cannot run as an install uid"):
         asyncio.run(sites.site_for(checkout, python))
     assert not [p for p in sites.root.iterdir() if not p.name.startswith(".")]

@@ -303,13 +303,13 @@ def test_evaluation_timeout_is_charged_to_the_candidate_and_cleans_up(cases_dir,
 
 
 @pytest.mark.timeout(120)
-def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, portable_toolchain):
-    candidate = shared_root / "broken-agent"
+def test_unimportable_agent_is_charged_as_dead_attempts(own_root, jobs_dir, portable_toolchain):
+    candidate = own_root / "broken-agent"
     candidate.mkdir(exist_ok=True)
     (candidate / "broken_agent.py").write_text("import module_that_does_not_exist_anywhere\n")
     run = make_run(
         evaluation_id="ev-broken",
-        cases_dir=shared_root / "no-cases-needed",
+        cases_dir=own_root / "no-cases-needed",
         candidate_dir=candidate,
         jobs_dir=jobs_dir,
         case_names=("c1", "c2"),
@@ -317,12 +317,12 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, p
         harbor=HarborSpec(n_attempts=2),
         scoring=ScoringSpec(direction="minimize", failure_value=100.0),
     )
-    (shared_root / "no-cases-needed").mkdir(exist_ok=True)
+    (own_root / "no-cases-needed").mkdir(exist_ok=True)
     from _support.cases import reward_script, write_case
 
     for name in ("c1", "c2"):
-        if not (shared_root / "no-cases-needed" / name).exists():
-            write_case(shared_root / "no-cases-needed", name, test_sh=reward_script("true"))
+        if not (own_root / "no-cases-needed" / name).exists():
+            write_case(own_root / "no-cases-needed", name, test_sh=reward_script("true"))
     result = asyncio.run(HarborBackend(python_executable=portable_toolchain[1], **FAST).evaluate(run))
     assert result.score == 100.0
     assert result.n_attempts == 4 and result.n_dead == 4
@@ -332,11 +332,11 @@ def test_unimportable_agent_is_charged_as_dead_attempts(shared_root, jobs_dir, p
 
 
 @pytest.mark.timeout(120)
-def test_agent_class_that_is_not_an_agent_is_charged(shared_root, jobs_dir, portable_toolchain):
-    candidate = shared_root / "not-an-agent"
+def test_agent_class_that_is_not_an_agent_is_charged(own_root, jobs_dir, portable_toolchain):
+    candidate = own_root / "not-an-agent"
     candidate.mkdir(exist_ok=True)
     (candidate / "plain.py").write_text("class Agent:\n    def __init__(self, **kwargs):\n        pass\n")
-    cases = shared_root / "no-cases-needed-2"
+    cases = own_root / "no-cases-needed-2"
     cases.mkdir(exist_ok=True)
     from _support.cases import reward_script, write_case
 
@@ -570,7 +570,7 @@ services:
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_an_install_failure_is_the_candidates_unless_the_baseline_fails_too(
-    cases_dir, program_candidate, jobs_dir, shared_root
+    cases_dir, program_candidate, jobs_dir, own_root
 ):
     """The tests of both cases would reward whatever the image holds (prog-pass finds the upload,
     locked rewards 1 anyway); a candidate that was not installed is never scored on that. The
@@ -581,7 +581,7 @@ def test_an_install_failure_is_the_candidates_unless_the_baseline_fails_too(
 
     from vero.errors import CaseMisconfigured
 
-    failing = shared_root / "failing-candidate"
+    failing = own_root / "failing-candidate"
     shutil.copytree(program_candidate, failing)
     (failing / "fail-install").write_text("my build is broken\n")
     backend = HarborBackend(**FAST)

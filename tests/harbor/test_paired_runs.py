@@ -48,9 +48,9 @@ def _trials(job_dir: Path) -> list[dict]:
 
 
 def test_both_arms_run_in_one_job_interleaved_per_case_each_with_its_own_scores(
-    cases_dir, program_candidate, jobs_dir, shared_root
+    cases_dir, program_candidate, jobs_dir, own_root
 ):
-    baseline = shared_root / "paired-baseline"
+    baseline = own_root / "paired-baseline"
     (baseline / ".git").mkdir(parents=True)
     (baseline / "data.txt").write_text("bye\n")  # prog-pass rewards only `hello`
     run = make_run(
@@ -99,9 +99,9 @@ def test_both_arms_run_in_one_job_interleaved_per_case_each_with_its_own_scores(
 
 
 def test_agent_arms_each_get_their_own_candidate_hosts(
-    cases_dir, agent_candidate, jobs_dir, shared_root, portable_toolchain
+    cases_dir, agent_candidate, jobs_dir, own_root, portable_toolchain
 ):
-    baseline = shared_root / "paired-baseline-agent"
+    baseline = own_root / "paired-baseline-agent"
     (baseline / "cand_agent").mkdir(parents=True)
     (baseline / "cand_agent" / "__init__.py").write_text(BASELINE_AGENT)
     run = make_run(
