@@ -179,9 +179,7 @@ def test_an_installed_package_cannot_shadow_harbor_in_the_host(sites, own_root, 
     assert asyncio.run(scenario()) is None
 
 
-def test_a_failing_install_is_a_dead_attempt_with_the_installers_error(
-    sites, own_root, jobs_dir, portable_toolchain
-):
+def test_a_failing_install_is_a_dead_attempt_with_the_installers_error(sites, own_root, jobs_dir, portable_toolchain):
     checkout = candidate(
         own_root,
         "bad-dependency",
