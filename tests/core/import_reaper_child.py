@@ -21,7 +21,9 @@ from vero.core.state import StateStore
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def children() -> list[str]:
+def children(kept: list[int]) -> list[str]:
+    """Names of this process's children but the store's kept `cat-file` readers (`kept`), which live
+    as long as the store by design (`vero.core.object_reader`)."""
     names = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -31,7 +33,7 @@ def children() -> list[str]:
         except OSError:
             continue  # gone meanwhile
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if int(fields.get("PPid", "0")) == os.getpid():
+        if int(fields.get("PPid", "0")) == os.getpid() and int(entry) not in kept:
             names.append(fields.get("Name", "?").strip())
     return names
 
@@ -44,8 +46,11 @@ def main() -> None:
     leftovers = []
     for version in versions:
         store.import_version_sync(repo, version)
-        if names := children():
+        if names := children(store.reader_pids()):
             leftovers.append([version, names])
+    store.close()
+    if names := children([]):
+        leftovers.append(["after close", names])
     print(json.dumps({"leftovers": leftovers, "imports": len(versions)}))
 
 

@@ -200,10 +200,41 @@ def test_a_known_candidate_named_by_its_full_id_needs_no_git(store, agent_repo, 
     record = store.import_version_sync(agent_repo, "HEAD")
     from vero.core.isolated_git import IsolatedGit
 
+    store.close()  # its kept readers too: the full id needs none
     monkeypatch.setattr(IsolatedGit, "popen", lambda *a, **k: pytest.fail("git was started"))
     assert store.import_version_sync(agent_repo, record.id) == record
     with pytest.raises(pytest.fail.Exception):  # any other name of it is resolved in the repository
         store.import_version_sync(agent_repo, "HEAD")
+
+
+def test_an_import_of_a_child_starts_three_git_processes_and_sees_the_agents_new_commits(
+    store, agent_repo, monkeypatch
+):
+    """Resolving, walking, diffing and measuring go through the kept readers (`vero.core.object_reader`):
+    a new child costs its transfer (`pack-objects`, `index-pack`) and its ref (`update-ref`). A name
+    the agent moves (`HEAD`) is resolved afresh each time, and a refused child starts no more."""
+    from vero.core.isolated_git import IsolatedGit
+
+    store.import_version_sync(agent_repo, "HEAD")
+    started: list[str] = []
+    popen = IsolatedGit.popen
+
+    def counting(self, args, **kwargs):
+        started.append(args[0])
+        return popen(self, args, **kwargs)
+
+    monkeypatch.setattr(IsolatedGit, "popen", counting)
+    for i in range(3):
+        head = commit_files(agent_repo, {f"src/new{i}.py": f"x = {i}\n"}, message=f"child {i}")
+        chown_agent(agent_repo)
+        assert store.import_version_sync(agent_repo, "HEAD").id == head
+    assert started == ["pack-objects", "index-pack", "update-ref"] * 3
+    started.clear()
+    commit_files(agent_repo, {".vero/x": "reserved\n"}, message="reserved")
+    chown_agent(agent_repo)
+    with pytest.raises(CandidateRejected, match="reserved path"):
+        store.import_version_sync(agent_repo, "HEAD")
+    assert started == ["pack-objects", "index-pack"]
 
 
 def test_subject_is_first_line_without_control_characters(store, tmp_path):

@@ -21,6 +21,7 @@ submodule entry (mode 160000) counts as nothing, since no content of it is store
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,7 +30,7 @@ from vero.core.isolated_git import IsolatedGit, private_git_env
 from vero.errors import CandidateRejected, CandidateTooLarge
 from vero.spec.models import CandidateLimits
 
-__all__ = ["TreeSize", "check_limits", "measure_commit", "measure_tree"]
+__all__ = ["TreeSize", "check_limits", "measure_commit", "measure_difference", "measure_tree"]
 
 _FILE_MODES = frozenset({b"100644", b"100755", b"120000"})
 
@@ -55,10 +56,9 @@ def measure_tree(
     tree: str,
     limits: CandidateLimits,
     base: tuple[str, TreeSize] | None = None,
-    *,
-    diff: bytes | None = None,
 ) -> TreeSize:
-    """Measure `tree` and check it against `limits`.
+    """Measure `tree` and check it against `limits`, with git processes (`ls-tree`, or `diff-tree`
+    and `cat-file --batch-check` from `base`).
 
     Args:
         git: a `git.Git` (or `vero.core.isolated_git.IsolatedGit`) bound to the repository holding `tree`
@@ -67,9 +67,6 @@ def measure_tree(
         limits: the limits to enforce.
         base: an already measured tree and its figures; the measurement then reads only the
             entries that differ from it.
-        diff: with `base`, the `git diff-tree -r [-t] -z --no-renames --raw <base> <tree>` output
-            the caller already read (the candidate store's tree inspection reads the same), so git
-            is not asked again; tree entries in it are ignored.
 
     Returns:
         The tree's figures.
@@ -77,16 +74,40 @@ def measure_tree(
     Raises:
         CandidateTooLarge: a limit is exceeded (the error names the limit, the figure and the
             path of an oversized file).
+        CandidateRejected: an object of the difference cannot be read.
         GitFailed: git could not read the objects.
     """
     if base is None:
         files, total, grown = _whole(git, tree)
-    else:
-        if diff is None:
-            diff = git.diff_tree(
-                "-r", "-z", "--no-renames", "--raw", "--end-of-options", base[0], tree, stdout_as_string=False
-            )
-        files, total, grown = _delta(git, diff, base[1], limits)
+        return _checked(files, total, grown, limits)
+    diff = git.diff_tree("-r", "-z", "--no-renames", "--raw", "--end-of-options", base[0], tree, stdout_as_string=False)
+    return measure_difference(diff, base[1], limits, lambda oids: _blob_sizes(git, oids))
+
+
+def measure_difference(
+    diff: bytes, base: TreeSize, limits: CandidateLimits, sizes: Callable[[list[bytes]], dict[bytes, int]]
+) -> TreeSize:
+    """Measure a tree from an already measured tree's figures and their difference, and check it
+    against `limits` (`measure_tree`'s second case, for a caller that read the difference itself:
+    the candidate store, through its kept `cat-file`, `vero.core.object_reader`).
+
+    Args:
+        diff: `git diff-tree -r [-t] -z --no-renames --raw <base tree> <tree>` output (or the same
+            bytes from `vero.core.object_reader.diff_tree_raw`); tree entries in it are ignored.
+        base: the base tree's figures.
+        limits: the limits to enforce.
+        sizes: reads the sizes of objects by id, returning those it finds.
+
+    Raises:
+        CandidateTooLarge: as `measure_tree`.
+        CandidateRejected: an object of the difference cannot be read.
+        GitFailed: `sizes` failed.
+    """
+    files, total, grown = _delta(sizes, diff, base, limits)
+    return _checked(files, total, grown, limits)
+
+
+def _checked(files: int, total: int, grown: list[tuple[bytes, int]], limits: CandidateLimits) -> TreeSize:
     for path, file_bytes in grown:
         if file_bytes > limits.max_file_bytes:
             shown = path.decode("utf-8", errors="replace")
@@ -138,7 +159,9 @@ def _whole(git: _Git, tree: str) -> tuple[int, int, list[tuple[bytes, int]]]:
     return files, total, sizes
 
 
-def _delta(git: _Git, raw: bytes, base: TreeSize, limits: CandidateLimits) -> tuple[int, int, list[tuple[bytes, int]]]:
+def _delta(
+    read_sizes: Callable[[list[bytes]], dict[bytes, int]], raw: bytes, base: TreeSize, limits: CandidateLimits
+) -> tuple[int, int, list[tuple[bytes, int]]]:
     """(files, bytes, (path, size) of every added or changed file) of a tree, from its base tree's
     figures and their difference `raw` (`diff-tree --raw -z`). The file count is checked before any
     size is read, so a tree with far too many files costs one `diff-tree`."""
@@ -160,14 +183,18 @@ def _delta(git: _Git, raw: bytes, base: TreeSize, limits: CandidateLimits) -> tu
         i += 2
     files = base.files + len(added) - len(removed)
     check_limits(TreeSize(files=files, bytes=0), limits)
-    sizes = _blob_sizes(git, removed + [oid for _, oid in added])
+    wanted = sorted(set(removed + [oid for _, oid in added]))
+    sizes = read_sizes(wanted) if wanted else {}
+    missing = [oid for oid in wanted if oid not in sizes]
+    if missing:
+        raise CandidateRejected(f"object {missing[0].decode(errors='replace')} of the commit's tree cannot be read")
     grown = [(path, sizes[oid]) for path, oid in added]
     total = base.bytes + sum(size for _, size in grown) - sum(sizes[oid] for oid in removed)
     return files, total, grown
 
 
 def _blob_sizes(git: _Git, oids: list[bytes]) -> dict[bytes, int]:
-    """Object id -> size, with one `cat-file --batch-check` process."""
+    """Object id -> size of those `oids` git finds, with one `cat-file --batch-check` process."""
     unique = sorted(set(oids))
     if not unique:
         return {}
@@ -180,7 +207,4 @@ def _blob_sizes(git: _Git, oids: list[bytes]) -> dict[bytes, int]:
         oid, _, size = line.partition(b" ")
         if size.isdigit():
             sizes[oid] = int(size)
-    missing = [oid for oid in unique if oid not in sizes]
-    if missing:
-        raise CandidateRejected(f"object {missing[0].decode(errors='replace')} of the commit's tree cannot be read")
     return sizes

@@ -61,8 +61,10 @@ sources, builds the same thing from the same commit in every slot and in the ver
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -82,8 +84,16 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.archive import symlink_escapes
-from vero.core.candidate_limits import TreeSize, measure_tree
+from vero.core.candidate_limits import TreeSize, measure_difference, measure_tree
 from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
+from vero.core.object_reader import (
+    GitObject,
+    MalformedObject,
+    ObjectReader,
+    diff_tree_raw,
+    first_parent_history,
+    object_sizes,
+)
 from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
@@ -144,6 +154,10 @@ _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
 _SYMLINK_MODE = b"120000"
 _MAX_SYMLINK_TARGET_BYTES = 4096
 _BASE_SEARCH_COMMITS = 64
+_MAX_COMMIT_BYTES = 1 << 24
+"""The largest commit object imported (bytes): a message of megabytes is no candidate."""
+_KEPT_READERS = 4
+"""Kept `cat-file` processes per store: the store's own and the latest agents' repositories'."""
 """How far back the first-parent line is searched for an already checked tree (commits)."""
 
 REPACK_EVERY_IMPORTS = 64
@@ -336,6 +350,9 @@ class CandidateStore:
         """(agent Git directory, commit id) imports running now (`_claim`)."""
         self._moves = MoveCache()
         """Moves between two trees read for sealed work trees (`_move_sealed`)."""
+        self._readers_lock = threading.Lock()
+        self._readers: collections.OrderedDict[Path, ObjectReader] = collections.OrderedDict()
+        """Kept `cat-file` processes by Git directory, the store's and the latest agents' (`_reader`)."""
 
     @classmethod
     def open(
@@ -409,6 +426,38 @@ class CandidateStore:
     def _store_git(self, safe_directories: list[Path] | None = None) -> IsolatedGit:
         return self._git(self._home, git_dir=self.git_dir, safe_directories=safe_directories)
 
+    def _reader(self, git_dir: Path, safe_directories: list[Path] | None = None) -> ObjectReader:
+        """The kept `cat-file --batch-command` of the repository `git_dir` (`vero.core.object_reader`),
+        started on first use with this store's environment; at most `_KEPT_READERS` of them, the
+        least recently used ended first."""
+        with self._readers_lock:
+            reader = self._readers.get(git_dir)
+            if reader is not None:
+                self._readers.move_to_end(git_dir)
+                return reader
+            reader = self._readers[git_dir] = ObjectReader(
+                self._git(self._home, git_dir=git_dir, safe_directories=safe_directories)
+            )
+            evicted = []
+            while len(self._readers) > _KEPT_READERS:
+                evicted.append(self._readers.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+        return reader
+
+    def close(self) -> None:
+        """End the store's kept `cat-file` processes (they start again if the store is used after)."""
+        with self._readers_lock:
+            readers = list(self._readers.values())
+            self._readers.clear()
+        for reader in readers:
+            reader.close()
+
+    def reader_pids(self) -> list[int]:
+        """Process ids of the kept `cat-file` processes running now (for tests and diagnostics)."""
+        with self._readers_lock:
+            return [pid for reader in self._readers.values() if (pid := reader.pid) is not None]
+
     def _candidate_ref_exists(self, store: IsolatedGit, oid: str) -> bool:
         # The store never deletes a candidate ref, so one seen once stays (a git process saved per
         # admission and per checkout of a known candidate).
@@ -478,11 +527,14 @@ class CandidateStore:
             if existing is not None:
                 return existing
         agent = self._git(self._home, git_dir=source_git_dir, safe_directories=safe)
+        objects = self._reader(source_git_dir, safe)
         try:
-            oid = agent.rev_parse("--verify", "--quiet", "--end-of-options", f"{version}^{{commit}}")
+            found: GitObject | None = objects.info(f"{version}^{{commit}}".encode())
         except GitFailed:
-            raise CandidateRejected(f"version {version!r} does not name a commit in the repository") from None
-        oid = oid.strip()
+            found = None
+        if found is None or found.type != b"commit":
+            raise CandidateRejected(f"version {version!r} does not name a commit in the repository")
+        oid = found.oid.decode()
         if not _OID.fullmatch(oid):
             raise CandidateRejected("the repository does not use SHA-1 object ids")
         claimed = self._claim(self._store_git(safe), (source_git_dir, oid), abort)
@@ -491,10 +543,10 @@ class CandidateStore:
         refused: CandidateRejected | None = None
         try:
             try:
-                history = _first_parent_history(agent, oid)
+                history = first_parent_history(objects, oid.encode(), _BASE_SEARCH_COMMITS)
             except GitFailed:
                 raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
-            return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, history))
+            return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, objects, history))
         except CandidateRejected as exc:
             refused = exc
             raise
@@ -591,13 +643,16 @@ class CandidateStore:
             try:
                 self._check_abort(abort)
                 self._transfer(source, store, oid, bases)
-                record = _parse_commit(oid, self._fetched_commit(store, oid))
+                objects = self._reader(self.git_dir)
+                record = _parse_commit(oid, self._fetched_commit(objects, oid))
                 if untrusted is None:
-                    base = self._checked_base(records, _first_parent_history(store, oid))
-                symlinks, diff = self._inspect_tree(store, record.tree, base)
-                size = measure_tree(
-                    store, record.tree, self.limits, None if base is None else (base.tree, base.size), diff=diff
-                )
+                    history = first_parent_history(objects, oid.encode(), _BASE_SEARCH_COMMITS)
+                    base = self._checked_base(records, history)
+                symlinks, diff = self._inspect_tree(store, objects, record.tree, base)
+                if base is None or diff is None:
+                    size = measure_tree(store, record.tree, self.limits)
+                else:
+                    size = measure_difference(diff, base.size, self.limits, functools.partial(object_sizes, objects))
                 self._check_abort(abort)
                 record = self._publish(store, records, record, (symlinks, size))
             except (GitFailed, OSError) as exc:
@@ -617,8 +672,13 @@ class CandidateStore:
         history = untrusted.history
         if not history or history[0][0] != oid:
             raise CandidateRejected(f"commit {oid} cannot be read in the repository")
+        tree = history[0][1]
         try:
-            measure_tree(untrusted.git, history[0][1], self.limits, None if base is None else (base.tree, base.size))
+            if base is None:
+                measure_tree(untrusted.git, tree, self.limits)
+            else:
+                diff = diff_tree_raw(untrusted.objects, base.tree.encode(), tree.encode())
+                measure_difference(diff, base.size, self.limits, functools.partial(object_sizes, untrusted.objects))
         except GitFailed:
             raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
@@ -668,26 +728,29 @@ class CandidateStore:
         # A record whose ref is missing (the repository was restored without it): import again.
         return record if self._candidate_ref_exists(store, oid) else None
 
-    def _fetched_commit(self, store: IsolatedGit, oid: str) -> bytes:
-        """Step 4: `oid` is in the store and it is a commit; returns the commit object's bytes (one
-        `cat-file --batch` process reads the type and the object)."""
-        request = oid.encode("ascii") + b"\n"
+    def _fetched_commit(self, objects: ObjectReader, oid: str) -> bytes:
+        """Step 4: `oid` is in the store and it is a commit; returns the commit object's bytes (read
+        by the store's kept `cat-file`).
+
+        Raises:
+            CandidateRejected: missing, not a commit, another id, or over `_MAX_COMMIT_BYTES`.
+        """
         try:
-            out = store.cat_file("--batch", istream=request, stdout_as_string=False, strip_newline_in_stdout=False)
+            found = objects.read(oid.encode("ascii"), _MAX_COMMIT_BYTES)
+        except MalformedObject:
+            raise CandidateRejected(f"commit {oid} is over {_MAX_COMMIT_BYTES} bytes") from None
         except GitFailed:
-            raise CandidateRejected(f"commit {oid} is missing from the store after fetching") from None
-        header, _, body = out.partition(b"\n")
-        fields = header.split(b" ")
-        if len(fields) != 3 or not fields[2].isdigit():
+            found = None
+        if found is None or found.data is None:
             raise CandidateRejected(f"commit {oid} is missing from the store after fetching")
-        if fields[0] != oid.encode("ascii"):
+        if found.oid != oid.encode("ascii"):
             raise CandidateRejected(f"fetched object id does not match the requested commit {oid}")
-        if fields[1] != b"commit":
-            raise CandidateRejected(f"object {oid} is a {fields[1].decode(errors='replace')}, not a commit")
-        return body[: int(fields[2])]
+        if found.type != b"commit":
+            raise CandidateRejected(f"object {oid} is a {found.type.decode(errors='replace')}, not a commit")
+        return found.data
 
     def _inspect_tree(
-        self, store: IsolatedGit, tree: str, base: _CheckedTree | None
+        self, store: IsolatedGit, objects: ObjectReader, tree: str, base: _CheckedTree | None
     ) -> tuple[dict[bytes, bytes], bytes | None]:
         """Reject a tree with reserved paths, unsafe names, odd modes or escaping symlinks.
 
@@ -709,9 +772,7 @@ class CandidateStore:
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
-            diff = store.diff_tree(
-                "-r", "-t", "-z", "--no-renames", "--raw", "--end-of-options", base.tree, tree, stdout_as_string=False
-            )
+            diff = diff_tree_raw(objects, base.tree.encode(), tree.encode())
             entries = _diff_tree_entries(diff)
             links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
@@ -728,7 +789,7 @@ class CandidateStore:
                 del links[path]
                 links_changed = True
         if new_links:
-            targets = self._read_blobs(store, list(new_links.values()))
+            targets = _read_blobs(objects, list(new_links.values()), _MAX_SYMLINK_TARGET_BYTES + 1)
             links.update({path: targets[blob] for path, blob in new_links.items()})
         if new_links or links_changed:
             for path, target in sorted(links.items()):
@@ -758,23 +819,6 @@ class CandidateStore:
                 links, files, size = found[tree]
                 return _CheckedTree(tree, _links_from_json(links), TreeSize(files=files, bytes=size))
         return None
-
-    def _read_blobs(self, store: IsolatedGit, oids: list[bytes]) -> dict[bytes, bytes]:
-        """Contents of blobs by id, with one `cat-file --batch` process."""
-        unique = sorted(set(oids))
-        requests = b"".join(oid + b"\n" for oid in unique)
-        out = store.cat_file("--batch", istream=requests, stdout_as_string=False, strip_newline_in_stdout=False)
-        contents: dict[bytes, bytes] = {}
-        pos = 0
-        for oid in unique:
-            end = out.index(b"\n", pos)
-            header = out[pos:end].split(b" ")
-            if len(header) != 3 or header[0] != oid or header[1] != b"blob":
-                raise CandidateRejected("a symlink of the commit's tree is not a readable blob")
-            size = int(header[2])
-            contents[oid] = out[end + 1 : end + 1 + size]
-            pos = end + 1 + size + 1
-        return contents
 
     def _publish(
         self,
@@ -834,6 +878,11 @@ class CandidateStore:
             # One `packed-refs` file instead of a loose file per candidate: every fetch reads the
             # store's refs, and 1,000 loose ones made a one-commit fetch a quarter slower.
             store.pack_refs("--all", "--prune")
+            # Its kept `cat-file` mapped the packs just removed: a fresh one reads the new pack.
+            with self._readers_lock:
+                reader = self._readers.pop(self.git_dir, None)
+            if reader is not None:
+                reader.close()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -1051,7 +1100,7 @@ class CandidateStore:
         else:
             files = self._tree_files(tree)
             eager = files is not None and files >= EAGER_MOVE_FILES
-            ops = self._moves.get(move, lambda: self._read_move(store, previous, tree), eager=eager)
+            ops = self._moves.get(move, lambda: self._read_move(previous, tree), eager=eager)
         if ops is None:
             return None
         if not ops:
@@ -1104,20 +1153,20 @@ class CandidateStore:
         rows = self._records().rows("SELECT files FROM checked_trees WHERE tree = ?", (tree,))
         return int(rows[0][0]) if rows else None
 
-    def _read_move(self, store: IsolatedGit, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
-        """The entries that differ between two trees, with their new blobs (`diff-tree` and one
-        `cat-file --batch`), or None when the move is git's to make (`plan_move`)."""
-        raw = store.diff_tree(
-            "-r", "-z", "--no-renames", "--end-of-options", previous, tree,
-            stdout_as_string=False, strip_newline_in_stdout=False,
-        )  # fmt: skip
-        planned = plan_move(raw)
+    def _read_move(self, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
+        """The entries that differ between two trees, with their new blobs (read by the store's
+        kept `cat-file`: no process), or None when the move is git's to make (`plan_move`)."""
+        objects = self._reader(self.git_dir)
+        planned = plan_move(diff_tree_raw(objects, previous.encode(), tree.encode(), trees=False))
         if planned is None:
             return None
         entries, oids = planned
         if not oids:
             return tuple(MoveOp(path=path, content=None) for path, _, _ in entries)
-        blobs = self._read_blobs(store, oids)
+        try:
+            blobs = _read_blobs(objects, oids, MAX_MOVE_BYTES)
+        except CandidateRejected:
+            return None  # git makes it
         if sum(map(len, blobs.values())) > MAX_MOVE_BYTES:
             return None
         return tuple(
@@ -1273,30 +1322,27 @@ class _AgentHistory:
     """The agent's repository and a commit's first-parent history read there (untrusted)."""
 
     git: IsolatedGit
+    objects: ObjectReader
     history: list[tuple[str, str]]
 
 
-def _first_parent_history(repo: IsolatedGit, oid: str) -> list[tuple[str, str]]:
-    """(commit, tree) of `oid` and its nearest first-parent ancestors, newest first, at most
-    `_BASE_SEARCH_COMMITS`, with one `rev-list` process. Plumbing on purpose: `git log` honours a
-    repository's `log.showSignature`, and with it runs the repository's own `gpg.program`.
+def _read_blobs(objects: ObjectReader, oids: list[bytes], max_bytes: int) -> dict[bytes, bytes]:
+    """Contents of blobs by id, read by a kept `cat-file` (`vero.core.object_reader`).
 
     Raises:
-        GitFailed: git cannot walk the history.
+        CandidateRejected: one is missing, not a blob, or over `max_bytes`.
+        GitFailed: the reader failed.
     """
-    out = repo.rev_list("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T", "--end-of-options", oid)
-    history: list[tuple[str, str]] = []
-    commit = None
-    for line in out.split():
-        if line == "commit":
-            continue
-        if commit is None:
-            commit = line
-        else:
-            if _OID.fullmatch(commit) and _OID.fullmatch(line):
-                history.append((commit, line))
-            commit = None
-    return history
+    contents: dict[bytes, bytes] = {}
+    for oid in sorted(set(oids)):
+        try:
+            found = objects.read(oid, max_bytes)
+        except MalformedObject:
+            raise CandidateRejected(f"blob {oid.decode(errors='replace')} is over {max_bytes} bytes") from None
+        if found is None or found.type != b"blob" or found.data is None:
+            raise CandidateRejected("a symlink of the commit's tree is not a readable blob")
+        contents[oid] = found.data
+    return contents
 
 
 def _check_entry(path: bytes, mode: bytes, reserved: set[bytes]) -> None:

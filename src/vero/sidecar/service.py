@@ -257,6 +257,7 @@ class SidecarService:
             _logger.warning("stopping: %d job(s) still cleaning up; the next start removes what they leave", late)
         await self._resources.aclose()
         if hasattr(self, "records"):
+            self.records.candidates.close()
             self.records.state.close()
 
     # -- reads -----------------------------------------------------------------------------------
