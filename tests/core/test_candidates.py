@@ -17,6 +17,7 @@ from _support.git import commit_files, git  # tests/ is on sys.path: the tests' 
 from vero.core.baseline import commit_baseline
 from vero.core.candidates import CHECKOUT_MTIME, REPACK_EVERY_IMPORTS, CandidateRecord, CandidateStore
 from vero.core.state import StateStore
+from vero.core.worktree_seal import MoveCache
 from vero.errors import CandidateRejected
 
 pytestmark = pytest.mark.timeout(120)
@@ -520,6 +521,7 @@ def sealed_update(store: CandidateStore, version: str, work: Path, index: Path):
 
 
 def test_a_persistent_work_tree_is_updated_by_writing_only_what_changed(store, tmp_path):
+    store._moves = MoveCache(min_asks=2)  # git's update, here: a move's first ask is git's to make
     repo = tmp_path / "big"
     first = commit_files(repo, {f"pkg/m{i}.py": f"v = {i}\n" for i in range(50)} | {"gone.txt": "old\n"})
     (repo / "gone.txt").unlink()
@@ -574,6 +576,7 @@ def test_an_update_recorded_later_is_ready_at_once_and_counts_only_once_recorded
     """`record_later`: the files and their mtime are the tree's when the update returns (a run can
     start), the index and marker come with `record_worktree`; never recorded (a crash), the next
     update writes the work tree whole, and never serves a file changed behind the index's back."""
+    store._moves = MoveCache(min_asks=2)  # git's update, here: a move's first ask is git's to make
     repo = tmp_path / "later"
     first = commit_files(repo, {f"m{i}.py": f"v = {i}\n" for i in range(20)})
     second = commit_files(repo, {"m4.py": "v = 'four'\n", "added.txt": "new\n"}, message="edit")

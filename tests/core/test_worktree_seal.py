@@ -43,8 +43,16 @@ def _entries(root: Path) -> dict[str, tuple]:
 
 @pytest.fixture
 def store(tmp_path) -> CandidateStore:
-    root = tmp_path / "state"
-    return CandidateStore.open(root, StateStore.open(root / "state.db"))
+    return _store_with_git_first(tmp_path / "state")
+
+
+def _store_with_git_first(root: Path) -> CandidateStore:
+    """A store whose first ask of a move is git's to make (`MoveCache(min_asks=2)`), so the tests
+    here drive both ways a work tree moves, and check one against the other. (The store itself
+    reads every move from its first ask: `test_a_store_moves_a_sealed_tree_from_the_first_ask`.)"""
+    store = CandidateStore.open(root, StateStore.open(root / "state.db"))
+    store._moves = MoveCache(min_asks=2)
+    return store
 
 
 def _commits(repo: Path) -> list[str]:
@@ -304,7 +312,7 @@ def test_a_sidecar_slot_is_sealed_after_its_chmods(tmp_path):
     slot's next update goes by the seal (nothing changed it since)."""
     from vero.sidecar.runner import _make_readable
 
-    store = CandidateStore.open(tmp_path / "state", StateStore.open(tmp_path / "state" / "state.db"))
+    store = _store_with_git_first(tmp_path / "state")
     repo = tmp_path / "workspace"
     versions = _commits(repo)
     for version in versions[:3]:
@@ -366,6 +374,21 @@ def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypat
     fresh = tmp_path / "fresh"
     store.checkout(versions[2], fresh)
     assert _entries(work) == _entries(fresh)
+
+
+def test_a_store_moves_a_sealed_tree_from_the_first_ask(tmp_path):
+    """The candidate store reads a move (its kept `cat-file`, no process) the first time a sealed
+    work tree asks for it, and writes it without git: the same entries as a fresh checkout."""
+    root = tmp_path / "state"
+    store = CandidateStore.open(root, StateStore.open(root / "state.db"))
+    versions, work, index = _imported_slot(store, tmp_path)
+    assert not _update(store, versions[0], work, index).sealed  # the first update: whole, by git
+    for n, version in enumerate(versions[1:]):
+        update = _update(store, version, work, index)
+        assert update.sealed and update.changed, (n, version)
+        fresh = tmp_path / f"fresh-{n}"
+        store.checkout(version, fresh)
+        assert _entries(work) == _entries(fresh), (n, version)
 
 
 def test_a_move_into_a_deeply_nested_directory(store, tmp_path, monkeypatch):

@@ -348,7 +348,7 @@ class CandidateStore:
         self._in_flight_lock = threading.Lock()
         self._in_flight: dict[tuple[Path, str], _InFlight] = {}
         """(agent Git directory, commit id) imports running now (`_claim`)."""
-        self._moves = MoveCache()
+        self._moves = MoveCache(min_asks=1)
         """Moves between two trees read for sealed work trees (`_move_sealed`)."""
         self._readers_lock = threading.Lock()
         self._readers: collections.OrderedDict[Path, ObjectReader] = collections.OrderedDict()

@@ -413,11 +413,11 @@ class MoveCache:
     once for all the threads that ask for one move at once (64 slots moving to one new commit),
     the least recently asked dropped beyond `max_bytes` of content.
 
-    A move is read only from its `min_asks`-th ask on (2 for the slots): before, `get` answers None
-    and git makes it. Reading a move takes two git processes in the candidate store (`diff-tree`,
-    `cat-file`), about what git's own update of one work tree costs, and with 64 admissions
-    importing at once they read a store of many new packs: 64 slots each moving to its own new
-    commit cost 1.17x the CPU with every move read. A move several slots make is read once.
+    A move is read only from its `min_asks`-th ask on: before, `get` answers None and git makes
+    it. The candidate store reads every move from its first ask (`min_asks=1`): its kept `cat-file`
+    reads one without a process (`vero.core.object_reader`). (With two git processes per read,
+    `diff-tree` and `cat-file`, reading cost what git's own update of a work tree costs, and the
+    store waited for a move's second ask.) A move several slots make is read once.
 
     Thread-safe. `get` returns None also when the computation raised (logged; git makes the move,
     and the next `get` of it computes again).
