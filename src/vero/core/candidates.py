@@ -154,6 +154,8 @@ _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
 _SYMLINK_MODE = b"120000"
 _MAX_SYMLINK_TARGET_BYTES = 4096
 _BASE_SEARCH_COMMITS = 64
+_NEAR_COMMITS = 8
+"""First-parent ancestors read one by one for a checked tree before one `rev-list` reads more."""
 _MAX_COMMIT_BYTES = 1 << 24
 """The largest commit object imported (bytes): a message of megabytes is no candidate."""
 _KEPT_READERS = 4
@@ -543,7 +545,7 @@ class CandidateStore:
         refused: CandidateRejected | None = None
         try:
             try:
-                history = first_parent_history(objects, oid.encode(), _BASE_SEARCH_COMMITS)
+                history = self._agent_history(objects, agent, oid)
             except GitFailed:
                 raise CandidateRejected(f"commit {oid} or its history cannot be read in the repository") from None
             return self._import_oid(source_git_dir, safe, oid, abort, _AgentHistory(agent, objects, history))
@@ -554,6 +556,20 @@ class CandidateStore:
             with self._in_flight_lock:
                 del self._in_flight[source_git_dir, oid]
             claimed.end(refused)
+
+    def _agent_history(self, objects: ObjectReader, agent: IsolatedGit, oid: str) -> list[tuple[str, str]]:
+        """`oid`'s first-parent history in the agent's repository (`_first_parent_history`): its
+        nearest `_NEAR_COMMITS` read by the kept reader (an agent evaluates each commit it makes,
+        so an ancestor's tree is usually checked among them), or else `_BASE_SEARCH_COMMITS` by
+        one `rev-list` (a walk that long costs more in round trips than a process).
+
+        Raises:
+            GitFailed: the history cannot be read.
+        """
+        near = first_parent_history(objects, oid.encode(), _NEAR_COMMITS)
+        if len(near) < _NEAR_COMMITS or self._checked_base(self._records(), near) is not None:
+            return near
+        return _first_parent_history(agent, oid)
 
     def _claim(
         self, store: IsolatedGit, key: tuple[Path, str], abort: threading.Event | None
@@ -646,8 +662,7 @@ class CandidateStore:
                 objects = self._reader(self.git_dir)
                 record = _parse_commit(oid, self._fetched_commit(objects, oid))
                 if untrusted is None:
-                    history = first_parent_history(objects, oid.encode(), _BASE_SEARCH_COMMITS)
-                    base = self._checked_base(records, history)
+                    base = self._checked_base(records, _first_parent_history(store, oid))
                 symlinks, diff = self._inspect_tree(store, objects, record.tree, base)
                 if base is None or diff is None:
                     size = measure_tree(store, record.tree, self.limits)
@@ -1326,6 +1341,29 @@ class _AgentHistory:
     history: list[tuple[str, str]]
 
 
+def _first_parent_history(repo: IsolatedGit, oid: str) -> list[tuple[str, str]]:
+    """(commit, tree) of `oid` and its nearest first-parent ancestors, newest first, at most
+    `_BASE_SEARCH_COMMITS`, with one `rev-list` process. Plumbing on purpose: `git log` honours a
+    repository's `log.showSignature`, and with it runs the repository's own `gpg.program`.
+
+    Raises:
+        GitFailed: git cannot walk the history.
+    """
+    out = repo.rev_list("--first-parent", f"--max-count={_BASE_SEARCH_COMMITS}", "--format=%T", "--end-of-options", oid)
+    history: list[tuple[str, str]] = []
+    commit = None
+    for line in out.split():
+        if line == "commit":
+            continue
+        if commit is None:
+            commit = line
+        else:
+            if _OID.fullmatch(commit) and _OID.fullmatch(line):
+                history.append((commit, line))
+            commit = None
+    return history
+
+
 def _read_blobs(objects: ObjectReader, oids: list[bytes], max_bytes: int) -> dict[bytes, bytes]:
     """Contents of blobs by id, read by a kept `cat-file` (`vero.core.object_reader`).
 
@@ -1333,15 +1371,16 @@ def _read_blobs(objects: ObjectReader, oids: list[bytes], max_bytes: int) -> dic
         CandidateRejected: one is missing, not a blob, or over `max_bytes`.
         GitFailed: the reader failed.
     """
+    unique = sorted(set(oids))
+    try:
+        found = objects.read_many(unique, max_bytes)
+    except MalformedObject:
+        raise CandidateRejected(f"a blob of the commit's tree is over {max_bytes} bytes") from None
     contents: dict[bytes, bytes] = {}
-    for oid in sorted(set(oids)):
-        try:
-            found = objects.read(oid, max_bytes)
-        except MalformedObject:
-            raise CandidateRejected(f"blob {oid.decode(errors='replace')} is over {max_bytes} bytes") from None
-        if found is None or found.type != b"blob" or found.data is None:
+    for oid, blob in zip(unique, found, strict=True):
+        if blob is None or blob.type != b"blob" or blob.data is None:
             raise CandidateRejected("a symlink of the commit's tree is not a readable blob")
-        contents[oid] = found.data
+        contents[oid] = blob.data
     return contents
 
 

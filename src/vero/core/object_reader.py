@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -42,6 +42,8 @@ __all__ = [
 _TYPES = frozenset({b"blob", b"tree", b"commit", b"tag"})
 _HEX = frozenset(b"0123456789abcdef")
 _ZERO_OID = b"0" * 40
+_CHUNK_BYTES = 32 * 1024
+"""Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
 _ZERO_MODE = b"000000"
 _S_IFMT = 0o170000
 _TREE_MODE = 0o040000
@@ -93,8 +95,17 @@ class ObjectReader:
             ValueError: `name` is empty or holds a line break or NUL.
             GitFailed: the process failed, or did not answer within the time limit.
         """
-        with self._lock:
-            return self._ask(b"info", name)
+        return self.info_many([name])[0]
+
+    def info_many(self, names: Sequence[bytes]) -> list[GitObject | None]:
+        """`info` of each of `names`, in order, asked together (one write per `_CHUNK_BYTES` of
+        requests, not a round trip each).
+
+        Raises:
+            ValueError: as `info`.
+            GitFailed: as `info`.
+        """
+        return self._exchange(b"info", names, None)
 
     def read(self, name: bytes, max_bytes: int) -> GitObject | None:
         """The object `name` names with its content, or None if it names none.
@@ -108,18 +119,15 @@ class ObjectReader:
             MalformedObject: the object is larger than `max_bytes`.
             GitFailed: as `info`.
         """
-        with self._lock:
-            header = self._ask(b"contents", name)
-            if header is None:
-                return None
-            if header.size > max_bytes:
-                self._stop()
-                raise MalformedObject(f"object {header.oid.decode()} is {header.size} bytes, over {max_bytes}")
-            data = self._timed(lambda out: _read_exactly(out, header.size + 1))
-            if data[-1:] != b"\n":
-                self._stop()
-                raise GitFailed("cat-file", None, "cat-file's answer was cut short")
-            return GitObject(header.oid, header.type, header.size, data[:-1])
+        return self.read_many([name], max_bytes)[0]
+
+    def read_many(self, names: Sequence[bytes], max_bytes: int) -> list[GitObject | None]:
+        """`read` of each of `names`, in order, asked together as `info_many`.
+
+        Raises:
+            ValueError, MalformedObject, GitFailed: as `read` (for the first that fails).
+        """
+        return self._exchange(b"contents", names, max_bytes)
 
     @property
     def pid(self) -> int | None:
@@ -134,34 +142,69 @@ class ObjectReader:
 
     # -- the process -------------------------------------------------------------------------
 
-    def _ask(self, command: bytes, name: bytes) -> GitObject | None:
-        if not name or any(c in name for c in (b"\n", b"\0", b"\r")):
-            raise ValueError(f"object name {name!r} is empty or holds a line break")
-        proc = self._running()
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(command + b" " + name + b"\n")
-            proc.stdin.flush()
-        except OSError as exc:
-            self._stop()
-            raise GitFailed("cat-file", None, f"cat-file is gone: {exc}") from None
-        line = self._timed(lambda out: out.readline())
-        if not line.endswith(b"\n"):
-            self._stop()
-            raise GitFailed("cat-file", None, "cat-file ended without answering")
-        fields = line[:-1].split(b" ")
-        if fields[-1] in (b"missing", b"ambiguous") and len(fields) == 2:
-            return None
-        if (
-            len(fields) != 3
-            or len(fields[0]) not in (40, 64)
-            or not set(fields[0]) <= _HEX
-            or fields[1] not in _TYPES
-            or not fields[2].isdigit()
-        ):
-            self._stop()
-            raise GitFailed("cat-file", None, f"unexpected answer from cat-file: {line[:200]!r}")
-        return GitObject(fields[0], fields[1], int(fields[2]))
+    def _exchange(self, command: bytes, names: Sequence[bytes], max_bytes: int | None) -> list[GitObject | None]:
+        """Ask `command <name>` for every name and read the answers (with contents when
+        `max_bytes` is given), under one time limit for the whole exchange."""
+        for name in names:
+            if not name or b"\n" in name or b"\0" in name or b"\r" in name:
+                raise ValueError(f"object name {name!r} is empty or holds a line break")
+        if not names:
+            return []
+        with self._lock:
+            proc = self._running()
+            timeout = self._git.timeout_sec
+            killed = threading.Event()
+
+            def kill() -> None:
+                killed.set()
+                _kill_group(proc)
+
+            armed = WATCHDOG.arm(timeout, kill) if timeout is not None else None
+            try:
+                return self._answers(proc, command, names, max_bytes)
+            except _CutShort as exc:
+                self._stop()
+                reason = f"killed after {timeout:g} s" if killed.is_set() else str(exc)
+                raise GitFailed("cat-file", None, reason) from None
+            except MalformedObject:
+                self._stop()  # the object's content is unread: the stream cannot go on
+                raise
+            finally:
+                if armed is not None:
+                    WATCHDOG.disarm(armed)
+
+    def _answers(
+        self, proc: subprocess.Popen[bytes], command: bytes, names: Sequence[bytes], max_bytes: int | None
+    ) -> list[GitObject | None]:
+        # The requests of a chunk fit the pipe whole (it is empty: every earlier answer was read),
+        # so writing them never waits on cat-file, which may be blocked writing its answers.
+        assert proc.stdin is not None and proc.stdout is not None
+        out = proc.stdout
+        answers: list[GitObject | None] = []
+        start = 0
+        while start < len(names):
+            end, size = start, 0
+            while end < len(names) and (end == start or size + len(names[end]) + 16 <= _CHUNK_BYTES):
+                size += len(names[end]) + 16
+                end += 1
+            try:
+                proc.stdin.write(b"".join(command + b" " + name + b"\n" for name in names[start:end]))
+                proc.stdin.flush()
+            except OSError as exc:
+                raise _CutShort(f"cat-file is gone: {exc}") from None
+            for _ in range(start, end):
+                header = _header(out.readline())
+                if header is None or max_bytes is None:
+                    answers.append(header)
+                    continue
+                if header.size > max_bytes:
+                    raise MalformedObject(f"object {header.oid.decode()} is {header.size} bytes, over {max_bytes}")
+                data = _read_exactly(out, header.size + 1)
+                if data[-1:] != b"\n" or len(data) != header.size + 1:
+                    raise _CutShort("cat-file's answer was cut short")
+                answers.append(GitObject(header.oid, header.type, header.size, data[:-1]))
+            start = end
+        return answers
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
@@ -173,29 +216,6 @@ class ObjectReader:
                 stderr=subprocess.DEVNULL,
             )
         return self._proc
-
-    def _timed(self, read: Callable[[IO[bytes]], bytes]) -> bytes:
-        """`read(stdout)` with the runner's time limit: past it the process group is killed, so the
-        read returns what came before (cut short, which the callers refuse)."""
-        proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        timeout = self._git.timeout_sec
-        killed = threading.Event()
-
-        def kill() -> None:
-            killed.set()
-            _kill_group(proc)
-
-        armed = WATCHDOG.arm(timeout, kill) if timeout is not None else None
-        try:
-            result = read(proc.stdout)
-        finally:
-            if armed is not None:
-                WATCHDOG.disarm(armed)
-        if killed.is_set():
-            self._stop()
-            raise GitFailed("cat-file", None, f"killed after {timeout:g} s")
-        return result
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -209,6 +229,32 @@ class ObjectReader:
                 except OSError:
                     pass
         proc.wait()
+
+
+class _CutShort(Exception):
+    """The process's answer ended early or was not one (it died, or was killed on time)."""
+
+
+def _header(line: bytes) -> GitObject | None:
+    """A `cat-file` answer line: the object it describes, or None (`<name> missing|ambiguous`).
+
+    Raises:
+        _CutShort: an empty, cut or unexpected line.
+    """
+    if not line.endswith(b"\n"):
+        raise _CutShort("cat-file ended without answering")
+    fields = line[:-1].split(b" ")
+    if len(fields) == 2 and fields[1] in (b"missing", b"ambiguous"):
+        return None
+    if (
+        len(fields) != 3
+        or len(fields[0]) not in (40, 64)
+        or not set(fields[0]) <= _HEX
+        or fields[1] not in _TYPES
+        or not fields[2].isdigit()
+    ):
+        raise _CutShort(f"unexpected answer from cat-file: {line[:200]!r}")
+    return GitObject(fields[0], fields[1], int(fields[2]))
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes:
@@ -236,13 +282,12 @@ def _canon_mode(mode: int) -> int:
     return 0o160000
 
 
-def _tree_entries(reader: ObjectReader, tree: bytes, max_bytes: int) -> list[tuple[bytes, int, bytes]]:
-    """(name, canonical mode, id as hex) of each entry of the tree object `tree`, in stored order.
+def _parse_tree(tree: bytes, obj: GitObject | None) -> dict[bytes, tuple[int, bytes]]:
+    """A tree object's entries by git's sort key (`_keyed`): (canonical mode, id as hex).
 
     Raises:
-        MalformedObject: `tree` is missing, not a tree, larger than `max_bytes` or malformed.
+        MalformedObject: `obj` is missing, not a tree or malformed.
     """
-    obj = reader.read(tree, max_bytes)
     if obj is None or obj.type != b"tree" or obj.data is None:
         raise MalformedObject(f"tree {tree.decode(errors='replace')} cannot be read")
     data = obj.data
@@ -259,7 +304,29 @@ def _tree_entries(reader: ObjectReader, tree: bytes, max_bytes: int) -> list[tup
             pos = nul + 21
     except ValueError:
         raise MalformedObject(f"tree {tree.decode(errors='replace')} is malformed") from None
-    return entries
+    return _keyed(entries)
+
+
+def _load_trees(
+    reader: ObjectReader, old: bytes, new: bytes, max_tree_bytes: int
+) -> dict[bytes, dict[bytes, tuple[int, bytes]]]:
+    """Every tree object `diff_tree_raw` compares, read a level at a time (one exchange per level)."""
+    loaded: dict[bytes, dict[bytes, tuple[int, bytes]]] = {}
+    level: list[tuple[bytes | None, bytes | None]] = [(old, new)]
+    while level:
+        wanted = list(dict.fromkeys(oid for pair in level for oid in pair if oid is not None and oid not in loaded))
+        for oid, obj in zip(wanted, reader.read_many(wanted, max_tree_bytes), strict=True):
+            loaded[oid] = _parse_tree(oid, obj)
+        below: list[tuple[bytes | None, bytes | None]] = []
+        for a, b in level:
+            left = {} if a is None else loaded[a]
+            right = {} if b is None else loaded[b]
+            for key in left.keys() | right.keys():
+                if key.endswith(b"/") and left.get(key) != right.get(key):
+                    before, after = left.get(key), right.get(key)
+                    below.append((before[1] if before else None, after[1] if after else None))
+        level = below
+    return loaded
 
 
 def diff_tree_raw(
@@ -271,7 +338,8 @@ def diff_tree_raw(
     tree's name sorts as if it ended in `/`, so a file that became a tree is a deletion and an
     addition, as git shows it).
 
-    Reads only the subtrees whose ids differ, iteratively (a deep tree does not recurse here).
+    Reads only the subtrees whose ids differ, a level of the tree at a time (`_load_trees`: one
+    exchange with the reader per level), iteratively (a deep tree does not recurse here).
 
     Args:
         old, new: tree ids (40 hex, ASCII).
@@ -282,6 +350,7 @@ def diff_tree_raw(
         MalformedObject: a tree is missing, not a tree, too large or malformed.
         GitFailed: the reader failed.
     """
+    loaded = _load_trees(reader, old, new, max_tree_bytes)
     out: list[bytes] = []
     # Last in, first out: a line to print, or a pair of trees (either None) to compare under a
     # path prefix, whose lines replace it in place (pre-order, as git prints them).
@@ -292,8 +361,8 @@ def diff_tree_raw(
             out.append(item)
             continue
         prefix, a, b = item
-        left = {} if a is None else _keyed(_tree_entries(reader, a, max_tree_bytes))
-        right = {} if b is None else _keyed(_tree_entries(reader, b, max_tree_bytes))
+        left = {} if a is None else loaded[a]
+        right = {} if b is None else loaded[b]
         expanded: list[bytes | tuple[bytes, bytes | None, bytes | None]] = []
         for key in sorted(left.keys() | right.keys()):
             before, after = left.get(key), right.get(key)
@@ -377,9 +446,8 @@ def object_sizes(reader: ObjectReader, oids: list[bytes]) -> dict[bytes, int]:
     Raises:
         GitFailed: the reader failed.
     """
-    sizes: dict[bytes, int] = {}
-    for oid in oids:
-        found = reader.info(oid)
-        if found is not None and found.oid == oid:
-            sizes[oid] = found.size
-    return sizes
+    return {
+        oid: found.size
+        for oid, found in zip(oids, reader.info_many(oids), strict=True)
+        if found is not None and found.oid == oid
+    }
