@@ -5,41 +5,49 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
 (`CandidateStore._import_oid`); nothing is written to the state store before the last check:
 
 1. validate the version string before git sees it (`_check_version`);
-2. resolve it in the agent's repository to a commit id: `rev-parse --verify --end-of-options
-   <version>^{commit}` with an explicit `--git-dir` (no discovery), an isolated environment and
-   `-c` options that override the repository's own config (`vero.core.isolated_git`); a version
-   that is the full id of a candidate already in the store is that candidate, without git (git
-   resolves a full id to itself);
-3. read its first-parent history in the agent's repository (one `rev-list`, plumbing: `git log`
-   would honour the repository's `log.showSignature` and run its `gpg.program`), measure its tree
-   there against the size limits (`vero.core.candidate_limits`; a tree over a limit is refused and
-   nothing reaches the store), then copy exactly that object id and what it reaches into the store:
+2. resolve it in the agent's repository to a commit id: `<version>^{commit}` asked of the
+   repository's kept `git cat-file --batch-command` (`vero.core.object_reader`: one process per
+   repository for the store's life, started with an explicit `--git-dir` (no discovery), an
+   isolated environment and `-c` options that override the repository's own config
+   (`vero.core.isolated_git`), every request bounded by the git time limit); a version that is the
+   full id of a candidate already in the store is that candidate, without git (git resolves a full
+   id to itself);
+3. read its first-parent history in the agent's repository (its nearest commits through the kept
+   reader, else one `rev-list`, plumbing: `git log` would honour the repository's
+   `log.showSignature` and run its `gpg.program`), measure its tree there against the size limits
+   (`vero.core.candidate_limits`, from the difference to a checked ancestor's tree read through the
+   reader; a tree over a limit is refused and nothing reaches the store), then copy exactly that
+   object id and what it reaches into the store:
    `git pack-objects --revs` in the agent's repository, leaving out what the candidates in that
    history reach, piped into `git index-pack --stdin --fix-thin --strict` in the store
    (`CandidateStore._transfer`). The store indexes its own copy of every object, so nothing is
    borrowed from the agent's alternates; `--strict` checks every object that arrives and that
    every object it names is in the pack or the store; no ref is written;
-4. verify in the store that the id is a commit, and read it (one `cat-file --batch`);
+4. verify in the store that the id is a commit, and read it (the store's kept reader);
 5. inspect its tree (`_inspect_tree`): no reserved top-level path (`RESERVED_PATHS`), no path
    component `.`/`..`/`.git`, only git's regular modes, and no symlink whose target leaves the tree
    (absolute, or `..` escaping, following symlinks inside the tree as the kernel would). Only the
    entries that differ from an already checked tree are read: the nearest first-parent ancestor
    in step 3's history whose tree passed before (`checked_trees` in the state store keeps each
    checked tree's symlinks), else the whole tree (the agent may lie about its history: that only
-   picks another checked tree, and the difference is read in the store); and measure it again
-   against the size limits, now on the copied objects and from the same `diff-tree` output (the
-   authoritative figure, recorded with the checked tree);
+   picks another checked tree, and the difference is read in the store, from the store's own
+   copies of the tree objects: `object_reader.diff_tree_raw`, byte for byte `git diff-tree -r -t
+   --raw`); and measure it again against the size limits, now on the copied objects and from the
+   same difference (the authoritative figure, recorded with the checked tree);
 6. publish: `refs/vero/candidates/<id>` (one `update-ref`), then the record and the checked tree in
    one state-store transaction (`vero.core.state`); a rejected, failed or cancelled import leaves
    its objects in the store, unreferenced, and no ref or record;
 7. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
    --geometric=2`, then `git pack-refs --all`) so object and ref lookups stay fast: no git process
-   outlives the call that started it.
+   outlives the call that started it (the kept readers apart: see below).
 
-An import of a child of a checked candidate starts 10 git processes (5 in the agent's repository,
-5 in the store) and no other (a `git fetch` started 4 more of its own), none of which reads every
-ref of the store. Each starts with exactly the store's
-environment (`vero.core.isolated_git`). `refs/vero/tmp/*` is what imports before this scheme
+An import of a child of a checked candidate starts 3 git processes (`pack-objects`, `index-pack`,
+`update-ref`): the rest is asked of the two kept readers (10 processes before them, 5 in the agent's
+repository and 5 in the store; a `git fetch` started 4 more of its own). No process reads every
+ref of the store. Each starts with exactly the store's environment (`vero.core.isolated_git`). The
+readers are the only git processes that outlive a call: they end with `close` (the sidecar's stop),
+at a repack (the store's), or when a newer agent repository takes their place (`_KEPT_READERS`).
+`refs/vero/tmp/*` is what imports before this scheme
 fetched into; `remove_stale_temporary_refs` clears what a crash left there.
 
 No `git` process of the store runs a hook or fsmonitor of any repository, reads the system or user

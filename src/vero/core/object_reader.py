@@ -210,7 +210,9 @@ class ObjectReader:
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
             self._proc = self._git.popen(
-                ["cat-file", "--batch-command"],
+                # A small cache of delta bases: the process lives as long as the sidecar, and its
+                # objects are mostly small (commits, trees, changed files).
+                ["-c", "core.deltaBaseCacheLimit=16m", "cat-file", "--batch-command"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
