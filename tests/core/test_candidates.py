@@ -146,12 +146,13 @@ def _imports_at_once(store, monkeypatch, requests, waiters):
     transferred, waiting = [], threading.Semaphore(0)
     transfer, wait = CandidateStore._transfer, candidates._InFlight.wait
 
-    def counted_transfer(self, source, store_git, oid, bases):
-        transferred.append(oid)
-        if len(transferred) == 1:
+    def counted_transfer(self, source, store_git, oids, bases):
+        first = not transferred
+        transferred.extend(oids)
+        if first:
             for _ in range(waiters):
                 waiting.acquire(timeout=20)
-        return transfer(self, source, store_git, oid, bases)
+        return transfer(self, source, store_git, oids, bases)
 
     def counted_wait(self, abort):
         waiting.release()

@@ -92,6 +92,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.archive import symlink_escapes
+from vero.core.batches import Batches
 from vero.core.candidate_limits import TreeSize, measure_difference, measure_tree
 from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
 from vero.core.object_reader import (
@@ -359,6 +360,8 @@ class CandidateStore:
         self._in_flight: dict[tuple[Path, str], _InFlight] = {}
         """(agent Git directory, commit id) imports running now (`_claim`)."""
         self._moves = MoveCache(min_asks=1)
+        self._transfers: Batches[tuple[str, tuple[str, ...]]] = Batches()
+        """Copies of new commits asked at once from one repository (`_transfer_shared`)."""
         """Moves between two trees read for sealed work trees (`_move_sealed`)."""
         self._readers_lock = threading.Lock()
         self._readers: collections.OrderedDict[Path, ObjectReader] = collections.OrderedDict()
@@ -666,7 +669,10 @@ class CandidateStore:
         with self._objects.shared():
             try:
                 self._check_abort(abort)
-                self._transfer(source, store, oid, bases)
+                if untrusted is not None:
+                    self._transfer_shared(source_git_dir, source, store, oid, bases)
+                else:
+                    self._transfer(source, store, [oid], bases)
                 objects = self._reader(self.git_dir)
                 record = _parse_commit(oid, self._fetched_commit(objects, oid))
                 if untrusted is None:
@@ -713,9 +719,27 @@ class CandidateStore:
         if abort is not None and abort.is_set():
             raise _Aborted
 
-    def _transfer(self, source: IsolatedGit, store: IsolatedGit, oid: str, bases: list[str]) -> None:
-        """Step 3's copy: `oid` and everything it reaches but `bases` (candidates, complete in the
-        store), packed in the source repository and indexed by the store.
+    def _transfer_shared(
+        self, source_git_dir: Path, source: IsolatedGit, store: IsolatedGit, oid: str, bases: list[str]
+    ) -> None:
+        """`_transfer` of `oid` together with the other commits of the same repository whose
+        imports ask while one runs (`vero.core.batches`: one `pack-objects | index-pack` for them
+        all). A batch the store refuses is copied again commit by commit, so a hostile commit
+        fails only its own import.
+
+        Raises:
+            CandidateRejected, StorageFull: as `_transfer`, for `oid` alone.
+        """
+
+        def work(items: Sequence[tuple[str, tuple[str, ...]]]) -> None:
+            self._transfer(source, store, [oid for oid, _ in items], sorted({b for _, each in items for b in each}))
+
+        if not self._transfers.run(source_git_dir, (oid, tuple(bases)), work):
+            self._transfer(source, store, [oid], bases)
+
+    def _transfer(self, source: IsolatedGit, store: IsolatedGit, oids: Sequence[str], bases: Sequence[str]) -> None:
+        """Step 3's copy: the commits `oids` and everything they reach but `bases` (candidates,
+        complete in the store), packed in the source repository and indexed by the store.
 
         `index-pack --strict` checks every object that arrives (as `transfer.fsckObjects` would) and
         that every object one of them names is in the pack or already in the store; since every
@@ -727,7 +751,7 @@ class CandidateStore:
             CandidateRejected: the source could not pack it, or the store refused the pack.
             StorageFull: the store's file system is full.
         """
-        revs = "".join(f"^{base}\n" for base in bases) + f"{oid}\n"
+        revs = "".join(f"^{base}\n" for base in bases) + "".join(f"{oid}\n" for oid in oids)
         try:
             pipe(
                 source,
@@ -740,7 +764,7 @@ class CandidateStore:
             if is_out_of_space(exc):
                 raise self._full() from None
             raise CandidateRejected(
-                f"commit {oid} could not be fetched (unknown, incomplete or malformed objects)"
+                f"commit {', '.join(oids)} could not be fetched (unknown, incomplete or malformed objects)"
             ) from None
 
     def _existing(self, store: IsolatedGit, oid: str) -> CandidateRecord | None:
