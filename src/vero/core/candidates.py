@@ -171,6 +171,16 @@ _KEPT_READERS = 4
 """Kept `cat-file` processes per store: the store's own and the latest agents' repositories'."""
 """How far back the first-parent line is searched for an already checked tree (commits)."""
 
+_NO_TRANSPORT = (("protocol.file.allow", "never"),)
+"""No git process of the store talks to any repository, not even a local one: an agent's partial
+clone (`extensions.partialClone`) fetches a missing object from its promisor remote when asked
+for one, and over the local transport that runs the repository's `remote.<name>.uploadpack`
+through a shell (`HARDENING_CONFIG` allows `file` for the fetches elsewhere in vero; the store
+copies objects with `pack-objects` into `index-pack`, no transport). Inherited by git's own
+children (the lazy `fetch`) through `GIT_CONFIG_PARAMETERS`."""
+_NO_LAZY_FETCH = {"GIT_NO_LAZY_FETCH": "1"}
+"""The same said directly to git >= 2.45 (older git ignores it)."""
+
 REPACK_EVERY_IMPORTS = 64
 """Imports between two foreground repacks of the candidate store."""
 
@@ -427,11 +437,11 @@ class CandidateStore:
         extra_env: dict[str, str] | None = None,
     ) -> IsolatedGit:
         safe = [self.git_dir, *(safe_directories or [])]
-        env = minimal_env(self._home, self._global_config(safe), extra_env)
+        env = minimal_env(self._home, self._global_config(safe), {**_NO_LAZY_FETCH, **(extra_env or {})})
         return IsolatedGit(
             cwd,
             env=env,
-            config=[("safe.directory", str(p)) for p in safe],
+            config=[*_NO_TRANSPORT, *(("safe.directory", str(p)) for p in safe)],
             git_dir=git_dir,
             timeout_sec=self.git_timeout_sec,
         )

@@ -1,0 +1,113 @@
+"""A hostile agent repository against the candidate import through kept `cat-file` readers
+(`vero.core.object_reader`): what an import records and runs must be what git itself would make of
+the repository, whatever the repository holds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from _support.git import commit_files, git
+
+from vero.core.candidates import CandidateStore
+from vero.core.state import StateStore
+from vero.errors import CandidateRejected
+
+pytestmark = pytest.mark.timeout(120)
+
+AGENT_UID = 1001
+
+
+def chown_agent(repo: Path) -> None:
+    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
+
+
+def open_store(root: Path) -> CandidateStore:
+    return CandidateStore.open(root, StateStore.open(root / "state.db"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = open_store(tmp_path / "state")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def agent_repo(tmp_path) -> Path:
+    repo = tmp_path / "workspace"
+    commit_files(repo, {"README.md": "baseline\n", "src/main.py": "print('hi')\n"}, message="baseline")
+    chown_agent(repo)
+    return repo
+
+
+def write_object(repo: Path, kind: bytes, body: bytes) -> str:
+    """A loose object written as git would (no check of its content)."""
+    data = b"%s %d\0%s" % (kind, len(body), body)
+    oid = hashlib.sha1(data).hexdigest()
+    path = repo / ".git" / "objects" / oid[:2] / oid[2:]
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        path.write_bytes(zlib.compress(data))
+    return oid
+
+
+def cat_file_pids(under: Path) -> set[int]:
+    """Running `cat-file --batch-command` processes of repositories under `under`."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--batch-command" in cmdline and any(str(under).encode() in arg for arg in cmdline):
+            try:
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                pids.add(int(entry))
+    return pids
+
+
+# --- a promisor remote: no program of the agent's runs --------------------------------------
+
+
+def test_a_promisor_remote_of_the_agent_runs_nothing_on_a_missing_object(store, agent_repo, tmp_path):
+    """A partial clone fetches a missing object from its promisor remote when asked for it; over the
+    local transport that runs the repository's `remote.<name>.uploadpack` through a shell, as the
+    sidecar. Resolving a name, reading the history or the tree must never fetch."""
+    upstream = tmp_path / "upstream"
+    commit_files(upstream, {"x": "x\n"})
+    marker = tmp_path / "pwned"
+    config = agent_repo / ".git" / "config"
+    with config.open("a") as out:
+        out.write(
+            "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tpartialClone = origin\n"
+            f'[remote "origin"]\n\turl = {upstream}\n\tpromisor = true\n'
+            f"\tuploadpack = touch {marker}; git-upload-pack\n"
+        )
+    missing = "1234567890123456789012345678901234567890"
+    # A commit whose tree and parent are missing (the transfer and the walk ask for them).
+    tree = git(agent_repo, "rev-parse", "HEAD^{tree}")
+    orphan = write_object(
+        agent_repo,
+        b"commit",
+        f"tree {tree}\nparent {missing}\nauthor a <a@b> 1 +0000\ncommitter a <a@b> 1 +0000\n\nx\n".encode(),
+    )
+    lonely = write_object(
+        agent_repo, b"commit", f"tree {missing}\nauthor a <a@b> 1 +0000\ncommitter a <a@b> 1 +0000\n\nx\n".encode()
+    )
+    chown_agent(agent_repo)
+    for version in (missing, f"{missing}~1", orphan, lonely):
+        try:
+            store.import_version_sync(agent_repo, version)
+        except CandidateRejected:
+            pass
+        assert not marker.exists(), version
