@@ -111,3 +111,34 @@ def test_a_promisor_remote_of_the_agent_runs_nothing_on_a_missing_object(store, 
         except CandidateRejected:
             pass
         assert not marker.exists(), version
+
+
+# --- commit headers: the record is git's reading of the commit ------------------------------
+
+
+def _commit(repo: Path, header: str, message: str = "subject\n") -> str:
+    return write_object(repo, b"commit", f"{header}\n\n{message}".encode())
+
+
+def test_a_parent_header_after_the_committer_is_no_parent(store, agent_repo):
+    """git reads a commit's parents from the lines right after its tree; a `parent` header further
+    down (index-pack --strict lets it in) is no parent, and the record must not claim one."""
+    base = git(agent_repo, "rev-parse", "HEAD")
+    tree = git(agent_repo, "rev-parse", "HEAD^{tree}")
+    fake = _commit(agent_repo, f"tree {tree}\nauthor a <a@b> 1 +0000\ncommitter a <a@b> 1 +0000\nparent {base}")
+    chown_agent(agent_repo)
+    assert git(agent_repo, "rev-list", "--parents", "-n1", fake) == fake  # git: a root commit
+    record = store.import_version_sync(agent_repo, fake)
+    assert record.id == fake and record.parent is None and record.tree == tree
+
+
+def test_an_upper_case_tree_id_is_recorded_as_git_names_the_tree(store, agent_repo):
+    base = git(agent_repo, "rev-parse", "HEAD")
+    tree = git(agent_repo, "rev-parse", "HEAD^{tree}")
+    upper = _commit(
+        agent_repo, f"tree {tree.upper()}\nparent {base.upper()}\nauthor a <a@b> 1 +0000\ncommitter a <a@b> 1 +0000"
+    )
+    chown_agent(agent_repo)
+    assert git(agent_repo, "rev-parse", f"{upper}^{{tree}}") == tree
+    record = store.import_version_sync(agent_repo, upper)
+    assert (record.tree, record.parent) == (tree, base)

@@ -99,6 +99,7 @@ from vero.core.object_reader import (
     GitObject,
     MalformedObject,
     ObjectReader,
+    commit_links,
     diff_tree_raw,
     first_parent_history,
     object_sizes,
@@ -306,16 +307,13 @@ def _source_git_dir(source: str | Path) -> tuple[Path, list[Path]]:
 
 
 def _parse_commit(oid: str, raw: bytes) -> CandidateRecord:
-    header, _, message = raw.partition(b"\n\n")
-    tree: str | None = None
-    parent: str | None = None
-    for line in header.split(b"\n"):
-        if line.startswith(b"tree ") and tree is None:
-            tree = line[5:].decode("ascii")
-        elif line.startswith(b"parent ") and parent is None:
-            parent = line[7:].decode("ascii")
-    if tree is None:
+    # Tree and parent as git reads them (`commit_links`): a `parent` header below the committer
+    # is no parent, and an id in upper case is recorded as git names it.
+    links = commit_links(raw)
+    if links is None:
         raise CandidateRejected("the commit has no tree")
+    tree, parent = links[0].decode("ascii"), None if links[1] is None else links[1].decode("ascii")
+    _, _, message = raw.partition(b"\n\n")
     first_line = message.split(b"\n", 1)[0].decode("utf-8", errors="replace")
     # Agent-written text ends up in terminals and reports: no escape sequences or other controls.
     first_line = "".join(ch for ch in first_line if unicodedata.category(ch) != "Cc").strip()

@@ -20,6 +20,7 @@ directory when an object is not found in the packs it knows.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "GitObject",
     "MalformedObject",
     "ObjectReader",
+    "commit_links",
     "diff_tree_raw",
     "first_parent_history",
     "object_sizes",
@@ -427,18 +429,34 @@ def first_parent_history(reader: ObjectReader, commit: bytes, limit: int) -> lis
     return history
 
 
-def _commit_links(data: bytes) -> tuple[bytes | None, bytes | None]:
-    """(tree, first parent) from a commit object's header lines."""
-    tree = parent = None
-    for line in data.split(b"\n"):
-        if not line:
-            break
-        key, _, value = line.partition(b" ")
-        if key == b"tree" and tree is None and len(value) == 40 and set(value) <= _HEX:
-            tree = value
-        elif key == b"parent" and parent is None and len(value) == 40 and set(value) <= _HEX:
-            parent = value
+_TREE_LINE = re.compile(rb"tree ([0-9a-fA-F]{40})\n")
+_PARENT_LINE = re.compile(rb"parent ([0-9a-fA-F]{40})\n")
+
+
+def commit_links(data: bytes) -> tuple[bytes, bytes | None] | None:
+    """(tree, first parent or None) of a commit object as git reads it (`parse_commit_buffer`):
+    its first line `tree <id>`, then its parents in the lines right after it (a `parent` header
+    anywhere else is no parent); ids in either case, returned in lowercase as git names them.
+    None when git could not read it (no tree line first, or a malformed parent line).
+    """
+    found = _TREE_LINE.match(data)
+    if found is None:
+        return None
+    tree, parent, pos = found.group(1).lower(), None, found.end()
+    while data.startswith(b"parent ", pos):
+        line = _PARENT_LINE.match(data, pos)
+        if line is None:
+            return None
+        parent = parent or line.group(1).lower()
+        pos = line.end()
     return tree, parent
+
+
+def _commit_links(data: bytes) -> tuple[bytes | None, bytes | None]:
+    """(tree, first parent) from a commit object's header lines (`commit_links`; no tree if git
+    could not read it)."""
+    links = commit_links(data)
+    return (None, None) if links is None else links
 
 
 def object_sizes(reader: ObjectReader, oids: list[bytes]) -> dict[bytes, int]:
