@@ -142,3 +142,15 @@ def test_an_upper_case_tree_id_is_recorded_as_git_names_the_tree(store, agent_re
     assert git(agent_repo, "rev-parse", f"{upper}^{{tree}}") == tree
     record = store.import_version_sync(agent_repo, upper)
     assert (record.tree, record.parent) == (tree, base)
+
+
+def test_an_ancestor_over_the_history_read_limit_ends_the_walk_not_the_import(store, agent_repo):
+    """The walk of the nearest ancestors stops at one it cannot read, as at a missing one: an
+    ancestor with a 2 MiB message (git takes it) does not refuse its descendants."""
+    (agent_repo / "big").write_text("x\n")
+    (agent_repo.parent / "message").write_text("m" * (2 << 20))
+    git(agent_repo, "add", "big")
+    git(agent_repo, "commit", "-q", "-F", str(agent_repo.parent / "message"))
+    head = commit_files(agent_repo, {"after": "y\n"}, message="after")
+    chown_agent(agent_repo)
+    assert store.import_version_sync(agent_repo, "HEAD").id == head

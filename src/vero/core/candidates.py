@@ -585,7 +585,7 @@ class CandidateStore:
         Raises:
             GitFailed: the history cannot be read.
         """
-        near = first_parent_history(objects, oid.encode(), _NEAR_COMMITS)
+        near = first_parent_history(objects, oid.encode(), _NEAR_COMMITS, _MAX_COMMIT_BYTES)
         if len(near) < _NEAR_COMMITS or self._checked_base(self._records(), near) is not None:
             return near
         return _first_parent_history(agent, oid)

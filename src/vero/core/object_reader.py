@@ -404,19 +404,27 @@ def _mode(mode: int) -> bytes:
     return _ZERO_MODE if mode == 0 else b"%06o" % mode
 
 
-def first_parent_history(reader: ObjectReader, commit: bytes, limit: int) -> list[tuple[str, str]]:
+def first_parent_history(
+    reader: ObjectReader, commit: bytes, limit: int, max_commit_bytes: int = 1 << 20
+) -> list[tuple[str, str]]:
     """(commit, tree) of `commit` and its first-parent ancestors, newest first, at most `limit`, as
     `git rev-list --first-parent --max-count=<limit> --format=%T` lists them; the walk stops early
-    at a parent the repository does not hold (a shallow or broken history).
+    at a parent the repository does not hold (a shallow or broken history), or one larger than
+    `max_commit_bytes`.
 
     Raises:
-        MalformedObject: `commit` is not a readable commit.
+        MalformedObject: `commit` is not a readable commit, or is larger than `max_commit_bytes`.
         GitFailed: the reader failed.
     """
     history: list[tuple[str, str]] = []
     current: bytes | None = commit
     while current is not None and len(history) < limit:
-        obj = reader.read(current, 1 << 20)
+        try:
+            obj = reader.read(current, max_commit_bytes)
+        except MalformedObject:
+            if not history:
+                raise
+            break
         if obj is None or obj.type != b"commit" or obj.data is None:
             if not history:
                 raise MalformedObject(f"commit {current.decode(errors='replace')} cannot be read")
