@@ -7,13 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from _support.git import commit_files, git
 
-from vero.core.candidates import CandidateStore
+from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.state import StateStore
 from vero.errors import CandidateRejected
 
@@ -154,3 +156,42 @@ def test_an_ancestor_over_the_history_read_limit_ends_the_walk_not_the_import(st
     head = commit_files(agent_repo, {"after": "y\n"}, message="after")
     chown_agent(agent_repo)
     assert store.import_version_sync(agent_repo, "HEAD").id == head
+
+
+# --- kept readers under concurrency ---------------------------------------------------------
+
+
+def test_readers_evicted_while_in_use_leave_no_process_behind(tmp_path, monkeypatch):
+    """More agent repositories than kept readers, imported from threads at once: a reader ended
+    (evicted) while another thread still holds it must not leave a `cat-file` no one ends."""
+    from vero.core import candidates
+
+    store = open_store(tmp_path / "state")
+    repos = []
+    for i in range(8):
+        repo = tmp_path / f"agent{i}"
+        commit_files(repo, {"f": f"{i}\n"})
+        for j in range(3):
+            commit_files(repo, {f"g{j}": f"{i}{j}\n"})
+        chown_agent(repo)
+        repos.append(repo)
+    barrier = threading.Barrier(len(repos), timeout=30)
+    history = candidates.CandidateStore._agent_history
+
+    def slow_history(self, objects, agent, oid):
+        near = history(self, objects, agent, oid)
+        barrier.wait()  # every thread holds its reader; the first ones were evicted meanwhile
+        return near
+
+    monkeypatch.setattr(candidates.CandidateStore, "_agent_history", slow_history)
+
+    def one(repo: Path) -> CandidateRecord:
+        return store.import_version_sync(repo, "HEAD")
+
+    with ThreadPoolExecutor(len(repos)) as pool:
+        records = list(pool.map(one, repos))
+    assert all(isinstance(r, CandidateRecord) for r in records)
+    store.close()
+    # Before: a reader evicted before its thread's next request started a process there that
+    # nothing ended, alive until the watchdog dropped its time limit (git_timeout_sec, 600 s).
+    assert cat_file_pids(tmp_path) == set()

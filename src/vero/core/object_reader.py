@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -87,7 +88,19 @@ class ObjectReader:
     def __init__(self, git: IsolatedGit) -> None:
         self._git = git
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._slot: list[subprocess.Popen[bytes] | None] = [None]
+        # A reader dropped without `close` (one a store evicted while a thread still used it, and
+        # started again there) ends its process when it goes, not when the last reference to the
+        # process does (the watchdog keeps one for its time limit).
+        weakref.finalize(self, _end, self._slot)
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes] | None:
+        return self._slot[0]
+
+    @_proc.setter
+    def _proc(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self._slot[0] = proc
 
     def info(self, name: bytes) -> GitObject | None:
         """The object `name` (an id, or any revision git resolves, e.g. `v1^{commit}`) names, or
@@ -222,17 +235,22 @@ class ObjectReader:
         return self._proc
 
     def _stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        _kill_group(proc)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-        proc.wait()
+        _end(self._slot)
+
+
+def _end(slot: list[subprocess.Popen[bytes] | None]) -> None:
+    """End the process in `slot` (if any): killed with its group, pipes closed, reaped."""
+    proc, slot[0] = slot[0], None
+    if proc is None:
+        return
+    _kill_group(proc)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+    proc.wait()
 
 
 class _CutShort(Exception):
