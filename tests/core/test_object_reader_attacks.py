@@ -195,3 +195,30 @@ def test_readers_evicted_while_in_use_leave_no_process_behind(tmp_path, monkeypa
     # Before: a reader evicted before its thread's next request started a process there that
     # nothing ended, alive until the watchdog dropped its time limit (git_timeout_sec, 600 s).
     assert cat_file_pids(tmp_path) == set()
+
+
+# --- a tree that makes the difference balloon -----------------------------------------------
+
+
+def test_a_deep_tree_does_not_balloon_the_difference(store, agent_repo):
+    """Each line of a tree difference holds its full path: a chain of N nested directories makes
+    N lines of up to 2N bytes, N^2 bytes from N tiny objects (16,000 of them: 256 MB; 100,000:
+    10 GB). git's diff-tree died of its stack near 20,000 levels; the difference read from the
+    objects has no such end, and must stop at a bound of its own instead of growing without one."""
+    import resource
+
+    store.import_version_sync(agent_repo, "HEAD")  # a checked tree: the child is compared with it
+    blob = write_object(agent_repo, b"blob", b"x\n")
+    inner = write_object(agent_repo, b"tree", b"100644 f\0" + bytes.fromhex(blob))
+    for _ in range(16_000):
+        inner = write_object(agent_repo, b"tree", b"40000 d\0" + bytes.fromhex(inner))
+    tree = git(agent_repo, "mktree", input=f"040000 tree {inner}\tdeep\n".encode())
+    parent = git(agent_repo, "rev-parse", "HEAD")
+    child = git(agent_repo, "commit-tree", tree, "-p", parent, "-m", "deep")
+    chown_agent(agent_repo)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CandidateRejected):
+        store.import_version_sync(agent_repo, child)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 400 * 1024, grown_kib  # before: 256 MB twice over (the list and its join)
+    assert not store.contains(child)

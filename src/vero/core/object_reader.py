@@ -33,6 +33,7 @@ from vero.core.watchdog import WATCHDOG
 from vero.errors import GitFailed
 
 __all__ = [
+    "MAX_DIFF_BYTES",
     "GitObject",
     "MalformedObject",
     "ObjectReader",
@@ -47,6 +48,9 @@ _HEX = frozenset(b"0123456789abcdef")
 _ZERO_OID = b"0" * 40
 _CHUNK_BYTES = 32 * 1024
 """Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
+MAX_DIFF_BYTES = 1 << 27
+"""The largest tree difference `diff_tree_raw` computes (bytes): 128 MiB, some 800,000 changed
+entries of 60-byte paths (a candidate has at most `CandidateLimits.max_files`, 20,000 by default)."""
 _ZERO_MODE = b"000000"
 _S_IFMT = 0o170000
 _TREE_MODE = 0o040000
@@ -352,7 +356,13 @@ def _load_trees(
 
 
 def diff_tree_raw(
-    reader: ObjectReader, old: bytes, new: bytes, *, trees: bool = True, max_tree_bytes: int = 1 << 24
+    reader: ObjectReader,
+    old: bytes,
+    new: bytes,
+    *,
+    trees: bool = True,
+    max_tree_bytes: int = 1 << 24,
+    max_bytes: int = MAX_DIFF_BYTES,
 ) -> bytes:
     """What `git diff-tree -r -t -z --no-renames --raw <old> <new>` prints, computed from the two
     trees' objects: `:<old mode> <new mode> <old id> <new id> <A|D|M|T>\\0<path>\\0` per changed
@@ -367,19 +377,29 @@ def diff_tree_raw(
         old, new: tree ids (40 hex, ASCII).
         trees: False leaves the trees' own entries out, as `diff-tree -r` without `-t` does.
         max_tree_bytes: the largest tree object read.
+        max_bytes: the largest difference computed (each line holds its full path, so a chain of N
+            nested trees, N tiny objects, makes N^2 bytes).
 
     Raises:
-        MalformedObject: a tree is missing, not a tree, too large or malformed.
+        MalformedObject: a tree is missing, not a tree, too large or malformed, or the difference
+            is over `max_bytes`.
         GitFailed: the reader failed.
     """
     loaded = _load_trees(reader, old, new, max_tree_bytes)
     out: list[bytes] = []
+    size = 0
     # Last in, first out: a line to print, or a pair of trees (either None) to compare under a
     # path prefix, whose lines replace it in place (pre-order, as git prints them).
     work: list[bytes | tuple[bytes, bytes | None, bytes | None]] = [(b"", old, new)]
     while work:
         item = work.pop()
         if isinstance(item, bytes):
+            size += len(item)
+            if size > max_bytes:
+                raise MalformedObject(
+                    f"the difference of trees {old.decode(errors='replace')} and "
+                    f"{new.decode(errors='replace')} is over {max_bytes} bytes"
+                )
             out.append(item)
             continue
         prefix, a, b = item
