@@ -222,3 +222,47 @@ def test_a_deep_tree_does_not_balloon_the_difference(store, agent_repo):
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 400 * 1024, grown_kib  # before: 256 MB twice over (the list and its join)
     assert not store.contains(child)
+
+
+def write_pack(repo: Path, objects: list[tuple[int, bytes]]) -> None:
+    """Index a pack of `objects` ((type number, content), none deltified) into the repository."""
+    out = [b"PACK", (2).to_bytes(4, "big"), len(objects).to_bytes(4, "big")]
+    for kind, body in objects:
+        size = len(body)
+        header = bytearray([(kind << 4) | (size & 0x0F)])
+        size >>= 4
+        while size:
+            header[-1] |= 0x80
+            header.append(size & 0x7F)
+            size >>= 7
+        out += [bytes(header), zlib.compress(body, 1)]
+    data = b"".join(out)
+    git(repo, "index-pack", "--stdin", input=data + hashlib.sha1(data).digest())
+
+
+def test_a_deep_tree_is_read_within_the_time_limit_of_one_git_command(tmp_path, agent_repo):
+    """The trees of a difference are read a level at a time, one exchange each: every exchange
+    had its own time limit, so a chain of 200,000 nested trees (a 6 MB pack) held the import for
+    the time of 200,000 exchanges (git's one diff-tree was killed at the limit)."""
+    import time
+
+    store = CandidateStore.open(tmp_path / "state", StateStore.open(tmp_path / "state.db"), git_timeout_sec=2.0)
+    try:
+        store.import_version_sync(agent_repo, "HEAD")  # a checked tree: the child is compared with it
+        blob = b"x\n"
+        inner = hashlib.sha1(b"blob 2\0" + blob).digest()
+        objects = [(3, blob)]
+        for name in (b"100644 f", *[b"40000 d"] * 200_000):
+            body = name + b"\0" + inner
+            objects.append((2, body))
+            inner = hashlib.sha1(b"tree %d\0%s" % (len(body), body)).digest()
+        write_pack(agent_repo, objects)
+        tree = git(agent_repo, "mktree", input=f"040000 tree {inner.hex()}\tdeep\n".encode())
+        child = git(agent_repo, "commit-tree", tree, "-p", "HEAD", "-m", "deep")
+        chown_agent(agent_repo)
+        start = time.monotonic()
+        with pytest.raises(CandidateRejected):
+            store.import_version_sync(agent_repo, child)
+        assert time.monotonic() - start < 6.0
+    finally:
+        store.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from vero.errors import GitFailed
 
 __all__ = [
     "MAX_DIFF_BYTES",
+    "MAX_DIFF_ENTRIES",
     "GitObject",
     "MalformedObject",
     "ObjectReader",
@@ -51,6 +53,10 @@ _CHUNK_BYTES = 32 * 1024
 MAX_DIFF_BYTES = 1 << 27
 """The largest tree difference `diff_tree_raw` computes (bytes): 128 MiB, some 800,000 changed
 entries of 60-byte paths (a candidate has at most `CandidateLimits.max_files`, 20,000 by default)."""
+MAX_DIFF_ENTRIES = 1 << 20
+"""The most entries of the trees `diff_tree_raw` reads for one difference: a tree object is a few
+bytes an entry, its entries here some hundreds (a million of them, in a chain of a million trees
+that packs into some 30 MB, is half a GB)."""
 _ZERO_MODE = b"000000"
 _S_IFMT = 0o170000
 _TREE_MODE = 0o040000
@@ -140,13 +146,25 @@ class ObjectReader:
         """
         return self.read_many([name], max_bytes)[0]
 
-    def read_many(self, names: Sequence[bytes], max_bytes: int) -> list[GitObject | None]:
+    def read_many(
+        self, names: Sequence[bytes], max_bytes: int, *, deadline: float | None = None
+    ) -> list[GitObject | None]:
         """`read` of each of `names`, in order, asked together as `info_many`.
+
+        Args:
+            deadline: a `time.monotonic()` by which the exchange ends (its time limit is the
+                runner's or what is left until then, the shorter), for a caller whose one operation
+                is many exchanges, bounded together as the one git process it replaces.
 
         Raises:
             ValueError, MalformedObject, GitFailed: as `read` (for the first that fails).
         """
-        return self._exchange(b"contents", names, max_bytes)
+        return self._exchange(b"contents", names, max_bytes, deadline)
+
+    @property
+    def timeout_sec(self) -> float | None:
+        """The time limit of one exchange (the runner's), seconds; None: none."""
+        return self._git.timeout_sec
 
     @property
     def pid(self) -> int | None:
@@ -161,7 +179,9 @@ class ObjectReader:
 
     # -- the process -------------------------------------------------------------------------
 
-    def _exchange(self, command: bytes, names: Sequence[bytes], max_bytes: int | None) -> list[GitObject | None]:
+    def _exchange(
+        self, command: bytes, names: Sequence[bytes], max_bytes: int | None, deadline: float | None = None
+    ) -> list[GitObject | None]:
         """Ask `command <name>` for every name and read the answers (with contents when
         `max_bytes` is given), under one time limit for the whole exchange."""
         for name in names:
@@ -172,6 +192,11 @@ class ObjectReader:
         with self._lock:
             proc = self._running()
             timeout = self._git.timeout_sec
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise GitFailed("cat-file", None, "out of time")
+                timeout = left if timeout is None else min(timeout, left)
             killed = threading.Event()
 
             def kill() -> None:
@@ -336,13 +361,23 @@ def _parse_tree(tree: bytes, obj: GitObject | None) -> dict[bytes, tuple[int, by
 def _load_trees(
     reader: ObjectReader, old: bytes, new: bytes, max_tree_bytes: int
 ) -> dict[bytes, dict[bytes, tuple[int, bytes]]]:
-    """Every tree object `diff_tree_raw` compares, read a level at a time (one exchange per level)."""
+    """Every tree object `diff_tree_raw` compares, read a level at a time (one exchange per level),
+    all of them within the reader's time limit and `MAX_DIFF_ENTRIES` entries."""
+    timeout = reader.timeout_sec
+    deadline = None if timeout is None else time.monotonic() + timeout
     loaded: dict[bytes, dict[bytes, tuple[int, bytes]]] = {}
+    entries = 0
     level: list[tuple[bytes | None, bytes | None]] = [(old, new)]
     while level:
         wanted = list(dict.fromkeys(oid for pair in level for oid in pair if oid is not None and oid not in loaded))
-        for oid, obj in zip(wanted, reader.read_many(wanted, max_tree_bytes), strict=True):
+        for oid, obj in zip(wanted, reader.read_many(wanted, max_tree_bytes, deadline=deadline), strict=True):
             loaded[oid] = _parse_tree(oid, obj)
+            entries += len(loaded[oid])
+            if entries > MAX_DIFF_ENTRIES:
+                raise MalformedObject(
+                    f"the trees of a difference of {old.decode(errors='replace')} and "
+                    f"{new.decode(errors='replace')} hold over {MAX_DIFF_ENTRIES} entries"
+                )
         below: list[tuple[bytes | None, bytes | None]] = []
         for a, b in level:
             left = {} if a is None else loaded[a]
@@ -381,9 +416,10 @@ def diff_tree_raw(
             nested trees, N tiny objects, makes N^2 bytes).
 
     Raises:
-        MalformedObject: a tree is missing, not a tree, too large or malformed, or the difference
-            is over `max_bytes`.
-        GitFailed: the reader failed.
+        MalformedObject: a tree is missing, not a tree, too large or malformed, the trees hold over
+            `MAX_DIFF_ENTRIES` entries, or the difference is over `max_bytes`.
+        GitFailed: the reader failed, or did not read the trees within its time limit (one for
+            all the exchanges, as for the one `diff-tree` this replaces).
     """
     loaded = _load_trees(reader, old, new, max_tree_bytes)
     out: list[bytes] = []
