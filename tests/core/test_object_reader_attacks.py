@@ -266,3 +266,196 @@ def test_a_deep_tree_is_read_within_the_time_limit_of_one_git_command(tmp_path, 
         assert time.monotonic() - start < 6.0
     finally:
         store.close()
+
+
+# --- names, history rewrites and threads: every answer is the one asked for -----------------
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "contents",
+        "flush",
+        "info",
+        "HEAD:README.md",
+        ":README.md",
+        "HEAD:sub^{commit}",
+        "HEAD@{0}",
+        "HEAD@{99999}",
+        "@{upstream}",
+        ":/baseline",
+        ":/[",
+        "HEAD^{/no such message}",
+        "x" * 256,
+        "0123",
+        "HEAD~99999",
+        "HEAD^{tree}",
+        "%s",
+        "{",
+    ],
+)
+def test_odd_names_never_desync_the_reader(store, agent_repo, version):
+    """Whatever a name makes `cat-file --batch-command` answer (missing, ambiguous, an error, its
+    death), the next request of the same kept reader gets its own answer."""
+    head = git(agent_repo, "rev-parse", "HEAD")
+    git(agent_repo, "update-index", "--add", "--cacheinfo", f"160000,{head},sub^{{commit}}")
+    git(agent_repo, "commit", "-q", "-m", "a gitlink named sub^{commit}")
+    chown_agent(agent_repo)
+    try:
+        record = store.import_version_sync(agent_repo, version)
+    except CandidateRejected:
+        record = None
+    if record is not None:
+        expected = subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", str(agent_repo), "rev-parse", "--verify", f"{version}^{{commit}}"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        assert record.id == expected
+    for name in ("HEAD", "HEAD~1", "main"):
+        assert store.import_version_sync(agent_repo, name).id == git(agent_repo, "rev-parse", name)
+
+
+def test_a_history_rewritten_and_repacked_between_imports_is_read_afresh(store, agent_repo):
+    """The kept reader of the agent's repository outlives imports; the agent gc's, repacks and even
+    replaces its repository between them. Each import records the commit's own tree and parent."""
+    first = store.import_version_sync(agent_repo, "HEAD")
+    for round_ in range(4):
+        commit_files(agent_repo, {f"r{round_}": f"{round_}\n"})
+        if round_ == 1:
+            git(agent_repo, "commit", "-q", "--amend", "-m", "amended")
+        git(agent_repo, "reflog", "expire", "--expire=now", "--all")
+        git(agent_repo, "gc", "-q", "--prune=now", "--aggressive" if round_ % 2 else "--quiet")
+        chown_agent(agent_repo)
+        record = store.import_version_sync(agent_repo, "HEAD")
+        assert (record.id, record.tree, record.parent) == (
+            git(agent_repo, "rev-parse", "HEAD"),
+            git(agent_repo, "rev-parse", "HEAD^{tree}"),
+            git(agent_repo, "rev-parse", "HEAD~1"),
+        )
+    # A new repository in the same place: other objects, other packs, the same path.
+    subprocess.run(["rm", "-rf", str(agent_repo / ".git")], check=True)
+    for path in agent_repo.iterdir():
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    commit_files(agent_repo, {"other": "o\n"}, message="other root")
+    head = commit_files(agent_repo, {"README.md": "x\n"}, message="other child")
+    git(agent_repo, "repack", "-adq")
+    chown_agent(agent_repo)
+    record = store.import_version_sync(agent_repo, "HEAD")
+    assert (record.id, record.tree, record.parent) == (
+        head,
+        git(agent_repo, "rev-parse", "HEAD^{tree}"),
+        git(agent_repo, "rev-parse", "HEAD~1"),
+    )
+    assert store.get(first.id) == first
+
+
+def test_threads_importing_many_commits_at_once_get_their_own_records(store, tmp_path):
+    """Imports of different and the same commits from two repositories and six threads at once,
+    each diffed against checked ancestors through the shared kept readers."""
+    repos = []
+    for r in range(2):
+        repo = tmp_path / f"agent{r}"
+        commit_files(repo, {"base": f"{r}\n", "dir/a": "a\n"})
+        repos.append(repo)
+    chown_agent(tmp_path)
+    for repo in repos:
+        store.import_version_sync(repo, "HEAD")
+    requests = []
+    for r, repo in enumerate(repos):
+        for i in range(12):
+            commit_files(
+                repo,
+                {f"dir/{i}": f"{r}{i}\n", f"d{i % 3}/x": f"{i}\n", "link": ("link", f"d{i % 3}/x")}
+                if i == 0
+                else {f"dir/{i}": f"{r}{i}\n", f"d{i % 3}/x": f"{i}\n"},
+            )
+            commit = git(repo, "rev-parse", "HEAD")
+            requests += [(repo, commit), (repo, commit)]
+    chown_agent(tmp_path)
+    import random
+
+    random.Random(7).shuffle(requests)
+    with ThreadPoolExecutor(6) as pool:
+        records = list(pool.map(lambda request: store.import_version_sync(*request), requests))
+    for (repo, commit), record in zip(requests, records, strict=True):
+        assert (record.id, record.tree, record.parent) == (
+            commit,
+            git(repo, "rev-parse", f"{commit}^{{tree}}"),
+            git(repo, "rev-parse", f"{commit}~1"),
+        )
+
+
+@pytest.mark.parametrize("fifo", ["packed-refs", "refs/heads/main", "config", "objects/info/alternates", "HEAD"])
+def test_a_fifo_in_the_agents_repository_costs_one_time_limit(tmp_path, agent_repo, fifo):
+    """A FIFO where git reads (a ref, the config, the alternates) blocks the kept reader: the
+    import is refused at the time limit, no process is left, and the next import is answered."""
+    import time
+
+    store = CandidateStore.open(tmp_path / "state", StateStore.open(tmp_path / "state.db"), git_timeout_sec=1.0)
+    try:
+        head = git(agent_repo, "rev-parse", "HEAD")
+        assert store.import_version_sync(agent_repo, "HEAD").id == head  # the reader runs
+        path = agent_repo / ".git" / fifo
+        saved = path.read_bytes() if path.exists() else None
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
+        start = time.monotonic()
+        for version in ("main", head):
+            try:
+                store.import_version_sync(agent_repo, version)
+            except CandidateRejected:
+                pass
+        assert time.monotonic() - start < 10
+        path.unlink()
+        if saved is not None:
+            path.write_bytes(saved)
+        assert store.import_version_sync(agent_repo, "main").id == head
+    finally:
+        store.close()
+    assert cat_file_pids(tmp_path) == set()
+
+
+def test_sealed_moves_from_threads_while_the_store_repacks_write_each_tree(store, tmp_path):
+    """Work trees moving between candidates from four threads (sealed moves read by the store's
+    kept reader) while another thread repacks the store (which ends that reader): each work tree
+    holds exactly its candidate's files, and no `cat-file` outlives the store."""
+    repo = tmp_path / "workspace"
+    versions = [commit_files(repo, {"a": "0\n", "d/b": "b\n"})]
+    for i in range(1, 5):
+        versions.append(commit_files(repo, {"a": f"{i}\n", f"d/n{i}": f"{i}\n"}))
+    chown_agent(repo)
+    for version in versions:
+        store.import_version_sync(repo, version)
+    (tmp_path / "private").mkdir()
+    stop = threading.Event()
+
+    def repacking() -> None:
+        while not stop.is_set():
+            store.repack()
+
+    def slot(n: int) -> None:
+        work, index = tmp_path / f"slot{n}", tmp_path / "private" / f"slot{n}.index"
+        for step in range(12):
+            version = versions[(n + step) % len(versions)]
+            update = store.update_worktree(version, work, index)
+            if update.pending is not None:
+                store.record_worktree(update)
+            store.seal_worktree(update)
+            listing = git(repo, "ls-tree", "-r", "--name-only", version).split("\n")
+            files = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
+            assert files == sorted(listing), (n, step)
+            for name in listing:
+                assert (work / name).read_text() == git(repo, "show", f"{version}:{name}") + "\n"
+
+    repacker = threading.Thread(target=repacking)
+    repacker.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(slot, range(4)))
+    finally:
+        stop.set()
+        repacker.join()
+    store.close()
+    assert cat_file_pids(tmp_path) == set()
