@@ -459,3 +459,42 @@ def test_sealed_moves_from_threads_while_the_store_repacks_write_each_tree(store
         repacker.join()
     store.close()
     assert cat_file_pids(tmp_path) == set()
+
+
+# --- the reader's own process handling --------------------------------------------------------
+
+
+def test_a_time_limit_that_strikes_after_the_last_answer_does_not_fail_the_next_request(tmp_path, monkeypatch):
+    """The watchdog may kill the process between the exchange's last answer and its disarming:
+    the exchange has its answers, and the next request must not find the killed process (before:
+    it wrote to it and failed, 'cat-file ended without answering': a sound commit refused)."""
+    from vero.core import object_reader
+    from vero.core.isolated_git import IsolatedGit, private_git_env
+    from vero.core.object_reader import ObjectReader
+
+    repo = tmp_path / "repo"
+    head = commit_files(repo, {"a": "a\n"})
+    real = object_reader.WATCHDOG
+    late = {"n": 0}
+
+    class LateWatchdog:
+        def arm(self, timeout, action):
+            self.action = action
+            return real.arm(timeout, action)
+
+        def disarm(self, key):
+            real.disarm(key)
+            if late["n"] == 0:  # the first exchange: its limit strikes just as it ends
+                late["n"] += 1
+                self.action()
+
+    monkeypatch.setattr(object_reader, "WATCHDOG", LateWatchdog())
+    with private_git_env(safe_directories=[repo, repo / ".git"]) as (env, _):
+        reader = ObjectReader(IsolatedGit(repo, env=env, git_dir=repo / ".git", timeout_sec=30))
+        try:
+            found = reader.info(head.encode())
+            assert found is not None and found.oid.decode() == head
+            found = reader.info(b"HEAD")
+            assert found is not None and found.oid.decode() == head
+        finally:
+            reader.close()

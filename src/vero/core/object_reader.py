@@ -210,12 +210,16 @@ class ObjectReader:
                 self._stop()
                 reason = f"killed after {timeout:g} s" if killed.is_set() else str(exc)
                 raise GitFailed("cat-file", None, reason) from None
-            except MalformedObject:
-                self._stop()  # the object's content is unread: the stream cannot go on
+            except BaseException:
+                self._stop()  # an answer may be unread (an object's content): the stream cannot go on
                 raise
             finally:
                 if armed is not None:
                     WATCHDOG.disarm(armed)
+                if killed.is_set():
+                    # The limit struck after the last answer was read, before it was disarmed:
+                    # the answers stand, the process is gone (the next request starts another).
+                    self._stop()
 
     def _answers(
         self, proc: subprocess.Popen[bytes], command: bytes, names: Sequence[bytes], max_bytes: int | None
