@@ -498,3 +498,33 @@ def test_a_time_limit_that_strikes_after_the_last_answer_does_not_fail_the_next_
             assert found is not None and found.oid.decode() == head
         finally:
             reader.close()
+
+
+def test_a_history_walk_is_read_within_one_time_limit(tmp_path, monkeypatch):
+    """The walk reads its commits one exchange each: each had the whole time limit, so commits
+    slow to read (deep delta chains of large objects) held it for 8 limits where rev-list had one."""
+    import time
+
+    from vero.core.isolated_git import IsolatedGit, private_git_env
+    from vero.core.object_reader import ObjectReader, first_parent_history
+    from vero.errors import GitFailed
+
+    repo = tmp_path / "repo"
+    for i in range(8):
+        head = commit_files(repo, {"a": f"{i}\n"})
+    answers = ObjectReader._answers
+
+    def slow(self, proc, command, names, max_bytes):
+        time.sleep(0.4)  # an object that takes its time (killed at the limit meanwhile)
+        return answers(self, proc, command, names, max_bytes)
+
+    monkeypatch.setattr(ObjectReader, "_answers", slow)
+    with private_git_env(safe_directories=[repo, repo / ".git"]) as (env, _):
+        reader = ObjectReader(IsolatedGit(repo, env=env, git_dir=repo / ".git", timeout_sec=1.0))
+        try:
+            start = time.monotonic()
+            with pytest.raises(GitFailed):
+                first_parent_history(reader, head.encode(), 8)
+            assert time.monotonic() - start < 1.5
+        finally:
+            reader.close()

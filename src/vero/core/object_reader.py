@@ -492,13 +492,15 @@ def first_parent_history(
 
     Raises:
         MalformedObject: `commit` is not a readable commit, or is larger than `max_commit_bytes`.
-        GitFailed: the reader failed.
+        GitFailed: the reader failed, or did not read the walk within its time limit (one for all).
     """
+    timeout = reader.timeout_sec
+    deadline = None if timeout is None else time.monotonic() + timeout  # one limit, as one rev-list
     history: list[tuple[str, str]] = []
     current: bytes | None = commit
     while current is not None and len(history) < limit:
         try:
-            obj = reader.read(current, max_commit_bytes)
+            obj = reader.read_many([current], max_commit_bytes, deadline=deadline)[0]
         except MalformedObject:
             if not history:
                 raise
