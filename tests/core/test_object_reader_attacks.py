@@ -528,3 +528,32 @@ def test_a_history_walk_is_read_within_one_time_limit(tmp_path, monkeypatch):
             assert time.monotonic() - start < 1.5
         finally:
             reader.close()
+
+
+def test_a_tree_over_the_readers_limit_in_the_store_is_a_refusal(store, agent_repo):
+    """A tree object over 16 MiB (4,000 entries of 4 KiB names) reaches the store in a commit
+    refused for another reason (the whole-tree check is git's ls-tree); a later child of a
+    checked commit names it while the agent's copy of it is forged small (cat-file does not check
+    a loose object's id), so the size check before the fetch passes and the transfer needs no copy
+    of it. The store's comparison then cannot read it: the import must be refused, not fail."""
+    blob = write_object(agent_repo, b"blob", b"x\n")
+    body = b"".join(b"100644 %s\0%s" % (b"%04d" % i + b"n" * 4196, bytes.fromhex(blob)) for i in range(4000))
+    big = write_object(agent_repo, b"tree", body)
+    assert len(body) > 1 << 24
+    readme = git(agent_repo, "rev-parse", "HEAD:README.md")
+    reserved = git(agent_repo, "mktree", input=f"040000 tree {big}\tbig\n100644 blob {readme}\t.vero\n".encode())
+    root = git(agent_repo, "commit-tree", reserved, "-m", "reserved")
+    checked = store.import_version_sync(agent_repo, "HEAD")
+    chown_agent(agent_repo)
+    with pytest.raises(CandidateRejected, match="reserved"):
+        store.import_version_sync(agent_repo, root)  # `big` is in the store now, unreferenced
+    tree = git(agent_repo, "mktree", input=f"040000 tree {big}\tbig\n100644 blob {readme}\tREADME.md\n".encode())
+    child = git(agent_repo, "commit-tree", tree, "-p", checked.id, "-m", "child")
+    small = zlib.compress(b"tree %d\0%s" % (len(b"100644 f\0") + 20, b"100644 f\0" + bytes.fromhex(blob)))
+    loose = agent_repo / ".git" / "objects" / big[:2] / big[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(small)
+    chown_agent(agent_repo)
+    with pytest.raises(CandidateRejected):
+        store.import_version_sync(agent_repo, child)
+    assert not store.contains(child)

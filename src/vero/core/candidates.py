@@ -827,7 +827,12 @@ class CandidateStore:
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
-            diff = diff_tree_raw(objects, base.tree.encode(), tree.encode())
+            try:
+                diff = diff_tree_raw(objects, base.tree.encode(), tree.encode())
+            except MalformedObject as exc:  # a tree too large or too deep to compare: the data's fault
+                raise CandidateRejected(
+                    f"the commit's tree could not be compared with its parent's: {exc.stderr}"
+                ) from None
             entries = _diff_tree_entries(diff)
             links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
