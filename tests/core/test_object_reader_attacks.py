@@ -557,3 +557,41 @@ def test_a_tree_over_the_readers_limit_in_the_store_is_a_refusal(store, agent_re
     with pytest.raises(CandidateRejected):
         store.import_version_sync(agent_repo, child)
     assert not store.contains(child)
+
+
+def test_requests_queued_behind_slow_ones_wait_no_longer_than_the_time_limit(tmp_path, monkeypatch):
+    """Requests to one kept reader are answered one at a time: four names slow to resolve
+    (`:/<regex>` over a long history), asked at once, each taking nearly the limit, kept the last
+    one waiting for four limits where four rev-parse processes took one each."""
+    import time
+
+    from vero.core.isolated_git import IsolatedGit, private_git_env
+    from vero.core.object_reader import ObjectReader
+    from vero.errors import GitFailed
+
+    repo = tmp_path / "repo"
+    commit_files(repo, {"a": "a\n"})
+    answers = ObjectReader._answers
+
+    def slow(self, proc, command, names, max_bytes):
+        time.sleep(0.8)  # just inside the 1 s limit
+        return answers(self, proc, command, names, max_bytes)
+
+    monkeypatch.setattr(ObjectReader, "_answers", slow)
+    with private_git_env(safe_directories=[repo, repo / ".git"]) as (env, _):
+        reader = ObjectReader(IsolatedGit(repo, env=env, git_dir=repo / ".git", timeout_sec=1.0))
+
+        def timed(_: int) -> float:
+            start = time.monotonic()
+            try:
+                reader.info(b"HEAD")
+            except GitFailed:
+                pass
+            return time.monotonic() - start
+
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                waits = list(pool.map(timed, range(4)))
+            assert max(waits) < 2.3, waits  # its own limit, after at most one limit of waiting
+        finally:
+            reader.close()

@@ -20,12 +20,13 @@ directory when an object is not found in the packs it knows.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -189,7 +190,16 @@ class ObjectReader:
                 raise ValueError(f"object name {name!r} is empty or holds a line break")
         if not names:
             return []
-        with self._lock:
+        limit = self._git.timeout_sec
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            limit = left if limit is None else min(limit, left)
+        # Waiting for another thread's exchange counts against the time limit too: requests that
+        # each take nearly the limit (a name git resolves slowly, posted many times at once) would
+        # otherwise queue for a limit each.
+        if not self._lock.acquire(timeout=-1 if limit is None else max(limit, 0)):
+            raise GitFailed("cat-file", None, f"busy for {limit:g} s")
+        with _held(self._lock):
             proc = self._running()
             timeout = self._git.timeout_sec
             if deadline is not None:
@@ -284,6 +294,15 @@ def _end(slot: list[subprocess.Popen[bytes] | None]) -> None:
             except OSError:
                 pass
     proc.wait()
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock) -> Iterator[None]:
+    """Release `lock` (acquired by the caller) on leaving."""
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class _CutShort(Exception):
