@@ -827,12 +827,7 @@ class CandidateStore:
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
-            try:
-                diff = diff_tree_raw(objects, base.tree.encode(), tree.encode())
-            except MalformedObject as exc:  # a tree too large or too deep to compare: the data's fault
-                raise CandidateRejected(
-                    f"the commit's tree could not be compared with its parent's: {exc.stderr}"
-                ) from None
+            diff = _store_difference(objects, base.tree, tree)
             entries = _diff_tree_entries(diff)
             links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
@@ -1407,6 +1402,19 @@ def _first_parent_history(repo: IsolatedGit, oid: str) -> list[tuple[str, str]]:
                 history.append((commit, line))
             commit = None
     return history
+
+
+def _store_difference(objects: ObjectReader, base: str, tree: str) -> bytes:
+    """`diff_tree_raw` of two trees in the store.
+
+    Raises:
+        CandidateRejected: a tree too large or too deep to compare (the data's fault, not git's).
+        GitFailed: the reader failed.
+    """
+    try:
+        return diff_tree_raw(objects, base.encode(), tree.encode())
+    except MalformedObject as exc:
+        raise CandidateRejected(f"the commit's tree could not be compared with its parent's: {exc.stderr}") from None
 
 
 def _read_blobs(objects: ObjectReader, oids: list[bytes], max_bytes: int) -> dict[bytes, bytes]:

@@ -185,15 +185,10 @@ class ObjectReader:
     ) -> list[GitObject | None]:
         """Ask `command <name>` for every name and read the answers (with contents when
         `max_bytes` is given), under one time limit for the whole exchange."""
-        for name in names:
-            if not name or b"\n" in name or b"\0" in name or b"\r" in name:
-                raise ValueError(f"object name {name!r} is empty or holds a line break")
+        _check_names(names)
         if not names:
             return []
-        limit = self._git.timeout_sec
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            limit = left if limit is None else min(limit, left)
+        limit = self._limit(deadline)
         # Waiting for another thread's exchange counts against the time limit too: requests that
         # each take nearly the limit (a name git resolves slowly, posted many times at once) would
         # otherwise queue for a limit each.
@@ -201,12 +196,9 @@ class ObjectReader:
             raise GitFailed("cat-file", None, f"busy for {limit:g} s")
         with _held(self._lock):
             proc = self._running()
-            timeout = self._git.timeout_sec
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise GitFailed("cat-file", None, "out of time")
-                timeout = left if timeout is None else min(timeout, left)
+            timeout = self._limit(deadline)
+            if timeout is not None and timeout <= 0:
+                raise GitFailed("cat-file", None, "out of time")
             killed = threading.Event()
 
             def kill() -> None:
@@ -230,6 +222,15 @@ class ObjectReader:
                     # The limit struck after the last answer was read, before it was disarmed:
                     # the answers stand, the process is gone (the next request starts another).
                     self._stop()
+
+    def _limit(self, deadline: float | None) -> float | None:
+        """The time limit of an exchange from now: the runner's, or what is left until
+        `deadline`, the shorter (None: none)."""
+        limit = self._git.timeout_sec
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            limit = left if limit is None else min(limit, left)
+        return limit
 
     def _answers(
         self, proc: subprocess.Popen[bytes], command: bytes, names: Sequence[bytes], max_bytes: int | None
@@ -294,6 +295,12 @@ def _end(slot: list[subprocess.Popen[bytes] | None]) -> None:
             except OSError:
                 pass
     proc.wait()
+
+
+def _check_names(names: Sequence[bytes]) -> None:
+    for name in names:
+        if not name or b"\n" in name or b"\0" in name or b"\r" in name:
+            raise ValueError(f"object name {name!r} is empty or holds a line break")
 
 
 @contextlib.contextmanager
@@ -420,7 +427,6 @@ def diff_tree_raw(
     *,
     trees: bool = True,
     max_tree_bytes: int = 1 << 24,
-    max_bytes: int = MAX_DIFF_BYTES,
 ) -> bytes:
     """What `git diff-tree -r -t -z --no-renames --raw <old> <new>` prints, computed from the two
     trees' objects: `:<old mode> <new mode> <old id> <new id> <A|D|M|T>\\0<path>\\0` per changed
@@ -435,12 +441,11 @@ def diff_tree_raw(
         old, new: tree ids (40 hex, ASCII).
         trees: False leaves the trees' own entries out, as `diff-tree -r` without `-t` does.
         max_tree_bytes: the largest tree object read.
-        max_bytes: the largest difference computed (each line holds its full path, so a chain of N
-            nested trees, N tiny objects, makes N^2 bytes).
 
     Raises:
         MalformedObject: a tree is missing, not a tree, too large or malformed, the trees hold over
-            `MAX_DIFF_ENTRIES` entries, or the difference is over `max_bytes`.
+            `MAX_DIFF_ENTRIES` entries, or the difference is over `MAX_DIFF_BYTES` (each line
+            holds its full path: a chain of N nested trees, N tiny objects, makes N^2 bytes).
         GitFailed: the reader failed, or did not read the trees within its time limit (one for
             all the exchanges, as for the one `diff-tree` this replaces).
     """
@@ -453,12 +458,7 @@ def diff_tree_raw(
     while work:
         item = work.pop()
         if isinstance(item, bytes):
-            size += len(item)
-            if size > max_bytes:
-                raise MalformedObject(
-                    f"the difference of trees {old.decode(errors='replace')} and "
-                    f"{new.decode(errors='replace')} is over {max_bytes} bytes"
-                )
+            size = _grown(size, item, old, new)
             out.append(item)
             continue
         prefix, a, b = item
@@ -487,6 +487,21 @@ def diff_tree_raw(
                 expanded.append((path + b"/", old_oid if before else None, new_oid if after else None))
         work.extend(reversed(expanded))
     return b"".join(out)
+
+
+def _grown(size: int, line: bytes, old: bytes, new: bytes) -> int:
+    """`size` of a difference of `old` and `new` with `line` added.
+
+    Raises:
+        MalformedObject: over `MAX_DIFF_BYTES`.
+    """
+    size += len(line)
+    if size > MAX_DIFF_BYTES:
+        raise MalformedObject(
+            f"the difference of trees {old.decode(errors='replace')} and "
+            f"{new.decode(errors='replace')} is over {MAX_DIFF_BYTES} bytes"
+        )
+    return size
 
 
 def _keyed(entries: list[tuple[bytes, int, bytes]]) -> dict[bytes, tuple[int, bytes]]:
