@@ -164,13 +164,13 @@ _ALLOWED_MODES = {b"100644", b"100755", b"120000", b"040000", b"160000"}
 _SYMLINK_MODE = b"120000"
 _MAX_SYMLINK_TARGET_BYTES = 4096
 _BASE_SEARCH_COMMITS = 64
+"""How far back the first-parent line is searched for an already checked tree (commits)."""
 _NEAR_COMMITS = 8
 """First-parent ancestors read one by one for a checked tree before one `rev-list` reads more."""
 _MAX_COMMIT_BYTES = 1 << 24
 """The largest commit object imported (bytes): a message of megabytes is no candidate."""
 _KEPT_READERS = 4
 """Kept `cat-file` processes per store: the store's own and the latest agents' repositories'."""
-"""How far back the first-parent line is searched for an already checked tree (commits)."""
 
 _NO_TRANSPORT = (("protocol.file.allow", "never"),)
 """No git process of the store talks to any repository, not even a local one: an agent's partial
