@@ -245,6 +245,60 @@ def test_a_network_whose_address_is_on_no_interface_is_replaced(monkeypatch, cap
     assert _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split() == []
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_network_whose_address_is_gone_when_the_gateway_binds_is_replaced(monkeypatch, caplog):
+    """The host's address on a new network passed the check but is gone when the gateway binds it
+    (here: the first network's address is one no interface has, as once seen under churn): that
+    network is removed and another made; the route serves on the second."""
+    import ipaddress
+
+    from vero.harbor import case_route
+
+    made: list[str] = []
+    real = case_route.CaseRouter._create
+
+    def first_address_gone(self, name, labels):
+        address, subnet = real(self, name, labels)
+        made.append(address)
+        return ("192.0.2.123", ipaddress.IPv4Network(subnet)) if len(made) == 1 else (address, subnet)
+
+    monkeypatch.setattr(case_route.CaseRouter, "_create", first_address_gone)
+    session = f"ses-gone-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        gateway = InferenceGateway(_one_model_spec(), {"KEY": KEY})
+        route = await CaseRouter(gateway, {}, session).open("ev-g")
+        try:
+            networks = _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split()
+            assert len(networks) == 1  # the first one is gone
+            assert httpx.URL(route.base_url).host == made[-1] and httpx.URL(route.base_url).port in _listening_ports()
+        finally:
+            await route.close()
+
+    with caplog.at_level("INFO", logger="vero.harbor.case_route"):
+        asyncio.run(scenario())
+    assert len(made) == 2
+    assert "this host's address 192.0.2.123 was gone when the gateway bound it (attempt 1 of 3)" in caplog.text
+    assert _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split() == []
+
+
+def _one_model_spec() -> InferenceSpec:
+    return InferenceSpec.model_validate(
+        {
+            "providers": {"fake": {"api": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_secret": "KEY"}},
+            "models": {
+                "m": {
+                    "provider": "fake",
+                    "upstream_model": "m",
+                    "input_cost_per_token": 1e-6,
+                    "output_cost_per_token": 1e-6,
+                }
+            },
+        }
+    )
+
+
 async def _exercise_routes(spec: InferenceSpec, bystander: str) -> None:
     gateway = InferenceGateway(spec, {"KEY": KEY})
     async with GatewayServer(gateway):

@@ -85,6 +85,22 @@ async def with_gateway(url: str, body, **spec_overrides):
             return await body(gateway, client)
 
 
+def test_a_gateway_that_cannot_bind_fails_alone_and_the_event_loop_goes_on(upstream):
+    """uvicorn calls `sys.exit` when it cannot bind; a per-evaluation listener (the case route's) on
+    an address this host does not have raises `RuntimeError` to its opener, and the loop it runs
+    on (the sidecar's) goes on serving: the first listener still answers."""
+    gateway = InferenceGateway(spec_for(upstream.url), {"OPENAI_KEY": KEY_OPENAI, "ANTHROPIC_KEY": KEY_ANTHROPIC})
+
+    async def scenario() -> int:
+        async with GatewayServer(gateway):
+            with pytest.raises(RuntimeError, match=r"could not listen on 192\.0\.2\.123"):
+                await GatewayServer(gateway, host="192.0.2.123", evaluation_id="ev-x").__aenter__()
+            async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
+                return (await client.get("/v1/models")).status_code
+
+    assert run(scenario()) in (200, 401, 404)  # answered: the loop survived the failed listener
+
+
 def test_the_gateway_leaves_the_process_signal_handlers_alone(upstream):
     # It serves inside the sidecar's or the verifier's process, whose own SIGTERM/SIGINT handling must stay.
     def mark(signum, frame):

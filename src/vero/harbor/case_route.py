@@ -220,25 +220,41 @@ class CaseRouter:
         labels = {LABEL_GATEWAY: "1", LABEL_JOB: evaluation_id}
         if self.session:
             labels[LABEL_SESSION] = self.session
-        try:
-            address, subnet = await finish_uncancellable(asyncio.to_thread(self._create, name, labels))
-        except asyncio.CancelledError:
-            await finish_uncancellable(asyncio.to_thread(self._remove, name))
-            raise
-        server = GatewayServer(self.gateway, host=address, port=0, evaluation_id=evaluation_id, remote_network=subnet)
-        try:
-            await server.__aenter__()
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - uvicorn exits when it cannot bind
-            await finish_uncancellable(asyncio.to_thread(self._remove, name))
-            raise InfrastructureFailure(
-                f"route_case_services: the gateway could not listen on the case network ({type(exc).__name__})"
-            ) from None
-        except asyncio.CancelledError:
-            await finish_uncancellable(self._stop(server, name))
-            raise
-        assert server.url is not None
-        logger.info("evaluation %s: case containers reach the gateway on network %s", evaluation_id, name)
-        return CaseRoute(network=name, base_url=server.url, _router=self, _server=server)
+        for attempt in range(1, _HOST_ATTEMPTS + 1):
+            try:
+                address, subnet = await finish_uncancellable(asyncio.to_thread(self._create, name, labels))
+            except asyncio.CancelledError:
+                await finish_uncancellable(asyncio.to_thread(self._remove, name))
+                raise
+            server = GatewayServer(
+                self.gateway, host=address, port=0, evaluation_id=evaluation_id, remote_network=subnet
+            )
+            try:
+                await server.__aenter__()
+            except Exception as exc:  # noqa: BLE001 - RuntimeError when it cannot bind, anything else alike
+                # The address this host had on the network when it was made may be gone by the
+                # time the listener binds (on the host, under a burst of network churn beside it:
+                # one whole-suite run in three; cause in the engine not established): another
+                # network, as `_create` makes for an address that was never there.
+                gone = not await asyncio.to_thread(_bindable, address)
+                await finish_uncancellable(asyncio.to_thread(self._remove, name))
+                if gone and attempt < _HOST_ATTEMPTS:
+                    logger.warning(
+                        "case network %s: this host's address %s was gone when the gateway bound it "
+                        "(attempt %d of %d); network removed, creating another",
+                        name, address, attempt, _HOST_ATTEMPTS,
+                    )  # fmt: skip
+                    continue
+                raise InfrastructureFailure(
+                    f"route_case_services: the gateway could not listen on the case network ({type(exc).__name__})"
+                ) from None
+            except asyncio.CancelledError:
+                await finish_uncancellable(self._stop(server, name))
+                raise
+            assert server.url is not None
+            logger.info("evaluation %s: case containers reach the gateway on network %s", evaluation_id, name)
+            return CaseRoute(network=name, base_url=server.url, _router=self, _server=server)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _close(self, route: CaseRoute) -> None:
         await self._stop(route._server, route.network)

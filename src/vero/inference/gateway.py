@@ -1162,8 +1162,22 @@ class GatewayServer:
             return ("uid", peer.uid), self.evaluation_id or self.gateway.evaluation_of_host(peer.uid)
         return ("address", client[0]), self.evaluation_id
 
+    async def _serve(self) -> None:
+        try:
+            await self._server.serve()
+        except SystemExit as exc:
+            # uvicorn exits the process when it cannot bind (`sys.exit` in its startup): raised in
+            # this task, a `SystemExit` would leave the event loop itself (the sidecar's), not
+            # only this listener, so it ends here as this listener's failure.
+            raise RuntimeError(f"the inference gateway could not listen on {self.host} (exit {exc.code})") from None
+
     async def __aenter__(self) -> GatewayServer:
-        self._task = asyncio.create_task(self._server.serve(), name="vero-inference-gateway")
+        """Start listening; the address is in `url` once this returns.
+
+        Raises:
+            RuntimeError: the listener could not bind or did not start within 30 s.
+        """
+        self._task = asyncio.create_task(self._serve(), name="vero-inference-gateway")
         deadline = time.monotonic() + 30
         while not self._server.started:
             if self._task.done():
