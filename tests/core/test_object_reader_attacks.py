@@ -19,13 +19,10 @@ from vero.core.candidates import CandidateRecord, CandidateStore
 from vero.core.state import StateStore
 from vero.errors import CandidateRejected
 
+from .test_candidates import chown_agent
+from .test_object_reader import write_object
+
 pytestmark = pytest.mark.timeout(120)
-
-AGENT_UID = 1001
-
-
-def chown_agent(repo: Path) -> None:
-    subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
 
 
 def open_store(root: Path) -> CandidateStore:
@@ -45,17 +42,6 @@ def agent_repo(tmp_path) -> Path:
     commit_files(repo, {"README.md": "baseline\n", "src/main.py": "print('hi')\n"}, message="baseline")
     chown_agent(repo)
     return repo
-
-
-def write_object(repo: Path, kind: bytes, body: bytes) -> str:
-    """A loose object written as git would (no check of its content)."""
-    data = b"%s %d\0%s" % (kind, len(body), body)
-    oid = hashlib.sha1(data).hexdigest()
-    path = repo / ".git" / "objects" / oid[:2] / oid[2:]
-    path.parent.mkdir(exist_ok=True)
-    if not path.exists():
-        path.write_bytes(zlib.compress(data))
-    return oid
 
 
 def cat_file_pids(under: Path) -> set[int]:

@@ -216,20 +216,7 @@ def test_a_network_whose_address_is_on_no_interface_is_replaced(monkeypatch, cap
     session = f"ses-replace-{uuid.uuid4().hex[:8]}"
 
     async def scenario() -> None:
-        spec = InferenceSpec.model_validate(
-            {
-                "providers": {"fake": {"api": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_secret": "KEY"}},
-                "models": {
-                    "m": {
-                        "provider": "fake",
-                        "upstream_model": "m",
-                        "input_cost_per_token": 1e-6,
-                        "output_cost_per_token": 1e-6,
-                    }
-                },
-            }
-        )
-        gateway = InferenceGateway(spec, {"KEY": KEY})
+        gateway = InferenceGateway(_one_model_spec(), {"KEY": KEY})
         route = await CaseRouter(gateway, {}, session).open("ev-r")
         try:
             networks = _docker("network", "ls", "-q", "--filter", f"label={LABEL_SESSION}={session}").stdout.split()
