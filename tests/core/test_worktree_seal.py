@@ -360,22 +360,6 @@ def test_a_lag_from_another_boot_is_void_and_a_long_one_goes_to_git(store, tmp_p
     assert {p.name: p.read_text() for p in work.iterdir()} == {"a.py": "a.py changed\n", "b.py": "b\n", "c.py": "c\n"}
 
 
-def test_a_large_tree_moves_sealed_from_the_first_ask(store, tmp_path, monkeypatch):
-    """A tree of at least `EAGER_MOVE_FILES` files is moved sealed at once (git's update walks it
-    three times); a smaller one only once another work tree asked for the same move."""
-    import vero.core.candidates as candidates_module
-
-    versions, work, index = _imported_slot(store, tmp_path)
-    _update(store, versions[0], work, index)
-    update = _update(store, versions[1], work, index)  # 12 files, asked first: git's (the seal held)
-    assert not update.sealed and sorted(update.changed) == ["new/inner/n.txt", "pkg/m3.py", "run.sh"]
-    monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 12)
-    assert _update(store, versions[2], work, index).sealed  # as large as the threshold: sealed at once
-    fresh = tmp_path / "fresh"
-    store.checkout(versions[2], fresh)
-    assert _entries(work) == _entries(fresh)
-
-
 def test_a_store_moves_a_sealed_tree_from_the_first_ask(tmp_path):
     """The candidate store reads a move (its kept `cat-file`, no process) the first time a sealed
     work tree asks for it, and writes it without git: the same entries as a fresh checkout."""
@@ -396,15 +380,13 @@ def test_a_move_into_a_deeply_nested_directory(store, tmp_path, monkeypatch):
     interpreter's recursion limit (here lowered below the tree's depth for the update)."""
     import sys
 
-    import vero.core.candidates as candidates_module
-
     repo = tmp_path / "workspace"
     first = commit_files(repo, {"a.py": "a\n"})
     second = commit_files(repo, {"/".join(["d"] * 600) + "/deep.txt": "deep\n"}, message="deep")
     subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(repo)], check=True)
     for version in (first, second):
         store.import_version_sync(repo, version)
-    monkeypatch.setattr(candidates_module, "EAGER_MOVE_FILES", 1)
+    store._moves = MoveCache(min_asks=1)  # sealed from the first ask, as the store's own
     work, index = tmp_path / "slot", tmp_path / "private" / "slot.index"
     index.parent.mkdir()
     _update(store, first, work, index)

@@ -108,7 +108,6 @@ from vero.core.offloop import run_to_completion
 from vero.core.state import StateStore, iso
 from vero.core.storage import atomic_write_bytes, is_out_of_space, remove_tree
 from vero.core.worktree_seal import (
-    EAGER_MOVE_FILES,
     MAX_LAG_PATHS,
     MAX_MOVE_BYTES,
     MoveCache,
@@ -1153,9 +1152,7 @@ class CandidateStore:
         if previous == tree:
             ops: tuple[MoveOp, ...] | None = ()
         else:
-            files = self._tree_files(tree)
-            eager = files is not None and files >= EAGER_MOVE_FILES
-            ops = self._moves.get(move, lambda: self._read_move(previous, tree), eager=eager)
+            ops = self._moves.get(move, lambda: self._read_move(previous, tree))
         if ops is None:
             return None
         if not ops:
@@ -1200,13 +1197,6 @@ class CandidateStore:
         self._worktree_git(work_tree, index_file).execute(
             [*_WORKTREE_GIT, "update-index", "--force-remove", "-z", "--stdin"], istream=listed
         )
-
-    def _tree_files(self, tree: str) -> int | None:
-        """How many files an imported tree has (its import's measure), or None (no state)."""
-        if self.state is None:
-            return None
-        rows = self._records().rows("SELECT files FROM checked_trees WHERE tree = ?", (tree,))
-        return int(rows[0][0]) if rows else None
 
     def _read_move(self, previous: str, tree: str) -> tuple[MoveOp, ...] | None:
         """The entries that differ between two trees, with their new blobs (read by the store's

@@ -71,7 +71,6 @@ from pathlib import Path
 _logger = logging.getLogger(__name__)
 
 __all__ = [
-    "EAGER_MOVE_FILES",
     "MAX_LAG_PATHS",
     "MOVABLE_MODES",
     "Lag",
@@ -95,11 +94,6 @@ MOVABLE_MODES = (b"100644", b"100755")
 
 MAX_MOVE_ENTRIES = 4096
 """A move with more changed entries is left to git (`git read-tree` writes many files faster)."""
-
-EAGER_MOVE_FILES = 2000
-"""A tree of at least this many files is moved sealed from the first ask (`MoveCache.get(...,
-eager=True)`): a sealed update walks it once (`find`), git's three times (`read-tree`, `clean`,
-`find`); on 50,000 files a slot's update took 0.10-0.13 s sealed against 0.30-0.32 s by git."""
 
 MAX_MOVE_BYTES = 32 * 1024 * 1024
 """A move whose new blobs total more is left to git (and not held in memory)."""
@@ -441,18 +435,14 @@ class MoveCache:
             self._asked.popitem(last=False)
         return True
 
-    def get(
-        self, key: tuple[str, str], compute: Callable[[], tuple[MoveOp, ...] | None], *, eager: bool = False
-    ) -> tuple[MoveOp, ...] | None:
+    def get(self, key: tuple[str, str], compute: Callable[[], tuple[MoveOp, ...] | None]) -> tuple[MoveOp, ...] | None:
         """The ops of the move `key`, from `compute()` the first time it is read (or once it was
-        dropped); None while it has been asked fewer than `min_asks` times, unless `eager` (a
-        large tree: git's update walks it three times, reading the move costs the same at any
-        size)."""
+        dropped); None while it has been asked fewer than `min_asks` times."""
         with self._lock:
             entry = self._entries.get(key)
             owner = entry is None
             if entry is None:
-                if not eager and self._declined(key):
+                if self._declined(key):
                     return None
                 entry = self._entries[key] = _Entry()
             else:
