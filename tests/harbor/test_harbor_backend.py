@@ -50,7 +50,9 @@ def images_tagged(prefix: str) -> list[str]:
 
     client = docker.from_env()
     try:
-        return [t for image in client.images.list() for t in image.tags if t.startswith(prefix)]
+        # One call: `images.list()` inspects each listed image, and another test removing one
+        # in between raises ImageNotFound.
+        return [t for image in client.api.images() for t in image.get("RepoTags") or () if t.startswith(prefix)]
     finally:
         client.close()
 

@@ -347,3 +347,54 @@ def test_each_environment_kind_answers_for_itself_and_others_get_nothing(monkeyp
     with pytest.raises(InfrastructureFailure, match="modal"):
         modal.preflight({})
     other.preflight({})  # nothing vero knows to check
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_images_of_a_job_are_removed_while_other_jobs_remove_theirs(tmp_path, caplog):
+    """Other evaluations build and remove images all the time: one that goes between the
+    cleanup's listing and its reading of the images must not stop the cleanup (it did: the SDK's
+    `images.list()` inspects every listed image, a 404 ended the pass, and the job's images stayed)."""
+    import io
+    import threading
+    import uuid
+
+    import docker
+
+    client = docker.from_env()
+    stop = threading.Event()
+    churned = 0
+
+    def churn() -> None:
+        nonlocal churned
+        while not stop.is_set():
+            dockerfile = f"FROM python:3.13-slim\nLABEL churn={uuid.uuid4()}\n".encode()
+            image, _ = client.images.build(fileobj=io.BytesIO(dockerfile), rm=True)
+            client.images.remove(image.id, force=True)
+            churned += 1
+
+    caplog.set_level("DEBUG", logger="vero.harbor")
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    tags: list[str] = []
+    try:
+        for round_ in range(40):
+            trial = f"case__{uuid.uuid4().hex[:7]}"
+            (tmp_path / f"job-{round_}" / trial).mkdir(parents=True)
+            tag = f"{compose_project_prefix(trial)}env-main:latest"
+            client.images.get("python:3.13-slim").tag(tag)
+            tags.append(tag)
+            removed = asyncio.run(remove_docker_leftovers({}, job_dirs=[tmp_path / f"job-{round_}"], settle_sec=None))
+            assert removed == 1, f"round {round_}: {[r.getMessage() for r in caplog.records]}"
+    finally:
+        stop.set()
+        churner.join(timeout=60)
+        for tag in tags:
+            try:
+                client.images.remove(tag)
+            except docker.errors.NotFound:
+                pass
+        client.close()
+    assert churned > 0
+    assert not [r for r in caplog.records if "cleanup incomplete" in r.getMessage()]
+    assert {t for image in docker.from_env().api.images() for t in image.get("RepoTags") or ()}.isdisjoint(tags)

@@ -225,9 +225,11 @@ def _remove_sync(
                 removed += remove("volume", volume.short_id, functools.partial(volume.remove, force=True))
         # 3. Images Compose built for these projects are tagged `<project>-<service>` (Harbor's own
         #    teardown removes them with `down --rmi local`).
+        #    One listing call: the SDK's `images.list()` inspects every image after listing, and an
+        #    image another job removes in between made the whole cleanup fail (404).
         if starts:
-            for image in client.images.list():
-                for tag in image.tags:
+            for image in client.api.images():
+                for tag in image.get("RepoTags") or ():
                     if tag.split(":", 1)[0].startswith(starts):
                         removed += remove(
                             "image",
