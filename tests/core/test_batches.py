@@ -132,3 +132,66 @@ def test_new_commits_imported_at_once_share_a_copy_and_a_broken_one_fails_alone(
     assert broken in alone and set(batched[0]) - {broken} <= set(alone)  # ... and each was copied alone
     assert not store.contains(broken) and all(store.contains(v) for v in versions)
     git(store.git_dir, "fsck", "--no-dangling")
+
+
+def test_refs_published_at_once_share_one_update_ref_and_a_locked_one_fails_alone(tmp_path):
+    """Imports publishing at once write their candidate refs in one `update-ref --stdin`
+    transaction; a ref that cannot be written (a stale lock a crash left) fails that batch, and
+    each import then writes its own: only the locked one fails."""
+    from vero.core.candidates import CANDIDATE_REF_PREFIX
+    from vero.core.state import StateStore
+    from vero.errors import GitFailed
+
+    repo = tmp_path / "agent"
+    commit_files(repo, {"base.py": "x = 0\n"})
+    root = tmp_path / "state"
+    store = CandidateStore.open(root, StateStore.open(root / "state.db"))
+    store.import_version_sync(repo, "HEAD")
+    versions = []
+    for n in range(5):
+        git(repo, "checkout", "-q", "-b", f"b{n}", "main")
+        versions.append(commit_files(repo, {f"new{n}.py": f"n = {n}\n"}, message=f"b{n}"))
+    chown_agent(repo)
+    locked = versions[3]
+    lock = store.git_dir / f"{CANDIDATE_REF_PREFIX}{locked}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("")
+
+    writes: list[list[str]] = []
+    gate = threading.Barrier(2, timeout=20)
+
+    class HeldFirst(Batches[str]):
+        def run(self, key, item, work):
+            def counted(ids):
+                writes.append(list(ids))
+                if len(writes) == 1:
+                    gate.wait()  # the first write holds until the other imports are queued
+                    while sum(len(q.pending) for q in self._queues.values()) < 4:
+                        threading.Event().wait(0.01)
+                work(ids)
+
+            return super().run(key, item, counted)
+
+    store._ref_writes = HeldFirst()
+
+    def one(version):
+        try:
+            return store.import_version_sync(repo, version)
+        except GitFailed as exc:
+            return exc
+
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(one, versions[0])
+        gate.wait()
+        rest = [pool.submit(one, v) for v in versions[1:]]
+        results = [first.result(60)] + [f.result(60) for f in rest]
+    assert writes[0] == [versions[0]] and sorted(writes[1]) == sorted(versions[1:])  # one write for four
+    assert len(writes) == 2  # the failed batch's imports wrote their refs alone, not batched again
+    assert isinstance(results[3], GitFailed)
+    assert [r.id for i, r in enumerate(results) if i != 3] == [v for v in versions if v != locked]
+    refs = git(store.git_dir, "for-each-ref", "--format=%(refname)", CANDIDATE_REF_PREFIX).split()
+    assert f"{CANDIDATE_REF_PREFIX}{locked}" not in refs
+    assert all(f"{CANDIDATE_REF_PREFIX}{v}" in refs for v in versions if v != locked)
+    assert not store.contains(locked)
+    lock.unlink()  # the crash's leftover gone, the commit imports
+    assert store.import_version_sync(repo, locked).id == locked

@@ -215,3 +215,51 @@ def test_a_request_that_hangs_is_killed_at_the_time_limit_and_the_reader_recover
     finally:
         reader.close()
         context.__exit__(None, None, None)
+
+
+def test_parsed_trees_and_commits_are_kept_by_id_within_their_size_limits(reader, repo, monkeypatch):
+    """A tree or commit read once is not asked again (its id names its content): a second
+    difference of the same trees and a second walk ask the process nothing; a kept object is still
+    refused over a caller's smaller limit, revisions are not kept, and the kept bytes are bounded."""
+    commit_files(repo, {"d/e.txt": "e\n", "f.txt": "f\n"})
+    commit_files(repo, {"d/e.txt": "e2\n", "g.txt": "g\n"})
+    head, before = git(repo, "rev-parse", "HEAD^{tree}"), git(repo, "rev-parse", "HEAD~1^{tree}")
+    asked: list[list[bytes]] = []
+    exchange = ObjectReader._exchange
+
+    def counted(self, command, names, *args):
+        asked.append(list(names))
+        return exchange(self, command, names, *args)
+
+    monkeypatch.setattr(ObjectReader, "_exchange", counted)
+    first = diff_tree_raw(reader, before.encode(), head.encode())
+    assert first == git_diff(repo, before, head) and asked
+    asked.clear()
+    assert diff_tree_raw(reader, before.encode(), head.encode()) == first and asked == [], asked
+    walk = first_parent_history(reader, git(repo, "rev-parse", "HEAD").encode(), 3)
+    asked.clear()
+    assert first_parent_history(reader, git(repo, "rev-parse", "HEAD").encode(), 3) == walk and asked == []
+
+    # Over a smaller limit, a kept tree is refused as a read would refuse it.
+    with pytest.raises(MalformedObject) as refused:
+        diff_tree_raw(reader, before.encode(), head.encode(), max_tree_bytes=10)
+    assert refused.value.stderr.endswith("over 10")
+    with pytest.raises(MalformedObject) as refused:
+        first_parent_history(reader, git(repo, "rev-parse", "HEAD").encode(), 3, max_commit_bytes=10)
+    assert refused.value.stderr.endswith("over 10")
+
+    # A revision is asked every time (what it names may move); only ids are kept.
+    asked.clear()
+    diff_tree_raw(reader, b"HEAD~1^{tree}", b"HEAD^{tree}")
+    diff_tree_raw(reader, b"HEAD~1^{tree}", b"HEAD^{tree}")
+    assert [names for names in asked if b"HEAD^{tree}" in names] == [[b"HEAD~1^{tree}", b"HEAD^{tree}"]] * 2
+
+    # The bytes kept are bounded: the least recently recalled go first.
+    small, context = reader_of(repo)
+    try:
+        small._parsed_limit = 200
+        diff_tree_raw(small, before.encode(), head.encode())
+        assert 0 < small._parsed_size <= 200
+    finally:
+        small.close()
+        context.__exit__(None, None, None)

@@ -368,6 +368,7 @@ class CandidateStore:
         """(agent Git directory, commit id) imports running now (`_claim`)."""
         self._moves = MoveCache(min_asks=1)
         self._transfers: Batches[tuple[str, tuple[str, ...]]] = Batches()
+        self._ref_writes: Batches[str] = Batches()
         """Copies of new commits asked at once from one repository (`_transfer_shared`)."""
         """Moves between two trees read for sealed work trees (`_move_sealed`)."""
         self._readers_lock = threading.Lock()
@@ -881,33 +882,43 @@ class CandidateStore:
         record: CandidateRecord,
         checked: tuple[dict[bytes, bytes], TreeSize],
     ) -> CandidateRecord:
-        """Step 6: the candidate ref, then the record and the checked tree."""
+        """Step 6: the candidate ref, then the record and the checked tree.
+
+        The refs of imports publishing at once are written by one `update-ref --stdin` (one
+        transaction: `vero.core.batches`; a failed batch is written again ref by ref). Two imports
+        of one commit at once both write its ref (the same value) and the first record stays: the
+        record's transaction reads before it inserts.
+        """
         symlinks, size = checked
-        # One publisher at a time: two concurrent imports of one commit keep the first record.
-        with self._publish_lock:
-            existing = self._existing(store, record.id)
-            if existing is not None:
-                return existing
-            store.update_ref("-m", "vero: import candidate", f"{CANDIDATE_REF_PREFIX}{record.id}", record.id)
-            self._known_refs.add(record.id)
+        existing = self._existing(store, record.id)
+        if existing is not None:
+            return existing
 
-            def change(conn: sqlite3.Connection) -> CandidateRecord:
-                row = conn.execute(
-                    "SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?", (record.id,)
-                ).fetchone()
-                if row is not None:  # recorded before, its ref restored just now
-                    return _record(row)
-                conn.execute(
-                    "INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
-                    (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)),
-                )
-                conn.execute(
-                    "INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
-                    (record.tree, _links_to_json(symlinks), size.files, size.bytes),
-                )
-                return record
+        def write_refs(ids: Sequence[str]) -> None:
+            lines = "".join(f"update {CANDIDATE_REF_PREFIX}{oid} {oid}\n" for oid in dict.fromkeys(ids))
+            store.update_ref("-m", "vero: import candidate", "--stdin", istream=lines.encode("ascii"))
 
-            return records.commit_sync(change)
+        if not self._ref_writes.run(self.git_dir, record.id, write_refs):
+            write_refs([record.id])
+        self._known_refs.add(record.id)
+
+        def change(conn: sqlite3.Connection) -> CandidateRecord:
+            row = conn.execute(
+                "SELECT id, parent, tree, subject, imported_at FROM candidates WHERE id = ?", (record.id,)
+            ).fetchone()
+            if row is not None:  # recorded before, its ref restored just now
+                return _record(row)
+            conn.execute(
+                "INSERT INTO candidates (id, parent, tree, subject, imported_at) VALUES (?, ?, ?, ?, ?)",
+                (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
+                (record.tree, _links_to_json(symlinks), size.files, size.bytes),
+            )
+            return record
+
+        return records.commit_sync(change)
 
     def _maybe_repack(self, store: IsolatedGit) -> None:
         """Step 7: a geometric repack every `REPACK_EVERY_IMPORTS` imports, in this thread."""

@@ -26,9 +26,10 @@ import subprocess
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from vero.core.isolated_git import IsolatedGit, _kill_group
 from vero.core.watchdog import WATCHDOG
@@ -51,6 +52,11 @@ _HEX = frozenset(b"0123456789abcdef")
 _ZERO_OID = b"0" * 40
 _CHUNK_BYTES = 32 * 1024
 """Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
+PARSED_BYTES = 4 << 20
+"""The objects whose parsed form a reader keeps (trees and commits, by their size in bytes): an
+object's id names its content, so a tree or commit read once (a new commit's root tree, read by
+the import's check, again by each slot's move to it) is not asked and parsed again."""
+_OID = re.compile(rb"[0-9a-f]{40}")
 MAX_DIFF_BYTES = 1 << 27
 """The largest tree difference `diff_tree_raw` computes (bytes): 128 MiB, some 800,000 changed
 entries of 60-byte paths (a candidate has at most `CandidateLimits.max_files`, 20,000 by default)."""
@@ -96,9 +102,13 @@ class ObjectReader:
             the process gets.
     """
 
-    def __init__(self, git: IsolatedGit) -> None:
+    def __init__(self, git: IsolatedGit, parsed_bytes: int = PARSED_BYTES) -> None:
         self._git = git
         self._lock = threading.Lock()
+        self._parsed: OrderedDict[tuple[bytes, bytes], tuple[int, object]] = OrderedDict()
+        self._parsed_size = 0
+        self._parsed_limit = parsed_bytes
+        self._parsed_lock = threading.Lock()
         self._slot: list[subprocess.Popen[bytes] | None] = [None]
         # A reader dropped without `close` (one a store evicted while a thread still used it, and
         # started again there) ends its process when it goes, not when the last reference to the
@@ -161,6 +171,37 @@ class ObjectReader:
             ValueError, MalformedObject, GitFailed: as `read` (for the first that fails).
         """
         return self._exchange(b"contents", names, max_bytes, deadline)
+
+    def recall(self, kind: bytes, oid: bytes, max_bytes: int) -> object | None:
+        """What `remember` kept of the `kind` object `oid`, or None (not kept: read it).
+
+        Raises:
+            MalformedObject: the object is larger than `max_bytes` (as `read` raises for it).
+        """
+        with self._parsed_lock:
+            found = self._parsed.get((kind, oid))
+            if found is None:
+                return None
+            self._parsed.move_to_end((kind, oid))
+        size, value = found
+        if size > max_bytes:
+            raise MalformedObject(f"object {oid.decode()} is {size} bytes, over {max_bytes}")
+        return value
+
+    def remember(self, kind: bytes, oid: bytes, size: int, value: object) -> None:
+        """Keep `value`, the parsed form of the `kind` object `oid` of `size` bytes, for `recall`
+        (the least recently recalled dropped beyond `PARSED_BYTES`). An id that is not 40
+        lowercase hex digits (a revision) is not kept. `value` is shared: never change it."""
+        if _OID.fullmatch(oid) is None or size > self._parsed_limit:
+            return
+        with self._parsed_lock:
+            if (kind, oid) in self._parsed:
+                return
+            self._parsed[(kind, oid)] = (size, value)
+            self._parsed_size += size
+            while self._parsed_size > self._parsed_limit:
+                _, (dropped, _) = self._parsed.popitem(last=False)
+                self._parsed_size -= dropped
 
     @property
     def timeout_sec(self) -> float | None:
@@ -400,8 +441,19 @@ def _load_trees(
     level: list[tuple[bytes | None, bytes | None]] = [(old, new)]
     while level:
         wanted = list(dict.fromkeys(oid for pair in level for oid in pair if oid is not None and oid not in loaded))
-        for oid, obj in zip(wanted, reader.read_many(wanted, max_tree_bytes, deadline=deadline), strict=True):
+        unread = []
+        for oid in wanted:
+            kept = reader.recall(b"tree", oid, max_tree_bytes)
+            if kept is None:
+                unread.append(oid)
+            else:
+                loaded[oid] = cast(dict[bytes, tuple[int, bytes]], kept)  # as remembered below
+        read = reader.read_many(unread, max_tree_bytes, deadline=deadline) if unread else []
+        for oid, obj in zip(unread, read, strict=True):
             loaded[oid] = _parse_tree(oid, obj)
+            assert obj is not None  # `_parse_tree` raised otherwise
+            reader.remember(b"tree", oid, obj.size, loaded[oid])
+        for oid in wanted:
             entries += len(loaded[oid])
             if entries > MAX_DIFF_ENTRIES:
                 raise MalformedObject(
@@ -534,19 +586,23 @@ def first_parent_history(
     current: bytes | None = commit
     while current is not None and len(history) < limit:
         try:
-            obj = reader.read_many([current], max_commit_bytes, deadline=deadline)[0]
+            links = reader.recall(b"commit", current, max_commit_bytes)
+            if links is None:
+                obj = reader.read_many([current], max_commit_bytes, deadline=deadline)[0]
+                if obj is None or obj.type != b"commit" or obj.data is None:
+                    if not history:
+                        raise MalformedObject(f"commit {current.decode(errors='replace')} cannot be read")
+                    break
+                links = (obj.oid, *_commit_links(obj.data))
+                reader.remember(b"commit", obj.oid, obj.size, links)
         except MalformedObject:
             if not history:
                 raise
             break
-        if obj is None or obj.type != b"commit" or obj.data is None:
-            if not history:
-                raise MalformedObject(f"commit {current.decode(errors='replace')} cannot be read")
-            break
-        tree, parent = _commit_links(obj.data)
+        oid, tree, parent = cast(tuple[bytes, bytes | None, bytes | None], links)  # as remembered above
         if tree is None:
             raise MalformedObject(f"commit {current.decode(errors='replace')} names no tree")
-        history.append((obj.oid.decode(), tree.decode()))
+        history.append((oid.decode(), tree.decode()))
         current = parent
     return history
 
