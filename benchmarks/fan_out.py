@@ -180,7 +180,7 @@ _Figures = tuple[list[float], list[float], list[float], list[float]]
 def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Figures:
     """`rounds` rounds after a warm-up in a fresh sidecar (vero from `source`'s `src` if given):
     (walls, admission latencies, CPU seconds per evaluation, the client's CPU seconds per round)."""
-    from tests.sidecar._server import commit_file
+    from tests.sidecar._server import commit_file, git
 
     with tempfile.TemporaryDirectory(prefix="vero-fan-out-") as tmp:
         context = multiprocessing.get_context("spawn")
@@ -197,7 +197,17 @@ def _measure(args: argparse.Namespace, source: Path | None, rounds: int) -> _Fig
         try:
             for round_number in range(rounds + 1):
                 versions = []
-                for _ in range(1 if args.one_version else args.evaluations):
+                if args.siblings:
+                    # One round's commits branch from one parent (a best-of-N round): each a
+                    # one-file change of it; the parent is one commit after the last round's.
+                    repo = Path(agent_repo)
+                    parent = commit_file(repo, "round.py", f"ROUND = {round_number}\n", f"round {round_number}")
+                    for _ in range(args.evaluations):
+                        n += 1
+                        git(repo, "checkout", "-q", "--detach", parent)
+                        versions.append(commit_file(repo, "variant.py", f"print({n})\n", f"version {n}"))
+                    git(repo, "checkout", "-q", "main")
+                for _ in range(0 if args.siblings else 1 if args.one_version else args.evaluations):
                     n += 1
                     versions.append(commit_file(Path(agent_repo), f"variant_{n}.py", f"print({n})\n", f"version {n}"))
                 versions = versions * (args.evaluations // len(versions))
@@ -252,6 +262,11 @@ def main() -> None:
         "--one-version", action="store_true", help="every evaluation of one commit (imported once), not one commit each"
     )
     parser.add_argument(
+        "--siblings",
+        action="store_true",
+        help="each round's commits one-file changes of one parent (a best-of-N round), not a chain of new files",
+    )
+    parser.add_argument(
         "--client", choices=("h11", "httpx"), default="h11", help="h11: one lean connection per evaluation"
     )
     parser.add_argument("--source", type=Path, default=None, help="also measure vero from this src directory")
@@ -265,8 +280,9 @@ def main() -> None:
             for kept, measured in zip(results[source], _measure(args, source, args.rounds), strict=True):
                 kept.extend(measured)
             loads.append(os.getloadavg()[0])
+    shape = "one commit" if args.one_version else "one commit each, " + ("siblings" if args.siblings else "a chain")
     print(
-        f"\n{args.evaluations} evaluations at once ({'one commit' if args.one_version else 'one commit each'}), "
+        f"\n{args.evaluations} evaluations at once ({shape}), "
         f"max_concurrent_evaluations {args.evaluations}, stub {STUB_SEC:g} s, medians of {args.rounds} rounds x "
         f"{args.pairs}, {args.client} client (load average {min(loads):.1f}-{max(loads):.1f}, {os.cpu_count()} CPUs):"
     )

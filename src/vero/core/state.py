@@ -376,6 +376,7 @@ class StateStore:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        self._session_id: str | None = None
         self.generation = 0
 
     # -- opening ------------------------------------------------------------------------------------
@@ -551,8 +552,10 @@ class StateStore:
     @property
     def session_id(self) -> str:
         """This state's session: `ses-<16 hex>`, written when the store was first opened and never
-        changed (nested runs label their environments with it: `vero.harbor.leftovers`)."""
-        return self.rows("SELECT value FROM meta WHERE key = 'session'")[0][0]
+        changed (nested runs label their environments with it: `vero.harbor.leftovers`): read once."""
+        if self._session_id is None:
+            self._session_id = self.rows("SELECT value FROM meta WHERE key = 'session'")[0][0]
+        return self._session_id
 
     def verify(self) -> None:
         """The full check of every invariant of the module docstring over the whole history, in one

@@ -111,9 +111,11 @@ class Seal:
 
 
 @functools.cache
+@functools.cache
 def _boot_id() -> str:
     """This boot's id: a seal written before the machine last started is void (the work tree's
-    files are not synced to disk, so a power loss could leave one short with an older ctime)."""
+    files are not synced to disk, so a power loss could leave one short with an older ctime).
+    Read once per process (a process does not outlive its boot)."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     except OSError:
