@@ -34,16 +34,18 @@ replace refs), so the store treats it as hostile input. An import is a sequence 
    copies of the tree objects: `object_reader.diff_tree_raw`, byte for byte `git diff-tree -r -t
    --raw`); and measure it again against the size limits, now on the copied objects and from the
    same difference (the authoritative figure, recorded with the checked tree);
-6. publish: `refs/vero/candidates/<id>` (one `update-ref`), then the record and the checked tree in
-   one state-store transaction (`vero.core.state`); a rejected, failed or cancelled import leaves
-   its objects in the store, unreferenced, and no ref or record;
+6. publish: `refs/vero/candidates/<id>` (one `update-ref --stdin` transaction for the imports
+   publishing at once: `vero.core.batches`), then the record and the checked tree in one
+   state-store transaction (`vero.core.state`); a rejected, failed or cancelled import leaves its
+   objects in the store, unreferenced, and no ref or record;
 7. every `REPACK_EVERY_IMPORTS` imports, repack the store in the foreground (`git repack -d
    --geometric=2`, then `git pack-refs --all`) so object and ref lookups stay fast: no git process
    outlives the call that started it (the kept readers apart: see below).
 
-An import of a child of a checked candidate starts 3 git processes (`pack-objects`, `index-pack`,
-`update-ref`): the rest is asked of the two kept readers (10 processes before them, 5 in the agent's
-repository and 5 in the store; a `git fetch` started 4 more of its own). No process reads every
+An import of a child of a checked candidate starts at most 3 git processes (`pack-objects`,
+`index-pack`, `update-ref`, each shared by the imports that reach it at once): the rest is asked of
+the two kept readers, which keep the trees and commits they parsed by id (10 processes before
+them, 5 in the agent's repository and 5 in the store; a `git fetch` started 4 more of its own). No process reads every
 ref of the store. Each starts with exactly the store's environment (`vero.core.isolated_git`). The
 readers are the only git processes that outlive a call: they end with `close` (the sidecar's stop),
 at a repack (the store's), or when a newer agent repository takes their place (`_KEPT_READERS`).

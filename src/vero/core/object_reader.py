@@ -6,7 +6,11 @@ most of the sidecar's CPU per evaluation of a new commit (docs/benchmarks.md). A
 keeps one `cat-file --batch-command` (git >= 2.36) per repository and asks it, one line per object,
 what those processes printed; the difference of two trees is computed here from the tree objects
 (`diff_tree_raw`), byte for byte what `git diff-tree -r -t -z --no-renames --raw` prints, so the
-callers' parsers and checks stay git's.
+callers' parsers and checks stay git's. A reader keeps the trees and commits it parsed by id
+(`PARSED_BYTES` of them; an id names its content): a new commit's root tree, read by the import's
+check, is not read again by each slot moving to it. In an agent's repository a forged object (a
+loose object whose content is not what its id names) is kept as first read: what is read there only
+chooses what to copy and measures before the copy; the store's own copy is what is checked.
 
 The process starts with exactly its runner's environment and `-c` options (`IsolatedGit`, which also
 passes `--no-replace-objects`), so a hostile repository reaches it only through its objects and
