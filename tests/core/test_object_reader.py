@@ -24,10 +24,11 @@ def repo(tmp_path) -> Path:
     return tmp_path / "repo"
 
 
-def reader_of(repo: Path, timeout_sec: float | None = 30.0) -> tuple[ObjectReader, object]:
+def reader_of(repo: Path, timeout_sec: float | None = 30.0, parsed_bytes: int = 0) -> tuple[ObjectReader, object]:
     context = private_git_env(safe_directories=[repo, repo / ".git"])
     env, _ = context.__enter__()
-    return ObjectReader(IsolatedGit(repo, env=env, git_dir=repo / ".git", timeout_sec=timeout_sec)), context
+    git = IsolatedGit(repo, env=env, git_dir=repo / ".git", timeout_sec=timeout_sec)
+    return ObjectReader(git, parsed_bytes=parsed_bytes), context
 
 
 @pytest.fixture
@@ -217,12 +218,15 @@ def test_a_request_that_hangs_is_killed_at_the_time_limit_and_the_reader_recover
         context.__exit__(None, None, None)
 
 
-def test_parsed_trees_and_commits_are_kept_by_id_within_their_size_limits(reader, repo, monkeypatch):
-    """A tree or commit read once is not asked again (its id names its content): a second
-    difference of the same trees and a second walk ask the process nothing; a kept object is still
-    refused over a caller's smaller limit, revisions are not kept, and the kept bytes are bounded."""
+def test_parsed_trees_and_commits_are_kept_by_id_within_their_size_limits(repo, monkeypatch):
+    """A reader given `parsed_bytes` (the store's) asks nothing for a tree or commit read once: a
+    second difference of the same trees and a second walk ask the process nothing; a kept object
+    is still refused over a caller's smaller limit, revisions are not kept, and the kept memory is
+    bounded. A reader without (an agent's) keeps nothing."""
+    commit_files(repo, {"a.txt": "a\n"})
     commit_files(repo, {"d/e.txt": "e\n", "f.txt": "f\n"})
     commit_files(repo, {"d/e.txt": "e2\n", "g.txt": "g\n"})
+    reader, context = reader_of(repo, parsed_bytes=1 << 20)
     head, before = git(repo, "rev-parse", "HEAD^{tree}"), git(repo, "rev-parse", "HEAD~1^{tree}")
     asked: list[list[bytes]] = []
     exchange = ObjectReader._exchange
@@ -254,12 +258,21 @@ def test_parsed_trees_and_commits_are_kept_by_id_within_their_size_limits(reader
     diff_tree_raw(reader, b"HEAD~1^{tree}", b"HEAD^{tree}")
     assert [names for names in asked if b"HEAD^{tree}" in names] == [[b"HEAD~1^{tree}", b"HEAD^{tree}"]] * 2
 
-    # The bytes kept are bounded: the least recently recalled go first.
-    small, context = reader_of(repo)
+    reader.close()
+    context.__exit__(None, None, None)
+
+    # The memory kept is bounded: the least recently recalled go first.
+    small, context = reader_of(repo, parsed_bytes=1500)
     try:
-        small._parsed_limit = 200
         diff_tree_raw(small, before.encode(), head.encode())
-        assert 0 < small._parsed_size <= 200
+        assert 0 < small._parsed_size <= 1500 and len(small._parsed) < 4
     finally:
         small.close()
+        context.__exit__(None, None, None)
+    agents, context = reader_of(repo)
+    try:
+        diff_tree_raw(agents, before.encode(), head.encode())
+        assert agents._parsed_size == 0 and not agents._parsed
+    finally:
+        agents.close()
         context.__exit__(None, None, None)

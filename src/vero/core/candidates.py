@@ -98,6 +98,7 @@ from vero.core.batches import Batches
 from vero.core.candidate_limits import TreeSize, measure_difference, measure_tree
 from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
 from vero.core.object_reader import (
+    PARSED_BYTES,
     GitObject,
     MalformedObject,
     ObjectReader,
@@ -369,10 +370,11 @@ class CandidateStore:
         self._in_flight: dict[tuple[Path, str], _InFlight] = {}
         """(agent Git directory, commit id) imports running now (`_claim`)."""
         self._moves = MoveCache(min_asks=1)
-        self._transfers: Batches[tuple[str, tuple[str, ...]]] = Batches()
-        self._ref_writes: Batches[str] = Batches()
-        """Copies of new commits asked at once from one repository (`_transfer_shared`)."""
         """Moves between two trees read for sealed work trees (`_move_sealed`)."""
+        self._transfers: Batches[tuple[str, tuple[str, ...]]] = Batches()
+        """Copies of new commits asked at once from one repository (`_transfer_shared`)."""
+        self._ref_writes: Batches[str] = Batches()
+        """Candidate refs published at once (`_publish`)."""
         self._readers_lock = threading.Lock()
         self._readers: collections.OrderedDict[Path, ObjectReader] = collections.OrderedDict()
         """Kept `cat-file` processes by Git directory, the store's and the latest agents' (`_reader`)."""
@@ -452,14 +454,18 @@ class CandidateStore:
     def _reader(self, git_dir: Path, safe_directories: list[Path] | None = None) -> ObjectReader:
         """The kept `cat-file --batch-command` of the repository `git_dir` (`vero.core.object_reader`),
         started on first use with this store's environment; at most `_KEPT_READERS` of them, the
-        least recently used ended first."""
+        least recently used ended first. Only the store's keeps what it parsed: `cat-file` does not
+        check that a loose object holds what its id names, and only the store's objects all
+        arrived through `index-pack --strict` (an agent could otherwise have one tree measured
+        before the copy and another copied)."""
         with self._readers_lock:
             reader = self._readers.get(git_dir)
             if reader is not None:
                 self._readers.move_to_end(git_dir)
                 return reader
             reader = self._readers[git_dir] = ObjectReader(
-                self._git(self._home, git_dir=git_dir, safe_directories=safe_directories)
+                self._git(self._home, git_dir=git_dir, safe_directories=safe_directories),
+                parsed_bytes=PARSED_BYTES if git_dir == self.git_dir else 0,
             )
             evicted = []
             while len(self._readers) > _KEPT_READERS:

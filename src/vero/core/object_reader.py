@@ -6,11 +6,11 @@ most of the sidecar's CPU per evaluation of a new commit (docs/benchmarks.md). A
 keeps one `cat-file --batch-command` (git >= 2.36) per repository and asks it, one line per object,
 what those processes printed; the difference of two trees is computed here from the tree objects
 (`diff_tree_raw`), byte for byte what `git diff-tree -r -t -z --no-renames --raw` prints, so the
-callers' parsers and checks stay git's. A reader keeps the trees and commits it parsed by id
-(`PARSED_BYTES` of them; an id names its content): a new commit's root tree, read by the import's
-check, is not read again by each slot moving to it. In an agent's repository a forged object (a
-loose object whose content is not what its id names) is kept as first read: what is read there only
-chooses what to copy and measures before the copy; the store's own copy is what is checked.
+callers' parsers and checks stay git's. A reader given `parsed_bytes` keeps the trees and
+commits it parsed by id: a new commit's root tree, read by the import's check, is not read again by
+each slot moving to it. Only a repository whose every object arrived checked may have one (the
+candidate store's: `index-pack --strict`): `cat-file` does not check that a loose object holds what
+its id names, so in an agent's repository an id may name one content now and another later.
 
 The process starts with exactly its runner's environment and `-c` options (`IsolatedGit`, which also
 passes `--no-replace-objects`), so a hostile repository reaches it only through its objects and
@@ -42,6 +42,7 @@ from vero.errors import GitFailed
 __all__ = [
     "MAX_DIFF_BYTES",
     "MAX_DIFF_ENTRIES",
+    "PARSED_BYTES",
     "GitObject",
     "MalformedObject",
     "ObjectReader",
@@ -56,10 +57,12 @@ _HEX = frozenset(b"0123456789abcdef")
 _ZERO_OID = b"0" * 40
 _CHUNK_BYTES = 32 * 1024
 """Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
-PARSED_BYTES = 4 << 20
-"""The objects whose parsed form a reader keeps (trees and commits, by their size in bytes): an
-object's id names its content, so a tree or commit read once (a new commit's root tree, read by
-the import's check, again by each slot's move to it) is not asked and parsed again."""
+PARSED_BYTES = 16 << 20
+"""The memory a reader of the candidate store keeps parsed trees and commits in (bytes, as
+`_parsed_cost` estimates it: each entry of a tree costs several times its bytes in the object)."""
+_ENTRY_COST = 320
+"""Bytes of memory per parsed tree entry (a dict slot, its name and id as `bytes`, a tuple, an int:
+about 300 on CPython 3.12 for short names), and per parsed object besides its bytes."""
 _OID = re.compile(rb"[0-9a-f]{40}")
 MAX_DIFF_BYTES = 1 << 27
 """The largest tree difference `diff_tree_raw` computes (bytes): 128 MiB, some 800,000 changed
@@ -104,12 +107,14 @@ class ObjectReader:
     Args:
         git: the runner whose repository, environment and time limit (`timeout_sec`, per request)
             the process gets.
+        parsed_bytes: the memory (bytes) of parsed trees and commits kept (`recall`); 0 keeps
+            none. Only for a repository whose objects all arrived checked (see the module docstring).
     """
 
-    def __init__(self, git: IsolatedGit, parsed_bytes: int = PARSED_BYTES) -> None:
+    def __init__(self, git: IsolatedGit, parsed_bytes: int = 0) -> None:
         self._git = git
         self._lock = threading.Lock()
-        self._parsed: OrderedDict[tuple[bytes, bytes], tuple[int, object]] = OrderedDict()
+        self._parsed: OrderedDict[tuple[bytes, bytes], tuple[int, int, object]] = OrderedDict()
         self._parsed_size = 0
         self._parsed_limit = parsed_bytes
         self._parsed_lock = threading.Lock()
@@ -187,24 +192,26 @@ class ObjectReader:
             if found is None:
                 return None
             self._parsed.move_to_end((kind, oid))
-        size, value = found
+        size, _, value = found
         if size > max_bytes:
             raise MalformedObject(f"object {oid.decode()} is {size} bytes, over {max_bytes}")
         return value
 
-    def remember(self, kind: bytes, oid: bytes, size: int, value: object) -> None:
-        """Keep `value`, the parsed form of the `kind` object `oid` of `size` bytes, for `recall`
-        (the least recently recalled dropped beyond `PARSED_BYTES`). An id that is not 40
-        lowercase hex digits (a revision) is not kept. `value` is shared: never change it."""
-        if _OID.fullmatch(oid) is None or size > self._parsed_limit:
+    def remember(self, kind: bytes, oid: bytes, size: int, entries: int, value: object) -> None:
+        """Keep `value`, the parsed form of the `kind` object `oid` of `size` bytes and `entries`
+        entries, for `recall` (the least recently recalled dropped beyond the reader's
+        `parsed_bytes` of estimated memory). An id that is not 40 lowercase hex digits (a
+        revision) is not kept. `value` is shared: never change it."""
+        cost = size + _ENTRY_COST * (entries + 1)
+        if _OID.fullmatch(oid) is None or cost > self._parsed_limit:
             return
         with self._parsed_lock:
             if (kind, oid) in self._parsed:
                 return
-            self._parsed[(kind, oid)] = (size, value)
-            self._parsed_size += size
+            self._parsed[(kind, oid)] = (size, cost, value)
+            self._parsed_size += cost
             while self._parsed_size > self._parsed_limit:
-                _, (dropped, _) = self._parsed.popitem(last=False)
+                _, (_, dropped, _) = self._parsed.popitem(last=False)
                 self._parsed_size -= dropped
 
     @property
@@ -452,18 +459,14 @@ def _load_trees(
                 unread.append(oid)
             else:
                 loaded[oid] = cast(dict[bytes, tuple[int, bytes]], kept)  # as remembered below
+                entries = _counted(entries, len(loaded[oid]), old, new)
         read = reader.read_many(unread, max_tree_bytes, deadline=deadline) if unread else []
         for oid, obj in zip(unread, read, strict=True):
+            # Counted as each is parsed: a level of many wide trees stops at the bound.
             loaded[oid] = _parse_tree(oid, obj)
+            entries = _counted(entries, len(loaded[oid]), old, new)
             assert obj is not None  # `_parse_tree` raised otherwise
-            reader.remember(b"tree", oid, obj.size, loaded[oid])
-        for oid in wanted:
-            entries += len(loaded[oid])
-            if entries > MAX_DIFF_ENTRIES:
-                raise MalformedObject(
-                    f"the trees of a difference of {old.decode(errors='replace')} and "
-                    f"{new.decode(errors='replace')} hold over {MAX_DIFF_ENTRIES} entries"
-                )
+            reader.remember(b"tree", oid, obj.size, len(loaded[oid]), loaded[oid])
         below: list[tuple[bytes | None, bytes | None]] = []
         for a, b in level:
             left = {} if a is None else loaded[a]
@@ -474,6 +477,21 @@ def _load_trees(
                     below.append((before[1] if before else None, after[1] if after else None))
         level = below
     return loaded
+
+
+def _counted(entries: int, more: int, old: bytes, new: bytes) -> int:
+    """`entries + more` entries read for the difference of `old` and `new`.
+
+    Raises:
+        MalformedObject: over `MAX_DIFF_ENTRIES`.
+    """
+    entries += more
+    if entries > MAX_DIFF_ENTRIES:
+        raise MalformedObject(
+            f"the trees of a difference of {old.decode(errors='replace')} and "
+            f"{new.decode(errors='replace')} hold over {MAX_DIFF_ENTRIES} entries"
+        )
+    return entries
 
 
 def diff_tree_raw(
@@ -598,7 +616,7 @@ def first_parent_history(
                         raise MalformedObject(f"commit {current.decode(errors='replace')} cannot be read")
                     break
                 links = (obj.oid, *_commit_links(obj.data))
-                reader.remember(b"commit", obj.oid, obj.size, links)
+                reader.remember(b"commit", obj.oid, obj.size, 0, links)
         except MalformedObject:
             if not history:
                 raise
