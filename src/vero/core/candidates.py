@@ -534,6 +534,8 @@ class CandidateStore:
                 already fetched stay in the store, unreferenced).
             StorageFull: the store's file system (or the state database's) is full; nothing was
                 recorded, and the same version imports once there is room.
+            GitFailed: the store's git failed otherwise (e.g. its ref could not be written: a
+                stale lock); nothing was recorded.
         """
         abort = threading.Event()
         return await run_to_completion(lambda: self._import_version(source_repo, version, abort), on_cancel=abort.set)
