@@ -74,6 +74,21 @@ def commit_body(tree: str, parent: str | None, message: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def retained_by_a_difference(reader, repo: Path, tree: str) -> int:
+    """Bytes of memory still held after `diff_tree_raw` of the empty tree and `tree` (what the
+    reader kept of it)."""
+    empty = git(repo, "hash-object", "-t", "tree", "-w", "/dev/null")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        diff_tree_raw(reader, empty.encode(), tree.encode())
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
 def in_store(store: CandidateStore, oid: str) -> bool:
     try:
         git(store.git_dir, "cat-file", "-e", oid)
@@ -146,38 +161,28 @@ def test_forged_empty_trees_are_not_kept_by_the_agents_reader(tmp_path, agent_re
         base = store.import_version_sync(agent_repo, "HEAD")
         kept = []
         for round_ in range(3):
-            child = _forged_empty_trees_commit(agent_repo, base.id, 20_000, f"round{round_}")
+            child = _forged_empty_trees_commit(agent_repo, base.id, 5_000, f"round{round_}")
             chown_agent(agent_repo)
             with pytest.raises(CandidateRejected):
                 store.import_version_sync(agent_repo, child)
             (reader,) = [r for path, r in store._readers.items() if path != store.git_dir]
             kept.append(len(reader._parsed))
         assert reader._parsed_size <= object_reader.PARSED_BYTES
-        # An agent's reader keeps nothing (it kept 20,000 more per import when it did).
+        # An agent's reader keeps nothing (it kept 5,000 more per import when it did).
         assert kept == [0, 0, 0], f"the agent's reader keeps {kept} parsed objects after each import"
     finally:
         store.close()
 
 
 def test_the_memo_of_empty_trees_stays_within_its_memory_bound(tmp_path):
-    """The same at the reader: with a bound of 1,000 bytes, the memo retains megabytes."""
+    """The same at the reader: with a bound of 1,000 bytes, 5,000 empty trees leave no megabytes kept."""
     repo = tmp_path / "repo"
     base = commit_files(repo, {"a.txt": "a\n"})
-    child = _forged_empty_trees_commit(repo, base, 20_000, "x")
+    child = _forged_empty_trees_commit(repo, base, 5_000, "x")
     reader, context = reader_of(repo)
     try:
         reader._parsed_limit = 1000
-        empty = git(repo, "hash-object", "-t", "tree", "-w", "/dev/null")
-        tree = git(repo, "rev-parse", f"{child}^{{tree}}")
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            diff_tree_raw(reader, empty.encode(), tree.encode())
-            gc.collect()
-            retained = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
+        retained = retained_by_a_difference(reader, repo, git(repo, "rev-parse", f"{child}^{{tree}}"))
         assert reader._parsed_size <= 1000
         assert retained < 256 * 1024, f"{len(reader._parsed)} entries, {retained} bytes kept for a 1000-byte memo"
     finally:
@@ -195,24 +200,15 @@ def test_the_memo_of_tiny_trees_holds_about_its_bound_in_memory(tmp_path):
     base = commit_files(repo, {"a.txt": "a\n"})
     blob = git(repo, "rev-parse", "HEAD:a.txt")
     entries = []
-    for n in range(8000):
+    for n in range(3000):
         inner = write_object(repo, b"tree", tree_body([(b"100644", b"%d" % n, blob)]))
         entries.append((b"40000", f"d{n}".encode(), inner))
     tree = write_object(repo, b"tree", tree_body(entries))
     reader, context = reader_of(repo)
     try:
-        limit = 8000 * 40  # every one-entry tree kept, the root not
+        limit = 3000 * 40  # some hundreds of the one-entry trees kept
         reader._parsed_limit = limit
-        empty = git(repo, "hash-object", "-t", "tree", "-w", "/dev/null")
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            diff_tree_raw(reader, empty.encode(), tree.encode())
-            gc.collect()
-            retained = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
+        retained = retained_by_a_difference(reader, repo, tree)
         assert 0 < reader._parsed_size <= limit
         ratio = retained / reader._parsed_size
         assert ratio < 1.5, f"{retained} bytes retained for {reader._parsed_size} counted: {ratio:.1f}x"
