@@ -59,7 +59,7 @@ _CHUNK_BYTES = 32 * 1024
 """Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
 PARSED_BYTES = 16 << 20
 """The memory a reader of the candidate store keeps parsed trees and commits in (bytes, as
-`_parsed_cost` estimates it: each entry of a tree costs several times its bytes in the object)."""
+`ObjectReader.remember` estimates it: a tree entry costs several times its bytes in the object)."""
 _ENTRY_COST = 320
 """Bytes of memory per parsed tree entry (a dict slot, its name and id as `bytes`, a tuple, an int:
 about 300 on CPython 3.12 for short names), and per parsed object besides its bytes."""
