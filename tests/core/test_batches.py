@@ -11,6 +11,7 @@ from _support.git import commit_files, git
 
 from vero.core.batches import Batches
 from vero.core.candidates import CandidateStore
+from vero.core.state import StateStore
 from vero.errors import CandidateRejected
 
 from .test_candidates import chown_agent
@@ -80,18 +81,23 @@ def test_a_leader_that_dies_releases_its_batch_and_hands_over_the_lead():
     assert batches.run("k", 9, lambda items: None)  # the key leads again
 
 
-def test_new_commits_imported_at_once_share_a_copy_and_a_broken_one_fails_alone(tmp_path, monkeypatch):
+def _store_and_five_new_commits(tmp_path):
+    """An agent's repository, a store holding its first commit, and five children of it (one
+    branch each): (repository, store, the children's ids)."""
     repo = tmp_path / "agent"
     commit_files(repo, {"base.py": "x = 0\n"})
     root = tmp_path / "state"
-    from vero.core.state import StateStore
-
     store = CandidateStore.open(root, StateStore.open(root / "state.db"))
     store.import_version_sync(repo, "HEAD")
     versions = []
     for n in range(5):
         git(repo, "checkout", "-q", "-b", f"b{n}", "main")
         versions.append(commit_files(repo, {f"new{n}.py": f"n = {n}\n"}, message=f"b{n}"))
+    return repo, store, versions
+
+
+def test_new_commits_imported_at_once_share_a_copy_and_a_broken_one_fails_alone(tmp_path, monkeypatch):
+    repo, store, versions = _store_and_five_new_commits(tmp_path)
     # One commit object the store's `index-pack --strict` refuses (an author line without an
     # email or a date), readable enough to pass every check before the copy.
     tree, parent = git(repo, "rev-parse", "main^{tree}"), git(repo, "rev-parse", "main")
@@ -139,18 +145,9 @@ def test_refs_published_at_once_share_one_update_ref_and_a_locked_one_fails_alon
     transaction; a ref that cannot be written (a stale lock a crash left) fails that batch, and
     each import then writes its own: only the locked one fails."""
     from vero.core.candidates import CANDIDATE_REF_PREFIX
-    from vero.core.state import StateStore
     from vero.errors import GitFailed
 
-    repo = tmp_path / "agent"
-    commit_files(repo, {"base.py": "x = 0\n"})
-    root = tmp_path / "state"
-    store = CandidateStore.open(root, StateStore.open(root / "state.db"))
-    store.import_version_sync(repo, "HEAD")
-    versions = []
-    for n in range(5):
-        git(repo, "checkout", "-q", "-b", f"b{n}", "main")
-        versions.append(commit_files(repo, {f"new{n}.py": f"n = {n}\n"}, message=f"b{n}"))
+    repo, store, versions = _store_and_five_new_commits(tmp_path)
     chown_agent(repo)
     locked = versions[3]
     lock = store.git_dir / f"{CANDIDATE_REF_PREFIX}{locked}.lock"

@@ -358,7 +358,8 @@ class CandidateStore:
         self._env_dir = root / ".git-env"
         self._home = self._env_dir / "home"
         self._template = self._env_dir / "template"
-        self._publish_lock = threading.Lock()
+        self._repack_count_lock = threading.Lock()
+        """Guards `_imports_since_repack` (`_maybe_repack`)."""
         self._known_refs: set[str] = set()
         """Candidate ids whose `refs/vero/candidates/<id>` this process has seen."""
         self._config_lock = threading.Lock()
@@ -932,7 +933,7 @@ class CandidateStore:
 
     def _maybe_repack(self, store: IsolatedGit) -> None:
         """Step 7: a geometric repack every `REPACK_EVERY_IMPORTS` imports, in this thread."""
-        with self._publish_lock:
+        with self._repack_count_lock:
             self._imports_since_repack += 1
             due = self._imports_since_repack >= REPACK_EVERY_IMPORTS
             if due:
