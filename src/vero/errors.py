@@ -224,15 +224,21 @@ class CandidateRejected(VeroError):
     """A version cannot become a candidate: malformed, unknown, or its tree is unsafe."""
 
 
-_LIMIT_UNITS = {"max_files": "files", "max_total_bytes": "bytes in total", "max_file_bytes": "bytes"}
+_LIMIT_UNITS = {
+    "max_files": "files",
+    "max_directories": "directories",
+    "max_total_bytes": "bytes in total",
+    "max_file_bytes": "bytes",
+}
 
 
 class CandidateTooLarge(CandidateRejected):
     """A version's tree is over one of the spec's size limits (`target.limits`).
 
     Attributes:
-        limit: the limit's field name (`max_files`, `max_total_bytes`, `max_file_bytes`), or None
-            when rebuilt by an agent-side client from a message.
+        limit: the limit's field name (`max_files`, `max_directories`, `max_total_bytes`,
+            `max_file_bytes`, `max_store_bytes`), or None when rebuilt by an agent-side client from
+            a message.
         allowed: the limit's value; actual: the candidate's figure (files or bytes).
         path: the oversized file (`max_file_bytes` only).
     """

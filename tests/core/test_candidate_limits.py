@@ -1,4 +1,5 @@
-"""Candidate size limits: refused before the fetch, measured incrementally, exact after any edits."""
+"""Candidate size limits: refused before the fetch, measured incrementally, exact after any edits;
+a listing that names millions of paths stopped at the limit; the store's quota over whole histories."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import random
 import subprocess
 from pathlib import Path
 
-import git as gitpython
 import pytest
 from _support.git import commit_files, git  # tests/ is on sys.path: the tests' one set of git helpers
 
-from vero.core.candidate_limits import TreeSize, measure_tree
+from vero.core.candidate_limits import TreeSize, measure_difference
 from vero.core.candidates import CandidateStore
 from vero.core.state import StateStore
 from vero.errors import CandidateRejected, CandidateTooLarge
@@ -34,18 +34,23 @@ def objects_in(git_dir: Path) -> set[str]:
 
 
 def recorded_size(store: CandidateStore, tree: str) -> TreeSize:
-    ((files, size),) = store.state.rows("SELECT files, bytes FROM checked_trees WHERE tree = ?", (tree,))
-    return TreeSize(files=files, bytes=size)
+    ((files, size, directories),) = store.state.rows(
+        "SELECT files, bytes, directories FROM checked_trees WHERE tree = ?", (tree,)
+    )
+    return TreeSize(files=files, bytes=size, directories=directories)
 
 
 def whole_size(repo: Path, rev: str) -> TreeSize:
-    """The figures of a tree by plain `git ls-tree -r -l` (files and symlinks; no submodules)."""
-    files = total = 0
-    for line in git(repo, "ls-tree", "-r", "-l", rev).splitlines():
+    """The figures of a tree by plain `git ls-tree -r -t -l` (files and symlinks; directories and
+    submodule entries)."""
+    files = total = directories = 0
+    for line in git(repo, "ls-tree", "-r", "-t", "-l", rev).splitlines():
         mode, _kind, _oid, size = line.split("\t")[0].split()
         if mode in ("100644", "100755", "120000"):
             files, total = files + 1, total + int(size)
-    return TreeSize(files=files, bytes=total)
+        elif mode in ("040000", "160000"):
+            directories += 1
+    return TreeSize(files=files, bytes=total, directories=directories)
 
 
 @pytest.fixture
@@ -159,30 +164,180 @@ def test_incremental_figures_equal_a_whole_measurement_after_random_edits(tmp_pa
 def test_a_child_over_the_limit_of_an_accepted_parent_is_refused_from_the_difference(store, repo):
     head = commit_files(repo, {f"n/{i}.txt": "n" for i in range(10)})
     store.import_version_sync(repo, head)
-    calls: list[tuple[str, ...]] = []
-
-    class CountingGit:
-        """Plain git on the repository, counting whole-tree listings."""
-
-        def __init__(self) -> None:
-            self.git = gitpython.Git(repo)
-
-        def ls_tree(self, *args, **kwargs):
-            calls.append(args)
-            return self.git.ls_tree(*args, **kwargs)
-
-        def diff_tree(self, *args, **kwargs):
-            return self.git.diff_tree(*args, **kwargs)
-
-        def cat_file(self, *args, **kwargs):
-            return self.git.cat_file(*args, **kwargs)
-
-    agent = CountingGit()
     parent_tree = git(repo, "rev-parse", "HEAD^{tree}")
     commit_files(repo, {f"m/{i}.txt": "m" for i in range(10)})
+    diff = subprocess.run(
+        ["git", "-C", str(repo), "diff-tree", "-r", "-t", "-z", "--no-renames", "--raw", parent_tree, "HEAD^{tree}"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    asked: list[list[bytes]] = []
     with pytest.raises(CandidateTooLarge) as caught:
-        measure_tree(agent, git(repo, "rev-parse", "HEAD^{tree}"), LIMITS, (parent_tree, whole_size(repo, "HEAD~1")))
+        measure_difference(diff, whole_size(repo, "HEAD~1"), LIMITS, lambda oids: asked.append(oids) or {})
     assert caught.value.limit == "max_files" and caught.value.actual == whole_size(repo, "HEAD").files
-    assert calls == []  # only the difference was read
+    assert asked == []  # counted from the difference: no size was read
     with pytest.raises(CandidateTooLarge):
         store.import_version_sync(repo, "HEAD")
+
+
+def mktree(repo: Path, entries: list[tuple[str, str, str]]) -> str:
+    """A tree object of `(mode, id, name)` entries, written into `repo`."""
+    kinds = {"040000": "tree", "160000": "commit"}
+    text = "".join(f"{mode} {kinds.get(mode, 'blob')} {oid}\t{name}\n" for mode, oid, name in entries)
+    return git(repo, "mktree", input=text.encode())
+
+
+def commit_tree(repo: Path, tree: str, parent: str | None = None) -> str:
+    """A commit of `tree` (an orphan unless `parent`), which `main` then names."""
+    args = ["commit-tree", tree, "-m", "crafted", *(["-p", parent] if parent else [])]
+    commit = git(repo, *args)
+    git(repo, "update-ref", "refs/heads/main", commit)
+    chown_agent(repo)
+    return commit
+
+
+def blob(repo: Path, data: bytes) -> str:
+    return git(repo, "hash-object", "-w", "--stdin", input=data)
+
+
+def test_submodule_entries_are_directories_and_a_flood_of_them_is_refused_before_the_fetch(tmp_path, repo):
+    """A submodule entry stores nothing, but every checkout makes an empty directory for it: an
+    outside attack checked out 50,000 of them as 196 MiB of directories under `max_files` 20,000."""
+    limits = CandidateLimits(max_files=20, max_directories=30, max_total_bytes=10_000, max_file_bytes=4_000)
+    store = open_store(tmp_path / "state", limits)
+    store.import_version_sync(repo, "HEAD")
+    before_objects, before_state = objects_in(store.git_dir), snapshot(store)
+    base = git(repo, "rev-parse", "HEAD")
+    entries = [("160000", base, f"m{i:03}") for i in range(40)]
+    flood = commit_tree(repo, mktree(repo, entries), parent=base)
+
+    with pytest.raises(CandidateTooLarge) as caught:
+        store.import_version_sync(repo, flood)
+
+    assert (caught.value.limit, caught.value.allowed) == ("max_directories", 30)
+    assert caught.value.actual > 30
+    assert "target.limits.max_directories" in str(caught.value)
+    assert objects_in(store.git_dir) == before_objects and snapshot(store) == before_state
+    # Under the limit they count, from the checked parent as from a whole listing.
+    few = commit_tree(
+        repo, mktree(repo, [*entries[:5], ("040000", git(repo, "rev-parse", f"{base}^{{tree}}"), "d")]), base
+    )
+    record = store.import_version_sync(repo, few)
+    assert recorded_size(store, record.tree) == whole_size(repo, few)
+    assert whole_size(repo, few).directories == 5 + 1 + whole_size(repo, base).directories
+
+
+def doubling_tree(repo: Path, levels: int) -> str:
+    """A tree holding one subtree twice per level: `levels` + 1 tree objects naming 2**levels files."""
+    tree = mktree(repo, [("100644", blob(repo, b"x\n"), "f")])
+    for _ in range(levels):
+        tree = mktree(repo, [("040000", tree, "a"), ("040000", tree, "b")])
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("limits", "limit"),
+    [
+        (CandidateLimits(max_files=20, max_directories=100_000), "max_files"),
+        (CandidateLimits(max_files=100_000, max_directories=50), "max_directories"),
+    ],
+)
+def test_a_tree_naming_millions_of_paths_is_refused_where_its_listing_passes_the_limit(tmp_path, repo, limits, limit):
+    """24 levels: 16,777,216 files in 25 tree objects. Read whole, such a listing took 52 s and 2 GB
+    of the sidecar's memory at 22 levels; the figure in the error is where the listing stopped."""
+    store = open_store(tmp_path / "state", limits)
+    before_objects = objects_in(store.git_dir)
+    bomb = commit_tree(repo, doubling_tree(repo, 24))  # an orphan: measured whole, not from a parent
+
+    with pytest.raises(CandidateTooLarge) as caught:
+        store.import_version_sync(repo, bomb)
+
+    assert caught.value.limit == limit
+    assert caught.value.actual == getattr(limits, limit) + 1
+    assert objects_in(store.git_dir) == before_objects
+
+
+def test_a_path_longer_than_the_kernel_checks_out_is_refused(tmp_path, repo):
+    store = open_store(tmp_path / "state")
+    tree = mktree(repo, [("100644", blob(repo, b"deep\n"), "f")])
+    for _ in range(25):  # 25 nested names of 200 bytes: a 5,026-byte path
+        tree = mktree(repo, [("040000", tree, "d" * 200)])
+    with pytest.raises(CandidateRejected, match="a path of the tree is over 4096 bytes"):
+        store.import_version_sync(repo, commit_tree(repo, tree))
+
+
+def pack_files(store: CandidateStore) -> list[str]:
+    return sorted(p.name for p in (store.git_dir / "objects" / "pack").iterdir())
+
+
+def pack_bytes(store: CandidateStore) -> int:
+    return sum(p.stat().st_size for p in (store.git_dir / "objects" / "pack").iterdir())
+
+
+QUOTA = CandidateLimits(max_files=20, max_total_bytes=10_000, max_file_bytes=4_000, max_store_bytes=120_000)
+
+
+def test_a_history_that_does_not_fit_the_store_is_refused_and_leaves_no_partial_pack(tmp_path, repo):
+    """The tree is small, but the commit's ancestors carry 300 kB of a file deleted since: only the
+    tree is measured, the whole history is copied, so the store's quota stops it (git stops
+    reading the pack at the room left)."""
+    store = open_store(tmp_path / "state", QUOTA)
+    store.import_version_sync(repo, "HEAD")
+    baseline = git(repo, "rev-parse", "HEAD")
+    before_packs, before_state = pack_files(store), snapshot(store)
+    (repo / "blob.bin").write_bytes(random.Random(1).randbytes(300_000))
+    git(repo, "add", "blob.bin")
+    git(repo, "commit", "-q", "-m", "a large file")
+    git(repo, "rm", "-q", "blob.bin")
+    git(repo, "commit", "-q", "-m", "deleted again")
+    chown_agent(repo)
+
+    with pytest.raises(CandidateTooLarge) as caught:
+        store.import_version_sync(repo, "HEAD")
+
+    assert (caught.value.limit, caught.value.allowed) == ("max_store_bytes", 120_000)
+    assert "target.limits.max_store_bytes" in str(caught.value)
+    assert pack_files(store) == before_packs  # no tmp_pack_* left by the stopped index-pack
+    assert snapshot(store) == before_state
+    # A version that does not bring that history still fits.
+    git(repo, "checkout", "-q", "-b", "other", baseline)
+    small = commit_files(repo, {"small.txt": "fits\n"})
+    chown_agent(repo)
+    assert store.import_version_sync(repo, small).id == small
+
+
+def test_new_versions_are_imported_until_the_store_is_full_then_refused_and_the_imported_stay(tmp_path, repo):
+    """`submit` and evaluations import before anything is charged: each new version may add up to
+    `max_total_bytes`, so only the store's quota bounds what a loop of them brings in."""
+    store = open_store(tmp_path / "state", QUOTA)
+    store.import_version_sync(repo, "HEAD")
+    rng = random.Random(2)
+    imported: list[str] = []
+    with pytest.raises(CandidateTooLarge) as caught:
+        for step in range(40):
+            for part in ("a", "b"):
+                (repo / f"{part}.bin").write_bytes(rng.randbytes(3_900))
+            git(repo, "add", "-A")
+            git(repo, "commit", "-q", "-m", f"step {step}")
+            chown_agent(repo)
+            imported.append(store.import_version_sync(repo, "HEAD").id)
+
+    assert caught.value.limit == "max_store_bytes"
+    assert 10 < len(imported) < 40
+    assert pack_bytes(store) <= QUOTA.max_store_bytes
+    assert not [name for name in pack_files(store) if name.startswith("tmp_")]
+    assert store.import_version_sync(repo, imported[-1]).id == imported[-1]  # already in: still evaluable
+
+
+def test_a_partial_pack_left_by_a_crash_is_removed_at_open(tmp_path, repo):
+    store = open_store(tmp_path / "state", QUOTA)
+    store.import_version_sync(repo, "HEAD")
+    leftover = store.git_dir / "objects" / "pack" / "tmp_pack_abc123"
+    leftover.write_bytes(b"\0" * 50_000)
+    open_store(tmp_path / "state", QUOTA)
+    assert not leftover.exists()
+
+
+def test_a_store_quota_below_one_version_is_refused_naming_both_fields():
+    with pytest.raises(ValueError, match=r"max_store_bytes \(1000\) must be at least max_total_bytes \(2000\)"):
+        CandidateLimits(max_total_bytes=2_000, max_store_bytes=1_000)

@@ -517,13 +517,13 @@ def test_a_history_walk_is_read_within_one_time_limit(tmp_path, monkeypatch):
 
 
 def test_a_tree_over_the_readers_limit_in_the_store_is_a_refusal(store, agent_repo):
-    """A tree object over 16 MiB (4,000 entries of 4 KiB names) reaches the store in a commit
+    """A tree object over 16 MiB (4,200 entries of 4,000-byte names) reaches the store in a commit
     refused for another reason (the whole-tree check is git's ls-tree); a later child of a
     checked commit names it while the agent's copy of it is forged small (cat-file does not check
     a loose object's id), so the size check before the fetch passes and the transfer needs no copy
     of it. The store's comparison then cannot read it: the import must be refused, not fail."""
     blob = write_object(agent_repo, b"blob", b"x\n")
-    body = b"".join(b"100644 %s\0%s" % (b"%04d" % i + b"n" * 4196, bytes.fromhex(blob)) for i in range(4000))
+    body = b"".join(b"100644 %s\0%s" % (b"%04d" % i + b"n" * 3996, bytes.fromhex(blob)) for i in range(4200))
     big = write_object(agent_repo, b"tree", body)
     assert len(body) > 1 << 24
     readme = git(agent_repo, "rev-parse", "HEAD:README.md")

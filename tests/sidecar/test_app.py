@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import stat
 import threading
 import time
@@ -419,6 +420,35 @@ def test_a_candidate_over_a_size_limit_is_413_naming_the_limit_and_changes_nothi
         documented = client.get("/openapi.json").json()["paths"]
         assert "413" in documented["/evaluations"]["post"]["responses"]
         assert "413" in documented["/submissions"]["post"]["responses"]
+
+
+def test_versions_submitted_for_free_fill_the_store_only_to_its_quota_then_413_and_nothing_is_charged(tmp_path):
+    """An outside attack: `submit` imports before anything is charged, so a loop of new 60 MB
+    versions grew the store (and the sealed session) without bound. Now the store's quota
+    (`max_store_bytes`) refuses the version that does not fit; what was imported stays usable."""
+    limits = CandidateLimits(max_files=50, max_total_bytes=100_000, max_file_bytes=20_000, max_store_bytes=250_000)
+    harness = make_harness(tmp_path, candidate_limits=limits)
+    rng = random.Random(7)
+    with harness.serve() as (_, client):
+        before_budget = budget_of(client, "train")
+        submitted: list[str] = []
+        for step in range(20):
+            for part in range(3):
+                (harness.agent_repo / f"noise{part}.bin").write_bytes(rng.randbytes(19_000))
+            version = commit_file(harness.agent_repo, "solve.py", f"print({step})\n", f"step {step}")
+            answer = client.post("/submissions", json={"version": version})
+            if answer.status_code != 201:
+                break
+            submitted.append(version)
+        problem = assert_problem(answer, 413, "candidate_too_large")
+        assert "target.limits.max_store_bytes" in problem["detail"] and "/" not in problem["detail"]
+        assert 1 <= len(submitted) < 20
+        pack_dir = harness.state_dir / "candidates.git" / "objects" / "pack"
+        assert sum(p.stat().st_size for p in pack_dir.iterdir()) <= limits.max_store_bytes
+        assert budget_of(client, "train") == before_budget
+        job = client.post("/evaluations", json={"partition": "train", "version": submitted[-1]})
+        assert job.status_code == 202  # imported before the store was full: still evaluable
+        wait_for_state(client, job.json()["id"], {"complete"})
 
 
 def test_schema_errors_are_422_and_huge_bodies_413(harness):

@@ -95,7 +95,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.archive import symlink_escapes
 from vero.core.batches import Batches
-from vero.core.candidate_limits import TreeSize, measure_difference, measure_tree
+from vero.core.candidate_limits import StoreQuota, TreeSize, measure_difference, measure_tree
 from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
 from vero.core.object_reader import (
     PARSED_BYTES,
@@ -376,6 +376,8 @@ class CandidateStore:
         """Copies of new commits asked at once from one repository (`_transfer_shared`)."""
         self._ref_writes: Batches[str] = Batches()
         """Candidate refs published at once (`_publish`)."""
+        self._quota = StoreQuota(self.git_dir / "objects" / "pack", self.limits.max_store_bytes)
+        """Every copy into the store, one at a time, within `max_store_bytes` (`_transfer`)."""
         self._readers_lock = threading.Lock()
         self._readers: collections.OrderedDict[Path, ObjectReader] = collections.OrderedDict()
         """Kept `cat-file` processes by Git directory, the store's and the latest agents' (`_reader`)."""
@@ -412,6 +414,8 @@ class CandidateStore:
             )
         (store.git_dir / "info").mkdir(mode=0o700, exist_ok=True)
         atomic_write_bytes(store.git_dir / "info" / "attributes", CHECKOUT_ATTRIBUTES)
+        (store.git_dir / "objects" / "pack").mkdir(mode=0o700, parents=True, exist_ok=True)
+        store._quota.remove_partial()  # what a copy cut short by a crash left
         return store
 
     def _records(self) -> StateStore:
@@ -766,19 +770,23 @@ class CandidateStore:
         in the store. (A `git fetch` did the same with two more processes, and its connectivity
         check walked every ref of the store: `--not --all`, a cost that grew with the candidates.)
 
+        Copies run one at a time, each within what `max_store_bytes` leaves (`StoreQuota`).
+
         Raises:
+            CandidateTooLarge: (`max_store_bytes`) the new objects do not fit in the store.
             CandidateRejected: the source could not pack it, or the store refused the pack.
             StorageFull: the store's file system is full.
         """
         revs = "".join(f"^{base}\n" for base in bases) + "".join(f"{oid}\n" for oid in oids)
         try:
-            pipe(
-                source,
-                ["pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
-                store,
-                ["index-pack", "--stdin", "--fix-thin", "--strict"],
-                revs.encode("ascii"),
-            )
+            with self._quota.room() as room:
+                pipe(
+                    source,
+                    ["pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
+                    store,
+                    ["index-pack", "--stdin", "--fix-thin", "--strict", f"--max-input-size={room}"],
+                    revs.encode("ascii"),
+                )
         except GitFailed as exc:
             if is_out_of_space(exc):
                 raise self._full() from None
@@ -874,16 +882,17 @@ class CandidateStore:
         if not trees:
             return None
         found = {
-            tree: (links, files, size)
-            for tree, links, files, size in records.rows(
-                f"SELECT tree, symlinks, files, bytes FROM checked_trees WHERE tree IN ({', '.join('?' * len(trees))})",
+            tree: (links, TreeSize(files=files, bytes=size, directories=directories))
+            for tree, links, files, size, directories in records.rows(
+                "SELECT tree, symlinks, files, bytes, directories FROM checked_trees "
+                f"WHERE tree IN ({', '.join('?' * len(trees))})",
                 tuple(trees),
             )
         }
         for tree in trees:
             if tree in found:
-                links, files, size = found[tree]
-                return _CheckedTree(tree, _links_from_json(links), TreeSize(files=files, bytes=size))
+                links, figures = found[tree]
+                return _CheckedTree(tree, _links_from_json(links), figures)
         return None
 
     def _publish(
@@ -924,8 +933,9 @@ class CandidateStore:
                 (record.id, record.parent, record.tree, record.subject, iso(record.imported_at)),
             )
             conn.execute(
-                "INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes) VALUES (?, ?, ?, ?)",
-                (record.tree, _links_to_json(symlinks), size.files, size.bytes),
+                "INSERT OR IGNORE INTO checked_trees (tree, symlinks, files, bytes, directories) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (record.tree, _links_to_json(symlinks), size.files, size.bytes, size.directories),
             )
             return record
 

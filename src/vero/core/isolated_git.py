@@ -269,6 +269,52 @@ class IsolatedGit(git.Git):
         except OSError as exc:
             raise GitFailed(str(args[0]) if args else "", None, str(exc)) from exc
 
+    def records(self, args: Sequence[str], *, max_record_bytes: int, separator: bytes = b"\0") -> Iterator[bytes]:
+        """`git <args>`'s standard output split at `separator`, each record given as it is read, so
+        the caller may stop early (closing the iterator kills the process group). Memory holds one
+        read and one record at most, whatever the output's size (e.g. `ls-tree -r` of a tree that
+        nests one subtree twice per level: a few objects, millions of lines). Bounded by
+        `timeout_sec` for the whole output.
+
+        Raises:
+            GitFailed: git failed, could not start, was killed on timeout, or printed a record
+                longer than `max_record_bytes` (status None).
+        """
+        name = str(args[0]) if args else ""
+        with tempfile.TemporaryFile() as err:
+            proc = self.popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+            assert proc.stdout is not None
+            killed = threading.Event()
+
+            def kill() -> None:
+                killed.set()
+                _kill_group(proc)
+
+            armed = WATCHDOG.arm(self._vero_timeout_sec, kill) if self._vero_timeout_sec is not None else None
+            try:
+                pending = b""
+                while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+                    *complete, pending = (pending + chunk).split(separator)
+                    yield from complete
+                    if len(pending) > max_record_bytes:
+                        raise GitFailed(name, None, f"a record of its output is over {max_record_bytes} bytes")
+                proc.wait()
+            except BaseException:
+                _kill_group(proc)
+                proc.wait()
+                raise
+            finally:
+                proc.stdout.close()
+                if armed is not None:
+                    WATCHDOG.disarm(armed)
+            if killed.is_set():
+                raise GitFailed(name, None, f"killed after {self._vero_timeout_sec:g} s")
+            if proc.returncode != 0:
+                err.seek(0)
+                raise GitFailed(name, proc.returncode, err.read(4096).decode("utf-8", "surrogateescape").strip())
+            if pending:
+                yield pending
+
     def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(command, (str, bytes)):
             raise TypeError("IsolatedGit runs argument lists only")

@@ -19,7 +19,7 @@ budget_moves       seq -> reservation id, kind (reserve | close), budget, its re
 counts             'reservations' | 'jobs' -> how many were ever inserted
 jobs               id, principal, partition, state, reservation_id (unique), record (the job's JSON)
 candidates         id, parent, tree, subject, imported_at (import order: seq)
-checked_trees      tree id -> its symlinks, files and bytes (admission inspects only what changed from it)
+checked_trees      tree id -> its symlinks, files, bytes and directories (admission inspects only what changed from it)
 submission         at most one row: candidate, version, submitted_at
 ```
 
@@ -99,13 +99,14 @@ __all__ = [
     "iso",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """`PRAGMA user_version` of a state database this module writes and reads (3: `reservation_costs.overrun`;
-4: the budget moves and row counts that make the open-time check independent of the history)."""
+4: the budget moves and row counts that make the open-time check independent of the history;
+5: `checked_trees.directories`)."""
 
 EXPORT_VERSION = 3
 """`schema_version` of `export` (the sealed `state.json`): its layout (3: the reservations' `overrun`),
-unchanged by schema 4."""
+unchanged by schemas 4 and 5."""
 
 RECENT_ROWS = 256
 """How many of the newest reservations, jobs, budget moves and candidates the open-time check reads
@@ -220,7 +221,8 @@ CREATE TABLE checked_trees (
     tree TEXT PRIMARY KEY,
     symlinks TEXT NOT NULL CHECK (json_valid(symlinks)),
     files INTEGER NOT NULL CHECK (files >= 0),
-    bytes INTEGER NOT NULL CHECK (bytes >= 0)
+    bytes INTEGER NOT NULL CHECK (bytes >= 0),
+    directories INTEGER NOT NULL CHECK (directories >= 0)
 ) STRICT, WITHOUT ROWID;
 
 CREATE TABLE submission (

@@ -6,7 +6,7 @@
 | `RequestInvalid` | 422 | `invalid` | its message (written for the caller) or generic |
 | body that is not JSON (undecodable bytes) | 400 | `bad_request` | generic |
 | body larger than `MAX_REQUEST_BYTES` | 413 | `too_large` | generic |
-| `CandidateTooLarge` | 413 | `candidate_too_large` | the limit, the candidate's figure (its own files) |
+| `CandidateTooLarge` | 413 | `candidate_too_large` | the limit, the figure (the candidate's files; the store's use) |
 | method the path does not serve | 405 | `bad_request` | generic, with `Allow` listing every method of the path |
 | `CandidateRejected` | 400 | `bad_request` | generic (never git's text) |
 | `BudgetExhausted` | 402 | `payment_required` | figures only when budget disclosure is on |

@@ -90,15 +90,31 @@ class CandidateLimits(_Model):
 
     The defaults fit every example with a wide margin; raise them for a large target (the compiler
     refuses a baseline that exceeds them). Sizes are of Git blobs: a symlink counts as a file of
-    its target's length; submodule entries count as nothing.
+    its target's length; a submodule entry counts as a directory (a checkout makes an empty one).
     """
 
     max_files: int = Field(default=20_000, ge=1)
     """Files (blobs, symlinks included) in the tree."""
+    max_directories: int = Field(default=20_000, ge=1)
+    """Directories a checkout of the tree creates: its subtrees, and its submodule entries."""
     max_total_bytes: int = Field(default=256 * 2**20, ge=1)
     """Sum of the files' sizes, bytes (default 256 MiB)."""
     max_file_bytes: int = Field(default=64 * 2**20, ge=1)
     """Largest single file, bytes (default 64 MiB)."""
+    max_store_bytes: int = Field(default=2 * 2**30, ge=1)
+    """Bytes of Git packs the candidate store may hold, the baseline and every imported version
+    with its history together (default 2 GiB): what `submit` and evaluations may bring into the
+    sidecar and the sealed session. A version whose new objects do not fit is refused with 413;
+    the versions already imported stay evaluable."""
+
+    @model_validator(mode="after")
+    def _one_version_fits_the_store(self) -> CandidateLimits:
+        if self.max_store_bytes < self.max_total_bytes:
+            raise ValueError(
+                f"max_store_bytes ({self.max_store_bytes}) must be at least max_total_bytes "
+                f"({self.max_total_bytes}): the store must hold one version of the largest size"
+            )
+        return self
 
 
 class _TargetBase(_Model):
@@ -110,7 +126,7 @@ class _TargetBase(_Model):
     """The oracle's reference change: a patch file (`git apply`) or a directory overlaid on the checkout."""
     limits: CandidateLimits = CandidateLimits()
     """Size limits of every candidate, as Git counts them (symlinks are files, submodule entries
-    nothing). A version over one is refused with 413
+    directories). A version over one is refused with 413
     before anything is fetched, charged or run; the build refuses a baseline over them."""
 
 
