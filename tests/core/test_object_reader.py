@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _support.git import commit_files, git
 
+from vero.core import object_reader
 from vero.core.isolated_git import IsolatedGit, private_git_env
 from vero.core.object_reader import MalformedObject, ObjectReader, diff_tree_raw, first_parent_history
 from vero.errors import GitFailed
@@ -245,8 +246,9 @@ def test_parsed_trees_and_commits_are_kept_by_id_within_their_size_limits(repo, 
     assert first_parent_history(reader, git(repo, "rev-parse", "HEAD").encode(), 3) == walk and asked == []
 
     # Over a smaller limit, a kept tree is refused as a read would refuse it.
-    with pytest.raises(MalformedObject) as refused:
-        diff_tree_raw(reader, before.encode(), head.encode(), max_tree_bytes=10)
+    with monkeypatch.context() as patched, pytest.raises(MalformedObject) as refused:
+        patched.setattr(object_reader, "MAX_TREE_BYTES", 10)
+        diff_tree_raw(reader, before.encode(), head.encode())
     assert refused.value.stderr.endswith("over 10")
     with pytest.raises(MalformedObject) as refused:
         first_parent_history(reader, git(repo, "rev-parse", "HEAD").encode(), 3, max_commit_bytes=10)

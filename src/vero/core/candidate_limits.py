@@ -44,9 +44,11 @@ __all__ = [
     "StoreQuota",
     "TreeSize",
     "check_limits",
+    "max_changes",
     "measure_commit",
     "measure_difference",
     "measure_tree",
+    "too_many_changes",
 ]
 
 _FILE_MODES = frozenset({b"100644", b"100755", b"120000"})
@@ -119,6 +121,28 @@ def measure_difference(
         _check_file(path, file_bytes, limits)
     check_limits(size, limits)
     return size
+
+
+def max_changes(limits: CandidateLimits) -> int:
+    """The most entries a difference from a measured tree (within `limits`) to a tree within
+    `limits` can have: each entry is one of the old tree's files or directories, the new tree's,
+    or both. A difference read past it (`vero.core.object_reader.diff_tree_raw`'s `max_entries`)
+    is refused (`too_many_changes`) without being read whole."""
+    return 2 * (limits.max_files + limits.max_directories)
+
+
+def too_many_changes(limits: CandidateLimits) -> CandidateTooLarge:
+    """The refusal of a tree whose difference passed `max_changes`."""
+    return CandidateTooLarge(
+        "max_files",
+        limits.max_files,
+        max_changes(limits) + 1,
+        message=(
+            f"the candidate is over the size limits target.limits.max_files ({limits.max_files:,}) or "
+            f"target.limits.max_directories ({limits.max_directories:,}): its tree differs from the "
+            f"checked version it builds on in over {max_changes(limits):,} entries"
+        ),
+    )
 
 
 def _check_file(path: bytes, file_bytes: int, limits: CandidateLimits) -> None:

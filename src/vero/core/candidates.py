@@ -95,13 +95,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vero.core.archive import symlink_escapes
 from vero.core.batches import Batches
-from vero.core.candidate_limits import StoreQuota, TreeSize, measure_difference, measure_tree
+from vero.core.candidate_limits import (
+    StoreQuota,
+    TreeSize,
+    max_changes,
+    measure_difference,
+    measure_tree,
+    too_many_changes,
+)
 from vero.core.isolated_git import IsolatedGit, minimal_env, pipe, write_global_config
 from vero.core.object_reader import (
     PARSED_BYTES,
     GitObject,
     MalformedObject,
     ObjectReader,
+    TooManyChanges,
     commit_links,
     diff_tree_raw,
     first_parent_history,
@@ -700,10 +708,11 @@ class CandidateStore:
                 record = _parse_commit(oid, self._fetched_commit(objects, oid))
                 if untrusted is None:
                     base = self._checked_base(records, _first_parent_history(store, oid))
+                # A whole tree is measured first: its listing stops at the limits, the inspection's not.
+                size = measure_tree(store, record.tree, self.limits) if base is None else None
                 symlinks, diff = self._inspect_tree(store, objects, record.tree, base)
-                if base is None or diff is None:
-                    size = measure_tree(store, record.tree, self.limits)
-                else:
+                if size is None:
+                    assert base is not None and diff is not None
                     size = measure_difference(diff, base.size, self.limits, functools.partial(object_sizes, objects))
                 self._check_abort(abort)
                 record = self._publish(store, records, record, (symlinks, size))
@@ -729,8 +738,12 @@ class CandidateStore:
             if base is None:
                 measure_tree(untrusted.git, tree, self.limits)
             else:
-                diff = diff_tree_raw(untrusted.objects, base.tree.encode(), tree.encode())
+                diff = diff_tree_raw(
+                    untrusted.objects, base.tree.encode(), tree.encode(), max_entries=max_changes(self.limits)
+                )
                 measure_difference(diff, base.size, self.limits, functools.partial(object_sizes, untrusted.objects))
+        except TooManyChanges:
+            raise too_many_changes(self.limits) from None
         except GitFailed:
             raise CandidateRejected(f"commit {oid} or its tree cannot be read in the repository") from None
 
@@ -846,7 +859,7 @@ class CandidateStore:
             entries: Sequence[tuple[bytes | None, bytes, bytes]] = _ls_tree_entries(listing)
             links: dict[bytes, bytes] = {}
         else:
-            diff = _store_difference(objects, base.tree, tree)
+            diff = _store_difference(objects, base.tree, tree, self.limits)
             entries = _diff_tree_entries(diff)
             links = dict(base.symlinks)
         reserved = {name.encode().lower() for name in RESERVED_PATHS}
@@ -1426,15 +1439,18 @@ def _first_parent_history(repo: IsolatedGit, oid: str) -> list[tuple[str, str]]:
     return history
 
 
-def _store_difference(objects: ObjectReader, base: str, tree: str) -> bytes:
-    """`diff_tree_raw` of two trees in the store.
+def _store_difference(objects: ObjectReader, base: str, tree: str, limits: CandidateLimits) -> bytes:
+    """`diff_tree_raw` of two trees in the store, read no further than `limits` allow.
 
     Raises:
+        CandidateTooLarge: more changed entries than a tree within `limits` can have.
         CandidateRejected: a tree too large or too deep to compare (the data's fault, not git's).
         GitFailed: the reader failed.
     """
     try:
-        return diff_tree_raw(objects, base.encode(), tree.encode())
+        return diff_tree_raw(objects, base.encode(), tree.encode(), max_entries=max_changes(limits))
+    except TooManyChanges:
+        raise too_many_changes(limits) from None
     except MalformedObject as exc:
         raise CandidateRejected(f"the commit's tree could not be compared with its parent's: {exc.stderr}") from None
 

@@ -42,10 +42,12 @@ from vero.errors import GitFailed
 __all__ = [
     "MAX_DIFF_BYTES",
     "MAX_DIFF_ENTRIES",
+    "MAX_TREE_BYTES",
     "PARSED_BYTES",
     "GitObject",
     "MalformedObject",
     "ObjectReader",
+    "TooManyChanges",
     "commit_links",
     "diff_tree_raw",
     "first_parent_history",
@@ -57,6 +59,8 @@ _HEX = frozenset(b"0123456789abcdef")
 _ZERO_OID = b"0" * 40
 _CHUNK_BYTES = 32 * 1024
 """Requests written at once (bytes): half a pipe's buffer (64 KiB on Linux)."""
+MAX_TREE_BYTES = 1 << 24
+"""The largest tree object `diff_tree_raw` reads (bytes): 16 MiB, some 300,000 entries."""
 PARSED_BYTES = 16 << 20
 """The memory a reader of the candidate store keeps parsed trees and commits in (bytes, as
 `ObjectReader.remember` estimates it: a tree entry costs several times its bytes in the object)."""
@@ -81,6 +85,10 @@ class MalformedObject(GitFailed):
 
     def __init__(self, message: str) -> None:
         super().__init__("cat-file", None, message)
+
+
+class TooManyChanges(MalformedObject):
+    """A tree difference has more entries than the caller's `max_entries` (`diff_tree_raw`)."""
 
 
 @dataclass(frozen=True)
@@ -467,15 +475,16 @@ def _load_trees(
             entries = _counted(entries, len(loaded[oid]), old, new)
             assert obj is not None  # `_parse_tree` raised otherwise
             reader.remember(b"tree", oid, obj.size, len(loaded[oid]), loaded[oid])
-        below: list[tuple[bytes | None, bytes | None]] = []
+        # Each pair of trees once: a few tree objects can hold one subtree at millions of paths.
+        below: dict[tuple[bytes | None, bytes | None], None] = {}
         for a, b in level:
             left = {} if a is None else loaded[a]
             right = {} if b is None else loaded[b]
             for key in left.keys() | right.keys():
                 if key.endswith(b"/") and left.get(key) != right.get(key):
                     before, after = left.get(key), right.get(key)
-                    below.append((before[1] if before else None, after[1] if after else None))
-        level = below
+                    below[(before[1] if before else None, after[1] if after else None)] = None
+        level = list(below)
     return loaded
 
 
@@ -500,7 +509,7 @@ def diff_tree_raw(
     new: bytes,
     *,
     trees: bool = True,
-    max_tree_bytes: int = 1 << 24,
+    max_entries: int | None = None,
 ) -> bytes:
     """What `git diff-tree -r -t -z --no-renames --raw <old> <new>` prints, computed from the two
     trees' objects: `:<old mode> <new mode> <old id> <new id> <A|D|M|T>\\0<path>\\0` per changed
@@ -514,16 +523,19 @@ def diff_tree_raw(
     Args:
         old, new: tree ids (40 hex, ASCII).
         trees: False leaves the trees' own entries out, as `diff-tree -r` without `-t` does.
-        max_tree_bytes: the largest tree object read.
+        max_entries: the most entries (lines) of the difference; None: `MAX_DIFF_BYTES` alone
+            bounds it. A few tree objects can make millions of lines (a subtree held twice per
+            level): a caller that refuses past a count stops there, not at 128 MiB.
 
     Raises:
-        MalformedObject: a tree is missing, not a tree, too large or malformed, the trees hold over
+        MalformedObject: a tree is missing, not a tree, over `MAX_TREE_BYTES` or malformed, the trees hold over
             `MAX_DIFF_ENTRIES` entries, or the difference is over `MAX_DIFF_BYTES` (each line
             holds its full path: a chain of N nested trees, N tiny objects, makes N^2 bytes).
+        TooManyChanges: the difference has over `max_entries` entries.
         GitFailed: the reader failed, or did not read the trees within its time limit (one for
             all the exchanges, as for the one `diff-tree` this replaces).
     """
-    loaded = _load_trees(reader, old, new, max_tree_bytes)
+    loaded = _load_trees(reader, old, new, MAX_TREE_BYTES)
     out: list[bytes] = []
     size = 0
     # Last in, first out: a line to print, or a pair of trees (either None) to compare under a
@@ -532,8 +544,7 @@ def diff_tree_raw(
     while work:
         item = work.pop()
         if isinstance(item, bytes):
-            size = _grown(size, item, old, new)
-            out.append(item)
+            size = _appended(out, size, item, (old, new), max_entries)
             continue
         prefix, a, b = item
         left = {} if a is None else loaded[a]
@@ -563,18 +574,23 @@ def diff_tree_raw(
     return b"".join(out)
 
 
-def _grown(size: int, line: bytes, old: bytes, new: bytes) -> int:
-    """`size` of a difference of `old` and `new` with `line` added.
+def _appended(out: list[bytes], size: int, line: bytes, trees: tuple[bytes, bytes], max_entries: int | None) -> int:
+    """`line` appended to the difference `out` of `size` bytes of the two `trees`: its new size.
 
     Raises:
         MalformedObject: over `MAX_DIFF_BYTES`.
+        TooManyChanges: over `max_entries` lines.
     """
     size += len(line)
     if size > MAX_DIFF_BYTES:
+        old, new = trees
         raise MalformedObject(
             f"the difference of trees {old.decode(errors='replace')} and "
             f"{new.decode(errors='replace')} is over {MAX_DIFF_BYTES} bytes"
         )
+    out.append(line)
+    if max_entries is not None and len(out) > max_entries:
+        raise TooManyChanges(f"the difference of two trees has over {max_entries} entries")
     return size
 
 
