@@ -274,13 +274,36 @@ def test_a_child_naming_a_billion_paths_is_refused_from_its_difference_without_w
     assert objects_in(store.git_dir) == before_objects
 
 
-def test_a_path_longer_than_the_kernel_checks_out_is_refused(tmp_path, repo):
+@pytest.mark.parametrize("under_a_checked_parent", [False, True])
+def test_a_path_longer_than_the_kernel_checks_out_is_refused(tmp_path, repo, under_a_checked_parent):
+    """Measured whole or from a checked parent's tree alike (an outside attack: from the parent,
+    a 6,030-byte path was accepted and every checkout of it failed)."""
     store = open_store(tmp_path / "state")
+    store.import_version_sync(repo, "HEAD")
     tree = mktree(repo, [("100644", blob(repo, b"deep\n"), "f")])
     for _ in range(25):  # 25 nested names of 200 bytes: a 5,026-byte path
         tree = mktree(repo, [("040000", tree, "d" * 200)])
+    parent = None
+    if under_a_checked_parent:
+        parent = git(repo, "rev-parse", "HEAD")
+        readme = git(repo, "rev-parse", "HEAD:README.md")
+        tree = mktree(repo, [("040000", tree, "deep"), ("100644", readme, "README.md")])
     with pytest.raises(CandidateRejected, match="a path of the tree is over 4096 bytes"):
-        store.import_version_sync(repo, commit_tree(repo, tree))
+        store.import_version_sync(repo, commit_tree(repo, tree, parent=parent))
+
+
+def test_the_agents_pack_settings_do_not_reach_the_copy(tmp_path, repo):
+    """`pack-objects` runs in the agent's repository; its config must not set how the sidecar's
+    copy compresses or searches (here: no compression, so the store would keep 200 kB as is)."""
+    store = open_store(tmp_path / "state", CandidateLimits())
+    store.import_version_sync(repo, "HEAD")
+    git(repo, "config", "pack.compression", "0")
+    git(repo, "config", "core.compression", "0")
+    commit_files(repo, {"same.txt": "a" * 200_000})
+    chown_agent(repo)
+    before = pack_bytes(store)
+    store.import_version_sync(repo, "HEAD")
+    assert pack_bytes(store) - before < 20_000
 
 
 def pack_files(store: CandidateStore) -> list[str]:

@@ -222,7 +222,8 @@ def test_an_import_of_a_child_starts_three_git_processes_and_sees_the_agents_new
     popen = IsolatedGit.popen
 
     def counting(self, args, **kwargs):
-        started.append(args[0])
+        # The subcommand: after any `-c key=value` pairs (the transfer's pack settings).
+        started.append(next(arg for i, arg in enumerate(args) if arg != "-c" and (i == 0 or args[i - 1] != "-c")))
         return popen(self, args, **kwargs)
 
     monkeypatch.setattr(IsolatedGit, "popen", counting)

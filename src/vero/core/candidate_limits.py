@@ -53,6 +53,7 @@ __all__ = [
 
 _FILE_MODES = frozenset({b"100644", b"100755", b"120000"})
 _DIRECTORY_MODES = frozenset({b"040000", b"160000"})
+_ZERO_MODE = b"000000"
 
 MAX_PATH_BYTES = 4096
 """The longest path a whole-tree listing reads (Linux's `PATH_MAX`: no longer path can be checked
@@ -113,7 +114,8 @@ def measure_difference(
 
     Raises:
         CandidateTooLarge: as `measure_tree`.
-        CandidateRejected: an object of the difference cannot be read.
+        CandidateRejected: an object of the difference cannot be read, or an added or changed
+            path is over `MAX_PATH_BYTES` (as a whole listing refuses it).
         GitFailed: `sizes` failed.
     """
     size, grown = _delta(sizes, diff, base, limits)
@@ -220,6 +222,8 @@ def _delta(
         path = fields[i + 1]
         if old_mode in _FILE_MODES:
             removed.append(old_oid)
+        if new_mode != _ZERO_MODE and len(path) > MAX_PATH_BYTES:
+            raise CandidateRejected(f"a path of the tree is over {MAX_PATH_BYTES} bytes")
         if new_mode in _FILE_MODES:
             added.append((path, new_oid))
         directories += (new_mode in _DIRECTORY_MODES) - (old_mode in _DIRECTORY_MODES)

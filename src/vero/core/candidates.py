@@ -178,6 +178,26 @@ _BASE_SEARCH_COMMITS = 64
 _NEAR_COMMITS = 8
 """First-parent ancestors read one by one for a checked tree before one `rev-list` reads more."""
 _MAX_COMMIT_BYTES = 1 << 24
+# `pack-objects` runs in the agent's repository, whose own config could set its delta search
+# (an outside attack: 7x the CPU and 8.5x the memory of git's defaults for the same history).
+# Git's defaults, stated; one thread (the sidecar's other work shares the CPU), a bounded window.
+_PACK_CONFIG = tuple(
+    arg
+    for key, value in (
+        ("pack.window", "10"),
+        ("pack.depth", "50"),
+        ("pack.windowMemory", "256m"),
+        ("pack.threads", "1"),
+        ("pack.deltaCacheSize", "256m"),
+        ("pack.deltaCacheLimit", "1000"),
+        ("pack.compression", "-1"),
+        ("core.compression", "-1"),
+        ("core.bigFileThreshold", "512m"),
+        ("pack.useBitmaps", "false"),
+        ("pack.useSparse", "true"),
+    )
+    for arg in ("-c", f"{key}={value}")
+)
 """The largest commit object imported (bytes): a message of megabytes is no candidate."""
 _KEPT_READERS = 4
 """Kept `cat-file` processes per store: the store's own and the latest agents' repositories'."""
@@ -795,7 +815,7 @@ class CandidateStore:
             with self._quota.room() as room:
                 pipe(
                     source,
-                    ["pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
+                    [*_PACK_CONFIG, "pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
                     store,
                     ["index-pack", "--stdin", "--fix-thin", "--strict", f"--max-input-size={room}"],
                     revs.encode("ascii"),

@@ -449,10 +449,11 @@ def _parse_tree(tree: bytes, obj: GitObject | None) -> dict[bytes, tuple[int, by
 
 
 def _load_trees(
-    reader: ObjectReader, old: bytes, new: bytes, max_tree_bytes: int
+    reader: ObjectReader, old: bytes, new: bytes, max_entries: int | None
 ) -> dict[bytes, dict[bytes, tuple[int, bytes]]]:
     """Every tree object `diff_tree_raw` compares, read a level at a time (one exchange per level),
-    all of them within the reader's time limit and `MAX_DIFF_ENTRIES` entries."""
+    all of them within the reader's time limit and `MAX_DIFF_ENTRIES` entries (`max_entries`
+    when given: the compared trees' own entries, which are at most the two trees' paths)."""
     timeout = reader.timeout_sec
     deadline = None if timeout is None else time.monotonic() + timeout
     loaded: dict[bytes, dict[bytes, tuple[int, bytes]]] = {}
@@ -462,17 +463,17 @@ def _load_trees(
         wanted = list(dict.fromkeys(oid for pair in level for oid in pair if oid is not None and oid not in loaded))
         unread = []
         for oid in wanted:
-            kept = reader.recall(b"tree", oid, max_tree_bytes)
+            kept = reader.recall(b"tree", oid, MAX_TREE_BYTES)
             if kept is None:
                 unread.append(oid)
             else:
                 loaded[oid] = cast(dict[bytes, tuple[int, bytes]], kept)  # as remembered below
-                entries = _counted(entries, len(loaded[oid]), old, new)
-        read = reader.read_many(unread, max_tree_bytes, deadline=deadline) if unread else []
+                entries = _counted(entries, len(loaded[oid]), (old, new), max_entries)
+        read = reader.read_many(unread, MAX_TREE_BYTES, deadline=deadline) if unread else []
         for oid, obj in zip(unread, read, strict=True):
             # Counted as each is parsed: a level of many wide trees stops at the bound.
             loaded[oid] = _parse_tree(oid, obj)
-            entries = _counted(entries, len(loaded[oid]), old, new)
+            entries = _counted(entries, len(loaded[oid]), (old, new), max_entries)
             assert obj is not None  # `_parse_tree` raised otherwise
             reader.remember(b"tree", oid, obj.size, len(loaded[oid]), loaded[oid])
         # Each pair of trees once: a few tree objects can hold one subtree at millions of paths.
@@ -488,13 +489,17 @@ def _load_trees(
     return loaded
 
 
-def _counted(entries: int, more: int, old: bytes, new: bytes) -> int:
-    """`entries + more` entries read for the difference of `old` and `new`.
+def _counted(entries: int, more: int, trees: tuple[bytes, bytes], max_entries: int | None) -> int:
+    """`entries + more` entries read for the difference of the two `trees`.
 
     Raises:
+        TooManyChanges: over `max_entries`.
         MalformedObject: over `MAX_DIFF_ENTRIES`.
     """
     entries += more
+    if max_entries is not None and entries > max_entries:
+        raise TooManyChanges(f"the trees of a difference hold over {max_entries} entries")
+    old, new = trees
     if entries > MAX_DIFF_ENTRIES:
         raise MalformedObject(
             f"the trees of a difference of {old.decode(errors='replace')} and "
@@ -535,7 +540,7 @@ def diff_tree_raw(
         GitFailed: the reader failed, or did not read the trees within its time limit (one for
             all the exchanges, as for the one `diff-tree` this replaces).
     """
-    loaded = _load_trees(reader, old, new, MAX_TREE_BYTES)
+    loaded = _load_trees(reader, old, new, max_entries)
     out: list[bytes] = []
     size = 0
     # Last in, first out: a line to print, or a pair of trees (either None) to compare under a
