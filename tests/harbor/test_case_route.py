@@ -144,8 +144,16 @@ def test_this_process_finds_its_container_by_dockers_bind_mounts(tmp_path):
     )
     host = tmp_path / "host"
     host.write_text("25 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
+    # On the host, another container's bind mount can show under its root file system: not ours.
+    beside = tmp_path / "beside"
+    beside.write_text(
+        "25 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        f"311 25 254:0 /var/lib/docker/containers/{cid}/hostname "
+        "/var/lib/docker/overlay2/0a1b2c/merged/etc/hostname rw,relatime shared:1 - ext4 /dev/vda rw\n"
+    )
     assert own_container_id(inside) == cid
     assert own_container_id(host) is None
+    assert own_container_id(beside) is None
     assert own_container_id(tmp_path / "missing") is None
 
 

@@ -84,7 +84,7 @@ _DOCKER_TIMEOUT_SEC = 60
 _BRIDGE_WAIT_SEC = 10.0
 _HOST_ATTEMPTS = 3
 _SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
-_CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ")
+_CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/(hostname|hosts|resolv\.conf) /etc/\2 ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
@@ -92,8 +92,12 @@ def own_container_id(mountinfo: Path = Path("/proc/self/mountinfo")) -> str | No
     """The id of the Docker container this process runs in, or None (not in one, or unreadable).
 
     Docker bind-mounts `/etc/hostname`, `/etc/hosts` and `/etc/resolv.conf` from
-    `<data-root>/containers/<id>/`, and `/proc/self/mountinfo` names that source. (A container of
-    another engine shows an id this engine does not know: `own_container` then finds nothing.)
+    `<data-root>/containers/<id>/`, and `/proc/self/mountinfo` names that source. Only a mount AT
+    `/etc/<that name>` counts: another container's mount of it, seen elsewhere in this namespace
+    (propagated under its root file system), is not this process's (taken for it, the host's
+    process joined that container to the case network and took its address, which it cannot
+    bind). (A container of another engine shows an id this engine does not know: `own_container`
+    then finds nothing.)
     """
     try:
         text = mountinfo.read_text()
