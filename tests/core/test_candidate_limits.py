@@ -318,17 +318,20 @@ QUOTA = CandidateLimits(max_files=20, max_total_bytes=10_000, max_file_bytes=4_0
 
 
 def test_a_history_that_does_not_fit_the_store_is_refused_and_leaves_no_partial_pack(tmp_path, repo):
-    """The tree is small, but the commit's ancestors carry 300 kB of a file deleted since: only the
-    tree is measured, the whole history is copied, so the store's quota stops it (git stops
-    reading the pack at the room left)."""
+    """The tree is small, but the commit's ancestors carry 300 kB of files deleted since, each
+    under the largest-file limit: only the tree is measured, the whole history is copied, so the
+    store's quota stops it (git stops reading the pack at the room left)."""
     store = open_store(tmp_path / "state", QUOTA)
     store.import_version_sync(repo, "HEAD")
     baseline = git(repo, "rev-parse", "HEAD")
     before_packs, before_state = pack_files(store), snapshot(store)
-    (repo / "blob.bin").write_bytes(random.Random(1).randbytes(300_000))
-    git(repo, "add", "blob.bin")
-    git(repo, "commit", "-q", "-m", "a large file")
-    git(repo, "rm", "-q", "blob.bin")
+    rng = random.Random(1)
+    for i in range(80):
+        (repo / "history" / f"{i}.bin").parent.mkdir(exist_ok=True)
+        (repo / "history" / f"{i}.bin").write_bytes(rng.randbytes(3_800))
+    git(repo, "add", "history")
+    git(repo, "commit", "-q", "-m", "many files")
+    git(repo, "rm", "-q", "-r", "history")
     git(repo, "commit", "-q", "-m", "deleted again")
     chown_agent(repo)
 
@@ -344,6 +347,28 @@ def test_a_history_that_does_not_fit_the_store_is_refused_and_leaves_no_partial_
     small = commit_files(repo, {"small.txt": "fits\n"})
     chown_agent(repo)
     assert store.import_version_sync(repo, small).id == small
+
+
+def test_a_file_over_the_largest_file_limit_in_the_history_is_never_copied(store, repo):
+    """Only the tree of the commit is measured; a blob of its history over `max_file_bytes` is left
+    out of the copy, which the store then refuses (an outside attack rebuilt 2 GiB blobs from
+    100-byte deltas in the store's `index-pack`: 4.1 GB of memory from 32 KiB of objects)."""
+    before_objects, before_state = objects_in(store.git_dir), snapshot(store)
+    (repo / "big.bin").write_bytes(b"\0" * 5_000)  # over LIMITS.max_file_bytes (4,000)
+    git(repo, "add", "big.bin")
+    git(repo, "commit", "-q", "-m", "a large file")
+    git(repo, "rm", "-q", "big.bin")
+    git(repo, "commit", "-q", "-m", "deleted again")
+    chown_agent(repo)
+    with pytest.raises(CandidateRejected, match=r"a file over target\.limits\.max_file_bytes in its history"):
+        store.import_version_sync(repo, "HEAD")
+    assert snapshot(store) == before_state
+    assert not [name for name in pack_files(store) if name.startswith("tmp_")]
+    assert big_blob(repo) not in objects_in(store.git_dir) - before_objects
+
+
+def big_blob(repo: Path) -> str:
+    return git(repo, "rev-parse", "HEAD~1:big.bin")
 
 
 def test_new_versions_are_imported_until_the_store_is_full_then_refused_and_the_imported_stay(tmp_path, repo):

@@ -803,7 +803,10 @@ class CandidateStore:
         in the store. (A `git fetch` did the same with two more processes, and its connectivity
         check walked every ref of the store: `--not --all`, a cost that grew with the candidates.)
 
-        Copies run one at a time, each within what `max_store_bytes` leaves (`StoreQuota`).
+        Copies run one at a time, each within what `max_store_bytes` leaves (`StoreQuota`). A blob
+        of the history over `max_file_bytes` is not sent, so the copy is refused: the history's
+        trees are never measured, and `index-pack` would rebuild such a blob whole (an outside
+        attack: 2 GiB blobs from 100-byte deltas, 4.1 GB of its memory, from 32 KiB of objects).
 
         Raises:
             CandidateTooLarge: (`max_store_bytes`) the new objects do not fit in the store.
@@ -815,7 +818,18 @@ class CandidateStore:
             with self._quota.room() as room:
                 pipe(
                     source,
-                    [*_PACK_CONFIG, "pack-objects", "--revs", "--thin", "--stdout", "--delta-base-offset", "-q"],
+                    [
+                        *_PACK_CONFIG,
+                        "pack-objects",
+                        "--revs",
+                        "--thin",
+                        "--stdout",
+                        "--delta-base-offset",
+                        "-q",
+                        # A blob over the largest file is left out, so `--strict` refuses the pack:
+                        # nothing rebuilds it from a 100-byte delta (the history is never measured).
+                        f"--filter=blob:limit={self.limits.max_file_bytes + 1}",
+                    ],
                     store,
                     ["index-pack", "--stdin", "--fix-thin", "--strict", f"--max-input-size={room}"],
                     revs.encode("ascii"),
@@ -824,7 +838,8 @@ class CandidateStore:
             if is_out_of_space(exc):
                 raise self._full() from None
             raise CandidateRejected(
-                f"commit {', '.join(oids)} could not be fetched (unknown, incomplete or malformed objects)"
+                f"commit {', '.join(oids)} could not be fetched (unknown, incomplete or malformed objects, "
+                "or a file over target.limits.max_file_bytes in its history)"
             ) from None
 
     def _existing(self, store: IsolatedGit, oid: str) -> CandidateRecord | None:
