@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +61,7 @@ out); a longer one refuses the tree."""
 
 
 class _Git(Protocol):
-    def records(self, args: Sequence[str], *, max_record_bytes: int, separator: bytes = ...) -> Iterator[bytes]: ...
+    def records(self, args: Sequence[str], *, max_record_bytes: int, separator: bytes = ...) -> Generator[bytes]: ...
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,11 @@ def too_many_changes(limits: CandidateLimits) -> CandidateTooLarge:
     )
 
 
+def _check_path(path: bytes) -> None:
+    if len(path) > MAX_PATH_BYTES:
+        raise CandidateRejected(f"a path of the tree is over {MAX_PATH_BYTES} bytes")
+
+
 def _check_file(path: bytes, file_bytes: int, limits: CandidateLimits) -> None:
     if file_bytes > limits.max_file_bytes:
         shown = path.decode("utf-8", errors="replace")
@@ -185,20 +190,21 @@ def _whole(git: _Git, tree: str, limits: CandidateLimits) -> TreeSize:
     files = total = directories = 0
     args = ["ls-tree", "-r", "-t", "-l", "-z", "--full-tree", "--end-of-options", tree]
     # `<mode> <type> <id> <size>\t<path>`: the path, at most MAX_PATH_BYTES, and at most 100 more.
-    for entry in git.records(args, max_record_bytes=MAX_PATH_BYTES + 100):
-        meta, _, path = entry.partition(b"\t")
-        if len(path) > MAX_PATH_BYTES:
-            raise CandidateRejected(f"a path of the tree is over {MAX_PATH_BYTES} bytes")
-        mode, _kind, _oid, size = meta.split()
-        if mode in _DIRECTORY_MODES:
-            directories += 1
-        elif mode in _FILE_MODES:
-            files += 1
-            total += int(size)
-            _check_file(path, int(size), limits)
-        else:
-            continue
-        check_limits(TreeSize(files=files, bytes=total, directories=directories), limits)
+    # Closed on the way out (a limit passed): the listing's git is killed then, not when collected.
+    with contextlib.closing(git.records(args, max_record_bytes=MAX_PATH_BYTES + 100)) as entries:
+        for entry in entries:
+            meta, _, path = entry.partition(b"\t")
+            _check_path(path)
+            mode, _kind, _oid, size = meta.split()
+            if mode in _DIRECTORY_MODES:
+                directories += 1
+            elif mode in _FILE_MODES:
+                files += 1
+                total += int(size)
+                _check_file(path, int(size), limits)
+            else:
+                continue
+            check_limits(TreeSize(files=files, bytes=total, directories=directories), limits)
     return TreeSize(files=files, bytes=total, directories=directories)
 
 
@@ -222,8 +228,8 @@ def _delta(
         path = fields[i + 1]
         if old_mode in _FILE_MODES:
             removed.append(old_oid)
-        if new_mode != _ZERO_MODE and len(path) > MAX_PATH_BYTES:
-            raise CandidateRejected(f"a path of the tree is over {MAX_PATH_BYTES} bytes")
+        if new_mode != _ZERO_MODE:
+            _check_path(path)
         if new_mode in _FILE_MODES:
             added.append((path, new_oid))
         directories += (new_mode in _DIRECTORY_MODES) - (old_mode in _DIRECTORY_MODES)

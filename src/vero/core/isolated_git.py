@@ -28,7 +28,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -269,7 +269,7 @@ class IsolatedGit(git.Git):
         except OSError as exc:
             raise GitFailed(str(args[0]) if args else "", None, str(exc)) from exc
 
-    def records(self, args: Sequence[str], *, max_record_bytes: int, separator: bytes = b"\0") -> Iterator[bytes]:
+    def records(self, args: Sequence[str], *, max_record_bytes: int, separator: bytes = b"\0") -> Generator[bytes]:
         """`git <args>`'s standard output split at `separator`, each record given as it is read, so
         the caller may stop early (closing the iterator kills the process group). Memory holds one
         read and one record at most, whatever the output's size (e.g. `ls-tree -r` of a tree that
